@@ -1,0 +1,33 @@
+# numformer: `make run` trains the default character-level GPT and prints a sample;
+# `make test` runs the test suite. Both create .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+RUN_DIR ?= runs/shakespeare_char
+
+.PHONY: run test test-slow bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[nlp]"
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[nlp,test]"
+	touch $@ $(VENV)/.installed-run
+
+run: $(VENV)/.installed-run
+	$(BIN)/numformer train configs/shakespeare_char.toml --out $(RUN_DIR) --overwrite
+	$(BIN)/numformer generate $(RUN_DIR) --prompt "ROMEO:" --max-new-tokens 500 --seed 0
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -n 2 -m "not slow" -q
+
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m slow -q
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,6 @@
+"""numformer: a complete Transformer library in NumPy, with a hand-written backward pass for every layer."""
+from . import nn, ops
+from .models import GPT, EncoderClassifier, Transformer, build_model
+
+__version__ = "0.1.0"
+__all__ = ["nn", "ops", "GPT", "EncoderClassifier", "Transformer", "build_model", "__version__"]

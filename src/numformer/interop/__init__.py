@@ -1,0 +1,1 @@
+"""Interoperability: PyTorch weight conversion (``interop.torch``) and safetensors I/O."""

@@ -1,0 +1,85 @@
+"""EncoderClassifier: a Transformer encoder with a pooled classification head.
+
+    h = Encoder(E[ids]·s + PE)          padding positions are masked out of attention
+    z = mean of h over non-padding positions   (pooling="mean")   or  h[:, 0]  (pooling="first")
+    logits = Linear(Dropout(z))
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..nn import Dropout, Embedding, Encoder, EncoderBlock, Linear, Module, make_norm, make_positional
+from ..nn import init
+
+POOLINGS = ("mean", "first")
+
+
+class EncoderClassifier(Module):
+    """forward(ids (B, T), key_padding_mask=None) -> logits (B, n_classes).
+
+    If ``pad_id`` is set and no mask is given, positions equal to pad_id are padding.
+    ``scale_embeddings`` multiplies token embeddings by √d_model, as in the paper.
+    """
+
+    def __init__(self, vocab_size, n_classes, max_len=512, d_model=64, n_heads=1, n_layers=1, d_ff=None,
+                 dropout=0.1, pooling="mean", positional="sinusoidal", activation="relu", norm_first=False,
+                 norm="layer", pad_id=0, scale_embeddings=True, bias=True, layer_norm_eps=1e-5, rng=None,
+                 dtype=np.float32):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
+        rng = init.default_rng(rng)
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        self.vocab_size, self.n_classes, self.max_len = vocab_size, n_classes, max_len
+        self.d_model, self.pooling, self.pad_id = d_model, pooling, pad_id
+        self.embed_scale = math.sqrt(d_model) if scale_embeddings else 1.0
+        self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=d_model ** -0.5)
+        self.pos_emb = make_positional(positional, d_model, max_len, rng, dtype)
+        self.drop = Dropout(dropout, rng)
+        blocks = [EncoderBlock(d_model, n_heads, d_ff, dropout, activation, norm_first, norm, layer_norm_eps, bias,
+                               rng=rng, dtype=dtype) for _ in range(n_layers)]
+        self.encoder = Encoder(blocks, make_norm(norm, d_model, layer_norm_eps, bias, dtype) if norm_first else None)
+        self.head_drop = Dropout(dropout, rng)
+        self.head = Linear(d_model, n_classes, rng=rng, dtype=dtype)
+        self._cache = None
+
+    def padding_mask(self, ids):
+        """(B, T) bool, True at padding positions (None when pad_id is None)."""
+        return None if self.pad_id is None else (np.asarray(ids) == self.pad_id)
+
+    def encode(self, ids, key_padding_mask=None):
+        """Token ids (B, T) -> contextual vectors (B, T, d_model)."""
+        x = self.tok_emb(ids) * np.asarray(self.embed_scale, self.dtype)
+        return self.encoder(self.drop(self.pos_emb(x)), key_padding_mask=key_padding_mask)
+
+    def forward(self, ids, key_padding_mask=None):
+        ids = np.asarray(ids)
+        if ids.ndim != 2:
+            raise ValueError(f"ids must have shape (batch, seq), got {ids.shape}")
+        if key_padding_mask is None:
+            key_padding_mask = self.padding_mask(ids)
+        h = self.encode(ids, key_padding_mask)
+        B, T, _ = h.shape
+        if self.pooling == "mean":
+            keep = np.ones((B, T), h.dtype) if key_padding_mask is None else (~key_padding_mask).astype(h.dtype)
+            weights = keep / np.maximum(keep.sum(axis=1, keepdims=True), 1.0)      # (B, T), rows sum to 1
+            pooled = np.einsum("btd,bt->bd", h, weights)
+        else:
+            weights = None
+            pooled = h[:, 0]
+        self._cache = (weights, h.shape)
+        return self.head(self.head_drop(pooled))
+
+    def backward(self, dlogits):
+        weights, h_shape = self._cache
+        dpooled = self.head_drop.backward(self.head.backward(dlogits))
+        if weights is not None:
+            dh = weights[:, :, None] * dpooled[:, None, :]
+        else:
+            dh = np.zeros(h_shape, dtype=dpooled.dtype)
+            dh[:, 0] = dpooled
+        dx = self.pos_emb.backward(self.drop.backward(self.encoder.backward(dh)))
+        self.tok_emb.backward(dx * np.asarray(self.embed_scale, dx.dtype))
+        self._cache = None

@@ -1,0 +1,86 @@
+"""GPT: a decoder-only language model (Radford et al. 2018/2019; nanoGPT's layout).
+
+    x₀ = E[idx] + P[0:T]                   token + position embeddings, then dropout
+    x_l = Block_l(x_{l-1})  (causal)       pre-LN by default, as GPT-2
+    logits = Norm_f(x_L) W_outᵀ            W_out tied to E by default
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..nn import (Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, make_norm,
+                  make_positional)
+from ..nn import init
+
+
+class GPT(Module):
+    """Decoder-only Transformer LM. forward(idx (B, T) ints) -> logits (B, T, vocab_size).
+
+    Options: learned or sinusoidal positions; ReLU or GELU; post-LN or pre-LN
+    (``norm_first``, with a final norm); weight tying between the token
+    embedding and the output layer (``tie_weights``). Weights are initialized
+    as nanoGPT: N(0, 0.02), residual output projections N(0, 0.02/√(2·n_layers)).
+    """
+
+    def __init__(self, vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, d_ff=None, dropout=0.0,
+                 positional="learned", activation="gelu", norm_first=True, norm="layer", tie_weights=True,
+                 bias=True, layer_norm_eps=1e-5, rng=None, dtype=np.float32):
+        super().__init__()
+        rng = init.default_rng(rng)
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        self.vocab_size, self.block_size, self.n_layers = vocab_size, block_size, n_layers
+        self.n_heads, self.d_model, self.d_ff = n_heads, d_model, d_ff
+        self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=0.02)
+        self.pos_emb = make_positional(positional, d_model, block_size, rng, dtype)
+        self.drop = Dropout(dropout, rng)
+        self.blocks = ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout, activation, norm_first, norm,
+                                              layer_norm_eps, bias, rng=rng, dtype=dtype) for _ in range(n_layers))
+        self.norm_f = make_norm(norm, d_model, layer_norm_eps, bias, dtype) if norm_first else None
+        self.lm_head = Linear(d_model, vocab_size, bias=False, rng=rng, dtype=dtype)
+        self.tie_weights = tie_weights
+        if tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+        self._init_weights(rng, dtype)
+
+    def _init_weights(self, rng, dtype):
+        proj_std = 0.02 / math.sqrt(2 * self.n_layers)
+        for block in self.blocks:
+            for lin, std in ((block.self_attn.qkv_proj, 0.02), (block.self_attn.out_proj, proj_std),
+                             (block.ff.linear1, 0.02), (block.ff.linear2, proj_std)):
+                lin.weight.data[...] = init.normal(rng, lin.weight.shape, std, dtype)
+                if lin.bias is not None:
+                    lin.bias.data[...] = 0
+        if not self.tie_weights:
+            self.lm_head.weight.data[...] = init.normal(rng, self.lm_head.weight.shape, 0.02, dtype)
+
+    def new_kv_caches(self):
+        """One empty KVCache per block, for incremental decoding with forward(idx, kv_caches=...)."""
+        return [KVCache() for _ in self.blocks]
+
+    def forward(self, idx, kv_caches=None):
+        """idx: (B, T) token ids -> logits (B, T, vocab_size).
+
+        With ``kv_caches`` (from ``new_kv_caches``), idx holds only the new
+        tokens; their positions continue after the cached ones.
+        """
+        idx = np.asarray(idx)
+        if idx.ndim != 2:
+            raise ValueError(f"idx must have shape (batch, seq), got {idx.shape}")
+        offset = 0 if kv_caches is None else kv_caches[0].length
+        x = self.drop(self.pos_emb(self.tok_emb(idx), offset))
+        for i, block in enumerate(self.blocks):
+            x = block(x, is_causal=True, kv_cache=None if kv_caches is None else kv_caches[i])
+        if self.norm_f is not None:
+            x = self.norm_f(x)
+        return self.lm_head(x)
+
+    def backward(self, dlogits):
+        """Accumulate every parameter's gradient from dL/dlogits (B, T, vocab_size)."""
+        dx = self.lm_head.backward(dlogits)
+        if self.norm_f is not None:
+            dx = self.norm_f.backward(dx)
+        for block in reversed(list(self.blocks)):
+            dx = block.backward(dx)
+        self.tok_emb.backward(self.pos_emb.backward(self.drop.backward(dx)))

@@ -1,0 +1,128 @@
+"""Transformer: the encoder-decoder model of "Attention Is All You Need".
+
+    memory = Encoder(E_src[src]·√d + PE)
+    logits = Decoder(E_tgt[tgt]·√d + PE, memory) W_outᵀ     (causal self-attention in the decoder)
+
+API as the seed README: ``Transformer(src_vocab_size, tgt_vocab_size, d_model=512,
+n_heads=8, n_layers=6, d_ff=2048, dropout=0.1)``, ``model(src, tgt)`` -> logits,
+``encode`` and ``decode``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..nn import (Decoder, DecoderBlock, Dropout, Embedding, Encoder, EncoderBlock, KVCache, Linear, Module,
+                  make_norm, make_positional)
+from ..nn import init
+
+
+class Transformer(Module):
+    """Encoder-decoder Transformer. forward(src (B, S), tgt (B, T)) -> logits (B, T, tgt_vocab_size).
+
+    Padding masks are derived from ``src_pad_id`` / ``tgt_pad_id`` when given;
+    the decoder's self-attention is always causal. ``final_norm`` (default:
+    ``norm_first``) adds a norm after each stack, as torch.nn.Transformer does.
+    ``share_embeddings`` shares one table between source and target (same
+    vocabulary); ``tie_output`` ties the output layer to the target embedding.
+    """
+
+    def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1,
+                 max_len=512, n_encoder_layers=None, n_decoder_layers=None, norm_first=False, activation="relu",
+                 norm="layer", positional="sinusoidal", share_embeddings=False, tie_output=False, src_pad_id=None,
+                 tgt_pad_id=None, final_norm=None, bias=True, attn_bias=None, layer_norm_eps=1e-5,
+                 scale_embeddings=True, rng=None, dtype=np.float32):
+        super().__init__()
+        rng = init.default_rng(rng)
+        n_enc = n_layers if n_encoder_layers is None else n_encoder_layers
+        n_dec = n_layers if n_decoder_layers is None else n_decoder_layers
+        final_norm = norm_first if final_norm is None else final_norm
+        if share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size "
+                             f"(got {src_vocab_size} and {tgt_vocab_size})")
+        self.src_vocab_size, self.tgt_vocab_size, self.max_len = src_vocab_size, tgt_vocab_size, max_len
+        self.d_model, self.n_heads = d_model, n_heads
+        self.src_pad_id, self.tgt_pad_id = src_pad_id, tgt_pad_id
+        self.embed_scale = math.sqrt(d_model) if scale_embeddings else 1.0
+        self.src_emb = Embedding(src_vocab_size, d_model, rng, dtype)
+        self.tgt_emb = Embedding(tgt_vocab_size, d_model, rng, dtype)
+        self.src_pos = make_positional(positional, d_model, max_len, rng, dtype)
+        self.tgt_pos = make_positional(positional, d_model, max_len, rng, dtype)
+        self.src_drop = Dropout(dropout, rng)
+        self.tgt_drop = Dropout(dropout, rng)
+        block_args = (d_model, n_heads, d_ff, dropout, activation, norm_first, norm, layer_norm_eps, bias, attn_bias)
+        self.encoder = Encoder([EncoderBlock(*block_args, rng=rng, dtype=dtype) for _ in range(n_enc)],
+                               make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None)
+        self.decoder = Decoder([DecoderBlock(*block_args, rng=rng, dtype=dtype) for _ in range(n_dec)],
+                               make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None)
+        self.out_proj = Linear(d_model, tgt_vocab_size, bias=False, rng=rng, dtype=dtype)
+        # Xavier-uniform for every matrix, as torch.nn.Transformer and the Annotated Transformer.
+        for _, p in self.named_parameters():
+            if p.data.ndim > 1:
+                p.data[...] = init.xavier_uniform(rng, p.shape, dtype)
+        # Tie parameters, not modules: each Embedding keeps its own cache for backward.
+        if share_embeddings:
+            self.tgt_emb.weight = self.src_emb.weight
+        if tie_output:
+            self.out_proj.weight = self.tgt_emb.weight
+
+    # -- masks ---------------------------------------------------------------------
+    def src_padding_mask(self, src):
+        return None if self.src_pad_id is None else np.asarray(src) == self.src_pad_id
+
+    def tgt_padding_mask(self, tgt):
+        return None if self.tgt_pad_id is None else np.asarray(tgt) == self.tgt_pad_id
+
+    # -- forward -------------------------------------------------------------------
+    def _embed(self, ids, emb, pos, drop, offset=0):
+        ids = np.asarray(ids)
+        if ids.ndim != 2:
+            raise ValueError(f"token ids must have shape (batch, seq), got {ids.shape}")
+        if ids.shape[1] == 0:
+            raise ValueError("empty input sequence: give at least one token")
+        x = emb(ids) * np.asarray(self.embed_scale, self.dtype)
+        return drop(pos(x, offset))
+
+    def encode(self, src, src_key_padding_mask=None, src_mask=None):
+        """src (B, S) -> memory (B, S, d_model)."""
+        if src_key_padding_mask is None:
+            src_key_padding_mask = self.src_padding_mask(src)
+        x = self._embed(src, self.src_emb, self.src_pos, self.src_drop)
+        return self.encoder(x, mask=src_mask, key_padding_mask=src_key_padding_mask)
+
+    def decode(self, tgt, memory, memory_key_padding_mask=None, tgt_key_padding_mask=None, tgt_mask=None,
+               memory_mask=None, caches=None):
+        """tgt (B, T), memory (B, S, d_model) -> logits (B, T, tgt_vocab_size).
+
+        With ``caches`` (from ``new_caches``) tgt holds only the new tokens.
+        """
+        if tgt_key_padding_mask is None and caches is None:
+            tgt_key_padding_mask = self.tgt_padding_mask(tgt)
+        offset = 0 if caches is None else caches[0][0].length
+        y = self._embed(tgt, self.tgt_emb, self.tgt_pos, self.tgt_drop, offset)
+        h = self.decoder(y, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                         tgt_is_causal=True, caches=caches)
+        return self.out_proj(h)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
+                tgt_key_padding_mask=None, memory_key_padding_mask=None):
+        if src_key_padding_mask is None:
+            src_key_padding_mask = self.src_padding_mask(src)
+        if memory_key_padding_mask is None:
+            memory_key_padding_mask = src_key_padding_mask
+        memory = self.encode(src, src_key_padding_mask, src_mask)
+        return self.decode(tgt, memory, memory_key_padding_mask, tgt_key_padding_mask, tgt_mask, memory_mask)
+
+    def backward(self, dlogits):
+        """Accumulate every parameter's gradient from dL/dlogits (after forward, or encode + decode)."""
+        scale = np.asarray(self.embed_scale, dlogits.dtype)
+        dh = self.out_proj.backward(dlogits)
+        dy, dmemory = self.decoder.backward(dh)
+        self.tgt_emb.backward(self.tgt_pos.backward(self.tgt_drop.backward(dy)) * scale)
+        dx = self.encoder.backward(dmemory)
+        self.src_emb.backward(self.src_pos.backward(self.src_drop.backward(dx)) * scale)
+
+    def new_caches(self):
+        """Per decoder layer: (self-attention KVCache, static cross-attention KVCache)."""
+        return [(KVCache(), KVCache(static=True)) for _ in self.decoder.layers]

@@ -1,0 +1,9 @@
+"""Stateful modules built on ``numformer.ops``; each has ``forward`` and a hand-written ``backward``."""
+from .attention import KVCache, MultiHeadAttention, build_attention_mask
+from .blocks import Decoder, DecoderBlock, Encoder, EncoderBlock
+from .layers import (ACTIVATIONS, Activation, BatchStatNorm, Dropout, Embedding, FeedForward, LayerNorm, Linear,
+                     RMSNorm, make_norm)
+from .module import Module, ModuleList, Parameter
+from .positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, make_positional, sinusoidal_table
+
+__all__ = [name for name in dir() if not name.startswith("_")]

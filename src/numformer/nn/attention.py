@@ -1,0 +1,290 @@
+"""Multi-head attention (Vaswani et al. 2017, §3.2.2):
+
+    MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+All heads are one batched axis (no Python loop over heads). For self-attention
+the three input projections are one fused matmul with ``qkv_proj.weight`` =
+[W^Q; W^K; W^V] of shape (3·d_model, d_model), the layout of torch's
+``in_proj_weight``; cross-attention uses row slices of the same weight.
+
+Mask convention (as ``torch.nn.MultiheadAttention``): a boolean mask is True
+where attention is **not allowed**; a float mask is added to the scores.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
+from . import init
+from .layers import Linear
+from .module import Module, Parameter
+
+
+class KVCache:
+    """Keys and values of the positions already processed by one attention layer.
+
+    Used for incremental decoding: each call appends the new positions' keys
+    and values, so a step costs O(T) instead of recomputing O(T²).
+    ``static=True`` (cross-attention) computes them once from the memory.
+    Arrays: (batch, heads, capacity, d_head); ``length`` positions are valid.
+    """
+
+    def __init__(self, static=False):
+        self.static = static
+        self.k = self.v = None
+        self.length = 0
+
+    def append(self, k, v):
+        B, H, T, dh = k.shape
+        need = self.length + T
+        if self.k is None or need > self.k.shape[2]:
+            cap = max(need, 2 * (0 if self.k is None else self.k.shape[2]), 16)
+            new_k = np.empty((B, H, cap, dh), dtype=k.dtype)
+            new_v = np.empty((B, H, cap, dh), dtype=v.dtype)
+            if self.length:
+                new_k[:, :, :self.length] = self.k[:, :, :self.length]
+                new_v[:, :, :self.length] = self.v[:, :, :self.length]
+            self.k, self.v = new_k, new_v
+        self.k[:, :, self.length:need] = k
+        self.v[:, :, self.length:need] = v
+        self.length = need
+        return self.k[:, :, :need], self.v[:, :, :need]
+
+    def view(self):
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    def reset(self):
+        self.k = self.v = None
+        self.length = 0
+
+
+def _split_heads(x, n, n_heads):
+    """(B, T, n·E) -> n arrays of shape (B, H, T, d_head) (views, no copy)."""
+    B, T, _ = x.shape
+    x = x.reshape(B, T, n, n_heads, -1).transpose(2, 0, 3, 1, 4)
+    return tuple(x[i] for i in range(n))
+
+
+def _merge_heads(x):
+    """(B, H, T, d_head) -> (B, T, H·d_head)."""
+    B, H, T, dh = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, H * dh)
+
+
+def _heads_to_rows(dx, out):
+    """Write a (B, H, T, d_head) gradient into ``out`` of shape (B, T, H, d_head)."""
+    out[...] = dx.transpose(0, 2, 1, 3)
+
+
+def build_attention_mask(t_q, t_k, dtype, attn_mask=None, key_padding_mask=None, is_causal=False,
+                         batch=None, n_heads=None, causal_offset=0):
+    """Combine the module-level masks into one additive float mask, or None.
+
+    attn_mask: (Tq, Tk), (B·H, Tq, Tk) or (B, H, Tq, Tk); bool True = blocked, float added.
+    key_padding_mask: (B, Tk); bool True = padding (blocked), float added.
+    is_causal: query i may attend key j only if j <= i + causal_offset
+    (causal_offset = number of cached positions, for incremental decoding).
+    Returns an array broadcastable to (B, H, Tq, Tk) with 0 / -inf (plus float masks).
+    """
+    mask = None
+
+    def add(m):
+        nonlocal mask
+        mask = m if mask is None else mask + m
+
+    if is_causal:
+        blocked = ~np.tril(np.ones((t_q, t_k), dtype=bool), k=causal_offset)
+        add(np.where(blocked, -np.inf, 0.0).astype(dtype))
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        if m.ndim == 3:
+            if batch is None or m.shape[0] != batch * n_heads:
+                raise ValueError(f"a 3-D attn_mask must have shape (batch*heads, {t_q}, {t_k}), got {m.shape}")
+            m = m.reshape(batch, n_heads, *m.shape[1:])
+        if m.ndim not in (2, 4) or m.shape[-2:] != (t_q, t_k):
+            raise ValueError(f"attn_mask must have shape ({t_q}, {t_k}), (batch*heads, {t_q}, {t_k}) or "
+                             f"(batch, heads, {t_q}, {t_k}); got {np.shape(attn_mask)}")
+        add(np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype))
+    if key_padding_mask is not None:
+        m = np.asarray(key_padding_mask)
+        if m.ndim != 2 or m.shape[1] != t_k or (batch is not None and m.shape[0] != batch):
+            raise ValueError(f"key_padding_mask must have shape (batch, {t_k}), got {m.shape}")
+        m = m[:, None, None, :]
+        add(np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype))
+    return mask
+
+
+class MultiHeadAttention(Module):
+    """Multi-head attention with a fused QKV projection; self- or cross-attention.
+
+    d_model: model width E;  n_heads: h (E must divide by h);  d_head = E / h.
+    forward(query (B, Tq, E), key=None, value=None, ...) -> (B, Tq, E).
+    key defaults to query (self-attention), value to key (cross-attention on a memory).
+
+    Set ``record_weights = True`` to keep the last attention weights (B, h, Tq, Tk)
+    in ``last_weights``; set ``head_mask`` (h,) to scale each head's output
+    (0 ablates a head).
+    """
+
+    def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32):
+        super().__init__()
+        if n_heads <= 0 or d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
+                             f"(each head gets d_model / n_heads features)")
+        rng = init.default_rng(rng)
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.dropout_p = dropout
+        self.rng = rng
+        self.qkv_proj = Linear(d_model, 3 * d_model, bias, rng, dtype)
+        self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, (3 * d_model, d_model), dtype)
+        if bias:
+            self.qkv_proj.bias.data[...] = 0
+        self.out_proj = Linear(d_model, d_model, bias, rng, dtype)
+        if bias:
+            self.out_proj.bias.data[...] = 0
+        self.record_weights = False
+        self.last_weights = None
+        self.head_mask = None
+        self._cache = None
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout_p}"
+
+    # -- projections -------------------------------------------------------------
+    def _project(self, query, key, value):
+        """Q, K, V per head, each (B, H, T, d_head), and what backward needs to undo the projection."""
+        E, H = self.d_model, self.n_heads
+        W = self.qkv_proj.weight.data
+        b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
+        bs = (lambda s: None) if b is None else (lambda s: b[s])
+        if key is query and value is query:
+            qkv, c = ops.linear_forward(query, W, b)
+            return _split_heads(qkv, 3, H), ("self", c)
+        q, cq = ops.linear_forward(query, W[:E], bs(slice(0, E)))
+        if value is key:
+            kv, ckv = ops.linear_forward(key, W[E:], bs(slice(E, None)))
+            return _split_heads(q, 1, H) + _split_heads(kv, 2, H), ("kv", cq, ckv)
+        k, ck = ops.linear_forward(key, W[E:2 * E], bs(slice(E, 2 * E)))
+        v, cv = ops.linear_forward(value, W[2 * E:], bs(slice(2 * E, None)))
+        return (_split_heads(q, 1, H) + _split_heads(k, 1, H) + _split_heads(v, 1, H)), ("qkv", cq, ck, cv)
+
+    def _check_inputs(self, query, key, value):
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x.ndim != 3 or x.shape[-1] != self.d_model:
+                raise ValueError(f"{name} must have shape (batch, seq, {self.d_model}), got {x.shape}")
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+            raise ValueError(f"query {query.shape}, key {key.shape} and value {value.shape} must share the batch "
+                             f"size, and key/value the sequence length")
+
+    # -- forward / backward -------------------------------------------------------
+    def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
+                kv_cache=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value)
+        if kv_cache is not None:
+            return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache)
+        B, Tq, _ = query.shape
+        Tk = key.shape[1]
+        (q, k, v), proj_cache = self._project(query, key, value)
+        only_causal = is_causal and attn_mask is None and key_padding_mask is None and Tq == Tk
+        mask = None if only_causal else build_attention_mask(
+            Tq, Tk, q.dtype, attn_mask, key_padding_mask, is_causal, B, self.n_heads)
+        p_drop = self.dropout_p if self.training else 0.0
+        ctx, weights, attn_cache = scaled_dot_product_attention_forward(
+            q, k, v, attn_mask=mask, is_causal=only_causal, dropout_p=p_drop, rng=self.rng,
+            need_weights=self.record_weights)
+        if self.record_weights:
+            self.last_weights = weights
+        if self.head_mask is not None:
+            ctx = ctx * np.asarray(self.head_mask, dtype=ctx.dtype)[None, :, None, None]
+        out = self.out_proj(_merge_heads(ctx))
+        self._cache = (proj_cache, attn_cache, query.shape, key.shape)
+        return out
+
+    def backward(self, dout):
+        """Returns dquery for self-attention, (dquery, dkey) when value is key, else (dquery, dkey, dvalue)."""
+        proj_cache, attn_cache, q_shape, k_shape = self._cache
+        B, Tq, E = q_shape
+        Tk = k_shape[1]
+        H, dh = self.n_heads, self.d_head
+        dctx = self.out_proj.backward(dout).reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
+        if self.head_mask is not None:
+            dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
+        dq, dk, dv = scaled_dot_product_attention_backward(dctx, attn_cache)
+        W = self.qkv_proj.weight
+        bias = self.qkv_proj.bias
+        kind = proj_cache[0]
+        self._cache = None
+        if kind == "self":
+            dqkv = np.empty((B, Tq, 3, H, dh), dtype=dq.dtype)
+            for i, d in enumerate((dq, dk, dv)):
+                _heads_to_rows(d, dqkv[:, :, i])
+            dx, dW, db = ops.linear_backward(dqkv.reshape(B, Tq, 3 * E), proj_cache[1])
+            W.accumulate(dW)
+            if bias is not None:
+                bias.accumulate(db)
+            return dx
+        dW = np.empty_like(W.data)
+        db = None if bias is None else np.empty_like(bias.data)
+        dq_rows = np.empty((B, Tq, H, dh), dtype=dq.dtype)
+        _heads_to_rows(dq, dq_rows)
+        dquery, dW[:E], dbq = ops.linear_backward(dq_rows.reshape(B, Tq, E), proj_cache[1])
+        if kind == "kv":
+            dkv = np.empty((B, Tk, 2, H, dh), dtype=dk.dtype)
+            _heads_to_rows(dk, dkv[:, :, 0])
+            _heads_to_rows(dv, dkv[:, :, 1])
+            dkey, dW[E:], dbkv = ops.linear_backward(dkv.reshape(B, Tk, 2 * E), proj_cache[2])
+            grads = (dquery, dkey)
+            if db is not None:
+                db[:E], db[E:] = dbq, dbkv
+        else:
+            rows = np.empty((B, Tk, H, dh), dtype=dk.dtype)
+            _heads_to_rows(dk, rows)
+            dkey, dW[E:2 * E], dbk = ops.linear_backward(rows.reshape(B, Tk, E), proj_cache[2])
+            rows = np.empty((B, Tk, H, dh), dtype=dv.dtype)
+            _heads_to_rows(dv, rows)
+            dvalue, dW[2 * E:], dbv = ops.linear_backward(rows.reshape(B, Tk, E), proj_cache[3])
+            grads = (dquery, dkey, dvalue)
+            if db is not None:
+                db[:E], db[E:2 * E], db[2 * E:] = dbq, dbk, dbv
+        W.accumulate(dW)
+        if bias is not None:
+            bias.accumulate(db)
+        return grads
+
+    def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache):
+        """Inference step with a KVCache: no backward. Self-attention appends the new keys/values;
+        a static cache (cross-attention) projects the memory once and reuses it."""
+        E, H = self.d_model, self.n_heads
+        W = self.qkv_proj.weight.data
+        b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
+        B, Tq, _ = query.shape
+        offset = cache.length
+        if cache.static:
+            q, _ = ops.linear_forward(query, W[:E], None if b is None else b[:E])
+            (q,) = _split_heads(q, 1, H)
+            if cache.length == 0:
+                kv, _ = ops.linear_forward(key, W[E:], None if b is None else b[E:])
+                cache.append(*_split_heads(kv, 2, H))
+            k, v = cache.view()
+            offset = 0
+        else:
+            if not (key is query and value is query):
+                raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
+            qkv, _ = ops.linear_forward(query, W, b)
+            q, k_new, v_new = _split_heads(qkv, 3, H)
+            k, v = cache.append(k_new, v_new)
+        Tk = k.shape[2]
+        causal = is_causal and not cache.static and Tq > 1
+        mask = build_attention_mask(Tq, Tk, q.dtype, attn_mask, key_padding_mask, causal, B, H, causal_offset=offset)
+        ctx, weights, _ = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask,
+                                                               need_weights=self.record_weights)
+        if self.record_weights:
+            self.last_weights = weights
+        if self.head_mask is not None:
+            ctx = ctx * np.asarray(self.head_mask, dtype=ctx.dtype)[None, :, None, None]
+        out, _ = ops.linear_forward(_merge_heads(ctx), self.out_proj.weight.data,
+                                    None if self.out_proj.bias is None else self.out_proj.bias.data)
+        return out

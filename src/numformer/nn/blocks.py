@@ -1,0 +1,176 @@
+"""Encoder and decoder blocks, and their stacks.
+
+Post-LN (the paper, ``norm_first=False``)          Pre-LN (``norm_first=True``, GPT-2)
+    h = Norm₁(x + Dropout(SelfAttn(x)))                h = x + Dropout(SelfAttn(Norm₁(x)))
+    y = Norm₂(h + Dropout(FFN(h)))                     y = h + Dropout(FFN(Norm₂(h)))
+
+The decoder block adds cross-attention to the encoder output (the memory)
+between the two. The sub-module names follow ``torch.nn.TransformerEncoderLayer``
+/ ``TransformerDecoderLayer`` (``self_attn``, ``norm1`` …) so that weights map
+one to one; the feed-forward pair is grouped as ``ff.linear1`` / ``ff.linear2``.
+A decoder-only model (GPT) uses ``EncoderBlock`` with a causal mask.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import init
+from .attention import MultiHeadAttention
+from .layers import Dropout, FeedForward, make_norm
+from .module import Module, ModuleList
+
+
+class EncoderBlock(Module):
+    """Self-attention and feed-forward sub-layers, each with a residual connection and a norm.
+
+    x: (B, T, d_model) -> (B, T, d_model). Masks follow torch.nn (bool True = blocked).
+    ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately.
+    """
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
+                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32):
+        super().__init__()
+        rng = init.default_rng(rng)
+        attn_bias = bias if attn_bias is None else attn_bias
+        self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
+        self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype)
+        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)
+        self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
+        self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
+        self.dropout1 = Dropout(dropout, rng)
+        self.dropout2 = Dropout(dropout, rng)
+
+    def extra_repr(self):
+        return f"norm_first={self.norm_first}"
+
+    def forward(self, x, attn_mask=None, key_padding_mask=None, is_causal=False, kv_cache=None):
+        def attend(z):
+            return self.self_attn(z, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                  kv_cache=kv_cache)
+
+        if self.norm_first:
+            h = x + self.dropout1(attend(self.norm1(x)))
+            return h + self.dropout2(self.ff(self.norm2(h)))
+        h = self.norm1(x + self.dropout1(attend(x)))
+        return self.norm2(h + self.dropout2(self.ff(h)))
+
+    def backward(self, dy):
+        if self.norm_first:
+            dh = dy + self.norm2.backward(self.ff.backward(self.dropout2.backward(dy)))
+            return dh + self.norm1.backward(self.self_attn.backward(self.dropout1.backward(dh)))
+        dz2 = self.norm2.backward(dy)
+        dh = dz2 + self.ff.backward(self.dropout2.backward(dz2))
+        dz1 = self.norm1.backward(dh)
+        return dz1 + self.self_attn.backward(self.dropout1.backward(dz1))
+
+
+class DecoderBlock(Module):
+    """Masked self-attention, cross-attention to the memory, and feed-forward; each with residual + norm.
+
+    x: (B, T, d_model), memory: (B, S, d_model) -> (B, T, d_model).
+    backward(dy) returns (dx, dmemory).
+    """
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
+                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32):
+        super().__init__()
+        rng = init.default_rng(rng)
+        attn_bias = bias if attn_bias is None else attn_bias
+        self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
+        self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype)
+        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)
+        self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
+        self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
+        self.norm3 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
+        self.dropout1 = Dropout(dropout, rng)
+        self.dropout2 = Dropout(dropout, rng)
+        self.dropout3 = Dropout(dropout, rng)
+
+    def extra_repr(self):
+        return f"norm_first={self.norm_first}"
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False, cache=None):
+        """``cache`` = (self-attention KVCache, static cross-attention KVCache) for incremental decoding."""
+        self_cache, cross_cache = (None, None) if cache is None else cache
+
+        def self_attend(z):
+            return self.self_attn(z, attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask,
+                                  is_causal=tgt_is_causal, kv_cache=self_cache)
+
+        def cross_attend(z):
+            return self.cross_attn(z, memory, attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask,
+                                   kv_cache=cross_cache)
+
+        if self.norm_first:
+            h1 = x + self.dropout1(self_attend(self.norm1(x)))
+            h2 = h1 + self.dropout2(cross_attend(self.norm2(h1)))
+            return h2 + self.dropout3(self.ff(self.norm3(h2)))
+        h1 = self.norm1(x + self.dropout1(self_attend(x)))
+        h2 = self.norm2(h1 + self.dropout2(cross_attend(h1)))
+        return self.norm3(h2 + self.dropout3(self.ff(h2)))
+
+    def backward(self, dy):
+        if self.norm_first:
+            dh2 = dy + self.norm3.backward(self.ff.backward(self.dropout3.backward(dy)))
+            dq, dmemory = self.cross_attn.backward(self.dropout2.backward(dh2))
+            dh1 = dh2 + self.norm2.backward(dq)
+            dx = dh1 + self.norm1.backward(self.self_attn.backward(self.dropout1.backward(dh1)))
+            return dx, dmemory
+        dz3 = self.norm3.backward(dy)
+        dh2 = dz3 + self.ff.backward(self.dropout3.backward(dz3))
+        dz2 = self.norm2.backward(dh2)
+        dq, dmemory = self.cross_attn.backward(self.dropout2.backward(dz2))
+        dh1 = dz2 + dq
+        dz1 = self.norm1.backward(dh1)
+        return dz1 + self.self_attn.backward(self.dropout1.backward(dz1)), dmemory
+
+
+class Encoder(Module):
+    """A stack of EncoderBlocks with an optional final norm (needed after pre-LN blocks)."""
+
+    def __init__(self, layers, norm=None):
+        super().__init__()
+        self.layers = ModuleList(layers)
+        self.norm = norm
+
+    def forward(self, x, mask=None, key_padding_mask=None, is_causal=False, kv_caches=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, attn_mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                      kv_cache=None if kv_caches is None else kv_caches[i])
+        return x if self.norm is None else self.norm(x)
+
+    def backward(self, dy):
+        if self.norm is not None:
+            dy = self.norm.backward(dy)
+        for layer in reversed(list(self.layers)):
+            dy = layer.backward(dy)
+        return dy
+
+
+class Decoder(Module):
+    """A stack of DecoderBlocks with an optional final norm. backward returns (dx, dmemory)."""
+
+    def __init__(self, layers, norm=None):
+        super().__init__()
+        self.layers = ModuleList(layers)
+        self.norm = norm
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False, caches=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                      tgt_is_causal, cache=None if caches is None else caches[i])
+        return x if self.norm is None else self.norm(x)
+
+    def backward(self, dy):
+        if self.norm is not None:
+            dy = self.norm.backward(dy)
+        dmemory = None
+        for layer in reversed(list(self.layers)):
+            dy, dm = layer.backward(dy)
+            dmemory = dm if dmemory is None else dmemory + dm
+        return dy, dmemory

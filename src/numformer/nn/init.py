@@ -1,0 +1,31 @@
+"""Weight initializations (the same distributions torch uses)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def default_rng(rng):
+    """The generator to use: the one given, else a fresh unseeded one."""
+    return rng if rng is not None else np.random.default_rng()
+
+
+def uniform(rng, shape, bound, dtype):
+    return rng.uniform(-bound, bound, size=shape).astype(dtype)
+
+
+def normal(rng, shape, std, dtype):
+    return (rng.standard_normal(size=shape) * std).astype(dtype)
+
+
+def xavier_uniform(rng, shape, dtype, fan_in=None, fan_out=None):
+    """Glorot & Bengio (2010): U(-a, a), a = √(6 / (fan_in + fan_out)); shape is (fan_out, fan_in)."""
+    fan_out = shape[0] if fan_out is None else fan_out
+    fan_in = shape[1] if fan_in is None else fan_in
+    return uniform(rng, shape, math.sqrt(6.0 / (fan_in + fan_out)), dtype)
+
+
+def linear_default(rng, shape, dtype):
+    """torch.nn.Linear's default: U(-1/√fan_in, 1/√fan_in) (kaiming_uniform with a=√5)."""
+    return uniform(rng, shape, 1.0 / math.sqrt(shape[-1]), dtype)

@@ -1,0 +1,232 @@
+"""Stateful layers built on ``numformer.ops``: Linear, Embedding, norms, Dropout, FeedForward."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from . import init
+from .module import Module, Parameter
+
+
+class Linear(Module):
+    """y = x Wᵀ + b with W: (out_features, in_features), as torch.nn.Linear."""
+
+    def __init__(self, in_features, out_features, bias=True, rng=None, dtype=np.float32):
+        super().__init__()
+        rng = init.default_rng(rng)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(init.linear_default(rng, (out_features, in_features), dtype))
+        self.bias = Parameter(init.uniform(rng, (out_features,), 1.0 / np.sqrt(in_features), dtype)) if bias else None
+        self._cache = None
+
+    def forward(self, x):
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"Linear expects inputs with last dimension {self.in_features}, got shape {x.shape}")
+        y, self._cache = ops.linear_forward(x, self.weight.data, None if self.bias is None else self.bias.data)
+        return y
+
+    def backward(self, dy):
+        dx, dW, db = ops.linear_backward(dy, self._cache)
+        self.weight.accumulate(dW)
+        if self.bias is not None:
+            self.bias.accumulate(db)
+        self._cache = None
+        return dx
+
+    def extra_repr(self):
+        return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
+
+
+class Embedding(Module):
+    """Lookup table E: (num_embeddings, dim); forward(ids) = E[ids]. Initialized N(0, 1) as torch."""
+
+    def __init__(self, num_embeddings, embedding_dim, rng=None, dtype=np.float32, std=1.0):
+        super().__init__()
+        rng = init.default_rng(rng)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = Parameter(init.normal(rng, (num_embeddings, embedding_dim), std, dtype))
+        self._cache = None
+
+    def forward(self, ids):
+        ids = np.asarray(ids)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_embeddings):
+            bad = np.unique(ids[(ids < 0) | (ids >= self.num_embeddings)])[:10].tolist()
+            raise ValueError(f"token ids {bad} are outside the vocabulary [0, {self.num_embeddings}); "
+                             f"check the tokenizer or raise vocab_size")
+        y, self._cache = ops.embedding_forward(ids, self.weight.data)
+        return y
+
+    def backward(self, dy):
+        p = self.weight
+        if p.grad is None:
+            p.grad = ops.embedding_backward(dy, self._cache)
+        else:
+            ops.embedding_backward(dy, self._cache, out=p.grad)
+        self._cache = None
+        return None
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class LayerNorm(Module):
+    """LayerNorm over the last axis with learnable γ (``weight``) and β (``bias``), eps=1e-5 as torch."""
+
+    def __init__(self, d, eps=1e-5, bias=True, dtype=np.float32):
+        super().__init__()
+        self.d, self.eps = d, eps
+        self.weight = Parameter(np.ones(d, dtype=dtype))
+        self.bias = Parameter(np.zeros(d, dtype=dtype)) if bias else None
+        self._cache = None
+
+    def forward(self, x):
+        y, self._cache = ops.layer_norm_forward(x, self.weight.data, None if self.bias is None else self.bias.data,
+                                                self.eps)
+        return y
+
+    def backward(self, dy):
+        dx, dg, db = ops.layer_norm_backward(dy, self._cache)
+        self.weight.accumulate(dg)
+        if self.bias is not None:
+            self.bias.accumulate(db)
+        self._cache = None
+        return dx
+
+    def extra_repr(self):
+        return f"{self.d}, eps={self.eps}"
+
+
+class RMSNorm(Module):
+    """RMSNorm over the last axis with learnable γ (``weight``)."""
+
+    def __init__(self, d, eps=1e-6, dtype=np.float32):
+        super().__init__()
+        self.d, self.eps = d, eps
+        self.weight = Parameter(np.ones(d, dtype=dtype))
+        self._cache = None
+
+    def forward(self, x):
+        y, self._cache = ops.rms_norm_forward(x, self.weight.data, self.eps)
+        return y
+
+    def backward(self, dy):
+        dx, dg = ops.rms_norm_backward(dy, self._cache)
+        self.weight.accumulate(dg)
+        self._cache = None
+        return dx
+
+    def extra_repr(self):
+        return f"{self.d}, eps={self.eps}"
+
+
+class BatchStatNorm(Module):
+    """The seed's simplified norm: per-feature statistics over batch and sequence (see ops.batch_norm_forward)."""
+
+    def __init__(self, d, eps=1e-5, dtype=np.float32):
+        super().__init__()
+        self.d, self.eps = d, eps
+        self.weight = Parameter(np.ones(d, dtype=dtype))
+        self.bias = Parameter(np.zeros(d, dtype=dtype))
+        self._cache = None
+
+    def forward(self, x):
+        y, self._cache = ops.batch_norm_forward(x, self.weight.data, self.bias.data, self.eps)
+        return y
+
+    def backward(self, dy):
+        dx, dg, db = ops.batch_norm_backward(dy, self._cache)
+        self.weight.accumulate(dg)
+        self.bias.accumulate(db)
+        self._cache = None
+        return dx
+
+    def extra_repr(self):
+        return f"{self.d}, eps={self.eps}"
+
+
+NORMS = {"layer": LayerNorm, "rms": RMSNorm, "batch": BatchStatNorm}
+
+
+def make_norm(kind, d, eps=1e-5, bias=True, dtype=np.float32):
+    """Build a norm by name: 'layer' (default), 'rms', or 'batch' (the seed's batch-statistics norm)."""
+    if kind not in NORMS:
+        raise ValueError(f"unknown norm {kind!r}; choose one of {sorted(NORMS)}")
+    if kind == "layer":
+        return LayerNorm(d, eps, bias=bias, dtype=dtype)
+    return NORMS[kind](d, eps, dtype=dtype)
+
+
+class Dropout(Module):
+    """Inverted dropout, active only in training mode; masks come from the shared generator."""
+
+    def __init__(self, p=0.0, rng=None):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+        self.rng = init.default_rng(rng)
+        self._cache = None
+
+    def forward(self, x):
+        y, self._cache = ops.dropout_forward(x, self.p, self.rng, self.training)
+        return y
+
+    def backward(self, dy):
+        dx = ops.dropout_backward(dy, self._cache)
+        self._cache = None
+        return dx
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+
+
+class Activation(Module):
+    """ReLU, GELU (exact, erf) or GELU with the tanh approximation."""
+
+    def __init__(self, kind="relu"):
+        super().__init__()
+        if kind not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {kind!r}; choose one of {list(ACTIVATIONS)}")
+        self.kind = kind
+        self._cache = None
+
+    def forward(self, x):
+        if self.kind == "relu":
+            y, self._cache = ops.relu_forward(x)
+        else:
+            y, self._cache = ops.gelu_forward(x, "tanh" if self.kind == "gelu_tanh" else "none")
+        return y
+
+    def backward(self, dy):
+        if self.kind == "relu":
+            dx = ops.relu_backward(dy, self._cache)
+        else:
+            dx = ops.gelu_backward(dy, self._cache)
+        self._cache = None
+        return dx
+
+    def extra_repr(self):
+        return self.kind
+
+
+class FeedForward(Module):
+    """Position-wise FFN(x) = W₂ · dropout(act(W₁ x + b₁)) + b₂, d_model -> d_ff -> d_model."""
+
+    def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, bias=True, rng=None, dtype=np.float32):
+        super().__init__()
+        rng = init.default_rng(rng)
+        self.linear1 = Linear(d_model, d_ff, bias, rng, dtype)
+        self.act = Activation(activation)
+        self.dropout = Dropout(dropout, rng)
+        self.linear2 = Linear(d_ff, d_model, bias, rng, dtype)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(self.act(self.linear1(x))))
+
+    def backward(self, dy):
+        return self.linear1.backward(self.act.backward(self.dropout.backward(self.linear2.backward(dy))))

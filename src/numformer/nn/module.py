@@ -1,0 +1,197 @@
+"""Parameter and Module: named parameters, state dicts, train/eval, gradients.
+
+A Module's ``forward`` stores the caches its ``backward`` needs; ``backward(dout)``
+accumulates into each Parameter's ``.grad`` and returns the input gradients.
+Because a module keeps one cache, a module must not be called twice in one
+forward pass; to share weights, share the Parameter (see ``GPT`` tying).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterator
+
+import numpy as np
+
+
+class Parameter:
+    """A trainable array. ``grad`` is None until a backward pass writes it (as torch's set_to_none)."""
+
+    __slots__ = ("data", "grad")
+
+    def __init__(self, data):
+        self.data = np.ascontiguousarray(data)
+        self.grad = None
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def size(self):
+        return self.data.size
+
+    def accumulate(self, g):
+        """Add a gradient contribution (tied weights receive several)."""
+        if self.grad is None:
+            self.grad = g if g.dtype == self.data.dtype else g.astype(self.data.dtype)
+        else:
+            self.grad += g
+
+    def __repr__(self):
+        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+
+
+class Module:
+    """Base class: registers Parameters and sub-Modules assigned as attributes, in order."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name, value):
+        params = self.__dict__.get("_parameters")
+        if params is None:
+            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() before assigning {name}")
+        params.pop(name, None)
+        self._modules.pop(name, None)
+        if isinstance(value, Parameter):
+            params[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        object.__setattr__(self, name, value)
+
+    # -- calling ---------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward(self, dout):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- traversal -------------------------------------------------------------
+    def named_modules(self, prefix="") -> Iterator[tuple[str, "Module"]]:
+        yield prefix, self
+        for name, m in self._modules.items():
+            yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self):
+        for _, m in self.named_modules():
+            yield m
+
+    def children(self):
+        return iter(self._modules.values())
+
+    def named_parameters(self, prefix="") -> Iterator[tuple[str, Parameter]]:
+        """(dotted name, Parameter) in a stable order; a tied Parameter is listed once, under its first name."""
+        seen = set()
+        for mod_name, m in self.named_modules(prefix):
+            for name, p in m._parameters.items():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                yield (f"{mod_name}.{name}" if mod_name else name), p
+
+    def parameters(self):
+        for _, p in self.named_parameters():
+            yield p
+
+    def num_parameters(self):
+        return sum(p.size for p in self.parameters())
+
+    # -- state -----------------------------------------------------------------
+    def state_dict(self):
+        """{dotted name: array} of every (deduplicated) parameter; arrays are the live data, not copies."""
+        return OrderedDict((name, p.data) for name, p in self.named_parameters())
+
+    def load_state_dict(self, state, strict=True):
+        """Copy arrays into the parameters, checking names and shapes; one error lists every problem."""
+        own = dict(self.named_parameters())
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        wrong = [f"{k}: checkpoint {tuple(np.shape(state[k]))} vs model {own[k].shape}"
+                 for k in own if k in state and tuple(np.shape(state[k])) != own[k].shape]
+        problems = []
+        if wrong:
+            problems.append("shape mismatch: " + "; ".join(wrong))
+        if strict and missing:
+            problems.append(f"missing keys: {missing}")
+        if strict and unexpected:
+            problems.append(f"unexpected keys: {unexpected}")
+        if problems:
+            raise ValueError("state dict does not fit this model (was it saved from another configuration?): "
+                             + " | ".join(problems))
+        for k, p in own.items():
+            if k in state:
+                p.data[...] = np.asarray(state[k], dtype=p.dtype)
+
+    def astype(self, dtype):
+        """Convert every parameter to ``dtype`` in place (e.g. float64 for gradient checks); returns self."""
+        for m in self.modules():
+            for name, p in m._parameters.items():
+                p.data = p.data.astype(dtype)
+                p.grad = None
+            if hasattr(m, "_on_dtype_change"):
+                m._on_dtype_change(dtype)
+        return self
+
+    @property
+    def dtype(self):
+        for p in self.parameters():
+            return p.dtype
+        return np.dtype(np.float32)
+
+    def train(self, mode=True):
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad = None
+
+    def clear_cache(self):
+        """Drop the activations stored for backward (frees memory after a step or for inference)."""
+        for m in self.modules():
+            if "_cache" in m.__dict__:
+                object.__setattr__(m, "_cache", None)
+
+    def extra_repr(self):
+        return ""
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for name, m in self._modules.items():
+            sub = repr(m).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {sub}")
+        return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
+
+
+class ModuleList(Module):
+    """A list of modules registered as ``0``, ``1``, ... (dotted names ``layers.0.…``)."""
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        setattr(self, str(len(self._modules)), module)
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]

@@ -1,0 +1,91 @@
+"""Positional encodings: fixed sinusoids (Vaswani et al. 2017, §3.5) or a learned table (GPT, BERT).
+
+Both are modules that add the encoding of positions offset … offset+T-1 to
+their input: forward(x (B, T, d), offset=0) -> x + P[offset:offset+T].
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import init
+from .module import Module, Parameter
+
+
+def sinusoidal_table(max_len, d_model, base=10000.0):
+    """PE(p, 2i) = sin(p / base^(2i/d)),  PE(p, 2i+1) = cos(p / base^(2i/d));  shape (max_len, d_model).
+
+    Wavelengths grow geometrically from 2π to base·2π along the dimensions.
+    """
+    positions = np.arange(max_len, dtype=np.float64)[:, None]
+    inv_freq = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)
+    angles = positions * inv_freq
+    table = np.zeros((max_len, d_model))
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles[:, : d_model // 2])
+    return table
+
+
+def _check_length(T, offset, max_len):
+    if offset + T > max_len:
+        raise ValueError(f"sequence positions up to {offset + T} exceed the positional table of length {max_len}; "
+                         f"shorten the input or build the model with a larger max_len / block_size")
+
+
+class SinusoidalPositionalEncoding(Module):
+    """x + PE[offset:offset+T]; no parameters, so it can be evaluated at any length up to max_len."""
+
+    def __init__(self, d_model, max_len=5000, dtype=np.float32):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self._table64 = sinusoidal_table(max_len, d_model)
+        self.table = self._table64.astype(dtype)
+
+    def _on_dtype_change(self, dtype):
+        self.table = self._table64.astype(dtype)
+
+    def forward(self, x, offset=0):
+        _check_length(x.shape[1], offset, self.max_len)
+        return x + self.table[offset:offset + x.shape[1]]
+
+    def backward(self, dy):
+        return dy
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+
+class LearnedPositionalEncoding(Module):
+    """x + P[offset:offset+T] with P: (max_len, d_model) learned, initialized N(0, std²)."""
+
+    def __init__(self, d_model, max_len, rng=None, dtype=np.float32, std=0.02):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self.weight = Parameter(init.normal(init.default_rng(rng), (max_len, d_model), std, dtype))
+        self._cache = None
+
+    def forward(self, x, offset=0):
+        T = x.shape[1]
+        _check_length(T, offset, self.max_len)
+        self._cache = (offset, T)
+        return x + self.weight.data[offset:offset + T]
+
+    def backward(self, dy):
+        offset, T = self._cache
+        g = dy.reshape(-1, T, self.d_model).sum(axis=0)
+        if self.weight.grad is None:
+            self.weight.grad = np.zeros_like(self.weight.data)
+        self.weight.grad[offset:offset + T] += g
+        self._cache = None
+        return dy
+
+    def extra_repr(self):
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+
+def make_positional(kind, d_model, max_len, rng=None, dtype=np.float32):
+    """'sinusoidal' or 'learned'."""
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len, dtype)
+    if kind == "learned":
+        return LearnedPositionalEncoding(d_model, max_len, rng, dtype)
+    raise ValueError(f"unknown positional encoding {kind!r}; choose 'sinusoidal' or 'learned'")

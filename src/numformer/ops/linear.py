@@ -1,0 +1,37 @@
+"""Affine map  y = x Wᵀ + b.
+
+W is stored as (d_out, d_in), the layout of ``torch.nn.Linear``; the paper's
+projection matrices (x W^Q with W^Q of shape d_model x d_k) are our ``W.T``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def linear_forward(x, W, b=None):
+    """y = x Wᵀ + b.
+
+    x: (..., d_in)   W: (d_out, d_in)   b: (d_out,) or None   ->   y: (..., d_out)
+
+    The leading axes are flattened so that BLAS sees one large 2-D product.
+    """
+    x2 = x.reshape(-1, x.shape[-1])
+    y = x2 @ W.T
+    if b is not None:
+        y += b
+    return y.reshape(*x.shape[:-1], W.shape[0]), (x2, W, b is not None, x.shape)
+
+
+def linear_backward(dy, cache):
+    """Gradients of y = x Wᵀ + b.
+
+    dx = dy W      dW = dyᵀ x (summed over all leading axes)      db = Σ dy
+
+    Returns (dx, dW, db); db is None when the forward had no bias.
+    """
+    x2, W, has_bias, x_shape = cache
+    dy2 = dy.reshape(-1, W.shape[0])
+    dx = (dy2 @ W).reshape(x_shape)
+    dW = dy2.T @ x2
+    db = dy2.sum(axis=0) if has_bias else None
+    return dx, dW, db

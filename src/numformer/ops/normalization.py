@@ -1,0 +1,95 @@
+"""Normalizations: layer norm, RMS norm, and the seed's batch-statistics norm.
+
+All three share the form  y = x̂ ⊙ γ + β  with a different x̂.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def layer_norm_forward(x, gamma, beta, eps=1e-5):
+    """LayerNorm(x) = (x - μ) / √(σ² + ε) ⊙ γ + β, statistics over the last axis.
+
+    x: (..., d)   gamma, beta: (d,)   ->   y: (..., d)
+    μ and σ² (biased) are computed per position, as in the paper and torch.
+    """
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    var = np.mean(xc * xc, axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = xc * rstd
+    y = xhat * gamma
+    if beta is not None:
+        y += beta
+    return y, (xhat, rstd, gamma)
+
+
+def layer_norm_backward(dy, cache):
+    """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ.
+
+    Returns (dx, dgamma, dbeta), the parameter gradients summed over all
+    leading axes.
+    """
+    xhat, rstd, gamma = cache
+    d = xhat.shape[-1]
+    dy2 = dy.reshape(-1, d)
+    xhat2 = xhat.reshape(-1, d)
+    dgamma = np.einsum("nd,nd->d", dy2, xhat2)
+    dbeta = dy2.sum(axis=0)
+    g = dy * gamma
+    mean_g = g.mean(axis=-1, keepdims=True)
+    mean_gx = np.mean(g * xhat, axis=-1, keepdims=True)
+    dx = (g - mean_g - xhat * mean_gx) * rstd
+    return dx, dgamma, dbeta
+
+
+def rms_norm_forward(x, gamma, eps=1e-6):
+    """RMSNorm(x) = x / √(mean(x²) + ε) ⊙ γ  (Zhang & Sennrich 2019), over the last axis.
+
+    x: (..., d)   gamma: (d,)   ->   y: (..., d)
+    """
+    rrms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    xhat = x * rrms
+    return xhat * gamma, (xhat, rrms, gamma)
+
+
+def rms_norm_backward(dy, cache):
+    """dx = r (g - x̂ · mean(g ⊙ x̂)), with r = 1/rms and g = dy ⊙ γ. Returns (dx, dgamma)."""
+    xhat, rrms, gamma = cache
+    d = xhat.shape[-1]
+    dgamma = np.einsum("nd,nd->d", dy.reshape(-1, d), xhat.reshape(-1, d))
+    g = dy * gamma
+    dx = (g - xhat * np.mean(g * xhat, axis=-1, keepdims=True)) * rrms
+    return dx, dgamma
+
+
+def batch_norm_forward(x, gamma, beta, eps=1e-5):
+    """The seed's "simplified layer normalization (batch statistics)".
+
+    Each feature is normalized with the mean and (biased) variance over all
+    leading axes (batch and sequence), as ``torch.nn.functional.batch_norm``
+    in training mode with no running statistics. The output of one position
+    depends on the rest of the batch: offered for comparison only.
+
+    x: (..., d)   gamma, beta: (d,)   ->   y: (..., d)
+    """
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    mu = x2.mean(axis=0)
+    xc = x2 - mu
+    var = np.mean(xc * xc, axis=0)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = xc * rstd
+    y = xhat * gamma + beta
+    return y.reshape(x.shape), (xhat, rstd, gamma, x.shape)
+
+
+def batch_norm_backward(dy, cache):
+    """As layer_norm_backward, with the means taken over the rows. Returns (dx, dgamma, dbeta)."""
+    xhat, rstd, gamma, shape = cache
+    dy2 = dy.reshape(-1, shape[-1])
+    dgamma = np.einsum("nd,nd->d", dy2, xhat)
+    dbeta = dy2.sum(axis=0)
+    g = dy2 * gamma
+    dx = (g - g.mean(axis=0) - xhat * np.mean(g * xhat, axis=0)) * rstd
+    return dx.reshape(shape), dgamma, dbeta

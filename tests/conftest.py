@@ -1,0 +1,54 @@
+"""Shared helpers: gradient checks of modules and conversion to and from torch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from numformer.gradcheck import check_gradients
+
+GRAD_TOL = 1e-6          # finite differences, float64 (relative error)
+F64_TOL = 1e-8           # parity with torch, float64
+F32_TOL = 1e-4           # parity with torch, float32
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def module_gradcheck(module, inputs, call, backward_inputs=None, eps=1e-6):
+    """Finite-difference check of a module's input and parameter gradients (module must be float64).
+
+    inputs: {name: float64 array}; call(**inputs) runs forward; backward_inputs
+    maps module.backward's return value to {name: gradient} for the inputs.
+    Returns {name: relative error} for inputs and parameters.
+    """
+    params = dict(module.named_parameters())
+    arrays = {**inputs, **{f"param:{n}": p.data for n, p in params.items()}}
+
+    def forward():
+        return call(**inputs)
+
+    def backward(dout):
+        module.zero_grad()
+        call(**inputs)
+        grads = module.backward(dout)
+        out = {} if backward_inputs is None else backward_inputs(grads)
+        for n, p in params.items():
+            out[f"param:{n}"] = np.zeros_like(p.data) if p.grad is None else p.grad
+        return out
+
+    return check_gradients(forward, backward, arrays, eps=eps)
+
+
+def assert_gradcheck(errors, tol=GRAD_TOL):
+    bad = {k: v for k, v in errors.items() if not v < tol}
+    assert not bad, f"gradient check failed (relative error >= {tol}): {bad}"
+
+
+def assert_close(a, b, tol, what=""):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
+    err = np.max(np.abs(a - b) / (1.0 + np.abs(b))) if a.size else 0.0
+    assert err < tol, f"{what}: max error {err:.3e} >= {tol}"

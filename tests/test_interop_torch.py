@@ -1,0 +1,202 @@
+"""Parity with torch.nn through numformer.interop.torch: forward outputs and every gradient."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from numformer.interop.torch import from_torch, grads_to_torch, to_torch
+
+from conftest import F32_TOL, F64_TOL, assert_close
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+DTYPES = [(torch.float64, np.float64, F64_TOL), (torch.float32, np.float32, F32_TOL)]
+
+
+def run_both(tmod, inputs, kwargs, n_grad_inputs, tol):
+    """Call the torch module and its conversion with the same arguments; compare outputs and all gradients."""
+    tmod.train()  # dropout is 0 in these tests; train mode keeps torch off its inference fast path
+    tmod.zero_grad()
+    adapter = from_torch(tmod)
+    t_inputs = [torch.from_numpy(x.copy()).requires_grad_(True) for x in inputs]
+    t_kwargs = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in kwargs.items()}
+    t_out = tmod(*t_inputs, **t_kwargs)
+    t_main = t_out[0] if isinstance(t_out, tuple) else t_out
+    dout = np.random.default_rng(0).standard_normal(t_main.shape).astype(inputs[0].dtype)
+    t_main.backward(torch.from_numpy(dout))
+
+    out = adapter(*inputs, **kwargs)
+    main = out[0] if isinstance(out, tuple) else out
+    assert_close(main, t_main.detach().numpy(), tol, "output")
+    if isinstance(t_out, tuple) and t_out[1] is not None:
+        assert_close(out[1], t_out[1].detach().numpy(), tol, "attention weights")
+    grads = adapter.backward(dout)
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    assert len(grads) == n_grad_inputs
+    expected = [t.grad.numpy() for t in t_inputs]
+    if n_grad_inputs < len(inputs):       # the same array passed as several arguments: gradients add up
+        expected = [sum(expected[n_grad_inputs - 1:])] if n_grad_inputs == 1 else expected
+    for i, (g, e) in enumerate(zip(grads, expected)):
+        assert_close(g, e, tol, f"input gradient {i}")
+    ours = grads_to_torch(adapter)
+    theirs = {n: p.grad.numpy() for n, p in tmod.named_parameters()}
+    assert set(ours) == set(theirs), "gradient names differ from torch's named_parameters()"
+    for n in theirs:
+        assert_close(ours[n], theirs[n], tol, f"grad {n}")
+    return adapter
+
+
+def mha_masks(rng, B, L, S, H):
+    attn_bool = rng.random((L, S)) < 0.3
+    attn_bool[:, 0] = False
+    kpm = np.zeros((B, S), dtype=bool)
+    kpm[1, -2:] = True
+    causal = np.triu(np.ones((L, S), dtype=bool), k=1)
+    return {
+        "none": {},
+        "attn_bool": {"attn_mask": attn_bool},
+        "attn_float": {"attn_mask": rng.standard_normal((L, S))},
+        "attn_3d_float": {"attn_mask": rng.standard_normal((B * H, L, S))},
+        "key_padding_bool": {"key_padding_mask": kpm},
+        "causal_hint": {"attn_mask": causal, "is_causal": True},
+        "bool_and_padding": {"attn_mask": attn_bool, "key_padding_mask": kpm},
+    }
+
+
+@pytest.mark.parametrize("tdtype,ndtype,tol", DTYPES)
+@pytest.mark.parametrize("mask", ["none", "attn_bool", "attn_float", "attn_3d_float", "key_padding_bool",
+                                  "causal_hint", "bool_and_padding"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_mha_self_attention(tdtype, ndtype, tol, mask, bias):
+    torch.manual_seed(0)
+    B, L, E, H = 2, 5, 16, 4
+    tmod = nn.MultiheadAttention(E, H, bias=bias, batch_first=True).to(tdtype)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((B, L, E)).astype(ndtype)
+    kw = dict(mha_masks(rng, B, L, L, H)[mask])
+    kw = {k: (v.astype(ndtype) if isinstance(v, np.ndarray) and v.dtype != bool else v) for k, v in kw.items()}
+    # torch sees three distinct tensors; numformer gets one array (fused QKV) and returns its total gradient.
+    adapter = from_torch(tmod)
+    t_x = [torch.from_numpy(x.copy()).requires_grad_(True) for _ in range(3)]
+    t_kw = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in kw.items()}
+    t_out, t_w = tmod(*t_x, **t_kw)
+    dout = rng.standard_normal(t_out.shape).astype(ndtype)
+    t_out.backward(torch.from_numpy(dout))
+    out, w = adapter(x, x, x, **kw)
+    assert_close(out, t_out.detach().numpy(), tol, "output")
+    assert_close(w, t_w.detach().numpy(), tol, "weights")
+    dx = adapter.backward(dout)
+    assert_close(dx, sum(t.grad.numpy() for t in t_x), tol, "dx")
+    theirs = {n: p.grad.numpy() for n, p in tmod.named_parameters()}
+    ours = grads_to_torch(adapter)
+    assert set(ours) == set(theirs)
+    for n in theirs:
+        assert_close(ours[n], theirs[n], tol, n)
+
+
+@pytest.mark.parametrize("tdtype,ndtype,tol", DTYPES)
+@pytest.mark.parametrize("mask", ["none", "attn_bool", "key_padding_bool", "bool_and_padding"])
+def test_mha_cross_attention(tdtype, ndtype, tol, mask):
+    torch.manual_seed(0)
+    B, L, S, E, H = 2, 3, 6, 16, 2
+    tmod = nn.MultiheadAttention(E, H, batch_first=True).to(tdtype)
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((B, t, E)).astype(ndtype) for t in (L, S, S))
+    kw = mha_masks(rng, B, L, S, H)[mask]
+    run_both(tmod, [q, k, v], dict(kw, need_weights=False), 3, tol)
+
+
+def test_mha_per_head_weights():
+    torch.manual_seed(0)
+    tmod = nn.MultiheadAttention(8, 2, batch_first=True).double()
+    x = np.random.default_rng(0).standard_normal((2, 4, 8))
+    adapter = from_torch(tmod)
+    _, w = adapter(x, x, x, average_attn_weights=False)
+    _, tw = tmod(*(torch.from_numpy(x),) * 3, average_attn_weights=False)
+    assert w.shape == (2, 2, 4, 4)
+    assert_close(w, tw.detach().numpy(), F64_TOL)
+    out, none = adapter(x, x, x, need_weights=False)
+    assert none is None
+
+
+def layer_inputs(rng, ndtype, B=2, T=5, S=6, E=16):
+    tgt_mask = np.triu(np.full((T, T), -np.inf), k=1).astype(ndtype)
+    src_kpm = np.zeros((B, S), dtype=bool)
+    src_kpm[1, -2:] = True
+    tgt_kpm = np.zeros((B, T), dtype=bool)
+    tgt_kpm[0, -1] = True
+    return (rng.standard_normal((B, S, E)).astype(ndtype), rng.standard_normal((B, T, E)).astype(ndtype),
+            tgt_mask, src_kpm, tgt_kpm)
+
+
+@pytest.mark.parametrize("tdtype,ndtype,tol", DTYPES)
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_layer(tdtype, ndtype, tol, norm_first, activation):
+    torch.manual_seed(0)
+    tmod = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation=activation, batch_first=True,
+                                      norm_first=norm_first).to(tdtype)
+    src, _, _, src_kpm, _ = layer_inputs(np.random.default_rng(3), ndtype)
+    run_both(tmod, [src], {"src_key_padding_mask": src_kpm}, 1, tol)
+    causal = np.triu(np.ones((6, 6), dtype=bool), k=1)
+    run_both(tmod, [src], {"src_mask": causal, "is_causal": True}, 1, tol)
+
+
+@pytest.mark.parametrize("tdtype,ndtype,tol", DTYPES)
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_decoder_layer(tdtype, ndtype, tol, norm_first, activation):
+    torch.manual_seed(0)
+    tmod = nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, activation=activation, batch_first=True,
+                                      norm_first=norm_first).to(tdtype)
+    memory, tgt, tgt_mask, src_kpm, tgt_kpm = layer_inputs(np.random.default_rng(4), ndtype)
+    run_both(tmod, [tgt, memory], {"tgt_mask": tgt_mask, "tgt_key_padding_mask": tgt_kpm,
+                                   "memory_key_padding_mask": src_kpm, "tgt_is_causal": True}, 2, tol)
+
+
+@pytest.mark.parametrize("tdtype,ndtype,tol", DTYPES)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_and_decoder_stacks(tdtype, ndtype, tol, norm_first):
+    torch.manual_seed(0)
+    enc_layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first)
+    enc = nn.TransformerEncoder(enc_layer, 2, norm=nn.LayerNorm(16), enable_nested_tensor=False).to(tdtype)
+    dec_layer = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first)
+    dec = nn.TransformerDecoder(dec_layer, 2, norm=None).to(tdtype)
+    memory, tgt, tgt_mask, src_kpm, tgt_kpm = layer_inputs(np.random.default_rng(5), ndtype)
+    run_both(enc, [memory], {"src_key_padding_mask": src_kpm}, 1, tol)
+    run_both(dec, [tgt, memory], {"tgt_mask": tgt_mask, "memory_key_padding_mask": src_kpm}, 2, tol)
+
+
+@pytest.mark.parametrize("tdtype,ndtype,tol", DTYPES)
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_full_transformer(tdtype, ndtype, tol, norm_first, activation):
+    torch.manual_seed(0)
+    tmod = nn.Transformer(16, 4, 2, 2, 32, dropout=0.0, activation=activation, batch_first=True,
+                          norm_first=norm_first).to(tdtype)
+    memory_in, tgt, tgt_mask, src_kpm, tgt_kpm = layer_inputs(np.random.default_rng(6), ndtype)
+    run_both(tmod, [memory_in, tgt], {"tgt_mask": tgt_mask, "src_key_padding_mask": src_kpm,
+                                      "tgt_key_padding_mask": tgt_kpm, "memory_key_padding_mask": src_kpm}, 2, tol)
+
+
+def test_to_torch_roundtrip():
+    torch.manual_seed(0)
+    for tmod in (nn.MultiheadAttention(8, 2, batch_first=True),
+                 nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=True, activation="gelu"),
+                 nn.TransformerDecoderLayer(8, 2, 16, batch_first=True),
+                 nn.Transformer(8, 2, 1, 1, 16, batch_first=True)):
+        back = to_torch(from_torch(tmod.double()))
+        assert type(back) is type(tmod)
+        a = dict(tmod.named_parameters())
+        b = dict(back.named_parameters())
+        assert set(a) == set(b)
+        for n in a:
+            assert torch.equal(a[n], b[n]), n
+
+
+def test_from_torch_rejects_unsupported():
+    with pytest.raises(ValueError, match="batch_first=True"):
+        from_torch(nn.MultiheadAttention(8, 2))
+    with pytest.raises(TypeError, match="does not know Linear"):
+        from_torch(nn.Linear(2, 2))

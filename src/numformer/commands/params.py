@@ -1,0 +1,20 @@
+"""numformer params CONFIG: parameter count of a config's model, by component."""
+from __future__ import annotations
+
+
+def run(args):
+    from ..config import apply_overrides, load_config
+    from ..models import build_model, format_parameter_report
+
+    config = apply_overrides(load_config(args.config), args.set)
+    model = build_model(dict(config.get("model", {})))
+    print(f"{type(model).__name__} from {args.config}")
+    print(format_parameter_report(model, depth=args.depth))
+
+
+def register(sub):
+    p = sub.add_parser("params", help="parameter count of a config's model, broken down by component")
+    p.add_argument("config", help="TOML config with a [model] section")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    p.add_argument("--depth", type=int, default=2, help="levels of modules to list (default 2)")
+    p.set_defaults(func=run)

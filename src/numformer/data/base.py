@@ -1,0 +1,131 @@
+"""Tasks: what the trainer needs from an experiment.
+
+A Task turns the ``[data]`` section of a config into batches. The trainer is
+generic: for every batch it calls ``logits = model(**batch.inputs)`` and
+minimizes the cross-entropy of ``logits`` against ``batch.targets`` (targets
+equal to ``IGNORE`` are left out), so one loop trains language models,
+classifiers and encoder-decoders alike.
+
+To add a task::
+
+    @register_task("copy")
+    class CopyTask(Task):
+        model_type = "gpt"                       # the model family it trains
+        data_keys = {"length": 16, "vocab": 10}  # [data] keys with their defaults (types are checked)
+        ...
+
+Tokenizers or vocabularies are part of the task state: ``tokenizer_state()``
+returns JSON-able data saved as ``tokenizer.json`` in the run folder, and a
+task rebuilt with that state maps text to the same ids.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+IGNORE = -100   # target id left out of the loss (torch's default ignore_index)
+
+
+@dataclass
+class Batch:
+    """One batch: keyword arguments for ``model.forward`` and integer targets for cross-entropy.
+
+    inputs:   e.g. {"idx": (B, T)} for GPT, {"ids": (B, T)} for EncoderClassifier,
+              {"src": (B, S), "tgt": (B, T)} for Transformer (teacher forcing: tgt = targets shifted right).
+    targets:  shape of logits[..., 0]: (B, T) for GPT/Transformer, (B,) for a classifier; IGNORE is skipped.
+    n_tokens: tokens processed in this batch (for tokens/s); defaults to the number of input ids.
+    """
+
+    inputs: dict
+    targets: np.ndarray
+    n_tokens: int = 0
+    extra: dict = field(default_factory=dict)   # anything a task's own metrics need (e.g. raw text)
+
+    def __post_init__(self):
+        if not self.n_tokens:
+            self.n_tokens = int(sum(np.size(v) for v in self.inputs.values()))
+
+
+class Task:
+    """Base class. Subclasses set ``name``, ``model_type`` and ``data_keys`` and implement the methods."""
+
+    name: str = ""
+    model_type: str = ""            # "gpt", "classifier" or "transformer"
+    data_keys: dict = {}            # [data] keys -> default values (the type of the default is enforced)
+
+    def __init__(self, data_config: dict, seed: int = 0, tokenizer_state: dict | None = None):
+        """Read or generate the data. With ``tokenizer_state`` (from a saved run), reuse that vocabulary."""
+        self.config = {**self.data_keys, **data_config}
+        self.seed = seed
+
+    def model_config(self) -> dict:
+        """Model arguments that come from the data (vocab_size, n_classes, pad ids, ...)."""
+        return {}
+
+    def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
+        """A training batch drawn with ``rng`` (the trainer saves and restores its state on resume)."""
+        raise NotImplementedError
+
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
+        """The fixed evaluation batches of a split ("val" or "test"); the same every call."""
+        raise NotImplementedError
+
+    def evaluate(self, model, split: str) -> dict:
+        """Task metrics on a split (accuracy, exact match, BLEU ...); {} when the loss says it all."""
+        return {}
+
+    def tokenizer_state(self) -> dict | None:
+        """JSON-able vocabulary/tokenizer, saved as tokenizer.json in the run folder."""
+        return None
+
+    def describe(self) -> str:
+        """One line for logs: what the data is and how big."""
+        return self.name
+
+
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(name):
+    """Class decorator: make a Task available as ``[data] task = name``."""
+
+    def wrap(cls):
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return wrap
+
+
+def make_task(data_config: dict, seed: int = 0, tokenizer_state: dict | None = None) -> Task:
+    """Build the task named by ``data_config["task"]``."""
+    data_config = dict(data_config)
+    name = data_config.pop("task", None)
+    _import_builtin_tasks()
+    if name not in TASKS:
+        raise ValueError(f"[data] task = {name!r} is not a known task; choose one of {sorted(TASKS)}")
+    return TASKS[name](data_config, seed, tokenizer_state)
+
+
+def _import_builtin_tasks():
+    """Importing the task modules registers them."""
+    import importlib
+    import pkgutil
+
+    from .. import data
+
+    for info in pkgutil.iter_modules(data.__path__):
+        if info.name not in ("base",):
+            importlib.import_module(f"{data.__name__}.{info.name}")
+
+
+def pad_sequences(seqs, pad_id, length=None, dtype=np.int64):
+    """Right-pad a list of id sequences into a (len(seqs), length) array (length: the longest by default)."""
+    length = max((len(s) for s in seqs), default=0) if length is None else length
+    out = np.full((len(seqs), length), pad_id, dtype=dtype)
+    for i, s in enumerate(seqs):
+        s = s[:length]
+        out[i, :len(s)] = s
+    return out

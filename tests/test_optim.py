@@ -1,0 +1,187 @@
+"""Optimizers and schedules against torch.optim (100 steps, float64, 1e-10) and gradient clipping."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from numformer import GPT
+from numformer.nn import Parameter
+from numformer.optim import SGD, Adam, AdamW, clip_grad_norm, make_schedule, param_groups
+
+torch = pytest.importorskip("torch")
+
+STEPS = 100
+
+
+def run_pair(nf_cls, torch_cls, options, n_groups=1, lr_schedule=None):
+    rng = np.random.default_rng(0)
+    shapes = [(4, 3), (5,), (2, 2, 2)]
+    init = [rng.standard_normal(s) for s in shapes]
+    ours = [Parameter(a.copy()) for a in init]
+    theirs = [torch.tensor(a.copy(), requires_grad=True) for a in init]
+    if n_groups == 1:
+        opt = nf_cls(ours, **options)
+        topt = torch_cls(theirs, **options)
+    else:   # two groups with different weight decay, as param_groups() makes
+        opt = nf_cls([{"params": ours[:2]}, {"params": ours[2:], "weight_decay": 0.0}], **options)
+        topt = torch_cls([{"params": theirs[:2]}, {"params": theirs[2:], "weight_decay": 0.0}], **options)
+    for step in range(STEPS):
+        if lr_schedule is not None:
+            opt.set_lr(lr_schedule(step))
+            for g in topt.param_groups:
+                g["lr"] = lr_schedule(step)
+        grads = [rng.standard_normal(s) for s in shapes]
+        for p, t, g in zip(ours, theirs, grads):
+            p.grad = g.copy()
+            t.grad = torch.tensor(g.copy())
+        if step == 37:          # a parameter without gradient is skipped, as in torch
+            ours[1].grad = None
+            theirs[1].grad = None
+        opt.step()
+        topt.step()
+    for p, t in zip(ours, theirs):
+        np.testing.assert_allclose(p.data, t.detach().numpy(), rtol=1e-10, atol=1e-10)
+    return opt
+
+
+@pytest.mark.parametrize("options", [
+    {"lr": 0.1},
+    {"lr": 0.05, "momentum": 0.9},
+    {"lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01},
+    {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+])
+def test_sgd_matches_torch(options):
+    run_pair(SGD, torch.optim.SGD, options)
+
+
+@pytest.mark.parametrize("options", [
+    {"lr": 1e-2},
+    {"lr": 1e-2, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1},
+])
+def test_adam_matches_torch(options):
+    run_pair(Adam, torch.optim.Adam, options)
+
+
+@pytest.mark.parametrize("options", [
+    {"lr": 1e-2},
+    {"lr": 1e-2, "betas": (0.9, 0.95), "weight_decay": 0.1},
+])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_adamw_matches_torch(options, groups):
+    run_pair(AdamW, torch.optim.AdamW, options, n_groups=groups)
+
+
+def test_adamw_with_schedule_matches_torch():
+    run_pair(AdamW, torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1},
+             lr_schedule=make_schedule("cosine", 1e-2, warmup_steps=10, max_steps=80, min_lr=1e-3))
+
+
+def test_optimizer_state_roundtrip():
+    opt = run_pair(AdamW, torch.optim.AdamW, {"lr": 1e-2})
+    arrays, meta = opt.state_dict()
+    params = opt.params
+    opt2 = AdamW(params, lr=5.0)
+    opt2.load_state_dict(arrays, meta)
+    assert opt2.param_groups[0]["lr"] == 1e-2
+    for p in params:
+        for b in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_array_equal(opt.state[id(p)][b], opt2.state[id(p)][b])
+        assert opt.state[id(p)]["step"] == opt2.state[id(p)]["step"]
+    with pytest.raises(ValueError, match="optimizer state is for AdamW, not SGD"):
+        SGD(params).load_state_dict(arrays, meta)
+
+
+def test_optimizer_option_errors():
+    p = [Parameter(np.zeros(2))]
+    with pytest.raises(ValueError, match=r"AdamW has no option\(s\) \['momentum'\]"):
+        AdamW(p, momentum=0.9)
+    with pytest.raises(ValueError, match="Nesterov"):
+        SGD(p, nesterov=True)
+    with pytest.raises(ValueError, match="betas"):
+        Adam(p, betas=(1.0, 0.9))
+
+
+def test_param_groups_exclude_biases_norms_embeddings():
+    m = GPT(11, 8, n_layers=1, n_heads=2, d_model=8)
+    groups = param_groups(m, 0.1, no_decay=("bias", "norm"))
+    decay = {id(p) for p in groups[0]["params"]}
+    named = dict(m.named_parameters())
+    assert id(named["tok_emb.weight"]) in decay                 # nanoGPT decays embeddings
+    assert id(named["blocks.0.ff.linear1.weight"]) in decay
+    assert id(named["blocks.0.ff.linear1.bias"]) not in decay
+    assert id(named["blocks.0.norm1.weight"]) not in decay
+    assert groups[1]["weight_decay"] == 0.0
+    groups = param_groups(m, 0.1, no_decay=("bias", "norm", "embedding"))
+    decay = {id(p) for p in groups[0]["params"]}
+    assert id(named["tok_emb.weight"]) not in decay and id(named["pos_emb.weight"]) not in decay
+    assert sum(len(g["params"]) for g in groups) == len(named)
+
+
+# -- schedules against torch.optim.lr_scheduler -------------------------------------------------
+def torch_lrs(make, n, lr=1.0):
+    p = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=lr)
+    sched = make(opt)
+    out = []
+    for _ in range(n):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return np.array(out)
+
+
+def test_cosine_matches_torch():
+    ours = make_schedule("cosine", 1.0, warmup_steps=0, max_steps=50, min_lr=0.1)
+    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=50, eta_min=0.1), 50)
+    np.testing.assert_allclose([ours(s) for s in range(50)], ref, rtol=1e-12)
+
+
+def test_warmup_then_cosine_matches_torch():
+    w, total = 10, 60
+    ours = make_schedule("cosine", 1.0, warmup_steps=w, max_steps=total, min_lr=0.1)
+    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.SequentialLR(o, [
+        torch.optim.lr_scheduler.LinearLR(o, start_factor=1 / (w + 1), total_iters=w),
+        torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=total - w, eta_min=0.1)], milestones=[w]), total)
+    np.testing.assert_allclose([ours(s) for s in range(total)], ref, rtol=1e-12)
+
+
+def test_linear_decay_matches_torch():
+    ours = make_schedule("linear", 1.0, warmup_steps=0, max_steps=40, min_lr=0.2)
+    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.2,
+                                                                total_iters=40), 45)
+    np.testing.assert_allclose([ours(s) for s in range(45)], ref, rtol=1e-12)
+
+
+def test_noam_matches_the_paper_and_torch():
+    d, w = 512, 4000
+    ours = make_schedule("noam", 1.0, warmup_steps=w, d_model=d)
+    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.LambdaLR(
+        o, lambda s: d ** -0.5 * min((s + 1) ** -0.5, (s + 1) * w ** -1.5)), 100)
+    np.testing.assert_allclose([ours(s) for s in range(100)], ref, rtol=1e-12)
+    peak = max(ours(s) for s in range(10000))
+    assert math.isclose(peak, d ** -0.5 * w ** -0.5, rel_tol=1e-12)   # the maximum is at step = warmup
+
+
+def test_constant_and_errors():
+    s = make_schedule("constant", 0.3, warmup_steps=2)
+    np.testing.assert_allclose([s(i) for i in range(4)], [0.1, 0.2, 0.3, 0.3], rtol=1e-15)
+    with pytest.raises(ValueError, match="unknown schedule 'step'"):
+        make_schedule("step", 1.0)
+
+
+def test_clip_grad_norm_matches_torch():
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((3, 4)) * 5, rng.standard_normal(7)]
+    ours = [Parameter(np.zeros_like(a)) for a in arrays]
+    theirs = [torch.zeros(a.shape, dtype=torch.float64, requires_grad=True) for a in arrays]
+    for p, t, a in zip(ours, theirs, arrays):
+        p.grad = a.copy()
+        t.grad = torch.tensor(a.copy())
+    norm = clip_grad_norm(ours, 1.0)
+    tnorm = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert math.isclose(norm, float(tnorm), rel_tol=1e-12)
+    for p, t in zip(ours, theirs):
+        np.testing.assert_allclose(p.grad, t.grad.numpy(), rtol=1e-12)
+    assert math.isclose(clip_grad_norm(ours, 0), 1.0, rel_tol=1e-5)     # measuring only

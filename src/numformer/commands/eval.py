@@ -1,0 +1,36 @@
+"""numformer eval RUN_DIR [--split val|test]: loss (and perplexity, bits per token) and the task's metrics."""
+from __future__ import annotations
+
+import json
+import math
+
+
+def run(args):
+    from ..train import evaluate_loss, load_config_json, load_model, load_task
+
+    config = load_config_json(args.run_dir)
+    task = load_task(args.run_dir, config)
+    model = load_model(args.run_dir, config)
+    bs = config["train"]["eval_batch_size"] or config["train"]["batch_size"]
+    loss = evaluate_loss(model, task, args.split, bs)
+    result = {"split": args.split, "loss": loss}
+    if config["model"]["type"] in ("gpt", "transformer"):
+        unit = getattr(task, "unit", "token")
+        result["perplexity"] = math.exp(loss)
+        result[f"bits_per_{unit}"] = loss / math.log(2)
+    result.update(task.evaluate(model, args.split))
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{args.run_dir} ({args.split} split)")
+    for k, v in result.items():
+        if k != "split":
+            print(f"  {k:<20} {v:.4f}" if isinstance(v, float) else f"  {k:<20} {v}")
+
+
+def register(sub):
+    p = sub.add_parser("eval", help="evaluate a trained run: loss, perplexity, bits per token, task metrics")
+    p.add_argument("run_dir", help="a run folder written by `numformer train`")
+    p.add_argument("--split", default="val", choices=["val", "test"], help="which split (default val)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)

@@ -1,0 +1,117 @@
+"""Atomic files and checkpoints.
+
+Every file is written to a temporary name in the same folder, flushed to
+disk, and renamed over the target (``os.replace`` is atomic on POSIX), so a
+crash leaves either the old file or the new one, never half of one.
+
+``checkpoint.safetensors`` holds all a resumed run needs in one file: the
+model weights (``model/<name>``), the optimizer's moment buffers
+(``optim/<index>.<buffer>``) and, in the metadata, the optimizer's counters,
+the random generators' states and the trainer's state as JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+CHECKPOINT = "checkpoint.safetensors"
+MODEL = "model.safetensors"
+FORMAT = "numformer-checkpoint-1"
+
+
+def write_atomic(path, data: bytes):
+    """Write bytes to ``path`` atomically (temporary file + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path, obj):
+    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def _save_safetensors(path, tensors, metadata):
+    from safetensors.numpy import save
+
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    write_atomic(path, save(tensors, metadata={k: str(v) for k, v in metadata.items()}))
+
+
+def _load_safetensors(path, what):
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise ValueError(f"{what} {path} is corrupt or truncated ({type(e).__name__}: {e}); "
+                         f"it cannot be loaded — restore a copy or retrain") from None
+    return tensors, meta
+
+
+def save_model(path, model, metadata=None):
+    """The model's weights (deduplicated names of ``state_dict``) as safetensors, atomically."""
+    _save_safetensors(path, dict(model.state_dict()), {"format": "numformer-model-1", **(metadata or {})})
+
+
+def load_model_weights(path, model):
+    """Load weights saved by save_model (or a checkpoint's model part) into ``model``."""
+    tensors, meta = _load_safetensors(path, "model file")
+    if meta.get("format") == FORMAT:
+        tensors = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    model.load_state_dict(tensors)
+    return meta
+
+
+def save_checkpoint(path, model, optimizer, state):
+    """Model, optimizer and trainer state (JSON-able dict) in one atomic file."""
+    tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
+    opt_arrays, opt_meta = optimizer.state_dict()
+    tensors.update({f"optim/{k}": v for k, v in opt_arrays.items()})
+    _save_safetensors(path, tensors, {"format": FORMAT, "optimizer": json.dumps(opt_meta),
+                                      "state": json.dumps(state)})
+
+
+def load_checkpoint(path, model, optimizer):
+    """Restore model and optimizer from a checkpoint; returns the trainer state dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {path}: nothing to resume (the run saved none yet); "
+                         f"start the run again without --resume")
+    tensors, meta = _load_safetensors(path, "checkpoint")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a numformer checkpoint (format {meta.get('format')!r})")
+    try:
+        model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+        optimizer.load_state_dict({k[len("optim/"):]: v for k, v in tensors.items() if k.startswith("optim/")},
+                                  json.loads(meta["optimizer"]))
+        return json.loads(meta["state"])
+    except (KeyError, json.JSONDecodeError) as e:
+        raise ValueError(f"checkpoint {path} is incomplete ({e}); it cannot be resumed") from None
+
+
+def rng_state(rng):
+    """A JSON-able copy of a numpy Generator's state."""
+    return rng.bit_generator.state
+
+
+def set_rng_state(rng, state):
+    rng.bit_generator.state = state

@@ -1,0 +1,343 @@
+"""The training loop: batches, loss, backward, clipping, optimizer, schedule, evaluation, checkpoints.
+
+    trainer = Trainer(config, run_dir)        # validates the whole config first
+    summary = trainer.train()
+
+Run folder::
+
+    config.json             the fully resolved config (every default filled in)
+    tokenizer.json          the task's vocabulary / tokenizer
+    metrics.jsonl           one JSON object per line: training lines (step, train_loss, lr,
+                            grad_norm, tokens_per_s, elapsed_s) and evaluation lines (step, val_loss, metrics)
+    checkpoint.safetensors  the latest training state, for --resume (model, optimizer, RNGs, counters)
+    model.safetensors       the weights to use: the best validation loss (restore_best) or the last
+    summary.json            figures of the finished run
+
+Resuming is exact: a run stopped at step N and resumed gives, bit for bit, the
+weights of an uninterrupted run (model, optimizer moments, both random
+generators and every counter are restored; metrics lines after the checkpoint
+are dropped and re-logged).
+"""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import ops
+from ..data.base import IGNORE
+from ..models import build_model
+from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
+from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
+                         save_model, set_rng_state, write_json_atomic)
+from .config import resolve_config
+from .early_stopping import EarlyStopping
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became NaN or infinite."""
+
+
+def git_commit():
+    """The numformer source commit, or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def make_optimizer(model, train):
+    groups = param_groups(model, train["weight_decay"], tuple(train["no_decay"]))
+    name = train["optimizer"]
+    if name == "sgd":
+        return OPTIMIZERS[name](groups, lr=train["lr"], momentum=train["momentum"], nesterov=train["nesterov"])
+    return OPTIMIZERS[name](groups, lr=train["lr"], betas=(train["beta1"], train["beta2"]), eps=train["eps"])
+
+
+def evaluate_loss(model, task, split, batch_size, max_batches=0):
+    """Token-weighted mean cross-entropy over a split's fixed evaluation batches (model in eval mode)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for i, batch in enumerate(task.eval_batches(split, batch_size)):
+            if max_batches and i >= max_batches:
+                break
+            logits = model(**batch.inputs)
+            loss, cache = ops.cross_entropy_forward(logits, batch.targets, ignore_index=IGNORE)
+            n = cache[3]
+            total += loss * n
+            count += n
+            model.clear_cache()
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError(f"the {split} split has no evaluation targets")
+    return total / count
+
+
+class Trainer:
+    """Train a model described by a config into ``run_dir``.
+
+    config: the raw config dict (sections model/data/train) — ignored when
+    resuming, where run_dir/config.json is used with ``overrides`` applied.
+    """
+
+    def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False):
+        from ..config import apply_overrides
+
+        self.run_dir = Path(run_dir)
+        self.quiet = quiet
+        if resume:
+            cfg_path = self.run_dir / "config.json"
+            if not cfg_path.is_file():
+                raise ValueError(f"cannot resume: {cfg_path} does not exist (is {self.run_dir} a run folder?)")
+            config = json.loads(cfg_path.read_text())
+            config["model"] = {k: v for k, v in config["model"].items() if v is not None}
+        config = apply_overrides(config, overrides)
+        tokenizer_state = None
+        if resume and (self.run_dir / "tokenizer.json").is_file():
+            tokenizer_state = json.loads((self.run_dir / "tokenizer.json").read_text())
+        # A resumed run keeps its saved vocabulary, so that ids mean what they meant.
+        self.config, self.task = resolve_config(config, tokenizer_state)
+        if not resume and (self.run_dir / CHECKPOINT).exists() and not overwrite:
+            raise ValueError(f"{self.run_dir} already holds a run; continue it with --resume, "
+                             f"or start afresh with --overwrite")
+        t = self.train_cfg = self.config["train"]
+        self.dtype = np.dtype(t["dtype"])
+        seeds = np.random.SeedSequence(t["seed"]).spawn(2)
+        self.model_rng = np.random.default_rng(seeds[0])   # initialization, then dropout masks
+        self.data_rng = np.random.default_rng(seeds[1])    # training batches
+        model_cfg = {k: v for k, v in self.config["model"].items()}
+        self.model = build_model(model_cfg, rng=self.model_rng, dtype=self.dtype)
+        self.optimizer = make_optimizer(self.model, t)
+        d_model = self.config["model"].get("d_model") or 512
+        self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
+                                      d_model=d_model, decay_steps=t["decay_steps"] or None)
+        self.early = EarlyStopping(t["early_stopping_patience"], t["early_stopping_min_delta"])
+        self.step = 0
+        self.tokens_seen = 0
+        self.train_seconds = 0.0
+        self.resumed = resume
+        if resume:
+            self._restore()
+        self._stop_requested = False
+
+    # -- state ------------------------------------------------------------------------------
+    def _state(self):
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
+                "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
+                "early_stopping": self.early.state_dict()}
+
+    def _restore(self):
+        state = load_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer)
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.train_seconds = state["train_seconds"]
+        set_rng_state(self.model_rng, state["model_rng"])
+        set_rng_state(self.data_rng, state["data_rng"])
+        self.early.load_state_dict(state["early_stopping"])
+        self._truncate_metrics(self.step)
+
+    def _truncate_metrics(self, step):
+        """Drop metrics lines logged after the checkpoint: they are re-logged as the run continues."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    keep.append(line)
+            except (json.JSONDecodeError, KeyError):
+                continue          # a line cut short by a crash
+        path.write_text("".join(k + "\n" for k in keep))
+
+    def save_checkpoint(self):
+        save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, self._state())
+
+    # -- logging ----------------------------------------------------------------------------
+    def _log(self, record):
+        with (self.run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _print(self, message):
+        if not self.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def evaluate(self, split="val"):
+        t = self.train_cfg
+        bs = t["eval_batch_size"] or t["batch_size"]
+        result = {"val_loss" if split == "val" else f"{split}_loss":
+                  evaluate_loss(self.model, self.task, split, bs, t["eval_batches"])}
+        if t["eval_metrics"]:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                result.update({f"{k}" if split == "val" else f"{split}_{k}": v
+                               for k, v in self.task.evaluate(self.model, split).items()})
+            finally:
+                self.model.train(was_training)
+                self.model.clear_cache()
+        return result
+
+    def _train_step(self):
+        """One optimizer update (grad_accum micro-batches); returns (mean loss, grad norm, tokens)."""
+        t = self.train_cfg
+        self.optimizer.set_lr(self.schedule(self.step))
+        losses, tokens = [], 0
+        for _ in range(t["grad_accum"]):
+            batch = self.task.train_batch(t["batch_size"], self.data_rng)
+            logits = self.model(**batch.inputs)
+            loss, cache = ops.cross_entropy_forward(logits, batch.targets, ignore_index=IGNORE,
+                                                    label_smoothing=t["label_smoothing"])
+            if not math.isfinite(loss):
+                raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
+            self.model.backward(ops.cross_entropy_backward(cache, 1.0 / t["grad_accum"]))
+            losses.append(loss)
+            tokens += batch.n_tokens
+        norm = clip_grad_norm(self.optimizer.params, t["grad_clip"])
+        if not math.isfinite(norm):
+            raise TrainingDiverged(f"the gradient norm became {norm} at step {self.step + 1}")
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return float(np.mean(losses)), norm, tokens
+
+    def _on_sigint(self, signum, frame):
+        if self._stop_requested:          # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self._print("\nCtrl-C: finishing this step and writing a checkpoint (press again to abort)...")
+
+    def train(self, stop_after=None):
+        """Train to max_steps (or ``stop_after`` more steps, for tests). Returns the summary dict."""
+        t = self.train_cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self.resumed:
+            for stale in ("metrics.jsonl", MODEL, "summary.json"):
+                (self.run_dir / stale).unlink(missing_ok=True)
+        write_json_atomic(self.run_dir / "config.json", self.config)
+        tok = self.task.tokenizer_state()
+        if tok is not None:
+            write_json_atomic(self.run_dir / "tokenizer.json", tok)
+        n_params = self.model.num_parameters()
+        self._print(f"{type(self.model).__name__} with {n_params:,} parameters; data: {self.task.describe()}")
+        if self.resumed:
+            self._print(f"resuming {self.run_dir} at step {self.step}")
+
+        previous = None
+        if _is_main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
+        bar = self._progress_bar(last_step)
+        stopped_early = interrupted = False
+        window_loss, window_tokens, window_start = [], 0, time.perf_counter()
+        try:
+            while self.step < last_step:
+                started = time.perf_counter()
+                loss, norm, tokens = self._train_step()
+                self.step += 1
+                self.tokens_seen += tokens
+                self.train_seconds += time.perf_counter() - started
+                window_loss.append(loss)
+                window_tokens += tokens
+                if self.step % t["log_every"] == 0 or self.step == 1 or self.step == last_step:
+                    elapsed = time.perf_counter() - window_start
+                    record = {"step": self.step, "train_loss": float(np.mean(window_loss)),
+                              "lr": self.schedule(self.step - 1), "grad_norm": norm,
+                              "tokens_per_s": window_tokens / max(elapsed, 1e-9),
+                              "elapsed_s": round(self.train_seconds, 3)}
+                    self._log(record)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                        tok_s=f"{record['tokens_per_s']:,.0f}")
+                    window_loss, window_tokens, window_start = [], 0, time.perf_counter()
+                if bar is not None:
+                    bar.update(1)
+                if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
+                    result = self.evaluate("val")
+                    self._log({"step": self.step, **result})
+                    improved = self.early.update(result["val_loss"], self.step)
+                    if improved:
+                        save_model(self.run_dir / MODEL, self.model, {"step": self.step,
+                                                                      "val_loss": result["val_loss"]})
+                    self._print(f"step {self.step}: val_loss {result['val_loss']:.4f}"
+                                + "".join(f", {k} {v:.4f}" for k, v in result.items()
+                                          if k != "val_loss" and isinstance(v, float))
+                                + (" (best)" if improved else ""))
+                    if self.early.should_stop:
+                        stopped_early = True
+                        self._print(f"early stopping: no improvement for {self.early.patience} evaluations")
+                if self.step % t["checkpoint_every"] == 0 or self.step == last_step or stopped_early:
+                    self.save_checkpoint()
+                if t["max_minutes"] and self.train_seconds >= 60 * t["max_minutes"] and self.step < last_step:
+                    self._print(f"time limit of {t['max_minutes']} minutes reached at step {self.step}")
+                    self.save_checkpoint()
+                    break
+                if stopped_early:
+                    break
+                if self._stop_requested:
+                    self.save_checkpoint()
+                    interrupted = True
+                    break
+        except TrainingDiverged as e:
+            raise TrainingDiverged(f"{e}. Training stopped; the last good checkpoint is kept in "
+                                   f"{self.run_dir / CHECKPOINT}. Try a lower lr, warmup or grad_clip.") from None
+        finally:
+            if bar is not None:
+                bar.close()
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        return self._finish(stopped_early, interrupted, n_params)
+
+    def _finish(self, stopped_early, interrupted, n_params):
+        t = self.train_cfg
+        best_path = self.run_dir / MODEL
+        if t["restore_best"] and best_path.exists():
+            load_model_weights(best_path, self.model)
+        else:
+            save_model(best_path, self.model, {"step": self.step})
+        summary = {
+            "steps": self.step, "max_steps": t["max_steps"], "parameters": n_params,
+            "best_val_loss": None if math.isinf(self.early.best) else self.early.best,
+            "best_step": self.early.best_step, "train_seconds": round(self.train_seconds, 2),
+            "tokens_seen": self.tokens_seen,
+            "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
+            "stopped_early": stopped_early, "interrupted": interrupted,
+            "weights": "best" if t["restore_best"] and self.early.best_step is not None else "last",
+            "commit": git_commit(), "run_dir": str(self.run_dir),
+        }
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        self._print(self._summary_text(summary))
+        return summary
+
+    def _summary_text(self, s):
+        how = ("interrupted" if s["interrupted"] else "stopped early" if s["stopped_early"]
+               else f"{s['steps']} steps")
+        best = (f"Best validation loss {s['best_val_loss']:.4f} at step {s['best_step']}."
+                if s["best_val_loss"] is not None else "No evaluation ran.")
+        return (f"\nTrained {type(self.model).__name__} ({s['parameters']:,} parameters): {how} in "
+                f"{s['train_seconds']:.1f} s of training ({s['tokens_per_s']:,.0f} tokens/s). {best} "
+                f"Saved to {self.run_dir}: {MODEL} ({s['weights']} weights), {CHECKPOINT} "
+                f"(continue with --resume), metrics.jsonl, config.json.")
+
+    def _progress_bar(self, last_step):
+        if self.quiet or not sys.stderr.isatty():
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=last_step, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _is_main_thread():
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,244 @@
+"""The trainer: config errors, learning, metrics, checkpoints, exact resume, faults."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from numformer.cli import main
+from numformer.data import Batch, Task, register_task
+from numformer.train import EarlyStopping, Trainer, TrainingDiverged, resolve_config, write_atomic
+from numformer.train import trainer as trainer_module
+from numformer.train.checkpoint import CHECKPOINT, MODEL
+
+
+@register_task("test_counting")
+class CountingTask(Task):
+    """Sequences start, start+k, start+2k, ... (mod V) with k in {1, 2}: learnable in a few dozen steps."""
+
+    model_type = "gpt"
+    data_keys = {"vocab": 7, "length": 6}
+
+    def model_config(self):
+        return {"vocab_size": self.config["vocab"], "block_size": self.config["length"]}
+
+    def _batch(self, n, rng):
+        V, L = self.config["vocab"], self.config["length"]
+        start, k = rng.integers(0, V, n), rng.integers(1, 3, n)
+        seq = (start[:, None] + k[:, None] * np.arange(L + 1)) % V
+        return Batch({"idx": seq[:, :-1]}, seq[:, 1:])
+
+    def train_batch(self, batch_size, rng):
+        return self._batch(batch_size, rng)
+
+    def eval_batches(self, split, batch_size):
+        rng = np.random.default_rng(0 if split == "val" else 1)
+        for _ in range(2):
+            yield self._batch(batch_size, rng)
+
+    def evaluate(self, model, split):
+        b = next(self.eval_batches(split, 16))
+        return {"accuracy": float((model(**b.inputs).argmax(-1) == b.targets).mean())}
+
+    def tokenizer_state(self):
+        return {"vocab": self.config["vocab"]}
+
+
+def config(**train):
+    return {
+        "model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16, "dropout": 0.1},
+        "data": {"task": "test_counting"},
+        "train": {"max_steps": 40, "batch_size": 8, "lr": 1e-2, "eval_every": 10, "checkpoint_every": 10,
+                  "log_every": 5, "seed": 3, "schedule": "cosine", "warmup_steps": 4, "min_lr": 1e-3,
+                  "weight_decay": 0.1, **train},
+    }
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def checkpoint_arrays(run_dir):
+    from safetensors.numpy import load_file
+    return load_file(str(run_dir / CHECKPOINT))
+
+
+# -- config ----------------------------------------------------------------------------------
+def test_resolved_config_fills_defaults_and_data_keys():
+    resolved, task = resolve_config(config())
+    assert resolved["model"]["vocab_size"] == 7 and resolved["model"]["block_size"] == 6
+    assert resolved["model"]["d_ff"] is None and resolved["model"]["tie_weights"] is True
+    assert resolved["train"]["optimizer"] == "adamw" and resolved["train"]["grad_clip"] == 1.0
+    assert resolved["data"] == {"task": "test_counting", "vocab": 7, "length": 6}
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: c["train"].update(lr_max=1), r"unknown key\(s\) \['lr_max'\] in \[train\]; valid keys: .*'lr'"),
+    (lambda c: c["train"].update(max_steps="10"), r"\[train\] max_steps = '10' should be an integer"),
+    (lambda c: c["train"].update(lr=True), r"\[train\] lr = True should be a number"),
+    (lambda c: c["model"].update(n_layer=2), r"unknown key\(s\) \['n_layer'\] in \[model\]; valid keys: .*n_layers"),
+    (lambda c: c["model"].update(d_model=16.5), r"\[model\] d_model = 16.5 should be an integer"),
+    (lambda c: c["data"].update(lenght=3), r"unknown key\(s\) \['lenght'\] in \[data\]; valid keys: \['length', 'vocab'\]"),
+    (lambda c: c.update(optim={}), r"unknown section\(s\) \['optim'\]"),
+    (lambda c: c["data"].update(task="nope"), r"task = 'nope' is not a known task"),
+    (lambda c: c["model"].update(vocab_size=9), r"\[model\] \['vocab_size'\] are set by the data"),
+    (lambda c: c["model"].update(type="transformer"), r"trains a gpt model, but \[model\] type = 'transformer'"),
+    (lambda c: c["train"].update(optimizer="lion"), r"optimizer must be one of"),
+])
+def test_config_errors_before_any_work(tmp_path, change, message):
+    c = config()
+    change(c)
+    with pytest.raises(ValueError, match=message):
+        Trainer(c, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+# -- training --------------------------------------------------------------------------------
+def test_training_learns_and_logs(tmp_path):
+    run = tmp_path / "run"
+    summary = Trainer(config(max_steps=60), run, quiet=True).train()
+    lines = read_metrics(run)
+    train_lines = [r for r in lines if "train_loss" in r]
+    eval_lines = [r for r in lines if "val_loss" in r]
+    assert {"step", "train_loss", "lr", "grad_norm", "tokens_per_s"} <= set(train_lines[0])
+    assert [r["step"] for r in eval_lines] == [10, 20, 30, 40, 50, 60]
+    assert "accuracy" in eval_lines[0]
+    assert eval_lines[-1]["val_loss"] < 0.6 * eval_lines[0]["val_loss"]
+    assert summary["best_val_loss"] == min(r["val_loss"] for r in eval_lines)
+    for name in ("config.json", "tokenizer.json", CHECKPOINT, MODEL, "summary.json"):
+        assert (run / name).is_file(), name
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["train"]["max_steps"] == 60 and saved["model"]["vocab_size"] == 7
+
+
+def test_resume_is_bit_exact_with_dropout(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    Trainer(config(max_steps=40), straight, quiet=True).train()
+    first = Trainer(config(max_steps=40), resumed, quiet=True)
+    first.train(stop_after=20)
+    assert json.loads((resumed / "summary.json").read_text())["steps"] == 20
+    Trainer(None, resumed, resume=True, quiet=True).train()
+    a, b = checkpoint_arrays(straight), checkpoint_arrays(resumed)
+    assert set(a) == set(b)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k            # weights and optimizer moments, bit for bit
+    la = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(straight)]
+    lb = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(resumed)]
+    assert la == lb
+
+
+def test_existing_run_needs_resume_or_overwrite(tmp_path):
+    Trainer(config(max_steps=10), tmp_path, quiet=True).train()
+    with pytest.raises(ValueError, match="already holds a run; continue it with --resume"):
+        Trainer(config(max_steps=10), tmp_path, quiet=True)
+    Trainer(config(max_steps=10), tmp_path, overwrite=True, quiet=True).train()
+
+
+def test_resume_missing_or_corrupt_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="cannot resume: .*config.json does not exist"):
+        Trainer(None, tmp_path / "none", resume=True)
+    Trainer(config(max_steps=10), tmp_path, quiet=True).train()
+    (tmp_path / CHECKPOINT).unlink()
+    with pytest.raises(ValueError, match="no checkpoint at .*nothing to resume"):
+        Trainer(None, tmp_path, resume=True)
+    Trainer(config(max_steps=10), tmp_path, overwrite=True, quiet=True).train()
+    data = (tmp_path / CHECKPOINT).read_bytes()
+    (tmp_path / CHECKPOINT).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="is corrupt or truncated"):
+        Trainer(None, tmp_path, resume=True)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    trainer = Trainer(config(max_steps=40), tmp_path, quiet=True)
+    real = trainer.model.forward
+
+    def poisoned(idx, **kw):
+        out = real(idx, **kw)
+        return out * np.nan if trainer.step >= 25 and trainer.model.training else out
+
+    monkeypatch.setattr(trainer.model, "forward", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"became nan at step 26.*last good checkpoint is kept"):
+        trainer.train()
+    state = json.loads(__import__("safetensors").safe_open(str(tmp_path / CHECKPOINT), "np").metadata()["state"])
+    assert state["step"] == 20
+    Trainer(None, tmp_path, resume=True, quiet=True)   # the kept checkpoint still loads
+
+
+def test_ctrl_c_writes_a_checkpoint(tmp_path, monkeypatch):
+    trainer = Trainer(config(max_steps=40, checkpoint_every=100), tmp_path, quiet=True)
+    real = trainer._train_step
+
+    def step_then_interrupt():
+        out = real()
+        if trainer.step == 12:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
+    summary = trainer.train()
+    assert summary["interrupted"] and summary["steps"] == 13
+    resumed = Trainer(None, tmp_path, resume=True, quiet=True)
+    assert resumed.step == 13
+
+
+def test_early_stopping_rule():
+    es = EarlyStopping(patience=2, min_delta=0.01)
+    curve = [1.0, 0.8, 0.795, 0.785, 0.7, 0.71, 0.705]
+    flags = [(es.update(v, i), es.should_stop) for i, v in enumerate(curve)]
+    assert [f[0] for f in flags] == [True, True, False, True, True, False, False]
+    assert [f[1] for f in flags] == [False] * 6 + [True]
+    assert es.should_stop and es.best == 0.7 and es.best_step == 4
+    assert not EarlyStopping(patience=0).should_stop
+
+
+def test_early_stopping_restores_best_weights(tmp_path, monkeypatch):
+    curve = iter([2.0, 1.0, 1.5, 1.6, 1.7, 1.8])
+    monkeypatch.setattr(trainer_module, "evaluate_loss", lambda *a, **k: next(curve))
+    trainer = Trainer(config(max_steps=60, early_stopping_patience=2, eval_metrics=False), tmp_path, quiet=True)
+    snapshots = {}
+    real = trainer.evaluate
+
+    def evaluate_and_snapshot(split="val"):
+        snapshots[trainer.step] = {k: v.copy() for k, v in trainer.model.state_dict().items()}
+        return real(split)
+
+    monkeypatch.setattr(trainer, "evaluate", evaluate_and_snapshot)
+    summary = trainer.train()
+    assert summary["stopped_early"] and summary["steps"] == 40 and summary["best_step"] == 20
+    for k, v in trainer.model.state_dict().items():
+        assert np.array_equal(v, snapshots[20][k]), k
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "f.bin"
+    write_atomic(target, b"old")
+
+    def boom(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(target, b"new content")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+def test_train_and_eval_commands(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\ntype = "gpt"\nn_layers = 1\nn_heads = 2\nd_model = 16\n'
+                   '[data]\ntask = "test_counting"\n'
+                   '[train]\nmax_steps = 10\nbatch_size = 8\neval_every = 5\ncheckpoint_every = 5\n')
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run), "--set", "train.lr=0.01", "--quiet"]) == 0
+    assert json.loads((run / "config.json").read_text())["train"]["lr"] == 0.01
+    assert main(["train", "--out", str(run), "--resume", "--set", "train.max_steps=15", "--quiet"]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 15
+    capsys.readouterr()
+    assert main(["eval", str(run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"loss", "perplexity", "bits_per_token", "accuracy"} <= set(result)
+    assert main(["train", str(cfg), "--out", str(run), "--set", "train.bogus=1"]) == 2
+    assert "unknown key(s) ['bogus'] in [train]" in capsys.readouterr().err

@@ -201,9 +201,9 @@ def test_early_stopping_restores_best_weights(tmp_path, monkeypatch):
     snapshots = {}
     real = trainer.evaluate
 
-    def evaluate_and_snapshot(split="val"):
+    def evaluate_and_snapshot(split="val", **kw):
         snapshots[trainer.step] = {k: v.copy() for k, v in trainer.model.state_dict().items()}
-        return real(split)
+        return real(split, **kw)
 
     monkeypatch.setattr(trainer, "evaluate", evaluate_and_snapshot)
     summary = trainer.train()
@@ -242,3 +242,16 @@ def test_train_and_eval_commands(tmp_path, capsys):
     assert {"loss", "perplexity", "bits_per_token", "accuracy"} <= set(result)
     assert main(["train", str(cfg), "--out", str(run), "--set", "train.bogus=1"]) == 2
     assert "unknown key(s) ['bogus'] in [train]" in capsys.readouterr().err
+
+
+def test_periodic_evaluations_use_a_subset_and_the_last_uses_everything(tmp_path, monkeypatch):
+    calls = []
+    real = trainer_module.evaluate_loss
+
+    def spy(model, task, split, batch_size, max_batches=0):
+        calls.append(max_batches)
+        return real(model, task, split, batch_size, max_batches)
+
+    monkeypatch.setattr(trainer_module, "evaluate_loss", spy)
+    Trainer(config(max_steps=30, eval_batches=1), tmp_path, quiet=True).train()
+    assert calls == [1, 1, 0]

@@ -7,6 +7,11 @@ def run(args):
     from ..models import build_model, format_parameter_report
 
     config = apply_overrides(load_config(args.config), args.set)
+    if "data" in config:          # sizes fixed by the data (vocabulary, classes, context) come from the task
+        from ..train import resolve_config
+
+        config, _ = resolve_config(config)
+        config["model"] = {k: v for k, v in config["model"].items() if v is not None}
     model = build_model(dict(config.get("model", {})))
     print(f"{type(model).__name__} from {args.config}")
     print(format_parameter_report(model, depth=args.depth))

@@ -37,7 +37,7 @@ TRAIN_DEFAULTS = {
     "grad_clip": 1.0,             # global-norm clipping; 0 = off
     "grad_accum": 1,              # micro-batches per update
     "label_smoothing": 0.0,
-    "eval_batches": 0,            # cap on validation batches per evaluation; 0 = the whole split
+    "eval_batches": 0,            # cap on validation batches per periodic evaluation (the final one uses all); 0 = all
     "eval_batch_size": 0,         # 0 = batch_size
     "eval_metrics": True,         # also compute the task's metrics (accuracy, exact match ...) at each evaluation
     "early_stopping_patience": 0,  # evaluations without improvement before stopping; 0 = never stop early

@@ -173,11 +173,12 @@ class Trainer:
             print(message, file=sys.stderr, flush=True)
 
     # -- the loop ---------------------------------------------------------------------------
-    def evaluate(self, split="val"):
+    def evaluate(self, split="val", full=False):
+        """Validation loss (over at most eval_batches batches unless ``full``) and the task's metrics."""
         t = self.train_cfg
         bs = t["eval_batch_size"] or t["batch_size"]
         result = {"val_loss" if split == "val" else f"{split}_loss":
-                  evaluate_loss(self.model, self.task, split, bs, t["eval_batches"])}
+                  evaluate_loss(self.model, self.task, split, bs, 0 if full else t["eval_batches"])}
         if t["eval_metrics"]:
             was_training = self.model.training
             self.model.eval()
@@ -263,7 +264,8 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                 if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
-                    result = self.evaluate("val")
+                    # Periodic evaluations may use a fixed subset (eval_batches); the last one uses the whole split.
+                    result = self.evaluate("val", full=self.step == t["max_steps"])
                     self._log({"step": self.step, **result})
                     improved = self.early.update(result["val_loss"], self.step)
                     if improved:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..nn import (Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, make_norm,
                   make_positional)
-from ..nn import init
+from ..nn import checkpoint, init
 
 
 class GPT(Module):
@@ -22,21 +22,27 @@ class GPT(Module):
     (``norm_first``, with a final norm); weight tying between the token
     embedding and the output layer (``tie_weights``). Weights are initialized
     as nanoGPT: N(0, 0.02), residual output projections N(0, 0.02/√(2·n_layers)).
+    ``attention="flash"`` uses the memory-efficient attention kernel (no attention
+    dropout); ``gradient_checkpointing=True`` recomputes each block's activations
+    in backward instead of keeping them (same gradients, less memory).
     """
 
     def __init__(self, vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, d_ff=None, dropout=0.0,
                  positional="learned", activation="gelu", norm_first=True, norm="layer", tie_weights=True,
-                 bias=True, layer_norm_eps=1e-5, rng=None, dtype=np.float32):
+                 bias=True, layer_norm_eps=1e-5, attention="plain", gradient_checkpointing=False, rng=None,
+                 dtype=np.float32):
         super().__init__()
         rng = init.default_rng(rng)
         d_ff = 4 * d_model if d_ff is None else d_ff
+        self.gradient_checkpointing = gradient_checkpointing
         self.vocab_size, self.block_size, self.n_layers = vocab_size, block_size, n_layers
         self.n_heads, self.d_model, self.d_ff = n_heads, d_model, d_ff
         self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=0.02)
         self.pos_emb = make_positional(positional, d_model, block_size, rng, dtype)
         self.drop = Dropout(dropout, rng)
         self.blocks = ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout, activation, norm_first, norm,
-                                              layer_norm_eps, bias, rng=rng, dtype=dtype) for _ in range(n_layers))
+                                              layer_norm_eps, bias, rng=rng, dtype=dtype, attention=attention)
+                                 for _ in range(n_layers))
         self.norm_f = make_norm(norm, d_model, layer_norm_eps, bias, dtype) if norm_first else None
         self.lm_head = Linear(d_model, vocab_size, bias=False, rng=rng, dtype=dtype)
         self.tie_weights = tie_weights
@@ -71,7 +77,8 @@ class GPT(Module):
         offset = 0 if kv_caches is None else kv_caches[0].length
         x = self.drop(self.pos_emb(self.tok_emb(idx), offset))
         for i, block in enumerate(self.blocks):
-            x = block(x, is_causal=True, kv_cache=None if kv_caches is None else kv_caches[i])
+            x = checkpoint.run(block, self.gradient_checkpointing and kv_caches is None, x, is_causal=True,
+                               kv_cache=None if kv_caches is None else kv_caches[i])
         if self.norm_f is not None:
             x = self.norm_f(x)
         return self.lm_head(x)
@@ -82,5 +89,5 @@ class GPT(Module):
         if self.norm_f is not None:
             dx = self.norm_f.backward(dx)
         for block in reversed(list(self.blocks)):
-            dx = block.backward(dx)
+            dx = checkpoint.checkpoint_backward(block, dx)
         self.tok_emb.backward(self.pos_emb.backward(self.drop.backward(dx)))

@@ -26,13 +26,15 @@ class Transformer(Module):
     ``norm_first``) adds a norm after each stack, as torch.nn.Transformer does.
     ``share_embeddings`` shares one table between source and target (same
     vocabulary); ``tie_output`` ties the output layer to the target embedding.
+    ``attention="flash"``: memory-efficient attention kernel (no attention dropout);
+    ``gradient_checkpointing``: recompute each block's activations in backward.
     """
 
     def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1,
                  max_len=512, n_encoder_layers=None, n_decoder_layers=None, norm_first=False, activation="relu",
                  norm="layer", positional="sinusoidal", share_embeddings=False, tie_output=False, src_pad_id=None,
                  tgt_pad_id=None, final_norm=None, bias=True, attn_bias=None, layer_norm_eps=1e-5,
-                 scale_embeddings=True, rng=None, dtype=np.float32):
+                 scale_embeddings=True, attention="plain", gradient_checkpointing=False, rng=None, dtype=np.float32):
         super().__init__()
         rng = init.default_rng(rng)
         n_enc = n_layers if n_encoder_layers is None else n_encoder_layers
@@ -52,10 +54,14 @@ class Transformer(Module):
         self.src_drop = Dropout(dropout, rng)
         self.tgt_drop = Dropout(dropout, rng)
         block_args = (d_model, n_heads, d_ff, dropout, activation, norm_first, norm, layer_norm_eps, bias, attn_bias)
-        self.encoder = Encoder([EncoderBlock(*block_args, rng=rng, dtype=dtype) for _ in range(n_enc)],
-                               make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None)
-        self.decoder = Decoder([DecoderBlock(*block_args, rng=rng, dtype=dtype) for _ in range(n_dec)],
-                               make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None)
+        self.encoder = Encoder([EncoderBlock(*block_args, rng=rng, dtype=dtype, attention=attention)
+                                for _ in range(n_enc)],
+                               make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None,
+                               gradient_checkpointing=gradient_checkpointing)
+        self.decoder = Decoder([DecoderBlock(*block_args, rng=rng, dtype=dtype, attention=attention)
+                                for _ in range(n_dec)],
+                               make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None,
+                               gradient_checkpointing=gradient_checkpointing)
         self.out_proj = Linear(d_model, tgt_vocab_size, bias=False, rng=rng, dtype=dtype)
         # Xavier-uniform for every matrix, as torch.nn.Transformer and the Annotated Transformer.
         for _, p in self.named_parameters():

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import ops
 from ..ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
+from ..ops.flash_attention import FlashAttentionCache, flash_attention_backward, flash_attention_forward
 from . import init
 from .layers import Linear
 from .module import Module, Parameter
@@ -125,10 +126,24 @@ class MultiHeadAttention(Module):
     Set ``record_weights = True`` to keep the last attention weights (B, h, Tq, Tk)
     in ``last_weights``; set ``head_mask`` (h,) to scale each head's output
     (0 ablates a head).
+
+    ``attention="flash"`` computes the attention with the memory-efficient kernel
+    (``ops.flash_attention``: block-wise online softmax, recomputation in backward,
+    memory linear in the sequence length) instead of the plain one (``"plain"``).
+    Results and gradients are the same. The flash kernel has no attention
+    dropout: in training mode with ``dropout > 0`` forward raises a ValueError.
+    With ``record_weights`` the plain kernel is used (the weights must be built).
+    ``flash_block_q`` / ``flash_block_k`` set its block sizes.
     """
 
-    def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32):
+    ATTENTION_KINDS = ("plain", "flash")
+
+    def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32, attention="plain"):
         super().__init__()
+        if attention not in self.ATTENTION_KINDS:
+            raise ValueError(f"unknown attention kernel {attention!r}; choose one of {list(self.ATTENTION_KINDS)}")
+        self.attention = attention
+        self.flash_block_q = self.flash_block_k = 256
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
                              f"(each head gets d_model / n_heads features)")
@@ -149,7 +164,8 @@ class MultiHeadAttention(Module):
         self._cache = None
 
     def extra_repr(self):
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout_p}"
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout_p}"
+                + (f", attention={self.attention!r}" if self.attention != "plain" else ""))
 
     # -- projections -------------------------------------------------------------
     def _project(self, query, key, value):
@@ -189,12 +205,16 @@ class MultiHeadAttention(Module):
         Tk = key.shape[1]
         (q, k, v), proj_cache = self._project(query, key, value)
         only_causal = is_causal and attn_mask is None and key_padding_mask is None and Tq == Tk
-        mask = None if only_causal else build_attention_mask(
-            Tq, Tk, q.dtype, attn_mask, key_padding_mask, is_causal, B, self.n_heads)
         p_drop = self.dropout_p if self.training else 0.0
-        ctx, weights, attn_cache = scaled_dot_product_attention_forward(
-            q, k, v, attn_mask=mask, is_causal=only_causal, dropout_p=p_drop, rng=self.rng,
-            need_weights=self.record_weights)
+        if self.attention == "flash" and not self.record_weights:
+            ctx, attn_cache = self._flash(q, k, v, attn_mask, key_padding_mask, is_causal, p_drop)
+            weights = None
+        else:
+            mask = None if only_causal else build_attention_mask(
+                Tq, Tk, q.dtype, attn_mask, key_padding_mask, is_causal, B, self.n_heads)
+            ctx, weights, attn_cache = scaled_dot_product_attention_forward(
+                q, k, v, attn_mask=mask, is_causal=only_causal, dropout_p=p_drop, rng=self.rng,
+                need_weights=self.record_weights)
         if self.record_weights:
             self.last_weights = weights
         if self.head_mask is not None:
@@ -212,7 +232,10 @@ class MultiHeadAttention(Module):
         dctx = self.out_proj.backward(dout).reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
         if self.head_mask is not None:
             dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
-        dq, dk, dv = scaled_dot_product_attention_backward(dctx, attn_cache)
+        if isinstance(attn_cache, FlashAttentionCache):
+            dq, dk, dv = flash_attention_backward(dctx, attn_cache)
+        else:
+            dq, dk, dv = scaled_dot_product_attention_backward(dctx, attn_cache)
         W = self.qkv_proj.weight
         bias = self.qkv_proj.bias
         kind = proj_cache[0]
@@ -254,6 +277,34 @@ class MultiHeadAttention(Module):
             bias.accumulate(db)
         return grads
 
+    def _flash(self, q, k, v, attn_mask, key_padding_mask, is_causal, p_drop, causal_offset=0):
+        """The memory-efficient kernel; module masks (bool True = blocked) become functional ones
+        (True = may attend) without building a (Tq, Tk) mask per batch element."""
+        if p_drop > 0.0:
+            raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); build the layer with "
+                             f"dropout=0, call .eval(), or use attention='plain'")
+        B, H, Tq, _ = q.shape
+        Tk = k.shape[2]
+        mask = key_mask = None
+        if attn_mask is not None:
+            mask = np.asarray(attn_mask)
+            if mask.ndim == 3:
+                if mask.shape != (B * H, Tq, Tk):
+                    raise ValueError(f"a 3-D attn_mask must have shape (batch*heads, {Tq}, {Tk}), got {mask.shape}")
+                mask = mask.reshape(B, H, Tq, Tk)
+            if mask.ndim not in (2, 4) or mask.shape[-2:] != (Tq, Tk):
+                raise ValueError(f"attn_mask must have shape ({Tq}, {Tk}), (batch*heads, {Tq}, {Tk}) or "
+                                 f"(batch, heads, {Tq}, {Tk}); got {np.shape(attn_mask)}")
+            mask = ~mask if mask.dtype == bool else mask
+        if key_padding_mask is not None:
+            key_mask = np.asarray(key_padding_mask)
+            if key_mask.shape != (B, Tk):
+                raise ValueError(f"key_padding_mask must have shape (batch, {Tk}), got {key_mask.shape}")
+            key_mask = ~key_mask if key_mask.dtype == bool else key_mask
+        return flash_attention_forward(q, k, v, attn_mask=mask, is_causal=is_causal, key_mask=key_mask,
+                                       causal_offset=causal_offset, block_q=self.flash_block_q,
+                                       block_k=self.flash_block_k)
+
     def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache):
         """Inference step with a KVCache: no backward. Self-attention appends the new keys/values;
         a static cache (cross-attention) projects the memory once and reuses it."""
@@ -278,9 +329,13 @@ class MultiHeadAttention(Module):
             k, v = cache.append(k_new, v_new)
         Tk = k.shape[2]
         causal = is_causal and not cache.static and Tq > 1
-        mask = build_attention_mask(Tq, Tk, q.dtype, attn_mask, key_padding_mask, causal, B, H, causal_offset=offset)
-        ctx, weights, _ = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask,
-                                                               need_weights=self.record_weights)
+        if self.attention == "flash" and not self.record_weights:
+            (ctx, _), weights = self._flash(q, k, v, attn_mask, key_padding_mask, causal, 0.0, offset), None
+        else:
+            mask = build_attention_mask(Tq, Tk, q.dtype, attn_mask, key_padding_mask, causal, B, H,
+                                        causal_offset=offset)
+            ctx, weights, _ = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask,
+                                                                   need_weights=self.record_weights)
         if self.record_weights:
             self.last_weights = weights
         if self.head_mask is not None:

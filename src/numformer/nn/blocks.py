@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import init
+from . import checkpoint
 from .attention import MultiHeadAttention
 from .layers import Dropout, FeedForward, make_norm
 from .module import Module, ModuleList
@@ -25,16 +26,17 @@ class EncoderBlock(Module):
 
     x: (B, T, d_model) -> (B, T, d_model). Masks follow torch.nn (bool True = blocked).
     ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately.
+    ``attention``: "plain" or "flash" (memory-efficient kernel, see MultiHeadAttention).
     """
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
-                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32):
+                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain"):
         super().__init__()
         rng = init.default_rng(rng)
         attn_bias = bias if attn_bias is None else attn_bias
         self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
         self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention)
         self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)
         self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
         self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
@@ -69,18 +71,18 @@ class DecoderBlock(Module):
     """Masked self-attention, cross-attention to the memory, and feed-forward; each with residual + norm.
 
     x: (B, T, d_model), memory: (B, S, d_model) -> (B, T, d_model).
-    backward(dy) returns (dx, dmemory).
+    backward(dy) returns (dx, dmemory). ``attention``: "plain" or "flash" (both attention layers).
     """
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
-                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32):
+                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain"):
         super().__init__()
         rng = init.default_rng(rng)
         attn_bias = bias if attn_bias is None else attn_bias
         self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
         self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention)
         self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)
         self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
         self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
@@ -130,40 +132,51 @@ class DecoderBlock(Module):
 
 
 class Encoder(Module):
-    """A stack of EncoderBlocks with an optional final norm (needed after pre-LN blocks)."""
+    """A stack of EncoderBlocks with an optional final norm (needed after pre-LN blocks).
 
-    def __init__(self, layers, norm=None):
+    ``gradient_checkpointing=True``: each block keeps only its input in forward and
+    recomputes its activations in backward (same gradients, see ``nn.checkpoint``).
+    """
+
+    def __init__(self, layers, norm=None, gradient_checkpointing=False):
         super().__init__()
         self.layers = ModuleList(layers)
         self.norm = norm
+        self.gradient_checkpointing = gradient_checkpointing
 
     def forward(self, x, mask=None, key_padding_mask=None, is_causal=False, kv_caches=None):
         for i, layer in enumerate(self.layers):
-            x = layer(x, attn_mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                      kv_cache=None if kv_caches is None else kv_caches[i])
+            x = checkpoint.run(layer, self.gradient_checkpointing and kv_caches is None, x, attn_mask=mask,
+                               key_padding_mask=key_padding_mask, is_causal=is_causal,
+                               kv_cache=None if kv_caches is None else kv_caches[i])
         return x if self.norm is None else self.norm(x)
 
     def backward(self, dy):
         if self.norm is not None:
             dy = self.norm.backward(dy)
         for layer in reversed(list(self.layers)):
-            dy = layer.backward(dy)
+            dy = checkpoint.checkpoint_backward(layer, dy)
         return dy
 
 
 class Decoder(Module):
-    """A stack of DecoderBlocks with an optional final norm. backward returns (dx, dmemory)."""
+    """A stack of DecoderBlocks with an optional final norm. backward returns (dx, dmemory).
 
-    def __init__(self, layers, norm=None):
+    ``gradient_checkpointing=True``: as in ``Encoder``.
+    """
+
+    def __init__(self, layers, norm=None, gradient_checkpointing=False):
         super().__init__()
         self.layers = ModuleList(layers)
         self.norm = norm
+        self.gradient_checkpointing = gradient_checkpointing
 
     def forward(self, x, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, caches=None):
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
-                      tgt_is_causal, cache=None if caches is None else caches[i])
+            x = checkpoint.run(layer, self.gradient_checkpointing and caches is None, x, memory, tgt_mask,
+                               memory_mask, tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
+                               cache=None if caches is None else caches[i])
         return x if self.norm is None else self.norm(x)
 
     def backward(self, dy):
@@ -171,6 +184,6 @@ class Decoder(Module):
             dy = self.norm.backward(dy)
         dmemory = None
         for layer in reversed(list(self.layers)):
-            dy, dm = layer.backward(dy)
+            dy, dm = checkpoint.checkpoint_backward(layer, dy)
             dmemory = dm if dmemory is None else dmemory + dm
         return dy, dmemory

@@ -76,6 +76,16 @@ class Task:
         """Task metrics on a split (accuracy, exact match, BLEU ...); {} when the loss says it all."""
         return {}
 
+    def analysis_example(self, split: str = "test") -> tuple[dict, dict]:
+        """One example (batch of 1) to draw attention maps of: (model inputs, token labels).
+
+        Labels map each input name to one string per position, e.g. {"idx": ["3", "7", ...]}
+        or {"src": [...], "tgt": [...]}. The default labels are the token ids.
+        """
+        batch = next(iter(self.eval_batches(split, 1)))
+        inputs = {k: np.asarray(v)[:1] for k, v in batch.inputs.items()}
+        return inputs, {k: [str(t) for t in v[0]] for k, v in inputs.items()}
+
     def tokenizer_state(self) -> dict | None:
         """JSON-able vocabulary/tokenizer, saved as tokenizer.json in the run folder."""
         return None

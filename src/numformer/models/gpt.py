@@ -65,6 +65,14 @@ class GPT(Module):
         """One empty KVCache per block, for incremental decoding with forward(idx, kv_caches=...)."""
         return [KVCache() for _ in self.blocks]
 
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False, rng=None,
+                 **kwargs):
+        """Continue idx (T,) or (B, T) by max_new_tokens sampled tokens: ``numformer.generate.generate``
+        (key/value cache, sliding window past block_size, ``stream=`` callback, ``use_cache``, ``shift``)."""
+        from ..generate import generate
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        greedy=greedy, rng=rng, **kwargs)
+
     def forward(self, idx, kv_caches=None):
         """idx: (B, T) token ids -> logits (B, T, vocab_size).
 

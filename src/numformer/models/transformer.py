@@ -132,3 +132,21 @@ class Transformer(Module):
     def new_caches(self):
         """Per decoder layer: (self-attention KVCache, static cross-attention KVCache)."""
         return [(KVCache(), KVCache(static=True)) for _ in self.decoder.layers]
+
+    def generate(self, src, max_length=50, temperature=0.7, top_k=None, top_p=None, greedy=False, beam_size=None,
+                 length_penalty=1.0, bos_id=None, eos_id=None, rng=None, **kwargs):
+        """Translate src (S,) or (B, S) into target token ids (lists without bos/eos), with the decoder's cache.
+
+        Samples with ``temperature`` (and top_k / top_p) by default; ``greedy=True`` (or temperature 0)
+        takes the argmax; ``beam_size=K`` runs beam search with ``length_penalty``. The model does not
+        know its special tokens: bos_id and eos_id are required. See ``numformer.generate``.
+        """
+        from .. import generate as gen
+        if bos_id is None or eos_id is None:
+            raise ValueError("Transformer.generate needs bos_id and eos_id (the target tokenizer's start and end "
+                             "token ids), e.g. model.generate(src, bos_id=tok.bos_id, eos_id=tok.eos_id)")
+        if beam_size is not None:
+            return gen.beam_search(self, src, beam_size, max_length, bos_id, eos_id, length_penalty=length_penalty,
+                                   **kwargs)
+        return gen.sample_decode(self, src, max_length, bos_id, eos_id, temperature=temperature, top_k=top_k,
+                                 top_p=top_p, greedy=greedy, rng=rng, **kwargs)

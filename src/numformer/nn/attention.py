@@ -59,6 +59,12 @@ class KVCache:
         self.k = self.v = None
         self.length = 0
 
+    def reorder(self, indices):
+        """Row i continues old row ``indices[i]`` (batch axis; beam search reorders its beams this way)."""
+        if self.k is not None:
+            self.k = np.take(self.k, indices, axis=0)
+            self.v = np.take(self.v, indices, axis=0)
+
 
 def _split_heads(x, n, n_heads):
     """(B, T, n·E) -> n arrays of shape (B, H, T, d_head) (views, no copy)."""

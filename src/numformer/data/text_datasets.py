@@ -1,0 +1,288 @@
+"""Loaders for the text datasets in the formats users download.
+
+- ``load_imdb``: the Large Movie Review Dataset (Maas et al. 2011), read straight
+  from the official tarball ``aclImdb_v1.tar.gz`` (nothing is extracted to disk)
+  or from its extracted ``aclImdb/`` folder: ``aclImdb/{train,test}/{pos,neg}/ID_RATING.txt``.
+- ``load_agnews``: AG News CSV files (Zhang et al. 2015), with or without a header row.
+- ``load_parallel``: line-aligned text files such as Multi30k's ``train.de.gz`` / ``train.en.gz``.
+
+Wrong paths and malformed files raise one error naming the file (and the line).
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import html
+import io
+import os
+import re
+import tarfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class LabeledTexts:
+    """Texts with integer labels (and an identifier per text, e.g. the IMDB file name)."""
+
+    texts: list[str]
+    labels: np.ndarray
+    ids: list[str] = field(default_factory=list)
+    class_names: list[str] = field(default_factory=list)
+
+    def __len__(self):
+        return len(self.texts)
+
+    def subset(self, index) -> "LabeledTexts":
+        index = np.asarray(index, dtype=np.int64)
+        return LabeledTexts([self.texts[i] for i in index], self.labels[index],
+                            [self.ids[i] for i in index] if self.ids else [], self.class_names)
+
+
+# --------------------------------------------------------------------------------------------------- IMDB
+IMDB_CLASSES = ["neg", "pos"]                       # label 0 = negative, 1 = positive
+_IMDB_MEMBER = re.compile(r"(?:^|/)aclImdb/(train|test)/(pos|neg)/([^/]+)$")
+_IMDB_NAME = re.compile(r"^(\d+)_(\d+)\.txt$")
+
+
+def _imdb_record(path_in_set, name, raw, splits, out):
+    m = _IMDB_MEMBER.search(path_in_set)
+    if m is None or m.group(1) not in splits:
+        return
+    split, polarity, fname = m.groups()
+    n = _IMDB_NAME.match(fname)
+    if n is None:
+        raise ValueError(f"{name}: unexpected IMDB file {path_in_set!r}; review files are named ID_RATING.txt")
+    rating = int(n.group(2))
+    if not (polarity == "pos" and 7 <= rating <= 10 or polarity == "neg" and 1 <= rating <= 4):
+        raise ValueError(f"{name}: {path_in_set!r} has rating {rating}, impossible for a {polarity} review "
+                         "(pos: 7-10, neg: 1-4)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name}: {path_in_set!r} is not UTF-8 text ({e})") from None
+    out[split].append((polarity == "pos", int(n.group(1)), rating, text))
+
+
+def _find_imdb(path):
+    """The tarball or aclImdb folder at or under ``path``."""
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(path):
+        if os.path.isdir(os.path.join(path, "train")) or os.path.isdir(os.path.join(path, "test")):
+            return path
+        for cand in ("aclImdb", "aclImdb_v1.tar.gz"):
+            if os.path.exists(os.path.join(path, cand)):
+                return os.path.join(path, cand)
+    raise FileNotFoundError(f"no IMDB data at {path!r}: give the official aclImdb_v1.tar.gz, its extracted aclImdb "
+                            "folder, or a folder containing either (download: "
+                            "https://ai.stanford.edu/~amaas/data/sentiment/)")
+
+
+def load_imdb(path: str, splits=("train", "test")) -> dict[str, LabeledTexts]:
+    """{split: LabeledTexts} for IMDB, label 1 = positive; sorted by (label, review id) for determinism.
+
+    ``path``: ``aclImdb_v1.tar.gz`` (read with tarfile, no extraction), the
+    extracted ``aclImdb`` folder, or a folder containing one of them.
+    """
+    splits = tuple(splits)
+    src = _find_imdb(path)
+    out = {s: [] for s in splits}
+    if os.path.isfile(src):
+        try:
+            with tarfile.open(src, "r:*") as tar:
+                for member in tar:
+                    if member.isfile() and _IMDB_MEMBER.search(member.name):
+                        _imdb_record(member.name, src, tar.extractfile(member).read(), splits, out)
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise ValueError(f"{src}: not a readable IMDB tarball ({e})") from None
+    else:
+        root = os.path.normpath(src)
+        for split in splits:
+            for polarity in ("neg", "pos"):
+                d = os.path.join(root, split, polarity)
+                if not os.path.isdir(d):
+                    continue
+                for fname in os.listdir(d):
+                    with open(os.path.join(d, fname), "rb") as f:
+                        _imdb_record(f"aclImdb/{split}/{polarity}/{fname}", os.path.join(d, fname), f.read(),
+                                     splits, out)
+    result = {}
+    for split, rows in out.items():
+        if not rows:
+            raise ValueError(f"{src}: no reviews found for the {split!r} split (expected aclImdb/{split}/pos/*.txt "
+                             f"and aclImdb/{split}/neg/*.txt)")
+        rows.sort(key=lambda r: (r[0], r[1]))
+        result[split] = LabeledTexts([r[3] for r in rows], np.array([int(r[0]) for r in rows], dtype=np.int64),
+                                     [f"{'pos' if r[0] else 'neg'}/{r[1]}_{r[2]}" for r in rows], list(IMDB_CLASSES))
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ AG News
+AGNEWS_CLASSES = ["World", "Sports", "Business", "Sci/Tech"]
+_NUM_ENTITY = re.compile(r" ?#(x[0-9a-fA-F]+|\d+);")
+_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*(?:\s[^<>]*)?/?>")
+_SPACES = re.compile(r"\s+")
+
+
+def _entity_char(m):
+    code = m.group(1)
+    n = int(code[1:], 16) if code[0] in "xX" else int(code)
+    if 128 <= n <= 159:                  # Windows-1252 code points written as numbers (#151; is an em dash)
+        return bytes([n]).decode("cp1252", errors="replace")
+    try:
+        return chr(n)
+    except (ValueError, OverflowError):
+        return m.group(0)
+
+
+def clean_agnews_text(text: str) -> str:
+    """Undo the escapes of the AG News CSV release.
+
+    - Line breaks were written as a bare backslash ("a second\\team" is "a second team"),
+      paragraph breaks as two. The readme says ``\\n``, but the files contain
+      words such as "social\\network", so only the backslash is a break: each run
+      of backslashes becomes a space, except ``\\$``, an escaped dollar sign ("\\$85" is "$85").
+    - HTML entities: ``&amp;`` ``&lt;`` ``&quot;`` and numeric ones, which the
+      release wrote without their ``&`` and after a space ("America #39;s",
+      " #36;10 million"): those become "America's" and "$10 million". Codes
+      128-159 are read as Windows-1252 (#151; is an em dash).
+    - HTML markup that the entities decode to (``<A HREF=...>``, ``<B>``) is
+      removed; ticker symbols such as ``<TXN.N>`` are kept.
+    """
+    text = re.sub(r"\\+", " ", text.replace("\\$", "$"))
+    text = html.unescape(text)
+    text = _NUM_ENTITY.sub(_entity_char, text)
+    text = _TAG.sub(" ", text)
+    return _SPACES.sub(" ", text).strip()
+
+
+def read_class_names(folder: str) -> list[str] | None:
+    """Class names from ``classes.txt`` (one per line) in ``folder``, or None if there is none."""
+    p = os.path.join(folder, "classes.txt")
+    if not os.path.isfile(p):
+        return None
+    with open(p, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()]
+    if not names:
+        raise ValueError(f"{p}: no class names")
+    return names
+
+
+def load_agnews_csv(path: str, class_names: list[str] | None = None) -> LabeledTexts:
+    """One AG News CSV file: ``"class","title","description"`` rows, optionally after a header row.
+
+    Classes 1..C in the file become labels 0..C-1. Text = title + " " + description,
+    both cleaned with ``clean_agnews_text``. A malformed row raises a ValueError
+    naming the file and line.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no AG News CSV file at {path!r}")
+    class_names = list(class_names) if class_names else list(AGNEWS_CLASSES)
+    C = len(class_names)
+    texts, labels = [], []
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, strict=True)
+        first = True
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                raise ValueError(f"{path}, line {reader.line_num}: malformed CSV ({e})") from None
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if first:
+                first = False
+                if not row[0].strip().isdigit():         # a header row such as class_index,title,description
+                    if len(row) != 3:
+                        raise ValueError(f"{path}, line {line}: expected a header with 3 columns "
+                                         f"(class_index,title,description), got {len(row)}: {row[:5]}")
+                    continue
+            if len(row) != 3:
+                raise ValueError(f"{path}, line {line}: expected 3 fields (class, title, description), "
+                                 f"got {len(row)}")
+            cls = row[0].strip()
+            if not cls.isdigit() or not 1 <= int(cls) <= C:
+                raise ValueError(f"{path}, line {line}: class {cls!r} is not an integer in 1..{C}")
+            labels.append(int(cls) - 1)
+            texts.append(f"{clean_agnews_text(row[1])} {clean_agnews_text(row[2])}".strip())
+    if not texts:
+        raise ValueError(f"{path}: no rows")
+    return LabeledTexts(texts, np.array(labels, dtype=np.int64), [], class_names)
+
+
+def load_agnews(path: str, split: str, train_file: str = "", test_file: str = "test.csv") -> LabeledTexts:
+    """AG News ``split`` ("train" or "test") from a folder of CSV files.
+
+    train: ``train_file`` if given, else ``train.csv`` (the full release), else
+    ``train_subset_20k.csv``; test: ``test_file``. Class names come from
+    ``classes.txt`` when present (World, Sports, Business, Sci/Tech otherwise).
+    """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no AG News folder at {path!r}: give the folder holding train.csv / test.csv "
+                                "(and classes.txt) from ag_news_csv.tgz")
+    if split == "train":
+        names = [train_file] if train_file else ["train.csv", "train_subset_20k.csv"]
+    elif split == "test":
+        names = [test_file]
+    else:
+        raise ValueError(f"AG News split must be 'train' or 'test', got {split!r}")
+    for name in names:
+        p = os.path.join(path, name)
+        if os.path.isfile(p):
+            return load_agnews_csv(p, read_class_names(path))
+    raise FileNotFoundError(f"no AG News {split} file in {path!r} (looked for {', '.join(names)})")
+
+
+# ------------------------------------------------------------------------------------------- parallel text
+def _open_text(path):
+    if path.endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_lines(path: str) -> list[str]:
+    """The lines of a text file (``.gz`` read transparently), without their line ends."""
+    lines = []
+    try:
+        with _open_text(path) as f:
+            for line in f:
+                lines.append(line.rstrip("\r\n"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}, line {len(lines) + 1}: not UTF-8 text ({e})") from None
+    except (OSError, EOFError) as e:           # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: cannot read ({e})") from None
+    return lines
+
+
+def _find_split_file(folder, split, lang):
+    for name in (f"{split}.{lang}.gz", f"{split}.{lang}"):
+        p = os.path.join(folder, name)
+        if os.path.isfile(p):
+            return p
+    raise FileNotFoundError(f"no {split}.{lang}.gz (or {split}.{lang}) in {folder!r}")
+
+
+def load_parallel(path: str, split: str, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
+    """Aligned (sources, targets) from ``{split}.{src_lang}[.gz]`` and ``{split}.{tgt_lang}[.gz]``.
+
+    The two files must have the same number of lines (line i of one translates
+    line i of the other); otherwise a ValueError names both files and counts.
+    """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no parallel-text folder at {path!r}: give the folder holding files such as "
+                                f"train.{src_lang}.gz and train.{tgt_lang}.gz (Multi30k task 1)")
+    ps, pt = _find_split_file(path, split, src_lang), _find_split_file(path, split, tgt_lang)
+    src, tgt = read_lines(ps), read_lines(pt)
+    if len(src) != len(tgt):
+        raise ValueError(f"misaligned parallel files: {ps} has {len(src)} lines but {pt} has {len(tgt)}; "
+                         "line i of one must translate line i of the other")
+    if not src:
+        raise ValueError(f"{ps}: empty file")
+    return src, tgt

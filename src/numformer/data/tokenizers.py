@@ -1,0 +1,348 @@
+"""Tokenizers: characters, words, and byte-level BPE; padding and truncation helpers.
+
+All three share one small interface::
+
+    tok.encode(text) -> list[int]          tok.decode(ids) -> str
+    tok.encode_batch(texts)                tok.vocab_size
+    tok.to_dict() -> JSON-able dict        tokenizer_from_dict(d) -> the same tokenizer
+
+``WordTokenizer`` and ``BPETokenizer`` reserve the same special ids: ``<pad>`` = 0
+and ``<unk>`` = 1, then the optional ``<bos>``, ``<eos>``, ``<cls>`` in that
+order; their vocabularies are built from the training split only (the caller
+passes only training texts). Both normalize text the same way first
+(``normalize_text``): IMDB's ``<br />`` tags become spaces and, by default,
+text is lowercased.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+
+PAD, UNK, BOS, EOS, CLS = "<pad>", "<unk>", "<bos>", "<eos>", "<cls>"
+OPTIONAL_SPECIALS = (BOS, EOS, CLS)
+
+_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
+# A word is a run of letters/digits (any script), with inner apostrophes kept ("don't", "o'clock");
+# every other non-space character (punctuation, symbols) is a token of its own.
+_WORD = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
+
+
+def normalize_text(text: str, lowercase: bool = True) -> str:
+    """Replace HTML line breaks (``<br />``, ``<br>``) with spaces and optionally lowercase."""
+    text = _BR.sub(" ", text)
+    return text.lower() if lowercase else text
+
+
+def split_words(text: str) -> list[str]:
+    """Split normalized text into words and single punctuation characters: "Great!!" -> ["Great", "!", "!"]."""
+    return _WORD.findall(text)
+
+
+def _specials(bos: bool, eos: bool, cls: bool) -> list[str]:
+    return [PAD, UNK] + [s for s, on in zip(OPTIONAL_SPECIALS, (bos, eos, cls)) if on]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+class CharTokenizer:
+    """One id per character. ``CharTokenizer.from_text(corpus)`` uses the sorted distinct characters.
+
+    Encoding a character outside the vocabulary raises a ValueError that lists them.
+    """
+
+    def __init__(self, chars: Sequence[str]):
+        chars = list(chars)
+        if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+            raise ValueError("CharTokenizer needs distinct single characters")
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        if not text:
+            raise ValueError("cannot build a character vocabulary from empty text")
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError:
+            unknown = sorted(set(text) - set(self.stoi))
+            raise ValueError(f"{len(unknown)} character(s) not in the vocabulary of {self.vocab_size}: "
+                             f"{''.join(unknown)[:50]!r}; remove them or rebuild the tokenizer "
+                             "from a text that contains them") from None
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode`` as an int64 array (fast path for long corpora)."""
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids) -> str:
+        n = self.vocab_size
+        out = []
+        for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+            if not 0 <= i < n:
+                raise ValueError(f"id {i} is outside the vocabulary [0, {n})")
+            out.append(self.chars[i])
+        return "".join(out)
+
+    def to_dict(self) -> dict:
+        return {"type": "char", "chars": "".join(self.chars)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CharTokenizer":
+        return cls(list(d["chars"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+class WordTokenizer:
+    """Lowercased words and punctuation; a vocabulary of the most frequent training words.
+
+    Build with ``WordTokenizer.build(train_texts, min_freq=2, max_size=20000, bos=.., eos=.., cls=..)``:
+    words seen fewer than ``min_freq`` times are dropped, then the most frequent
+    are kept so that the vocabulary (special tokens included) has at most
+    ``max_size`` entries (0 = no limit). Ties are broken alphabetically, so the
+    vocabulary is a function of the texts alone. Unknown words map to ``<unk>`` (1).
+    """
+
+    def __init__(self, tokens: Sequence[str], lowercase: bool = True):
+        tokens = list(tokens)
+        if tokens[:2] != [PAD, UNK]:
+            raise ValueError(f"a word vocabulary starts with {PAD!r}, {UNK!r}; got {tokens[:2]}")
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("the word vocabulary has duplicate entries")
+        self.tokens = tokens
+        self.lowercase = lowercase
+        self.stoi = {t: i for i, t in enumerate(tokens)}
+
+    @classmethod
+    def build(cls, texts: Iterable[str], min_freq: int = 1, max_size: int = 0, bos: bool = False,
+              eos: bool = False, cls_token: bool = False, lowercase: bool = True) -> "WordTokenizer":
+        specials = _specials(bos, eos, cls_token)
+        if max_size and max_size <= len(specials):
+            raise ValueError(f"max_size={max_size} leaves no room for words after the {len(specials)} special tokens")
+        counts = Counter()
+        for t in texts:
+            counts.update(split_words(normalize_text(t, lowercase)))
+        for s in specials:
+            counts.pop(s, None)
+        words = sorted((w for w, c in counts.items() if c >= min_freq), key=lambda w: (-counts[w], w))
+        if max_size:
+            words = words[:max_size - len(specials)]
+        return cls(specials + words, lowercase)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    @property
+    def unk_id(self) -> int:
+        return 1
+
+    def special_id(self, token: str) -> int:
+        """The id of ``<bos>``, ``<eos>`` or ``<cls>``; a clear error if the vocabulary was built without it."""
+        if token not in self.stoi:
+            raise ValueError(f"this vocabulary has no {token} token; build it with that option")
+        return self.stoi[token]
+
+    def tokenize(self, text: str) -> list[str]:
+        return split_words(normalize_text(text, self.lowercase))
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, add_cls: bool = False) -> list[int]:
+        get, unk = self.stoi.get, 1
+        ids = [get(w, unk) for w in self.tokenize(text)]
+        if add_cls:
+            ids.insert(0, self.special_id(CLS))
+        if add_bos:
+            ids.insert(0, self.special_id(BOS))
+        if add_eos:
+            ids.append(self.special_id(EOS))
+        return ids
+
+    def encode_batch(self, texts: Iterable[str], **kw) -> list[list[int]]:
+        return [self.encode(t, **kw) for t in texts]
+
+    def decode(self, ids, skip_special: bool = True) -> str:
+        """Tokens joined by spaces (word tokenization is lossy: case and spacing are not restored)."""
+        n, out = self.vocab_size, []
+        for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+            if not 0 <= i < n:
+                raise ValueError(f"id {i} is outside the vocabulary [0, {n})")
+            tok = self.tokens[i]
+            if skip_special and tok in (PAD, BOS, EOS, CLS):
+                continue
+            out.append(tok)
+        return " ".join(out)
+
+    def to_dict(self) -> dict:
+        return {"type": "word", "lowercase": self.lowercase, "tokens": self.tokens}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WordTokenizer":
+        return cls(d["tokens"], d.get("lowercase", True))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def _hf():
+    try:
+        import tokenizers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("the BPE tokenizer needs Hugging Face `tokenizers`: pip install 'numformer[nlp]' "
+                          "(or pip install tokenizers), or use tokenizer = \"word\"") from e
+    return tokenizers
+
+
+class BPETokenizer:
+    """Byte-level BPE (GPT-2 style), a thin wrapper over Hugging Face ``tokenizers``.
+
+    ``BPETokenizer.build(train_texts, vocab_size=8000, min_freq=2, ...)`` learns
+    the merges from the training texts only. Byte-level means there are no
+    unknown inputs: any text encodes, and ``decode`` gives the normalized text
+    back. Special ids match WordTokenizer's (``<pad>`` = 0, ``<unk>`` = 1, then
+    ``<bos>``, ``<eos>``, ``<cls>`` if asked for). ``to_dict`` stores the HF
+    tokenizer's own JSON string.
+    """
+
+    def __init__(self, hf_tokenizer, lowercase: bool = True):
+        self.hf = hf_tokenizer
+        self.lowercase = lowercase
+        self.stoi_special = {s: self.hf.token_to_id(s) for s in (PAD, UNK) + OPTIONAL_SPECIALS
+                             if self.hf.token_to_id(s) is not None}
+        if self.stoi_special.get(PAD) != 0 or self.stoi_special.get(UNK) != 1:
+            raise ValueError(f"a BPE vocabulary must have {PAD!r} = 0 and {UNK!r} = 1")
+
+    @classmethod
+    def build(cls, texts: Iterable[str], vocab_size: int = 8000, min_freq: int = 2, bos: bool = False,
+              eos: bool = False, cls_token: bool = False, lowercase: bool = True) -> "BPETokenizer":
+        hf = _hf()
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        specials = _specials(bos, eos, cls_token)
+        tok = hf.Tokenizer(models.BPE(unk_token=UNK))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_freq, special_tokens=specials,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator((normalize_text(t, lowercase) for t in texts), trainer=trainer)
+        return cls(tok, lowercase)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    @property
+    def unk_id(self) -> int:
+        return 1
+
+    def special_id(self, token: str) -> int:
+        if token not in self.stoi_special:
+            raise ValueError(f"this vocabulary has no {token} token; build it with that option")
+        return self.stoi_special[token]
+
+    def _wrap(self, ids, add_bos, add_eos, add_cls):
+        ids = list(ids)
+        if add_cls:
+            ids.insert(0, self.special_id(CLS))
+        if add_bos:
+            ids.insert(0, self.special_id(BOS))
+        if add_eos:
+            ids.append(self.special_id(EOS))
+        return ids
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, add_cls: bool = False) -> list[int]:
+        return self._wrap(self.hf.encode(normalize_text(text, self.lowercase), add_special_tokens=False).ids,
+                          add_bos, add_eos, add_cls)
+
+    def encode_batch(self, texts: Iterable[str], add_bos=False, add_eos=False, add_cls=False) -> list[list[int]]:
+        encs = self.hf.encode_batch([normalize_text(t, self.lowercase) for t in texts], add_special_tokens=False)
+        return [self._wrap(e.ids, add_bos, add_eos, add_cls) for e in encs]
+
+    def decode(self, ids, skip_special: bool = True) -> str:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
+        n = self.vocab_size
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"id {bad[0]} is outside the vocabulary [0, {n})")
+        return self.hf.decode(ids, skip_special_tokens=skip_special).strip()
+
+    def to_dict(self) -> dict:
+        return {"type": "bpe", "lowercase": self.lowercase, "hf_json": self.hf.to_str()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BPETokenizer":
+        hf = _hf()
+        return cls(hf.Tokenizer.from_str(d["hf_json"]), d.get("lowercase", True))
+
+
+TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer}
+
+
+def tokenizer_from_dict(d: dict):
+    """Rebuild any tokenizer from its ``to_dict()``."""
+    kind = d.get("type") if isinstance(d, dict) else None
+    if kind not in TOKENIZER_TYPES:
+        raise ValueError(f"unknown tokenizer type {kind!r} in the saved state; expected one of {sorted(TOKENIZER_TYPES)}")
+    return TOKENIZER_TYPES[kind].from_dict(d)
+
+
+def build_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, min_freq: int, lowercase: bool = True,
+                    bos: bool = False, eos: bool = False, cls_token: bool = False):
+    """A "word" or "bpe" tokenizer trained on ``texts`` (the training split)."""
+    if kind == "word":
+        return WordTokenizer.build(texts, min_freq=min_freq, max_size=vocab_size, bos=bos, eos=eos,
+                                   cls_token=cls_token, lowercase=lowercase)
+    if kind == "bpe":
+        return BPETokenizer.build(texts, vocab_size=vocab_size, min_freq=min_freq, bos=bos, eos=eos,
+                                  cls_token=cls_token, lowercase=lowercase)
+    raise ValueError(f"[data] tokenizer = {kind!r} is not supported; choose \"word\" or \"bpe\"")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def truncate(ids: Sequence[int], max_len: int, keep: str = "head") -> list[int]:
+    """At most ``max_len`` ids: the first ones (keep="head") or the last ones (keep="tail")."""
+    ids = list(ids)
+    if max_len <= 0 or len(ids) <= max_len:
+        return ids
+    if keep == "head":
+        return ids[:max_len]
+    if keep == "tail":
+        return ids[-max_len:]
+    raise ValueError(f"keep must be 'head' or 'tail', got {keep!r}")
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None,
+              max_len: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad id sequences into (ids (B, T), key_padding_mask (B, T)).
+
+    T is ``length`` if given, else the longest sequence (after truncation to
+    ``max_len`` when > 0). The mask is True at padding positions (torch.nn's
+    convention: True = masked out), so padding never receives attention; the
+    models derive the same mask from ``pad_id`` when none is passed.
+    """
+    if max_len > 0:
+        seqs = [truncate(s, max_len) for s in seqs]
+    lens = np.array([len(s) for s in seqs], dtype=np.int64)
+    T = int(lens.max(initial=0)) if length is None else length
+    if (lens > T).any():
+        raise ValueError(f"a sequence of length {int(lens.max())} does not fit length={T}; truncate first")
+    ids = np.full((len(seqs), T), pad_id, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+    mask = np.arange(T)[None, :] >= lens[:, None]
+    return ids, mask

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
+from ..ops.attention import (FastAttentionCache, fused_attention_backward, fused_attention_forward,
+                             scaled_dot_product_attention_backward, scaled_dot_product_attention_forward)
 from ..ops.flash_attention import FlashAttentionCache, flash_attention_backward, flash_attention_forward
 from . import init
 from .layers import Linear
@@ -212,20 +213,31 @@ class MultiHeadAttention(Module):
         (q, k, v), proj_cache = self._project(query, key, value)
         only_causal = is_causal and attn_mask is None and key_padding_mask is None and Tq == Tk
         p_drop = self.dropout_p if self.training else 0.0
+        merged = None
         if self.attention == "flash" and not self.record_weights:
             ctx, attn_cache = self._flash(q, k, v, attn_mask, key_padding_mask, is_causal, p_drop)
             weights = None
         else:
             mask = None if only_causal else build_attention_mask(
                 Tq, Tk, q.dtype, attn_mask, key_padding_mask, is_causal, B, self.n_heads)
-            ctx, weights, attn_cache = scaled_dot_product_attention_forward(
-                q, k, v, attn_mask=mask, is_causal=only_causal, dropout_p=p_drop, rng=self.rng,
-                need_weights=self.record_weights)
+            if p_drop == 0.0 and self.head_mask is None:
+                # fast path: the kernel writes the context straight into the merged-heads layout (B, Tq, H, dh)
+                merged = np.empty((B, Tq, self.n_heads, self.d_head), dtype=q.dtype)
+                ctx, attn_cache = fused_attention_forward(q, k, v, mask, only_causal,
+                                                          out=merged.transpose(0, 2, 1, 3))
+                weights = np.swapaxes(attn_cache.weights_t, -1, -2) if self.record_weights else None
+            else:
+                ctx, weights, attn_cache = scaled_dot_product_attention_forward(
+                    q, k, v, attn_mask=mask, is_causal=only_causal, dropout_p=p_drop, rng=self.rng,
+                    need_weights=self.record_weights)
         if self.record_weights:
             self.last_weights = weights
         if self.head_mask is not None:
             ctx = ctx * np.asarray(self.head_mask, dtype=ctx.dtype)[None, :, None, None]
-        out = self.out_proj(_merge_heads(ctx))
+        if merged is not None:
+            out = self.out_proj(merged.reshape(B, Tq, self.d_model))
+        else:
+            out = self.out_proj(_merge_heads(ctx))
         self._cache = (proj_cache, attn_cache, query.shape, key.shape)
         return out
 
@@ -238,8 +250,14 @@ class MultiHeadAttention(Module):
         dctx = self.out_proj.backward(dout).reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
         if self.head_mask is not None:
             dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
+        dqkv = None
         if isinstance(attn_cache, FlashAttentionCache):
             dq, dk, dv = flash_attention_backward(dctx, attn_cache)
+        elif isinstance(attn_cache, FastAttentionCache) and proj_cache[0] == "self":
+            # the kernel writes dq, dk, dv straight into the fused QKV gradient (B, Tq, 3, H, dh)
+            dqkv = np.empty((B, Tq, 3, H, dh), dtype=dctx.dtype)
+            dq, dk, dv = fused_attention_backward(dctx, attn_cache,
+                                                  *(dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3)))
         else:
             dq, dk, dv = scaled_dot_product_attention_backward(dctx, attn_cache)
         W = self.qkv_proj.weight
@@ -247,9 +265,10 @@ class MultiHeadAttention(Module):
         kind = proj_cache[0]
         self._cache = None
         if kind == "self":
-            dqkv = np.empty((B, Tq, 3, H, dh), dtype=dq.dtype)
-            for i, d in enumerate((dq, dk, dv)):
-                _heads_to_rows(d, dqkv[:, :, i])
+            if dqkv is None:
+                dqkv = np.empty((B, Tq, 3, H, dh), dtype=dq.dtype)
+                for i, d in enumerate((dq, dk, dv)):
+                    _heads_to_rows(d, dqkv[:, :, i])
             dx, dW, db = ops.linear_backward(dqkv.reshape(B, Tq, 3 * E), proj_cache[1])
             W.accumulate(dW)
             if bias is not None:

@@ -65,6 +65,118 @@ def apply_mask(scores, attn_mask=None, is_causal=False):
     return scores
 
 
+class FastAttentionCache(NamedTuple):
+    """Cache of the fused kernel (no dropout): probabilities stored transposed, P^T of shape (..., Tk, Tq)."""
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    weights_t: np.ndarray      # softmax probabilities, transposed: (..., Tk, Tq)
+    out: np.ndarray            # the output O = P V (a view of the returned array)
+    scale: float
+
+
+_MASK_CACHE = {}
+
+
+def _causal_additive_t(t_q, t_k, dtype):
+    """Transposed additive causal mask (t_k, t_q): 0 where key j <= query i, -inf elsewhere (read-only, cached)."""
+    key = (t_q, t_k, np.dtype(dtype).str)
+    m = _MASK_CACHE.get(key)
+    if m is None:
+        m = np.where(causal_mask(t_q, t_k).T, 0.0, -np.inf).astype(dtype)
+        m.setflags(write=False)
+        if len(_MASK_CACHE) > 64:
+            _MASK_CACHE.clear()
+        _MASK_CACHE[key] = m
+    return m
+
+
+def _additive_mask_t(attn_mask, t_q, t_k, dtype):
+    """A functional mask (bool True = may attend, or float added) as a transposed additive float mask."""
+    attn_mask = np.asarray(attn_mask)
+    if attn_mask.shape[-2:] != (t_q, t_k) and attn_mask.shape[-2:] != (1, t_k):
+        raise ValueError(
+            f"attn_mask of shape {attn_mask.shape} does not broadcast to the scores (..., {t_q}, {t_k})")
+    if attn_mask.dtype == bool:
+        attn_mask = np.where(attn_mask, 0.0, -np.inf).astype(dtype)
+    return np.swapaxes(attn_mask.astype(dtype, copy=False), -1, -2)
+
+
+def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, out=None):
+    """softmax(Q Kᵀ · scale + M) V without dropout, the fast kernel behind
+    ``scaled_dot_product_attention_forward``; same conventions (bool mask True = may attend).
+
+    ``out`` (optional, shape (..., Tq, d_v), any strides with a unit last stride)
+    receives the result, so a caller can have it written straight into the
+    merged-heads layout (B, T, H, d_head). Returns (out, cache).
+
+    The scores are kept transposed, Sᵀ of shape (..., Tk, Tq): the softmax then
+    reduces over the second-last axis, which NumPy vectorizes across queries
+    (a max along the last axis of short rows is several times slower), and
+    every product is a plain BLAS call on the layouts at hand.
+    """
+    _check_qkv(q, k, v)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    dt = np.result_type(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    qs_t = np.multiply(np.swapaxes(q, -1, -2), dt.type(scale), dtype=dt)     # (Q·scale)ᵀ: (..., d_k, Tq)
+    s = np.matmul(k, qs_t)                                                   # Sᵀ: (..., Tk, Tq)
+    if is_causal:
+        s += _causal_additive_t(t_q, t_k, dt)
+    if attn_mask is not None:
+        mask_t = _additive_mask_t(attn_mask, t_q, t_k, dt)
+        if mask_t.shape == s.shape or np.broadcast_shapes(mask_t.shape, s.shape) == s.shape:
+            s += mask_t
+        else:
+            s = s + mask_t
+    m = np.max(s, axis=-2, keepdims=True)
+    if not np.isfinite(m).all():                 # a query with every key masked: exp(-inf) = 0, no NaN
+        m[~np.isfinite(m)] = 0.0
+    s -= m
+    np.exp(s, out=s)
+    z = np.matmul(np.ones(t_k, dt), s)            # Σ over keys, (..., Tq)
+    z[z == 0] = 1.0
+    np.reciprocal(z, out=z)
+    s *= z[..., None, :]                          # Pᵀ
+    if out is None:
+        out = np.matmul(np.swapaxes(s, -1, -2), v)
+    else:
+        np.matmul(np.swapaxes(s, -1, -2), v, out=out)
+    return out, FastAttentionCache(q, k, v, s, out, scale)
+
+
+def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
+    """Gradients for ``fused_attention_forward``; dq, dk, dv may be given as output arrays (any unit-last-stride
+    views, e.g. into a fused (B, T, 3, H, d_head) gradient). Returns (dq, dk, dv).
+
+    dV = Pᵀ dO     dP = dO Vᵀ     dS = P ⊙ (dP - r),  r_i = Σ_j P_ij dP_ij = dO_i · O_i
+    dQ = dS K · scale      dK = dSᵀ Q · scale
+    (r from the outputs, as in FlashAttention-2: a dot product per query instead of a pass over the scores.)
+    """
+    q, k, v, p_t, out, scale = cache
+    dt = p_t.dtype
+    if dv is None:
+        dv = np.matmul(p_t, dout)
+    else:
+        np.matmul(p_t, dout, out=dv)
+    ds_t = np.matmul(v, np.ascontiguousarray(np.swapaxes(dout, -1, -2)))       # dPᵀ: (..., Tk, Tq)
+    r = np.vecdot(dout, out)                                                    # (..., Tq)
+    ds_t -= r[..., None, :]
+    ds_t *= p_t                                                                 # dSᵀ (before the scale)
+    sc = dt.type(scale)
+    if dq is None:
+        dq = np.matmul(np.swapaxes(ds_t, -1, -2), k)
+    else:
+        np.matmul(np.swapaxes(ds_t, -1, -2), k, out=dq)
+    dq *= sc
+    if dk is None:
+        dk = np.matmul(ds_t, q)
+    else:
+        np.matmul(ds_t, q, out=dk)
+    dk *= sc
+    return dq, dk, dv
+
+
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
                                          dropout_p=0.0, rng=None, need_weights=False):
     """softmax(Q Kᵀ · scale + M) V, batched over all leading axes (batch, heads).
@@ -77,6 +189,9 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     Returns (out, weights, cache): out (..., Tq, d_v); weights (..., Tq, Tk) if
     need_weights else None (after dropout, as torch returns them).
     """
+    if dropout_p == 0.0:
+        out, cache = fused_attention_forward(q, k, v, attn_mask, is_causal, scale)
+        return out, (np.swapaxes(cache.weights_t, -1, -2) if need_weights else None), cache
     _check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = q @ np.swapaxes(k, -1, -2)
@@ -105,6 +220,8 @@ def scaled_dot_product_attention_backward(dout, cache):
 
     Returns (dq, dk, dv) with the shapes of q, k, v.
     """
+    if isinstance(cache, FastAttentionCache):
+        return fused_attention_backward(dout, cache)
     q, k, v, p, drop, scale = cache
     used = p if drop is None else p * drop
     dv = np.swapaxes(used, -1, -2) @ dout

@@ -33,5 +33,6 @@ def linear_backward(dy, cache):
     dy2 = dy.reshape(-1, W.shape[0])
     dx = (dy2 @ W).reshape(x_shape)
     dW = dy2.T @ x2
-    db = dy2.sum(axis=0) if has_bias else None
+    # Σ over rows as a BLAS vector-matrix product: much faster than a reduction over axis 0
+    db = np.matmul(np.ones(dy2.shape[0], dy2.dtype), dy2) if has_bias else None
     return dx, dW, db

@@ -1,0 +1,91 @@
+"""The scaling benchmark parts (attention, checkpointing, generate, depth) run and return their figures.
+
+Tiny sizes here; never an assertion on time. The quick modes through the runner are marked slow.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from numformer.bench import _measure, attention, checkpointing, depth, generate
+
+TINY_GPT = {"vocab_size": 11, "block_size": 16, "n_layers": 2, "n_heads": 2, "d_model": 8, "dropout": 0.1}
+
+
+def _markdown(module, result, tmp_path):
+    fig_dir = tmp_path / "figures"
+    fig_dir.mkdir()
+    text = module.markdown(json.loads(json.dumps(result)), fig_dir)
+    assert text.startswith("## ")
+    pngs = list(fig_dir.glob("*.png"))
+    assert pngs and all(p.stat().st_size > 0 for p in pngs)
+    assert all(f"figures/{p.name}" in text for p in pngs)
+    return text
+
+
+def test_fit_exponent_and_linear_fit():
+    xs = [128, 256, 512, 1024]
+    assert _measure.fit_exponent(xs, [x ** 2 for x in xs]) == pytest.approx(2.0)
+    assert _measure.fit_exponent(xs, [3 * x for x in xs]) == pytest.approx(1.0)
+    assert _measure.fit_exponent([1], [1]) is None
+    fit = attention.linear_fit(xs, [1000 + 5 * x for x in xs])
+    assert fit["bytes_per_token"] == pytest.approx(5) and fit["intercept_bytes"] == pytest.approx(1000)
+
+
+def test_traced_peak_sees_numpy_arrays():
+    import numpy as np
+
+    _, peak, held = _measure.traced_peak(lambda: np.ones(1_000_000).sum())
+    assert peak >= 8_000_000 and held < 1_000_000
+
+
+def test_attention_part(tmp_path):
+    r = attention.run(lengths=[32, 64], plain_budget=attention.plain_estimate(32))
+    for k in ("plain", "flash"):
+        assert {"T", "seconds", "peak_bytes", "max_rss_bytes", "time_exponent", "memory_exponent"} <= set(r[k])
+    assert r["flash"]["T"] == [32, 64] and r["plain"]["T"] == [32] and r["plain"]["skipped_T"] == [64]
+    assert r["target"]["measured"] is False
+    assert "memory_linear_fit" in r["flash"]
+    text = _markdown(attention, r, tmp_path)
+    assert "skipped" in text
+
+
+def test_checkpointing_part(tmp_path):
+    r = checkpointing.run(config=TINY_GPT, batch=2)
+    for k in ("plain", "checkpointing"):
+        assert r[k]["activation_bytes"] > 0 and r[k]["peak_bytes"] >= r[k]["activation_bytes"]
+    assert r["checkpointing"]["activation_bytes"] < r["plain"]["activation_bytes"]
+    assert r["same_loss_and_gradients"]
+    _markdown(checkpointing, r, tmp_path)
+
+
+def test_generate_part(tmp_path):
+    r = generate.run(config={k: v for k, v in TINY_GPT.items() if k != "dropout"}, lengths=[2, 8, 64], repeats=2,
+                     generation_tokens=5)
+    assert r["lengths"] == [2, 8]                       # longer than the context: dropped
+    assert len(r["seconds_with_cache"]) == len(r["seconds_without_cache"]) == 2
+    assert r["generation"]["same_tokens"]
+    _markdown(generate, r, tmp_path)
+
+
+def test_depth_part(tmp_path):
+    r = depth.run(depths=[1, 3], model_cfg={"block_size": 8, "n_heads": 2, "d_model": 8, "dropout": 0.0},
+                  train_cfg={**depth.QUICK_TRAIN, "steps": 3, "batch": 2, "chars": 2000})
+    assert [(x["layers"], x["norm"]) for x in r["runs"]] == [(1, "post-LN"), (1, "pre-LN"), (3, "post-LN"),
+                                                             (3, "pre-LN")]
+    for x in r["runs"]:
+        assert len(x["grad_norms_init"]) == len(x["grad_norms_trained"]) == x["layers"]
+        assert x["finite"]
+    _markdown(depth, r, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", ["attention", "checkpointing", "generate", "depth"])
+def test_quick_mode_through_the_runner(tmp_path, part):
+    from numformer.bench.runner import run_parts
+
+    done = run_parts([part], quick=True, out_dir=tmp_path, log=lambda *a: None)
+    assert part in json.loads((tmp_path / "bench.json").read_text())
+    assert f"## {part}" in (tmp_path / "bench.md").read_text()
+    assert done[part]["_run"]["quick"]

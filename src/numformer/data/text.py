@@ -1,0 +1,86 @@
+"""Character-level language modelling on a text file; tiny Shakespeare is built in.
+
+The corpus is split as nanoGPT does — the first 90% for training, the last 10%
+for validation — so that losses compare. The character vocabulary is built
+from the whole text (as nanoGPT's prepare.py) and saved with the run.
+Training batches are random windows of ``block_size + 1`` characters; the
+validation loss is computed over every non-overlapping window of the
+validation text (all of it, not a random sample).
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .base import Batch, Task, register_task
+from .tokenizers import CharTokenizer
+
+BUILTIN_CORPUS = "tinyshakespeare.txt"
+
+
+def read_corpus(path="", encoding="utf-8"):
+    """The text of ``path``, or the built-in tiny Shakespeare (public domain, 1,115,394 characters) when empty."""
+    if not path:
+        return resources.files("numformer.data").joinpath("corpora", BUILTIN_CORPUS).read_text(encoding="utf-8")
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"[data] path = {path!r}: no such file (leave path empty for the built-in tiny Shakespeare)")
+    try:
+        return p.read_text(encoding=encoding)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not valid {encoding} text ({e}); set [data] encoding") from None
+
+
+@register_task("text")
+class TextTask(Task):
+    """Next-character prediction with a GPT; ``model_config`` gives vocab_size and block_size."""
+
+    model_type = "gpt"
+    unit = "character"
+    data_keys = {"path": "", "block_size": 64, "val_fraction": 0.1, "encoding": "utf-8"}
+
+    def __init__(self, data_config, seed=0, tokenizer_state=None):
+        super().__init__(data_config, seed, tokenizer_state)
+        c = self.config
+        if not 0.0 < c["val_fraction"] < 1.0:
+            raise ValueError(f"[data] val_fraction must be in (0, 1), got {c['val_fraction']}")
+        if c["block_size"] < 1:
+            raise ValueError(f"[data] block_size must be >= 1, got {c['block_size']}")
+        text = read_corpus(c["path"], c["encoding"])
+        self.source = c["path"] or "tiny Shakespeare (built in)"
+        self.tokenizer = (CharTokenizer.from_dict(tokenizer_state) if tokenizer_state
+                          else CharTokenizer.from_text(text))
+        ids = self.tokenizer.encode_array(text)
+        n_train = int(len(ids) * (1.0 - c["val_fraction"]))
+        self.splits = {"train": ids[:n_train], "val": ids[n_train:]}
+        for name, data in self.splits.items():
+            if len(data) <= c["block_size"]:
+                raise ValueError(f"the {name} split has {len(data)} characters, not more than block_size = "
+                                 f"{c['block_size']}; use a longer text or a smaller block_size")
+
+    def model_config(self):
+        return {"vocab_size": self.tokenizer.vocab_size, "block_size": self.config["block_size"]}
+
+    def train_batch(self, batch_size, rng):
+        data, T = self.splits["train"], self.config["block_size"]
+        starts = rng.integers(0, len(data) - T, size=batch_size)
+        windows = data[starts[:, None] + np.arange(T + 1)]
+        return Batch({"idx": windows[:, :-1]}, windows[:, 1:])
+
+    def eval_batches(self, split, batch_size):
+        """Every non-overlapping window of the split ("test" is the validation text: there is no third split)."""
+        data, T = self.splits["val" if split == "test" else split], self.config["block_size"]
+        n_windows = (len(data) - 1) // T
+        starts = np.arange(n_windows) * T
+        for i in range(0, n_windows, batch_size):
+            windows = data[starts[i:i + batch_size, None] + np.arange(T + 1)]
+            yield Batch({"idx": windows[:, :-1]}, windows[:, 1:])
+
+    def tokenizer_state(self):
+        return self.tokenizer.to_dict()
+
+    def describe(self):
+        return (f"{self.source}: {len(self.splits['train']):,} training and {len(self.splits['val']):,} validation "
+                f"characters, vocabulary of {self.tokenizer.vocab_size}")

@@ -41,7 +41,7 @@ def test_traced_peak_sees_numpy_arrays():
 
 
 def test_attention_part(tmp_path):
-    r = attention.run(lengths=[32, 64], plain_budget=attention.plain_estimate(32))
+    r = attention.run(lengths=[32, 64], plain_budget=attention.plain_estimate(32))   # plain: 32 only
     for k in ("plain", "flash"):
         assert {"T", "seconds", "peak_bytes", "max_rss_bytes", "time_exponent", "memory_exponent"} <= set(r[k])
     assert r["flash"]["T"] == [32, 64] and r["plain"]["T"] == [32] and r["plain"]["skipped_T"] == [64]

@@ -160,5 +160,22 @@ def markdown(result, fig_dir):
                 lines.append(f"| {norm} | {r['layers']} | {r['spread_init']:.2f} | {r['first_over_last_init']:.2f} | "
                              f"{r['spread_trained']:.2f} | {r['first_over_last_trained']:.2f} | "
                              f"{r['held_out_loss_init']:.3f} → {r['held_out_loss_trained']:.3f} |")
+    lines.append("")
+    deepest = max(depths)
+    by = {(r["norm"], r["layers"]): r for r in result["runs"]}
+    post, pre = by.get(("post-LN", deepest)), by.get(("pre-LN", deepest))
+    if post and pre:
+        decades = {k: float(np.log10(max(r["spread_trained"], 1.0))) for k, r in (("post", post), ("pre", pre))}
+        lines.append(f"After {t['steps']} steps the layer gradients of the {deepest}-layer post-LN model span "
+                     f"{decades['post']:.1f} decades (largest / smallest {post['spread_trained']:.3g}), those of the "
+                     f"pre-LN model {decades['pre']:.1f} (held-out loss {post['held_out_loss_trained']:.2f} against "
+                     f"{pre['held_out_loss_trained']:.2f}).")
+        for norm in ("post-LN", "pre-LN"):
+            losses = ", ".join(f"{by[(norm, n)]['held_out_loss_trained']:.2f}" for n in depths if (norm, n) in by)
+            lines.append(f"Held-out loss after training, {norm}, {', '.join(map(str, depths))} layers: {losses}.")
+    if post and post["first_over_last_init"] > 5:
+        lines.append("At initialization the first post-LN layer gets a larger gradient than the others: its input, "
+                     "the token + position embeddings (std 0.02, as GPT-2), is small, and LayerNorm's backward "
+                     "divides by the standard deviation of its input; later layers see normalized inputs.")
     lines += ["", image_link(path, "per-layer gradient norms, post-LN and pre-LN, 2 to 16 layers", fig_dir)]
     return "\n".join(lines)

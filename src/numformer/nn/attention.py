@@ -306,8 +306,9 @@ class MultiHeadAttention(Module):
         """The memory-efficient kernel; module masks (bool True = blocked) become functional ones
         (True = may attend) without building a (Tq, Tk) mask per batch element."""
         if p_drop > 0.0:
-            raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); build the layer with "
-                             f"dropout=0, call .eval(), or use attention='plain'")
+            raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); set dropout = 0 "
+                             f"(a model's dropout also drops attention weights), call .eval() for inference, "
+                             f"or use attention='plain'")
         B, H, Tq, _ = q.shape
         Tk = k.shape[2]
         mask = key_mask = None

@@ -139,7 +139,8 @@ def run(quick=False, lengths=None, kernels=KERNELS, plain_budget=PLAIN_BUDGET, l
             p = result["plain"]["T"].index(T)
             f = result["flash"]["T"].index(T)
             result["largest_common"] = {
-                "T": T, "memory_ratio_plain_over_flash": result["plain"]["peak_bytes"][p] / result["flash"]["peak_bytes"][f],
+                "T": T,
+                "memory_ratio_plain_over_flash": result["plain"]["peak_bytes"][p] / result["flash"]["peak_bytes"][f],
                 "time_ratio_plain_over_flash": result["plain"]["seconds"][p] / result["flash"]["seconds"][f]}
     return result
 
@@ -227,7 +228,8 @@ def markdown(result, fig_dir):
     lc = result.get("largest_common")
     if lc:
         lines.append(f"At T = {lc['T']:,}, the largest length both kernels ran, the plain kernel uses "
-                     f"{lc['memory_ratio_plain_over_flash']:.0f}x the memory and {lc['time_ratio_plain_over_flash']:.1f}x "
+                     f"{lc['memory_ratio_plain_over_flash']:.0f}x the memory and "
+                     f"{lc['time_ratio_plain_over_flash']:.1f}x "
                      f"the time of the memory-efficient one.")
     lines += ["", "Both kernels still do O(T²) work (time exponent ≈ 2: 4x the length, ~16x the time); only the "
               "memory differs: the plain kernel's grows as T² (exponent ≈ 2), the memory-efficient kernel's as T "

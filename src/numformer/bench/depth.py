@@ -1,4 +1,5 @@
-"""Gradient flow against depth: per-layer gradient norms of post-LN and pre-LN GPTs, at initialization and after training.
+"""Gradient flow against depth: per-layer gradient norms of post-LN and pre-LN GPTs, at initialization and after
+training.
 
 The seed claims that "gradient flow remains stable up to 8 layers". Here a
 character-level GPT (d_model 64, 4 heads, d_ff 256, context 64, no dropout,

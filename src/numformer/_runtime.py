@@ -15,12 +15,24 @@ What it does (glibc only; elsewhere it is a no-op that says so):
   thresholds raised, freed blocks stay in the heap and are reused at once.
   The price: memory freed by NumPy is kept by the process (its peak resident
   size stays reserved) instead of being returned to the operating system.
+
+Independently, numformer splits its large elementwise kernels (GELU, layer
+norm, the softmax of attention) across a small pool of threads: NumPy releases
+the GIL inside each ufunc, so the pieces run on separate cores, the way
+PyTorch's intra-op threads do. Each element or row is computed by exactly the
+same operations whatever the split, so results are identical for any thread
+count. ``set_num_threads(n)`` / ``get_num_threads()`` control it (default: the
+CPUs this process may use, at most 8, or ``NUMFORMER_NUM_THREADS``); 1 turns it
+off. Matrix products use the BLAS's own threads as before.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 # glibc's mallopt parameter numbers (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -74,5 +86,93 @@ def set_fast_runtime(malloc=True):
 
 
 def fast_runtime_status():
-    """What set_fast_runtime() has applied in this process (for benchmark reports)."""
-    return {"malloc": _state["malloc"] or "default (set_fast_runtime() not called)"}
+    """What set_fast_runtime() has applied in this process, and the thread count (for benchmark reports)."""
+    return {"malloc": _state["malloc"] or "default (set_fast_runtime() not called)",
+            "threads": get_num_threads()}
+
+
+# -- intra-op threads ----------------------------------------------------------------------------------
+
+def _default_threads():
+    env = os.environ.get("NUMFORMER_NUM_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"NUMFORMER_NUM_THREADS must be a positive integer, got {env!r}") from None
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+_threads = {"n": None, "pool": None, "pool_size": 0}
+_pool_lock = threading.Lock()
+_in_worker = threading.local()
+
+
+def get_num_threads():
+    """Threads numformer's elementwise kernels may use (1 = no splitting)."""
+    if _threads["n"] is None:
+        _threads["n"] = _default_threads()
+    return _threads["n"]
+
+
+def set_num_threads(n):
+    """Use ``n`` threads (>= 1) for numformer's elementwise kernels. Results do not depend on ``n``."""
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"the number of threads must be >= 1, got {n}")
+    _threads["n"] = n
+
+
+def _pool(size):
+    with _pool_lock:
+        if _threads["pool"] is None or _threads["pool_size"] < size:
+            old = _threads["pool"]
+            _threads["pool"] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="numformer")
+            _threads["pool_size"] = size
+            if old is not None:
+                old.shutdown(wait=False)
+        return _threads["pool"]
+
+
+def _run_in_worker(fn, start, stop):
+    _in_worker.active = True
+    try:
+        return fn(start, stop)
+    finally:
+        _in_worker.active = False
+
+
+def parallel_for(n, fn, grain):
+    """Run ``fn(start, stop)`` over a split of range(n) into contiguous pieces of at least ``grain`` items.
+
+    One piece per thread (see set_num_threads); the calling thread runs the
+    first piece. ``fn`` must write disjoint outputs for disjoint ranges. Runs
+    ``fn(0, n)`` directly when there is a single piece, or when called from
+    inside a piece (no nested splitting).
+    """
+    pieces = min(get_num_threads(), n // max(int(grain), 1))
+    if pieces <= 1 or getattr(_in_worker, "active", False):
+        fn(0, n)
+        return
+    bounds = [n * i // pieces for i in range(pieces + 1)]
+    pool = _pool(pieces - 1)
+    futures = [pool.submit(_run_in_worker, fn, bounds[i], bounds[i + 1]) for i in range(1, pieces)]
+    error = None
+    try:
+        _in_worker.active = True
+        fn(bounds[0], bounds[1])
+    except BaseException as e:  # wait for the other pieces before raising
+        error = e
+    finally:
+        _in_worker.active = False
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:
+            error = error or e
+    if error is not None:
+        raise error

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._runtime import parallel_for
 from .activations import softmax_forward
 
 
@@ -102,6 +103,17 @@ def _additive_mask_t(attn_mask, t_q, t_k, dtype):
     return np.swapaxes(attn_mask.astype(dtype, copy=False), -1, -2)
 
 
+def _split_grain(lead, t_q, t_k):
+    """Smallest number of leading-axis-0 items worth one thread: about 32K scores."""
+    per_item = max(1, math.prod(lead[1:]) * t_q * t_k)
+    return max(1, -(-32768 // per_item))
+
+
+def _take(a, lo, hi, n0):
+    """a[lo:hi] along axis 0 when ``a`` has that axis (of length n0) in its leading dims, else ``a`` (broadcast)."""
+    return a[lo:hi] if a is not None and a.ndim >= 3 and a.shape[0] == n0 else a
+
+
 def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, out=None):
     """softmax(Q Kᵀ · scale + M) V without dropout, the fast kernel behind
     ``scaled_dot_product_attention_forward``; same conventions (bool mask True = may attend).
@@ -113,35 +125,51 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     The scores are kept transposed, Sᵀ of shape (..., Tk, Tq): the softmax then
     reduces over the second-last axis, which NumPy vectorizes across queries
     (a max along the last axis of short rows is several times slower), and
-    every product is a plain BLAS call on the layouts at hand.
+    every product is a plain BLAS call on the layouts at hand. The first
+    leading axis (batch) is split across threads (``numformer.set_num_threads``);
+    each item is computed the same way whatever the split.
     """
     _check_qkv(q, k, v)
     t_q, t_k = q.shape[-2], k.shape[-2]
     dt = np.result_type(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    qs_t = np.multiply(np.swapaxes(q, -1, -2), dt.type(scale), dtype=dt)     # (Q·scale)ᵀ: (..., d_k, Tq)
-    s = np.matmul(k, qs_t)                                                   # Sᵀ: (..., Tk, Tq)
-    if is_causal:
-        s += _causal_additive_t(t_q, t_k, dt)
-    if attn_mask is not None:
-        mask_t = _additive_mask_t(attn_mask, t_q, t_k, dt)
-        if mask_t.shape == s.shape or np.broadcast_shapes(mask_t.shape, s.shape) == s.shape:
-            s += mask_t
-        else:
-            s = s + mask_t
-    m = np.max(s, axis=-2, keepdims=True)
-    if not np.isfinite(m).all():                 # a query with every key masked: exp(-inf) = 0, no NaN
-        m[~np.isfinite(m)] = 0.0
-    s -= m
-    np.exp(s, out=s)
-    z = np.matmul(np.ones(t_k, dt), s)            # Σ over keys, (..., Tq)
-    z[z == 0] = 1.0
-    np.reciprocal(z, out=z)
-    s *= z[..., None, :]                          # Pᵀ
+    mask_t = None if attn_mask is None else _additive_mask_t(attn_mask, t_q, t_k, dt)
+    causal = _causal_additive_t(t_q, t_k, dt) if is_causal else None
+    lead = q.shape[:-2] if mask_t is None else np.broadcast_shapes(q.shape[:-2], mask_t.shape[:-2])
+    if lead != q.shape[:-2]:                      # a mask with more leading axes than q: broadcast q, k, v
+        q, k, v = (np.broadcast_to(a, lead + a.shape[-2:]) for a in (q, k, v))
+    s = np.empty(lead + (t_k, t_q), dt)           # Sᵀ, then Pᵀ
     if out is None:
-        out = np.matmul(np.swapaxes(s, -1, -2), v)
+        out = np.empty(lead + (t_q, v.shape[-1]), dt)
+    sc = dt.type(scale)
+    ones = np.ones(t_k, dt)
+    n0 = lead[0] if lead else 1
+
+    def piece(lo, hi):
+        if lead:
+            qp, kp, vp, sp, op, mp = (_take(a, lo, hi, n0) for a in (q, k, v, s, out, mask_t))
+        else:
+            qp, kp, vp, sp, op, mp = q, k, v, s, out, mask_t
+        np.matmul(kp, np.multiply(np.swapaxes(qp, -1, -2), sc, dtype=dt), out=sp)    # K (Q·scale)ᵀ
+        if causal is not None:
+            sp += causal
+        if mp is not None:
+            sp += mp
+        m = np.max(sp, axis=-2, keepdims=True)
+        if not np.isfinite(m).all():              # a query with every key masked: exp(-inf) = 0, no NaN
+            m[~np.isfinite(m)] = 0.0
+        sp -= m
+        np.exp(sp, out=sp)
+        z = np.matmul(ones, sp)                   # Σ over keys, (..., Tq)
+        z[z == 0] = 1.0
+        np.reciprocal(z, out=z)
+        sp *= z[..., None, :]                     # Pᵀ
+        np.matmul(np.swapaxes(sp, -1, -2), vp, out=op)
+
+    if lead:
+        parallel_for(n0, piece, _split_grain(lead, t_q, t_k))
     else:
-        np.matmul(np.swapaxes(s, -1, -2), v, out=out)
+        piece(0, 1)
     return out, FastAttentionCache(q, k, v, s, out, scale)
 
 
@@ -155,25 +183,32 @@ def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
     """
     q, k, v, p_t, out, scale = cache
     dt = p_t.dtype
-    if dv is None:
-        dv = np.matmul(p_t, dout)
-    else:
-        np.matmul(p_t, dout, out=dv)
-    ds_t = np.matmul(v, np.ascontiguousarray(np.swapaxes(dout, -1, -2)))       # dPᵀ: (..., Tk, Tq)
-    r = np.vecdot(dout, out)                                                    # (..., Tq)
-    ds_t -= r[..., None, :]
-    ds_t *= p_t                                                                 # dSᵀ (before the scale)
+    lead = p_t.shape[:-2]
+    dq = np.empty(q.shape, dt) if dq is None else dq
+    dk = np.empty(k.shape, dt) if dk is None else dk
+    dv = np.empty(v.shape, dt) if dv is None else dv
     sc = dt.type(scale)
-    if dq is None:
-        dq = np.matmul(np.swapaxes(ds_t, -1, -2), k)
+    n0 = lead[0] if lead else 1
+
+    def piece(lo, hi):
+        if lead:
+            qp, kp, vp, pp, op, gp, dqp, dkp, dvp = (a[lo:hi] for a in (q, k, v, p_t, out, dout, dq, dk, dv))
+        else:
+            qp, kp, vp, pp, op, gp, dqp, dkp, dvp = q, k, v, p_t, out, dout, dq, dk, dv
+        np.matmul(pp, gp, out=dvp)
+        ds_t = np.matmul(vp, np.ascontiguousarray(np.swapaxes(gp, -1, -2)))     # dPᵀ: (..., Tk, Tq)
+        r = np.vecdot(gp, op)                                                   # (..., Tq)
+        ds_t -= r[..., None, :]
+        ds_t *= pp                                                              # dSᵀ (before the scale)
+        np.matmul(np.swapaxes(ds_t, -1, -2), kp, out=dqp)
+        dqp *= sc
+        np.matmul(ds_t, qp, out=dkp)
+        dkp *= sc
+
+    if lead:
+        parallel_for(n0, piece, _split_grain(lead, p_t.shape[-1], p_t.shape[-2]))
     else:
-        np.matmul(np.swapaxes(ds_t, -1, -2), k, out=dq)
-    dq *= sc
-    if dk is None:
-        dk = np.matmul(ds_t, q)
-    else:
-        np.matmul(ds_t, q, out=dk)
-    dk *= sc
+        piece(0, 1)
     return dq, dk, dv
 
 

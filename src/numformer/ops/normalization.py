@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._runtime import parallel_for
+
 
 def _ones(n, dtype):
     """A read-only vector of ones (row sums as BLAS matrix-vector products, several times faster than
@@ -24,28 +26,44 @@ def _ones(n, dtype):
 _ONES = {}
 
 
+# Rows per thread below which layer norm is not split (about 32K elements per piece).
+def _row_grain(d):
+    return max(1, 32768 // max(d, 1))
+
+
 def layer_norm_forward(x, gamma, beta, eps=1e-5):
     """LayerNorm(x) = (x - μ) / √(σ² + ε) ⊙ γ + β, statistics over the last axis.
 
     x: (..., d)   gamma, beta: (d,)   ->   y: (..., d)
     μ and σ² (biased) are computed per position, as in the paper and torch.
+    Rows are split across threads (``numformer.set_num_threads``).
     """
     d = x.shape[-1]
     x2 = x.reshape(-1, d)
+    n = x2.shape[0]
     dt = np.result_type(x, gamma)
-    mu = np.matmul(x2, _ones(d, dt))
-    mu *= dt.type(1.0 / d)
-    xhat = np.subtract(x2, mu[:, None], dtype=dt)             # x - μ, then x̂ in place
-    var = np.vecdot(xhat, xhat)
-    var *= dt.type(1.0 / d)
-    var += dt.type(eps)
-    rstd = np.sqrt(var, out=var)
-    np.reciprocal(rstd, out=rstd)
-    rstd = rstd[:, None]
-    xhat *= rstd
-    y = np.multiply(xhat, gamma)
-    if beta is not None:
-        y += beta
+    ones = _ones(d, dt)
+    inv_d, eps_ = dt.type(1.0 / d), dt.type(eps)
+    xhat = np.empty((n, d), dt)
+    y = np.empty((n, d), dt)
+    rstd = np.empty((n, 1), dt)
+
+    def piece(lo, hi):
+        xp, xh, yp, rp = x2[lo:hi], xhat[lo:hi], y[lo:hi], rstd[lo:hi, 0]
+        mu = np.matmul(xp, ones)
+        mu *= inv_d
+        np.subtract(xp, mu[:, None], out=xh)                    # x - μ, then x̂ in place
+        var = np.vecdot(xh, xh)
+        var *= inv_d
+        var += eps_
+        np.sqrt(var, out=var)
+        np.reciprocal(var, out=rp)
+        xh *= rp[:, None]
+        np.multiply(xh, gamma, out=yp)
+        if beta is not None:
+            yp += beta
+
+    parallel_for(n, piece, _row_grain(d))
     return y.reshape(x.shape), (xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gamma)
 
 
@@ -61,21 +79,34 @@ def layer_norm_backward(dy, cache):
     dy2 = dy.reshape(-1, d)
     xhat2 = xhat.reshape(-1, d)
     rstd2 = rstd.reshape(-1, 1)
+    n = dy2.shape[0]
     dt = np.result_type(dy2, xhat2)
     inv_d = dt.type(1.0 / d)
-    ones_n = _ones(dy2.shape[0], dt)
-    p = np.multiply(dy2, xhat2, dtype=dt)                     # dy ⊙ x̂
-    dgamma = np.matmul(ones_n, p)
+    grain = _row_grain(d)
+    p = np.empty((n, d), dt)
+    dx = np.empty((n, d), dt)
+
+    def prod(lo, hi):
+        np.multiply(dy2[lo:hi], xhat2[lo:hi], out=p[lo:hi])   # dy ⊙ x̂
+
+    parallel_for(n, prod, grain)
+    ones_n = _ones(n, dt)
+    dgamma = np.matmul(ones_n, p)                               # sums over all rows: not split
     dbeta = np.matmul(ones_n, dy2)
-    mean_gx = np.matmul(p, gamma)                              # Σ_d g ⊙ x̂   (p is reused below)
-    mean_gx *= inv_d
-    mean_g = np.matmul(dy2, gamma)                             # Σ_d g
-    mean_g *= inv_d
-    dx = np.multiply(dy2, gamma, dtype=dt)                     # g
-    np.multiply(xhat2, mean_gx[:, None], out=p)
-    dx -= p
-    dx -= mean_g[:, None]
-    dx *= rstd2
+
+    def piece(lo, hi):
+        pp, dyp, xh, dxp = p[lo:hi], dy2[lo:hi], xhat2[lo:hi], dx[lo:hi]
+        mean_gx = np.matmul(pp, gamma)                          # Σ_d g ⊙ x̂
+        mean_gx *= inv_d
+        mean_g = np.matmul(dyp, gamma)                          # Σ_d g
+        mean_g *= inv_d
+        np.multiply(dyp, gamma, out=dxp)                        # g
+        np.multiply(xh, mean_gx[:, None], out=pp)
+        dxp -= pp
+        dxp -= mean_g[:, None]
+        dxp *= rstd2[lo:hi]
+
+    parallel_for(n, piece, grain)
     return dx.reshape(dy.shape), dgamma, dbeta
 
 

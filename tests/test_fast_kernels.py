@@ -1,0 +1,281 @@
+"""The fast kernel paths: equal to the straightforward computation, gradients by finite differences (float64),
+and results that do not depend on how the work is split across threads."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import numformer
+from numformer import _runtime, ops
+from numformer.gradcheck import check_gradients
+from numformer.ops import attention as attn_ops
+from numformer.ops import normalization as norm_ops
+
+from conftest import assert_close, assert_gradcheck
+
+
+@pytest.fixture
+def threads():
+    """Set numformer's thread count inside a test; restored afterwards."""
+    before = _runtime.get_num_threads()
+    yield _runtime.set_num_threads
+    _runtime.set_num_threads(before)
+
+
+@pytest.fixture
+def split_everything(monkeypatch, threads):
+    """Force the smallest split grains so that tiny test inputs are split across 3 threads."""
+    threads(3)
+    monkeypatch.setattr(attn_ops, "_split_grain", lambda lead, t_q, t_k: 1)
+    monkeypatch.setattr(norm_ops, "_row_grain", lambda d: 1)
+    from numformer.ops import activations
+    monkeypatch.setattr(activations, "_CHUNK", 7)
+
+
+# -- runtime ---------------------------------------------------------------------------------------------
+
+def test_set_fast_runtime_is_idempotent_and_reports():
+    first = numformer.set_fast_runtime()
+    second = numformer.set_fast_runtime()
+    assert first == second and "malloc" in first
+    status = _runtime.fast_runtime_status()
+    assert status["threads"] >= 1
+
+
+def test_parallel_for_covers_the_range_once_and_propagates_errors(threads):
+    threads(4)
+    seen = np.zeros(103, dtype=int)
+
+    def fill(lo, hi):
+        seen[lo:hi] += 1
+
+    _runtime.parallel_for(103, fill, grain=10)
+    assert (seen == 1).all()
+
+    def boom(lo, hi):
+        if lo > 0:
+            raise RuntimeError("piece failed")
+
+    with pytest.raises(RuntimeError, match="piece failed"):
+        _runtime.parallel_for(100, boom, grain=10)
+    with pytest.raises(ValueError):
+        _runtime.set_num_threads(0)
+
+
+# -- GELU -----------------------------------------------------------------------------------------------
+
+def _gelu64(x):
+    x = x.astype(np.float64)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(x / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return x * cdf, cdf + x * pdf
+
+
+def test_gelu_float32_kernel_matches_exact_gelu():
+    x = np.concatenate([np.linspace(-12, 12, 200_001), [0.0, -0.0, 1e-30, -1e-30, 1e-8, 40.0, -40.0]])
+    x = x.astype(np.float32)
+    y, (g, _) = ops.gelu_forward(x)
+    y64, g64 = _gelu64(x)
+    assert y.dtype == np.float32 and g.dtype == np.float32
+    assert np.max(np.abs(y - y64)) < 1e-6         # torch's own float32 GELU is ~1e-6 off here
+    assert np.max(np.abs(g - g64)) < 1e-6
+    dx = ops.gelu_backward(np.ones_like(x), (g, "none"))
+    assert np.array_equal(dx, g)
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (5, 7), (3, 4, 1000)])
+def test_gelu_kernel_any_shape_and_split(shape, rng, split_everything):
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    y, (g, _) = ops.gelu_forward(x)
+    _runtime.set_num_threads(1)
+    y1, (g1, _) = ops.gelu_forward(x)
+    assert y.shape == shape and np.array_equal(y, y1) and np.array_equal(g, g1)
+    y64, g64 = _gelu64(x)
+    assert_close(y, y64, 1e-6)
+    # non-contiguous input
+    xt = rng.standard_normal((6, 5)).astype(np.float32).T
+    assert np.array_equal(ops.gelu_forward(xt)[0], ops.gelu_forward(np.ascontiguousarray(xt))[0])
+
+
+def test_gelu_float64_stays_exact(rng):
+    x = rng.standard_normal((4, 9)) * 3
+    y, (g, _) = ops.gelu_forward(x)
+    y64, g64 = _gelu64(x)
+    np.testing.assert_allclose(y, y64, rtol=1e-15, atol=1e-15)
+    np.testing.assert_allclose(g, g64, rtol=1e-14, atol=1e-15)
+
+
+# -- attention ------------------------------------------------------------------------------------------
+
+def _naive_attention(q, k, v, mask_add, scale):
+    s = q @ np.swapaxes(k, -1, -2) * scale + mask_add
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    z = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(z == 0, 1.0, z)
+    return p @ v, p
+
+
+MASKS = ["none", "causal", "bool", "float", "padding", "all_masked_row"]
+
+
+def _mask(kind, rng, B, H, Tq, Tk):
+    """(functional mask for the op, is_causal, additive mask for the naive reference)."""
+    if kind == "none":
+        return None, False, 0.0
+    if kind == "causal":
+        return None, True, np.where(np.tril(np.ones((Tq, Tk), bool)), 0.0, -np.inf)
+    if kind == "bool":
+        m = rng.random((B, H, Tq, Tk)) > 0.3
+        m[..., 0] = True
+        return m, False, np.where(m, 0.0, -np.inf)
+    if kind == "float":
+        m = rng.standard_normal((Tq, Tk))
+        return m, False, m
+    if kind == "padding":
+        keep = np.ones((B, 1, 1, Tk), bool)
+        keep[0, ..., -2:] = False
+        return keep, False, np.where(keep, 0.0, -np.inf)
+    m = np.ones((B, H, Tq, Tk), bool)
+    m[1, 0, 2] = False                                          # one query sees no key at all
+    return m, False, np.where(m, 0.0, -np.inf)
+
+
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("lengths", [(5, 5), (3, 6)])
+def test_fused_attention_equals_naive_and_split(kind, lengths, rng, split_everything):
+    B, H, (Tq, Tk), dk = 3, 2, lengths, 4
+    q = rng.standard_normal((B, H, Tq, dk))
+    k = rng.standard_normal((B, H, Tk, dk))
+    v = rng.standard_normal((B, H, Tk, 3))
+    mask, causal, add = _mask(kind, rng, B, H, Tq, Tk)
+    out, cache = attn_ops.fused_attention_forward(q, k, v, mask, causal)
+    ref, p = _naive_attention(q, k, v, add, 1 / math.sqrt(dk))
+    assert_close(out, ref, 1e-12, "out")
+    assert_close(np.swapaxes(cache.weights_t, -1, -2), p, 1e-12, "weights")
+    assert np.isfinite(out).all()
+    dout = rng.standard_normal(out.shape)
+    grads = attn_ops.fused_attention_backward(dout, cache)
+    _runtime.set_num_threads(1)
+    out1, cache1 = attn_ops.fused_attention_forward(q, k, v, mask, causal)
+    grads1 = attn_ops.fused_attention_backward(dout, cache1)
+    assert np.array_equal(out, out1)
+    for g, g1 in zip(grads, grads1):
+        assert np.array_equal(g, g1)
+
+    def fwd():
+        return attn_ops.fused_attention_forward(q, k, v, mask, causal)[0]
+
+    def bwd(dy):
+        c = attn_ops.fused_attention_forward(q, k, v, mask, causal)[1]
+        return dict(zip("qkv", attn_ops.fused_attention_backward(dy, c)))
+
+    _runtime.set_num_threads(3)
+    assert_gradcheck(check_gradients(fwd, bwd, {"q": q, "k": k, "v": v}))
+
+
+def test_fused_attention_writes_into_strided_outputs(rng):
+    B, T, H, dh = 2, 5, 3, 4
+    qkv = rng.standard_normal((B, T, 3, H, dh))
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    merged = np.empty((B, T, H, dh))
+    out, cache = attn_ops.fused_attention_forward(q, k, v, is_causal=True, out=merged.transpose(0, 2, 1, 3))
+    ref, _ = _naive_attention(q, k, v, np.where(np.tril(np.ones((T, T), bool)), 0.0, -np.inf), dh ** -0.5)
+    assert_close(merged.transpose(0, 2, 1, 3), ref, 1e-12)
+    dout = rng.standard_normal((B, H, T, dh))
+    dqkv = np.empty_like(qkv)
+    attn_ops.fused_attention_backward(dout, cache, *(dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3)))
+    plain = attn_ops.fused_attention_backward(dout, cache)
+    for i in range(3):
+        assert np.array_equal(dqkv[:, :, i].transpose(0, 2, 1, 3), plain[i])
+
+
+def test_multihead_attention_fast_path_equals_generic_path(rng):
+    from numformer.nn import MultiHeadAttention
+
+    mha = MultiHeadAttention(8, 2, rng=rng, dtype=np.float64)
+    x = rng.standard_normal((2, 5, 8))
+    pad = np.zeros((2, 5), bool)
+    pad[1, -2:] = True
+    dout = rng.standard_normal((2, 5, 8))
+    results = []
+    for head_mask in (None, np.ones(2)):          # a head mask takes the generic path
+        mha.head_mask = head_mask
+        mha.zero_grad()
+        y = mha(x, key_padding_mask=pad, is_causal=True)
+        dx = mha.backward(dout)
+        results.append((y, dx, {n: p.grad.copy() for n, p in mha.named_parameters()}))
+    (y0, dx0, g0), (y1, dx1, g1) = results
+    assert_close(y0, y1, 1e-12, "out")
+    assert_close(dx0, dx1, 1e-12, "dx")
+    for n in g0:
+        assert_close(g0[n], g1[n], 1e-12, n)
+
+
+# -- layer norm -----------------------------------------------------------------------------------------
+
+def test_layer_norm_split_is_identical_and_correct(rng, split_everything):
+    x = rng.standard_normal((3, 7, 6)) * 2 + 1
+    gamma, beta = rng.standard_normal(6), rng.standard_normal(6)
+    y, cache = ops.layer_norm_forward(x, gamma, beta)
+    mu = x.mean(-1, keepdims=True)
+    ref = (x - mu) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma + beta
+    assert_close(y, ref, 1e-12)
+    dy = rng.standard_normal(x.shape)
+    grads = ops.layer_norm_backward(dy, cache)
+    _runtime.set_num_threads(1)
+    y1, cache1 = ops.layer_norm_forward(x, gamma, beta)
+    grads1 = ops.layer_norm_backward(dy, cache1)
+    assert np.array_equal(y, y1)
+    for g, g1 in zip(grads, grads1):
+        assert np.array_equal(g, g1)
+    _runtime.set_num_threads(3)
+
+    def fwd():
+        return ops.layer_norm_forward(x, gamma, beta)[0]
+
+    def bwd(d):
+        return dict(zip(("x", "gamma", "beta"), ops.layer_norm_backward(d, ops.layer_norm_forward(x, gamma, beta)[1])))
+
+    assert_gradcheck(check_gradients(fwd, bwd, {"x": x, "gamma": gamma, "beta": beta}))
+
+
+def test_layer_norm_float32_and_no_bias(rng):
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    gamma = rng.standard_normal(16).astype(np.float32)
+    y, cache = ops.layer_norm_forward(x, gamma, None)
+    assert y.dtype == np.float32
+    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma
+    assert_close(y, ref, 1e-5)
+
+
+# -- embedding and linear -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vocab", [7, 5000])          # one-hot product / sort + reduceat
+def test_embedding_backward_paths_equal_add_at(vocab, rng):
+    ids = rng.integers(0, vocab, (4, 9))
+    ids[0, :3] = ids[1, 0]                            # repeated ids
+    dy = rng.standard_normal((4, 9, 5))
+    ref = np.zeros((vocab, 5))
+    np.add.at(ref, ids.reshape(-1), dy.reshape(-1, 5))
+    _, cache = ops.embedding_forward(ids, np.zeros((vocab, 5)))
+    assert_close(ops.embedding_backward(dy, cache), ref, 1e-12)
+    base = rng.standard_normal((vocab, 5))
+    out = base.copy()
+    assert ops.embedding_backward(dy, cache, out=out) is out
+    assert_close(out, base + ref, 1e-12)
+    empty = np.zeros((0,), dtype=int)
+    _, c0 = ops.embedding_forward(empty, np.zeros((vocab, 5)))
+    assert not ops.embedding_backward(np.zeros((0, 5)), c0).any()
+
+
+def test_linear_bias_gradient_is_the_row_sum(rng):
+    x = rng.standard_normal((3, 4, 5))
+    W, b = rng.standard_normal((6, 5)), rng.standard_normal(6)
+    _, cache = ops.linear_forward(x, W, b)
+    dy = rng.standard_normal((3, 4, 6))
+    _, _, db = ops.linear_backward(dy, cache)
+    assert_close(db, dy.reshape(-1, 6).sum(0), 1e-13)

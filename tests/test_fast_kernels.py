@@ -146,7 +146,10 @@ def _mask(kind, rng, B, H, Tq, Tk):
 
 @pytest.mark.parametrize("kind", MASKS)
 @pytest.mark.parametrize("lengths", [(5, 5), (3, 6)])
-def test_fused_attention_equals_naive_and_split(kind, lengths, rng, split_everything):
+@pytest.mark.parametrize("products_in_pieces", [True, False])
+def test_fused_attention_equals_naive_and_split(kind, lengths, products_in_pieces, rng, split_everything,
+                                                monkeypatch):
+    monkeypatch.setattr(attn_ops, "BLAS_SINGLE_THREAD_MNK", 10 ** 9 if products_in_pieces else 0)
     B, H, (Tq, Tk), dk = 3, 2, lengths, 4
     q = rng.standard_normal((B, H, Tq, dk))
     k = rng.standard_normal((B, H, Tk, dk))

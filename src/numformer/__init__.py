@@ -1,7 +1,8 @@
 """numformer: a complete Transformer library in NumPy, with a hand-written backward pass for every layer."""
 from . import nn, ops
-from ._runtime import set_fast_runtime
+from ._runtime import get_num_threads, set_fast_runtime, set_num_threads
 from .models import GPT, EncoderClassifier, Transformer, build_model
 
 __version__ = "0.1.0"
-__all__ = ["nn", "ops", "GPT", "EncoderClassifier", "Transformer", "build_model", "set_fast_runtime", "__version__"]
+__all__ = ["nn", "ops", "GPT", "EncoderClassifier", "Transformer", "build_model", "set_fast_runtime", "set_num_threads",
+           "get_num_threads", "__version__"]

@@ -23,7 +23,9 @@ PyTorch's intra-op threads do. Each element or row is computed by exactly the
 same operations whatever the split, so results are identical for any thread
 count. ``set_num_threads(n)`` / ``get_num_threads()`` control it (default: the
 CPUs this process may use, at most 8, or ``NUMFORMER_NUM_THREADS``); 1 turns it
-off. Matrix products use the BLAS's own threads as before.
+off. Matrix products use the BLAS's own threads as before, from the calling
+thread only (two threads calling a multithreaded BLAS at once would
+oversubscribe the cores).
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 # glibc's mallopt parameter numbers (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -108,6 +112,27 @@ def _default_threads():
 
 
 _threads = {"n": None, "pool": None, "pool_size": 0}
+
+
+def _blas_single_thread_limit():
+    """Largest m·n·k for which the BLAS computes a matrix product on the calling thread alone.
+
+    Kernels split across threads may call BLAS inside their pieces only below
+    this size: two threads calling a multithreaded BLAS at once oversubscribe
+    the cores (OpenBLAS's threads spin while they wait), which is many times
+    slower. OpenBLAS runs a GEMM single-threaded when m·n·k <= 65536 · 4
+    (interface/gemm.c, GEMM_MULTITHREAD_THRESHOLD = 4); for any other BLAS the
+    limit is 0, so those kernels keep every BLAS call on the calling thread.
+    """
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        name = str(blas.get("name", "")).lower()
+    except Exception:  # pragma: no cover - depends on the NumPy build
+        name = ""
+    return 65536 * 4 if "openblas" in name else 0
+
+
+BLAS_SINGLE_THREAD_MNK = _blas_single_thread_limit()
 _pool_lock = threading.Lock()
 _in_worker = threading.local()
 
@@ -150,7 +175,9 @@ def parallel_for(n, fn, grain):
     """Run ``fn(start, stop)`` over a split of range(n) into contiguous pieces of at least ``grain`` items.
 
     One piece per thread (see set_num_threads); the calling thread runs the
-    first piece. ``fn`` must write disjoint outputs for disjoint ranges. Runs
+    first piece. ``fn`` must write disjoint outputs for disjoint ranges, and
+    may call the BLAS only for products below ``BLAS_SINGLE_THREAD_MNK`` (larger
+    ones belong on the calling thread, outside the pieces). Runs
     ``fn(0, n)`` directly when there is a single piece, or when called from
     inside a piece (no nested splitting).
     """

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._runtime import parallel_for
+from .._runtime import BLAS_SINGLE_THREAD_MNK, parallel_for
 from .activations import softmax_forward
 
 
@@ -114,6 +114,29 @@ def _take(a, lo, hi, n0):
     return a[lo:hi] if a is not None and a.ndim >= 3 and a.shape[0] == n0 else a
 
 
+def _products_in_pieces(t_q, t_k, d_k, d_v):
+    """Whether the per-head products are small enough for the BLAS to run them on the calling thread, so that
+    the pieces of a split may compute them concurrently (see _runtime.BLAS_SINGLE_THREAD_MNK)."""
+    return max(t_q, t_k) ** 2 * max(d_k, d_v) <= BLAS_SINGLE_THREAD_MNK
+
+
+def _softmax_t_inplace(sp, causal, mp):
+    """Sᵀ -> Pᵀ in place over the key axis (-2): add the masks, subtract the max, exp, normalize."""
+    if causal is not None:
+        sp += causal
+    if mp is not None:
+        sp += mp
+    m = np.max(sp, axis=-2, keepdims=True)
+    if not np.isfinite(m).all():                  # a query with every key masked: exp(-inf) = 0, no NaN
+        m[~np.isfinite(m)] = 0.0
+    sp -= m
+    np.exp(sp, out=sp)
+    z = np.add.reduce(sp, axis=-2)                # Σ over keys, (..., Tq)
+    z[z == 0] = 1.0
+    np.reciprocal(z, out=z)
+    sp *= z[..., None, :]
+
+
 def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, out=None):
     """softmax(Q Kᵀ · scale + M) V without dropout, the fast kernel behind
     ``scaled_dot_product_attention_forward``; same conventions (bool mask True = may attend).
@@ -126,8 +149,9 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     reduces over the second-last axis, which NumPy vectorizes across queries
     (a max along the last axis of short rows is several times slower), and
     every product is a plain BLAS call on the layouts at hand. The first
-    leading axis (batch) is split across threads (``numformer.set_num_threads``);
-    each item is computed the same way whatever the split.
+    leading axis (batch) is split across threads (``numformer.set_num_threads``):
+    small heads entirely, larger ones for the softmax only (their products use
+    the BLAS's threads). Each item is computed the same way whatever the split.
     """
     _check_qkv(q, k, v)
     t_q, t_k = q.shape[-2], k.shape[-2]
@@ -138,38 +162,32 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     lead = q.shape[:-2] if mask_t is None else np.broadcast_shapes(q.shape[:-2], mask_t.shape[:-2])
     if lead != q.shape[:-2]:                      # a mask with more leading axes than q: broadcast q, k, v
         q, k, v = (np.broadcast_to(a, lead + a.shape[-2:]) for a in (q, k, v))
-    s = np.empty(lead + (t_k, t_q), dt)           # Sᵀ, then Pᵀ
     if out is None:
         out = np.empty(lead + (t_q, v.shape[-1]), dt)
     sc = dt.type(scale)
-    ones = np.ones(t_k, dt)
     n0 = lead[0] if lead else 1
+    grain = _split_grain(lead, t_q, t_k)
 
-    def piece(lo, hi):
-        if lead:
-            qp, kp, vp, sp, op, mp = (_take(a, lo, hi, n0) for a in (q, k, v, s, out, mask_t))
-        else:
-            qp, kp, vp, sp, op, mp = q, k, v, s, out, mask_t
-        np.matmul(kp, np.multiply(np.swapaxes(qp, -1, -2), sc, dtype=dt), out=sp)    # K (Q·scale)ᵀ
-        if causal is not None:
-            sp += causal
-        if mp is not None:
-            sp += mp
-        m = np.max(sp, axis=-2, keepdims=True)
-        if not np.isfinite(m).all():              # a query with every key masked: exp(-inf) = 0, no NaN
-            m[~np.isfinite(m)] = 0.0
-        sp -= m
-        np.exp(sp, out=sp)
-        z = np.matmul(ones, sp)                   # Σ over keys, (..., Tq)
-        z[z == 0] = 1.0
-        np.reciprocal(z, out=z)
-        sp *= z[..., None, :]                     # Pᵀ
-        np.matmul(np.swapaxes(sp, -1, -2), vp, out=op)
+    def sl(a, lo, hi):
+        return _take(a, lo, hi, n0) if lead else a
 
-    if lead:
-        parallel_for(n0, piece, _split_grain(lead, t_q, t_k))
+    if _products_in_pieces(t_q, t_k, q.shape[-1], v.shape[-1]):
+        s = np.empty(lead + (t_k, t_q), dt)       # Sᵀ, then Pᵀ
+
+        def piece(lo, hi):
+            sp = sl(s, lo, hi)
+            np.matmul(sl(k, lo, hi), np.multiply(np.swapaxes(sl(q, lo, hi), -1, -2), sc, dtype=dt), out=sp)
+            _softmax_t_inplace(sp, causal, sl(mask_t, lo, hi))
+            np.matmul(np.swapaxes(sp, -1, -2), sl(v, lo, hi), out=sl(out, lo, hi))
+
+        parallel_for(n0, piece, grain) if lead else piece(0, 1)
     else:
-        piece(0, 1)
+        s = np.matmul(k, np.multiply(np.swapaxes(q, -1, -2), sc, dtype=dt))     # K (Q·scale)ᵀ = Sᵀ
+        if lead:
+            parallel_for(n0, lambda lo, hi: _softmax_t_inplace(sl(s, lo, hi), causal, sl(mask_t, lo, hi)), grain)
+        else:
+            _softmax_t_inplace(s, causal, mask_t)
+        np.matmul(np.swapaxes(s, -1, -2), v, out=out)
     return out, FastAttentionCache(q, k, v, s, out, scale)
 
 
@@ -184,31 +202,46 @@ def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
     q, k, v, p_t, out, scale = cache
     dt = p_t.dtype
     lead = p_t.shape[:-2]
+    t_k, t_q = p_t.shape[-2:]
     dq = np.empty(q.shape, dt) if dq is None else dq
     dk = np.empty(k.shape, dt) if dk is None else dk
     dv = np.empty(v.shape, dt) if dv is None else dv
     sc = dt.type(scale)
     n0 = lead[0] if lead else 1
+    grain = _split_grain(lead, t_q, t_k)
 
-    def piece(lo, hi):
-        if lead:
-            qp, kp, vp, pp, op, gp, dqp, dkp, dvp = (a[lo:hi] for a in (q, k, v, p_t, out, dout, dq, dk, dv))
-        else:
-            qp, kp, vp, pp, op, gp, dqp, dkp, dvp = q, k, v, p_t, out, dout, dq, dk, dv
-        np.matmul(pp, gp, out=dvp)
-        ds_t = np.matmul(vp, np.ascontiguousarray(np.swapaxes(gp, -1, -2)))     # dPᵀ: (..., Tk, Tq)
-        r = np.vecdot(gp, op)                                                   # (..., Tq)
-        ds_t -= r[..., None, :]
-        ds_t *= pp                                                              # dSᵀ (before the scale)
-        np.matmul(np.swapaxes(ds_t, -1, -2), kp, out=dqp)
-        dqp *= sc
-        np.matmul(ds_t, qp, out=dkp)
-        dkp *= sc
+    def sl(a, lo, hi):
+        return a[lo:hi] if lead else a
 
-    if lead:
-        parallel_for(n0, piece, _split_grain(lead, p_t.shape[-1], p_t.shape[-2]))
-    else:
-        piece(0, 1)
+    if _products_in_pieces(t_q, t_k, q.shape[-1], v.shape[-1]):
+        def piece(lo, hi):
+            qp, kp, vp, pp, op, gp = (sl(a, lo, hi) for a in (q, k, v, p_t, out, dout))
+            np.matmul(pp, gp, out=sl(dv, lo, hi))
+            ds_t = np.matmul(vp, np.ascontiguousarray(np.swapaxes(gp, -1, -2)))     # dPᵀ: (..., Tk, Tq)
+            ds_t -= np.vecdot(gp, op)[..., None, :]                                 # r = dO · O per query
+            ds_t *= pp                                                              # dSᵀ (before the scale)
+            dqp, dkp = sl(dq, lo, hi), sl(dk, lo, hi)
+            np.matmul(np.swapaxes(ds_t, -1, -2), kp, out=dqp)
+            dqp *= sc
+            np.matmul(ds_t, qp, out=dkp)
+            dkp *= sc
+
+        parallel_for(n0, piece, grain) if lead else piece(0, 1)
+        return dq, dk, dv
+    np.matmul(p_t, dout, out=dv)
+    ds_t = np.matmul(v, np.ascontiguousarray(np.swapaxes(dout, -1, -2)))           # dPᵀ: (..., Tk, Tq)
+    r = np.vecdot(dout, out)
+
+    def scores(lo, hi):
+        dsp = sl(ds_t, lo, hi)
+        dsp -= sl(r, lo, hi)[..., None, :]
+        dsp *= sl(p_t, lo, hi)
+
+    parallel_for(n0, scores, grain) if lead else scores(0, 1)
+    np.matmul(np.swapaxes(ds_t, -1, -2), k, out=dq)
+    dq *= sc
+    np.matmul(ds_t, q, out=dk)
+    dk *= sc
     return dq, dk, dv
 
 

@@ -47,12 +47,12 @@ def layer_norm_forward(x, gamma, beta, eps=1e-5):
     xhat = np.empty((n, d), dt)
     y = np.empty((n, d), dt)
     rstd = np.empty((n, 1), dt)
+    mu = np.matmul(x2, ones)                                    # BLAS on this thread (see parallel_for)
+    mu *= inv_d
 
     def piece(lo, hi):
         xp, xh, yp, rp = x2[lo:hi], xhat[lo:hi], y[lo:hi], rstd[lo:hi, 0]
-        mu = np.matmul(xp, ones)
-        mu *= inv_d
-        np.subtract(xp, mu[:, None], out=xh)                    # x - μ, then x̂ in place
+        np.subtract(xp, mu[lo:hi, None], out=xh)                # x - μ, then x̂ in place
         var = np.vecdot(xh, xh)
         var *= inv_d
         var += eps_
@@ -91,19 +91,19 @@ def layer_norm_backward(dy, cache):
 
     parallel_for(n, prod, grain)
     ones_n = _ones(n, dt)
-    dgamma = np.matmul(ones_n, p)                               # sums over all rows: not split
+    dgamma = np.matmul(ones_n, p)                               # BLAS products on this thread (see parallel_for)
     dbeta = np.matmul(ones_n, dy2)
+    mean_gx = np.matmul(p, gamma)                               # Σ_d g ⊙ x̂
+    mean_gx *= inv_d
+    mean_g = np.matmul(dy2, gamma)                              # Σ_d g
+    mean_g *= inv_d
 
     def piece(lo, hi):
         pp, dyp, xh, dxp = p[lo:hi], dy2[lo:hi], xhat2[lo:hi], dx[lo:hi]
-        mean_gx = np.matmul(pp, gamma)                          # Σ_d g ⊙ x̂
-        mean_gx *= inv_d
-        mean_g = np.matmul(dyp, gamma)                          # Σ_d g
-        mean_g *= inv_d
         np.multiply(dyp, gamma, out=dxp)                        # g
-        np.multiply(xh, mean_gx[:, None], out=pp)
+        np.multiply(xh, mean_gx[lo:hi, None], out=pp)
         dxp -= pp
-        dxp -= mean_g[:, None]
+        dxp -= mean_g[lo:hi, None]
         dxp *= rstd2[lo:hi]
 
     parallel_for(n, piece, grain)

@@ -1,0 +1,325 @@
+"""Training throughput of numformer against the PyTorch reference, alternating in one process.
+
+``numformer bench throughput [--quick]``
+
+For each configuration, both frameworks train the same architecture from the
+same weights on the same batches: forward, cross-entropy, backward and an
+AdamW step (nanoGPT's hyperparameters: lr 1e-3, betas (0.9, 0.99), weight decay
+0.1 on matrices and embeddings, none on biases and norms). After a warm-up,
+``rounds`` rounds each time ``steps`` steps of numformer and ``steps`` steps of
+PyTorch, alternating which goes first, so that both see the same machine
+state; the ratio of the two throughputs is taken per round and its median is
+reported. Model FLOP utilisation (MFU) = the model's matrix-multiply FLOPs per
+second over the float32 matrix-multiply peak measured in the same run with a
+large ``np.matmul``.
+
+Both use every core they are given: PyTorch its intra-op threads, numformer
+its BLAS threads and its elementwise thread pool (``numformer.set_num_threads``),
+after ``numformer.set_fast_runtime()``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+
+import numpy as np
+
+OPTIM = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
+
+# name -> (model kind, model arguments, batch size, sequence length)
+CONFIGS = {
+    "nanogpt": {
+        "title": "nanoGPT CPU (shakespeare_char)",
+        "kind": "gpt",
+        "model": {"vocab_size": 65, "block_size": 64, "n_layers": 4, "n_heads": 4, "d_model": 128, "dropout": 0.0,
+                  "bias": False},
+        "batch": 12, "seq": 64,
+    },
+    "minillm": {
+        "title": "MiniLLM",
+        "kind": "gpt",
+        "model": {"vocab_size": 100, "block_size": 256, "n_layers": 6, "n_heads": 6, "d_model": 384, "dropout": 0.0,
+                  "bias": False},
+        "batch": 8, "seq": 256,
+    },
+    "classifier": {
+        "title": "seed's minimal classifier",
+        "kind": "classifier",
+        "model": {"vocab_size": 10000, "n_classes": 2, "max_len": 128, "d_model": 64, "n_heads": 1, "n_layers": 1,
+                  "dropout": 0.0, "pooling": "mean", "pad_id": 0},
+        "batch": 32, "seq": 128,
+    },
+}
+
+# (warm-up steps, rounds, steps per round) for each configuration
+PLAN = {"nanogpt": (5, 7, 20), "minillm": (2, 5, 3), "classifier": (5, 7, 15)}
+QUICK_PLAN = {"nanogpt": (2, 3, 3), "minillm": (1, 2, 1), "classifier": (2, 3, 3)}
+
+
+# -- FLOPs ------------------------------------------------------------------------------------------------
+
+def model_flops_per_step(cfg):
+    """Matrix-multiply FLOPs of one training step (forward + backward = 3x forward), attention included.
+
+    Per token and layer, forward: 2·(3d² + d² + 2·d·d_ff) for the projections and
+    2·2·T·d for QKᵀ and PV over the full T×T score matrix (what both frameworks
+    compute, causal or not); plus 2·d·V for a language-model head.
+    """
+    m = cfg["model"]
+    d = m["d_model"]
+    d_ff = m.get("d_ff") or 4 * d
+    T = cfg["seq"]
+    per_token = m["n_layers"] * (2 * (4 * d * d + 2 * d * d_ff) + 4 * T * d)
+    if cfg["kind"] == "gpt":
+        per_token += 2 * d * m["vocab_size"]
+    else:
+        per_token += 2 * d * m["n_classes"] / T
+    return 3.0 * per_token * cfg["batch"] * T
+
+
+def matmul_peak(n=2048, repeats=5):
+    """Best float32 GFLOP/s of an n×n×n np.matmul (the machine's matrix-multiply peak for MFU)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def torch_matmul_peak(n=2048, repeats=5):
+    import torch
+
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
+    a @ b
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9
+
+
+# -- the two training steps -------------------------------------------------------------------------------
+
+def build_models(cfg, seed=0):
+    """(numformer model, PyTorch reference with the same weights)."""
+    from ..models import GPT, EncoderClassifier
+    from .torch_reference import from_numformer
+
+    rng = np.random.default_rng(seed)
+    if cfg["kind"] == "gpt":
+        model = GPT(**cfg["model"], rng=rng)
+    elif cfg["kind"] == "classifier":
+        model = EncoderClassifier(**cfg["model"], rng=rng)
+    else:
+        raise ValueError(f"unknown model kind {cfg['kind']!r}")
+    return model, from_numformer(model)
+
+
+def make_batches(cfg, n=4, seed=1):
+    """n (inputs, targets) batches of random token ids (ids >= 1 so that no position is padding)."""
+    rng = np.random.default_rng(seed)
+    m = cfg["model"]
+    B, T = cfg["batch"], cfg["seq"]
+    batches = []
+    for _ in range(n):
+        x = rng.integers(1, m["vocab_size"], (B, T))
+        y = rng.integers(0, m["vocab_size"], (B, T)) if cfg["kind"] == "gpt" else rng.integers(0, m["n_classes"], B)
+        batches.append((x, y))
+    return batches
+
+
+def numformer_trainer(model, cfg):
+    """A function step(x, y) -> loss: forward, cross-entropy, backward, AdamW."""
+    from .. import ops
+    from ..optim import AdamW, param_groups
+
+    opt = AdamW(param_groups(model, OPTIM["weight_decay"]), lr=OPTIM["lr"], betas=OPTIM["betas"])
+
+    def step(x, y):
+        opt.zero_grad()
+        logits = model(x)
+        loss, cache = ops.cross_entropy_forward(logits, y)
+        model.backward(ops.cross_entropy_backward(cache))
+        opt.step()
+        return loss
+
+    return step
+
+
+def torch_trainer(ref, cfg):
+    """The same step in PyTorch eager (torch.optim.AdamW with its defaults for CPU tensors)."""
+    import torch
+
+    from .torch_reference import adamw_param_groups
+
+    opt = torch.optim.AdamW(adamw_param_groups(ref, OPTIM["weight_decay"]), lr=OPTIM["lr"], betas=OPTIM["betas"])
+    F = torch.nn.functional
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        logits = ref(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+
+    return step
+
+
+def _timed(step, batches, n):
+    t0 = time.perf_counter()
+    for i in range(n):
+        step(*batches[i % len(batches)])
+    return time.perf_counter() - t0
+
+
+def measure_config(cfg, warmup, rounds, steps, seed=0):
+    """Alternate numformer and PyTorch; returns per-round throughputs, the median ratio and the first losses."""
+    import torch
+
+    model, ref = build_models(cfg, seed)
+    batches = make_batches(cfg)
+    tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
+    nf_step, pt_step = numformer_trainer(model, cfg), torch_trainer(ref, cfg)
+    first = (float(nf_step(*batches[0])), float(pt_step(*tbatches[0])))     # same weights, same batch
+    for _ in range(warmup):
+        nf_step(*batches[0])
+        pt_step(*tbatches[0])
+    tokens = cfg["batch"] * cfg["seq"] * steps
+    nf, pt = [], []
+    for r in range(rounds):
+        order = (("nf", nf_step, batches), ("pt", pt_step, tbatches))
+        for name, step, b in (order if r % 2 == 0 else order[::-1]):
+            dt = _timed(step, b, steps)
+            (nf if name == "nf" else pt).append(tokens / dt)
+    ratios = [a / b for a, b in zip(nf, pt)]
+    flops = model_flops_per_step(cfg)
+    tok_per_step = cfg["batch"] * cfg["seq"]
+    return {
+        "title": cfg["title"], "kind": cfg["kind"], "model": cfg["model"], "batch": cfg["batch"], "seq": cfg["seq"],
+        "tokens_per_step": tok_per_step, "params": int(model.num_parameters()),
+        "warmup": warmup, "rounds": rounds, "steps_per_round": steps,
+        "numformer_tokens_per_s": nf, "torch_tokens_per_s": pt, "ratios": ratios,
+        "numformer_median_tokens_per_s": statistics.median(nf), "torch_median_tokens_per_s": statistics.median(pt),
+        "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios),
+        "numformer_ms_per_step": 1e3 * tok_per_step / statistics.median(nf),
+        "torch_ms_per_step": 1e3 * tok_per_step / statistics.median(pt),
+        "model_gflop_per_step": flops / 1e9,
+        "first_loss": {"numformer": first[0], "torch": first[1]},
+    }
+
+
+def environment():
+    import torch
+
+    from .._runtime import fast_runtime_status
+
+    return {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "numformer_threads": fast_runtime_status()["threads"], "malloc": fast_runtime_status()["malloc"],
+            "blas_threads_env": os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+            or "default (all cores)"}
+
+
+def run(quick=False, configs=None, plan=None):
+    """Measure every configuration (``configs``/``plan`` override the defaults, for tests)."""
+    from .._runtime import set_fast_runtime
+
+    set_fast_runtime()
+    configs = CONFIGS if configs is None else configs
+    plan = (QUICK_PLAN if quick else PLAN) if plan is None else plan
+    n_peak = 1024 if quick else 2048
+    peak = matmul_peak(n_peak, 3 if quick else 5)
+    results = {}
+    for name, cfg in configs.items():
+        warmup, rounds, steps = plan[name]
+        r = measure_config(cfg, warmup, rounds, steps)
+        flops = r["model_gflop_per_step"] * 1e9
+        r["numformer_mfu"] = flops * r["numformer_median_tokens_per_s"] / r["tokens_per_step"] / (peak * 1e9)
+        r["torch_mfu"] = flops * r["torch_median_tokens_per_s"] / r["tokens_per_step"] / (peak * 1e9)
+        results[name] = r
+    peak_after = matmul_peak(n_peak, 3 if quick else 5)
+    return {"configs": results, "matmul_peak_gflops": max(peak, peak_after),
+            "matmul_peak_gflops_before_after": [peak, peak_after], "matmul_peak_n": n_peak,
+            "torch_matmul_peak_gflops": torch_matmul_peak(n_peak, 3), "optimizer": dict(OPTIM),
+            "environment": environment(), "quick": bool(quick)}
+
+
+# -- report -----------------------------------------------------------------------------------------------
+
+def _plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfgs = result["configs"]
+    names = list(cfgs)
+    x = np.arange(len(names))
+    nf = [cfgs[n]["numformer_median_tokens_per_s"] for n in names]
+    pt = [cfgs[n]["torch_median_tokens_per_s"] for n in names]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.bar(x - 0.2, nf, 0.4, label="numformer")
+    ax1.bar(x + 0.2, pt, 0.4, label="PyTorch eager")
+    ax1.set_xticks(x, names)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("training tokens / s (median round)")
+    ax1.legend()
+    ax1.set_title("Throughput")
+    for i, n in enumerate(names):
+        rs = cfgs[n]["ratios"]
+        ax2.scatter([i] * len(rs), rs, color="gray", s=12, alpha=0.6)
+        ax2.scatter([i], [cfgs[n]["median_ratio"]], color="C0", s=60, label="median" if i == 0 else None)
+    ax2.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax2.set_xticks(x, names)
+    ax2.set_xlim(-0.5, len(names) - 0.5)
+    ax2.set_ylabel("numformer / PyTorch tokens/s")
+    ax2.set_title("Ratio per round")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(result, fig_dir):
+    from .runner import image_link
+
+    png = fig_dir / "throughput.png"
+    _plot(result, png)
+    env = result["environment"]
+    lines = ["## Training throughput: numformer vs PyTorch", "",
+             "Forward + cross-entropy + backward + AdamW step (lr 1e-3, betas (0.9, 0.99), weight decay 0.1 on "
+             "matrices and embeddings), float32, the same architecture and initial weights in both; numformer and "
+             "PyTorch runs alternate in one process, and the ratio is the median over rounds of "
+             "numformer tokens/s ÷ PyTorch tokens/s. MFU: model matrix-multiply FLOPs/s over the float32 "
+             f"`np.matmul` peak measured in the same run ({result['matmul_peak_gflops']:.0f} GFLOP/s, "
+             f"{result['matmul_peak_n']}³; torch.mm: {result['torch_matmul_peak_gflops']:.0f} GFLOP/s).", "",
+             "| configuration | batch × context | numformer tokens/s | PyTorch tokens/s | ratio (median, range) "
+             "| ms/step numformer / PyTorch | MFU numformer / PyTorch |",
+             "|---|---|---:|---:|---|---|---|"]
+    for name, r in result["configs"].items():
+        m = r["model"]
+        shape = f"{m.get('n_layers')}L {m.get('n_heads')}H d{m.get('d_model')}"
+        lines.append(
+            f"| {name}: {r['title']} ({shape}, {r['params'] / 1e6:.2f}M params) | {r['batch']} × {r['seq']} "
+            f"| {r['numformer_median_tokens_per_s']:,.0f} | {r['torch_median_tokens_per_s']:,.0f} "
+            f"| **{r['median_ratio']:.2f}** ({r['min_ratio']:.2f}–{r['max_ratio']:.2f}) "
+            f"| {r['numformer_ms_per_step']:.1f} / {r['torch_ms_per_step']:.1f} "
+            f"| {100 * r['numformer_mfu']:.1f}% / {100 * r['torch_mfu']:.1f}% |")
+    lines += ["", image_link(png, "throughput", fig_dir), "",
+              f"Threads: PyTorch {env['torch_threads']} (torch {env['torch']}), numformer elementwise "
+              f"{env['numformer_threads']}, BLAS {env['blas_threads_env']}; allocator: {env['malloc']}. "
+              "Rounds × steps per configuration: "
+              + ", ".join(f"{n} {r['rounds']}×{r['steps_per_round']} (after {r['warmup']} warm-up)"
+                          for n, r in result["configs"].items()) + ". First-step losses (same weights, same "
+              "batch): " + ", ".join(f"{n} {r['first_loss']['numformer']:.5f} / {r['first_loss']['torch']:.5f}"
+                                     for n, r in result["configs"].items()) + "."]
+    return "\n".join(lines) + "\n"

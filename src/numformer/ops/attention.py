@@ -176,13 +176,14 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
 
         def piece(lo, hi):
             sp = sl(s, lo, hi)
-            np.matmul(sl(k, lo, hi), np.multiply(np.swapaxes(sl(q, lo, hi), -1, -2), sc, dtype=dt), out=sp)
+            qs_t = np.multiply(np.swapaxes(sl(q, lo, hi), -1, -2), sc, dtype=dt, order="C")   # (Q·scale)ᵀ
+            np.matmul(sl(k, lo, hi), qs_t, out=sp)
             _softmax_t_inplace(sp, causal, sl(mask_t, lo, hi))
             np.matmul(np.swapaxes(sp, -1, -2), sl(v, lo, hi), out=sl(out, lo, hi))
 
         parallel_for(n0, piece, grain) if lead else piece(0, 1)
     else:
-        s = np.matmul(k, np.multiply(np.swapaxes(q, -1, -2), sc, dtype=dt))     # K (Q·scale)ᵀ = Sᵀ
+        s = np.matmul(k, np.multiply(np.swapaxes(q, -1, -2), sc, dtype=dt, order="C"))   # K (Q·scale)ᵀ = Sᵀ
         if lead:
             parallel_for(n0, lambda lo, hi: _softmax_t_inplace(sl(s, lo, hi), causal, sl(mask_t, lo, hi)), grain)
         else:
@@ -213,24 +214,25 @@ def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
     def sl(a, lo, hi):
         return a[lo:hi] if lead else a
 
+    # The scale is folded into the contiguous copy of dOᵀ (and r), so dSᵀ comes out scaled: no extra pass.
     if _products_in_pieces(t_q, t_k, q.shape[-1], v.shape[-1]):
         def piece(lo, hi):
             qp, kp, vp, pp, op, gp = (sl(a, lo, hi) for a in (q, k, v, p_t, out, dout))
             np.matmul(pp, gp, out=sl(dv, lo, hi))
-            ds_t = np.matmul(vp, np.ascontiguousarray(np.swapaxes(gp, -1, -2)))     # dPᵀ: (..., Tk, Tq)
-            ds_t -= np.vecdot(gp, op)[..., None, :]                                 # r = dO · O per query
-            ds_t *= pp                                                              # dSᵀ (before the scale)
-            dqp, dkp = sl(dq, lo, hi), sl(dk, lo, hi)
-            np.matmul(np.swapaxes(ds_t, -1, -2), kp, out=dqp)
-            dqp *= sc
-            np.matmul(ds_t, qp, out=dkp)
-            dkp *= sc
+            ds_t = np.matmul(vp, np.multiply(np.swapaxes(gp, -1, -2), sc, dtype=dt, order="C"))  # dPᵀ·scale
+            r = np.vecdot(gp, op)                                                      # r = dO · O per query
+            r *= sc
+            ds_t -= r[..., None, :]
+            ds_t *= pp                                                                 # dSᵀ · scale
+            np.matmul(np.swapaxes(ds_t, -1, -2), kp, out=sl(dq, lo, hi))
+            np.matmul(ds_t, qp, out=sl(dk, lo, hi))
 
         parallel_for(n0, piece, grain) if lead else piece(0, 1)
         return dq, dk, dv
     np.matmul(p_t, dout, out=dv)
-    ds_t = np.matmul(v, np.ascontiguousarray(np.swapaxes(dout, -1, -2)))           # dPᵀ: (..., Tk, Tq)
+    ds_t = np.matmul(v, np.multiply(np.swapaxes(dout, -1, -2), sc, dtype=dt, order="C"))   # dPᵀ · scale
     r = np.vecdot(dout, out)
+    r *= sc
 
     def scores(lo, hi):
         dsp = sl(ds_t, lo, hi)
@@ -239,9 +241,7 @@ def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
 
     parallel_for(n0, scores, grain) if lead else scores(0, 1)
     np.matmul(np.swapaxes(ds_t, -1, -2), k, out=dq)
-    dq *= sc
     np.matmul(ds_t, q, out=dk)
-    dk *= sc
     return dq, dk, dv
 
 

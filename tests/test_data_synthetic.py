@@ -27,6 +27,8 @@ def expected_answer(t, prompt):
     if t.name == "sorting":
         return sorted(p)
     if t.name == "parity":
+        if t.config["scratchpad"] == "count":       # counts c_1..c_L are symbols 2 + c, then the parity bit
+            return [2 + sum(p[:i + 1]) for i in range(len(p))] + [sum(p) % 2]
         return [sum(p[:i + 1]) % 2 for i in range(len(p))]
     if t.name == "addition":
         s = "".join("+" if v == 10 else str(v) for v in p)
@@ -58,7 +60,8 @@ def unpack(t, batch):
 @pytest.mark.parametrize("model_type", ["transformer", "gpt"])
 @pytest.mark.parametrize("name, kw", [
     ("copy", {}), ("copy", {"vocab": 3, "min_length": 2}), ("reversal", {"min_length": 1}), ("sorting", {}),
-    ("sorting", {"n_values": 5}), ("parity", {}), ("addition", {}), ("addition", {"reverse_answer": False}),
+    ("sorting", {"n_values": 5}), ("parity", {}), ("parity", {"scratchpad": "parity", "min_length": 8}),
+    ("addition", {}), ("addition", {"reverse_answer": False}),
     ("addition", {"pad_operands": False, "min_length": 1}), ("addition", {"length": 12}),
 ])
 def test_sequence_answers_are_right(name, kw, model_type):
@@ -86,6 +89,19 @@ def test_addition_operand_lengths_cover_short_and_long():
     n_digits = np.array([len(str(v)) for v in x])
     counts = np.bincount(n_digits, minlength=9)[1:]
     assert counts.min() > 0.8 * len(x) / 8 and x.max() < 10 ** 8
+
+
+def test_parity_scratchpads_spelled_out():
+    t = task("parity", model_type="gpt", length=6, min_length=6)
+    p = np.array([1, 1, 0, 1, 0, 0])
+    _, (ans,) = t.generate(np.random.default_rng(0), 1, 6)
+    assert t.symbols() == ["0", "1"] + [f"c{k}" for k in range(7)]
+    assert [t.tokens[OFFSET + v] for v in expected_answer(t, p)] == ["c1", "c2", "c2", "c3", "c3", "c3", "1"]
+    assert len(ans) == 7 and t.shape(6) == (6, 7)
+    x = task("parity", model_type="transformer", scratchpad="parity", length=6, min_length=6)
+    assert x.symbols() == ["0", "1"] and x.shape(6) == (6, 6)
+    with pytest.raises(ValueError, match="scratchpad"):
+        task("parity", model_type="gpt", scratchpad="bits")
 
 
 def test_parity_classifier_labels_and_layout():

@@ -31,17 +31,17 @@ right) and ``token_accuracy`` on the evaluation set at ``length``, and
 come from ONE teacher-forced forward pass; exact match computed that way is
 exactly greedy decoding's exact match (see ``batching.sequence_metrics``).
 
-Which model. Each sequence task defaults to the encoder-decoder Transformer:
-the encoder reads the whole problem bidirectionally, the decoder spends its
-compute on the answer only, and cross-attention aligns answer positions with
-problem positions through the positional code, which is the same sinusoid
-table on both sides: output i reads input i (copy), input L-1-i (reversal: for
-a fixed L, PE(L-1-i) is a fixed linear map of PE(i), one rotation-reflection per
-frequency), or the i-th digits of both operands (addition). A GPT must instead
-learn the fixed offset between answer and prompt positions in its position
-table, and spends half its positions on a prompt that carries no loss. Every
-sequence task also supports ``model_type = "gpt"`` (the classic decoder-only
-format). The ``model_type`` key must match ``[model] type``.
+Which model. Every sequence task defaults to the decoder-only GPT format and
+also supports the encoder-decoder Transformer (``model_type = "transformer"``).
+The choice was measured, not assumed: on copy and reversal at length 16
+(d_model 64, 4 heads, pre-LN, AdamW lr 1e-3 with 50 warmup steps, batch 32, no
+dropout), a 4-layer GPT reached 100% exact match by step 200 on both, while a
+2+2-layer encoder-decoder of similar size was at 71% (copy) and 76% (reversal)
+after 300 steps. The Transformer costs somewhat less per step (the decoder runs
+only over the answer), but the GPT needs well under half the steps, and one
+causal stack reads the prompt and its own previous outputs in the same
+attention, which is all these tasks need. The ``model_type`` key must match
+``[model] type``.
 """
 from __future__ import annotations
 
@@ -69,10 +69,10 @@ def _key(prompt: np.ndarray) -> bytes:
 class SyntheticTask(Task):
     """Shared machinery; subclasses define ``symbols``, ``generate``, ``shape`` and ``space_size``."""
 
-    model_type = "transformer"
-    model_types = ("transformer", "gpt")
+    model_type = "gpt"
+    model_types = ("gpt", "transformer")
     common_keys = {
-        "model_type": "transformer",   # batch format: "transformer" (encoder-decoder) or "gpt" (decoder-only)
+        "model_type": "gpt",           # batch format: "gpt" (decoder-only) or "transformer" (encoder-decoder)
         "length": 16,                  # length trained on (the maximum when min_length is set) and evaluated
         "min_length": 0,               # > 0: training lengths uniform in [min_length, length]; 0: always `length`
         "test_lengths": [],            # extra evaluation lengths (e.g. longer than any seen in training)
@@ -272,10 +272,9 @@ class SyntheticTask(Task):
 class CopyTask(SyntheticTask):
     """Copy: the answer is the prompt, a uniform random sequence over ``vocab`` symbols.
 
-    Model: encoder-decoder by default (cross-attention from output position i to
-    input position i is the same sinusoid on both sides: the easiest alignment
-    there is); ``model_type = "gpt"`` for the decoder-only format. Target: 99%
-    exact match at length 128.
+    Model: GPT by default (the answer position i attends to prompt position i,
+    a fixed offset of length+1 back); ``model_type = "transformer"`` for the
+    encoder-decoder format. Target: 99% exact match at length 128.
     """
 
     data_keys = {**SyntheticTask.common_keys, "length": 128, "vocab": 10}
@@ -305,11 +304,10 @@ class CopyTask(SyntheticTask):
 class ReversalTask(CopyTask):
     """Reversal: the answer is the prompt backwards.
 
-    Model: encoder-decoder by default: output i reads input L-1-i, and for a
-    fixed L the sinusoid PE(L-1-i) is a fixed linear map of PE(i) (one
-    rotation-reflection per frequency), so the alignment is learnable by the
-    query/key maps. With several lengths (``min_length``) the model must also
-    find the end of the input, which the encoder sees bidirectionally. Target:
+    Model: GPT by default: answer position p reads prompt position 2L - p, an
+    attention pattern its learned position table represents directly; with
+    several lengths (``min_length``) the model must also find where the prompt
+    ends, which the <sep> token marks. ``"transformer"`` is supported. Target:
     99% exact match at length 64.
     """
 
@@ -324,9 +322,9 @@ class SortingTask(SyntheticTask):
     """Sorting: ``length`` numbers drawn uniformly (with repeats) from 0..n_values-1, one token each;
     the answer is them in ascending order.
 
-    Model: encoder-decoder by default: the encoder sees the unordered multiset,
-    and each decoder step is a content lookup (the smallest number not yet
-    emitted, counting repeats against its own output through causal
+    Model: GPT by default (like every sequence task here; see the module
+    docstring); each answer step is a content lookup (the smallest number not
+    yet emitted, counting repeats against the answer so far through causal
     self-attention) rather than a positional one. Target: 99% exact match for
     32 numbers from 0..99.
     """
@@ -365,36 +363,70 @@ class ParityTask(SyntheticTask):
     they need is the one that long strings need. Even so, reaching 95% at 64
     bits with a classifier is not assured; the Task API has no step argument, so
     a curriculum that grows the length over training would need one (see the
-    data README).
+    data README). In a probe (length 24 with lengths 1..24, 4-layer pre-LN
+    classifier, d_model 64, 600 steps) accuracy stayed at chance (51%).
 
-    ``model_type = "transformer"`` or ``"gpt"``: a scratchpad. The answer is the
-    running parities s_1 .. s_L (s_i = b_1 xor .. xor b_i; s_L is the parity),
-    so each output step is the xor of one input bit (cross-attention to the same
-    position, as in copy) and the previous output: a local rule that a
-    transformer learns quickly. This is the variant expected to reach 95% at 64
-    bits; ``exact_match`` is the fraction of strings whose whole scratchpad is
-    right, a lower bound on greedy decoding's parity accuracy.
+    ``model_type = "gpt"`` or ``"transformer"``: a scratchpad, the answer
+    written out step by step, so that each step is a local rule:
+
+    - ``scratchpad = "count"`` (default): the running counts of ones
+      c_1 .. c_L (tokens ``c0`` .. ``cL``), then the parity bit of c_L. Each step
+      is c_i = c_{i-1} + b_i: the previous output plus one retrieved input bit.
+      That rule is additive, so retrieving b_i lowers the loss on its own and
+      the gradient finds the retrieval; the final bit is a function of one token.
+      In a probe (length 24, 4-layer GPT, d_model 64, 4 heads, AdamW lr 1e-3,
+      batch 32) it reached 95% exact match at step 900 and 97% at step 1200.
+    - ``scratchpad = "parity"``: the running parities s_i = s_{i-1} xor b_i
+      (s_L is the parity). Each step is also local, but xor is the problem in
+      miniature: neither b_i nor s_{i-1} alone says anything about s_i, so
+      nothing rewards retrieving b_i until the xor is already computed. In a
+      probe (length 24, 4-layer GPT, d_model 64, 300 steps) it stayed at chance
+      (51% tokens) whether the length was fixed or varied.
+
+    Use a fixed length for the scratchpad (``min_length = length``): with
+    mixed lengths the offset from an output step back to its input bit varies.
+    This is the variant expected to reach 95% at 64 bits; ``exact_match`` is
+    the fraction of strings whose whole scratchpad is right, a lower bound on
+    greedy decoding's parity accuracy.
 
     Metrics: classifier: ``accuracy`` (and ``accuracy@L``); scratchpad:
     ``exact_match``, ``token_accuracy`` (and ``@L``).
     """
 
     model_type = "classifier"
-    model_types = ("classifier", "transformer", "gpt")
-    data_keys = {**SyntheticTask.common_keys, "model_type": "classifier", "length": 64, "min_length": 1}
+    model_types = ("classifier", "gpt", "transformer")
+    data_keys = {**SyntheticTask.common_keys, "model_type": "classifier", "length": 64, "min_length": 1,
+                 "scratchpad": "count"}
+
+    def check_length(self, length):
+        if self.config["scratchpad"] not in ("count", "parity"):
+            raise ValueError(f"task 'parity': scratchpad = {self.config['scratchpad']!r}; choose \"count\" or "
+                             "\"parity\"")
+
+    def _counting(self):
+        return self.model_type != "classifier" and self.config["scratchpad"] == "count"
 
     def symbols(self):
-        return ["0", "1"]
+        counts = [f"c{k}" for k in range(max(self.eval_lengths) + 1)] if self._counting() else []
+        return ["0", "1"] + counts
 
     def space_size(self, length):
         return 2 ** length
 
+    def shape(self, length):
+        return length, length + 1 if self._counting() else length
+
     def generate(self, rng, n, length):
         P = rng.integers(0, 2, size=(n, length))
-        return list(P), list(np.cumsum(P, axis=1) % 2)
+        C = np.cumsum(P, axis=1)
+        if self._counting():       # c_1 .. c_L as symbols 2 + c, then the parity bit
+            return list(P), list(np.concatenate([C + 2, C[:, -1:] % 2], axis=1))
+        return list(P), list(C % 2)
 
     def summary(self):
-        return "parity of bit strings" + ("" if self.model_type == "classifier" else " with a running-parity scratchpad")
+        if self.model_type == "classifier":
+            return "parity of bit strings"
+        return f"parity of bit strings with a running-{'count' if self._counting() else 'parity'} scratchpad"
 
     def make_batch(self, examples):
         if self.model_type != "classifier":
@@ -451,8 +483,8 @@ class AdditionTask(SyntheticTask):
       previous output digit is 0. Written forwards, the first digit would depend
       on a carry chain through every digit below it.
 
-    Model: encoder-decoder by default (output digit i reads digit i of both
-    operands through cross-attention, plus its previous output); ``"gpt"`` too.
+    Model: GPT by default (with padded operands, output digit i reads two
+    prompt positions at fixed offsets, plus its previous output); ``"transformer"`` too.
     Target: 99% exact match for up to 8-digit numbers. Lengths up to 18 digits.
     """
 

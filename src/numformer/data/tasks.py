@@ -362,8 +362,8 @@ class ParityTask(SyntheticTask):
     (a known helper): short strings are learnable and the counting mechanism
     they need is the one that long strings need. Even so, reaching 95% at 64
     bits with a classifier is not assured; the Task API has no step argument, so
-    a curriculum that grows the length over training would need one (see the
-    data README). In a probe (length 24 with lengths 1..24, 4-layer pre-LN
+    a curriculum that grows the length over training would need one (not in
+    the Task API yet). In a probe (length 24 with lengths 1..24, 4-layer pre-LN
     classifier, d_model 64, 600 steps) accuracy stayed at chance (51%).
 
     ``model_type = "gpt"`` or ``"transformer"``: a scratchpad, the answer

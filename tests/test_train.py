@@ -255,3 +255,16 @@ def test_periodic_evaluations_use_a_subset_and_the_last_uses_everything(tmp_path
     monkeypatch.setattr(trainer_module, "evaluate_loss", spy)
     Trainer(config(max_steps=30, eval_batches=1), tmp_path, quiet=True).train()
     assert calls == [1, 1, 0]
+
+
+def test_data_model_type_follows_the_model_type(tmp_path):
+    base = {"data": {"task": "parity", "length": 8, "n_val": 20, "n_test": 20},
+            "train": {"max_steps": 1}}
+    resolved, task = resolve_config({**base, "model": {"type": "gpt", "n_layers": 1, "d_model": 16,
+                                                       "n_heads": 2}})
+    assert resolved["data"]["model_type"] == "gpt" and task.model_type == "gpt"
+    resolved, _ = resolve_config({**base, "model": {"n_layers": 1, "d_model": 16, "n_heads": 2}})
+    assert resolved["model"]["type"] == "classifier"          # the task's default family
+    bad = {"data": {**base["data"], "model_type": "classifier"}, "train": base["train"], "model": {"type": "gpt"}}
+    with pytest.raises(ValueError, match="contradicts"):
+        resolve_config(bad)

@@ -110,7 +110,14 @@ def resolve_config(config, tokenizer_state=None):
     data = {"task": data["task"], **task_cls.data_keys, **task_values}
 
     model = dict(config.get("model", {}))
-    kind = model.pop("type", task_cls.model_type)
+    # Tasks that can feed several model families take the chosen one as [data] model_type; it follows [model] type.
+    data_kind = task_values.get("model_type")             # only a value the user wrote
+    kind = model.pop("type", data_kind or data.get("model_type", task_cls.model_type))
+    if data_kind is not None and data_kind != kind:
+        raise ValueError(f"[data] model_type = {data_kind!r} contradicts [model] type = {kind!r}; "
+                         f"remove [data] model_type (it follows [model] type)")
+    if "model_type" in task_cls.data_keys:
+        data["model_type"] = kind
     if kind not in MODEL_TYPES:
         raise ValueError(f"[model] type = {kind!r} is not a model type; choose one of {sorted(MODEL_TYPES)}")
     allowed_types = getattr(task_cls, "model_types", (task_cls.model_type,))

@@ -1,0 +1,237 @@
+"""Running an experiment end to end and writing its results.
+
+``numformer reproduce NAME`` trains ``configs/NAME.toml`` into ``runs/NAME``,
+evaluates the best weights on the test split, draws the learning curve and an
+attention heatmap, and writes ``results/NAME.json`` (figures, resolved config,
+seed, wall time, commit, machine) and ``results/NAME.md`` (a table and its
+figures); ``results/README.md`` is regenerated to index every result. Nothing
+in results/ is typed by hand.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def find_config(name):
+    """configs/NAME.toml in the current folder, else in the numformer checkout."""
+    for base in (Path.cwd(), REPO_ROOT):
+        path = base / "configs" / f"{name}.toml"
+        if path.is_file():
+            return path
+    raise ValueError(f"no configs/{name}.toml in {Path.cwd()} or {REPO_ROOT}")
+
+
+@dataclass
+class Target:
+    """A figure to reach: ``metric`` compared with ``value`` (">=" or "<=")."""
+    metric: str
+    value: float
+    op: str = ">="
+
+    def met(self, figures):
+        v = figures.get(self.metric)
+        if v is None:
+            return None
+        return v >= self.value if self.op == ">=" else v <= self.value
+
+    def text(self):
+        return f"{self.op} {self.value:g}"
+
+
+@dataclass
+class Experiment:
+    """A reproducible experiment: a config, the figures it must reach, and optional extra steps."""
+    name: str
+    description: str
+    targets: list = field(default_factory=list)
+    config: str = ""                       # configs/<config>.toml; defaults to the name
+    quick_overrides: list = field(default_factory=list)   # --set items for --quick (seconds, for tests)
+    time_limit_minutes: float = 0.0        # the limit the issue sets, shown next to the wall time
+    extra: Callable | None = None          # extra(trainer, task, results_dir, quick) -> (figures dict, markdown)
+    custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record
+
+    def config_name(self):
+        return self.config or self.name
+
+
+@dataclass
+class Context:
+    runs_dir: Path
+    results_dir: Path
+    quick: bool = False
+    overrides: list = field(default_factory=list)
+    quiet: bool = False
+
+
+def machine_info():
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "numpy": np.__version__}
+
+
+def _figure_dir(ctx):
+    d = ctx.results_dir / "figures"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def attention_figure(model, task, path, title):
+    """Heatmaps of every layer and head on the task's analysis example."""
+    from ..analysis import attention_maps, plot_attention
+
+    inputs, labels = task.analysis_example("test")
+    maps = attention_maps(model, inputs)
+    written = []
+    for group in maps:
+        q_labels, k_labels = _group_labels(group, labels)
+        out = Path(str(path).replace(".png", f"_{group}.png")) if len(maps) > 1 else Path(path)
+        plot_attention(maps[group], q_labels, k_labels, path=out, title=f"{title}: {group}")
+        written.append(out)
+    return written
+
+
+def _group_labels(group, labels):
+    if "src" in labels:
+        src, tgt = labels["src"], labels["tgt"]
+        return {"encoder": (src, src), "decoder": (tgt, tgt), "cross": (tgt, src)}.get(group, (None, None))
+    seq = next(iter(labels.values()))
+    return seq, seq
+
+
+def train_and_evaluate(exp, ctx, config_overrides=()):
+    """The standard pipeline; returns (record, trainer, task)."""
+    from ..config import load_config
+    from ..train import Trainer, evaluate_loss
+
+    config = load_config(find_config(exp.config_name()))
+    overrides = list(config_overrides) + (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
+    run_dir = ctx.runs_dir / exp.name
+    started = time.time()
+    trainer = Trainer(config, run_dir, overwrite=True, overrides=overrides, quiet=ctx.quiet)
+    summary = trainer.train()
+    model, task = trainer.model.eval(), trainer.task
+    t = trainer.config["train"]
+    figures = {"test_loss": evaluate_loss(model, task, "test", t["eval_batch_size"] or t["batch_size"])}
+    figures.update(task.evaluate(model, "test"))
+    record = {
+        "name": exp.name, "description": exp.description, "figures": figures,
+        "targets": {tg.metric: tg.text() for tg in exp.targets},
+        "met": {tg.metric: tg.met(figures) for tg in exp.targets},
+        "steps": summary["steps"], "stopped_early": summary["stopped_early"],
+        "best_val_loss": summary["best_val_loss"], "train_seconds": summary["train_seconds"],
+        "wall_time_s": None, "time_limit_minutes": exp.time_limit_minutes or None,
+        "seed": t["seed"], "config": trainer.config, "commit": summary["commit"],
+        "date": datetime.date.today().isoformat(), "machine": machine_info(),
+        "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else ""),
+        "run_dir": str(run_dir), "task": task.describe(),
+    }
+    return record, trainer, task, started
+
+
+def run_experiment(exp, ctx):
+    """Run one experiment and write results/NAME.{json,md}; returns the record."""
+    if exp.custom is not None:
+        record, markdown = exp.custom(exp, ctx)
+    else:
+        record, trainer, task, started = train_and_evaluate(exp, ctx)
+        figs = _figure_dir(ctx)
+        from ..analysis import plot_loss_curves, read_metrics
+
+        images = []
+        curve = figs / f"{exp.name}_loss.png"
+        plot_loss_curves(read_metrics(Path(record["run_dir"]) / "metrics.jsonl"), path=curve,
+                         title=f"{exp.name}: learning curve")
+        images.append(("Learning curve", curve))
+        for path in attention_figure(trainer.model, task, figs / f"{exp.name}_attention.png", exp.name):
+            images.append(("Attention of every layer and head on a test example", path))
+        extra_md = ""
+        if exp.extra is not None:
+            extra_figures, extra_md = exp.extra(trainer, task, ctx.results_dir, ctx.quick)
+            record["figures"].update(extra_figures)
+            record["met"] = {tg.metric: tg.met(record["figures"]) for tg in exp.targets}
+        record["wall_time_s"] = round(time.time() - started, 1)
+        markdown = standard_markdown(record, images, extra_md, ctx.results_dir)
+    ctx.results_dir.mkdir(parents=True, exist_ok=True)
+    from ..train.checkpoint import write_atomic, write_json_atomic
+
+    write_json_atomic(ctx.results_dir / f"{exp.name}.json", record)
+    write_atomic(ctx.results_dir / f"{exp.name}.md", markdown.encode())
+    write_index(ctx.results_dir)
+    return record
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def figures_table(record):
+    rows = ["| figure | value | target | reached |", "|---|---|---|---|"]
+    for k, v in record["figures"].items():
+        if isinstance(v, (dict, list)):
+            continue
+        target = record["targets"].get(k, "")
+        met = record["met"].get(k)
+        rows.append(f"| {k} | {_fmt(v)} | {target} | {'' if met is None else ('yes' if met else 'no')} |")
+    return "\n".join(rows)
+
+
+def standard_markdown(record, images, extra_md, results_dir):
+    limit = record.get("time_limit_minutes")
+    wall = record["wall_time_s"]
+    lines = [
+        f"# {record['name']}", "", record["description"], "",
+        f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
+        f"{record['machine']['cpus']} CPUs). Data: {record['task']}.", "",
+        figures_table(record), "",
+        f"Training: {record['steps']} steps in {record['train_seconds']:.0f} s of training; wall time of the whole "
+        f"experiment {wall:.0f} s ({wall / 60:.1f} min)"
+        + (f", limit {limit:g} min" if limit else "") + (", stopped early" if record["stopped_early"] else "")
+        + f". Seed {record['seed']}. The resolved config is in `{record['name']}.json`.", "",
+    ]
+    if extra_md:
+        lines += [extra_md, ""]
+    for caption, path in images:
+        rel = os.path.relpath(path, results_dir)
+        lines += [f"**{caption}**", "", f"![{caption}]({rel})", ""]
+    return "\n".join(lines)
+
+
+def write_index(results_dir):
+    """results/README.md: one row per results/*.json, generated."""
+    from ..train.checkpoint import write_atomic
+
+    rows = []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        if path.name == "bench.json":
+            continue
+        try:
+            r = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            continue
+        if "figures" not in r or "name" not in r:
+            continue
+        heads = [f"{k} {_fmt(r['figures'][k])} ({r['targets'][k]})" for k in r.get("targets", {})
+                 if k in r["figures"]]
+        wall = r.get("wall_time_s")
+        rows.append(f"| [{r['name']}]({r['name']}.md) | {'; '.join(heads) or '-'} | "
+                    f"{'' if wall is None else f'{wall / 60:.1f} min'} | {r.get('commit')} | {r.get('date')} |")
+    bench = Path(results_dir) / "bench.md"
+    lines = ["# Results", "",
+             "Every file in this folder is written by a command (`numformer reproduce NAME`, "
+             "`numformer bench PART`); none is typed by hand. This index is regenerated after each run.", "",
+             "| experiment | figures (target) | wall time | commit | date |", "|---|---|---|---|---|", *rows, ""]
+    if bench.exists():
+        lines += ["Speed and memory benchmarks: [bench.md](bench.md).", ""]
+    write_atomic(Path(results_dir) / "README.md", "\n".join(lines).encode())

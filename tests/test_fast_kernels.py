@@ -282,3 +282,18 @@ def test_linear_bias_gradient_is_the_row_sum(rng):
     dy = rng.standard_normal((3, 4, 6))
     _, _, db = ops.linear_backward(dy, cache)
     assert_close(db, dy.reshape(-1, 6).sum(0), 1e-13)
+
+
+# -- ReLU -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_kernel_equals_straightforward_and_split(dtype, rng, split_everything):
+    x = rng.standard_normal((5, 13)).astype(dtype)
+    x[0, :3] = 0.0
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    y, cache = ops.relu_forward(x)
+    dx = ops.relu_backward(dy, cache)
+    assert np.array_equal(y, np.maximum(x, 0))
+    assert np.array_equal(dx, np.where(x > 0, dy, 0))
+    _runtime.set_num_threads(1)
+    assert np.array_equal(ops.relu_backward(dy, ops.relu_forward(x)[1]), dx)

@@ -8,6 +8,9 @@ import numpy as np
 from .._runtime import parallel_for
 from .special import erf
 
+# Elements per pass of the chunked kernels (and per thread at least): a chunk's temporaries stay in L2.
+_CHUNK = 32768
+
 
 def softmax_forward(x, axis=-1):
     """softmax(x)_i = exp(x_i - max x) / Σ_j exp(x_j - max x).
@@ -47,21 +50,38 @@ def log_softmax_backward(dy, cache):
 
 def relu_forward(x):
     """ReLU(x) = max(0, x)."""
-    y = np.maximum(x, 0)
+    if x.dtype.kind != "f" or x.size < 2 * _CHUNK:
+        y = np.maximum(x, 0)
+        return y, y
+    xf = np.ascontiguousarray(x).reshape(-1)
+    y = np.empty_like(xf)
+    zero = x.dtype.type(0)
+    parallel_for(xf.size, lambda lo, hi: np.maximum(xf[lo:hi], zero, out=y[lo:hi]), _CHUNK)
+    y = y.reshape(x.shape)
     return y, y
 
 
 def relu_backward(dy, cache):
-    """dx = dy ⊙ 1[x > 0]."""
-    return np.where(cache > 0, dy, 0).astype(dy.dtype, copy=False)
+    """dx = dy ⊙ 1[x > 0]  (= dy ⊙ sign(y) with y = ReLU(x) >= 0; np.where is several times slower)."""
+    y = cache
+    if dy.dtype != y.dtype or dy.shape != y.shape or dy.dtype.kind != "f":
+        return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
+    yf = np.ascontiguousarray(y).reshape(-1)
+    df = np.ascontiguousarray(dy).reshape(-1)
+    dx = np.empty_like(yf)
+
+    def piece(lo, hi):
+        np.sign(yf[lo:hi], out=dx[lo:hi])
+        np.multiply(dx[lo:hi], df[lo:hi], out=dx[lo:hi])
+
+    parallel_for(dx.size, piece, _CHUNK)
+    return dx.reshape(dy.shape)
 
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
-# Elements per pass of the chunked float32 kernels: the temporaries of one chunk stay in the L2 cache.
-_CHUNK = 32768
 _SIGN_BIT = np.uint32(0x80000000)
 
 

@@ -13,11 +13,11 @@ def embedding_backward(dy, cache, out=None):
     """dE[v] = Σ over positions p with ids[p] == v of dy[p].
 
     dy: (..., d)  ->  dE: (V, d), with no Python loop over tokens. A small
-    vocabulary (V <= 1024) scatters with one matrix product onehot(ids)ᵀ dy;
-    a large one sorts the ids and sums each run of equal ids with
-    ``np.add.reduceat`` (both far faster than ``np.add.at``). If ``out`` is
-    given the gradient is added into it in place and it is returned (used for
-    tied weights).
+    vocabulary (V <= 512) scatters with one matrix product onehot(ids)ᵀ dy; a
+    larger one with a single ``np.add.at`` on the flattened table (element
+    index id·d + j), several times faster than ``np.add.at`` on rows. If
+    ``out`` is given the gradient is added into it in place and it is returned
+    (used for tied weights).
     """
     ids, E_shape = cache
     V, d = E_shape
@@ -32,12 +32,12 @@ def embedding_backward(dy, cache, out=None):
         out += onehot @ dy2
         return out
     dE = np.zeros(E_shape, dtype=dy.dtype) if out is None else out
-    if n:
-        order = np.argsort(flat, kind="stable")
-        sorted_ids = flat[order]
-        starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
-        dE[sorted_ids[starts]] += np.add.reduceat(dy2[order], starts, axis=0)
+    if n and dE.flags.c_contiguous:
+        index = (flat[:, None] * d + np.arange(d)).reshape(-1)
+        np.add.at(dE.reshape(-1), index, np.ascontiguousarray(dy2, dtype=dE.dtype).reshape(-1))
+    elif n:
+        np.add.at(dE, flat, dy2)
     return dE
 
 
-_ONE_HOT_MAX_VOCAB = 1024
+_ONE_HOT_MAX_VOCAB = 512

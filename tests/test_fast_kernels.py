@@ -29,6 +29,7 @@ def split_everything(monkeypatch, threads):
     """Force the smallest split grains so that tiny test inputs are split across 3 threads."""
     threads(3)
     monkeypatch.setattr(attn_ops, "_split_grain", lambda lead, t_q, t_k: 1)
+    monkeypatch.setattr(attn_ops, "_CAUSAL_BLOCK", 2)            # causal attention in blocks of 2 queries
     monkeypatch.setattr(norm_ops, "_row_grain", lambda d: 1)
     from numformer.ops import activations
     monkeypatch.setattr(activations, "_CHUNK", 7)
@@ -297,3 +298,21 @@ def test_relu_kernel_equals_straightforward_and_split(dtype, rng, split_everythi
     assert np.array_equal(dx, np.where(x > 0, dy, 0))
     _runtime.set_num_threads(1)
     assert np.array_equal(ops.relu_backward(dy, ops.relu_forward(x)[1]), dx)
+
+
+
+def test_causal_blocks_at_the_real_block_size(rng):
+    """Causal attention over 150 queries (3 blocks of 64, the last one short) against the naive computation."""
+    B, H, T, dk = 2, 3, 150, 8
+    q, k, v = (rng.standard_normal((B, H, T, dk)) for _ in range(3))
+    out, cache = attn_ops.fused_attention_forward(q, k, v, is_causal=True)
+    add = np.where(np.tril(np.ones((T, T), bool)), 0.0, -np.inf)
+    ref, p = _naive_attention(q, k, v, add, dk ** -0.5)
+    assert_close(out, ref, 1e-12, "out")
+    assert_close(np.swapaxes(cache.weights_t, -1, -2), p, 1e-12, "weights (zeros above the diagonal blocks)")
+    dout = rng.standard_normal(out.shape)
+    dq, dk_, dv = attn_ops.fused_attention_backward(dout, cache)
+    ds = p * (dout @ np.swapaxes(v, -1, -2) - np.sum(dout * ref, axis=-1, keepdims=True)) * dk ** -0.5
+    assert_close(dv, np.swapaxes(p, -1, -2) @ dout, 1e-12, "dv")
+    assert_close(dq, ds @ k, 1e-12, "dq")
+    assert_close(dk_, np.swapaxes(ds, -1, -2) @ q, 1e-12, "dk")

@@ -67,13 +67,26 @@ def apply_mask(scores, attn_mask=None, is_causal=False):
 
 
 class FastAttentionCache(NamedTuple):
-    """Cache of the fused kernel (no dropout): probabilities stored transposed, P^T of shape (..., Tk, Tq)."""
+    """Cache of the fused kernel (no dropout). The probabilities are stored transposed, Pᵀ (..., Tk, Tq), as
+    one array per block of queries (one block unless causal over more than ``_CAUSAL_BLOCK`` queries)."""
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
-    weights_t: np.ndarray      # softmax probabilities, transposed: (..., Tk, Tq)
+    p_blocks: tuple            # Pᵀ of each query block (q0, q1, kv): (..., kv, q1 - q0), keys kv and after are 0
+    blocks: tuple              # the (q0, q1, kv) of each block
     out: np.ndarray            # the output O = P V (a view of the returned array)
     scale: float
+
+    @property
+    def weights_t(self):
+        """The full transposed probabilities Pᵀ (..., Tk, Tq), zeros where a causal block skipped keys."""
+        if len(self.blocks) == 1:
+            return self.p_blocks[0]
+        lead, t_k, t_q = self.p_blocks[0].shape[:-2], self.k.shape[-2], self.q.shape[-2]
+        full = np.zeros(lead + (t_k, t_q), self.p_blocks[0].dtype)
+        for (q0, q1, kv), pb in zip(self.blocks, self.p_blocks):
+            full[..., :kv, q0:q1] = pb
+        return full
 
 
 _MASK_CACHE = {}
@@ -137,6 +150,28 @@ def _softmax_t_inplace(sp, causal, mp):
     sp *= z[..., None, :]
 
 
+# Causal attention over long sequences is computed in blocks of this many queries: block [q0, q1) only
+# needs the keys [0, q1), so the scores (and their softmax) above the diagonal blocks are never computed.
+_CAUSAL_BLOCK = 64
+
+
+def _blocks(t_q, t_k, is_causal):
+    """(q0, q1, kv): query blocks and the number of keys each one sees (top-left aligned causal mask)."""
+    if not is_causal or t_q <= _CAUSAL_BLOCK:
+        return [(0, t_q, t_k)]
+    return [(q0, min(q0 + _CAUSAL_BLOCK, t_q), min(q0 + _CAUSAL_BLOCK, t_q, t_k))
+            for q0 in range(0, t_q, _CAUSAL_BLOCK)]
+
+
+def _mask_block(m, kv, q0, q1):
+    """The (keys :kv, queries q0:q1) block of a transposed mask, broadcast axes left whole."""
+    if m is None:
+        return None
+    rows = slice(None) if m.shape[-2] == 1 else slice(0, kv)
+    cols = slice(None) if m.shape[-1] == 1 else slice(q0, q1)
+    return m[..., rows, cols]
+
+
 def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, out=None):
     """softmax(Q Kᵀ · scale + M) V without dropout, the fast kernel behind
     ``scaled_dot_product_attention_forward``; same conventions (bool mask True = may attend).
@@ -148,10 +183,13 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     The scores are kept transposed, Sᵀ of shape (..., Tk, Tq): the softmax then
     reduces over the second-last axis, which NumPy vectorizes across queries
     (a max along the last axis of short rows is several times slower), and
-    every product is a plain BLAS call on the layouts at hand. The first
-    leading axis (batch) is split across threads (``numformer.set_num_threads``):
-    small heads entirely, larger ones for the softmax only (their products use
-    the BLAS's threads). Each item is computed the same way whatever the split.
+    every product is a plain BLAS call on the layouts at hand. A causal mask
+    over more than ``_CAUSAL_BLOCK`` queries is applied block by block: the
+    block of queries [q0, q1) only computes its scores against keys [0, q1),
+    skipping the blocks above the diagonal. The first leading axis (batch) is
+    split across threads (``numformer.set_num_threads``): small heads entirely,
+    larger ones for the softmax only (their products use the BLAS's threads).
+    Each item is computed the same way whatever the split.
     """
     _check_qkv(q, k, v)
     t_q, t_k = q.shape[-2], k.shape[-2]
@@ -167,29 +205,42 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     sc = dt.type(scale)
     n0 = lead[0] if lead else 1
     grain = _split_grain(lead, t_q, t_k)
+    blocks = _blocks(t_q, t_k, is_causal)
+    p_blocks = [np.empty(lead + (kv, q1 - q0), dt) for q0, q1, kv in blocks]    # Sᵀ, then Pᵀ, per block
+    masks = [(_mask_block(causal, kv, q0, q1), _mask_block(mask_t, kv, q0, q1)) for q0, q1, kv in blocks]
 
     def sl(a, lo, hi):
         return _take(a, lo, hi, n0) if lead else a
 
+    def split(fn):                                # fn(lo, hi) over the batch, across threads
+        parallel_for(n0, fn, grain) if lead else fn(0, 1)
+
     if _products_in_pieces(t_q, t_k, q.shape[-1], v.shape[-1]):
-        s = np.empty(lead + (t_k, t_q), dt)       # Sᵀ, then Pᵀ
-
         def piece(lo, hi):
-            sp = sl(s, lo, hi)
+            kp, vp, op = sl(k, lo, hi), sl(v, lo, hi), sl(out, lo, hi)
             qs_t = np.multiply(np.swapaxes(sl(q, lo, hi), -1, -2), sc, dtype=dt, order="C")   # (Q·scale)ᵀ
-            np.matmul(sl(k, lo, hi), qs_t, out=sp)
-            _softmax_t_inplace(sp, causal, sl(mask_t, lo, hi))
-            np.matmul(np.swapaxes(sp, -1, -2), sl(v, lo, hi), out=sl(out, lo, hi))
+            for (q0, q1, kv), pb, (cb, mb) in zip(blocks, p_blocks, masks):
+                sb = pb[lo:hi] if lead else pb
+                np.matmul(kp[..., :kv, :], qs_t[..., q0:q1], out=sb)
+                _softmax_t_inplace(sb, cb, sl(mb, lo, hi))
+                np.matmul(np.swapaxes(sb, -1, -2), vp[..., :kv, :], out=op[..., q0:q1, :])
 
-        parallel_for(n0, piece, grain) if lead else piece(0, 1)
+        split(piece)
     else:
-        s = np.matmul(k, np.multiply(np.swapaxes(q, -1, -2), sc, dtype=dt, order="C"))   # K (Q·scale)ᵀ = Sᵀ
-        if lead:
-            parallel_for(n0, lambda lo, hi: _softmax_t_inplace(sl(s, lo, hi), causal, sl(mask_t, lo, hi)), grain)
-        else:
-            _softmax_t_inplace(s, causal, mask_t)
-        np.matmul(np.swapaxes(s, -1, -2), v, out=out)
-    return out, FastAttentionCache(q, k, v, s, out, scale)
+        qs_t = np.multiply(np.swapaxes(q, -1, -2), sc, dtype=dt, order="C")             # (Q·scale)ᵀ
+        for (q0, q1, kv), pb, (cb, mb) in zip(blocks, p_blocks, masks):
+            np.matmul(k[..., :kv, :], qs_t[..., q0:q1], out=pb)                          # BLAS threads
+            split(lambda lo, hi: _softmax_t_inplace(sl(pb, lo, hi), cb, sl(mb, lo, hi)))
+            np.matmul(np.swapaxes(pb, -1, -2), v[..., :kv, :], out=out[..., q0:q1, :])
+    return out, FastAttentionCache(q, k, v, tuple(p_blocks), tuple(blocks), out, scale)
+
+
+def _accumulate(product, target, first):
+    """target = product (first block) or target += product."""
+    if first:
+        target[...] = product
+    else:
+        target += product
 
 
 def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
@@ -199,49 +250,66 @@ def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
     dV = Pᵀ dO     dP = dO Vᵀ     dS = P ⊙ (dP - r),  r_i = Σ_j P_ij dP_ij = dO_i · O_i
     dQ = dS K · scale      dK = dSᵀ Q · scale
     (r from the outputs, as in FlashAttention-2: a dot product per query instead of a pass over the scores.)
+    Causal blocks are processed from the last (which sees every key) to the first; dV and dK add up the
+    blocks' contributions.
     """
-    q, k, v, p_t, out, scale = cache
-    dt = p_t.dtype
-    lead = p_t.shape[:-2]
-    t_k, t_q = p_t.shape[-2:]
+    q, k, v, p_blocks, blocks, out, scale = cache
+    dt = p_blocks[0].dtype
+    lead = p_blocks[0].shape[:-2]
+    t_q, t_k = q.shape[-2], k.shape[-2]
     dq = np.empty(q.shape, dt) if dq is None else dq
     dk = np.empty(k.shape, dt) if dk is None else dk
     dv = np.empty(v.shape, dt) if dv is None else dv
     sc = dt.type(scale)
     n0 = lead[0] if lead else 1
     grain = _split_grain(lead, t_q, t_k)
+    order = sorted(range(len(blocks)), key=lambda i: -blocks[i][2])     # widest key range first
+    top = blocks[order[0]][2]
+    if top < t_k:                                 # keys that no query sees get zero gradients
+        dk[..., top:, :] = 0
+        dv[..., top:, :] = 0
 
     def sl(a, lo, hi):
         return a[lo:hi] if lead else a
 
+    def split(fn):
+        parallel_for(n0, fn, grain) if lead else fn(0, 1)
+
     # The scale is folded into the contiguous copy of dOᵀ (and r), so dSᵀ comes out scaled: no extra pass.
     if _products_in_pieces(t_q, t_k, q.shape[-1], v.shape[-1]):
         def piece(lo, hi):
-            qp, kp, vp, pp, op, gp = (sl(a, lo, hi) for a in (q, k, v, p_t, out, dout))
-            np.matmul(pp, gp, out=sl(dv, lo, hi))
-            ds_t = np.matmul(vp, np.multiply(np.swapaxes(gp, -1, -2), sc, dtype=dt, order="C"))  # dPᵀ·scale
-            r = np.vecdot(gp, op)                                                      # r = dO · O per query
+            qp, kp, vp, op, gp = (sl(a, lo, hi) for a in (q, k, v, out, dout))
+            dqp, dkp, dvp = sl(dq, lo, hi), sl(dk, lo, hi), sl(dv, lo, hi)
+            g_t = np.multiply(np.swapaxes(gp, -1, -2), sc, dtype=dt, order="C")       # (dO·scale)ᵀ
+            r = np.vecdot(gp, op)                                                     # r = dO · O per query
             r *= sc
-            ds_t -= r[..., None, :]
-            ds_t *= pp                                                                 # dSᵀ · scale
-            np.matmul(np.swapaxes(ds_t, -1, -2), kp, out=sl(dq, lo, hi))
-            np.matmul(ds_t, qp, out=sl(dk, lo, hi))
+            for n, i in enumerate(order):
+                (q0, q1, kv), pb = blocks[i], sl(p_blocks[i], lo, hi)
+                _accumulate(np.matmul(pb, gp[..., q0:q1, :]), dvp[..., :kv, :], n == 0)
+                db = np.matmul(vp[..., :kv, :], g_t[..., q0:q1])                       # dPᵀ · scale
+                db -= r[..., None, q0:q1]
+                db *= pb                                                              # dSᵀ · scale
+                np.matmul(np.swapaxes(db, -1, -2), kp[..., :kv, :], out=dqp[..., q0:q1, :])
+                _accumulate(np.matmul(db, qp[..., q0:q1, :]), dkp[..., :kv, :], n == 0)
 
-        parallel_for(n0, piece, grain) if lead else piece(0, 1)
+        split(piece)
         return dq, dk, dv
-    np.matmul(p_t, dout, out=dv)
-    ds_t = np.matmul(v, np.multiply(np.swapaxes(dout, -1, -2), sc, dtype=dt, order="C"))   # dPᵀ · scale
+    g_t = np.multiply(np.swapaxes(dout, -1, -2), sc, dtype=dt, order="C")              # (dO·scale)ᵀ
     r = np.vecdot(dout, out)
     r *= sc
+    for n, i in enumerate(order):
+        (q0, q1, kv), pb = blocks[i], p_blocks[i]
+        _accumulate(np.matmul(pb, dout[..., q0:q1, :]), dv[..., :kv, :], n == 0)
+        db = np.matmul(v[..., :kv, :], g_t[..., q0:q1])                                 # dPᵀ · scale
 
-    def scores(lo, hi):
-        dsp = sl(ds_t, lo, hi)
-        dsp -= sl(r, lo, hi)[..., None, :]
-        dsp *= sl(p_t, lo, hi)
+        def scores(lo, hi, db=db, pb=pb, q0=q0, q1=q1):
+            dsp = sl(db, lo, hi)
+            dsp -= sl(r, lo, hi)[..., None, q0:q1]
+            dsp *= sl(pb, lo, hi)
 
-    parallel_for(n0, scores, grain) if lead else scores(0, 1)
-    np.matmul(np.swapaxes(ds_t, -1, -2), k, out=dq)
-    np.matmul(ds_t, q, out=dk)
+        split(scores)
+        np.matmul(np.swapaxes(db, -1, -2), k[..., :kv, :], out=dq[..., q0:q1, :])
+        _accumulate(np.matmul(db, q[..., q0:q1, :]), dk[..., :kv, :], n == 0)
     return dq, dk, dv
 
 

@@ -76,10 +76,11 @@ def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch):
         assert r["median_ratio"] > 0 and len(r["ratios"]) == 2
         assert 0 < r["numformer_mfu"] and 0 < r["torch_mfu"]
         assert abs(r["first_loss"]["numformer"] - r["first_loss"]["torch"]) < 1e-4
+        assert r["single_core"]["numformer_cpu_ms_per_step"] > 0 and r["single_core"]["ratio"] > 0
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert "throughput" in saved and saved["throughput"]["_run"]["quick"] is True
     md = (tmp_path / "bench.md").read_text()
-    assert "Training throughput" in md and "figures/throughput.png" in md
+    assert "Training throughput" in md and "figures/throughput.png" in md and "Per-core efficiency" in md
     assert (tmp_path / "figures" / "throughput.png").stat().st_size > 0
     # another part's entry is kept when this part is run again
     saved["other_part"] = {"x": 1}

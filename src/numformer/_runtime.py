@@ -203,3 +203,59 @@ def parallel_for(n, fn, grain):
             error = error or e
     if error is not None:
         raise error
+
+
+# -- BLAS threads (for measurements) -------------------------------------------------------------------
+
+def _openblas_thread_functions():
+    """(get, set) of the OpenBLAS loaded by NumPy, or None (another BLAS, or symbols not found)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f
+                     if len(line.split()) >= 6 and "openblas" in line.split()[-1].lower() and ".so" in line.split()[-1]}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for suffix in ("64_", "_64_", ""):
+            for prefix in ("scipy_openblas", "openblas"):
+                try:
+                    get = getattr(lib, f"{prefix}_get_num_threads{suffix}")
+                    set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}")
+                except AttributeError:
+                    continue
+                get.restype = ctypes.c_int
+                set_.argtypes = (ctypes.c_int,)
+                return get, set_
+    return None
+
+
+class blas_threads:
+    """Context manager: run the enclosed code with the OpenBLAS thread count set to ``n`` (process-wide),
+    then restore it. Used by the benchmark's single-core comparison; a no-op (``.applied`` False) when NumPy's
+    BLAS is not an OpenBLAS whose thread count can be set."""
+
+    def __init__(self, n):
+        self.n = int(n)
+        self.applied = False
+        self._saved = None
+
+    def __enter__(self):
+        fns = _openblas_thread_functions()
+        if fns is not None:
+            get, set_ = fns
+            self._saved = (set_, get())
+            set_(self.n)
+            self.applied = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            set_, n = self._saved
+            set_(n)
+        return False

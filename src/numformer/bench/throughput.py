@@ -218,6 +218,40 @@ def measure_config(cfg, warmup, rounds, steps, seed=0):
     }
 
 
+def measure_single_core(cfg, rounds, steps, seed=0):
+    """Both frameworks on one thread (PyTorch intra-op threads, numformer's pool and the BLAS all set to 1),
+    alternating, timed by the CPU time of the calling thread: a per-core efficiency comparison that other
+    processes on the machine hardly disturb. Returns ms of CPU per step (best round) and their ratio."""
+    import torch
+
+    from .. import _runtime
+
+    model, ref = build_models(cfg, seed)
+    batches = make_batches(cfg)
+    tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
+    nf_step, pt_step = numformer_trainer(model, cfg), torch_trainer(ref, cfg)
+    threads, torch_threads = _runtime.get_num_threads(), torch.get_num_threads()
+    nf, pt = [], []
+    try:
+        _runtime.set_num_threads(1)
+        torch.set_num_threads(1)
+        with _runtime.blas_threads(1) as blas:
+            nf_step(*batches[0])
+            pt_step(*tbatches[0])
+            for r in range(rounds):
+                order = (("nf", nf_step, batches), ("pt", pt_step, tbatches))
+                for name, step, b in (order if r % 2 == 0 else order[::-1]):
+                    t0 = time.thread_time()
+                    for i in range(steps):
+                        step(*b[i % len(b)])
+                    (nf if name == "nf" else pt).append(1e3 * (time.thread_time() - t0) / steps)
+    finally:
+        _runtime.set_num_threads(threads)
+        torch.set_num_threads(torch_threads)
+    return {"numformer_cpu_ms_per_step": min(nf), "torch_cpu_ms_per_step": min(pt),
+            "ratio": min(pt) / min(nf), "blas_single_thread": blas.applied, "rounds": rounds, "steps": steps}
+
+
 def environment():
     import torch
 
@@ -246,6 +280,9 @@ def run(quick=False, configs=None, plan=None):
         r["numformer_mfu"] = flops * r["numformer_median_tokens_per_s"] / r["tokens_per_step"] / (peak * 1e9)
         r["torch_mfu"] = flops * r["torch_median_tokens_per_s"] / r["tokens_per_step"] / (peak * 1e9)
         results[name] = r
+    for name, cfg in configs.items():
+        _, rounds, steps = plan[name]
+        results[name]["single_core"] = measure_single_core(cfg, max(2, rounds // 2), max(1, steps // 2))
     peak_after = matmul_peak(n_peak, 3 if quick else 5)
     return {"configs": results, "matmul_peak_gflops": max(peak, peak_after),
             "matmul_peak_gflops_before_after": [peak, peak_after], "matmul_peak_n": n_peak,
@@ -314,6 +351,14 @@ def markdown(result, fig_dir):
             f"| **{r['median_ratio']:.2f}** ({r['min_ratio']:.2f}–{r['max_ratio']:.2f}) "
             f"| {r['numformer_ms_per_step']:.1f} / {r['torch_ms_per_step']:.1f} "
             f"| {100 * r['numformer_mfu']:.1f}% / {100 * r['torch_mfu']:.1f}% |")
+    lines += ["", "Per-core efficiency (both frameworks on one thread, BLAS included; CPU time of the calling thread, "
+              "best round, so that other load on the machine hardly matters):", "",
+              "| configuration | numformer CPU ms/step | PyTorch CPU ms/step | ratio |", "|---|---:|---:|---:|"]
+    for name, r in result["configs"].items():
+        c = r.get("single_core")
+        if c:
+            lines.append(f"| {name} | {c['numformer_cpu_ms_per_step']:.1f} | {c['torch_cpu_ms_per_step']:.1f} "
+                         f"| {c['ratio']:.2f} |")
     lines += ["", image_link(png, "throughput", fig_dir), "",
               f"Threads: PyTorch {env['torch_threads']} (torch {env['torch']}), numformer elementwise "
               f"{env['numformer_threads']}, BLAS {env['blas_threads_env']}; allocator: {env['malloc']}. "

@@ -1,0 +1,178 @@
+"""Helpers shared by the analysis modules: model inputs, eval mode, headless figures, token labels."""
+from __future__ import annotations
+
+import inspect
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ..models import GPT, EncoderClassifier, Transformer
+from ..nn import Embedding
+
+# -- model inputs -------------------------------------------------------------------------------------
+
+
+def input_names(model):
+    """The token-id arguments of ``model.forward``: ('idx',) GPT, ('ids',) EncoderClassifier, ('src', 'tgt') Transformer."""
+    if isinstance(model, Transformer):
+        return ("src", "tgt")
+    if isinstance(model, EncoderClassifier):
+        return ("ids",)
+    if isinstance(model, GPT):
+        return ("idx",)
+    params = [p for p in inspect.signature(model.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not params:
+        raise TypeError(f"cannot tell the token-id argument of {type(model).__name__}.forward")
+    return (params[0].name,)
+
+
+def as_inputs(model, inputs):
+    """Normalize ``inputs`` to {argument name: int array (B, T)} (plus any other keyword arguments given).
+
+    Accepts a dict of forward arguments, one id sequence / array (GPT, EncoderClassifier), or a
+    ``(src, tgt)`` pair (Transformer). 1-D id sequences get a batch axis.
+    """
+    names = input_names(model)
+    if isinstance(inputs, dict):
+        d = dict(inputs)
+    elif len(names) > 1:
+        if not isinstance(inputs, (tuple, list)) or len(inputs) != len(names):
+            raise ValueError(f"{type(model).__name__} needs {len(names)} id sequences {names}; "
+                             f"pass a dict {{{', '.join(repr(n) for n in names)}: ...}} or a tuple")
+        d = dict(zip(names, inputs))
+    else:
+        d = {names[0]: inputs}
+    for n in names:
+        if n not in d:
+            raise ValueError(f"missing input {n!r} for {type(model).__name__} (needs {names})")
+        a = np.asarray(d[n])
+        if a.ndim == 1:
+            a = a[None]
+        if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"input {n!r} must be integer token ids of shape (T,) or (batch, T), "
+                             f"got dtype {a.dtype} and shape {a.shape}")
+        d[n] = a
+    return d
+
+
+def embedding_modules(model):
+    """{input name: the Embedding module that looks its ids up}."""
+    if isinstance(model, Transformer):
+        return {"src": model.src_emb, "tgt": model.tgt_emb}
+    if isinstance(model, (GPT, EncoderClassifier)):
+        return {input_names(model)[0]: model.tok_emb}
+    embs = [m for m in model.modules() if isinstance(m, Embedding)]
+    if len(embs) != 1:
+        raise TypeError(f"cannot tell which Embedding of {type(model).__name__} reads which input")
+    return {input_names(model)[0]: embs[0]}
+
+
+def pad_ids(model):
+    """{input name: the model's padding id or None}."""
+    if isinstance(model, Transformer):
+        return {"src": model.src_pad_id, "tgt": model.tgt_pad_id}
+    return {n: getattr(model, "pad_id", None) for n in input_names(model)}
+
+
+def max_lengths(model):
+    """{input name: the longest sequence the model's positional encoding covers, or None}."""
+    if isinstance(model, Transformer):
+        return {"src": model.src_pos.max_len, "tgt": model.tgt_pos.max_len}
+    pos = getattr(model, "pos_emb", None)
+    return {n: getattr(pos, "max_len", None) for n in input_names(model)}
+
+
+@contextmanager
+def eval_mode(model):
+    """Switch every module to eval mode (no dropout) and restore each module's own flag afterwards."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, flag in flags:
+            object.__setattr__(m, "training", flag)
+
+
+@contextmanager
+def override_method(obj, name, function):
+    """Temporarily replace ``obj.name`` by ``function`` (an instance attribute), then restore it."""
+    had = name in obj.__dict__
+    old = obj.__dict__.get(name)
+    object.__setattr__(obj, name, function)
+    try:
+        yield
+    finally:
+        if had:
+            object.__setattr__(obj, name, old)
+        else:
+            object.__delattr__(obj, name)
+
+
+# -- figures ----------------------------------------------------------------------------------------------
+
+
+def new_figure(width, height):
+    """A matplotlib Figure on the Agg canvas: no pyplot, no display, no global backend switch.
+
+    In a notebook with the inline backend, a returned Figure shows itself.
+    """
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig, path, dpi=100):
+    """Write ``fig`` as PNG to ``path`` (folders created) when path is given; return the figure."""
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*[Gg]lyph.*missing.*")
+            warnings.filterwarnings("ignore", message=".*constrained_layout not applied.*")
+            fig.savefig(path, dpi=dpi, format="png")
+    return fig
+
+
+def token_label(token, max_chars=10):
+    """A token shown on an axis: visible whitespace (␣, \\n, \\t), no mathtext, at most ``max_chars``."""
+    s = str(token)
+    s = s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r").replace(" ", "␣")
+    if s == "":
+        s = "∅"
+    if len(s) > max_chars:
+        s = s[:max_chars - 1] + "…"
+    return s.replace("$", r"\$")
+
+
+def label_ticks(n, length_inches, fontsize=None, min_fontsize=5.0, max_fontsize=9.0):
+    """(tick positions, font size) for ``n`` labels along an axis ``length_inches`` long.
+
+    Every label is shown when they fit at ``min_fontsize``; otherwise every k-th (thinned).
+    """
+    if fontsize is None:
+        fontsize = float(np.clip(length_inches * 72.0 / max(n, 1) / 1.25, min_fontsize, max_fontsize))
+    fit = max(int(length_inches * 72.0 / (fontsize * 1.25)), 1)
+    step = int(np.ceil(n / fit)) if n > fit else 1
+    return np.arange(0, n, step), fontsize
+
+
+def set_token_ticks(ax, labels, axis, length_inches, rotate=True):
+    """Token labels on ``axis`` ('x' or 'y') of an image axes, thinned to what fits."""
+    labels = [token_label(t) for t in labels]
+    ticks, fs = label_ticks(len(labels), length_inches)
+    if axis == "x":
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([labels[i] for i in ticks], fontsize=fs, rotation=90 if rotate else 0)
+    else:
+        ax.set_yticks(ticks)
+        ax.set_yticklabels([labels[i] for i in ticks], fontsize=fs)
+
+
+def default_labels(ids):
+    return [str(int(i)) for i in np.asarray(ids).reshape(-1)]

@@ -1,0 +1,138 @@
+"""Training curves from a run's ``metrics.jsonl``.
+
+One JSON object per line. Training lines carry ``step``, ``train_loss``, ``lr``,
+``grad_norm``, ``tokens_per_s``; evaluation lines carry ``step``, ``val_loss`` and
+possibly other metrics (``val_accuracy``, ``val_bleu``, ...).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ._common import new_figure, save_figure
+
+
+def read_metrics(path):
+    """The records of a metrics.jsonl file, in order.
+
+    Blank lines are skipped; a truncated last line (a run still being written) is dropped;
+    a malformed line elsewhere raises ValueError naming the line.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):
+                break
+            raise ValueError(f"{path}:{n}: not a JSON object ({e.msg}); each line of metrics.jsonl must be "
+                             f"one JSON object") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+        records.append(rec)
+    return records
+
+
+def _records(records):
+    return read_metrics(records) if isinstance(records, (str, Path)) else list(records)
+
+
+def series(records, key):
+    """(steps, values) of the records that have ``key`` (and a ``step``), as float arrays."""
+    pts = [(r["step"], r[key]) for r in _records(records)
+           if key in r and "step" in r and isinstance(r[key], (int, float)) and r[key] is not None]
+    if not pts:
+        return np.zeros(0), np.zeros(0)
+    s, v = zip(*pts)
+    return np.asarray(s, dtype=float), np.asarray(v, dtype=float)
+
+
+def ema(values, beta=0.9):
+    """Bias-corrected exponential moving average (as TensorBoard's smoothing)."""
+    out = np.empty(len(values))
+    acc = 0.0
+    for i, x in enumerate(values):
+        acc = beta * acc + (1 - beta) * x
+        out[i] = acc / (1 - beta ** (i + 1))
+    return out
+
+
+def eval_metric_names(records):
+    """Numeric keys of the evaluation lines other than step and val_loss (e.g. val_accuracy)."""
+    names = []
+    for r in _records(records):
+        if "train_loss" in r:
+            continue
+        for k, v in r.items():
+            if k not in ("step", "val_loss", "epoch", "time", "elapsed") and isinstance(v, (int, float)) \
+                    and not isinstance(v, bool) and k not in names:
+                names.append(k)
+    return names
+
+
+def plot_loss_curves(records, path=None, smooth=0.9, logy=False, title="loss", dpi=100):
+    """Training loss (raw, faint, and smoothed) and validation loss against the step."""
+    records = _records(records)
+    fig = new_figure(7.0, 4.2)
+    ax = fig.subplots()
+    s, v = series(records, "train_loss")
+    if len(s):
+        ax.plot(s, v, color="#1f77b4", alpha=0.3 if len(s) > 20 and smooth else 1.0, lw=1,
+                label="train" if not (len(s) > 20 and smooth) else "train (raw)")
+        if len(s) > 20 and smooth:
+            ax.plot(s, ema(v, smooth), color="#1f77b4", lw=1.8, label=f"train (EMA {smooth})")
+    s, v = series(records, "val_loss")
+    if len(s):
+        ax.plot(s, v, "o-", color="#d62728", ms=3.5, lw=1.4, label="validation")
+    if not ax.lines:
+        ax.text(0.5, 0.5, "no train_loss or val_loss in the metrics", ha="center", va="center",
+                transform=ax.transAxes)
+    if logy and ax.lines:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    ax.set_title(title)
+    return save_figure(fig, path, dpi)
+
+
+def plot_learning_rate(records, path=None, title="learning rate", dpi=100):
+    """The learning rate of each logged training step."""
+    fig = new_figure(7.0, 3.2)
+    ax = fig.subplots()
+    s, v = series(records, "lr")
+    if len(s):
+        ax.plot(s, v, color="#2ca02c", lw=1.5)
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    else:
+        ax.text(0.5, 0.5, "no lr in the metrics", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("step")
+    ax.set_ylabel("learning rate")
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    return save_figure(fig, path, dpi)
+
+
+def plot_eval_metrics(records, path=None, names=None, dpi=100):
+    """Each other evaluation metric (val_accuracy, ...) against the step; None if there is none."""
+    records = _records(records)
+    names = eval_metric_names(records) if names is None else names
+    if not names:
+        return None
+    fig = new_figure(max(4.0, 3.6 * len(names)), 3.2)
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for ax, k in zip(axes, names):
+        s, v = series(records, k)
+        ax.plot(s, v, "o-", ms=3.5, color="#9467bd")
+        ax.set_xlabel("step")
+        ax.set_title(k, fontsize=10)
+        ax.grid(alpha=0.3)
+    return save_figure(fig, path, dpi)

@@ -1,0 +1,245 @@
+"""The model's block diagram with tensor shapes, as text and as a figure.
+
+    print(format_model_diagram(gpt, batch_size=8, seq_len=64))
+    plot_model_diagram(gpt, batch_size=8, seq_len=64, path="model.png")
+
+The diagram is built from the model's own modules (their sizes, norm order,
+activation, pooling, tying), so the two views agree with each other and with
+the code: a post-LN block reads attention → Add & Norm → feed-forward → Add & Norm,
+a pre-LN block Norm → attention → Add → Norm → feed-forward → Add.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..models import GPT, EncoderClassifier, Transformer
+from ..nn import LearnedPositionalEncoding
+from ._common import new_figure, save_figure
+
+NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm", "batch": "BatchStatNorm"}
+
+
+@dataclass
+class Stage:
+    """One box: what it computes, the shape of its output, and a detail line (e.g. the attention weights)."""
+
+    label: str
+    shape: tuple
+    kind: str = "op"           # io, embed, attn, norm, ff, add, head
+    detail: str = ""
+
+
+@dataclass
+class Column:
+    """A stack: stages before the repeated block, the block (× n_layers), stages after.
+
+    residuals: (i, j) pairs of block indices: the stream entering stage i skips to the add in stage j.
+    cross: index of the block stage that reads the other column's output (cross-attention), or None.
+    """
+
+    title: str
+    before: list = field(default_factory=list)
+    block: list = field(default_factory=list)
+    n_layers: int = 0
+    block_title: str = ""
+    residuals: list = field(default_factory=list)
+    after: list = field(default_factory=list)
+    cross: int | None = None
+
+
+def _norm_name(block):
+    return NORM_NAMES.get(getattr(block, "norm_kind", "layer"), "Norm")
+
+
+def _block_stages(block, B, T, S=None, causal=False, decoder=False):
+    """Stages of one encoder/decoder block and its residual pairs, in the block's own norm order."""
+    d, h = block.d_model, block.n_heads
+    dh, dff = d // h, block.d_ff
+    norm = _norm_name(block)
+    act = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)"}.get(block.activation, block.activation)
+    x = (B, T, d)
+    self_label = ("masked " if causal else "") + f"multi-head self-attention, {h} heads × {dh}"
+    attn = Stage(self_label, x, "attn", f"Q,K,V {(B, h, T, dh)}; weights {(B, h, T, T)}")
+    ff = Stage(f"feed-forward {d}→{dff}→{d}, {act}", x, "ff", f"hidden {(B, T, dff)}")
+    subs = [attn]
+    if decoder:
+        subs.append(Stage(f"multi-head cross-attention, {h} heads × {dh}", x, "attn",
+                          f"K,V from memory {(B, h, S, dh)}; weights {(B, h, T, S)}"))
+    subs.append(ff)
+    stages, residuals = [], []
+    for sub in subs:
+        start = len(stages)
+        if block.norm_first:
+            stages += [Stage(norm, x, "norm"), sub, Stage("+ residual", x, "add")]
+        else:
+            stages += [sub, Stage(f"+ residual, {norm}", x, "add")]
+        residuals.append((start, len(stages) - 1))
+    cross = next((i for i, s in enumerate(stages) if "cross" in s.label), None)
+    return stages, residuals, cross
+
+
+def _positional_label(pos, length="T"):
+    return f"+ learned positions P[0:{length}]" if isinstance(pos, LearnedPositionalEncoding) else \
+        f"+ sinusoidal positions PE[0:{length}]"
+
+
+def model_diagram(model, batch_size=1, seq_len=None, tgt_len=None):
+    """(title, [Column, ...]) describing ``model`` for a batch of ``batch_size`` sequences.
+
+    seq_len: the (source) sequence length T (default: the model's maximum, capped at 128);
+    tgt_len: the target length of a Transformer (default seq_len).
+    """
+    B = batch_size
+    if isinstance(model, GPT):
+        T = seq_len or min(model.block_size, 128)
+        d, V = model.d_model, model.vocab_size
+        blocks = list(model.blocks)
+        stages, res, _ = _block_stages(blocks[0], B, T, causal=True)
+        after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if model.norm_f is not None else []
+        tied = " (tied to E)" if model.tie_weights else ""
+        after.append(Stage(f"linear → vocabulary{tied}", (B, T, V), "head", "logits"))
+        col = Column("GPT (decoder-only)", [
+            Stage("token ids", (B, T), "io"),
+            Stage(f"token embedding E[ids], {V}×{d}", (B, T, d), "embed"),
+            Stage(_positional_label(model.pos_emb) + ", dropout", (B, T, d), "embed")],
+            stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN block", res, after)
+        title = f"GPT: B={B}, T={T}, d_model={d}, {model.n_layers} layers, vocab {V}"
+        return title, [col]
+    if isinstance(model, EncoderClassifier):
+        T = seq_len or min(model.max_len, 128)
+        d = model.d_model
+        blocks = list(model.encoder.layers)
+        stages, res, _ = _block_stages(blocks[0], B, T)
+        after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if model.encoder.norm is not None else []
+        pool = "mean over non-padding positions" if model.pooling == "mean" else "first position"
+        after += [Stage(f"pool: {pool}", (B, d), "op"),
+                  Stage(f"dropout, linear → {model.n_classes} classes", (B, model.n_classes), "head", "logits")]
+        scale = " · √d" if model.embed_scale != 1.0 else ""
+        col = Column("EncoderClassifier", [
+            Stage("token ids", (B, T), "io"),
+            Stage(f"token embedding E[ids]{scale}, {model.vocab_size}×{d}", (B, T, d), "embed"),
+            Stage(_positional_label(model.pos_emb) + ", dropout", (B, T, d), "embed")],
+            stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN encoder block", res, after)
+        return f"EncoderClassifier: B={B}, T={T}, d_model={d}, {len(blocks)} layers", [col]
+    if isinstance(model, Transformer):
+        S = seq_len or min(model.max_len, 128)
+        T = tgt_len or S
+        d = model.d_model
+        enc, dec = list(model.encoder.layers), list(model.decoder.layers)
+        scale = " · √d" if model.embed_scale != 1.0 else ""
+        e_st, e_res, _ = _block_stages(enc[0], B, S)
+        e_after = [Stage(f"final {_norm_name(enc[0])}", (B, S, d), "norm")] if model.encoder.norm is not None else []
+        e_after.append(Stage("memory", (B, S, d), "io"))
+        ecol = Column("encoder", [
+            Stage("source ids", (B, S), "io"),
+            Stage(f"source embedding{scale}, {model.src_vocab_size}×{d}", (B, S, d), "embed"),
+            Stage(_positional_label(model.src_pos, "S") + ", dropout", (B, S, d), "embed")],
+            e_st, len(enc), f"{'pre' if enc[0].norm_first else 'post'}-LN encoder block", e_res, e_after)
+        d_st, d_res, cross = _block_stages(dec[0], B, T, S, causal=True, decoder=True)
+        d_after = [Stage(f"final {_norm_name(dec[0])}", (B, T, d), "norm")] if model.decoder.norm is not None else []
+        d_after.append(Stage("linear → target vocabulary", (B, T, model.tgt_vocab_size), "head", "logits"))
+        dcol = Column("decoder", [
+            Stage("target ids (shifted right)", (B, T), "io"),
+            Stage(f"target embedding{scale}, {model.tgt_vocab_size}×{d}", (B, T, d), "embed"),
+            Stage(_positional_label(model.tgt_pos) + ", dropout", (B, T, d), "embed")],
+            d_st, len(dec), f"{'pre' if dec[0].norm_first else 'post'}-LN decoder block", d_res, d_after, cross)
+        return (f"Transformer: B={B}, S={S}, T={T}, d_model={d}, {len(enc)}+{len(dec)} layers", [ecol, dcol])
+    raise TypeError(f"no block diagram for {type(model).__name__}; expected GPT, EncoderClassifier or Transformer")
+
+
+def _fmt(shape):
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def format_model_diagram(model, batch_size=1, seq_len=None, tgt_len=None):
+    """The block diagram as text: one line per stage with its output shape, the block indented."""
+    title, cols = model_diagram(model, batch_size, seq_len, tgt_len)
+    width = max(len(s.label) for c in cols for s in c.before + c.block + c.after) + 6
+    lines = [title]
+    for c in cols:
+        lines.append("")
+        lines.append(f"[{c.title}]")
+        for s in c.before:
+            lines.append(f"  {s.label:<{width}}{_fmt(s.shape)}")
+        lines.append(f"  ┌─ {c.block_title} × {c.n_layers}")
+        for s in c.block:
+            extra = f"   {s.detail}" if s.detail else ""
+            lines.append(f"  │ {s.label:<{width - 2}}{_fmt(s.shape)}{extra}")
+        lines.append("  └─")
+        for s in c.after:
+            extra = f"   {s.detail}" if s.detail else ""
+            lines.append(f"  {s.label:<{width}}{_fmt(s.shape)}{extra}")
+    return "\n".join(lines)
+
+
+COLORS = {"io": "#eeeeee", "embed": "#f9e0c7", "attn": "#fbd3d3", "norm": "#fff3b0", "add": "#fff3b0",
+          "ff": "#cfe8fc", "head": "#d6f5d6", "op": "#e8e0f5"}
+
+
+def plot_model_diagram(model, batch_size=1, seq_len=None, tgt_len=None, path=None, dpi=110):
+    """Boxes and arrows from the input ids (bottom) to the logits (top), shapes in each box.
+
+    The repeated block is framed and marked × n_layers, residual connections run on the
+    right of the boxes, and a Transformer's encoder output feeds the decoder's cross-attention.
+    """
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    title, cols = model_diagram(model, batch_size, seq_len, tgt_len)
+    box_w, box_h, gap = 4.4, 0.62, 0.36
+    col_x = [0.0, 6.4][:len(cols)]
+    heights = [len(c.before) + len(c.block) + len(c.after) for c in cols]
+    n_max = max(heights)
+    fig = new_figure(5.6 * len(cols) + 0.6, (box_h + gap) * n_max * 0.95 + 1.6)
+    ax = fig.subplots()
+    ax.set_axis_off()
+    centers = []
+    for c, x0 in zip(cols, col_x):
+        stages = c.before + c.block + c.after
+        # Align the columns' tops for a Transformer: the encoder output sits level with the cross-attention.
+        y0 = 0.0
+        if len(cols) == 2 and c is cols[0] and cols[1].cross is not None:
+            target = len(cols[1].before) + cols[1].cross
+            y0 = (target - (len(stages) - 1)) * (box_h + gap)
+        ys = [y0 + k * (box_h + gap) for k in range(len(stages))]
+        centers.append(ys)
+        for k, (s, y) in enumerate(zip(stages, ys)):
+            ax.add_patch(FancyBboxPatch((x0, y), box_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                        fc=COLORS.get(s.kind, "#ffffff"), ec="#444444", lw=0.9))
+            ax.text(x0 + box_w / 2, y + box_h * 0.66, s.label, ha="center", va="center", fontsize=7.2)
+            sub = _fmt(s.shape) + (f"   {s.detail}" if s.detail else "")
+            ax.text(x0 + box_w / 2, y + box_h * 0.27, sub, ha="center", va="center", fontsize=6.2, color="#333333")
+            if k:
+                ax.add_patch(FancyArrowPatch((x0 + box_w / 2, ys[k - 1] + box_h), (x0 + box_w / 2, y),
+                                             arrowstyle="-|>", mutation_scale=8, lw=0.9, color="#333333"))
+        # The repeated block: a frame and its count.
+        b0 = len(c.before)
+        if c.block:
+            top = ys[b0 + len(c.block) - 1] + box_h + gap * 0.4
+            bot = ys[b0] - gap * 0.4
+            ax.add_patch(FancyBboxPatch((x0 - 0.25, bot), box_w + 0.85, top - bot,
+                                        boxstyle="round,pad=0.02,rounding_size=0.15", fc="none", ec="#777777",
+                                        lw=1.0, ls="--"))
+            ax.text(x0 - 0.35, (top + bot) / 2, f"× {c.n_layers}", ha="right", va="center", fontsize=10,
+                    fontweight="bold")
+            ax.text(x0 - 0.2, top + 0.05, c.block_title, ha="left", va="bottom", fontsize=7, color="#555555")
+            # Residual connections: from the stream entering stage i, around the right side, into stage j.
+            for r, (i, j) in enumerate(c.residuals):
+                y_from = ys[b0 + i] - gap / 2
+                y_to = ys[b0 + j] + box_h / 2
+                xr = x0 + box_w + 0.22 + 0.12 * (r % 2)
+                ax.plot([x0 + box_w / 2, xr, xr], [y_from, y_from, y_to], color="#666666", lw=0.9)
+                ax.add_patch(FancyArrowPatch((xr, y_to), (x0 + box_w, y_to), arrowstyle="-|>",
+                                             mutation_scale=7, lw=0.9, color="#666666"))
+        ax.text(x0 + box_w / 2, ys[-1] + box_h + 0.35, c.title, ha="center", va="bottom", fontsize=9,
+                fontweight="bold")
+    if len(cols) == 2 and cols[1].cross is not None:
+        enc_top = centers[0][-1] + box_h / 2
+        k = len(cols[1].before) + cols[1].cross
+        ax.add_patch(FancyArrowPatch((col_x[0] + box_w, enc_top), (col_x[1], centers[1][k] + box_h / 2),
+                                     arrowstyle="-|>", mutation_scale=9, lw=1.2, color="#b03a2e",
+                                     connectionstyle="arc3,rad=0.0"))
+    all_y = [y for ys in centers for y in ys]
+    ax.set_xlim(-1.3, col_x[-1] + box_w + 0.9)
+    ax.set_ylim(min(all_y) - 0.4, max(all_y) + box_h + 0.9)
+    ax.set_title(title, fontsize=9)
+    return save_figure(fig, path, dpi)

@@ -316,3 +316,19 @@ def test_causal_blocks_at_the_real_block_size(rng):
     assert_close(dv, np.swapaxes(p, -1, -2) @ dout, 1e-12, "dv")
     assert_close(dq, ds @ k, 1e-12, "dq")
     assert_close(dk_, np.swapaxes(ds, -1, -2) @ q, 1e-12, "dk")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_thread_pool_works_in_a_forked_child(threads):
+    import os
+
+    threads(2)
+    seen = np.zeros(64)
+    _runtime.parallel_for(64, lambda lo, hi: seen.__setitem__(slice(lo, hi), 1), grain=8)   # pool started
+    pid = os.fork()
+    if pid == 0:                                       # child: the pool must not wait on the parent's threads
+        out = np.zeros(64)
+        _runtime.parallel_for(64, lambda lo, hi: out.__setitem__(slice(lo, hi), 1), grain=8)
+        os._exit(0 if out.all() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

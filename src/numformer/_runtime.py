@@ -163,6 +163,16 @@ def _pool(size):
         return _threads["pool"]
 
 
+def _forget_pool_after_fork():
+    """A forked child has the pool object but not its threads: start a fresh one on first use."""
+    _threads["pool"] = None
+    _threads["pool_size"] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def _run_in_worker(fn, start, stop):
     _in_worker.active = True
     try:

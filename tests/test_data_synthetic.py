@@ -387,3 +387,64 @@ def test_teacher_forced_exact_match_equals_greedy_on_a_trained_tiny_model():
                  for p, a in t.eval_set("val")]
     assert teacher == greedy_em
     assert 0 < np.mean(teacher) < 1
+
+
+def _train_tiny_parity(kind, steps=40):
+    """A 1-layer model after a few Adam steps on the count scratchpad (length 6): partly right."""
+    from numformer import ops
+    from numformer.models import build_model
+
+    t = task("parity", model_type=kind, length=6, min_length=6, n_val=16)
+    cfg = {"type": kind, **t.model_config(), "n_layers": 1, "n_heads": 2, "d_model": 16}
+    if kind == "transformer":
+        cfg.update(d_ff=32, dropout=0.0)
+    model = build_model(cfg, rng=np.random.default_rng(0), dtype=np.float64)
+    params = list(model.parameters())
+    m = [np.zeros_like(p.data) for p in params]
+    v = [np.zeros_like(p.data) for p in params]
+    rng = np.random.default_rng(0)
+    for step in range(1, steps + 1):
+        b = t.train_batch(32, rng)
+        model.zero_grad()
+        _, cache = ops.cross_entropy_forward(model(**b.inputs), b.targets)
+        model.backward(ops.cross_entropy_backward(cache))
+        for p, mi, vi in zip(params, m, v):
+            mi[...] = 0.9 * mi + 0.1 * p.grad
+            vi[...] = 0.999 * vi + 0.001 * p.grad ** 2
+            p.data -= 1e-2 * (mi / (1 - 0.9 ** step)) / (np.sqrt(vi / (1 - 0.999 ** step)) + 1e-8)
+    return t, model.eval()
+
+
+@pytest.mark.parametrize("kind", ["gpt", "transformer"])
+def test_parity_scratchpad_accuracy_is_greedy_decodings_final_bit(kind):
+    """``accuracy`` of the scratchpad formats: the bit the model writes last when it decodes its whole
+    scratchpad itself, checked against a plain greedy loop (no cache) on a partly trained model."""
+    t, model = _train_tiny_parity(kind)
+    m = t.evaluate(model, "val")
+    manual = []
+    for prompt, answer in t.eval_set("val"):
+        out = greedy(model, kind, (prompt + OFFSET).tolist(), len(answer) + 1)
+        manual.append(len(out) >= len(answer) and out[len(answer) - 1] == answer[-1] + OFFSET)
+    assert m["accuracy"] == pytest.approx(np.mean(manual))
+    assert 0 < m["accuracy"] < 1 and m["accuracy"] >= m["exact_match"]      # right scratchpad => right bit
+
+
+@pytest.mark.parametrize("name, kw, first", [
+    ("copy", {"model_type": "gpt"}, None), ("reversal", {"model_type": "transformer"}, None),
+    ("addition", {}, None), ("parity", {}, "<cls>"), ("parity", {"model_type": "gpt", "min_length": 8}, None)])
+def test_analysis_example_is_a_test_problem_with_token_labels(name, kw, first):
+    t = task(name, **kw)
+    inputs, labels = t.analysis_example("test")
+    batch = t.make_batch(t.eval_set("test")[:1])
+    assert set(inputs) == set(labels) == set(batch.inputs)
+    for k, ids in inputs.items():
+        np.testing.assert_array_equal(ids, batch.inputs[k][:1])
+        assert labels[k] == [t.tokens[i] for i in ids[0]]
+    if "idx" in labels:
+        assert "<sep>" in labels["idx"] and labels["idx"].index("<sep>") == len(t.eval_set("test")[0][0])
+    if "tgt" in labels:
+        assert labels["tgt"][0] == "<bos>"
+    if first:
+        assert labels["ids"][0] == first
+    if name == "addition":
+        assert "+" in labels["idx"]

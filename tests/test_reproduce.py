@@ -1,4 +1,4 @@
-"""numformer reproduce: a quick experiment writes its JSON, markdown, figures and the results index."""
+"""numformer reproduce: each synthetic experiment's quick version writes its JSON, markdown, figures and the index."""
 from __future__ import annotations
 
 import json
@@ -8,26 +8,60 @@ import pytest
 from numformer.cli import main
 from numformer.experiments import resolve
 
+# name -> (target metric, attention figures): the encoder-decoders draw cross, decoder and encoder attention.
+SYNTHETIC = {
+    "copy": ("exact_match", ["copy_attention_cross.png", "copy_attention_decoder.png", "copy_attention_encoder.png"]),
+    "reversal": ("exact_match", ["reversal_attention_cross.png"]),
+    "parity": ("accuracy", ["parity_attention_cross.png"]),
+    "addition": ("exact_match", ["addition_attention.png"]),
+    "sorting": ("exact_match", ["sorting_attention.png"]),
+}
 
-def test_quick_reproduce_writes_results(tmp_path, capsys):
+
+def quick(name, tmp_path):
     results, runs = tmp_path / "results", tmp_path / "runs"
-    assert main(["reproduce", "copy", "--quick", "--results", str(results), "--runs", str(runs), "--quiet"]) == 0
-    record = json.loads((results / "copy.json").read_text())
-    assert {"exact_match", "test_loss"} <= set(record["figures"])
-    assert record["targets"] == {"exact_match": ">= 0.99"}
-    for key in ("config", "seed", "wall_time_s", "commit", "machine", "steps"):
+    assert main(["reproduce", name, "--quick", "--results", str(results), "--runs", str(runs), "--quiet"]) == 0
+    return results
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC))
+def test_quick_reproduce_writes_results(tmp_path, capsys, name):
+    results = quick(name, tmp_path)
+    metric, attention = SYNTHETIC[name]
+    record = json.loads((results / f"{name}.json").read_text())
+    assert {metric, "test_loss"} <= set(record["figures"])
+    assert record["targets"] == {metric: ">= 0.95" if name == "parity" else ">= 0.99"}
+    for key in ("config", "seed", "wall_time_s", "commit", "machine", "steps", "date", "command"):
         assert key in record
-    assert record["config"]["train"]["max_steps"] == 20          # the quick overrides
-    md = (results / "copy.md").read_text()
-    assert "| exact_match |" in md and "figures/copy_loss.png" in md and "figures/copy_attention.png" in md
-    for png in ("copy_loss.png", "copy_attention.png"):
+    assert record["config"]["train"]["max_steps"] == 12          # the quick overrides
+    assert record["command"] == f"numformer reproduce {name} --quick"
+    md = (results / f"{name}.md").read_text()
+    assert f"| {metric} |" in md and "Model: " in md and ("Why this model" in md or "Technique" in md)
+    for png in [f"{name}_loss.png", f"{name}_metrics.png", *attention]:
+        assert f"figures/{png}" in md
         assert (results / "figures" / png).stat().st_size > 1000
-    index = (results / "README.md").read_text()
-    assert "[copy](copy.md)" in index
-    assert "copy: test_loss" in capsys.readouterr().out
+    assert f"[{name}]({name}.md)" in (results / "README.md").read_text()
+    assert f"{name}: test_loss" in capsys.readouterr().out
+    if name == "parity":                                       # the EncoderClassifier baseline is reported too
+        assert 0 <= record["figures"]["classifier_accuracy"] <= 1
+        assert record["config"]["model"]["type"] == "transformer"
+        assert "Baseline: the EncoderClassifier" in md
+    if name == "copy":                                         # cross-attention first: it shows the diagonal
+        assert md.index("copy_attention_cross.png") < md.index("copy_attention_encoder.png")
 
 
 def test_groups_and_unknown_names():
     assert [e.name for e in resolve("synthetic")] == ["copy", "reversal", "parity", "addition", "sorting"]
     with pytest.raises(ValueError, match="unknown experiment 'bogus'"):
         resolve("bogus")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SYNTHETIC))
+def test_full_experiment_reaches_its_target(tmp_path, name):
+    """The real experiment (minutes each; `make test-slow`): it reaches the seed's figure."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    assert main(["reproduce", name, "--results", str(results), "--runs", str(runs), "--quiet"]) == 0
+    record = json.loads((results / f"{name}.json").read_text())
+    assert all(record["met"].values()), record["figures"]
+    assert record["wall_time_s"] < 30 * 60

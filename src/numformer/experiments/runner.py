@@ -59,6 +59,7 @@ class Experiment:
     quick_overrides: list = field(default_factory=list)   # --set items for --quick (seconds, for tests)
     time_limit_minutes: float = 0.0        # the limit the issue sets, shown next to the wall time
     extra: Callable | None = None          # extra(trainer, task, results_dir, quick) -> (figures dict, markdown)
+    attention_groups: tuple = ()           # attention groups to draw, in this order (e.g. ("cross",)); () = all
     custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record
 
     def config_name(self):
@@ -85,18 +86,22 @@ def _figure_dir(ctx):
     return d
 
 
-def attention_figure(model, task, path, title):
-    """Heatmaps of every layer and head on the task's analysis example."""
-    from ..analysis import attention_maps, plot_attention
+def attention_figure(model, task, path, title, groups=()):
+    """Heatmaps of every layer and head on the task's analysis example; returns [(group, path), ...].
+
+    groups: the attention groups to draw, in order (default: all of the model's)."""
+    from ..analysis import GROUP_TITLES, attention_maps, plot_attention
 
     inputs, labels = task.analysis_example("test")
     maps = attention_maps(model, inputs)
+    groups = [g for g in groups if g in maps] or list(maps)
     written = []
-    for group in maps:
+    for group in groups:
         q_labels, k_labels = _group_labels(group, labels)
         out = Path(str(path).replace(".png", f"_{group}.png")) if len(maps) > 1 else Path(path)
-        plot_attention(maps[group], q_labels, k_labels, path=out, title=f"{title}: {group}")
-        written.append(out)
+        plot_attention(maps[group], q_labels, k_labels, path=out,
+                       title=f"{title}: {GROUP_TITLES.get(group, group)}")
+        written.append((group, out))
     return written
 
 
@@ -145,15 +150,17 @@ def run_experiment(exp, ctx):
     else:
         record, trainer, task, started = train_and_evaluate(exp, ctx)
         figs = _figure_dir(ctx)
-        from ..analysis import plot_loss_curves, read_metrics
+        from ..analysis import GROUP_TITLES, plot_loss_curves, read_metrics
 
         images = []
         curve = figs / f"{exp.name}_loss.png"
         plot_loss_curves(read_metrics(Path(record["run_dir"]) / "metrics.jsonl"), path=curve,
                          title=f"{exp.name}: learning curve")
         images.append(("Learning curve", curve))
-        for path in attention_figure(trainer.model, task, figs / f"{exp.name}_attention.png", exp.name):
-            images.append(("Attention of every layer and head on a test example", path))
+        for group, path in attention_figure(trainer.model, task, figs / f"{exp.name}_attention.png", exp.name,
+                                            exp.attention_groups):
+            what = "Attention" if group == "self" else GROUP_TITLES.get(group, group).capitalize()
+            images.append((f"{what}: every layer and head on a test example", path))
         extra_md = ""
         if exp.extra is not None:
             extra_figures, extra_md = exp.extra(trainer, task, ctx.results_dir, ctx.quick)

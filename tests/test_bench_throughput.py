@@ -62,7 +62,15 @@ def test_flops_count():
     assert throughput.model_flops_per_step(cfg) == pytest.approx(3 * per_token * 12 * T)
 
 
-def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch):
+@pytest.fixture
+def native_blas_afterwards():
+    yield
+    import numformer
+
+    numformer.set_fast_runtime(blas="native")
+
+
+def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch, native_blas_afterwards):
     configs = {"gpt": TINY["gpt"], "clf": TINY["clf"]}
     plan = {"gpt": (1, 2, 2), "clf": (1, 2, 2)}
     monkeypatch.setattr(throughput, "matmul_peak", lambda n=0, repeats=0: 100.0)

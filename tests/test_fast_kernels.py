@@ -37,12 +37,41 @@ def split_everything(monkeypatch, threads):
 
 # -- runtime ---------------------------------------------------------------------------------------------
 
-def test_set_fast_runtime_is_idempotent_and_reports():
+@pytest.fixture
+def native_blas_afterwards():
+    yield
+    numformer.set_fast_runtime(blas="native")
+
+
+def test_set_fast_runtime_is_idempotent_and_reports(native_blas_afterwards):
     first = numformer.set_fast_runtime()
     second = numformer.set_fast_runtime()
-    assert first == second and "malloc" in first
+    assert first == second and "malloc" in first and "blas" in first
     status = _runtime.fast_runtime_status()
     assert status["threads"] >= 1
+    with pytest.raises(ValueError, match="blas must be"):
+        numformer.set_fast_runtime(blas="mkl")
+
+
+@pytest.mark.skipif(_runtime._openblas_thread_functions() is None, reason="needs OpenBLAS thread control")
+def test_products_split_by_numformer_are_bitwise_equal(rng, threads, native_blas_afterwards, monkeypatch):
+    x = rng.standard_normal((3, 50, 24)).astype(np.float32)
+    W = rng.standard_normal((40, 24)).astype(np.float32)
+    dy = rng.standard_normal((3, 50, 40)).astype(np.float32)
+    numformer.set_fast_runtime(blas="native")
+    assert not _runtime.owns_blas()
+    y0, c0 = ops.linear_forward(x, W)
+    g0 = ops.linear_backward(dy, c0)
+    numformer.set_fast_runtime(blas="numformer")
+    assert _runtime.owns_blas()
+    threads(3)
+    monkeypatch.setattr(_runtime, "MATMUL_GRAIN", 64)            # split even these small products
+    y1, c1 = ops.linear_forward(x, W)
+    g1 = ops.linear_backward(dy, c1)
+    assert np.array_equal(y0, y1)
+    assert np.array_equal(g0[0], g1[0]) and np.array_equal(g0[1], g1[1])
+    numformer.set_fast_runtime(blas="native")
+    assert not _runtime.owns_blas()
 
 
 def test_parallel_for_covers_the_range_once_and_propagates_errors(threads):
@@ -150,7 +179,7 @@ def _mask(kind, rng, B, H, Tq, Tk):
 @pytest.mark.parametrize("products_in_pieces", [True, False])
 def test_fused_attention_equals_naive_and_split(kind, lengths, products_in_pieces, rng, split_everything,
                                                 monkeypatch):
-    monkeypatch.setattr(attn_ops, "BLAS_SINGLE_THREAD_MNK", 10 ** 9 if products_in_pieces else 0)
+    monkeypatch.setattr(attn_ops, "_products_in_pieces", lambda *shape: products_in_pieces)
     B, H, (Tq, Tk), dk = 3, 2, lengths, 4
     q = rng.standard_normal((B, H, Tq, dk))
     k = rng.standard_normal((B, H, Tk, dk))

@@ -23,9 +23,20 @@ PyTorch's intra-op threads do. Each element or row is computed by exactly the
 same operations whatever the split, so results are identical for any thread
 count. ``set_num_threads(n)`` / ``get_num_threads()`` control it (default: the
 CPUs this process may use, at most 8, or ``NUMFORMER_NUM_THREADS``); 1 turns it
-off. Matrix products use the BLAS's own threads as before, from the calling
-thread only (two threads calling a multithreaded BLAS at once would
-oversubscribe the cores).
+off. Matrix products use the BLAS's own threads, from the calling thread only
+(two threads calling a multithreaded BLAS at once would oversubscribe the
+cores).
+
+``set_fast_runtime(blas="numformer")`` (the default of that call) goes one step
+further when NumPy's BLAS is OpenBLAS: it sets OpenBLAS to one thread for the
+whole process and numformer splits its large matrix products by rows across
+its own threads instead. Only one set of threads then shares the cores: with
+OpenBLAS's threads active, its idle threads keep spinning for a while after
+every product and compete with numformer's elementwise threads for the same
+cores. Products split by rows give bitwise the same result as unsplit ones.
+The catch: other NumPy code in the same process then also runs its matrix
+products on one thread (``set_fast_runtime(blas="native")`` restores the BLAS
+thread count).
 """
 from __future__ import annotations
 
@@ -49,7 +60,7 @@ MMAP_THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 1024 * 1024 * 1024
 TOP_PAD = 64 * 1024 * 1024
 
-_state = {"applied": False, "malloc": None}
+_state = {"applied": False, "malloc": None, "blas": None, "own_blas": False, "blas_saved": None}
 
 
 def _libc():
@@ -66,14 +77,20 @@ def _libc():
         return None
 
 
-def set_fast_runtime(malloc=True):
+def set_fast_runtime(malloc=True, blas="numformer"):
     """Tune the process for NumPy training (see the module docstring). Idempotent; returns what was applied.
 
     malloc: raise glibc's mmap/trim thresholds so that large temporaries are
     reused instead of being mapped and unmapped at every step.
+    blas: "numformer" — OpenBLAS on one thread, numformer splits large products
+    across its own threads (when OpenBLAS's thread count can be set; else as
+    "native"); "native" — the BLAS keeps (or gets back) its own threads;
+    None — leave it as it is.
 
-    Returns {"malloc": "glibc mallopt: ..." or the reason it was skipped}.
+    Returns {"malloc": ..., "blas": ...}, each a short description.
     """
+    if blas not in ("numformer", "native", None):
+        raise ValueError(f"blas must be 'numformer', 'native' or None, got {blas!r}")
     if malloc and _state["malloc"] is None:
         libc = _libc()
         if libc is None:
@@ -86,13 +103,37 @@ def set_fast_runtime(malloc=True):
                                 f"{MMAP_THRESHOLD >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB, "
                                 f"top pad {TOP_PAD >> 20} MiB" if ok else "mallopt refused the settings")
         _state["applied"] = True
-    return {"malloc": _state["malloc"] or "not requested"}
+    if blas is not None:
+        _set_blas_mode(blas)
+    return fast_runtime_status()
+
+
+def _set_blas_mode(mode):
+    fns = _openblas_thread_functions()
+    if mode == "numformer" and fns is not None:
+        get, set_ = fns
+        if not _state["own_blas"]:
+            _state["blas_saved"] = get()
+            set_(1)
+            _state["own_blas"] = True
+        _state["blas"] = "OpenBLAS on 1 thread; numformer splits large products across its threads"
+    else:
+        if _state["own_blas"] and fns is not None:
+            fns[1](_state["blas_saved"] or 1)
+        _state["own_blas"] = False
+        _state["blas"] = ("the BLAS's own threads" if mode == "native" or fns is None else "unchanged")
 
 
 def fast_runtime_status():
     """What set_fast_runtime() has applied in this process, and the thread count (for benchmark reports)."""
     return {"malloc": _state["malloc"] or "default (set_fast_runtime() not called)",
+            "blas": _state["blas"] or "the BLAS's own threads (default)",
             "threads": get_num_threads()}
+
+
+def owns_blas():
+    """Whether numformer splits matrix products itself (set_fast_runtime(blas="numformer") with OpenBLAS)."""
+    return _state["own_blas"]
 
 
 # -- intra-op threads ----------------------------------------------------------------------------------
@@ -269,3 +310,29 @@ class blas_threads:
             set_, n = self._saved
             set_(n)
         return False
+
+
+# -- matrix products ------------------------------------------------------------------------------------
+
+def products_in_pieces(m, n, k):
+    """Whether pieces of a parallel_for may compute m×k by k×n products themselves (see parallel_for)."""
+    return _state["own_blas"] or m * n * k <= BLAS_SINGLE_THREAD_MNK
+
+
+# Multiply-adds per thread below which a product is not split.
+MATMUL_GRAIN = 1 << 21
+
+
+def matmul(a, b, out=None):
+    """a @ b for 2-D operands. When numformer owns the BLAS threads (see set_fast_runtime), a large product is
+    split by rows of ``a`` across numformer's threads; each row block is computed exactly as in the whole
+    product, so the result is the same bit for bit."""
+    m, k = a.shape
+    n = b.shape[1]
+    if not _state["own_blas"] or get_num_threads() == 1 or m * n * k < 2 * MATMUL_GRAIN:
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((m, n), np.result_type(a, b))
+    rows = max(1, MATMUL_GRAIN // max(n * k, 1))
+    parallel_for(m, lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), rows)
+    return out

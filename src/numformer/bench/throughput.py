@@ -14,8 +14,12 @@ second over the float32 matrix-multiply peak measured in the same run with a
 large ``np.matmul``.
 
 Both use every core they are given: PyTorch its intra-op threads, numformer
-its BLAS threads and its elementwise thread pool (``numformer.set_num_threads``),
-after ``numformer.set_fast_runtime()``.
+its thread pool (``numformer.set_num_threads``) after
+``numformer.set_fast_runtime()``, which also has numformer split the matrix
+products itself with OpenBLAS on one thread. Each round also times numformer
+with OpenBLAS's own threads (``set_fast_runtime(blas="native")``), and a second
+comparison runs both frameworks on one thread, timed by CPU time (per-core
+efficiency, hardly disturbed by other load on the machine).
 """
 from __future__ import annotations
 
@@ -182,9 +186,22 @@ def _timed(step, batches, n):
     return time.perf_counter() - t0
 
 
-def measure_config(cfg, warmup, rounds, steps, seed=0):
-    """Alternate numformer and PyTorch; returns per-round throughputs, the median ratio and the first losses."""
+def _blas_mode(mode):
+    from .._runtime import set_fast_runtime
+
+    set_fast_runtime(blas=mode)
+
+
+def measure_config(cfg, warmup, rounds, steps, seed=0, native_blas_too=True):
+    """Alternate numformer and PyTorch; returns per-round throughputs, the median ratio and the first losses.
+
+    numformer runs as ``set_fast_runtime()`` sets it up (its own threads split the matrix products, OpenBLAS
+    on one thread); with ``native_blas_too`` each round also times numformer with the BLAS's own threads
+    (``set_fast_runtime(blas="native")``), reported separately.
+    """
     import torch
+
+    from .._runtime import owns_blas
 
     model, ref = build_models(cfg, seed)
     batches = make_batches(cfg)
@@ -194,25 +211,42 @@ def measure_config(cfg, warmup, rounds, steps, seed=0):
     for _ in range(warmup):
         nf_step(*batches[0])
         pt_step(*tbatches[0])
+    main_mode = "numformer" if owns_blas() else "native"
+    variants = [("nf", main_mode, nf_step, batches), ("pt", None, pt_step, tbatches)]
+    if native_blas_too and main_mode == "numformer":
+        variants.append(("nf_native", "native", nf_step, batches))
     tokens = cfg["batch"] * cfg["seq"] * steps
-    nf, pt = [], []
-    for r in range(rounds):
-        order = (("nf", nf_step, batches), ("pt", pt_step, tbatches))
-        for name, step, b in (order if r % 2 == 0 else order[::-1]):
-            dt = _timed(step, b, steps)
-            (nf if name == "nf" else pt).append(tokens / dt)
+    tps = {name: [] for name, *_ in variants}
+    try:
+        for r in range(rounds):
+            order = variants[r % len(variants):] + variants[:r % len(variants)]      # rotate who goes first
+            for name, mode, step, b in order:
+                if mode is not None:
+                    _blas_mode(mode)
+                    step(*b[0])                       # one untimed step after switching
+                tps[name].append(tokens / _timed(step, b, steps))
+    finally:
+        _blas_mode(main_mode)
+    nf, pt = tps["nf"], tps["pt"]
     ratios = [a / b for a, b in zip(nf, pt)]
     flops = model_flops_per_step(cfg)
     tok_per_step = cfg["batch"] * cfg["seq"]
+    extra = {}
+    if "nf_native" in tps:
+        nat = tps["nf_native"]
+        extra = {"numformer_native_blas_tokens_per_s": nat,
+                 "numformer_native_blas_median_tokens_per_s": statistics.median(nat),
+                 "native_blas_median_ratio": statistics.median([a / b for a, b in zip(nat, pt)])}
     return {
         "title": cfg["title"], "kind": cfg["kind"], "model": cfg["model"], "batch": cfg["batch"], "seq": cfg["seq"],
         "tokens_per_step": tok_per_step, "params": int(model.num_parameters()),
-        "warmup": warmup, "rounds": rounds, "steps_per_round": steps,
+        "warmup": warmup, "rounds": rounds, "steps_per_round": steps, "numformer_blas_mode": main_mode,
         "numformer_tokens_per_s": nf, "torch_tokens_per_s": pt, "ratios": ratios,
         "numformer_median_tokens_per_s": statistics.median(nf), "torch_median_tokens_per_s": statistics.median(pt),
         "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios),
         "numformer_ms_per_step": 1e3 * tok_per_step / statistics.median(nf),
         "torch_ms_per_step": 1e3 * tok_per_step / statistics.median(pt),
+        **extra,
         "model_gflop_per_step": flops / 1e9,
         "first_loss": {"numformer": first[0], "torch": first[1]},
     }
@@ -259,6 +293,7 @@ def environment():
 
     return {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "numformer_threads": fast_runtime_status()["threads"], "malloc": fast_runtime_status()["malloc"],
+            "numformer_blas": fast_runtime_status()["blas"],
             "blas_threads_env": os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
             or "default (all cores)"}
 
@@ -303,9 +338,15 @@ def _plot(result, path):
     x = np.arange(len(names))
     nf = [cfgs[n]["numformer_median_tokens_per_s"] for n in names]
     pt = [cfgs[n]["torch_median_tokens_per_s"] for n in names]
+    native = [cfgs[n].get("numformer_native_blas_median_tokens_per_s") for n in names]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    ax1.bar(x - 0.2, nf, 0.4, label="numformer")
-    ax1.bar(x + 0.2, pt, 0.4, label="PyTorch eager")
+    if all(v is not None for v in native):
+        ax1.bar(x - 0.27, nf, 0.27, label="numformer")
+        ax1.bar(x, native, 0.27, label="numformer, BLAS threads", color="C2")
+        ax1.bar(x + 0.27, pt, 0.27, label="PyTorch eager", color="C1")
+    else:
+        ax1.bar(x - 0.2, nf, 0.4, label="numformer")
+        ax1.bar(x + 0.2, pt, 0.4, label="PyTorch eager", color="C1")
     ax1.set_xticks(x, names)
     ax1.set_yscale("log")
     ax1.set_ylabel("training tokens / s (median round)")
@@ -351,6 +392,12 @@ def markdown(result, fig_dir):
             f"| **{r['median_ratio']:.2f}** ({r['min_ratio']:.2f}–{r['max_ratio']:.2f}) "
             f"| {r['numformer_ms_per_step']:.1f} / {r['torch_ms_per_step']:.1f} "
             f"| {100 * r['numformer_mfu']:.1f}% / {100 * r['torch_mfu']:.1f}% |")
+    native = [(n, r) for n, r in result["configs"].items() if "native_blas_median_ratio" in r]
+    if native:
+        lines += ["", "numformer with OpenBLAS's own threads instead (`set_fast_runtime(blas=\"native\")`, timed "
+                  "in the same rounds): " + ", ".join(
+                      f"{n} {r['numformer_native_blas_median_tokens_per_s']:,.0f} tokens/s "
+                      f"(ratio {r['native_blas_median_ratio']:.2f})" for n, r in native) + "."]
     lines += ["", "Per-core efficiency (both frameworks on one thread, BLAS included; CPU time of the calling thread, "
               "best round, so that other load on the machine hardly matters):", "",
               "| configuration | numformer CPU ms/step | PyTorch CPU ms/step | ratio |", "|---|---:|---:|---:|"]
@@ -360,8 +407,8 @@ def markdown(result, fig_dir):
             lines.append(f"| {name} | {c['numformer_cpu_ms_per_step']:.1f} | {c['torch_cpu_ms_per_step']:.1f} "
                          f"| {c['ratio']:.2f} |")
     lines += ["", image_link(png, "throughput", fig_dir), "",
-              f"Threads: PyTorch {env['torch_threads']} (torch {env['torch']}), numformer elementwise "
-              f"{env['numformer_threads']}, BLAS {env['blas_threads_env']}; allocator: {env['malloc']}. "
+              f"Threads: PyTorch {env['torch_threads']} (torch {env['torch']}), numformer "
+              f"{env['numformer_threads']} ({env.get('numformer_blas', '?')}); allocator: {env['malloc']}. "
               "Rounds × steps per configuration: "
               + ", ".join(f"{n} {r['rounds']}×{r['steps_per_round']} (after {r['warmup']} warm-up)"
                           for n, r in result["configs"].items()) + ". First-step losses (same weights, same "

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._runtime import BLAS_SINGLE_THREAD_MNK, parallel_for
+from .._runtime import parallel_for, products_in_pieces
 from .activations import softmax_forward
 
 
@@ -128,9 +128,9 @@ def _take(a, lo, hi, n0):
 
 
 def _products_in_pieces(t_q, t_k, d_k, d_v):
-    """Whether the per-head products are small enough for the BLAS to run them on the calling thread, so that
-    the pieces of a split may compute them concurrently (see _runtime.BLAS_SINGLE_THREAD_MNK)."""
-    return max(t_q, t_k) ** 2 * max(d_k, d_v) <= BLAS_SINGLE_THREAD_MNK
+    """Whether the per-head products may run inside the pieces of a split (see _runtime.products_in_pieces)."""
+    t = max(t_q, t_k)
+    return products_in_pieces(t, t, max(d_k, d_v))
 
 
 def _softmax_t_inplace(sp, causal, mp):

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._runtime import matmul
+
 
 def linear_forward(x, W, b=None):
     """y = x Wᵀ + b.
 
     x: (..., d_in)   W: (d_out, d_in)   b: (d_out,) or None   ->   y: (..., d_out)
 
-    The leading axes are flattened so that BLAS sees one large 2-D product.
+    The leading axes are flattened so that BLAS sees one large 2-D product
+    (split by rows across threads when numformer owns the BLAS threads, see
+    ``numformer.set_fast_runtime``).
     """
     x2 = x.reshape(-1, x.shape[-1])
-    y = x2 @ W.T
+    y = matmul(x2, W.T)
     if b is not None:
         y += b
     return y.reshape(*x.shape[:-1], W.shape[0]), (x2, W, b is not None, x.shape)
@@ -31,8 +35,8 @@ def linear_backward(dy, cache):
     """
     x2, W, has_bias, x_shape = cache
     dy2 = dy.reshape(-1, W.shape[0])
-    dx = (dy2 @ W).reshape(x_shape)
-    dW = dy2.T @ x2
+    dx = matmul(dy2, W).reshape(x_shape)
+    dW = matmul(dy2.T, x2)
     # Σ over rows as a BLAS vector-matrix product: much faster than a reduction over axis 0
     db = np.matmul(np.ones(dy2.shape[0], dy2.dtype), dy2) if has_bias else None
     return dx, dW, db

@@ -70,6 +70,9 @@ def test_products_split_by_numformer_are_bitwise_equal(rng, threads, native_blas
     g1 = ops.linear_backward(dy, c1)
     assert np.array_equal(y0, y1)
     assert np.array_equal(g0[0], g1[0]) and np.array_equal(g0[1], g1[1])
+    threads(2)                                                    # dx and dW at the same time, one per thread
+    g2 = ops.linear_backward(dy, c1)
+    assert np.array_equal(g0[0], g2[0]) and np.array_equal(g0[1], g2[1])
     numformer.set_fast_runtime(blas="native")
     assert not _runtime.owns_blas()
 

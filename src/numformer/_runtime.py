@@ -336,3 +336,25 @@ def matmul(a, b, out=None):
     rows = max(1, MATMUL_GRAIN // max(n * k, 1))
     parallel_for(m, lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), rows)
     return out
+
+
+def matmul_pair(a1, b1, a2, b2):
+    """(a1 @ b1, a2 @ b2). When numformer owns the BLAS threads and has two or more threads, two large products
+    of similar size run at the same time, one per thread (a linear layer's backward: dx = dy W and
+    dW = dyᵀ x have the same cost); otherwise each goes through ``matmul``."""
+    m1, k1 = a1.shape
+    m2, k2 = a2.shape
+    w1, w2 = m1 * k1 * b1.shape[1], m2 * k2 * b2.shape[1]
+    if (not _state["own_blas"] or get_num_threads() < 2 or min(w1, w2) < MATMUL_GRAIN
+            or max(w1, w2) > 2 * min(w1, w2)):
+        return matmul(a1, b1), matmul(a2, b2)
+    out1 = np.empty((m1, b1.shape[1]), np.result_type(a1, b1))
+    out2 = np.empty((m2, b2.shape[1]), np.result_type(a2, b2))
+    pairs = ((a1, b1, out1), (a2, b2, out2))
+
+    def piece(lo, hi):
+        for a, b, out in pairs[lo:hi]:
+            np.matmul(a, b, out=out)
+
+    parallel_for(2, piece, 1)
+    return out1, out2

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._runtime import matmul
+from .._runtime import matmul, matmul_pair
 
 
 def linear_forward(x, W, b=None):
@@ -35,8 +35,8 @@ def linear_backward(dy, cache):
     """
     x2, W, has_bias, x_shape = cache
     dy2 = dy.reshape(-1, W.shape[0])
-    dx = matmul(dy2, W).reshape(x_shape)
-    dW = matmul(dy2.T, x2)
+    dx, dW = matmul_pair(dy2, W, dy2.T, x2)     # concurrently when numformer owns the BLAS threads
+    dx = dx.reshape(x_shape)
     # Σ over rows as a BLAS vector-matrix product: much faster than a reduction over axis 0
     db = np.matmul(np.ones(dy2.shape[0], dy2.dtype), dy2) if has_bias else None
     return dx, dW, db

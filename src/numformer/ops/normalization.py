@@ -71,10 +71,8 @@ def layer_norm_backward(dy, cache):
     """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ.
 
     Returns (dx, dgamma, dbeta), the parameter gradients summed over all
-    leading axes. The row means of g and g ⊙ x̂ are dot products with γ
-    (dy·γ and (dy ⊙ x̂)·γ), and dγ, dβ are vector-matrix products with a
-    vector of ones, so only dy ⊙ x̂ and dx are full passes. Rows are split
-    across threads; the sums over rows are taken once all rows are done.
+    leading axes. The row means of g and g ⊙ x̂ are matrix-vector products
+    (dy γ and (dy ⊙ x̂) γ), so only dy ⊙ x̂ and dx are full passes.
     """
     xhat, rstd, gamma = cache
     d = xhat.shape[-1]
@@ -84,25 +82,31 @@ def layer_norm_backward(dy, cache):
     n = dy2.shape[0]
     dt = np.result_type(dy2, xhat2)
     inv_d = dt.type(1.0 / d)
-    gamma_d = np.multiply(gamma, inv_d, dtype=dt)              # γ/d: the dot products below are row means
+    grain = _row_grain(d)
     p = np.empty((n, d), dt)
     dx = np.empty((n, d), dt)
 
+    def prod(lo, hi):
+        np.multiply(dy2[lo:hi], xhat2[lo:hi], out=p[lo:hi])   # dy ⊙ x̂
+
+    parallel_for(n, prod, grain)
+    ones_n = _ones(n, dt)
+    dgamma = np.matmul(ones_n, p)                               # BLAS products on this thread (see parallel_for)
+    dbeta = np.matmul(ones_n, dy2)
+    mean_gx = np.matmul(p, gamma)                               # Σ_d g ⊙ x̂
+    mean_gx *= inv_d
+    mean_g = np.matmul(dy2, gamma)                              # Σ_d g
+    mean_g *= inv_d
+
     def piece(lo, hi):
         pp, dyp, xh, dxp = p[lo:hi], dy2[lo:hi], xhat2[lo:hi], dx[lo:hi]
-        np.multiply(dyp, xh, out=pp)                            # dy ⊙ x̂ (kept for dγ)
-        mean_gx = np.vecdot(pp, gamma_d)                        # mean_d g ⊙ x̂
-        mean_g = np.vecdot(dyp, gamma_d)                        # mean_d g
         np.multiply(dyp, gamma, out=dxp)                        # g
-        t = np.multiply(xh, mean_gx[:, None])
-        dxp -= t
-        dxp -= mean_g[:, None]
+        np.multiply(xh, mean_gx[lo:hi, None], out=pp)
+        dxp -= pp
+        dxp -= mean_g[lo:hi, None]
         dxp *= rstd2[lo:hi]
 
-    parallel_for(n, piece, _row_grain(d))
-    ones_n = _ones(n, dt)
-    dgamma = np.matmul(ones_n, p)                               # sums over all rows, on this thread
-    dbeta = np.matmul(ones_n, dy2)
+    parallel_for(n, piece, grain)
     return dx.reshape(dy.shape), dgamma, dbeta
 
 

@@ -22,7 +22,7 @@ the GIL inside each ufunc, so the pieces run on separate cores, the way
 PyTorch's intra-op threads do. Each element or row is computed by exactly the
 same operations whatever the split, so results are identical for any thread
 count. ``set_num_threads(n)`` / ``get_num_threads()`` control it (default: the
-CPUs this process may use, at most 8, or ``NUMFORMER_NUM_THREADS``); 1 turns it
+CPUs this process may use, at most 16, or ``NUMFORMER_NUM_THREADS``); 1 turns it
 off. Matrix products use the BLAS's own threads, from the calling thread only
 (two threads calling a multithreaded BLAS at once would oversubscribe the
 cores).
@@ -149,7 +149,7 @@ def _default_threads():
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         n = os.cpu_count() or 1
-    return max(1, min(n, 8))
+    return max(1, min(n, 16))
 
 
 _threads = {"n": None, "pool": None, "pool_size": 0}

@@ -187,9 +187,10 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     over more than ``_CAUSAL_BLOCK`` queries is applied block by block: the
     block of queries [q0, q1) only computes its scores against keys [0, q1),
     skipping the blocks above the diagonal. The first leading axis (batch) is
-    split across threads (``numformer.set_num_threads``): small heads entirely,
-    larger ones for the softmax only (their products use the BLAS's threads).
-    Each item is computed the same way whatever the split.
+    split across threads (``numformer.set_num_threads``): products included
+    when numformer owns the BLAS threads or the heads are small, else the
+    softmax only (the products then use the BLAS's threads). Each item is
+    computed the same way whatever the split.
     """
     _check_qkv(q, k, v)
     t_q, t_k = q.shape[-2], k.shape[-2]

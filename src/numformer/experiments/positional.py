@@ -1,0 +1,289 @@
+"""``numformer reproduce positional``: do sinusoidal positional encodings extrapolate beyond the trained lengths?
+
+The seeds claim that sinusoidal encodings let a model handle sequences longer than any seen in
+training, where a learned table has nothing to offer past its trained rows. This experiment
+measures it: the encoder-decoder Transformer of ``configs/positional.toml`` is trained four times,
+{sinusoidal, learned} × {copy, reversal}, on lengths 1..L (uniformly mixed, so every learned row
+up to L is trained), then evaluated on 1,000 held-out test sequences at each of L/2, L, 1.25L,
+1.5L and 2L. The model's ``max_len`` covers 2L, so the learned tables have rows there, rows that
+training never touched (they keep their random initialization).
+
+Metrics (the task's own, from one teacher-forced pass; exact match equals greedy decoding's):
+exact match of the whole answer (``<eos>`` included) and token accuracy; and, at 2L, the token
+accuracy at each target position, which shows where a model stops being right.
+
+Writes results/positional.{json,md}, figures/positional.png (accuracy against length, one panel
+per task, one colour per encoding) and figures/positional_positions.png (accuracy per target
+position at 2L). ``--quick``: a 1-layer d_model 16 model, L = 8, 12 steps.
+"""
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import Experiment, register
+
+TASKS = ("copy", "reversal")
+ENCODINGS = ("sinusoidal", "learned")
+FACTORS = (0.5, 1.0, 1.25, 1.5, 2.0)
+QUICK = ["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=12", "train.warmup_steps=2",
+         "data.length=8", "data.n_val=40", "data.n_test=40", "model.n_layers=1", "model.d_model=16",
+         "model.n_heads=2", "model.d_ff=32"]
+COLORS = {"sinusoidal": "tab:blue", "learned": "tab:orange"}
+
+
+def eval_lengths(L):
+    """L/2, L, 1.25L, 1.5L, 2L (rounded, distinct, at least 1)."""
+    return sorted({max(1, int(round(f * L))) for f in FACTORS})
+
+
+def run_config(exp, ctx, task, encoding):
+    """The resolved config dict of one of the four runs (quick and user overrides applied)."""
+    from ..config import apply_overrides, load_config
+    from .runner import find_config
+
+    config = load_config(find_config(exp.config_name()))
+    overrides = [f"data.task={task}", f"model.positional={encoding}"] + (list(exp.quick_overrides) if ctx.quick
+                                                                         else []) + list(ctx.overrides)
+    config = apply_overrides(config, overrides)
+    L = int(config["data"]["length"])
+    config["data"]["min_length"] = 1
+    config["data"]["test_lengths"] = [n for n in eval_lengths(L) if n != L]
+    return config
+
+
+def position_accuracy(model, task, length, split="test"):
+    """(length + 1,) teacher-forced token accuracy at each target position (the last one is ``<eos>``)."""
+    from ..data.base import IGNORE
+
+    hits = np.zeros(length + 1)
+    count = np.zeros(length + 1)
+    for batch in task.eval_batches(split, 250, length):
+        pred = np.asarray(model(**batch.inputs)).argmax(axis=-1)
+        model.clear_cache()
+        t = batch.targets
+        ok = t != IGNORE
+        hits += np.sum((pred == t) & ok, axis=0)[:length + 1]
+        count += np.sum(ok, axis=0)[:length + 1]
+    return hits / np.maximum(count, 1)
+
+
+def train_one(exp, ctx, task_name, encoding):
+    from ..train import Trainer
+
+    config = run_config(exp, ctx, task_name, encoding)
+    run_dir = ctx.runs_dir / f"positional_{task_name}_{encoding}"
+    if not ctx.quiet:
+        print(f"positional: training {task_name} with {encoding} positions -> {run_dir}", file=sys.stderr, flush=True)
+    trainer = Trainer(config, run_dir, overwrite=True, quiet=ctx.quiet)
+    summary = trainer.train()
+    model, task = trainer.model.eval(), trainer.task
+    metrics = task.evaluate(model, "test")
+    L = task.length
+    table = {}
+    for n in eval_lengths(L):
+        suffix = "" if n == L else f"@{n}"
+        table[n] = {"exact_match": metrics[f"exact_match{suffix}"], "token_accuracy": metrics[f"token_accuracy{suffix}"]}
+    positions = position_accuracy(model, task, max(eval_lengths(L)))
+    return {"table": table, "positions": positions, "summary": summary, "trainer": trainer, "L": L}
+
+
+def run_positional(exp, ctx):
+    """The custom pipeline: four trainings, a table, two figures and a reading of the numbers."""
+    started = time.time()
+    runs = {(t, e): train_one(exp, ctx, t, e) for t in TASKS for e in ENCODINGS}
+    first = runs[TASKS[0], ENCODINGS[0]]
+    L, trainer = first["L"], first["trainer"]
+    lengths = eval_lengths(L)
+    figs = Path(ctx.results_dir) / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    vocab = int(trainer.config["data"]["vocab"])
+    plot_accuracy_vs_length(runs, L, lengths, vocab, figs / "positional.png")
+    plot_position_accuracy(runs, L, vocab, figs / "positional_positions.png")
+
+    figures = {}
+    for (t, e), r in runs.items():
+        for n in lengths:
+            figures[f"{t}_{e}_exact_match@{n}"] = r["table"][n]["exact_match"]
+    detail = {f"{t}/{e}": {"exact_match": {str(n): r["table"][n]["exact_match"] for n in lengths},
+                           "token_accuracy": {str(n): r["table"][n]["token_accuracy"] for n in lengths},
+                           f"position_accuracy@{2 * L}": [round(float(v), 4) for v in r["positions"]],
+                           "steps": r["summary"]["steps"], "train_seconds": round(r["summary"]["train_seconds"], 1),
+                           "best_val_loss": r["summary"]["best_val_loss"]}
+              for (t, e), r in runs.items()}
+    t_cfg = trainer.config["train"]
+    record = {
+        "name": exp.name, "description": exp.description, "figures": figures, "runs": detail,
+        "targets": {}, "met": {}, "L": L, "eval_lengths": lengths,
+        "steps": sum(r["summary"]["steps"] for r in runs.values()), "stopped_early": False,
+        "train_seconds": round(sum(r["summary"]["train_seconds"] for r in runs.values()), 1),
+        "wall_time_s": round(time.time() - started, 1), "time_limit_minutes": exp.time_limit_minutes or None,
+        "seed": t_cfg["seed"], "config": trainer.config, "commit": first["summary"]["commit"],
+        "date": datetime.date.today().isoformat(), "machine": _machine(),
+        "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else ""),
+        "run_dirs": [str(r["trainer"].run_dir) for r in runs.values()], "task": trainer.task.describe(),
+    }
+    return record, markdown(record, runs, L, lengths, vocab, ctx)
+
+
+def _machine():
+    from .runner import machine_info
+
+    return machine_info()
+
+
+# -- figures ------------------------------------------------------------------------------------------------------
+def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
+    from ..analysis._common import new_figure, save_figure
+
+    fig = new_figure(4.2 * len(TASKS), 3.4)
+    axes = fig.subplots(1, len(TASKS), squeeze=False)[0]
+    for ax, t in zip(axes, TASKS):
+        for e in ENCODINGS:
+            tab = runs[t, e]["table"]
+            ax.plot(lengths, [tab[n]["exact_match"] for n in lengths], "o-", color=COLORS[e],
+                    label=f"{e}: exact match")
+            ax.plot(lengths, [tab[n]["token_accuracy"] for n in lengths], "s--", color=COLORS[e], alpha=0.8,
+                    label=f"{e}: token accuracy")
+        ax.axvspan(0, L, color="0.92", zorder=0)
+        ax.axvline(L, color="0.5", lw=0.8, ls=":")
+        ax.axhline(1.0 / vocab, color="0.6", lw=0.8, ls="-.", label=f"chance per token (1/{vocab})")
+        ax.set_xlim(0, max(lengths) + 1)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xticks(lengths)
+        ax.set_title(f"{t} (trained on lengths 1..{L}, shaded)", fontsize=10)
+        ax.set_xlabel("evaluation length")
+        ax.set_ylabel("accuracy (test set)")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7, loc="lower left")
+    fig.suptitle("Sinusoidal vs learned positional encodings beyond the trained length", fontsize=11)
+    return save_figure(fig, path)
+
+
+def plot_position_accuracy(runs, L, vocab, path):
+    from ..analysis._common import new_figure, save_figure
+
+    fig = new_figure(4.2 * len(TASKS), 3.2)
+    axes = fig.subplots(1, len(TASKS), squeeze=False)[0]
+    for ax, t in zip(axes, TASKS):
+        for e in ENCODINGS:
+            acc = runs[t, e]["positions"]
+            ax.plot(np.arange(1, len(acc) + 1), acc, ".-", color=COLORS[e], label=e)
+        ax.axvspan(0.5, L + 0.5, color="0.92", zorder=0)
+        ax.axhline(1.0 / vocab, color="0.6", lw=0.8, ls="-.", label="chance")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(f"{t}: sequences of length {2 * L}", fontsize=10)
+        ax.set_xlabel(f"target position (shaded: 1..{L}, trained; {2 * L + 1} is <eos>)")
+        ax.set_ylabel("token accuracy (teacher-forced)")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+# -- markdown -----------------------------------------------------------------------------------------------------
+def _pct(v):
+    return f"{100 * v:.1f}%"
+
+
+def markdown(record, runs, L, lengths, vocab, ctx):
+    heads = " | ".join(f"{n}{' (L)' if n == L else ''}" for n in lengths)
+    lines = [f"# {record['name']}", "", record["description"], "",
+             f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
+             f"{record['machine']['cpus']} CPUs) in {record['wall_time_s']:.0f} s "
+             f"({record['wall_time_s'] / 60:.1f} min) for four trainings. Seed {record['seed']}; the resolved "
+             f"config of the last run is in `positional.json`.", "",
+             setup_line(record, L, lengths), "",
+             f"**Exact match / token accuracy on the test set ({record['config']['data']['n_test']:,} held-out "
+             f"sequences per length), by evaluation length**", "",
+             f"| task | encoding | {heads} |", "|---|---|" + "---|" * len(lengths)]
+    for t in TASKS:
+        for e in ENCODINGS:
+            tab = runs[t, e]["table"]
+            cells = " | ".join(f"{_pct(tab[n]['exact_match'])} / {_pct(tab[n]['token_accuracy'])}" for n in lengths)
+            lines.append(f"| {t} | {e} | {cells} |")
+    lines += ["", "Token accuracy counts every answer position and the final `<eos>`, each given the correct "
+              f"previous symbols (teacher forcing); chance is {_pct(1 / vocab)} per symbol.", "",
+              "**Training**", "", "| task | encoding | steps | training time | best val loss |", "|---|---|---|---|---|"]
+    for (t, e), r in runs.items():
+        s = r["summary"]
+        lines.append(f"| {t} | {e} | {s['steps']} | {s['train_seconds']:.0f} s | {s['best_val_loss']:.4f} |")
+    lines += ["", "**Reading**", "", reading(runs, L, lengths, vocab), "",
+              "**Accuracy against the evaluation length**", "", "![accuracy vs length](figures/positional.png)", "",
+              f"**Accuracy at each target position, sequences of length {2 * L}**", "",
+              "![accuracy per position](figures/positional_positions.png)", ""]
+    return "\n".join(lines)
+
+
+def setup_line(record, L, lengths):
+    m, t = record["config"]["model"], record["config"]["train"]
+    n_dec = m.get("n_decoder_layers") or m["n_layers"]
+    return (f"Setup: encoder-decoder Transformer ({m.get('n_encoder_layers') or m['n_layers']}+{n_dec} layers, "
+            f"d_model {m['d_model']}, {m['n_heads']} heads, pre-LN, no dropout, max_len {m.get('max_len')}), "
+            f"{t['optimizer']} lr {t['lr']:g} ({t['schedule']}), batch {t['batch_size']}, {t['max_steps']} steps; "
+            f"training lengths drawn uniformly from 1..{L} in every batch (L = {L}); evaluation at lengths "
+            f"{', '.join(map(str, lengths))}. Sinusoidal: the fixed table of Vaswani et al. (2017) added to the "
+            f"source and target embeddings; learned: a trained table of max_len rows, of which only the first {L} "
+            f"(source) and {L + 1} (target, after <bos>) are ever used in training; the others keep their random "
+            f"initialization.")
+
+
+def reading(runs, L, lengths, vocab):
+    """One paragraph, composed from the measured numbers (nothing here is typed by hand)."""
+    inside = [n for n in lengths if n <= L]
+    beyond = [n for n in lengths if n > L]
+    chance = 1.0 / vocab
+    in_min = min(runs[k]["table"][n]["exact_match"] for k in runs for n in inside)
+    out_max = max(runs[k]["table"][n]["exact_match"] for k in runs for n in beyond) if beyond else float("nan")
+    parts = [f"Within the trained lengths (≤ {L}) the four models reach at least {_pct(in_min)} exact match. "
+             f"Beyond them exact match is at most {_pct(out_max)} for any model at any longer length, "
+             f"sinusoidal or learned."]
+
+    def split_acc(t, e):
+        p = runs[t, e]["positions"]
+        return float(np.mean(p[:L])), float(np.mean(p[L:2 * L]))
+
+    for t in TASKS:
+        (si, so), (li, lo) = split_acc(t, "sinusoidal"), split_acc(t, "learned")
+        parts.append(f"{t.capitalize()} at length {2 * L}: positions 1..{L} are right {_pct(si)} (sinusoidal) and "
+                     f"{_pct(li)} (learned) of the time, positions {L + 1}..{2 * L} only {_pct(so)} and {_pct(lo)} "
+                     f"(chance {_pct(chance)}).")
+    sin_beyond = np.mean([split_acc(t, "sinusoidal")[1] for t in TASKS])
+    lrn_beyond = np.mean([split_acc(t, "learned")[1] for t in TASKS])
+    if in_min < 0.9:
+        verdict = (f"The models did not learn the tasks within the trained lengths (at least one is below 90% exact "
+                   f"match at a length ≤ {L}; a --quick run trains for a few steps only), so the comparison beyond "
+                   f"L says nothing about extrapolation.")
+    elif out_max < 0.05 and sin_beyond < chance + 0.25:
+        verdict = ("So in this measurement sinusoidal encodings do not extrapolate: a model trained on lengths up "
+                   f"to {L} fails on longer sequences with either encoding. The sinusoidal codes of unseen positions "
+                   "are well defined, but the attention and feed-forward layers were never trained to read them")
+        verdict += (f" (beyond position {L} the sinusoidal models are {_pct(sin_beyond)} right on average, the "
+                    f"learned ones {_pct(lrn_beyond)})." if abs(sin_beyond - lrn_beyond) >= 0.02 else
+                    f" (beyond position {L} both are near chance: {_pct(sin_beyond)} and {_pct(lrn_beyond)}).")
+    elif sin_beyond > lrn_beyond + 0.1:
+        verdict = (f"So sinusoidal encodings extrapolate partly here: beyond position {L} they are right "
+                   f"{_pct(sin_beyond)} of the time against {_pct(lrn_beyond)} for learned ones, though whole "
+                   f"longer sequences are still mostly wrong.")
+    else:
+        verdict = (f"So sinusoidal encodings do not extrapolate better than learned ones here (beyond position {L}: "
+                   f"{_pct(sin_beyond)} against {_pct(lrn_beyond)}).")
+    parts.append(verdict)
+    (ci, _), (ri, _) = split_acc("copy", "sinusoidal"), split_acc("reversal", "sinusoidal")
+    if in_min >= 0.9 and ci > 0.8 and ri < chance + 0.25:
+        parts.append(f"Copy keeps the first {L} symbols right because its cross-attention pattern (target t reads "
+                     f"source t) is the same at every length and stays inside the trained positions; reversal is "
+                     f"wrong from the first symbol, because target t must read source position L' - t, which "
+                     f"depends on the length L' and lies past {L} for the first half of the answer.")
+    parts.append("One seed and one model size: a measurement of this setup, not a general law.")
+    return " ".join(parts)
+
+
+register(Experiment(
+    "positional",
+    "Sinusoidal against learned positional encodings on copy and reversal: trained on lengths up to L, "
+    "evaluated up to 2L.",
+    config="positional", quick_overrides=QUICK, time_limit_minutes=15, custom=run_positional))

@@ -89,7 +89,8 @@ def _code(text):
 
 
 def _md_escape(s):
-    return str(s).replace("|", "\\|").replace("`", "'")
+    return (str(s).replace("|", "\\|").replace("`", "'").replace("\r", "\\r").replace("\n", "\\n")
+            .replace("\t", "\\t"))
 
 
 def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_tokens=None, tokens=None,

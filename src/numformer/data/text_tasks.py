@@ -8,6 +8,10 @@ Splits: "test" is the official test set; "val" is a slice of the official
 training set held out with the run's seed (``val_size`` examples), and
 "train" is the rest (optionally cut to ``n_train`` examples for quick runs).
 Tokenizers are trained on that "train" part only.
+
+Classification preprocessing (``encode_for_classifier``, shared by the tasks and
+``numformer classify``): tokenize, prepend ``<cls>``, truncate to ``max_len``
+tokens keeping the head, the tail, or both ends (``truncate``).
 """
 from __future__ import annotations
 
@@ -47,10 +51,55 @@ def _restore_tokenizer(state: dict, kind: str, what: str):
     return tok
 
 
+TRUNCATIONS = ("head", "tail", "head_tail")
+
+
+def encode_for_classifier(tokenizer, texts, max_len: int, cls_token: bool = True, keep: str = "head"):
+    """Texts -> int64 id arrays as a classifier run sees them: <cls> (optional) + tokens, at most max_len.
+
+    keep: "head" (the first max_len ids), "tail" (<cls> + the last ones) or "head_tail"
+    (<cls> + the first half + the last half of the budget: the opening and the conclusion
+    of a long review).
+    """
+    if keep not in TRUNCATIONS:
+        raise ValueError(f"[data] truncate = {keep!r} is not supported; choose one of {list(TRUNCATIONS)}")
+    out = []
+    for ids in tokenizer.encode_batch(list(texts), add_cls=cls_token):
+        if len(ids) > max_len and keep != "head":
+            head, body = ids[:int(cls_token)], ids[int(cls_token):]
+            room = max_len - len(head)
+            if keep == "tail":
+                ids = head + (body[len(body) - room:] if room else [])
+            else:
+                first = (room + 1) // 2
+                ids = head + body[:first] + (body[len(body) - (room - first):] if room - first else [])
+        out.append(np.asarray(truncate(ids, max_len), dtype=np.int64))
+    return out
+
+
+def classifier_token_labels(tokenizer, ids) -> list[str]:
+    """One readable label per id: words for the word tokenizer; BPE pieces as text (a piece that
+    continues a word is written ``##piece``, e.g. "unbeliev", "##able")."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if not hasattr(tokenizer, "hf"):
+        return [tokenizer.tokens[i] for i in ids]
+    out = []
+    for i in ids:
+        piece = tokenizer.hf.id_to_token(i) or "?"
+        if piece.startswith("<") and piece.endswith(">"):
+            out.append(piece)
+        else:
+            text = tokenizer.hf.decode([i], skip_special_tokens=False)
+            out.append(text.strip() if piece.startswith("\u0120") else "##" + text.strip())
+    return out
+
+
 class TextClassificationTask(Task):
     """Shared by IMDB and AG News: texts -> <cls> + token ids (truncated to max_len) -> EncoderClassifier.
 
     The classifier is the model: the label is one of C classes for the whole text.
+    ``label_names`` are the names shown to users (saved with the tokenizer, so that
+    ``numformer classify`` needs only the run folder).
     """
 
     model_type = "classifier"
@@ -61,11 +110,14 @@ class TextClassificationTask(Task):
         "vocab_size": 20000,        # word: the most frequent words, specials included; bpe: the target size
         "min_freq": 2,              # words / merges seen fewer times in the training split are dropped
         "lowercase": True,
-        "max_len": 256,             # tokens per text, <cls> included; longer texts keep their beginning
+        "max_len": 256,             # tokens per text, <cls> included
+        "truncate": "head",         # which part of a longer text to keep: "head", "tail" or "head_tail"
         "cls_token": True,          # prepend <cls> (for pooling = "first"; harmless for mean pooling)
         "val_size": 1000,           # training examples held out as the "val" split (chosen with the seed)
         "n_train": 0,               # use only this many training examples (0 = all the rest)
+        "n_test": 0,                # evaluate on a seeded random subset of this many test texts (0 = all)
         "buckets": 1,               # > 1: batch texts of similar length together (less padding, faster)
+        "token_dropout": 0.0,       # training batches only: each word becomes <unk> with this probability
         "eval_batch_size": 128,     # batch size inside evaluate()
     }
     data_keys = common_keys
@@ -83,23 +135,51 @@ class TextClassificationTask(Task):
         c = self.config
         if c["max_len"] < 2:
             raise ValueError(f"{self.name}: max_len must be >= 2, got {c['max_len']}")
+        if not 0.0 <= c["token_dropout"] < 1.0:
+            raise ValueError(f"{self.name}: token_dropout must be in [0, 1), got {c['token_dropout']}")
         try:
             full_train, test = self.load()
         except (FileNotFoundError, NotADirectoryError) as e:
             raise _data_error(e) from None
         self.class_names = full_train.class_names
         tr, va = _split_train(len(full_train), c["val_size"], c["n_train"], seed, self.name)
+        if c["n_test"] < 0:
+            raise ValueError(f"{self.name}: n_test must be >= 0 (0 = all), got {c['n_test']}")
+        if 0 < c["n_test"] < len(test):
+            test = test.subset(np.sort(np.random.default_rng([int(seed) & 0xFFFFFFFF, _VAL_SALT + 1])
+                                       .permutation(len(test))[:c["n_test"]]))
         self.data = {"train": full_train.subset(tr), "val": full_train.subset(va), "test": test}
         if tokenizer_state is not None:
             self.tokenizer = _restore_tokenizer(tokenizer_state, c["tokenizer"], self.name)
         else:
             self.tokenizer = build_tokenizer(c["tokenizer"], self.data["train"].texts, c["vocab_size"],
                                              c["min_freq"], c["lowercase"], cls_token=c["cls_token"])
-        self.ids = {s: [np.asarray(truncate(x, c["max_len"]), dtype=np.int64) for x in
-                        self.tokenizer.encode_batch(d.texts, add_cls=c["cls_token"])]
-                    for s, d in self.data.items()}
+        self.ids = {s: self.encode_texts(d.texts) for s, d in self.data.items()}
         self.lengths = {s: np.array([len(x) for x in v]) for s, v in self.ids.items()}
         self.buckets = LengthBuckets(self.lengths["train"], c["buckets"])
+
+    @property
+    def label_names(self) -> list[str]:
+        """The class names shown to users (IMDB: negative / positive)."""
+        return list(self.class_names)
+
+    def encode_texts(self, texts) -> list[np.ndarray]:
+        """This task's preprocessing of raw texts: the run's tokenizer, <cls>, truncation to max_len."""
+        c = self.config
+        return encode_for_classifier(self.tokenizer, texts, c["max_len"], c["cls_token"], c["truncate"])
+
+    def token_labels(self, ids) -> list[str]:
+        """A readable label per token id (words, or BPE pieces), for figures."""
+        return classifier_token_labels(self.tokenizer, ids)
+
+    def analysis_example(self, split: str = "test") -> tuple[dict, dict]:
+        """A short text of the split (the first of 12 to 40 tokens in length order), labelled with its words."""
+        lengths = self.lengths[split]
+        order = np.argsort(lengths, kind="stable")
+        fits = order[(lengths[order] >= 12) & (lengths[order] <= 40)]
+        i = int(fits[0]) if fits.size else int(order[0])
+        ids = self.ids[split][i][None]
+        return {"ids": ids}, {"ids": self.token_labels(ids[0])}
 
     def _batch(self, split, index) -> Batch:
         seqs = [self.ids[split][i] for i in index]
@@ -110,7 +190,18 @@ class TextClassificationTask(Task):
         return Batch({"ids": ids}, self.data[split].labels[index], extra={"index": np.asarray(index)})
 
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
-        return self._batch("train", self.buckets.sample(batch_size, rng))
+        """Uniform (or length-bucketed) training texts; with ``token_dropout`` p, each word (not <cls>,
+        not padding) is replaced by <unk> with probability p (drawn from ``rng``): a regularizer that
+        keeps the classifier from leaning on a few words."""
+        batch = self._batch("train", self.buckets.sample(batch_size, rng))
+        p = float(self.config["token_dropout"])
+        if p > 0:
+            ids = batch.inputs["ids"]
+            drop = (rng.random(ids.shape) < p) & (ids != 0)
+            if self.config["cls_token"]:
+                drop[:, 0] = False
+            ids[drop] = self.tokenizer.unk_id
+        return batch
 
     def eval_batches(self, split: str, batch_size: int):
         if split not in ("val", "test"):
@@ -134,7 +225,8 @@ class TextClassificationTask(Task):
                 "max_len": int(self.config["max_len"])}
 
     def tokenizer_state(self) -> dict:
-        return self.tokenizer.to_dict()
+        """The tokenizer's state plus ``label_names`` (read back by ``numformer classify``)."""
+        return {**self.tokenizer.to_dict(), "label_names": self.label_names}
 
     def describe(self) -> str:
         n = {s: len(d) for s, d in self.data.items()}
@@ -158,6 +250,11 @@ class IMDBTask(TextClassificationTask):
     def load(self):
         d = load_imdb(self.config["path"])
         return d["train"], d["test"]
+
+    @property
+    def label_names(self) -> list[str]:
+        full = {"neg": "negative", "pos": "positive"}
+        return [full.get(n, n) for n in self.class_names]
 
 
 @register_task("agnews")
@@ -186,7 +283,17 @@ class Multi30kTask(Task):
     Tokenizers are trained on the training split: one per language, or one
     joint vocabulary (``joint_vocab``, which lets the model share embeddings).
     Training batches draw a length bucket, then sentence pairs within it, to
-    limit padding. ``evaluate`` returns {} for now (BLEU needs decoding).
+    limit padding.
+
+    BLEU (``evaluate``): the split's sources are translated (batched, sorted by
+    length) with greedy decoding and with beam search (``beam_size``,
+    ``length_penalty``), the target ids are detokenized by the target tokenizer
+    and scored with sacrebleu's ``corpus_bleu`` (default settings: 13a
+    tokenization, mixed case) against the raw reference lines. On "test" this
+    gives ``bleu_greedy`` and ``bleu_beam``; on "val" (the trainer's periodic
+    evaluations) only greedy BLEU on the first ``val_bleu_pairs`` pairs, and
+    nothing when that is 0 (the default: validation loss only).
+    ``last_translations`` keeps the hypotheses of the latest evaluation.
     """
 
     model_type = "transformer"
@@ -204,7 +311,11 @@ class Multi30kTask(Task):
         "max_len": 64,                       # tokens per sentence: src, and <bos>+y / y+<eos> on the target side
         "n_train": 0,                        # use only the first n training pairs (0 = all)
         "buckets": 8,                        # length buckets for training batches (1 = uniform sampling)
-        "eval_batch_size": 128,
+        "eval_batch_size": 128,              # sentences per decoding batch in evaluate()
+        "n_eval": 0,                         # use only the first n val and test pairs (0 = all; for quick runs)
+        "beam_size": 4,                      # beam search width for the test BLEU (1: greedy only)
+        "length_penalty": 1.0,               # beam score = log-prob / length ** length_penalty
+        "val_bleu_pairs": 0,                 # periodic evaluations: greedy BLEU on the first n val pairs (0: none)
     }
 
     def __init__(self, data_config: dict, seed: int = 0, tokenizer_state: dict | None = None):
@@ -216,6 +327,11 @@ class Multi30kTask(Task):
         c = self.config
         if c["max_len"] < 2:
             raise ValueError(f"multi30k: max_len must be >= 2, got {c['max_len']}")
+        for key in ("n_eval", "val_bleu_pairs"):
+            if c[key] < 0:
+                raise ValueError(f"multi30k: {key} must be >= 0 (0 = all / none), got {c[key]}")
+        if c["beam_size"] < 1:
+            raise ValueError(f"multi30k: beam_size must be >= 1 (1 = greedy only), got {c['beam_size']}")
         if c["src_lang"] == c["tgt_lang"]:
             raise ValueError(f"multi30k: src_lang and tgt_lang are both {c['src_lang']!r}")
         files = {"train": "train", "val": "val", "test": c["test_name"]}
@@ -228,6 +344,11 @@ class Multi30kTask(Task):
         if c["n_train"]:
             src, tgt = self.text["train"]
             self.text["train"] = (src[:c["n_train"]], tgt[:c["n_train"]])
+        if c["n_eval"]:
+            for s in ("val", "test"):
+                src, tgt = self.text[s]
+                self.text[s] = (src[:c["n_eval"]], tgt[:c["n_eval"]])
+        self.last_translations = {}
         kind = c["tokenizer"]
         if tokenizer_state is not None:
             if bool(tokenizer_state.get("joint")) != c["joint_vocab"]:
@@ -295,8 +416,56 @@ class Multi30kTask(Task):
         stop = np.flatnonzero(ids == self.eos_id)
         return self.tgt_tokenizer.decode(ids[:stop[0]] if stop.size else ids)
 
+    def translate(self, model, texts: list[str], beam_size: int = 1, length_penalty: float | None = None,
+                  max_length: int | None = None) -> list[str]:
+        """Translate source sentences with ``model`` (greedy for beam_size 1, else beam search)."""
+        lp = self.config["length_penalty"] if length_penalty is None else length_penalty
+        return translate_texts(model, self.src_tokenizer, self.tgt_tokenizer, texts, beam_size=beam_size,
+                               length_penalty=lp, max_length=max_length, max_src_len=self.config["max_len"],
+                               batch_size=int(self.config["eval_batch_size"]))
+
     def evaluate(self, model, split: str) -> dict:
-        return {}
+        """Corpus BLEU (sacrebleu defaults) of the split's translations; see the class docstring."""
+        import time
+
+        if split not in ("val", "test"):
+            raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+        sources, refs = self.sources(split), self.references(split)
+        if split == "val":
+            n = int(self.config["val_bleu_pairs"])
+            if not n:
+                return {}
+            sources, refs = sources[:n], refs[:n]
+        self.last_translations = {"split": split, "sources": sources, "references": refs}
+        out = {}
+        beams = [1] + ([int(self.config["beam_size"])] if split == "test" and self.config["beam_size"] > 1 else [])
+        for k in beams:
+            name = "greedy" if k == 1 else "beam"
+            started = time.perf_counter()
+            hyps = self.translate(model, sources, beam_size=k)
+            seconds = time.perf_counter() - started
+            self.last_translations[name] = hyps
+            self.last_translations[f"{name}_seconds"] = seconds
+            out[f"bleu_{name}"] = corpus_bleu(hyps, refs)
+            if split == "test":
+                out[f"decode_{name}_s"] = round(seconds, 2)
+        return out
+
+    def token_labels(self, ids, side: str = "src") -> list[str]:
+        """A readable label per token id (for attention maps): words, subwords as ``##piece``, specials as is."""
+        tok = self.src_tokenizer if side == "src" else self.tgt_tokenizer
+        return token_labels(tok, ids)
+
+    def analysis_example(self, split: str = "test") -> tuple[dict, dict]:
+        """A test pair of moderate length (teacher forcing: tgt = <bos> + reference), labelled with its tokens."""
+        xs, ys = self.ids[split]
+        lengths = np.array([len(x) for x in xs])
+        fits = np.flatnonzero((lengths >= 8) & (lengths <= 14))
+        i = int(fits[0]) if fits.size else 0
+        src = xs[i][None]
+        tgt = np.concatenate([[self.bos_id], ys[i]]).astype(np.int64)[None]
+        return {"src": src, "tgt": tgt}, {"src": self.token_labels(src[0], "src"),
+                                          "tgt": self.token_labels(tgt[0], "tgt")}
 
     def model_config(self) -> dict:
         return {"src_vocab_size": self.src_tokenizer.vocab_size, "tgt_vocab_size": self.tgt_tokenizer.vocab_size,
@@ -313,3 +482,86 @@ class Multi30kTask(Task):
                  f"vocabularies {self.src_tokenizer.vocab_size:,} / {self.tgt_tokenizer.vocab_size:,}")
         return (f"multi30k {c['src_lang']}->{c['tgt_lang']}: {n['train']:,} train / {n['val']:,} val / "
                 f"{n['test']:,} test pairs; {c['tokenizer']} tokenizer, {vocab}")
+
+
+# ------------------------------------------------------------------------------------------------ translation
+def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam_size: int = 1, length_penalty: float = 1.0,
+                    max_length: int | None = None, max_src_len: int | None = None, batch_size: int = 64):
+    """Translate ``texts`` with an encoder-decoder ``model``; returns one detokenized string per text.
+
+    Sources are encoded by ``src_tokenizer`` (unknown words map to ``<unk>``;
+    truncated to ``max_src_len`` tokens), sorted by length and decoded in batches
+    of ``batch_size``, with the decoder's key/value cache: greedy decoding for
+    ``beam_size`` 1, else beam search with ``length_penalty``. A batch generates
+    at most ``max_length`` tokens per sentence (default: 1.5 × its longest source
+    + 10, within the model's ``max_len``). Target ids are detokenized by
+    ``tgt_tokenizer`` (for byte-level BPE this restores the original spacing).
+    An empty sentence raises a ValueError naming it.
+    """
+    texts = list(texts)
+    if not texts:
+        return []
+    bos, eos = tgt_tokenizer.special_id(BOS), tgt_tokenizer.special_id(EOS)
+    ids = [truncate(x, max_src_len or 0) for x in src_tokenizer.encode_batch(texts)]
+    for i, (t, x) in enumerate(zip(texts, ids)):
+        if not x:
+            where = "" if len(texts) == 1 else f" (number {i + 1} of {len(texts)})"
+            raise ValueError(f"empty source sentence{where}: {t!r} has no tokens; give some text to translate")
+    if max_length is not None and not 1 <= max_length <= model.max_len:
+        raise ValueError(f"max_length must be between 1 and the model's max_len {model.max_len}, got {max_length}")
+    out = [""] * len(texts)
+    for index in eval_order([len(x) for x in ids], max(1, int(batch_size))):
+        S = max(len(ids[i]) for i in index)
+        src = np.zeros((len(index), S), dtype=np.int64)       # <pad> = 0, masked by the model
+        for b, i in enumerate(index):
+            src[b, :len(ids[i])] = ids[i]
+        n = max_length or min(model.max_len, int(1.5 * S) + 10)
+        if beam_size > 1:
+            hyps = model.generate(src, max_length=n, beam_size=int(beam_size), length_penalty=length_penalty,
+                                  bos_id=bos, eos_id=eos)
+        else:
+            hyps = model.generate(src, max_length=n, greedy=True, bos_id=bos, eos_id=eos)
+        for i, h in zip(index, hyps):
+            out[i] = tgt_tokenizer.decode(h)
+    return out
+
+
+def corpus_bleu(hypotheses, references) -> float:
+    """sacrebleu's corpus BLEU with its default settings (13a tokenization, mixed case), one reference each.
+
+    Both sides are detokenized text: the hypotheses as the target tokenizer decodes
+    them, the references as the raw lines of the corpus.
+    """
+    try:
+        import sacrebleu
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("BLEU needs sacrebleu: pip install 'numformer[nlp]' (or pip install sacrebleu)") from e
+    hypotheses, references = list(hypotheses), list(references)
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+
+
+def bleu_signature(hypotheses, references) -> str:
+    """sacrebleu's signature of ``corpus_bleu``'s settings (nrefs, case, tokenization, version), for reports."""
+    import sacrebleu
+
+    bleu = sacrebleu.BLEU()
+    bleu.corpus_score(list(hypotheses), [list(references)])
+    return str(bleu.get_signature())
+
+
+def token_labels(tokenizer, ids) -> list[str]:
+    """One readable label per token id: words as is, BPE pieces that continue a word as ``##piece``."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if not hasattr(tokenizer, "hf"):                                       # word (or char) tokenizer
+        return [tokenizer.tokens[i] if hasattr(tokenizer, "tokens") else tokenizer.decode([i]) for i in ids]
+    labels = []
+    for i in ids:
+        piece = tokenizer.hf.id_to_token(i) or "?"
+        if piece.startswith("<") and piece.endswith(">"):
+            labels.append(piece)
+            continue
+        text = tokenizer.hf.decode([i], skip_special_tokens=False)
+        labels.append(text.strip() if piece.startswith("\u0120") else "##" + text.strip())
+    return labels

@@ -1,0 +1,83 @@
+"""numformer translate RUN_DIR "Ein Mann fährt Fahrrad." [--beam K | --greedy] [--max-length N]:
+translate sentences with a trained encoder-decoder Transformer (e.g. the multi30k run)."""
+from __future__ import annotations
+
+import sys
+
+
+def load_translator(run_dir):
+    """(model, source tokenizer, target tokenizer, config) of a run folder that holds a Transformer."""
+    from ..data.tokenizers import tokenizer_from_dict
+    from ..train import load_config_json, load_model, load_tokenizer_state
+
+    config = load_config_json(run_dir)
+    if config["model"]["type"] != "transformer":
+        raise ValueError(f"{run_dir} holds a {config['model']['type']} model; `numformer translate` needs an "
+                         f"encoder-decoder Transformer (train one with configs/multi30k.toml)")
+    state = load_tokenizer_state(run_dir)
+    if not state or "src" not in state:
+        raise ValueError(f"{run_dir} has no source/target tokenizer.json, so text cannot be encoded")
+    src_tok = tokenizer_from_dict(state["src"])
+    tgt_tok = src_tok if state.get("joint") else tokenizer_from_dict(state["tgt"])
+    return load_model(run_dir, config), src_tok, tgt_tok, config
+
+
+def unknown_words(tokenizer, text):
+    """Words of ``text`` that a word-level tokenizer reads as <unk> (byte-level BPE has none)."""
+    if not hasattr(tokenizer, "stoi") or not hasattr(tokenizer, "tokenize"):
+        return []
+    return [w for w in tokenizer.tokenize(text) if w not in tokenizer.stoi]
+
+
+def run(args):
+    from ..data.text_tasks import translate_texts
+
+    texts = list(args.text)
+    if args.file:
+        if args.file == "-":
+            texts += [line.rstrip("\n") for line in sys.stdin]
+        else:
+            try:
+                with open(args.file, encoding="utf-8") as f:
+                    texts += [line.rstrip("\n") for line in f]
+            except OSError as e:
+                raise ValueError(f"cannot read --file {args.file}: {e.strerror}") from None
+    if not texts:
+        raise ValueError('nothing to translate: give a sentence, e.g. numformer translate RUN_DIR '
+                         '"Ein Mann fährt Fahrrad.", or --file FILE')
+    for i, t in enumerate(texts):
+        if not t.strip():
+            where = "" if len(texts) == 1 else f" (number {i + 1})"
+            raise ValueError(f"empty input{where}: give a sentence to translate, e.g. "
+                             f"numformer translate {args.run_dir} \"Ein Mann fährt Fahrrad.\"")
+    if args.beam is not None and args.beam < 1:
+        raise ValueError(f"--beam must be >= 1, got {args.beam}")
+    model, src_tok, tgt_tok, config = load_translator(args.run_dir)
+    data = config.get("data", {})
+    beam = 1 if args.greedy else (args.beam if args.beam is not None else int(data.get("beam_size", 4)))
+    lp = args.length_penalty if args.length_penalty is not None else float(data.get("length_penalty", 1.0))
+    for t in texts:
+        unk = unknown_words(src_tok, t)
+        if unk:
+            print(f"note: not in the source vocabulary, read as <unk>: {', '.join(unk)}", file=sys.stderr)
+    hyps = translate_texts(model, src_tok, tgt_tok, texts, beam_size=beam, length_penalty=lp,
+                           max_length=args.max_length, max_src_len=data.get("max_len"))
+    for h in hyps:
+        print(h)
+
+
+def register(sub):
+    p = sub.add_parser("translate", help="translate sentences with a trained encoder-decoder Transformer")
+    p.add_argument("run_dir", help="a run folder written by `numformer train` or `numformer reproduce multi30k` "
+                                   "(runs/multi30k)")
+    p.add_argument("text", nargs="*", help="sentences to translate (one output line each)")
+    p.add_argument("--file", default=None, help="also translate each line of FILE ('-' reads standard input)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--beam", type=int, default=None, help="beam size (default: the run's [data] beam_size)")
+    g.add_argument("--greedy", action="store_true", help="greedy decoding (the same as --beam 1)")
+    p.add_argument("--length-penalty", type=float, default=None,
+                   help="beam score = log-probability / length ** PENALTY (default: the run's [data] length_penalty)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="most target tokens per sentence (default: 1.5 × the source length + 10, up to the "
+                        "model's max_len)")
+    p.set_defaults(func=run)

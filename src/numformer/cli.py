@@ -28,6 +28,9 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command != "bench":  # bench sets up (and compares) the runtime modes itself
+        from numformer._runtime import set_fast_runtime
+        set_fast_runtime()
     try:
         result = args.func(args)
     except ValueError as e:

@@ -29,5 +29,8 @@ test: $(VENV)/.installed-test
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m slow -q
 
+bench: $(VENV)/.installed-test
+	$(BIN)/numformer bench all
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -268,3 +268,19 @@ def test_data_model_type_follows_the_model_type(tmp_path):
     bad = {"data": {**base["data"], "model_type": "classifier"}, "train": base["train"], "model": {"type": "gpt"}}
     with pytest.raises(ValueError, match="contradicts"):
         resolve_config(bad)
+
+
+def test_atomic_writes_get_a_normal_file_mode(tmp_path):
+    """mkstemp creates 0600 files; results and run files must be readable like any other file."""
+    import os
+    import stat
+
+    from numformer.train.checkpoint import write_atomic
+
+    path = tmp_path / "results.md"
+    write_atomic(path, b"table\n")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+    assert path.read_bytes() == b"table\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -24,7 +24,6 @@ import json
 import os
 import pkgutil
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -86,17 +85,9 @@ def image_link(path, alt, fig_dir):
 
 
 def _atomic_write(path, text):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from ..train.checkpoint import write_atomic
+
+    write_atomic(path, text.encode())
 
 
 def load_results(out_dir):

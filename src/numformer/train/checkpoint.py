@@ -23,12 +23,19 @@ MODEL = "model.safetensors"
 FORMAT = "numformer-checkpoint-1"
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path, data: bytes):
     """Write bytes to ``path`` atomically (temporary file + fsync + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file 0600; give it a normal file's mode
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

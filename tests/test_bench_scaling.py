@@ -5,6 +5,7 @@ Tiny sizes here; never an assertion on time. The quick modes through the runner 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -89,3 +90,23 @@ def test_quick_mode_through_the_runner(tmp_path, part):
     assert part in json.loads((tmp_path / "bench.json").read_text())
     assert f"## {part}" in (tmp_path / "bench.md").read_text()
     assert done[part]["_run"]["quick"]
+
+
+def test_child_peak_rss_does_not_include_the_parent():
+    """A fresh child must report its own high-water RSS, not the parent's size at fork (Linux ru_maxrss)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from numformer.bench._measure import max_rss_bytes
+
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("needs Linux /proc")
+    held = np.ones(400 * 2**20 // 8)  # 400 MiB resident in this process
+    held[::512] = 2.0
+    code = "from numformer.bench._measure import max_rss_bytes; print(max_rss_bytes())"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert max_rss_bytes() > 400 * 2**20
+    assert child < 300 * 2**20, f"child reports {child / 2**20:.0f} MiB: the parent's RSS leaked into it"
+    del held

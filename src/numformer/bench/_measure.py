@@ -37,7 +37,19 @@ def rss_bytes():
 
 
 def max_rss_bytes():
-    """High-water resident set size of this process since it started."""
+    """High-water resident set size of this process since it started.
+
+    Linux: ``VmHWM`` of /proc/self/status, the high-water mark of this process image. Not ``ru_maxrss``:
+    Linux carries the parent's resident size at fork over exec into the child's ru_maxrss, so a child
+    started by a large parent (``numformer bench all`` after the throughput part) would report the
+    parent's size."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r if sys.platform == "darwin" else r * 1024
 

@@ -448,3 +448,15 @@ def test_analysis_example_is_a_test_problem_with_token_labels(name, kw, first):
         assert labels["ids"][0] == first
     if name == "addition":
         assert "+" in labels["idx"]
+
+
+def test_full_length_fraction_puts_a_share_of_each_batch_at_the_full_length():
+    rng = np.random.default_rng(0)
+    mixed = task("copy", length=8, min_length=1, model_type="transformer", full_length_fraction=0.5)
+    src = mixed.train_batch(40, rng).inputs["src"]
+    lengths = (src != PAD_ID).sum(axis=1)
+    assert np.sum(lengths == 8) >= 20 and lengths.min() < 8
+    plain = task("copy", length=8, min_length=1, model_type="transformer")
+    assert np.mean([(plain.train_batch(40, rng).inputs["src"] != PAD_ID).sum(axis=1).mean() for _ in range(5)]) < 6
+    with pytest.raises(ValueError, match="full_length_fraction"):
+        task("copy", length=8, min_length=1, full_length_fraction=1.5)

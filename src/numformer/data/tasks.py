@@ -88,6 +88,7 @@ class SyntheticTask(Task):
         "model_type": "gpt",           # batch format: "gpt" (decoder-only) or "transformer" (encoder-decoder)
         "length": 16,                  # length trained on (the maximum when min_length is set) and evaluated
         "min_length": 0,               # > 0: training lengths uniform in [min_length, length]; 0: always `length`
+        "full_length_fraction": 0.0,   # with min_length: this share of each batch has the full `length`
         "test_lengths": [],            # extra evaluation lengths (e.g. longer than any seen in training)
         "n_val": 1000,                 # validation problems per evaluation length
         "n_test": 1000,                # test problems per evaluation length (disjoint from val and from training)
@@ -111,6 +112,10 @@ class SyntheticTask(Task):
         if not 1 <= self.min_length <= self.length:
             raise ValueError(f"task {self.name!r}: need 1 <= min_length <= length, got min_length="
                              f"{c['min_length']} and length={self.length}")
+        self.full_length_fraction = float(c["full_length_fraction"])
+        if not 0.0 <= self.full_length_fraction <= 1.0:
+            raise ValueError(f"task {self.name!r}: full_length_fraction must be in [0, 1], got "
+                             f"{c['full_length_fraction']}")
         self.test_lengths = [int(L) for L in c["test_lengths"] if int(L) != self.length]
         if any(L < 1 for L in self.test_lengths):
             raise ValueError(f"task {self.name!r}: test_lengths must be positive, got {c['test_lengths']}")
@@ -190,6 +195,9 @@ class SyntheticTask(Task):
         if self.min_length == self.length:
             return self.make_batch(self.sample(rng, batch_size, self.length))
         lengths = rng.integers(self.min_length, self.length + 1, size=batch_size)
+        if self.full_length_fraction > 0:
+            # mixed lengths teach the rule early; the evaluated length gets a fixed share of every batch
+            lengths[:int(round(self.full_length_fraction * batch_size))] = self.length
         examples = []
         for L in np.unique(lengths):
             examples += self.sample(rng, int(np.sum(lengths == L)), int(L))

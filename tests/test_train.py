@@ -167,6 +167,26 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     Trainer(None, tmp_path, resume=True, quiet=True)   # the kept checkpoint still loads
 
 
+def test_nan_before_any_checkpoint_says_there_is_none(tmp_path, monkeypatch):
+    trainer = Trainer(config(max_steps=40, checkpoint_every=100), tmp_path, quiet=True)
+    real = trainer.model.forward
+    monkeypatch.setattr(trainer.model, "forward",
+                        lambda idx, **kw: real(idx, **kw) * (np.nan if trainer.model.training else 1.0))
+    with pytest.raises(TrainingDiverged, match="no checkpoint had been written yet"):
+        trainer.train()
+    assert not (tmp_path / CHECKPOINT).exists()
+
+
+def test_flash_attention_with_dropout_is_refused_before_the_run_starts(tmp_path):
+    cfg = config()
+    cfg["model"]["attention"] = "flash"
+    with pytest.raises(ValueError, match=r"flash.*dropout = 0"):
+        Trainer(cfg, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()
+    cfg["model"]["dropout"] = 0.0
+    Trainer(cfg, tmp_path / "run", quiet=True).train(stop_after=2)
+
+
 def test_ctrl_c_writes_a_checkpoint(tmp_path, monkeypatch):
     trainer = Trainer(config(max_steps=40, checkpoint_every=100), tmp_path, quiet=True)
     real = trainer._train_step

@@ -20,7 +20,7 @@ def run(args):
 def register(sub):
     p = sub.add_parser("reproduce", help="run an experiment end to end and write results/NAME.json and NAME.md")
     p.add_argument("name", help="an experiment (copy, reversal, parity, addition, sorting, imdb, agnews, multi30k, "
-                                "positional) or a group (synthetic)")
+                                "positional) or a group (synthetic: the five synthetic tasks; text: imdb and agnews)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny version that runs in seconds (results go to results/quick unless --results)")
     p.add_argument("--results", default=None, help="folder for the results (default results/)")

@@ -84,6 +84,16 @@ def evaluate_loss(model, task, split, batch_size, max_batches=0):
     return total / count
 
 
+def _check_trainable(model):
+    """Settings a model accepts for inference but cannot train with, caught before the run folder is written."""
+    from ..nn import MultiHeadAttention
+
+    for name, m in model.named_modules():
+        if isinstance(m, MultiHeadAttention) and m.attention == "flash" and m.dropout_p > 0:
+            raise ValueError(f"[model] attention = \"flash\" has no attention dropout, but {name} has dropout "
+                             f"{m.dropout_p}; set [model] dropout = 0 or attention = \"plain\"")
+
+
 class Trainer:
     """Train a model described by a config into ``run_dir``.
 
@@ -118,6 +128,7 @@ class Trainer:
         self.data_rng = np.random.default_rng(seeds[1])    # training batches
         model_cfg = {k: v for k, v in self.config["model"].items()}
         self.model = build_model(model_cfg, rng=self.model_rng, dtype=self.dtype)
+        _check_trainable(self.model)
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"].get("d_model") or 512
         self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
@@ -291,8 +302,10 @@ class Trainer:
                     interrupted = True
                     break
         except TrainingDiverged as e:
-            raise TrainingDiverged(f"{e}. Training stopped; the last good checkpoint is kept in "
-                                   f"{self.run_dir / CHECKPOINT}. Try a lower lr, warmup or grad_clip.") from None
+            ckpt = self.run_dir / CHECKPOINT
+            kept = (f"the last good checkpoint is kept in {ckpt}" if ckpt.exists()
+                    else "no checkpoint had been written yet (checkpoint_every), so there is nothing to resume")
+            raise TrainingDiverged(f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip.") from None
         finally:
             if bar is not None:
                 bar.close()

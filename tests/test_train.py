@@ -187,6 +187,28 @@ def test_flash_attention_with_dropout_is_refused_before_the_run_starts(tmp_path)
     Trainer(cfg, tmp_path / "run", quiet=True).train(stop_after=2)
 
 
+def test_gradient_accumulation_equals_one_large_batch(tmp_path):
+    """grad_accum = 2 over two halves of a batch gives the update of the whole batch (equal token counts)."""
+    from numformer.data.base import Batch
+
+    full = Trainer(config(dtype="float64", batch_size=8, grad_accum=1), tmp_path / "full", quiet=True)
+    halves = Trainer(config(dtype="float64", batch_size=4, grad_accum=2), tmp_path / "halves", quiet=True)
+    full.model.eval()  # no dropout: both runs must compute the same function (the step keeps the mode)
+    halves.model.eval()
+    batch = full.task.train_batch(8, np.random.default_rng(0))
+    assert batch.targets.ndim == 2 and (batch.targets != -100).all()
+    parts = iter([Batch({k: v[:4] for k, v in batch.inputs.items()}, batch.targets[:4]),
+                  Batch({k: v[4:] for k, v in batch.inputs.items()}, batch.targets[4:])])
+    full.task.train_batch = lambda n, rng: batch
+    halves.task.train_batch = lambda n, rng: next(parts)
+    loss_full, norm_full, _ = full._train_step()
+    loss_halves, norm_halves, _ = halves._train_step()
+    assert loss_halves == pytest.approx(loss_full, rel=1e-12)
+    assert norm_halves == pytest.approx(norm_full, rel=1e-10)
+    for (name, a), (_, b) in zip(full.model.named_parameters(), halves.model.named_parameters()):
+        np.testing.assert_allclose(b.data, a.data, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
 def test_ctrl_c_writes_a_checkpoint(tmp_path, monkeypatch):
     trainer = Trainer(config(max_steps=40, checkpoint_every=100), tmp_path, quiet=True)
     real = trainer._train_step

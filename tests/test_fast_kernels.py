@@ -54,7 +54,10 @@ def test_set_fast_runtime_is_idempotent_and_reports(native_blas_afterwards):
 
 
 @pytest.mark.skipif(_runtime._openblas_thread_functions() is None, reason="needs OpenBLAS thread control")
-def test_products_split_by_numformer_are_bitwise_equal(rng, threads, native_blas_afterwards, monkeypatch):
+def test_products_split_by_numformer_equal_unsplit_ones(rng, threads, native_blas_afterwards, monkeypatch):
+    """Row blocks of a split product equal the whole product up to float32 rounding: bit for bit with some BLAS
+    kernels (OpenBLAS on Intel Skylake), not with others (OpenBLAS's Haswell/Zen kernels round a block of 50
+    rows differently from a block of 150). A given split is deterministic."""
     x = rng.standard_normal((3, 50, 24)).astype(np.float32)
     W = rng.standard_normal((40, 24)).astype(np.float32)
     dy = rng.standard_normal((3, 50, 40)).astype(np.float32)
@@ -68,11 +71,16 @@ def test_products_split_by_numformer_are_bitwise_equal(rng, threads, native_blas
     monkeypatch.setattr(_runtime, "MATMUL_GRAIN", 64)            # split even these small products
     y1, c1 = ops.linear_forward(x, W)
     g1 = ops.linear_backward(dy, c1)
-    assert np.array_equal(y0, y1)
-    assert np.array_equal(g0[0], g1[0]) and np.array_equal(g0[1], g1[1])
+    close = {"rtol": 1e-5, "atol": 1e-5}                         # entries are sums of 24 to 150 products
+    np.testing.assert_allclose(y1, y0, **close)
+    np.testing.assert_allclose(g1[0], g0[0], **close)
+    np.testing.assert_allclose(g1[1], g0[1], **close)
+    y1_again, _ = ops.linear_forward(x, W)
+    assert np.array_equal(y1, y1_again)                           # the same split gives the same bits
     threads(2)                                                    # dx and dW at the same time, one per thread
     g2 = ops.linear_backward(dy, c1)
-    assert np.array_equal(g0[0], g2[0]) and np.array_equal(g0[1], g2[1])
+    np.testing.assert_allclose(g2[0], g0[0], **close)
+    np.testing.assert_allclose(g2[1], g0[1], **close)
     numformer.set_fast_runtime(blas="native")
     assert not _runtime.owns_blas()
 

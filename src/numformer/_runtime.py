@@ -1,8 +1,8 @@
 """Process-level settings that make NumPy training faster: ``numformer.set_fast_runtime()``.
 
 Nothing here runs on import. ``set_fast_runtime()`` is called explicitly by the
-benchmark and the trainer (and by users who want it); it never changes a
-numerical result.
+benchmark and the trainer (and by users who want it). The malloc settings never
+change a result; the split matrix products may change the last bits (see below).
 
 What it does (glibc only; elsewhere it is a no-op that says so):
 
@@ -33,8 +33,10 @@ whole process and numformer splits its large matrix products by rows across
 its own threads instead. Only one set of threads then shares the cores: with
 OpenBLAS's threads active, its idle threads keep spinning for a while after
 every product and compete with numformer's elementwise threads for the same
-cores. Products split by rows give bitwise the same result as unsplit ones.
-The catch: other NumPy code in the same process then also runs its matrix
+cores. A product split by rows equals the unsplit one up to float rounding: bit
+for bit where the BLAS kernel's summation order does not depend on the number
+of rows (OpenBLAS on Intel Skylake), not always otherwise (OpenBLAS's
+Haswell/Zen kernels); a given split is deterministic. The catch: other NumPy code in the same process then also runs its matrix
 products on one thread (``set_fast_runtime(blas="native")`` restores the BLAS
 thread count).
 """
@@ -325,8 +327,8 @@ MATMUL_GRAIN = 1 << 21
 
 def matmul(a, b, out=None):
     """a @ b for 2-D operands. When numformer owns the BLAS threads (see set_fast_runtime), a large product is
-    split by rows of ``a`` across numformer's threads; each row block is computed exactly as in the whole
-    product, so the result is the same bit for bit."""
+    split by rows of ``a`` across numformer's threads. Each row block computes the same sums as the whole
+    product; whether it rounds them identically depends on the BLAS kernel (see the module docstring)."""
     m, k = a.shape
     n = b.shape[1]
     if not _state["own_blas"] or get_num_threads() == 1 or m * n * k < 2 * MATMUL_GRAIN:

@@ -200,3 +200,115 @@ def test_from_torch_rejects_unsupported():
         from_torch(nn.MultiheadAttention(8, 2))
     with pytest.raises(TypeError, match="does not know Linear"):
         from_torch(nn.Linear(2, 2))
+
+
+def memory_masks(rng, ndtype, T=5, S=6, B=2):
+    """memory_mask variants for the decoder's cross-attention: (T, S), T != S."""
+    mem_bool = rng.random((T, S)) < 0.3
+    mem_bool[:, 0] = False                               # every query keeps one key
+    mem_kpm = np.zeros((B, S), dtype=bool)
+    mem_kpm[1, -2:] = True
+    causal = np.triu(np.ones((T, S), dtype=bool), k=1)   # torch's is_causal is top-left aligned
+    return {
+        "bool": {"memory_mask": mem_bool},
+        "float": {"memory_mask": rng.standard_normal((T, S)).astype(ndtype)},
+        "bool_and_padding": {"memory_mask": mem_bool, "memory_key_padding_mask": mem_kpm},
+        # torch drops the mask and runs attention with is_causal=True here (no padding, no weights)
+        "causal_hint": {"memory_mask": causal, "memory_is_causal": True},
+    }
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("mask", ["bool", "float", "bool_and_padding", "causal_hint"])
+@pytest.mark.parametrize("stack", [False, True])
+def test_decoder_memory_mask(norm_first, mask, stack):
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True, norm_first=norm_first)
+    tmod = nn.TransformerDecoder(layer, 2, norm=nn.LayerNorm(16)) if stack else layer
+    tmod = tmod.to(torch.float64)
+    rng = np.random.default_rng(7)
+    memory, tgt, tgt_mask, _, tgt_kpm = layer_inputs(rng, np.float64)
+    kw = {"tgt_mask": tgt_mask, "tgt_key_padding_mask": tgt_kpm, **memory_masks(rng, np.float64)[mask]}
+    run_both(tmod, [tgt, memory], kw, 2, F64_TOL)
+
+
+def test_decoder_memory_mask_is_applied():
+    """The memory_mask changes the output (so the parity above is not the unmasked path twice)."""
+    torch.manual_seed(0)
+    tmod = nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True).double()
+    rng = np.random.default_rng(7)
+    memory, tgt, _, _, _ = layer_inputs(rng, np.float64)
+    adapter = from_torch(tmod)
+    plain = adapter(tgt, memory)
+    for kw in memory_masks(rng, np.float64).values():
+        assert np.max(np.abs(adapter(tgt, memory, **kw) - plain)) > 1e-3
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("mask", ["bool", "float", "causal_hint", "all_masks"])
+def test_full_transformer_src_mask(norm_first, mask):
+    torch.manual_seed(0)
+    tmod = nn.Transformer(16, 4, 2, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first).double()
+    rng = np.random.default_rng(8)
+    src, tgt, tgt_mask, src_kpm, tgt_kpm = layer_inputs(rng, np.float64)
+    S = src.shape[1]
+    src_bool = rng.random((S, S)) < 0.3
+    src_bool[:, 0] = False
+    kw = {
+        "bool": {"src_mask": src_bool},
+        "float": {"src_mask": rng.standard_normal((S, S))},
+        "causal_hint": {"src_mask": np.triu(np.ones((S, S), dtype=bool), k=1), "src_is_causal": True,
+                        "tgt_mask": tgt_mask, "tgt_is_causal": True},
+        "all_masks": {"src_mask": src_bool, "tgt_mask": tgt_mask, **memory_masks(rng, np.float64)["float"],
+                      "src_key_padding_mask": src_kpm, "tgt_key_padding_mask": tgt_kpm,
+                      "memory_key_padding_mask": src_kpm},
+    }[mask]
+    run_both(tmod, [src, tgt], kw, 2, F64_TOL)
+
+
+def _causal_without_mask_cases():
+    E, H, T, S = 16, 4, 5, 6
+    enc_layer = lambda: nn.TransformerEncoderLayer(E, H, 32, dropout=0.0, batch_first=True)  # noqa: E731
+    dec_layer = lambda: nn.TransformerDecoderLayer(E, H, 32, dropout=0.0, batch_first=True)  # noqa: E731
+    x, mem = (T, "x"), (S, "mem")
+    return [
+        ("mha_self", lambda: nn.MultiheadAttention(E, H, batch_first=True), [x, x, x], {"is_causal": True},
+         "attn_mask"),
+        ("mha_self_no_weights", lambda: nn.MultiheadAttention(E, H, batch_first=True), [x, x, x],
+         {"is_causal": True, "need_weights": False}, "attn_mask"),
+        ("mha_cross", lambda: nn.MultiheadAttention(E, H, batch_first=True), [x, mem, mem],
+         {"is_causal": True, "need_weights": False}, "attn_mask"),
+        ("encoder_layer", enc_layer, [x], {"is_causal": True}, "src_mask"),
+        ("decoder_layer_tgt", dec_layer, [x, mem], {"tgt_is_causal": True}, "tgt_mask"),
+        ("decoder_layer_memory", dec_layer, [x, mem], {"memory_is_causal": True}, "memory_mask"),
+        ("encoder", lambda: nn.TransformerEncoder(enc_layer(), 2, enable_nested_tensor=False), [x],
+         {"is_causal": True}, "mask"),
+        ("decoder_tgt", lambda: nn.TransformerDecoder(dec_layer(), 2), [x, mem], {"tgt_is_causal": True},
+         "tgt_mask"),
+        ("decoder_memory", lambda: nn.TransformerDecoder(dec_layer(), 2), [x, mem], {"memory_is_causal": True},
+         "memory_mask"),
+        ("transformer_src", lambda: nn.Transformer(E, H, 1, 1, 32, dropout=0.0, batch_first=True), [mem, x],
+         {"src_is_causal": True}, "src_mask"),
+        ("transformer_tgt", lambda: nn.Transformer(E, H, 1, 1, 32, dropout=0.0, batch_first=True), [mem, x],
+         {"tgt_is_causal": True}, "tgt_mask"),
+        ("transformer_memory", lambda: nn.Transformer(E, H, 1, 1, 32, dropout=0.0, batch_first=True), [mem, x],
+         {"memory_is_causal": True}, "memory_mask"),
+    ]
+
+
+@pytest.mark.parametrize("name,make,shapes,kwargs,mask_name", _causal_without_mask_cases(),
+                         ids=[c[0] for c in _causal_without_mask_cases()])
+def test_is_causal_without_mask_raises_as_torch(name, make, shapes, kwargs, mask_name):
+    """torch 2.13 refuses an is_causal flag without its mask; the converted module refuses it too."""
+    torch.manual_seed(0)
+    tmod = make().double().train()
+    rng = np.random.default_rng(9)
+    arrays = {tag: rng.standard_normal((2, n, 16)) for n, tag in shapes}
+    inputs = [arrays[tag] for _, tag in shapes]          # the same array where torch gets the same tensor
+    t_arrays = {tag: torch.from_numpy(a).requires_grad_(True) for tag, a in arrays.items()}
+    with pytest.raises(RuntimeError, match="Need attn_mask if specifying the is_causal hint"):
+        tmod(*[t_arrays[tag] for _, tag in shapes], **kwargs)
+    adapter = from_torch(tmod)
+    flag = next(k for k, v in kwargs.items() if k.endswith("is_causal"))
+    with pytest.raises(ValueError, match=rf"{flag}=True needs the causal mask.*pass the causal mask as {mask_name}"):
+        adapter(*inputs, **kwargs)

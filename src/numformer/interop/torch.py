@@ -12,9 +12,13 @@ Supported: ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``,
 PyTorch is imported lazily; it is never a runtime dependency of numformer.
 
 Mask arguments keep torch's meaning (boolean True = not allowed; float added).
-As in torch, an ``is_causal`` flag is a hint: when a mask is given, the mask
-is what is applied; with no mask, numformer applies the causal mask (torch
-would ask for the mask).
+As in torch, an ``is_causal`` flag (``is_causal``, ``src_is_causal``,
+``tgt_is_causal``, ``memory_is_causal``) is a hint that the matching mask is
+the causal mask: the mask is what is applied. A flag set to True without its
+mask raises ValueError, as torch 2.13 raises RuntimeError ("Need attn_mask if
+specifying the is_causal hint") for every supported module. (Only torch's
+inference fast path, eval mode under ``torch.no_grad()``, accepts the flag
+alone for self-attention, and then ignores it: it attends to every key.)
 """
 from __future__ import annotations
 
@@ -155,9 +159,16 @@ class TorchAdapter(Module):
         return self.inner.backward(dout)
 
 
-def _causal_if_no_mask(is_causal, mask):
-    """torch treats is_causal as a hint about ``mask``; without a mask we apply the causal mask."""
-    return bool(is_causal) and mask is None
+def _check_causal_hint(module, flag_name, flag, mask_name, mask):
+    """torch treats an is_causal flag as a hint about its mask and refuses the flag without the mask.
+
+    The mask is what numformer applies, so the hint itself is never passed on.
+    """
+    if flag and mask is None:
+        raise ValueError(f"{module}: {flag_name}=True needs the causal mask itself, and {mask_name} is None "
+                         f"(torch raises 'Need attn_mask if specifying the is_causal hint'); pass the causal "
+                         f"mask as {mask_name}, e.g. {mask_name}=np.triu(np.ones((L, S), dtype=bool), k=1) "
+                         f"for L queries and S keys (True = not allowed)")
 
 
 class MultiheadAttentionAdapter(TorchAdapter):
@@ -170,10 +181,10 @@ class MultiheadAttentionAdapter(TorchAdapter):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
+        _check_causal_hint("MultiheadAttention", "is_causal", is_causal, "attn_mask", attn_mask)
         mha = self.inner
         mha.record_weights = need_weights
-        out = mha(query, key, value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                  is_causal=_causal_if_no_mask(is_causal, attn_mask))
+        out = mha(query, key, value, attn_mask=attn_mask, key_padding_mask=key_padding_mask)
         weights = None
         if need_weights:
             weights = mha.last_weights.mean(axis=1) if average_attn_weights else mha.last_weights
@@ -185,8 +196,8 @@ class EncoderLayerAdapter(TorchAdapter):
     """Called as torch.nn.TransformerEncoderLayer: forward(src, src_mask, src_key_padding_mask, is_causal)."""
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        return self.inner(src, attn_mask=src_mask, key_padding_mask=src_key_padding_mask,
-                          is_causal=_causal_if_no_mask(is_causal, src_mask))
+        _check_causal_hint("TransformerEncoderLayer", "is_causal", is_causal, "src_mask", src_mask)
+        return self.inner(src, attn_mask=src_mask, key_padding_mask=src_key_padding_mask)
 
 
 class DecoderLayerAdapter(TorchAdapter):
@@ -194,16 +205,17 @@ class DecoderLayerAdapter(TorchAdapter):
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
-        return self.inner(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
-                          tgt_is_causal=_causal_if_no_mask(tgt_is_causal, tgt_mask))
+        _check_causal_hint("TransformerDecoderLayer", "tgt_is_causal", tgt_is_causal, "tgt_mask", tgt_mask)
+        _check_causal_hint("TransformerDecoderLayer", "memory_is_causal", memory_is_causal, "memory_mask", memory_mask)
+        return self.inner(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask)
 
 
 class EncoderAdapter(TorchAdapter):
     """Called as torch.nn.TransformerEncoder: forward(src, mask, src_key_padding_mask, is_causal)."""
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
-        return self.inner(src, mask=mask, key_padding_mask=src_key_padding_mask,
-                          is_causal=_causal_if_no_mask(is_causal, mask))
+        _check_causal_hint("TransformerEncoder", "is_causal", is_causal, "mask", mask)
+        return self.inner(src, mask=mask, key_padding_mask=src_key_padding_mask)
 
 
 class DecoderAdapter(TorchAdapter):
@@ -211,8 +223,9 @@ class DecoderAdapter(TorchAdapter):
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False):
-        return self.inner(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
-                          tgt_is_causal=_causal_if_no_mask(tgt_is_causal, tgt_mask))
+        _check_causal_hint("TransformerDecoder", "tgt_is_causal", tgt_is_causal, "tgt_mask", tgt_mask)
+        _check_causal_hint("TransformerDecoder", "memory_is_causal", memory_is_causal, "memory_mask", memory_mask)
+        return self.inner(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask)
 
 
 class EncoderDecoder(Module):
@@ -240,9 +253,11 @@ class TransformerAdapter(TorchAdapter):
     def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
                 tgt_key_padding_mask=None, memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
                 memory_is_causal=False):
+        _check_causal_hint("Transformer", "src_is_causal", src_is_causal, "src_mask", src_mask)
+        _check_causal_hint("Transformer", "tgt_is_causal", tgt_is_causal, "tgt_mask", tgt_mask)
+        _check_causal_hint("Transformer", "memory_is_causal", memory_is_causal, "memory_mask", memory_mask)
         return self.inner(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask, tgt_key_padding_mask,
-                          memory_key_padding_mask, src_is_causal=_causal_if_no_mask(src_is_causal, src_mask),
-                          tgt_is_causal=_causal_if_no_mask(tgt_is_causal, tgt_mask))
+                          memory_key_padding_mask)
 
 
 def from_torch(module):

@@ -154,6 +154,92 @@ def test_linear_decay_matches_torch():
     np.testing.assert_allclose([ours(s) for s in range(45)], ref, rtol=1e-12)
 
 
+def warmup_then(o, w, decay_piece, decay_steps=None, floor=None):
+    """torch composition: nanoGPT's warmup (LinearLR from 1/(w+1)) for w steps, then ``decay_piece``;
+    from ``decay_steps`` on, the constant ``floor`` (a factor of the base lr) when given."""
+    sched = torch.optim.lr_scheduler
+    pieces = [sched.LinearLR(o, start_factor=1 / (w + 1), end_factor=1.0, total_iters=w), decay_piece]
+    milestones = [w]
+    if floor is not None:
+        pieces.append(sched.LambdaLR(o, lambda s: floor))
+        milestones.append(decay_steps)
+    return sched.SequentialLR(o, pieces, milestones=milestones)
+
+
+def hand_warmup_linear(lr, w, decay_steps, min_lr):
+    """The README's formula, written out: lr·(step+1)/(warmup+1), then a straight line to min_lr."""
+    def f(s):
+        if s < w:
+            return lr * (s + 1) / (w + 1)
+        if s >= decay_steps:
+            return min_lr
+        return lr - (lr - min_lr) * (s - w) / (decay_steps - w)
+    return f
+
+
+def hand_warmup_cosine(lr, w, decay_steps, min_lr):
+    def f(s):
+        if s < w:
+            return lr * (s + 1) / (w + 1)
+        if s >= decay_steps:
+            return min_lr
+        return min_lr + (lr - min_lr) * (1 + math.cos(math.pi * (s - w) / (decay_steps - w))) / 2
+    return f
+
+
+def test_warmup_then_linear_decay_matches_torch():
+    lr, w, total, min_lr = 3e-3, 8, 50, 3e-4
+    ours = make_schedule("linear", lr, warmup_steps=w, max_steps=total, min_lr=min_lr)
+    n = total + 10                                          # past max_steps the floor holds
+    ref = torch_lrs(lambda o: warmup_then(o, w, torch.optim.lr_scheduler.LinearLR(
+        o, start_factor=1.0, end_factor=min_lr / lr, total_iters=total - w)), n, lr=lr)
+    got = [ours(s) for s in range(n)]
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+    np.testing.assert_allclose(got, [hand_warmup_linear(lr, w, total, min_lr)(s) for s in range(n)], rtol=1e-12)
+    assert got[0] == pytest.approx(lr / (w + 1)) and got[w] == pytest.approx(lr)       # 1/(w+1) .. peak at w
+    assert got[total] == min_lr and max(got) == pytest.approx(lr)
+
+
+def test_constant_with_warmup_matches_torch():
+    lr, w = 3e-4, 7
+    ours = make_schedule("constant", lr, warmup_steps=w, max_steps=40)
+    got = [ours(s) for s in range(40)]
+    linear = torch_lrs(lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1 / (w + 1), total_iters=w),
+                       40, lr=lr)
+    hand = torch_lrs(lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(s + 1, w + 1) / (w + 1)),
+                     40, lr=lr)
+    np.testing.assert_allclose(got, linear, rtol=1e-12)
+    np.testing.assert_allclose(got, hand, rtol=1e-12)
+    assert got[w - 1] < lr and got[w:] == [lr] * (40 - w)
+    assert make_schedule("constant", lr, warmup_steps=0)(0) == lr
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine"])
+@pytest.mark.parametrize("decay_steps", [30, 80])       # before max_steps: a floor to the end; after: never reached
+def test_decay_steps_other_than_max_steps(name, decay_steps):
+    lr, w, max_steps, min_lr = 1e-2, 5, 50, 1e-3
+    ours = make_schedule(name, lr, warmup_steps=w, max_steps=max_steps, min_lr=min_lr, decay_steps=decay_steps)
+    n = max(max_steps, decay_steps) + 5
+    got = [ours(s) for s in range(n)]
+    hand = {"linear": hand_warmup_linear, "cosine": hand_warmup_cosine}[name](lr, w, decay_steps, min_lr)
+    np.testing.assert_allclose(got, [hand(s) for s in range(n)], rtol=1e-12)
+    sched = torch.optim.lr_scheduler
+    make_decay = {
+        "linear": lambda o: sched.LinearLR(o, start_factor=1.0, end_factor=min_lr / lr, total_iters=decay_steps - w),
+        "cosine": lambda o: sched.CosineAnnealingLR(o, T_max=decay_steps - w, eta_min=min_lr),
+    }[name]
+    ref = torch_lrs(lambda o: warmup_then(o, w, make_decay(o), decay_steps, floor=min_lr / lr), n, lr=lr)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+    default = make_schedule(name, lr, warmup_steps=w, max_steps=max_steps, min_lr=min_lr)
+    assert got[decay_steps - 1] > min_lr and got[decay_steps] == min_lr
+    if decay_steps < max_steps:
+        assert got[decay_steps:max_steps] == [min_lr] * (max_steps - decay_steps)
+        assert default(decay_steps) > min_lr                    # max_steps alone would still be decaying
+    else:
+        assert got[max_steps - 1] > default(max_steps - 1)      # training ends above the floor
+        assert default(max_steps) == min_lr
+
+
 def test_noam_matches_the_paper_and_torch():
     d, w = 512, 4000
     ours = make_schedule("noam", 1.0, warmup_steps=w, d_model=d)

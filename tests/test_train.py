@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -187,6 +190,26 @@ def test_flash_attention_with_dropout_is_refused_before_the_run_starts(tmp_path)
     Trainer(cfg, tmp_path / "run", quiet=True).train(stop_after=2)
 
 
+@pytest.mark.parametrize("decay_steps", [0, 20, 60])
+def test_trainer_schedule_decays_until_decay_steps(tmp_path, decay_steps):
+    """[train] decay_steps sets where the cosine reaches min_lr; 0 means max_steps."""
+    import math
+
+    trainer = Trainer(config(max_steps=40, decay_steps=decay_steps), tmp_path / "run", quiet=True)
+    end = decay_steps or 40
+    lr, w, min_lr = 1e-2, 4, 1e-3
+
+    def expected(s):
+        if s < w:
+            return lr * (s + 1) / (w + 1)
+        if s >= end:
+            return min_lr
+        return min_lr + (lr - min_lr) * (1 + math.cos(math.pi * (s - w) / (end - w))) / 2
+
+    np.testing.assert_allclose([trainer.schedule(s) for s in range(70)], [expected(s) for s in range(70)],
+                               rtol=1e-12)
+
+
 def test_gradient_accumulation_equals_one_large_batch(tmp_path):
     """grad_accum = 2 over two halves of a batch gives the update of the whole batch (equal token counts)."""
     from numformer.data.base import Batch
@@ -224,6 +247,92 @@ def test_ctrl_c_writes_a_checkpoint(tmp_path, monkeypatch):
     assert summary["interrupted"] and summary["steps"] == 13
     resumed = Trainer(None, tmp_path, resume=True, quiet=True)
     assert resumed.step == 13
+
+
+def saved_step(run_dir):
+    """The step of the checkpoint in run_dir, or None while there is none."""
+    from safetensors import safe_open
+
+    path = run_dir / CHECKPOINT
+    if not path.exists():
+        return None
+    with safe_open(str(path), "np") as f:
+        return json.loads(f.metadata()["state"])["step"]
+
+
+def complete_metric_lines(run_dir):
+    """The lines of metrics.jsonl that are whole JSON objects (a kill can cut the last one short)."""
+    path = run_dir / "metrics.jsonl"
+    out = []
+    for line in (path.read_text().splitlines(keepends=True) if path.exists() else []):
+        try:
+            out.append((json.loads(line)["step"], line))
+        except (json.JSONDecodeError, KeyError):
+            pass
+    return out
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL") or not hasattr(signal, "SIGSTOP"), reason="POSIX signals")
+def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
+    """A run killed with SIGKILL (no handler runs) resumes from its last checkpoint: the checkpoint loads,
+    the metrics lines logged after it are dropped, and the resumed run logs those steps again, once."""
+    cfg = tmp_path / "c.toml"
+    # max_steps is out of reach: the run is killed, whatever the speed of the machine; --resume then sets the end.
+    cfg.write_text('[model]\ntype = "gpt"\nn_layers = 1\nn_heads = 2\nd_model = 16\n'
+                   '[data]\ntask = "copy"\nlength = 4\nn_val = 16\nn_test = 16\n'
+                   '[train]\nmax_steps = 1000000\nbatch_size = 4\nschedule = "constant"\nlog_every = 1\n'
+                   'eval_every = 1000000\ncheckpoint_every = 5\n')
+    run = tmp_path / "run"
+    cli = [sys.executable, "-m", "numformer.cli", "train"]
+    with open(tmp_path / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(cli + [str(cfg), "--out", str(run), "--quiet"], stdout=subprocess.DEVNULL,
+                                stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"training exited ({proc.returncode}) before it was killed: "
+                            f"{(tmp_path / 'stderr.txt').read_text()}")
+            assert time.monotonic() < deadline, "no checkpoint followed by more metrics lines within 120 s"
+            step = saved_step(run)
+            if step is not None and max((s for s, _ in complete_metric_lines(run)), default=-1) > step:
+                # Freeze the run and look again (it may have written a newer checkpoint meanwhile): kill it
+                # only in a state with metrics lines past its checkpoint.
+                proc.send_signal(signal.SIGSTOP)
+                step = saved_step(run)
+                if max((s for s, _ in complete_metric_lines(run)), default=-1) > step:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+                proc.send_signal(signal.SIGCONT)
+            time.sleep(0.01)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    ckpt_step = saved_step(run)
+    assert ckpt_step == step and ckpt_step % 5 == 0
+    killed = complete_metric_lines(run)
+    assert max(s for s, _ in killed) > ckpt_step             # steps that the kill lost
+    kept = [line for s, line in killed if s <= ckpt_step]
+
+    # The checkpoint loads; opening the run to resume drops the lines after it, before anything is re-logged.
+    resumed = Trainer(None, run, resume=True, quiet=True)
+    assert resumed.step == ckpt_step
+    assert (run / "metrics.jsonl").read_text() == "".join(kept)
+
+    end = ckpt_step + 3
+    done = subprocess.run(cli + ["--out", str(run), "--resume", "--set", f"train.max_steps={end}", "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "summary.json").read_text())["steps"] == end
+    assert saved_step(run) == end
+    final = complete_metric_lines(run)
+    assert "".join(line for _, line in final).startswith("".join(kept))      # the lines before are untouched
+    train_steps = [r["step"] for r in read_metrics(run) if "train_loss" in r]
+    assert train_steps == list(range(1, end + 1))              # steps after the checkpoint logged again, once
+    assert [r["step"] for r in read_metrics(run) if "val_loss" in r] == [end]
 
 
 def test_early_stopping_rule():

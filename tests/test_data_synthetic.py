@@ -186,6 +186,7 @@ def test_transformer_batch_layout(name):
         assert (yin[1:n] == y[:n - 1]).all() and (yin[n:] == PAD_ID).all()  # shifted right; pads after
     cfg = t.model_config()
     assert cfg["src_pad_id"] == cfg["tgt_pad_id"] == PAD_ID and cfg["src_vocab_size"] == len(t.tokens)
+    assert (cfg["bos_id"], cfg["eos_id"]) == (BOS_ID, EOS_ID)       # kept by the model for generate()
     assert max(src.shape[1], tgt.shape[1]) <= cfg["max_len"]
 
 
@@ -427,6 +428,11 @@ def test_parity_scratchpad_accuracy_is_greedy_decodings_final_bit(kind):
         manual.append(len(out) >= len(answer) and out[len(answer) - 1] == answer[-1] + OFFSET)
     assert m["accuracy"] == pytest.approx(np.mean(manual))
     assert 0 < m["accuracy"] < 1 and m["accuracy"] >= m["exact_match"]      # right scratchpad => right bit
+    if kind == "transformer":   # built from the task's model_config: generate() knows bos/eos (the seed's call)
+        for prompt, answer in t.eval_set("val")[:4]:
+            out = greedy(model, kind, (prompt + OFFSET).tolist(), len(answer) + 1)
+            out = out[:out.index(EOS_ID)] if EOS_ID in out else out
+            assert model.generate(prompt + OFFSET, len(answer) + 1, 0) == out
 
 
 @pytest.mark.parametrize("name, kw, first", [

@@ -342,6 +342,30 @@ def test_transformer_generate_method():
         model.generate(SRC)
 
 
+def test_transformer_generate_seed_call_with_temperature():
+    """The seed README's call, model.generate(src, max_length, temperature), with the model's own bos/eos."""
+    model = small_transformer(seed=4, bos_id=BOS, eos_id=EOS)
+    assert (model.bos_id, model.eos_id) == (BOS, EOS)
+    greedy = greedy_decode(model, SRC, 10, BOS, EOS)
+    # positional as in the seed: max_length, temperature; a fixed seed or Generator state repeats
+    a = model.generate(SRC, 10, 0.7, rng=0)
+    assert a == model.generate(SRC, 10, 0.7, rng=0) == model.generate(SRC, 10, 0.7, rng=R(0))
+    assert a == sample_decode(model, SRC, 10, BOS, EOS, temperature=0.7, rng=0)
+    assert a != greedy                                   # it samples (flattened outputs: 0.7 is far from argmax)
+    assert [model.generate(SRC, 10, 0.7, rng=s) for s in range(5)] != [a] * 5
+    # temperature -> 0 is greedy decoding; 0 itself means greedy
+    assert model.generate(SRC, max_length=10, temperature=0) == greedy
+    for seed in range(5):
+        assert model.generate(SRC, max_length=10, temperature=1e-6, rng=seed) == greedy
+    assert model.generate(SRC[1], 10, greedy=True) == greedy[1]
+    assert model.generate(SRC[1], 10, beam_size=3) == beam_search(model, SRC[1], 3, 10, BOS, EOS)
+    # explicit ids still win over the model's own
+    assert model.generate(SRC, 10, greedy=True, bos_id=3, eos_id=EOS) == greedy_decode(model, SRC, 10, 3, EOS)
+    assert model.training                                # restored after generation
+    with pytest.raises(ValueError, match="eos_id must be None or a token id"):
+        small_transformer(bos_id=BOS, eos_id=7)          # tgt_vocab_size is 7
+
+
 def test_seq2seq_bad_input():
     model = small_transformer()
     with pytest.raises(ValueError, match="empty src"):

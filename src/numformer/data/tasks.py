@@ -244,7 +244,7 @@ class SyntheticTask(Task):
         if self.model_type == "gpt":
             return {"vocab_size": V, "block_size": max(lp + la + 1 for lp, la in shapes)}
         return {"src_vocab_size": V, "tgt_vocab_size": V, "src_pad_id": PAD_ID, "tgt_pad_id": PAD_ID,
-                "max_len": max(max(lp, la + 1) for lp, la in shapes)}
+                "bos_id": BOS_ID, "eos_id": EOS_ID, "max_len": max(max(lp, la + 1) for lp, la in shapes)}
 
     # -- metrics ------------------------------------------------------------------------------------
     def _forward(self, model, batch):
@@ -427,9 +427,18 @@ class ParityTask(SyntheticTask):
       probe (length 24, 4-layer GPT, d_model 64, 300 steps) it stayed at chance
       (51% tokens) whether the length was fixed or varied.
 
-    Use a fixed length for the scratchpad (``min_length = length``): with
-    mixed lengths the offset from an output step back to its input bit varies.
-    This is the variant expected to reach 95% at 64 bits.
+    Which lengths to train on depends on the model. With ``"gpt"`` use a fixed
+    length (``min_length = length``): in one sequence the offset from an output
+    step back to its input bit is length + 1 positions, which varies with mixed
+    lengths. With ``"transformer"`` step t reads source bit t through the
+    cross-attention, the diagonal, the same at every length, so lengths can be
+    mixed (``min_length = 1``): short strings give a strong signal early. Mix
+    in a share at the full length too (``full_length_fraction``): with lengths
+    uniform in 1..64 alone few strings are long, and a full 3,000-step run of
+    configs/parity.toml ended at 93.3% test accuracy at 64 bits. That config
+    (encoder-decoder Transformer, ``min_length = 1``,
+    ``full_length_fraction = 0.5``) is the variant used for the 95% target;
+    its comment gives the measured figures, results/parity.md the result.
 
     Metrics: classifier: ``accuracy`` (and ``accuracy@L``), the predicted
     label. Scratchpad: ``accuracy`` is the parity bit that the model writes

@@ -469,7 +469,8 @@ class Multi30kTask(Task):
 
     def model_config(self) -> dict:
         return {"src_vocab_size": self.src_tokenizer.vocab_size, "tgt_vocab_size": self.tgt_tokenizer.vocab_size,
-                "src_pad_id": 0, "tgt_pad_id": 0, "max_len": int(self.config["max_len"])}
+                "src_pad_id": 0, "tgt_pad_id": 0, "bos_id": int(self.bos_id), "eos_id": int(self.eos_id),
+                "max_len": int(self.config["max_len"])}
 
     def tokenizer_state(self) -> dict:
         return {"joint": self.config["joint_vocab"], "src": self.src_tokenizer.to_dict(),

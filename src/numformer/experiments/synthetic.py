@@ -80,6 +80,9 @@ PARITY_WHY = (
     "addition that gradient descent learns, where the bare label, an XOR of 64 bits, gives no signal. Its "
     "cross-attention reads source bit i at step i, the diagonal, the same at every length, so training "
     "mixes lengths 1..64 in each batch (`min_length = 1`): the short strings teach the rule early. "
+    "Half of every batch has the full length 64 (`full_length_fraction = 0.5`): with lengths uniform in "
+    "1..64 alone few strings are long, and a full 3,000-step run ended at 93.3% test accuracy, since one "
+    "wrong count among 64 steps spoils the bit (see the comment in configs/parity.toml). "
     "`accuracy` is the parity bit the model writes last when it decodes its whole scratchpad greedily, from "
     "its own outputs, as at inference; `exact_match` counts strings whose whole scratchpad is right.")
 

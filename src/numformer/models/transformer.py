@@ -5,7 +5,7 @@
 
 API as the seed README: ``Transformer(src_vocab_size, tgt_vocab_size, d_model=512,
 n_heads=8, n_layers=6, d_ff=2048, dropout=0.1)``, ``model(src, tgt)`` -> logits,
-``encode`` and ``decode``.
+``encode``, ``decode`` and ``generate(src, max_length, temperature)``.
 """
 from __future__ import annotations
 
@@ -28,14 +28,23 @@ class Transformer(Module):
     vocabulary); ``tie_output`` ties the output layer to the target embedding.
     ``attention="flash"``: memory-efficient attention kernel (no attention dropout);
     ``gradient_checkpointing``: recompute each block's activations in backward.
+    ``bos_id`` / ``eos_id``: the target vocabulary's start and end tokens, kept for
+    ``generate`` (a task's ``model_config`` sets them, so a trained run's model has them).
     """
 
     def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1,
                  max_len=512, n_encoder_layers=None, n_decoder_layers=None, norm_first=False, activation="relu",
                  norm="layer", positional="sinusoidal", share_embeddings=False, tie_output=False, src_pad_id=None,
                  tgt_pad_id=None, final_norm=None, bias=True, attn_bias=None, layer_norm_eps=1e-5,
-                 scale_embeddings=True, attention="plain", gradient_checkpointing=False, rng=None, dtype=np.float32):
+                 scale_embeddings=True, attention="plain", gradient_checkpointing=False, bos_id=None, eos_id=None,
+                 rng=None, dtype=np.float32):
         super().__init__()
+        for name, v in (("bos_id", bos_id), ("eos_id", eos_id)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                                  or not 0 <= v < tgt_vocab_size):
+                raise ValueError(f"{name} must be None or a token id in [0, {tgt_vocab_size}), got {v!r}")
+        self.bos_id = None if bos_id is None else int(bos_id)
+        self.eos_id = None if eos_id is None else int(eos_id)
         rng = init.default_rng(rng)
         n_enc = n_layers if n_encoder_layers is None else n_encoder_layers
         n_dec = n_layers if n_decoder_layers is None else n_decoder_layers
@@ -137,14 +146,19 @@ class Transformer(Module):
                  length_penalty=1.0, bos_id=None, eos_id=None, rng=None, **kwargs):
         """Translate src (S,) or (B, S) into target token ids (lists without bos/eos), with the decoder's cache.
 
-        Samples with ``temperature`` (and top_k / top_p) by default; ``greedy=True`` (or temperature 0)
-        takes the argmax; ``beam_size=K`` runs beam search with ``length_penalty``. The model does not
-        know its special tokens: bos_id and eos_id are required. See ``numformer.generate``.
+        Samples with ``temperature`` (and top_k / top_p) by default, drawing from ``rng`` (a seed or a
+        Generator; None: fresh randomness); ``greedy=True`` (or temperature 0) takes the argmax;
+        ``beam_size=K`` runs beam search with ``length_penalty``. ``bos_id`` / ``eos_id`` default to the
+        model's own (``Transformer(..., bos_id=, eos_id=)``, set by the task for a trained run); a
+        model without them needs them passed. See ``numformer.generate``.
         """
         from .. import generate as gen
+        bos_id = self.bos_id if bos_id is None else bos_id
+        eos_id = self.eos_id if eos_id is None else eos_id
         if bos_id is None or eos_id is None:
             raise ValueError("Transformer.generate needs bos_id and eos_id (the target tokenizer's start and end "
-                             "token ids), e.g. model.generate(src, bos_id=tok.bos_id, eos_id=tok.eos_id)")
+                             "token ids): this model was built without them; pass model.generate(src, ..., "
+                             "bos_id=..., eos_id=...) or build it with Transformer(..., bos_id=..., eos_id=...)")
         if beam_size is not None:
             return gen.beam_search(self, src, beam_size, max_length, bos_id, eos_id, length_penalty=length_penalty,
                                    **kwargs)

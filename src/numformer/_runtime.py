@@ -260,8 +260,17 @@ def parallel_for(n, fn, grain):
 
 # -- BLAS threads (for measurements) -------------------------------------------------------------------
 
+_openblas_fns = []
+
+
 def _openblas_thread_functions():
-    """(get, set) of the OpenBLAS loaded by NumPy, or None (another BLAS, or symbols not found)."""
+    """(get, set) of the OpenBLAS loaded by NumPy, or None (another BLAS, or symbols not found); looked up once."""
+    if not _openblas_fns:
+        _openblas_fns.append(_find_openblas_thread_functions())
+    return _openblas_fns[0]
+
+
+def _find_openblas_thread_functions():
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -310,6 +319,39 @@ class blas_threads:
     def __exit__(self, *exc):
         if self._saved is not None:
             set_, n = self._saved
+            set_(n)
+        return False
+
+
+def single_threaded_blas():
+    """Set the BLAS (OpenBLAS) to one thread for the rest of the process, as a data-parallel worker does."""
+    fns = _openblas_thread_functions()
+    if fns is not None:
+        fns[1](1)
+
+
+class single_threaded:
+    """Context manager: numformer's kernels and the BLAS on the calling thread only, restored afterwards.
+
+    Each process of data-parallel training computes its share of a batch this way (the other cores are
+    busy with the other shares)."""
+
+    def __enter__(self):
+        self._threads = _threads["n"]
+        _threads["n"] = 1
+        self._blas = None
+        fns = _openblas_thread_functions()
+        if fns is not None and not _state["own_blas"]:
+            n = fns[0]()
+            if n != 1:
+                fns[1](1)
+                self._blas = (fns[1], n)
+        return self
+
+    def __exit__(self, *exc):
+        _threads["n"] = self._threads
+        if self._blas is not None:
+            set_, n = self._blas
             set_(n)
         return False
 

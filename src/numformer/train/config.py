@@ -46,6 +46,7 @@ TRAIN_DEFAULTS = {
     "log_every": 10,
     "max_minutes": 0.0,           # stop (with a checkpoint) after this much training time; 0 = no limit
     "dtype": "float32",           # float32 | float64
+    "processes": 0,               # data-parallel processes, each on a share of every batch; 0 = one per core, 1 = off
 }
 
 SECTIONS = ("model", "data", "train")

@@ -38,6 +38,7 @@ from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights,
                          save_model, set_rng_state, write_json_atomic)
 from .config import resolve_config
 from .early_stopping import EarlyStopping
+from .parallel import DataParallel, usable_processes
 
 
 class TrainingDiverged(RuntimeError):
@@ -45,11 +46,19 @@ class TrainingDiverged(RuntimeError):
 
 
 def git_commit():
-    """The numformer source commit, or None outside a git checkout."""
+    """The numformer source commit (with "+dirty" when src/ or configs/ have uncommitted changes), or None
+    outside a git checkout."""
     try:
+        here = Path(__file__).resolve().parent
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
+                             cwd=here)
+        commit = out.stdout.strip()
+        if not commit:
+            return None
+        # uncommitted changes to the library or the configs: the commit alone does not say what ran
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "configs"], capture_output=True,
+                               text=True, timeout=5, cwd=here.parents[2] if len(here.parents) > 2 else here)
+        return commit + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -138,6 +147,9 @@ class Trainer:
         self.tokens_seen = 0
         self.train_seconds = 0.0
         self.resumed = resume
+        self.processes = usable_processes(self.model, t["batch_size"], t["processes"])
+        self._dp = None                 # the DataParallel of a running train() call
+        self._worker_rngs = None        # the data-parallel workers' generator states between train() calls
         if resume:
             self._restore()
         self._stop_requested = False
@@ -146,6 +158,7 @@ class Trainer:
     def _state(self):
         return {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
                 "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
+                "worker_rngs": self._dp.rng_states() if self._dp is not None else self._worker_rngs,
                 "early_stopping": self.early.state_dict()}
 
     def _restore(self):
@@ -155,6 +168,7 @@ class Trainer:
         set_rng_state(self.model_rng, state["model_rng"])
         set_rng_state(self.data_rng, state["data_rng"])
         self.early.load_state_dict(state["early_stopping"])
+        self._worker_rngs = state.get("worker_rngs")
         self._truncate_metrics(self.step)
 
     def _truncate_metrics(self, step):
@@ -208,12 +222,12 @@ class Trainer:
         losses, tokens = [], 0
         for _ in range(t["grad_accum"]):
             batch = self.task.train_batch(t["batch_size"], self.data_rng)
-            logits = self.model(**batch.inputs)
-            loss, cache = ops.cross_entropy_forward(logits, batch.targets, ignore_index=IGNORE,
-                                                    label_smoothing=t["label_smoothing"])
+            # forward, cross-entropy and backward, the batch split over the data-parallel processes
+            dp = self._dp if self._dp is not None else DataParallel(self.model, 1)     # outside train()
+            loss, _ = dp.forward_backward(batch.inputs, batch.targets, t["label_smoothing"],
+                                                1.0 / t["grad_accum"])
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
-            self.model.backward(ops.cross_entropy_backward(cache, 1.0 / t["grad_accum"]))
             losses.append(loss)
             tokens += batch.n_tokens
         norm = clip_grad_norm(self.optimizer.params, t["grad_clip"])
@@ -232,6 +246,7 @@ class Trainer:
     def train(self, stop_after=None):
         """Train to max_steps (or ``stop_after`` more steps, for tests). Returns the summary dict."""
         t = self.train_cfg
+        wall_start = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not self.resumed:
             for stale in ("metrics.jsonl", MODEL, "summary.json"):
@@ -242,6 +257,9 @@ class Trainer:
             write_json_atomic(self.run_dir / "tokenizer.json", tok)
         n_params = self.model.num_parameters()
         self._print(f"{type(self.model).__name__} with {n_params:,} parameters; data: {self.task.describe()}")
+        if self.processes > 1:
+            self._print(f"data-parallel on {self.processes} processes: each computes 1/{self.processes} of every "
+                        f"batch ([train] processes)")
         if self.resumed:
             self._print(f"resuming {self.run_dir} at step {self.step}")
 
@@ -250,9 +268,12 @@ class Trainer:
             previous = signal.signal(signal.SIGINT, self._on_sigint)
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
         bar = self._progress_bar(last_step)
-        stopped_early = interrupted = False
+        stopped_early = interrupted = time_limit = False
         window_loss, window_tokens, window_start = [], 0, time.perf_counter()
         try:
+            self._dp = DataParallel(self.model, self.processes, seed=t["seed"])
+            if self._worker_rngs is not None and len(self._worker_rngs) == self.processes - 1:
+                self._dp.set_rng_states(self._worker_rngs)
             while self.step < last_step:
                 started = time.perf_counter()
                 loss, norm, tokens = self._train_step()
@@ -294,6 +315,7 @@ class Trainer:
                 if t["max_minutes"] and self.train_seconds >= 60 * t["max_minutes"] and self.step < last_step:
                     self._print(f"time limit of {t['max_minutes']} minutes reached at step {self.step}")
                     self.save_checkpoint()
+                    time_limit = True
                     break
                 if stopped_early:
                     break
@@ -311,9 +333,22 @@ class Trainer:
                 bar.close()
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
-        return self._finish(stopped_early, interrupted, n_params)
+            self._close_data_parallel()
+        return self._finish(stopped_early, interrupted, time_limit, n_params, time.perf_counter() - wall_start)
 
-    def _finish(self, stopped_early, interrupted, n_params):
+    def _close_data_parallel(self):
+        """Stop the workers (keeping their generator states for a later train() call)."""
+        if self._dp is None:
+            return
+        try:
+            self._worker_rngs = self._dp.rng_states()
+        except (OSError, EOFError):          # a worker died: its states are lost with it
+            self._worker_rngs = None
+        finally:
+            self._dp.close()
+            self._dp = None
+
+    def _finish(self, stopped_early, interrupted, time_limit, n_params, wall_seconds):
         t = self.train_cfg
         best_path = self.run_dir / MODEL
         if t["restore_best"] and best_path.exists():
@@ -326,7 +361,8 @@ class Trainer:
             "best_step": self.early.best_step, "train_seconds": round(self.train_seconds, 2),
             "tokens_seen": self.tokens_seen,
             "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
-            "stopped_early": stopped_early, "interrupted": interrupted,
+            "wall_seconds": round(wall_seconds, 2), "processes": self.processes,
+            "stopped_early": stopped_early, "interrupted": interrupted, "time_limit_reached": time_limit,
             "weights": "best" if t["restore_best"] and self.early.best_step is not None else "last",
             "commit": git_commit(), "run_dir": str(self.run_dir),
         }
@@ -335,12 +371,13 @@ class Trainer:
         return summary
 
     def _summary_text(self, s):
-        how = ("interrupted" if s["interrupted"] else "stopped early" if s["stopped_early"]
-               else f"{s['steps']} steps")
+        how = f"{s['steps']} steps" + (" (interrupted)" if s["interrupted"] else " (stopped early)"
+                                       if s["stopped_early"] else " (time limit)" if s["time_limit_reached"] else "")
         best = (f"Best validation loss {s['best_val_loss']:.4f} at step {s['best_step']}."
                 if s["best_val_loss"] is not None else "No evaluation ran.")
         return (f"\nTrained {type(self.model).__name__} ({s['parameters']:,} parameters): {how} in "
-                f"{s['train_seconds']:.1f} s of training ({s['tokens_per_s']:,.0f} tokens/s). {best} "
+                f"{s['train_seconds']:.1f} s of training steps ({s['tokens_per_s']:,.0f} tokens/s; "
+                f"{s['wall_seconds']:.1f} s wall time with evaluations and checkpoints). {best} "
                 f"Saved to {self.run_dir}: {MODEL} ({s['weights']} weights), {CHECKPOINT} "
                 f"(continue with --resume), metrics.jsonl, config.json.")
 

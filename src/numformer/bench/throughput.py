@@ -13,13 +13,15 @@ reported. Model FLOP utilisation (MFU) = the model's matrix-multiply FLOPs per
 second over the float32 matrix-multiply peak measured in the same run with a
 large ``np.matmul``.
 
-Both use every core they are given: PyTorch its intra-op threads, numformer
-its thread pool (``numformer.set_num_threads``) after
-``numformer.set_fast_runtime()``, which also has numformer split the matrix
-products itself with OpenBLAS on one thread. Each round also times numformer
-with OpenBLAS's own threads (``set_fast_runtime(blas="native")``), and a second
-comparison runs both frameworks on one thread, timed by CPU time (per-core
-efficiency, hardly disturbed by other load on the machine).
+Both use every core they are given, each in the way it trains by default:
+PyTorch its intra-op threads (every op split across the cores), numformer data
+parallelism across processes (``numformer.train.parallel``, what ``numformer
+train`` does with ``[train] processes = 0``): one process per core, each
+computing its share of every batch on one thread. Each round also times
+numformer in one process with its thread pool splitting the ops
+(``numformer.set_num_threads``, after ``numformer.set_fast_runtime()``), and a
+second comparison runs both frameworks on one thread, timed by CPU time
+(per-core efficiency, hardly disturbed by other load on the machine).
 """
 from __future__ import annotations
 
@@ -147,22 +149,34 @@ def make_batches(cfg, n=4, seed=1):
     return batches
 
 
-def numformer_trainer(model, cfg):
-    """A function step(x, y) -> loss: forward, cross-entropy, backward, AdamW."""
-    from .. import ops
-    from ..optim import AdamW, param_groups
+class numformer_trainer:
+    """step(x, y) -> loss: forward, cross-entropy, backward, AdamW, as the Trainer does it.
 
-    opt = AdamW(param_groups(model, OPTIM["weight_decay"]), lr=OPTIM["lr"], betas=OPTIM["betas"])
+    processes > 1 splits every batch over that many processes (``DataParallel``); call ``close()`` (or use
+    ``with``) to stop them."""
 
-    def step(x, y):
-        opt.zero_grad()
-        logits = model(x)
-        loss, cache = ops.cross_entropy_forward(logits, y)
-        model.backward(ops.cross_entropy_backward(cache))
-        opt.step()
+    def __init__(self, model, cfg, processes=1):
+        from ..optim import AdamW, param_groups
+        from ..train.parallel import DataParallel
+
+        self.opt = AdamW(param_groups(model, OPTIM["weight_decay"]), lr=OPTIM["lr"], betas=OPTIM["betas"])
+        self.dp = DataParallel(model, processes)
+        self.input_name = "idx" if cfg["kind"] == "gpt" else "ids"
+
+    def __call__(self, x, y):
+        self.opt.zero_grad()
+        loss, _ = self.dp.forward_backward({self.input_name: x}, y)
+        self.opt.step()
         return loss
 
-    return step
+    def close(self):
+        self.dp.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def torch_trainer(ref, cfg):
@@ -192,61 +206,52 @@ def _timed(step, batches, n):
     return time.perf_counter() - t0
 
 
-def _blas_mode(mode):
-    from .._runtime import set_fast_runtime
-
-    set_fast_runtime(blas=mode)
-
-
-def measure_config(cfg, warmup, rounds, steps, seed=0, native_blas_too=True):
+def measure_config(cfg, warmup, rounds, steps, seed=0, one_process_too=True):
     """Alternate numformer and PyTorch; returns per-round throughputs, the median ratio and the first losses.
 
-    numformer runs as ``set_fast_runtime()`` sets it up (its own threads split the matrix products, OpenBLAS
-    on one thread); with ``native_blas_too`` each round also times numformer with the BLAS's own threads
-    (``set_fast_runtime(blas="native")``), reported separately.
+    numformer trains as ``numformer train`` does by default: data-parallel on one process per core (at most
+    one per example). With ``one_process_too`` each round also times numformer in one process whose thread
+    pool splits the ops (after ``set_fast_runtime()``), reported separately.
     """
     import torch
 
-    from .._runtime import owns_blas
+    from ..train.parallel import usable_processes
 
     model, ref = build_models(cfg, seed)
     batches = make_batches(cfg)
     tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
-    nf_step, pt_step = numformer_trainer(model, cfg), torch_trainer(ref, cfg)
-    first = (float(nf_step(*batches[0])), float(pt_step(*tbatches[0])))     # same weights, same batch
-    for _ in range(warmup):
-        nf_step(*batches[0])
-        pt_step(*tbatches[0])
-    main_mode = "numformer" if owns_blas() else "native"
-    variants = [("nf", main_mode, nf_step, batches), ("pt", None, pt_step, tbatches)]
-    if native_blas_too and main_mode == "numformer":
-        variants.append(("nf_native", "native", nf_step, batches))
-    tokens = cfg["batch"] * cfg["seq"] * steps
-    tps = {name: [] for name, *_ in variants}
-    try:
+    processes = usable_processes(model, cfg["batch"])
+    with numformer_trainer(model, cfg, processes) as nf_step, numformer_trainer(model, cfg) as nf_one:
+        pt_step = torch_trainer(ref, cfg)
+        first = (float(nf_step(*batches[0])), float(pt_step(*tbatches[0])))     # same weights, same batch
+        for _ in range(warmup):
+            nf_step(*batches[0])
+            pt_step(*tbatches[0])
+            if one_process_too:
+                nf_one(*batches[0])
+        variants = [("nf", nf_step, batches), ("pt", pt_step, tbatches)]
+        if one_process_too and processes > 1:
+            variants.append(("nf_one", nf_one, batches))
+        tokens = cfg["batch"] * cfg["seq"] * steps
+        tps = {name: [] for name, *_ in variants}
         for r in range(rounds):
             order = variants[r % len(variants):] + variants[:r % len(variants)]      # rotate who goes first
-            for name, mode, step, b in order:
-                if mode is not None:
-                    _blas_mode(mode)
-                    step(*b[0])                       # one untimed step after switching
+            for name, step, b in order:
                 tps[name].append(tokens / _timed(step, b, steps))
-    finally:
-        _blas_mode(main_mode)
     nf, pt = tps["nf"], tps["pt"]
     ratios = [a / b for a, b in zip(nf, pt)]
     flops = model_flops_per_step(cfg)
     tok_per_step = cfg["batch"] * cfg["seq"]
     extra = {}
-    if "nf_native" in tps:
-        nat = tps["nf_native"]
-        extra = {"numformer_native_blas_tokens_per_s": nat,
-                 "numformer_native_blas_median_tokens_per_s": statistics.median(nat),
-                 "native_blas_median_ratio": statistics.median([a / b for a, b in zip(nat, pt)])}
+    if "nf_one" in tps:
+        one = tps["nf_one"]
+        extra = {"numformer_one_process_tokens_per_s": one,
+                 "numformer_one_process_median_tokens_per_s": statistics.median(one),
+                 "one_process_median_ratio": statistics.median([a / b for a, b in zip(one, pt)])}
     return {
         "title": cfg["title"], "kind": cfg["kind"], "model": cfg["model"], "batch": cfg["batch"], "seq": cfg["seq"],
         "tokens_per_step": tok_per_step, "params": int(model.num_parameters()),
-        "warmup": warmup, "rounds": rounds, "steps_per_round": steps, "numformer_blas_mode": main_mode,
+        "warmup": warmup, "rounds": rounds, "steps_per_round": steps, "numformer_processes": processes,
         "numformer_tokens_per_s": nf, "torch_tokens_per_s": pt, "ratios": ratios,
         "numformer_median_tokens_per_s": statistics.median(nf), "torch_median_tokens_per_s": statistics.median(pt),
         "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios),
@@ -269,7 +274,7 @@ def measure_single_core(cfg, rounds, steps, seed=0):
     model, ref = build_models(cfg, seed)
     batches = make_batches(cfg)
     tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
-    nf_step, pt_step = numformer_trainer(model, cfg), torch_trainer(ref, cfg)
+    nf_step, pt_step = numformer_trainer(model, cfg), torch_trainer(ref, cfg)      # one process
     threads, torch_threads = _runtime.get_num_threads(), torch.get_num_threads()
     nf, pt = [], []
     try:
@@ -348,11 +353,11 @@ def _plot(result, path):
     x = np.arange(len(names))
     nf = [cfgs[n]["numformer_median_tokens_per_s"] for n in names]
     pt = [cfgs[n]["torch_median_tokens_per_s"] for n in names]
-    native = [cfgs[n].get("numformer_native_blas_median_tokens_per_s") for n in names]
+    one = [cfgs[n].get("numformer_one_process_median_tokens_per_s") for n in names]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    if all(v is not None for v in native):
+    if all(v is not None for v in one):
         ax1.bar(x - 0.27, nf, 0.27, label="numformer")
-        ax1.bar(x, native, 0.27, label="numformer, BLAS threads", color="C2")
+        ax1.bar(x, one, 0.27, label="numformer, one process", color="C2")
         ax1.bar(x + 0.27, pt, 0.27, label="PyTorch eager", color="C1")
     else:
         ax1.bar(x - 0.2, nf, 0.4, label="numformer")
@@ -385,8 +390,12 @@ def markdown(result, fig_dir):
     env = result["environment"]
     lines = ["## Training throughput: numformer vs PyTorch", "",
              "Forward + cross-entropy + backward + AdamW step (lr 1e-3, betas (0.9, 0.99), weight decay 0.1 on "
-             "matrices and embeddings), float32, the same architecture and initial weights in both; numformer and "
-             "PyTorch runs alternate in one process, and the ratio is the median over rounds of "
+             "matrices and embeddings), float32, the same architecture and initial weights in both, each using "
+             "every core the way it trains by default: PyTorch eager with its intra-op threads, numformer as "
+             "`numformer train` does, data-parallel on one process per core (each computes its share of every "
+             "batch on one thread; processes: " + ", ".join(
+                 f"{n} {r.get('numformer_processes', 1)}" for n, r in result["configs"].items()) + "). "
+             "numformer and PyTorch runs alternate in one session, and the ratio is the median over rounds of "
              "numformer tokens/s ÷ PyTorch tokens/s. MFU: model matrix-multiply FLOPs/s over the machine's "
              "float32 matrix-multiply peak, the faster of `np.matmul` and `torch.mm` on all threads in the same "
              f"run ({result.get('machine_peak_gflops', result['matmul_peak_gflops']):.0f} GFLOP/s; "
@@ -404,12 +413,12 @@ def markdown(result, fig_dir):
             f"| **{r['median_ratio']:.2f}** ({r['min_ratio']:.2f}–{r['max_ratio']:.2f}) "
             f"| {r['numformer_ms_per_step']:.1f} / {r['torch_ms_per_step']:.1f} "
             f"| {100 * r['numformer_mfu']:.1f}% / {100 * r['torch_mfu']:.1f}% |")
-    native = [(n, r) for n, r in result["configs"].items() if "native_blas_median_ratio" in r]
-    if native:
-        lines += ["", "numformer with OpenBLAS's own threads instead (`set_fast_runtime(blas=\"native\")`, timed "
-                  "in the same rounds): " + ", ".join(
-                      f"{n} {r['numformer_native_blas_median_tokens_per_s']:,.0f} tokens/s "
-                      f"(ratio {r['native_blas_median_ratio']:.2f})" for n, r in native) + "."]
+    one = [(n, r) for n, r in result["configs"].items() if "one_process_median_ratio" in r]
+    if one:
+        lines += ["", "numformer in one process instead, its thread pool splitting each op across the cores as "
+                  "PyTorch does (timed in the same rounds): " + ", ".join(
+                      f"{n} {r['numformer_one_process_median_tokens_per_s']:,.0f} tokens/s "
+                      f"(ratio {r['one_process_median_ratio']:.2f})" for n, r in one) + "."]
     lines += ["", "Per-core efficiency (both frameworks on one thread, BLAS included; CPU time of the calling thread, "
               "best round, so that other load on the machine hardly matters):", "",
               "| configuration | numformer CPU ms/step | PyTorch CPU ms/step | ratio |", "|---|---:|---:|---:|"]
@@ -419,8 +428,9 @@ def markdown(result, fig_dir):
             lines.append(f"| {name} | {c['numformer_cpu_ms_per_step']:.1f} | {c['torch_cpu_ms_per_step']:.1f} "
                          f"| {c['ratio']:.2f} |")
     lines += ["", image_link(png, "throughput", fig_dir), "",
-              f"Threads: PyTorch {env['torch_threads']} (torch {env['torch']}), numformer "
-              f"{env['numformer_threads']} ({env.get('numformer_blas', '?')}); allocator: {env['malloc']}. "
+              f"Threads: PyTorch {env['torch_threads']} (torch {env['torch']}); numformer one thread per "
+              f"process, and in one process {env['numformer_threads']} ({env.get('numformer_blas', '?')}); "
+              f"allocator: {env['malloc']}. "
               "Rounds × steps per configuration: "
               + ", ".join(f"{n} {r['rounds']}×{r['steps_per_round']} (after {r['warmup']} warm-up)"
                           for n, r in result["configs"].items()) + ". First-step losses (same weights, same "

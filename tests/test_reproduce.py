@@ -65,3 +65,27 @@ def test_full_experiment_reaches_its_target(tmp_path, name):
     record = json.loads((results / f"{name}.json").read_text())
     assert all(record["met"].values()), record["figures"]
     assert record["wall_time_s"] < 30 * 60
+
+
+def test_quick_reproduce_shakespeare_char(tmp_path, capsys):
+    """The main job as an experiment: validation loss target, bits per character, a sample, the figures."""
+    results = quick("shakespeare_char", tmp_path)
+    record = json.loads((results / "shakespeare_char.json").read_text())
+    assert record["targets"] == {"test_loss": "<= 1.88"}
+    figures = record["figures"]
+    assert figures["bits_per_character"] == pytest.approx(figures["test_loss"] / 0.6931471805599453)
+    assert figures["processes"] >= 1 and figures["train_tokens_per_s"] > 0
+    assert record["config"]["train"]["max_steps"] == 12 and record["config"]["model"]["n_layers"] == 1
+    md = (results / "shakespeare_char.md").read_text()
+    assert "```text\nROMEO:" in md and "| test_loss |" in md and "nanoGPT" in md
+    for png in ("shakespeare_char_loss.png", "shakespeare_char_attention.png"):
+        assert (results / "figures" / png).stat().st_size > 1000
+    assert "[shakespeare_char](shakespeare_char.md)" in (results / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_full_shakespeare_char_reaches_its_target(tmp_path):
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    assert main(["reproduce", "shakespeare_char", "--results", str(results), "--runs", str(runs), "--quiet"]) == 0
+    record = json.loads((results / "shakespeare_char.json").read_text())
+    assert all(record["met"].values()), record["figures"]

@@ -153,6 +153,7 @@ class Trainer:
         if resume:
             self._restore()
         self._stop_requested = False
+        self.last_summary = None        # what the last train() call returned
 
     # -- state ------------------------------------------------------------------------------
     def _state(self):
@@ -367,6 +368,7 @@ class Trainer:
             "commit": git_commit(), "run_dir": str(self.run_dir),
         }
         write_json_atomic(self.run_dir / "summary.json", summary)
+        self.last_summary = summary
         self._print(self._summary_text(summary))
         return summary
 

@@ -271,25 +271,3 @@ def test_clip_grad_norm_matches_torch():
     for p, t in zip(ours, theirs):
         np.testing.assert_allclose(p.grad, t.grad.numpy(), rtol=1e-12)
     assert math.isclose(clip_grad_norm(ours, 0), 1.0, rel_tol=1e-5)     # measuring only
-
-
-def test_threaded_step_gives_the_same_bits(monkeypatch):
-    """Large models update their parameters on several threads: the result does not depend on it."""
-    import numformer
-    from numformer.optim.optimizers import Optimizer
-
-    shapes = [(40, 30), (30,), (50, 20), (7,), (20, 40)]
-    monkeypatch.setattr(Optimizer, "THREADED_STEP_SIZE", 0)          # split even this small model
-    results = []
-    for threads in (1, 3):
-        numformer.set_num_threads(threads)
-        params = [Parameter(np.random.default_rng(1).standard_normal(s)) for s in shapes]
-        for opt in (AdamW(params, lr=1e-2, weight_decay=0.1), SGD(params, lr=1e-2, momentum=0.9)):
-            for step in range(3):
-                for i, p in enumerate(params):
-                    p.grad = np.random.default_rng(10 * step + i).standard_normal(p.shape)
-                opt.step()
-        results.append([p.data.copy() for p in params])
-    numformer.set_num_threads(numformer._runtime._default_threads())
-    for a, b in zip(*results):
-        assert np.array_equal(a, b)

@@ -60,25 +60,12 @@ class Optimizer:
         for g in self.param_groups:
             g["lr"] = lr
 
-    # Parameters (elements) below which step() does not split the updates across threads.
-    THREADED_STEP_SIZE = 1 << 18
-
     def step(self):
-        """Update every parameter that has a gradient. Large models update their parameters on numformer's
-        threads, contiguous runs of parameters per thread (each update is independent: the same result)."""
-        from .._runtime import parallel_for
-
-        items = [(p, g, self.state.setdefault(id(p), {"step": 0}))
-                 for g in self.param_groups for p in g["params"] if p.grad is not None]
-
-        def update(lo, hi):
-            for p, g, st in items[lo:hi]:
-                self._update(p, p.grad, g, st)
-
-        if sum(p.size for p, _, _ in items) < self.THREADED_STEP_SIZE:
-            update(0, len(items))
-        else:
-            parallel_for(len(items), update, 1)
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                self._update(p, p.grad, g, self.state.setdefault(id(p), {"step": 0}))
 
     def _update(self, p, grad, group, state):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -185,20 +172,14 @@ class Adam(Optimizer):
             else:
                 grad = grad + wd * p.data
         m, v = st["exp_avg"], st["exp_avg_sq"]
-        tmp = np.subtract(grad, m)
-        tmp *= 1.0 - beta1
-        m += tmp                                  # m += (1-β₁)(g - m)   (torch: exp_avg.lerp_(grad, 1 - beta1))
+        m += (1.0 - beta1) * (grad - m)           # torch: exp_avg.lerp_(grad, 1 - beta1)
         v *= beta2
-        np.multiply(grad, grad, out=tmp)
-        tmp *= 1.0 - beta2
-        v += tmp                                  # v = β₂v + (1-β₂)g²
+        v += (1.0 - beta2) * (grad * grad)
         step_size = lr / (1.0 - beta1 ** t)
         denom = np.sqrt(v)
         denom /= math.sqrt(1.0 - beta2 ** t)
-        denom += g["eps"]                         # √v / √(1-β₂ᵗ) + ε
-        np.divide(m, denom, out=tmp)
-        tmp *= step_size
-        p.data -= tmp                             # p -= lr/(1-β₁ᵗ) · m / denom
+        denom += g["eps"]
+        p.data -= step_size * (m / denom)
 
 
 class AdamW(Adam):

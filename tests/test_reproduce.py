@@ -77,7 +77,7 @@ def test_quick_reproduce_shakespeare_char(tmp_path, capsys):
     assert figures["processes"] >= 1 and figures["train_tokens_per_s"] > 0
     assert record["config"]["train"]["max_steps"] == 12 and record["config"]["model"]["n_layers"] == 1
     md = (results / "shakespeare_char.md").read_text()
-    assert "```text\nROMEO:" in md and "| test_loss |" in md and "nanoGPT" in md
+    assert "```text\nROMEO:" in md and "ROMEO:ROMEO:" not in md and "| test_loss |" in md and "nanoGPT" in md
     for png in ("shakespeare_char_loss.png", "shakespeare_char_attention.png"):
         assert (results / "figures" / png).stat().st_size > 1000
     assert "[shakespeare_char](shakespeare_char.md)" in (results / "README.md").read_text()

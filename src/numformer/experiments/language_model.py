@@ -30,7 +30,7 @@ def _extra(trainer, task, results_dir, quick):
     t = trainer.config["train"]
     loss = evaluate_loss(model, task, "test", t["eval_batch_size"] or t["batch_size"])      # the whole text
     ids = generate(model, task.tokenizer.encode(PROMPT), SAMPLE_TOKENS, temperature=1.0, rng=0)
-    sample = PROMPT + task.tokenizer.decode(ids)
+    sample = task.tokenizer.decode(ids)                  # the prompt and what follows
     summary = trainer.last_summary
     figures = {"bits_per_character": loss / math.log(2), "train_tokens_per_s": summary["tokens_per_s"],
                "processes": summary["processes"]}

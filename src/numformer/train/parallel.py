@@ -145,7 +145,8 @@ class DataParallel:
                 grads = self._shared_block()
                 parent_end, child_end = ctx.Pipe()
                 proc = ctx.Process(target=_worker_main, name=f"numformer-dp-{rank}", daemon=True,
-                                   args=(rank, model, self.params, grads, child_end, parent_end, seed))
+                                   args=(rank, model, self.params, grads, child_end, parent_end, seed,
+                                         os.getpid()))
                 proc.start()
                 child_end.close()
                 self._workers.append(proc)
@@ -287,14 +288,14 @@ def _die_with_parent():
         pass
 
 
-def _worker_main(rank, model, params, grads, conn, parent_end, seed):
+def _worker_main(rank, model, params, grads, conn, parent_end, seed, main_pid):
     """A worker's loop: compute the shares it is sent until the main process closes the pipe."""
     from .._runtime import set_num_threads, single_threaded_blas
 
     parent_end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C is the main process's to handle
     _die_with_parent()
-    if os.getppid() == 1:                              # the main process died before prctl took effect
+    if os.getppid() != main_pid:                       # the main process died before prctl took effect
         os._exit(0)
     set_num_threads(1)
     single_threaded_blas()

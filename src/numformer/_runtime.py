@@ -36,9 +36,9 @@ every product and compete with numformer's elementwise threads for the same
 cores. A product split by rows equals the unsplit one up to float rounding: bit
 for bit where the BLAS kernel's summation order does not depend on the number
 of rows (OpenBLAS on Intel Skylake), not always otherwise (OpenBLAS's
-Haswell/Zen kernels); a given split is deterministic. The catch: other NumPy code in the same process then also runs its matrix
-products on one thread (``set_fast_runtime(blas="native")`` restores the BLAS
-thread count).
+Haswell/Zen kernels); a given split is deterministic. The catch: other NumPy
+code in the same process then also runs its matrix products on one thread
+(``set_fast_runtime(blas="native")`` restores the BLAS thread count).
 """
 from __future__ import annotations
 
@@ -339,21 +339,12 @@ class single_threaded:
     def __enter__(self):
         self._threads = _threads["n"]
         _threads["n"] = 1
-        self._blas = None
-        fns = _openblas_thread_functions()
-        if fns is not None and not _state["own_blas"]:
-            n = fns[0]()
-            if n != 1:
-                fns[1](1)
-                self._blas = (fns[1], n)
+        self._blas = blas_threads(1).__enter__()
         return self
 
     def __exit__(self, *exc):
         _threads["n"] = self._threads
-        if self._blas is not None:
-            set_, n = self._blas
-            set_(n)
-        return False
+        return self._blas.__exit__(*exc)
 
 
 # -- matrix products ------------------------------------------------------------------------------------

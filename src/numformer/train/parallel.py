@@ -136,7 +136,8 @@ class DataParallel:
         self._views = None
         if processes == 1:
             return
-        self._views = self._share_parameters()
+        self._views = self._shared_block()
+        self._check_shared()                    # every parameter's data moves into the shared block
         import multiprocessing
 
         ctx = multiprocessing.get_context("fork")
@@ -163,15 +164,8 @@ class DataParallel:
         block = np.frombuffer(mmap.mmap(-1, max(n, 1) * self.dtype.itemsize), dtype=self.dtype)[:n]
         return [block[a:b].reshape(p.shape) for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:])]
 
-    def _share_parameters(self):
-        views = self._shared_block()
-        for p, view in zip(self.params, views):
-            view[...] = p.data
-            p.data = view
-        return views
-
     def _check_shared(self):
-        """Parameters rebound to new arrays (e.g. ``p.data = ...``) are copied back into the shared block."""
+        """Parameters not (or no longer: ``p.data = ...``) in the shared block are copied into it and rebound."""
         for p, view in zip(self.params, self._views):
             if p.data is not view:
                 view[...] = p.data

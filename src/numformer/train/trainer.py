@@ -221,12 +221,11 @@ class Trainer:
         t = self.train_cfg
         self.optimizer.set_lr(self.schedule(self.step))
         losses, tokens = [], 0
+        dp = self._dp if self._dp is not None else DataParallel(self.model, 1)     # one process outside train()
         for _ in range(t["grad_accum"]):
             batch = self.task.train_batch(t["batch_size"], self.data_rng)
             # forward, cross-entropy and backward, the batch split over the data-parallel processes
-            dp = self._dp if self._dp is not None else DataParallel(self.model, 1)     # outside train()
-            loss, _ = dp.forward_backward(batch.inputs, batch.targets, t["label_smoothing"],
-                                                1.0 / t["grad_accum"])
+            loss, _ = dp.forward_backward(batch.inputs, batch.targets, t["label_smoothing"], 1.0 / t["grad_accum"])
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
             losses.append(loss)

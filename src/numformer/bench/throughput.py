@@ -51,7 +51,7 @@ CONFIGS = {
         "batch": 8, "seq": 256,
     },
     "classifier": {
-        "title": "seed's minimal classifier",
+        "title": "minimal classifier",
         "kind": "classifier",
         "model": {"vocab_size": 10000, "n_classes": 2, "max_len": 128, "d_model": 64, "n_heads": 1, "n_layers": 1,
                   "dropout": 0.0, "pooling": "mean", "pad_id": 0},

@@ -57,7 +57,7 @@ class Experiment:
     targets: list = field(default_factory=list)
     config: str = ""                       # configs/<config>.toml; defaults to the name
     quick_overrides: list = field(default_factory=list)   # --set items for --quick (seconds, for tests)
-    time_limit_minutes: float = 0.0        # the limit the issue sets, shown next to the wall time
+    time_limit_minutes: float = 0.0        # the experiment's wall-time budget, shown next to its wall time
     extra: Callable | None = None          # extra(trainer, task, results_dir, quick) -> (figures dict, markdown)
     attention_groups: tuple = ()           # attention groups to draw, in this order (e.g. ("cross",)); () = all
     custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record

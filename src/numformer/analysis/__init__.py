@@ -19,6 +19,7 @@ from .ablation import AblationResult, ablate_heads, head_ablation, loss_metric, 
 from .attention import GROUP_TITLES, AttentionMaps, attention_maps, attention_modules, plot_attention
 from .curves import (ema, eval_metric_names, plot_eval_metrics, plot_learning_rate, plot_loss_curves,
                      read_metrics, series)
+from ._common import new_figure, save_figure
 from .diagram import format_model_diagram, model_diagram, plot_model_diagram
 from .positional import (dominant_wavelengths, plot_position_similarity, plot_positional_encoding,
                          plot_wavelengths, position_similarity, positional_tables, sinusoidal_wavelengths)

@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
+REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/
 
 
 def find_config(name):
@@ -114,7 +115,8 @@ def _group_labels(group, labels):
 
 
 def train_and_evaluate(exp, ctx, config_overrides=()):
-    """The standard pipeline; returns (record, trainer, task)."""
+    """The standard pipeline; returns (record, trainer, task, started), ``started`` the ``time.time()`` at
+    which training began."""
     from ..config import load_config
     from ..train import Trainer, evaluate_loss
 

@@ -36,7 +36,7 @@ from ..models import build_model
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
                          save_model, set_rng_state, write_json_atomic)
-from .config import resolve_config
+from ..config import resolve_config
 from .early_stopping import EarlyStopping
 from .parallel import DataParallel, usable_processes
 

@@ -1,4 +1,4 @@
-"""The training loop: batches, loss, backward, clipping, optimizer, schedule, evaluation, checkpoints.
+"""The training loop: batches, the step (train/step.py), clipping, optimizer, schedule, evaluation, checkpoints.
 
     trainer = Trainer(config, run_dir)        # validates the whole config first
     summary = trainer.train()
@@ -39,6 +39,7 @@ from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights,
 from ..config import resolve_config
 from .early_stopping import EarlyStopping
 from .parallel import DataParallel, usable_processes
+from .step import loss_and_backward
 
 
 class TrainingDiverged(RuntimeError):
@@ -221,11 +222,9 @@ class Trainer:
         t = self.train_cfg
         self.optimizer.set_lr(self.schedule(self.step))
         losses, tokens = [], 0
-        dp = self._dp if self._dp is not None else DataParallel(self.model, 1)     # one process outside train()
         for _ in range(t["grad_accum"]):
             batch = self.task.train_batch(t["batch_size"], self.data_rng)
-            # forward, cross-entropy and backward, the batch split over the data-parallel processes
-            loss, _ = dp.forward_backward(batch.inputs, batch.targets, t["label_smoothing"], 1.0 / t["grad_accum"])
+            loss = self._loss_and_backward(batch, 1.0 / t["grad_accum"])
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
             losses.append(loss)
@@ -237,6 +236,15 @@ class Trainer:
         self.optimizer.zero_grad()
         return float(np.mean(losses)), norm, tokens
 
+    def _loss_and_backward(self, batch, grad_scale):
+        """Forward, cross-entropy and backward of one micro-batch: in this process (train/step.py), or split
+        over the data-parallel processes, which each run the same step on their share."""
+        t = self.train_cfg
+        if self._dp is not None and self._dp.processes > 1:
+            loss, _ = self._dp.forward_backward(batch.inputs, batch.targets, t["label_smoothing"], grad_scale)
+            return loss
+        return loss_and_backward(self.model, batch.inputs, batch.targets, t["label_smoothing"], grad_scale)
+
     def _on_sigint(self, signum, frame):
         if self._stop_requested:          # a second Ctrl-C: stop now
             raise KeyboardInterrupt
@@ -244,9 +252,50 @@ class Trainer:
         self._print("\nCtrl-C: finishing this step and writing a checkpoint (press again to abort)...")
 
     def train(self, stop_after=None):
-        """Train to max_steps (or ``stop_after`` more steps, for tests). Returns the summary dict."""
+        """Train to max_steps (or ``stop_after`` more steps, for tests). Returns the summary dict.
+
+        Each step: an optimizer update, then (when due) a log line, an evaluation, a checkpoint, and the
+        stopping rules (time limit, early stopping, Ctrl-C)."""
         t = self.train_cfg
         wall_start = time.perf_counter()
+        n_params = self._start_run()
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if _is_main_thread() else None
+        last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
+        bar = self._progress_bar(last_step)
+        self._window = _LogWindow()
+        stop = {"stopped_early": False, "interrupted": False, "time_limit": False}
+        try:
+            self._start_data_parallel()
+            while self.step < last_step:
+                started = time.perf_counter()
+                loss, norm, tokens = self._train_step()
+                self.step += 1
+                self.tokens_seen += tokens
+                self.train_seconds += time.perf_counter() - started
+                self._window.add(loss, tokens)
+                self._log_step(last_step, norm, bar)
+                if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
+                    stop["stopped_early"] = self._evaluate_step()
+                if self.step % t["checkpoint_every"] == 0 or self.step == last_step or stop["stopped_early"]:
+                    self.save_checkpoint()
+                if self._should_stop(last_step, stop):
+                    break
+        except TrainingDiverged as e:
+            ckpt = self.run_dir / CHECKPOINT
+            kept = (f"the last good checkpoint is kept in {ckpt}" if ckpt.exists()
+                    else "no checkpoint had been written yet (checkpoint_every), so there is nothing to resume")
+            raise TrainingDiverged(f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip.") from None
+        finally:
+            if bar is not None:
+                bar.close()
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            self._close_data_parallel()
+        return self._finish(stop, n_params, time.perf_counter() - wall_start)
+
+    def _start_run(self):
+        """Write config.json and tokenizer.json (a fresh run first removes a previous run's metrics, model and
+        summary) and say what trains; returns the number of parameters."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not self.resumed:
             for stale in ("metrics.jsonl", MODEL, "summary.json"):
@@ -262,79 +311,66 @@ class Trainer:
                         f"batch ([train] processes)")
         if self.resumed:
             self._print(f"resuming {self.run_dir} at step {self.step}")
+        return n_params
 
-        previous = None
-        if _is_main_thread():
-            previous = signal.signal(signal.SIGINT, self._on_sigint)
-        last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
-        bar = self._progress_bar(last_step)
-        stopped_early = interrupted = time_limit = False
-        window_loss, window_tokens, window_start = [], 0, time.perf_counter()
-        try:
-            self._dp = DataParallel(self.model, self.processes, seed=t["seed"])
-            if self._worker_rngs is not None and len(self._worker_rngs) == self.processes - 1:
-                self._dp.set_rng_states(self._worker_rngs)
-            while self.step < last_step:
-                started = time.perf_counter()
-                loss, norm, tokens = self._train_step()
-                self.step += 1
-                self.tokens_seen += tokens
-                self.train_seconds += time.perf_counter() - started
-                window_loss.append(loss)
-                window_tokens += tokens
-                if self.step % t["log_every"] == 0 or self.step == 1 or self.step == last_step:
-                    elapsed = time.perf_counter() - window_start
-                    record = {"step": self.step, "train_loss": float(np.mean(window_loss)),
-                              "lr": self.schedule(self.step - 1), "grad_norm": norm,
-                              "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                              "elapsed_s": round(self.train_seconds, 3)}
-                    self._log(record)
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
-                                        tok_s=f"{record['tokens_per_s']:,.0f}")
-                    window_loss, window_tokens, window_start = [], 0, time.perf_counter()
-                if bar is not None:
-                    bar.update(1)
-                if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
-                    # Periodic evaluations may use a fixed subset (eval_batches); the last one uses the whole split.
-                    result = self.evaluate("val", full=self.step == t["max_steps"])
-                    self._log({"step": self.step, **result})
-                    improved = self.early.update(result["val_loss"], self.step)
-                    if improved:
-                        save_model(self.run_dir / MODEL, self.model, {"step": self.step,
-                                                                      "val_loss": result["val_loss"]})
-                    self._print(f"step {self.step}: val_loss {result['val_loss']:.4f}"
-                                + "".join(f", {k} {v:.4f}" for k, v in result.items()
-                                          if k != "val_loss" and isinstance(v, float))
-                                + (" (best)" if improved else ""))
-                    if self.early.should_stop:
-                        stopped_early = True
-                        self._print(f"early stopping: no improvement for {self.early.patience} evaluations")
-                if self.step % t["checkpoint_every"] == 0 or self.step == last_step or stopped_early:
-                    self.save_checkpoint()
-                if t["max_minutes"] and self.train_seconds >= 60 * t["max_minutes"] and self.step < last_step:
-                    self._print(f"time limit of {t['max_minutes']} minutes reached at step {self.step}")
-                    self.save_checkpoint()
-                    time_limit = True
-                    break
-                if stopped_early:
-                    break
-                if self._stop_requested:
-                    self.save_checkpoint()
-                    interrupted = True
-                    break
-        except TrainingDiverged as e:
-            ckpt = self.run_dir / CHECKPOINT
-            kept = (f"the last good checkpoint is kept in {ckpt}" if ckpt.exists()
-                    else "no checkpoint had been written yet (checkpoint_every), so there is nothing to resume")
-            raise TrainingDiverged(f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip.") from None
-        finally:
+    def _start_data_parallel(self):
+        """Fork the data-parallel workers (none for one process), restoring their generators on resume."""
+        self._dp = DataParallel(self.model, self.processes, seed=self.train_cfg["seed"])
+        if self._worker_rngs is not None and len(self._worker_rngs) == self.processes - 1:
+            self._dp.set_rng_states(self._worker_rngs)
+
+    def _log_step(self, last_step, norm, bar):
+        """Every log_every steps (and the first and last): a training line in metrics.jsonl (the mean loss and
+        the tokens/s since the previous line) and the progress bar's figures."""
+        if self.step % self.train_cfg["log_every"] == 0 or self.step == 1 or self.step == last_step:
+            w = self._window
+            record = {"step": self.step, "train_loss": float(np.mean(w.losses)),
+                      "lr": self.schedule(self.step - 1), "grad_norm": norm,
+                      "tokens_per_s": w.tokens / max(time.perf_counter() - w.start, 1e-9),
+                      "elapsed_s": round(self.train_seconds, 3)}
+            self._log(record)
             if bar is not None:
-                bar.close()
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-            self._close_data_parallel()
-        return self._finish(stopped_early, interrupted, time_limit, n_params, time.perf_counter() - wall_start)
+                bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                tok_s=f"{record['tokens_per_s']:,.0f}")
+            self._window = _LogWindow()
+        if bar is not None:
+            bar.update(1)
+
+    def _evaluate_step(self):
+        """A periodic evaluation: log it, save the weights when the validation loss improved, and return whether
+        early stopping says to stop."""
+        t = self.train_cfg
+        # Periodic evaluations may use a fixed subset (eval_batches); the last one uses the whole split.
+        result = self.evaluate("val", full=self.step == t["max_steps"])
+        self._log({"step": self.step, **result})
+        improved = self.early.update(result["val_loss"], self.step)
+        if improved:
+            save_model(self.run_dir / MODEL, self.model, {"step": self.step, "val_loss": result["val_loss"]})
+        self._print(f"step {self.step}: val_loss {result['val_loss']:.4f}"
+                    + "".join(f", {k} {v:.4f}" for k, v in result.items()
+                              if k != "val_loss" and isinstance(v, float))
+                    + (" (best)" if improved else ""))
+        if self.early.should_stop:
+            self._print(f"early stopping: no improvement for {self.early.patience} evaluations")
+            return True
+        return False
+
+    def _should_stop(self, last_step, stop):
+        """After a step's checkpoint: stop at the time limit, on early stopping, or on Ctrl-C (recorded in
+        ``stop``); a checkpoint is written first where the step's own rule did not write one."""
+        t = self.train_cfg
+        if t["max_minutes"] and self.train_seconds >= 60 * t["max_minutes"] and self.step < last_step:
+            self._print(f"time limit of {t['max_minutes']} minutes reached at step {self.step}")
+            self.save_checkpoint()
+            stop["time_limit"] = True
+            return True
+        if stop["stopped_early"]:
+            return True
+        if self._stop_requested:
+            self.save_checkpoint()
+            stop["interrupted"] = True
+            return True
+        return False
 
     def _close_data_parallel(self):
         """Stop the workers (keeping their generator states for a later train() call)."""
@@ -348,7 +384,7 @@ class Trainer:
             self._dp.close()
             self._dp = None
 
-    def _finish(self, stopped_early, interrupted, time_limit, n_params, wall_seconds):
+    def _finish(self, stop, n_params, wall_seconds):
         t = self.train_cfg
         best_path = self.run_dir / MODEL
         if t["restore_best"] and best_path.exists():
@@ -362,7 +398,8 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
             "wall_seconds": round(wall_seconds, 2), "processes": self.processes,
-            "stopped_early": stopped_early, "interrupted": interrupted, "time_limit_reached": time_limit,
+            "stopped_early": stop["stopped_early"], "interrupted": stop["interrupted"],
+            "time_limit_reached": stop["time_limit"],
             "weights": "best" if t["restore_best"] and self.early.best_step is not None else "last",
             "commit": git_commit(), "run_dir": str(self.run_dir),
         }
@@ -388,6 +425,17 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=last_step, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+
+
+class _LogWindow:
+    """The training losses and tokens since the last log line, and when that line was written."""
+
+    def __init__(self):
+        self.losses, self.tokens, self.start = [], 0, time.perf_counter()
+
+    def add(self, loss, tokens):
+        self.losses.append(loss)
+        self.tokens += tokens
 
 
 def _is_main_thread():

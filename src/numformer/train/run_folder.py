@@ -31,6 +31,20 @@ RUN_FILES = (CHECKPOINT, MODEL, "summary.json", "metrics.jsonl", "tokenizer.json
 _HELD: dict[str, list] = {}       # real path -> [fd, exclusive, count] for the folders this process holds
 
 
+def _forget_locks_in_child():
+    """A forked child (a data-parallel worker) drops its copies of the lock descriptors without unlocking: the
+    lock stays with the parent and goes when the parent ends, even if the parent is killed first."""
+    for fd, _, _ in _HELD.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
 class RunFolderBusy(ValueError):
     """Another process holds the run folder."""
 
@@ -148,6 +162,26 @@ def lock_for_writing(path):
     return RunLock(path, exclusive=True, what="train into")
 
 
+def lock_for_resuming(path):
+    """Lock an existing run folder exclusively, to continue its run; returns the RunLock."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"cannot resume: {path / 'config.json'} does not exist ({path} is "
+                         + ("a file, not a run folder)" if path.exists() else "no run folder)"))
+    return RunLock(path, exclusive=True, what="resume")
+
+
+def schedule_change(saved, train):
+    """One line when a resumed run's new [train] values change its learning-rate schedule, else None."""
+    keys = ("max_steps", "decay_steps") if train["schedule"] in ("linear", "cosine") else ()
+    keys += ("schedule", "lr", "warmup_steps", "min_lr")
+    changed = [k for k in keys if saved.get(k) != train[k] and not (k == "max_steps" and train["decay_steps"])]
+    if not changed:
+        return None
+    return ("note: " + ", ".join(f"{k} {saved.get(k)} -> {train[k]}" for k in changed)
+            + " changes the learning-rate schedule of the resumed run from this step on")
+
+
 def start_new_run(path, overwrite=False):
     """Make ``path`` ready for a new run (the caller holds its lock): refuse a folder that holds any run file
     unless ``overwrite``, which deletes the old run's files (weights first, config last, leftovers of an
@@ -155,8 +189,8 @@ def start_new_run(path, overwrite=False):
     path = Path(path)
     present = run_files(path)
     if present and not overwrite:
-        raise ValueError(f"{path} already holds a run ({', '.join(present)}); continue it with --resume, "
-                         f"or start afresh with --overwrite")
+        raise ValueError(f"{path} already holds a run; continue it with --resume, or start afresh with "
+                         f"--overwrite (it has {', '.join(present)})")
     for name in present:
         (path / name).unlink(missing_ok=True)
     for tmp in path.glob(".*.tmp"):           # a write cut short (write_atomic's temporary files)

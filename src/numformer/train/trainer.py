@@ -37,13 +37,18 @@ from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
                          save_model, set_rng_state, write_json_atomic)
 from ..config import resolve_config
+from . import run_folder
 from .early_stopping import EarlyStopping
 from .parallel import DataParallel, usable_processes
+from .run import load_config_json, load_tokenizer_state
 from .step import loss_and_backward
+
+DIVERGENCE_FACTOR = 3.0     # the training loss above this multiple of its first value ...
+DIVERGENCE_STEPS = 20       # ... for this many steps in a row stops the run as diverged
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm became NaN or infinite."""
+    """The loss or the gradient norm became NaN or infinite, or the loss stayed far above its start."""
 
 
 def git_commit():
@@ -109,6 +114,8 @@ class Trainer:
 
     config: the raw config dict (sections model/data/train) — ignored when
     resuming, where run_dir/config.json is used with ``overrides`` applied.
+    The trainer holds the run folder's lock (run_folder.RunLock) from the
+    moment the config is valid until ``close()`` or the process ends.
     """
 
     def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False):
@@ -116,21 +123,16 @@ class Trainer:
 
         self.run_dir = Path(run_dir)
         self.quiet = quiet
+        self._lock = None
+        saved, tokenizer_state = None, None
         if resume:
-            cfg_path = self.run_dir / "config.json"
-            if not cfg_path.is_file():
-                raise ValueError(f"cannot resume: {cfg_path} does not exist (is {self.run_dir} a run folder?)")
-            config = json.loads(cfg_path.read_text())
-            config["model"] = {k: v for k, v in config["model"].items() if v is not None}
-        config = apply_overrides(config, overrides)
-        tokenizer_state = None
-        if resume and (self.run_dir / "tokenizer.json").is_file():
-            tokenizer_state = json.loads((self.run_dir / "tokenizer.json").read_text())
+            self._lock = run_folder.lock_for_resuming(self.run_dir)
+            saved = config = load_config_json(self.run_dir)
+            tokenizer_state = load_tokenizer_state(self.run_dir)
         # A resumed run keeps its saved vocabulary, so that ids mean what they meant.
-        self.config, self.task = resolve_config(config, tokenizer_state)
-        if not resume and (self.run_dir / CHECKPOINT).exists() and not overwrite:
-            raise ValueError(f"{self.run_dir} already holds a run; continue it with --resume, "
-                             f"or start afresh with --overwrite")
+        self.config, self.task = resolve_config(apply_overrides(config, overrides), tokenizer_state)
+        if resume and run_folder.schedule_change(saved["train"], self.config["train"]):
+            self._print(run_folder.schedule_change(saved["train"], self.config["train"]))
         t = self.train_cfg = self.config["train"]
         self.dtype = np.dtype(t["dtype"])
         seeds = np.random.SeedSequence(t["seed"]).spawn(2)
@@ -148,20 +150,29 @@ class Trainer:
         self.tokens_seen = 0
         self.train_seconds = 0.0
         self.resumed = resume
+        self._divergence = {"first_loss": None, "steps_above": 0}   # the divergence guard's state
         self.processes = usable_processes(self.model, t["batch_size"], t["processes"])
         self._dp = None                 # the DataParallel of a running train() call
         self._worker_rngs = None        # the data-parallel workers' generator states between train() calls
         if resume:
             self._restore()
+        else:                            # the whole config is valid: only now is the folder touched
+            self._lock = run_folder.lock_for_writing(self.run_dir)
+            run_folder.start_new_run(self.run_dir, overwrite)
         self._stop_requested = False
         self.last_summary = None        # what the last train() call returned
+
+    def close(self):
+        """Release the run folder's lock (also done when the process ends)."""
+        if self._lock is not None:
+            self._lock.release()
 
     # -- state ------------------------------------------------------------------------------
     def _state(self):
         return {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
                 "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
                 "worker_rngs": self._dp.rng_states() if self._dp is not None else self._worker_rngs,
-                "early_stopping": self.early.state_dict()}
+                "early_stopping": self.early.state_dict(), "divergence": self._divergence}
 
     def _restore(self):
         state = load_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer)
@@ -171,6 +182,7 @@ class Trainer:
         set_rng_state(self.data_rng, state["data_rng"])
         self.early.load_state_dict(state["early_stopping"])
         self._worker_rngs = state.get("worker_rngs")
+        self._divergence = state.get("divergence", self._divergence)
         self._truncate_metrics(self.step)
 
     def _truncate_metrics(self, step):
@@ -188,7 +200,8 @@ class Trainer:
         path.write_text("".join(k + "\n" for k in keep))
 
     def save_checkpoint(self):
-        save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, self._state())
+        save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, self._state(),
+                        run_folder.weights_metadata(self.config))
 
     # -- logging ----------------------------------------------------------------------------
     def _log(self, record):
@@ -222,19 +235,33 @@ class Trainer:
         t = self.train_cfg
         self.optimizer.set_lr(self.schedule(self.step))
         losses, tokens = [], 0
-        for _ in range(t["grad_accum"]):
-            batch = self.task.train_batch(t["batch_size"], self.data_rng)
-            loss = self._loss_and_backward(batch, 1.0 / t["grad_accum"])
-            if not math.isfinite(loss):
-                raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
-            losses.append(loss)
-            tokens += batch.n_tokens
-        norm = clip_grad_norm(self.optimizer.params, t["grad_clip"])
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # non-finite values are checked here
+            for _ in range(t["grad_accum"]):
+                batch = self.task.train_batch(t["batch_size"], self.data_rng)
+                loss = self._loss_and_backward(batch, 1.0 / t["grad_accum"])
+                if not math.isfinite(loss):
+                    raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
+                losses.append(loss)
+                tokens += batch.n_tokens
+            norm = clip_grad_norm(self.optimizer.params, t["grad_clip"])
         if not math.isfinite(norm):
             raise TrainingDiverged(f"the gradient norm became {norm} at step {self.step + 1}")
         self.optimizer.step()
         self.optimizer.zero_grad()
+        self._check_divergence(float(np.mean(losses)))
         return float(np.mean(losses)), norm, tokens
+
+    def _check_divergence(self, loss):
+        """Stop a run whose training loss stays above DIVERGENCE_FACTOR times its first value for
+        DIVERGENCE_STEPS steps in a row (a learning rate far too high can explode the loss without a NaN)."""
+        d = self._divergence
+        if d["first_loss"] is None:
+            d["first_loss"] = loss
+        d["steps_above"] = d["steps_above"] + 1 if loss > DIVERGENCE_FACTOR * d["first_loss"] else 0
+        if d["steps_above"] >= DIVERGENCE_STEPS:
+            raise TrainingDiverged(f"the training loss diverged: {loss:.4g} at step {self.step + 1}, above "
+                                   f"{DIVERGENCE_FACTOR:g} times its first value ({d['first_loss']:.4g}) for "
+                                   f"{DIVERGENCE_STEPS} steps")
 
     def _loss_and_backward(self, batch, grad_scale):
         """Forward, cross-entropy and backward of one micro-batch: in this process (train/step.py), or split
@@ -263,7 +290,7 @@ class Trainer:
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
         bar = self._progress_bar(last_step)
         self._window = _LogWindow()
-        stop = {"stopped_early": False, "interrupted": False, "time_limit": False}
+        stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "diverged": None}
         try:
             self._start_data_parallel()
             while self.step < last_step:
@@ -284,22 +311,21 @@ class Trainer:
             ckpt = self.run_dir / CHECKPOINT
             kept = (f"the last good checkpoint is kept in {ckpt}" if ckpt.exists()
                     else "no checkpoint had been written yet (checkpoint_every), so there is nothing to resume")
-            raise TrainingDiverged(f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip.") from None
+            stop["diverged"] = f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip."
         finally:
             if bar is not None:
                 bar.close()
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
             self._close_data_parallel()
-        return self._finish(stop, n_params, time.perf_counter() - wall_start)
+        summary = self._finish(stop, n_params, time.perf_counter() - wall_start)
+        if stop["diverged"]:
+            raise TrainingDiverged(stop["diverged"])
+        return summary
 
     def _start_run(self):
-        """Write config.json and tokenizer.json (a fresh run first removes a previous run's metrics, model and
-        summary) and say what trains; returns the number of parameters."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not self.resumed:
-            for stale in ("metrics.jsonl", MODEL, "summary.json"):
-                (self.run_dir / stale).unlink(missing_ok=True)
+        """Write config.json and tokenizer.json (the folder holds no other run: run_folder.start_new_run) and
+        say what trains; returns the number of parameters."""
         write_json_atomic(self.run_dir / "config.json", self.config)
         tok = self.task.tokenizer_state()
         if tok is not None:
@@ -345,7 +371,8 @@ class Trainer:
         self._log({"step": self.step, **result})
         improved = self.early.update(result["val_loss"], self.step)
         if improved:
-            save_model(self.run_dir / MODEL, self.model, {"step": self.step, "val_loss": result["val_loss"]})
+            save_model(self.run_dir / MODEL, self.model, {"step": self.step, "val_loss": result["val_loss"],
+                                                          **run_folder.weights_metadata(self.config)})
         self._print(f"step {self.step}: val_loss {result['val_loss']:.4f}"
                     + "".join(f", {k} {v:.4f}" for k, v in result.items()
                               if k != "val_loss" and isinstance(v, float))
@@ -389,8 +416,10 @@ class Trainer:
         best_path = self.run_dir / MODEL
         if t["restore_best"] and best_path.exists():
             load_model_weights(best_path, self.model)
+        elif stop["diverged"]:
+            pass                            # the diverged weights are not saved
         else:
-            save_model(best_path, self.model, {"step": self.step})
+            save_model(best_path, self.model, {"step": self.step, **run_folder.weights_metadata(self.config)})
         summary = {
             "steps": self.step, "max_steps": t["max_steps"], "parameters": n_params,
             "best_val_loss": None if math.isinf(self.early.best) else self.early.best,
@@ -399,18 +428,21 @@ class Trainer:
             "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
             "wall_seconds": round(wall_seconds, 2), "processes": self.processes,
             "stopped_early": stop["stopped_early"], "interrupted": stop["interrupted"],
-            "time_limit_reached": stop["time_limit"],
-            "weights": "best" if t["restore_best"] and self.early.best_step is not None else "last",
+            "time_limit_reached": stop["time_limit"], "stopped_by": _stopped_by(stop),
+            "weights": ("best" if t["restore_best"] and self.early.best_step is not None
+                        else None if stop["diverged"] else "last"),
             "commit": git_commit(), "run_dir": str(self.run_dir),
         }
+        if stop["diverged"]:
+            summary["error"] = stop["diverged"]
         write_json_atomic(self.run_dir / "summary.json", summary)
         self.last_summary = summary
-        self._print(self._summary_text(summary))
+        if not stop["diverged"]:          # the caller reports a divergence
+            self._print(self._summary_text(summary))
         return summary
 
     def _summary_text(self, s):
-        how = f"{s['steps']} steps" + (" (interrupted)" if s["interrupted"] else " (stopped early)"
-                                       if s["stopped_early"] else " (time limit)" if s["time_limit_reached"] else "")
+        how = f"{s['steps']} steps" + ("" if s["stopped_by"] == "max_steps" else f" ({s['stopped_by']})")
         best = (f"Best validation loss {s['best_val_loss']:.4f} at step {s['best_step']}."
                 if s["best_val_loss"] is not None else "No evaluation ran.")
         return (f"\nTrained {type(self.model).__name__} ({s['parameters']:,} parameters): {how} in "
@@ -425,6 +457,15 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=last_step, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _stopped_by(stop):
+    """Why a run stopped, for summary.json: diverged, interrupted, time limit, stopped early or max_steps."""
+    for key, text in (("diverged", "diverged"), ("interrupted", "interrupted"), ("time_limit", "time limit"),
+                      ("stopped_early", "stopped early")):
+        if stop[key]:
+            return text
+    return "max_steps"
 
 
 class _LogWindow:

@@ -122,7 +122,7 @@ class Key:
         what = {int: "an integer", float: "a number", bool: "a boolean", str: "a string",
                 list: "a list"}[self.kind]
         if self.item is not None:
-            what += f" of {self.item.__name__}s"
+            what += {int: " of integers", str: " of strings"}[self.item]
         parts = []
         if self.lo is not None:
             parts.append(f"{'>' if self.open[0] else '>='} {self.lo:g}")
@@ -143,7 +143,8 @@ class Key:
             if not math.isfinite(value):
                 raise ValueError(f"[{where}] {key} = {value!r} should be a finite number")
         if not self._in_range(value):
-            raise ValueError(f"[{where}] {key} = {value!r} is out of range; {key} must be {self.describe()}")
+            problem = "is not allowed" if self.choices is not None else "is out of range"
+            raise ValueError(f"[{where}] {key} = {value!r} {problem}; {key} must be {self.describe()}")
         return list(value) if self.kind is list else value
 
     def _in_range(self, v):
@@ -179,7 +180,7 @@ def _train_keys():
 
     return {
         "max_steps": _pos(), "batch_size": _pos(), "lr": NONNEG_FLOAT, "eval_every": _pos(),
-        "checkpoint_every": _pos(), "seed": Key(int, 0, 2 ** 63 - 1),
+        "checkpoint_every": _pos(), "seed": NONNEG_INT,
         "optimizer": Key(str, choices=tuple(sorted(OPTIMIZERS))),
         "beta1": Key(float, 0, 1, open=(False, True)), "beta2": Key(float, 0, 1, open=(False, True)),
         "eps": _pos(float), "weight_decay": NONNEG_FLOAT,

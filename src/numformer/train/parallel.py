@@ -57,6 +57,10 @@ from ..data.base import IGNORE
 from .step import loss_and_backward
 
 
+class DataParallelError(RuntimeError):
+    """A data-parallel worker failed or died; the message says which and what to try."""
+
+
 def usable_processes(model, batch_size, requested=0):
     """How many processes to train with: ``requested``, or for 0 (auto) one per usable core, at most one per
     example of a batch; 1 where data parallelism is unavailable (not Linux, batch-statistics norm)."""
@@ -199,7 +203,7 @@ class DataParallel:
             results = [(None, dead[rank]) if rank in dead else self._receive(rank) for rank in range(1, parts)]
         for (share_loss, error), grads, w in zip(results, self._grad_views, weights[1:]):
             if error:
-                raise RuntimeError(error)
+                raise DataParallelError(error)
             loss += w * share_loss
             for p, g in zip(self.params, grads):
                 if p.grad is None:

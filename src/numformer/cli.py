@@ -91,6 +91,8 @@ _OS_HINTS = {
 
 
 def _os_error(e):
+    if e.errno is None:               # raised with a message of its own (a missing data set ...)
+        return str(e)
     where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
     what = _OS_HINTS.get(e.errno, e.strerror or str(e))
     return f"{where}: {what}" if where else f"{what} ({e.strerror or e})"

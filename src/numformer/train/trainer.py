@@ -78,7 +78,8 @@ def make_optimizer(model, train):
 
 
 def evaluate_loss(model, task, split, batch_size, max_batches=0):
-    """Token-weighted mean cross-entropy over a split's fixed evaluation batches (model in eval mode)."""
+    """Token-weighted mean cross-entropy over a split's fixed evaluation batches (model in eval mode).
+    A diverged model's overflows give an infinite or NaN loss, without NumPy's warnings."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -86,8 +87,9 @@ def evaluate_loss(model, task, split, batch_size, max_batches=0):
         for i, batch in enumerate(task.eval_batches(split, batch_size)):
             if max_batches and i >= max_batches:
                 break
-            logits = model(**batch.inputs)
-            loss, cache = ops.cross_entropy_forward(logits, batch.targets, ignore_index=IGNORE)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                logits = model(**batch.inputs)
+                loss, cache = ops.cross_entropy_forward(logits, batch.targets, ignore_index=IGNORE)
             n = cache[3]
             total += loss * n
             count += n

@@ -332,6 +332,25 @@ def _resolve_model_kind(model, data, task_cls, written):
     return kind, model
 
 
+def check_model_section(model):
+    """A [model] section on its own (no [data]: every size written in it), checked like a whole config's;
+    returns it with every default filled in."""
+    model = dict(model)
+    from .models import MODEL_TYPES
+
+    kind = model.pop("type", None)
+    if not isinstance(kind, str) or kind not in MODEL_TYPES:
+        raise ValueError(f"[model] type = {kind!r} is not a model type; choose one of {sorted(MODEL_TYPES)}")
+    valid = _model_defaults(kind)
+    model = check_section("model", model, _model_keys(), valid)
+    missing = sorted(k for k, d in valid.items() if d is inspect.Parameter.empty and k not in model)
+    if missing:
+        raise ValueError(f"[model] needs {missing} (or a [data] section, which sets the sizes)")
+    full = {"type": kind, **{k: d for k, d in valid.items() if d is not inspect.Parameter.empty}, **model}
+    _check_model_together(full)
+    return full
+
+
 def _model_defaults(kind):
     from .models import model_arguments
 

@@ -66,11 +66,14 @@ def load_tokenizer_state(run_dir):
 
 def load_tokenizer(run_dir):
     """The run's tokenizer (tokenizer.json), or None when the run has none."""
+    state = load_tokenizer_state(run_dir)
+    return None if state is None else tokenizer_from_state(state, run_dir)
+
+
+def tokenizer_from_state(state, run_dir):
+    """A tokenizer from (part of) a run's tokenizer.json; a damaged file is one ValueError naming it."""
     from ..data.tokenizers import tokenizer_from_dict
 
-    state = load_tokenizer_state(run_dir)
-    if state is None:
-        return None
     try:
         return tokenizer_from_dict(state)
     except (KeyError, TypeError, AttributeError) as e:

@@ -6,7 +6,7 @@ task's model family; arguments fixed by the data — vocabulary sizes, number
 of classes, padding ids, context length — come from the task and must not be
 repeated), and ``[train]`` the keys of ``TRAIN_DEFAULTS``.
 
-Every key has a type and a range (``TRAIN_KEYS``, ``MODEL_KEYS``, ``DATA_KEYS``),
+Every key has a type and a range (a ``Key``: ``_train_keys()``, ``_model_keys()``, ``DATA_KEYS``),
 checked before anything is written; a wrong key or value raises one
 ValueError naming it, with the valid keys or the allowed range. A run's
 ``config.json`` goes through the same checks when it is read back.

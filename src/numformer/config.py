@@ -124,6 +124,9 @@ class Key:
         if self.item is not None:
             what += {int: " of integers", str: " of strings"}[self.item]
         parts = []
+        if self.lo is not None and self.hi is not None:
+            interval = f"{'(' if self.open[0] else '['}{self.lo:g}, {self.hi:g}{')' if self.open[1] else ']'}"
+            return f"in {interval}" if self.kind is float else f"{what} in {interval}"
         if self.lo is not None:
             parts.append(f"{'>' if self.open[0] else '>='} {self.lo:g}")
         if self.hi is not None:

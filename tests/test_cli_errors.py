@@ -228,7 +228,8 @@ def test_failed_data_parallel_worker(tmp_path, cfg, cli_error, monkeypatch):
 @pytest.mark.skipif(sys.platform != "linux", reason="data parallelism forks (Linux)")
 def test_killed_data_parallel_worker(tmp_path, cfg):
     """A real worker killed with SIGKILL: its (good) message comes as one line, not inside a traceback."""
-    cfg.write_text(COPY.replace("max_steps = 4", "max_steps = 1000000").replace("processes = 1", "processes = 2"))
+    cfg.write_text(COPY.replace("max_steps = 4", "max_steps = 1000000\ncheckpoint_every = 1000000")
+                   .replace("processes = 1", "processes = 2"))
     proc = subprocess.Popen([sys.executable, "-m", "numformer.cli", "train", str(cfg), "--out", str(tmp_path / "r"),
                              "--quiet"], stderr=subprocess.PIPE, text=True, env=env())
     try:

@@ -35,7 +35,7 @@ from ..data.base import IGNORE
 from ..models import build_model
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
-                         save_model, set_rng_state, write_json_atomic)
+                         save_model, set_rng_state, write_atomic, write_json_atomic)
 from ..config import resolve_config
 from . import run_folder
 from .early_stopping import EarlyStopping
@@ -199,7 +199,7 @@ class Trainer:
                     keep.append(line)
             except (json.JSONDecodeError, KeyError):
                 continue          # a line cut short by a crash
-        path.write_text("".join(k + "\n" for k in keep))
+        write_atomic(path, "".join(k + "\n" for k in keep).encode())     # a full disk keeps the old file
 
     def save_checkpoint(self):
         save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, self._state(),

@@ -52,3 +52,36 @@ def assert_close(a, b, tol, what=""):
     assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
     err = np.max(np.abs(a - b) / (1.0 + np.abs(b))) if a.size else 0.0
     assert err < tol, f"{what}: max error {err:.3e} >= {tol}"
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run ``numformer ARGS...`` in this process; returns (exit code, stdout, stderr)."""
+    from numformer.cli import main
+
+    def run(*args):
+        capsys.readouterr()
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run
+
+
+def one_error_line(rc, err, command):
+    """The CLI's promise for an expected failure: exit code 2, no traceback and exactly one line
+    ``numformer COMMAND: error: ...`` on stderr; returns that line."""
+    lines = [line for line in err.splitlines() if line.startswith(f"numformer {command}: error: ")]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, f"exit code {rc}, stderr:\n{err}"
+    return lines[0]
+
+
+@pytest.fixture
+def cli_error(run_cli):
+    """Run a numformer command that must fail; returns its one error line (see ``one_error_line``)."""
+
+    def run(*args):
+        rc, _, err = run_cli(*args)
+        return one_error_line(rc, err, str(args[0]))
+
+    return run

@@ -222,7 +222,7 @@ def test_tokenizer_state_roundtrip_and_mismatch():
 
 
 def test_bad_keys_are_rejected():
-    with pytest.raises(ValueError, match="unknown \\[data\\] key"):
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \[.lenght.\] in \[data\]"):
         make_task({"task": "copy", "lenght": 5})
     with pytest.raises(ValueError, match="model_type"):
         make_task({"task": "copy", "model_type": "classifier"})

@@ -12,7 +12,8 @@ import pytest
 from numformer import GPT, EncoderClassifier, Transformer
 from numformer.optim import AdamW, clip_grad_norm, param_groups
 from numformer.train import Trainer
-from numformer.train.parallel import DataParallel, share_forward_backward, usable_processes
+from numformer.train.parallel import DataParallel, usable_processes
+from numformer.train.step import loss_and_backward
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="data parallelism forks (Linux only)")
 
@@ -51,7 +52,7 @@ def _cases():
 def test_split_batch_gives_the_single_process_gradient(name, processes):
     make, (inputs, targets) = next((m, b) for n, m, b in _cases() if n == name)
     single = make()
-    loss1 = share_forward_backward(single, inputs, targets, 0.1, 0.5)
+    loss1 = loss_and_backward(single, inputs, targets, 0.1, 0.5)
     model = make()
     with DataParallel(model, processes, seed=0) as dp:
         loss2, counted = dp.forward_backward(inputs, targets, label_smoothing=0.1, grad_scale=0.5)
@@ -90,7 +91,7 @@ def test_rebound_parameter_is_copied_into_shared_memory():
         dict(model.named_parameters())[name].data = np.full((64, 16), 0.01)     # user code assigning weights
         dict(single.named_parameters())[name].data[...] = 0.01
         dp.forward_backward(inputs, targets)
-    share_forward_backward(single, inputs, targets, 0.0, 1.0)
+    loss_and_backward(single, inputs, targets, 0.0, 1.0)
     for (pname, a), (_, b) in zip(single.named_parameters(), model.named_parameters()):
         np.testing.assert_allclose(b.grad, a.grad, rtol=1e-10, atol=1e-13, err_msg=pname)
 

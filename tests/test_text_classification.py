@@ -152,7 +152,8 @@ def test_classify_errors(imdb_run, tmp_path, capsys):
     assert "is not a folder" in capsys.readouterr().err
     gpt = tmp_path / "gpt_run"
     gpt.mkdir()
-    (gpt / "config.json").write_text(json.dumps({"model": {"type": "gpt"}, "data": {"task": "text"},
+    (gpt / "config.json").write_text(json.dumps({"model": {"type": "gpt", "vocab_size": 10, "block_size": 8},
+                                                 "data": {"task": "text"},
                                                  "train": {"dtype": "float32"}}))
     assert main(["classify", str(gpt), "good"]) == 2
     err = capsys.readouterr().err

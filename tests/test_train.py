@@ -321,6 +321,7 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
     resumed = Trainer(None, run, resume=True, quiet=True)
     assert resumed.step == ckpt_step
     assert (run / "metrics.jsonl").read_text() == "".join(kept)
+    resumed.close()                                            # a Trainer holds its run folder until closed
 
     end = ckpt_step + 3
     done = subprocess.run(cli + ["--out", str(run), "--resume", "--set", f"train.max_steps={end}", "--quiet"],

@@ -4,20 +4,32 @@ Each sub-command lives in its own module under ``numformer.commands`` and
 defines ``register(subparsers)``, which adds its parser and sets ``func``.
 Modules are imported when the CLI starts, so keep their top-level imports light
 (import NumPy-heavy code inside the command's function).
+
+Errors: every expected failure (bad input, a file that cannot be read or
+written, a full disk, a folder in use, too little memory, a diverged run) is
+one line ``numformer COMMAND: error: ...`` on stderr and exit code 2; Ctrl-C
+exits with 130 without a traceback. Only an unexpected exception (a bug)
+prints a traceback, followed by a line asking to report it.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
 import pkgutil
 import sys
+import traceback
 
-from . import commands
+from . import __version__, commands
+
+EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BUG = 2, 130, 1
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="numformer",
                                      description="A complete Transformer library in NumPy.")
+    parser.add_argument("--version", action="version", version=f"numformer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
@@ -32,11 +44,77 @@ def main(argv=None):
         from numformer._runtime import set_fast_runtime
         set_fast_runtime()
     try:
-        result = args.func(args)
-    except ValueError as e:
-        print(f"numformer {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        with _reading(args):
+            result = args.func(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:          # noqa: BLE001 -- sorted into expected failures and bugs
+        message = error_message(e)
+        if message is None:
+            traceback.print_exc()
+            print(f"numformer {args.command}: internal error ({type(e).__name__}): this is a bug in numformer; "
+                  f"please report it with the traceback above and the command you ran", file=sys.stderr)
+            return EXIT_BUG
+        print(f"numformer {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
     return 0 if result is None else int(result)
+
+
+def error_message(e):
+    """The one-line message for an expected failure, or None for an unexpected one (a bug)."""
+    from numformer.train import TrainingDiverged
+    from numformer.train.parallel import DataParallelError
+
+    if isinstance(e, OSError):
+        text = _os_error(e)
+    elif isinstance(e, MemoryError):
+        text = (f"out of memory ({e or 'an allocation failed'}); use smaller sizes "
+                f"(batch_size, --max-new-tokens, the model) or a machine with more memory")
+    elif isinstance(e, (ValueError, TrainingDiverged, DataParallelError)):
+        text = str(e)
+    else:
+        return None
+    return " ".join(text.split()) or type(e).__name__
+
+
+_OS_HINTS = {
+    errno.ENOSPC: "the disk is full; free some space and run again (files written before are intact)",
+    errno.EDQUOT: "the disk quota is exceeded; free some space and run again (files written before are intact)",
+    errno.EROFS: "the file system is read-only; choose a writable folder",
+    errno.EACCES: "permission denied; choose a folder you can write to, or fix its permissions",
+    errno.EPERM: "operation not permitted; choose a folder you can write to",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EISDIR: "it is a folder, not a file",
+    errno.ENOENT: "no such file or folder",
+}
+
+
+def _os_error(e):
+    if e.errno is None:               # raised with a message of its own (a missing data set ...)
+        return str(e)
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    what = _OS_HINTS.get(e.errno, e.strerror or str(e))
+    return f"{where}: {what}" if where else f"{what} ({e.strerror or e})"
+
+
+@contextlib.contextmanager
+def _reading(args):
+    """Commands that read a run folder (``run_dir``) hold its shared lock, so that no training writes it
+    meanwhile (``numformer.train.run_folder``)."""
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is None or args.command == "train":
+        yield
+        return
+    from pathlib import Path
+
+    from numformer.train.run_folder import RunLock
+
+    if not Path(run_dir).is_dir():      # the command itself says what is wrong with it
+        yield
+        return
+    with RunLock(run_dir, exclusive=False, what="read"):
+        yield
 
 
 if __name__ == "__main__":

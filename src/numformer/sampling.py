@@ -171,6 +171,11 @@ def sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greed
     """
     logits = _check_logits(logits)
     _check_sampling(temperature, top_k, top_p)
+    if np.isnan(logits).any():
+        raise ValueError("the logits hold NaN: the model's output is broken (a diverged run?); no token can be "
+                         "chosen")
+    if (logits == -np.inf).all(axis=-1).any():
+        raise ValueError("a row of logits is entirely -inf: every token is excluded, so none can be chosen")
     if greedy or temperature == 0:
         return np.argmax(logits, axis=-1).astype(np.int64)
     rng = _as_rng(rng)

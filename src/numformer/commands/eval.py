@@ -16,7 +16,7 @@ def run(args):
     result = {"split": args.split, "loss": loss}
     if config["model"]["type"] in ("gpt", "transformer"):
         unit = getattr(task, "unit", "token")
-        result["perplexity"] = math.exp(loss)
+        result["perplexity"] = math.exp(loss) if loss < math.log(float.fromhex("0x1p1023")) else math.inf
         result[f"bits_per_{unit}"] = loss / math.log(2)
     result.update(task.evaluate(model, args.split))
     if args.json:

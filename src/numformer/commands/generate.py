@@ -6,33 +6,34 @@ import sys
 
 
 def run(args):
-    from ..data.tokenizers import tokenizer_from_dict
     from ..generate import generate
-    from ..train import load_config_json, load_model, load_tokenizer_state
+    from ..train import load_config_json, load_model
+    from ..train.run import load_tokenizer
 
     config = load_config_json(args.run_dir)
     if config["model"]["type"] != "gpt":
         raise ValueError(f"{args.run_dir} holds a {config['model']['type']} model; `numformer generate` continues "
                          f"text with a GPT (use `numformer translate` or `classify` for the others)")
-    state = load_tokenizer_state(args.run_dir)
-    if state is None:
+    tokenizer = load_tokenizer(args.run_dir)
+    if tokenizer is None:
         raise ValueError(f"{args.run_dir} has no tokenizer.json, so text cannot be encoded")
-    tokenizer = tokenizer_from_dict(state)
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
     model = load_model(args.run_dir, config)
     out = sys.stdout
-    out.write(args.prompt)
-    out.flush()
+    shown = []                        # the prompt is printed with the first token: after every option is checked
 
     def stream(token):
+        if not shown:
+            out.write(args.prompt)
+            shown.append(True)
         out.write(tokenizer.decode([token]))
         out.flush()
 
     generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
              top_p=args.top_p, greedy=args.greedy, rng=args.seed, stream=stream)
-    out.write("\n")
+    out.write(("" if shown else args.prompt) + "\n")
 
 
 def register(sub):

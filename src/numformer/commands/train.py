@@ -1,23 +1,23 @@
 """numformer train CONFIG --out RUN_DIR [--set section.key=value ...] [--resume] [--overwrite]."""
 from __future__ import annotations
 
-import sys
 
 
 def run(args):
     from ..config import load_config
-    from ..train import Trainer, TrainingDiverged
+    from ..train import Trainer
 
+    if args.resume and args.config is not None:
+        raise ValueError(f"--resume continues the run in {args.out} with its own config.json; leave out CONFIG "
+                         f"({args.config}) and change values with --set")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run, --overwrite replaces it: give one of them")
     if args.config is None and not args.resume:
         raise ValueError("give a CONFIG.toml (or --resume to continue the run in --out)")
     config = None if args.resume else load_config(args.config)
     trainer = Trainer(config, args.out, resume=args.resume, overwrite=args.overwrite, overrides=args.set,
                       quiet=args.quiet)
-    try:
-        summary = trainer.train()
-    except TrainingDiverged as e:
-        print(f"numformer train: error: {e}", file=sys.stderr)
-        return 1
+    summary = trainer.train()         # a divergence (TrainingDiverged) is one line from the CLI
     return 130 if summary["interrupted"] else 0
 
 

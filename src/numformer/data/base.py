@@ -111,16 +111,19 @@ def register_task(name):
 
 def make_task(data_config: dict, seed: int = 0, tokenizer_state: dict | None = None) -> Task:
     """Build the task named by ``data_config["task"]``."""
+    from ..config import check_data_section
+
     data_config = dict(data_config)
     name = data_config.pop("task", None)
-    _import_builtin_tasks()
-    if name not in TASKS:
+    import_builtin_tasks()
+    if not isinstance(name, str) or name not in TASKS:
         raise ValueError(f"[data] task = {name!r} is not a known task; choose one of {sorted(TASKS)}")
-    return TASKS[name](data_config, seed, tokenizer_state)
+    task_cls = TASKS[name]
+    return task_cls(check_data_section(data_config, task_cls), seed, tokenizer_state)
 
 
-def _import_builtin_tasks():
-    """Importing the task modules registers them."""
+def import_builtin_tasks():
+    """Register numformer's own tasks (importing a task module registers it); returns the registry ``TASKS``."""
     import importlib
     import pkgutil
 
@@ -129,6 +132,7 @@ def _import_builtin_tasks():
     for info in pkgutil.iter_modules(data.__path__):
         if info.name not in ("base",):
             importlib.import_module(f"{data.__name__}.{info.name}")
+    return TASKS
 
 
 def pad_sequences(seqs, pad_id, length=None, dtype=np.int64):

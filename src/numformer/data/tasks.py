@@ -83,10 +83,6 @@ class SyntheticTask(Task):
     def __init__(self, data_config: dict, seed: int = 0, tokenizer_state: dict | None = None):
         super().__init__(data_config, seed, tokenizer_state)
         c = self.config
-        unknown = sorted(set(data_config) - set(self.data_keys))
-        if unknown:
-            raise ValueError(f"unknown [data] key(s) {unknown} for task {self.name!r}; valid keys: "
-                             f"{sorted(self.data_keys)}")
         if c["model_type"] not in self.model_types:
             raise ValueError(f"task {self.name!r}: model_type = {c['model_type']!r}; choose one of "
                              f"{list(self.model_types)}")

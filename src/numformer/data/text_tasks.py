@@ -111,10 +111,6 @@ class TextClassificationTask(Task):
 
     def __init__(self, data_config: dict, seed: int = 0, tokenizer_state: dict | None = None):
         super().__init__(data_config, seed, tokenizer_state)
-        unknown = sorted(set(data_config) - set(self.data_keys))
-        if unknown:
-            raise ValueError(f"unknown [data] key(s) {unknown} for task {self.name!r}; valid keys: "
-                             f"{sorted(self.data_keys)}")
         c = self.config
         if c["max_len"] < 2:
             raise ValueError(f"{self.name}: max_len must be >= 2, got {c['max_len']}")
@@ -303,10 +299,6 @@ class Multi30kTask(Task):
 
     def __init__(self, data_config: dict, seed: int = 0, tokenizer_state: dict | None = None):
         super().__init__(data_config, seed, tokenizer_state)
-        unknown = sorted(set(data_config) - set(self.data_keys))
-        if unknown:
-            raise ValueError(f"unknown [data] key(s) {unknown} for task {self.name!r}; valid keys: "
-                             f"{sorted(self.data_keys)}")
         c = self.config
         if c["max_len"] < 2:
             raise ValueError(f"multi30k: max_len must be >= 2, got {c['max_len']}")

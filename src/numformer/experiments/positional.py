@@ -79,7 +79,7 @@ def train_one(exp, ctx, task_name, encoding):
     run_dir = ctx.runs_dir / f"positional_{task_name}_{encoding}"
     if not ctx.quiet:
         print(f"positional: training {task_name} with {encoding} positions -> {run_dir}", file=sys.stderr, flush=True)
-    trainer = Trainer(config, run_dir, overwrite=True, quiet=ctx.quiet)
+    trainer = Trainer(config, run_dir, overwrite=ctx.overwrite, quiet=ctx.quiet)
     summary = trainer.train()
     model, task = trainer.model.eval(), trainer.task
     metrics = task.evaluate(model, "test")

@@ -74,6 +74,7 @@ class Context:
     quick: bool = False
     overrides: list = field(default_factory=list)
     quiet: bool = False
+    overwrite: bool = False       # replace existing run folders (else a folder holding a run is an error)
 
 
 def machine_info():
@@ -124,7 +125,7 @@ def train_and_evaluate(exp, ctx, config_overrides=()):
     overrides = list(config_overrides) + (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
     run_dir = ctx.runs_dir / exp.name
     started = time.time()
-    trainer = Trainer(config, run_dir, overwrite=True, overrides=overrides, quiet=ctx.quiet)
+    trainer = Trainer(config, run_dir, overwrite=ctx.overwrite, overrides=overrides, quiet=ctx.quiet)
     summary = trainer.train()
     model, task = trainer.model.eval(), trainer.task
     t = trainer.config["train"]

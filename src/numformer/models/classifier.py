@@ -12,6 +12,7 @@ import numpy as np
 
 from ..nn import Dropout, Embedding, Encoder, EncoderBlock, Linear, Module, make_norm, make_positional
 from ..nn import init
+from ._checks import check_sizes
 
 POOLINGS = ("mean", "first")
 
@@ -32,6 +33,8 @@ class EncoderClassifier(Module):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
+        check_sizes("EncoderClassifier", vocab_size=vocab_size, n_classes=n_classes, max_len=max_len, d_model=d_model,
+                    n_heads=n_heads, n_layers=n_layers, d_ff=d_ff)
         rng = init.default_rng(rng)
         d_ff = 4 * d_model if d_ff is None else d_ff
         self.vocab_size, self.n_classes, self.max_len = vocab_size, n_classes, max_len
@@ -76,6 +79,8 @@ class EncoderClassifier(Module):
         return self.head(self.head_drop(pooled))
 
     def backward(self, dlogits):
+        if self._cache is None:
+            raise RuntimeError("backward called without a forward pass to go back through (call forward first)")
         weights, h_shape = self._cache
         dpooled = self.head_drop.backward(self.head.backward(dlogits))
         if weights is not None:

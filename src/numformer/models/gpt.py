@@ -13,6 +13,7 @@ import numpy as np
 from ..nn import (Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, make_norm,
                   make_positional)
 from ..nn import checkpoint, init
+from ._checks import check_sizes
 
 
 class GPT(Module):
@@ -32,6 +33,8 @@ class GPT(Module):
                  bias=True, layer_norm_eps=1e-5, attention="plain", gradient_checkpointing=False, rng=None,
                  dtype=np.float32):
         super().__init__()
+        check_sizes("GPT", vocab_size=vocab_size, block_size=block_size, n_layers=n_layers, n_heads=n_heads,
+                    d_model=d_model, d_ff=d_ff)
         rng = init.default_rng(rng)
         d_ff = 4 * d_model if d_ff is None else d_ff
         self.gradient_checkpointing = gradient_checkpointing

@@ -16,6 +16,7 @@ import numpy as np
 from ..nn import (Decoder, DecoderBlock, Dropout, Embedding, Encoder, EncoderBlock, KVCache, Linear, Module,
                   make_norm, make_positional)
 from ..nn import init
+from ._checks import check_sizes
 
 
 class Transformer(Module):
@@ -39,6 +40,9 @@ class Transformer(Module):
                  scale_embeddings=True, attention="plain", gradient_checkpointing=False, bos_id=None, eos_id=None,
                  rng=None, dtype=np.float32):
         super().__init__()
+        check_sizes("Transformer", src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
+                    n_heads=n_heads, n_layers=n_layers, d_ff=d_ff, max_len=max_len, n_encoder_layers=n_encoder_layers,
+                    n_decoder_layers=n_decoder_layers)
         for name, v in (("bos_id", bos_id), ("eos_id", eos_id)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
                                   or not 0 <= v < tgt_vocab_size):

@@ -7,8 +7,12 @@ import numpy as np
 
 
 def default_rng(rng):
-    """The generator to use: the one given, else a fresh unseeded one."""
-    return rng if rng is not None else np.random.default_rng()
+    """The generator to use: the Generator given, a new one seeded with an integer, else a fresh unseeded one."""
+    if rng is None or isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        return np.random.default_rng(rng)
+    if isinstance(rng, np.random.Generator):
+        return rng
+    raise ValueError(f"rng must be a numpy.random.Generator, an integer seed or None, got {type(rng).__name__}")
 
 
 def uniform(rng, shape, bound, dtype):

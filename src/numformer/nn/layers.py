@@ -26,6 +26,12 @@ class Linear(Module):
         return y
 
     def backward(self, dy):
+        if self._cache is None:
+            raise RuntimeError("backward called without a forward pass to go back through (call forward first; "
+                               "each forward allows one backward)")
+        expected = (*self._cache[3][:-1], self.out_features)
+        if np.shape(dy) != expected:
+            raise ValueError(f"the gradient must have the shape of the forward output {expected}, got {np.shape(dy)}")
         dx, dW, db = ops.linear_backward(dy, self._cache)
         self.weight.accumulate(dW)
         if self.bias is not None:

@@ -39,11 +39,16 @@ def softmax_backward(dy, cache):
 
 
 def log_softmax_forward(x, axis=-1):
-    """log softmax(x)_i = x_i - max x - log Σ_j exp(x_j - max x) (log-sum-exp, stable)."""
+    """log softmax(x)_i = x_i - max x - log Σ_j exp(x_j - max x) (log-sum-exp, stable).
+
+    A row that is entirely -inf gives -inf (the log of softmax's zeros), never NaN.
+    """
     m = np.max(x, axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0).astype(x.dtype, copy=False)
     shifted = x - m
-    lse = np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    s = np.sum(np.exp(shifted), axis=axis, keepdims=True)
+    s[s == 0] = 1.0
+    lse = np.log(s)
     y = shifted - lse
     return y, (y, axis)
 

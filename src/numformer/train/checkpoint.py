@@ -88,12 +88,13 @@ def load_model_weights(path, model):
     return meta
 
 
-def save_checkpoint(path, model, optimizer, state):
-    """Model, optimizer and trainer state (JSON-able dict) in one atomic file."""
+def save_checkpoint(path, model, optimizer, state, metadata=None):
+    """Model, optimizer and trainer state (JSON-able dict) in one atomic file; ``metadata``: more string
+    entries for the file's metadata."""
     tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
     opt_arrays, opt_meta = optimizer.state_dict()
     tensors.update({f"optim/{k}": v for k, v in opt_arrays.items()})
-    _save_safetensors(path, tensors, {"format": FORMAT, "optimizer": json.dumps(opt_meta),
+    _save_safetensors(path, tensors, {**(metadata or {}), "format": FORMAT, "optimizer": json.dumps(opt_meta),
                                       "state": json.dumps(state)})
 
 

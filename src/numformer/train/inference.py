@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.tokenizers import tokenizer_from_dict
 from ..ops import softmax_forward
-from .run import load_config_json, load_model, load_tokenizer_state
+from .run import load_config_json, load_model, load_tokenizer_state, tokenizer_from_state
 
 __all__ = ["load_classifier", "classify_texts", "load_translator", "unknown_words"]
 
@@ -29,7 +28,7 @@ def load_classifier(run_dir):
     state = load_tokenizer_state(run_dir)
     if state is None:
         raise ValueError(f"{run_dir} has no tokenizer.json, so its texts cannot be tokenized as in training")
-    tokenizer = tokenizer_from_dict(state)
+    tokenizer = tokenizer_from_state(state, run_dir)
     model = load_model(run_dir, config)
     names = state.get("label_names") or _default_label_names(config["data"].get("task"), model.n_classes)
     if len(names) != model.n_classes:
@@ -84,8 +83,8 @@ def load_translator(run_dir):
     state = load_tokenizer_state(run_dir)
     if not state or "src" not in state:
         raise ValueError(f"{run_dir} has no source/target tokenizer.json, so text cannot be encoded")
-    src_tok = tokenizer_from_dict(state["src"])
-    tgt_tok = src_tok if state.get("joint") else tokenizer_from_dict(state["tgt"])
+    src_tok = tokenizer_from_state(state["src"], run_dir)
+    tgt_tok = src_tok if state.get("joint") else tokenizer_from_state(state.get("tgt"), run_dir)
     return load_model(run_dir, config), src_tok, tgt_tok, config
 
 

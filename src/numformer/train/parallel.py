@@ -8,6 +8,10 @@ gives the single-process gradient (float64).
         loss, n_targets = dp.forward_backward(batch.inputs, batch.targets)
         clip_grad_norm(...); optimizer.step()           # in the main process, as usual
 
+Each process runs the reference training step, ``train.step.loss_and_backward``
+(forward, cross-entropy, backward), on its share; this module only splits the
+batch and adds up the gradients.
+
 Why processes and not threads: one NumPy call on one core is already close to
 what that core can do, and splitting every elementwise op and matrix product
 across threads costs a synchronisation per op (about 80 per training step of
@@ -52,9 +56,13 @@ import traceback
 
 import numpy as np
 
-from .. import ops
 from .._runtime import get_num_threads, single_threaded
 from ..data.base import IGNORE
+from .step import loss_and_backward
+
+
+class DataParallelError(RuntimeError):
+    """A data-parallel worker failed or died; the message says which and what to try."""
 
 
 def usable_processes(model, batch_size, requested=0):
@@ -103,16 +111,6 @@ def _take(inputs, share, batch_size):
     """The share of every batched input (arrays whose first axis is the batch); anything else as it is."""
     return {k: v[share] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == batch_size else v
             for k, v in inputs.items()}
-
-
-def share_forward_backward(model, inputs, targets, label_smoothing, grad_scale):
-    """Forward, cross-entropy (mean over the targets that are not IGNORE) and backward with dloss = grad_scale.
-
-    Gradients accumulate into the parameters' ``.grad``. Returns the loss (a float)."""
-    logits = model(**inputs)
-    loss, cache = ops.cross_entropy_forward(logits, targets, ignore_index=IGNORE, label_smoothing=label_smoothing)
-    model.backward(ops.cross_entropy_backward(cache, grad_scale))
-    return float(loss)
 
 
 class DataParallel:
@@ -188,7 +186,7 @@ class DataParallel:
         counted = int(np.count_nonzero(targets != IGNORE))
         parts = min(self.processes, batch)
         if parts <= 1:
-            return share_forward_backward(self.model, inputs, targets, label_smoothing, grad_scale), counted
+            return loss_and_backward(self.model, inputs, targets, label_smoothing, grad_scale), counted
         self._check_shared()
         shares = _shares(batch, parts)
         weights = [int(np.count_nonzero(targets[s] != IGNORE)) / max(counted, 1) for s in shares]
@@ -202,14 +200,14 @@ class DataParallel:
         loss = None
         try:
             with single_threaded():
-                loss = weights[0] * share_forward_backward(self.model, _take(inputs, shares[0], batch),
+                loss = weights[0] * loss_and_backward(self.model, _take(inputs, shares[0], batch),
                                                            targets[shares[0]], label_smoothing,
                                                            grad_scale * weights[0])
         finally:            # collect every worker's answer even if this share failed, so the pipes stay in step
             results = [(None, dead[rank]) if rank in dead else self._receive(rank) for rank in range(1, parts)]
         for (share_loss, error), grads, w in zip(results, self._grad_views, weights[1:]):
             if error:
-                raise RuntimeError(error)
+                raise DataParallelError(error)
             loss += w * share_loss
             for p, g in zip(self.params, grads):
                 if p.grad is None:
@@ -323,7 +321,7 @@ def _worker_main(rank, model, params, grads, conn, parent_end, seed, main_pid):
             model.train(training)                      # dropout on or off, as in the main process
             for p in params:
                 p.grad = None
-            loss = share_forward_backward(model, inputs, targets, label_smoothing, grad_scale)
+            loss = loss_and_backward(model, inputs, targets, label_smoothing, grad_scale)
             for p, g in zip(params, grads):
                 if p.grad is None:
                     g[...] = 0

@@ -1,4 +1,9 @@
-"""Loading a finished (or running) run folder for evaluation, generation and analysis."""
+"""Loading a finished (or running) run folder for evaluation, generation and analysis.
+
+Every file is checked as it is read: a missing folder or file, bad JSON, a
+config.json that fails the config checks (``numformer.config``) or weights
+saved with another model config each give one ValueError naming the file.
+"""
 from __future__ import annotations
 
 import json
@@ -6,34 +11,74 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import check_saved_config
 from ..models import build_model
 from .checkpoint import CHECKPOINT, MODEL, load_model_weights
+from .run_folder import check_weights
+
+
+def _check_run_dir(run_dir):
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise ValueError(f"run folder {run_dir} does not exist")
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file, not a run folder")
+
+
+def read_json(path, what):
+    """A JSON file's content; ValueError naming the file for unreadable, non-UTF-8 or malformed JSON."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}); restore it") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} {path} is not valid JSON ({e}); restore it or retrain") from None
 
 
 def load_config_json(run_dir):
+    """The run's config.json, checked like a TOML config (every key's type and range)."""
+    _check_run_dir(run_dir)
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
                          f"`numformer train CONFIG --out {run_dir}`")
-    return json.loads(path.read_text())
+    return check_saved_config(read_json(path, "config file"), path)
 
 
 def load_model(run_dir, config=None):
     """The run's model with its saved weights (model.safetensors, else the checkpoint), in eval mode."""
     run_dir = Path(run_dir)
     config = load_config_json(run_dir) if config is None else config
-    model_cfg = {k: v for k, v in config["model"].items() if v is not None}
-    model = build_model(model_cfg, rng=np.random.default_rng(0), dtype=np.dtype(config["train"]["dtype"]))
+    model = build_model(config["model"], rng=np.random.default_rng(0), dtype=np.dtype(config["train"]["dtype"]))
     for name in (MODEL, CHECKPOINT):
         if (run_dir / name).is_file():
-            load_model_weights(run_dir / name, model)
+            meta = load_model_weights(run_dir / name, model)
+            check_weights(run_dir / name, meta, config)
             return model.eval()
     raise ValueError(f"{run_dir} has no saved weights ({MODEL} or {CHECKPOINT})")
 
 
 def load_tokenizer_state(run_dir):
     path = Path(run_dir) / "tokenizer.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path, "tokenizer file") if path.is_file() else None
+
+
+def load_tokenizer(run_dir):
+    """The run's tokenizer (tokenizer.json), or None when the run has none."""
+    state = load_tokenizer_state(run_dir)
+    return None if state is None else tokenizer_from_state(state, run_dir)
+
+
+def tokenizer_from_state(state, run_dir):
+    """A tokenizer from (part of) a run's tokenizer.json; a damaged file is one ValueError naming it."""
+    from ..data.tokenizers import tokenizer_from_dict
+
+    try:
+        return tokenizer_from_dict(state)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} is damaged "
+                         f"({type(e).__name__}: {e}); restore it or retrain") from None
 
 
 def load_task(run_dir, config=None):
@@ -41,4 +86,8 @@ def load_task(run_dir, config=None):
     from ..data import make_task
 
     config = load_config_json(run_dir) if config is None else config
-    return make_task(config["data"], config["train"]["seed"], load_tokenizer_state(run_dir))
+    try:
+        return make_task(config["data"], config["train"]["seed"], load_tokenizer_state(run_dir))
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} does not fit the run's [data] "
+                         f"({type(e).__name__}: {e}); restore it or retrain") from None

@@ -1,4 +1,4 @@
-"""The training loop: batches, loss, backward, clipping, optimizer, schedule, evaluation, checkpoints.
+"""The training loop: batches, the step (train/step.py), clipping, optimizer, schedule, evaluation, checkpoints.
 
     trainer = Trainer(config, run_dir)        # validates the whole config first
     summary = trainer.train()
@@ -35,14 +35,20 @@ from ..data.base import IGNORE
 from ..models import build_model
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
-                         save_model, set_rng_state, write_json_atomic)
-from .config import resolve_config
+                         save_model, set_rng_state, write_atomic, write_json_atomic)
+from ..config import resolve_config
+from . import run_folder
 from .early_stopping import EarlyStopping
 from .parallel import DataParallel, usable_processes
+from .run import load_config_json, load_tokenizer_state
+from .step import loss_and_backward
+
+DIVERGENCE_FACTOR = 3.0     # the training loss above this multiple of its first value ...
+DIVERGENCE_STEPS = 20       # ... for this many steps in a row stops the run as diverged
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm became NaN or infinite."""
+    """The loss or the gradient norm became NaN or infinite, or the loss stayed far above its start."""
 
 
 def git_commit():
@@ -72,7 +78,8 @@ def make_optimizer(model, train):
 
 
 def evaluate_loss(model, task, split, batch_size, max_batches=0):
-    """Token-weighted mean cross-entropy over a split's fixed evaluation batches (model in eval mode)."""
+    """Token-weighted mean cross-entropy over a split's fixed evaluation batches (model in eval mode).
+    A diverged model's overflows give an infinite or NaN loss, without NumPy's warnings."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -80,8 +87,9 @@ def evaluate_loss(model, task, split, batch_size, max_batches=0):
         for i, batch in enumerate(task.eval_batches(split, batch_size)):
             if max_batches and i >= max_batches:
                 break
-            logits = model(**batch.inputs)
-            loss, cache = ops.cross_entropy_forward(logits, batch.targets, ignore_index=IGNORE)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                logits = model(**batch.inputs)
+                loss, cache = ops.cross_entropy_forward(logits, batch.targets, ignore_index=IGNORE)
             n = cache[3]
             total += loss * n
             count += n
@@ -108,6 +116,8 @@ class Trainer:
 
     config: the raw config dict (sections model/data/train) — ignored when
     resuming, where run_dir/config.json is used with ``overrides`` applied.
+    The trainer holds the run folder's lock (run_folder.RunLock) from the
+    moment the config is valid until ``close()`` or the process ends.
     """
 
     def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False):
@@ -115,21 +125,16 @@ class Trainer:
 
         self.run_dir = Path(run_dir)
         self.quiet = quiet
+        self._lock = None
+        saved, tokenizer_state = None, None
         if resume:
-            cfg_path = self.run_dir / "config.json"
-            if not cfg_path.is_file():
-                raise ValueError(f"cannot resume: {cfg_path} does not exist (is {self.run_dir} a run folder?)")
-            config = json.loads(cfg_path.read_text())
-            config["model"] = {k: v for k, v in config["model"].items() if v is not None}
-        config = apply_overrides(config, overrides)
-        tokenizer_state = None
-        if resume and (self.run_dir / "tokenizer.json").is_file():
-            tokenizer_state = json.loads((self.run_dir / "tokenizer.json").read_text())
+            self._lock = run_folder.lock_for_resuming(self.run_dir)
+            saved = config = load_config_json(self.run_dir)
+            tokenizer_state = load_tokenizer_state(self.run_dir)
         # A resumed run keeps its saved vocabulary, so that ids mean what they meant.
-        self.config, self.task = resolve_config(config, tokenizer_state)
-        if not resume and (self.run_dir / CHECKPOINT).exists() and not overwrite:
-            raise ValueError(f"{self.run_dir} already holds a run; continue it with --resume, "
-                             f"or start afresh with --overwrite")
+        self.config, self.task = resolve_config(apply_overrides(config, overrides), tokenizer_state)
+        if resume and run_folder.schedule_change(saved["train"], self.config["train"]):
+            self._print(run_folder.schedule_change(saved["train"], self.config["train"]))
         t = self.train_cfg = self.config["train"]
         self.dtype = np.dtype(t["dtype"])
         seeds = np.random.SeedSequence(t["seed"]).spawn(2)
@@ -147,20 +152,29 @@ class Trainer:
         self.tokens_seen = 0
         self.train_seconds = 0.0
         self.resumed = resume
+        self._divergence = {"first_loss": None, "steps_above": 0}   # the divergence guard's state
         self.processes = usable_processes(self.model, t["batch_size"], t["processes"])
         self._dp = None                 # the DataParallel of a running train() call
         self._worker_rngs = None        # the data-parallel workers' generator states between train() calls
         if resume:
             self._restore()
+        else:                            # the whole config is valid: only now is the folder touched
+            self._lock = run_folder.lock_for_writing(self.run_dir)
+            run_folder.start_new_run(self.run_dir, overwrite)
         self._stop_requested = False
         self.last_summary = None        # what the last train() call returned
+
+    def close(self):
+        """Release the run folder's lock (also done when the process ends)."""
+        if self._lock is not None:
+            self._lock.release()
 
     # -- state ------------------------------------------------------------------------------
     def _state(self):
         return {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
                 "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
                 "worker_rngs": self._dp.rng_states() if self._dp is not None else self._worker_rngs,
-                "early_stopping": self.early.state_dict()}
+                "early_stopping": self.early.state_dict(), "divergence": self._divergence}
 
     def _restore(self):
         state = load_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer)
@@ -170,6 +184,7 @@ class Trainer:
         set_rng_state(self.data_rng, state["data_rng"])
         self.early.load_state_dict(state["early_stopping"])
         self._worker_rngs = state.get("worker_rngs")
+        self._divergence = state.get("divergence", self._divergence)
         self._truncate_metrics(self.step)
 
     def _truncate_metrics(self, step):
@@ -184,10 +199,11 @@ class Trainer:
                     keep.append(line)
             except (json.JSONDecodeError, KeyError):
                 continue          # a line cut short by a crash
-        path.write_text("".join(k + "\n" for k in keep))
+        write_atomic(path, "".join(k + "\n" for k in keep).encode())     # a full disk keeps the old file
 
     def save_checkpoint(self):
-        save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, self._state())
+        save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, self._state(),
+                        run_folder.weights_metadata(self.config))
 
     # -- logging ----------------------------------------------------------------------------
     def _log(self, record):
@@ -221,21 +237,42 @@ class Trainer:
         t = self.train_cfg
         self.optimizer.set_lr(self.schedule(self.step))
         losses, tokens = [], 0
-        dp = self._dp if self._dp is not None else DataParallel(self.model, 1)     # one process outside train()
-        for _ in range(t["grad_accum"]):
-            batch = self.task.train_batch(t["batch_size"], self.data_rng)
-            # forward, cross-entropy and backward, the batch split over the data-parallel processes
-            loss, _ = dp.forward_backward(batch.inputs, batch.targets, t["label_smoothing"], 1.0 / t["grad_accum"])
-            if not math.isfinite(loss):
-                raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
-            losses.append(loss)
-            tokens += batch.n_tokens
-        norm = clip_grad_norm(self.optimizer.params, t["grad_clip"])
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # non-finite values are checked here
+            for _ in range(t["grad_accum"]):
+                batch = self.task.train_batch(t["batch_size"], self.data_rng)
+                loss = self._loss_and_backward(batch, 1.0 / t["grad_accum"])
+                if not math.isfinite(loss):
+                    raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
+                losses.append(loss)
+                tokens += batch.n_tokens
+            norm = clip_grad_norm(self.optimizer.params, t["grad_clip"])
         if not math.isfinite(norm):
             raise TrainingDiverged(f"the gradient norm became {norm} at step {self.step + 1}")
         self.optimizer.step()
         self.optimizer.zero_grad()
+        self._check_divergence(float(np.mean(losses)))
         return float(np.mean(losses)), norm, tokens
+
+    def _check_divergence(self, loss):
+        """Stop a run whose training loss stays above DIVERGENCE_FACTOR times its first value for
+        DIVERGENCE_STEPS steps in a row (a learning rate far too high can explode the loss without a NaN)."""
+        d = self._divergence
+        if d["first_loss"] is None:
+            d["first_loss"] = loss
+        d["steps_above"] = d["steps_above"] + 1 if loss > DIVERGENCE_FACTOR * d["first_loss"] else 0
+        if d["steps_above"] >= DIVERGENCE_STEPS:
+            raise TrainingDiverged(f"the training loss diverged: {loss:.4g} at step {self.step + 1}, above "
+                                   f"{DIVERGENCE_FACTOR:g} times its first value ({d['first_loss']:.4g}) for "
+                                   f"{DIVERGENCE_STEPS} steps")
+
+    def _loss_and_backward(self, batch, grad_scale):
+        """Forward, cross-entropy and backward of one micro-batch: in this process (train/step.py), or split
+        over the data-parallel processes, which each run the same step on their share."""
+        t = self.train_cfg
+        if self._dp is not None and self._dp.processes > 1:
+            loss, _ = self._dp.forward_backward(batch.inputs, batch.targets, t["label_smoothing"], grad_scale)
+            return loss
+        return loss_and_backward(self.model, batch.inputs, batch.targets, t["label_smoothing"], grad_scale)
 
     def _on_sigint(self, signum, frame):
         if self._stop_requested:          # a second Ctrl-C: stop now
@@ -244,13 +281,53 @@ class Trainer:
         self._print("\nCtrl-C: finishing this step and writing a checkpoint (press again to abort)...")
 
     def train(self, stop_after=None):
-        """Train to max_steps (or ``stop_after`` more steps, for tests). Returns the summary dict."""
+        """Train to max_steps (or ``stop_after`` more steps, for tests). Returns the summary dict.
+
+        Each step: an optimizer update, then (when due) a log line, an evaluation, a checkpoint, and the
+        stopping rules (time limit, early stopping, Ctrl-C)."""
         t = self.train_cfg
         wall_start = time.perf_counter()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not self.resumed:
-            for stale in ("metrics.jsonl", MODEL, "summary.json"):
-                (self.run_dir / stale).unlink(missing_ok=True)
+        n_params = self._start_run()
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if _is_main_thread() else None
+        last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
+        bar = self._progress_bar(last_step)
+        self._window = _LogWindow()
+        stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "diverged": None}
+        try:
+            self._start_data_parallel()
+            while self.step < last_step:
+                started = time.perf_counter()
+                loss, norm, tokens = self._train_step()
+                self.step += 1
+                self.tokens_seen += tokens
+                self.train_seconds += time.perf_counter() - started
+                self._window.add(loss, tokens)
+                self._log_step(last_step, norm, bar)
+                if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
+                    stop["stopped_early"] = self._evaluate_step()
+                if self.step % t["checkpoint_every"] == 0 or self.step == last_step or stop["stopped_early"]:
+                    self.save_checkpoint()
+                if self._should_stop(last_step, stop):
+                    break
+        except TrainingDiverged as e:
+            ckpt = self.run_dir / CHECKPOINT
+            kept = (f"the last good checkpoint is kept in {ckpt}" if ckpt.exists()
+                    else "no checkpoint had been written yet (checkpoint_every), so there is nothing to resume")
+            stop["diverged"] = f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip."
+        finally:
+            if bar is not None:
+                bar.close()
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            self._close_data_parallel()
+        summary = self._finish(stop, n_params, time.perf_counter() - wall_start)
+        if stop["diverged"]:
+            raise TrainingDiverged(stop["diverged"])
+        return summary
+
+    def _start_run(self):
+        """Write config.json and tokenizer.json (the folder holds no other run: run_folder.start_new_run) and
+        say what trains; returns the number of parameters."""
         write_json_atomic(self.run_dir / "config.json", self.config)
         tok = self.task.tokenizer_state()
         if tok is not None:
@@ -262,79 +339,67 @@ class Trainer:
                         f"batch ([train] processes)")
         if self.resumed:
             self._print(f"resuming {self.run_dir} at step {self.step}")
+        return n_params
 
-        previous = None
-        if _is_main_thread():
-            previous = signal.signal(signal.SIGINT, self._on_sigint)
-        last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
-        bar = self._progress_bar(last_step)
-        stopped_early = interrupted = time_limit = False
-        window_loss, window_tokens, window_start = [], 0, time.perf_counter()
-        try:
-            self._dp = DataParallel(self.model, self.processes, seed=t["seed"])
-            if self._worker_rngs is not None and len(self._worker_rngs) == self.processes - 1:
-                self._dp.set_rng_states(self._worker_rngs)
-            while self.step < last_step:
-                started = time.perf_counter()
-                loss, norm, tokens = self._train_step()
-                self.step += 1
-                self.tokens_seen += tokens
-                self.train_seconds += time.perf_counter() - started
-                window_loss.append(loss)
-                window_tokens += tokens
-                if self.step % t["log_every"] == 0 or self.step == 1 or self.step == last_step:
-                    elapsed = time.perf_counter() - window_start
-                    record = {"step": self.step, "train_loss": float(np.mean(window_loss)),
-                              "lr": self.schedule(self.step - 1), "grad_norm": norm,
-                              "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                              "elapsed_s": round(self.train_seconds, 3)}
-                    self._log(record)
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
-                                        tok_s=f"{record['tokens_per_s']:,.0f}")
-                    window_loss, window_tokens, window_start = [], 0, time.perf_counter()
-                if bar is not None:
-                    bar.update(1)
-                if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
-                    # Periodic evaluations may use a fixed subset (eval_batches); the last one uses the whole split.
-                    result = self.evaluate("val", full=self.step == t["max_steps"])
-                    self._log({"step": self.step, **result})
-                    improved = self.early.update(result["val_loss"], self.step)
-                    if improved:
-                        save_model(self.run_dir / MODEL, self.model, {"step": self.step,
-                                                                      "val_loss": result["val_loss"]})
-                    self._print(f"step {self.step}: val_loss {result['val_loss']:.4f}"
-                                + "".join(f", {k} {v:.4f}" for k, v in result.items()
-                                          if k != "val_loss" and isinstance(v, float))
-                                + (" (best)" if improved else ""))
-                    if self.early.should_stop:
-                        stopped_early = True
-                        self._print(f"early stopping: no improvement for {self.early.patience} evaluations")
-                if self.step % t["checkpoint_every"] == 0 or self.step == last_step or stopped_early:
-                    self.save_checkpoint()
-                if t["max_minutes"] and self.train_seconds >= 60 * t["max_minutes"] and self.step < last_step:
-                    self._print(f"time limit of {t['max_minutes']} minutes reached at step {self.step}")
-                    self.save_checkpoint()
-                    time_limit = True
-                    break
-                if stopped_early:
-                    break
-                if self._stop_requested:
-                    self.save_checkpoint()
-                    interrupted = True
-                    break
-        except TrainingDiverged as e:
-            ckpt = self.run_dir / CHECKPOINT
-            kept = (f"the last good checkpoint is kept in {ckpt}" if ckpt.exists()
-                    else "no checkpoint had been written yet (checkpoint_every), so there is nothing to resume")
-            raise TrainingDiverged(f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip.") from None
-        finally:
+    def _start_data_parallel(self):
+        """Fork the data-parallel workers (none for one process), restoring their generators on resume."""
+        self._dp = DataParallel(self.model, self.processes, seed=self.train_cfg["seed"])
+        if self._worker_rngs is not None and len(self._worker_rngs) == self.processes - 1:
+            self._dp.set_rng_states(self._worker_rngs)
+
+    def _log_step(self, last_step, norm, bar):
+        """Every log_every steps (and the first and last): a training line in metrics.jsonl (the mean loss and
+        the tokens/s since the previous line) and the progress bar's figures."""
+        if self.step % self.train_cfg["log_every"] == 0 or self.step == 1 or self.step == last_step:
+            w = self._window
+            record = {"step": self.step, "train_loss": float(np.mean(w.losses)),
+                      "lr": self.schedule(self.step - 1), "grad_norm": norm,
+                      "tokens_per_s": w.tokens / max(time.perf_counter() - w.start, 1e-9),
+                      "elapsed_s": round(self.train_seconds, 3)}
+            self._log(record)
             if bar is not None:
-                bar.close()
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-            self._close_data_parallel()
-        return self._finish(stopped_early, interrupted, time_limit, n_params, time.perf_counter() - wall_start)
+                bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                tok_s=f"{record['tokens_per_s']:,.0f}")
+            self._window = _LogWindow()
+        if bar is not None:
+            bar.update(1)
+
+    def _evaluate_step(self):
+        """A periodic evaluation: log it, save the weights when the validation loss improved, and return whether
+        early stopping says to stop."""
+        t = self.train_cfg
+        # Periodic evaluations may use a fixed subset (eval_batches); the last one uses the whole split.
+        result = self.evaluate("val", full=self.step == t["max_steps"])
+        self._log({"step": self.step, **result})
+        improved = self.early.update(result["val_loss"], self.step)
+        if improved:
+            save_model(self.run_dir / MODEL, self.model, {"step": self.step, "val_loss": result["val_loss"],
+                                                          **run_folder.weights_metadata(self.config)})
+        self._print(f"step {self.step}: val_loss {result['val_loss']:.4f}"
+                    + "".join(f", {k} {v:.4f}" for k, v in result.items()
+                              if k != "val_loss" and isinstance(v, float))
+                    + (" (best)" if improved else ""))
+        if self.early.should_stop:
+            self._print(f"early stopping: no improvement for {self.early.patience} evaluations")
+            return True
+        return False
+
+    def _should_stop(self, last_step, stop):
+        """After a step's checkpoint: stop at the time limit, on early stopping, or on Ctrl-C (recorded in
+        ``stop``); a checkpoint is written first where the step's own rule did not write one."""
+        t = self.train_cfg
+        if t["max_minutes"] and self.train_seconds >= 60 * t["max_minutes"] and self.step < last_step:
+            self._print(f"time limit of {t['max_minutes']} minutes reached at step {self.step}")
+            self.save_checkpoint()
+            stop["time_limit"] = True
+            return True
+        if stop["stopped_early"]:
+            return True
+        if self._stop_requested:
+            self.save_checkpoint()
+            stop["interrupted"] = True
+            return True
+        return False
 
     def _close_data_parallel(self):
         """Stop the workers (keeping their generator states for a later train() call)."""
@@ -348,13 +413,15 @@ class Trainer:
             self._dp.close()
             self._dp = None
 
-    def _finish(self, stopped_early, interrupted, time_limit, n_params, wall_seconds):
+    def _finish(self, stop, n_params, wall_seconds):
         t = self.train_cfg
         best_path = self.run_dir / MODEL
         if t["restore_best"] and best_path.exists():
             load_model_weights(best_path, self.model)
+        elif stop["diverged"]:
+            pass                            # the diverged weights are not saved
         else:
-            save_model(best_path, self.model, {"step": self.step})
+            save_model(best_path, self.model, {"step": self.step, **run_folder.weights_metadata(self.config)})
         summary = {
             "steps": self.step, "max_steps": t["max_steps"], "parameters": n_params,
             "best_val_loss": None if math.isinf(self.early.best) else self.early.best,
@@ -362,18 +429,22 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
             "wall_seconds": round(wall_seconds, 2), "processes": self.processes,
-            "stopped_early": stopped_early, "interrupted": interrupted, "time_limit_reached": time_limit,
-            "weights": "best" if t["restore_best"] and self.early.best_step is not None else "last",
+            "stopped_early": stop["stopped_early"], "interrupted": stop["interrupted"],
+            "time_limit_reached": stop["time_limit"], "stopped_by": _stopped_by(stop),
+            "weights": ("best" if t["restore_best"] and self.early.best_step is not None
+                        else None if stop["diverged"] else "last"),
             "commit": git_commit(), "run_dir": str(self.run_dir),
         }
+        if stop["diverged"]:
+            summary["error"] = stop["diverged"]
         write_json_atomic(self.run_dir / "summary.json", summary)
         self.last_summary = summary
-        self._print(self._summary_text(summary))
+        if not stop["diverged"]:          # the caller reports a divergence
+            self._print(self._summary_text(summary))
         return summary
 
     def _summary_text(self, s):
-        how = f"{s['steps']} steps" + (" (interrupted)" if s["interrupted"] else " (stopped early)"
-                                       if s["stopped_early"] else " (time limit)" if s["time_limit_reached"] else "")
+        how = f"{s['steps']} steps" + ("" if s["stopped_by"] == "max_steps" else f" ({s['stopped_by']})")
         best = (f"Best validation loss {s['best_val_loss']:.4f} at step {s['best_step']}."
                 if s["best_val_loss"] is not None else "No evaluation ran.")
         return (f"\nTrained {type(self.model).__name__} ({s['parameters']:,} parameters): {how} in "
@@ -388,6 +459,26 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=last_step, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _stopped_by(stop):
+    """Why a run stopped, for summary.json: diverged, interrupted, time limit, stopped early or max_steps."""
+    for key, text in (("diverged", "diverged"), ("interrupted", "interrupted"), ("time_limit", "time limit"),
+                      ("stopped_early", "stopped early")):
+        if stop[key]:
+            return text
+    return "max_steps"
+
+
+class _LogWindow:
+    """The training losses and tokens since the last log line, and when that line was written."""
+
+    def __init__(self):
+        self.losses, self.tokens, self.start = [], 0, time.perf_counter()
+
+    def add(self, loss, tokens):
+        self.losses.append(loss)
+        self.tokens += tokens
 
 
 def _is_main_thread():

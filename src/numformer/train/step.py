@@ -1,0 +1,32 @@
+"""The training step: forward, loss, backward, as a reader of nanoGPT's train.py looks for it.
+
+    loss = loss_and_backward(model, batch.inputs, batch.targets)   # gradients now in p.grad
+    clip_grad_norm(optimizer.params, 1.0)
+    optimizer.step(); optimizer.zero_grad()
+
+The trainer calls :func:`loss_and_backward` on the whole batch when it trains
+in one process; data parallelism (``train/parallel.py``) calls it on each
+process's share of the batch, scaling each share's gradient so that the shares
+add up to the gradient of the whole batch's mean loss.
+"""
+from __future__ import annotations
+
+from .. import ops
+from ..data.base import IGNORE
+
+
+def loss_and_backward(model, inputs, targets, label_smoothing=0.0, grad_scale=1.0):
+    """Forward, cross-entropy and backward of one batch; returns the loss (a float).
+
+    inputs:  the model's keyword arguments, e.g. {"idx": (B, T)} for a GPT.
+    targets: integer ids of the shape of ``logits[..., 0]``; positions equal to IGNORE are left out.
+
+    loss = mean over the counted targets of -log softmax(logits)[target] (with label smoothing ε:
+    (1 - ε) times that plus ε times the mean over classes of -log softmax). The backward pass starts
+    from dloss = grad_scale and accumulates into every parameter's ``.grad`` (grad_scale = 1 / grad_accum
+    when gradients of several micro-batches are summed).
+    """
+    logits = model(**inputs)
+    loss, cache = ops.cross_entropy_forward(logits, targets, ignore_index=IGNORE, label_smoothing=label_smoothing)
+    model.backward(ops.cross_entropy_backward(cache, grad_scale))
+    return float(loss)

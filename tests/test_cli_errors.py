@@ -1,0 +1,366 @@
+"""Every expected failure of the CLI is one line `numformer COMMAND: error: ...` and exit code 2, with no
+traceback; Ctrl-C exits with 130 quietly; only a bug shows a traceback, with a line asking to report it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from numformer.cli import main
+from numformer.train.checkpoint import CHECKPOINT, MODEL
+
+from conftest import one_error_line
+
+COPY = """
+[model]
+type = "gpt"
+n_layers = 1
+n_heads = 2
+d_model = 16
+[data]
+task = "copy"
+length = 4
+n_val = 16
+n_test = 16
+[train]
+max_steps = 4
+batch_size = 4
+eval_every = 2
+processes = 1
+"""
+
+TEXT = """
+[model]
+type = "gpt"
+n_layers = 1
+n_heads = 2
+d_model = 16
+[data]
+task = "text"
+path = "small.txt"
+block_size = 16
+[train]
+max_steps = 4
+batch_size = 4
+eval_every = 2
+processes = 1
+"""
+
+
+def env():
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    return {**os.environ, "PYTHONPATH": os.path.abspath(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """A trained character-level GPT (run folder), trained from a config with a relative data path."""
+    from numformer.data.text import read_corpus
+
+    root = tmp_path_factory.mktemp("text")
+    (root / "small.txt").write_text(read_corpus("")[:3000])
+    (root / "text.toml").write_text(TEXT)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert main(["train", "text.toml", "--out", "run", "--quiet"]) == 0
+    finally:
+        os.chdir(cwd)
+    return root / "run"
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    """A copy of a run folder to damage."""
+    import shutil
+
+    def copy(run):
+        dest = tmp_path / "damaged"
+        shutil.copytree(run, dest)
+        return dest
+
+    return copy
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    path = tmp_path / "copy.toml"
+    path.write_text(COPY)
+    return path
+
+
+# -- files that cannot be read ------------------------------------------------------------------------------
+@pytest.mark.parametrize("damage,expected", [
+    (lambda d: (d / "config.json").write_text('{"model": 5}'), "config.json: a config is a table of sections"),
+    (lambda d: (d / "config.json").write_text("[]"), "config.json: a config is a table of sections"),
+    (lambda d: (d / "config.json").write_text('{"model": {"type": "gpt"}'), "config.json is not valid JSON"),
+    (lambda d: (d / "config.json").write_bytes(b"\xff\xfe{}"), "config.json is not UTF-8 text"),
+    (lambda d: (d / "config.json").unlink(), "is not a numformer run folder (no config.json)"),
+    (lambda d: (d / "tokenizer.json").write_text('{"type": "char"}'), "tokenizer.json does not fit"),
+    (lambda d: (d / "tokenizer.json").write_text("{"), "tokenizer file"),
+    (lambda d: (d / "tokenizer.json").write_bytes(b"\xff"), "tokenizer.json is not UTF-8 text"),
+    (lambda d: (d / MODEL).write_bytes(b"garbage"), "is corrupt or truncated"),
+    (lambda d: [(d / MODEL).unlink(), (d / CHECKPOINT).unlink()], "has no saved weights"),
+])
+def test_damaged_run_folder(text_run, copy_of, cli_error, damage, expected):
+    run = copy_of(text_run)
+    damage(run)
+    assert expected in cli_error("eval", run)
+
+
+@pytest.mark.parametrize("damage,expected", [
+    (lambda d: (d / "tokenizer.json").write_text('{"type": "char"}'), "tokenizer.json is damaged"),
+    (lambda d: (d / "tokenizer.json").unlink(), "has no tokenizer.json"),
+])
+def test_damaged_tokenizer_for_generate(text_run, copy_of, cli_error, damage, expected):
+    run = copy_of(text_run)
+    damage(run)
+    assert expected in cli_error("generate", run, "--max-new-tokens", "3")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["eval", "{tmp}/missing"], "run folder {tmp}/missing does not exist"),
+    (["eval", "{tmp}/copy.toml"], "{tmp}/copy.toml is a file, not a run folder"),
+    (["train", "{tmp}/missing.toml", "--out", "{tmp}/r"], "config file {tmp}/missing.toml does not exist"),
+    (["train", "{tmp}", "--out", "{tmp}/r"], "config file {tmp} is a directory"),
+    (["train", "{tmp}/bad.toml", "--out", "{tmp}/r"], "config file {tmp}/bad.toml is not UTF-8 text"),
+    (["train", "{tmp}/broken.toml", "--out", "{tmp}/r"], "config file {tmp}/broken.toml is not valid TOML"),
+    (["params", "{tmp}/bad.toml"], "config file {tmp}/bad.toml is not UTF-8 text"),
+    (["train", "{tmp}/copy.toml", "--out", "{tmp}/r", "--resume"], "--resume continues the run in"),
+    (["train", "--out", "{tmp}/r", "--resume", "--overwrite"], "give one of them"),
+    (["train", "--out", "{tmp}/r"], "give a CONFIG.toml"),
+    (["train", "--out", "{tmp}/r", "--resume"], "cannot resume: {tmp}/r/config.json does not exist"),
+    (["train", "{tmp}/copy.toml", "--out", "{tmp}/copy.toml/r"], "{tmp}/copy.toml is a file, not a folder"),
+    (["train", "{tmp}/copy.toml", "--out", "{tmp}/r", "--set", "train.lr"], "--set expects section.key=value"),
+    (["reproduce", "bogus"], "unknown experiment 'bogus'"),
+])
+def test_bad_arguments_and_files(tmp_path, cfg, cli_error, args, expected):
+    (tmp_path / "bad.toml").write_bytes(b"\xff\xfe = 1")
+    (tmp_path / "broken.toml").write_text("[model\n")
+    line = cli_error(*[a.format(tmp=tmp_path) for a in args])
+    assert expected.format(tmp=tmp_path) in line
+
+
+# -- data sets ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["train", "params"])
+@pytest.mark.parametrize("task,path,expected", [
+    ("imdb", "no/such/imdb.tar.gz", "no IMDB data at"),
+    ("agnews", "no/such/folder", "no AG News folder at"),
+])
+def test_missing_data_set(tmp_path, cli_error, monkeypatch, command, task, path, expected):
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\ntype = "classifier"\n[data]\ntask = "{task}"\npath = "{path}"\n')
+    args = ["--out", tmp_path / "r"] if command == "train" else []
+    line = cli_error(command, cfg, *args)
+    assert expected in line and str(tmp_path / path) in line       # the resolved path that was read
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_text_file(tmp_path, cfg, cli_error):
+    line = cli_error("train", cfg, "--out", tmp_path / "r", "--set", 'data.task="text"', "--set",
+                     'data.path="none.txt"', "--set", "data.length=0")
+    assert "[data]" in line      # the task's keys are checked first; then the file:
+    cfg.write_text(TEXT.replace("small.txt", "none.txt"))
+    assert "none.txt" in cli_error("train", cfg, "--out", tmp_path / "r")
+
+
+def test_run_folder_stores_the_data_path_resolved(text_run, run_cli, tmp_path, monkeypatch):
+    saved = json.loads((text_run / "config.json").read_text())
+    assert saved["data"]["path"] == str(text_run.parent / "small.txt")
+    monkeypatch.chdir(tmp_path)                                 # another directory: the same file is read
+    assert run_cli("eval", text_run)[0] == 0
+
+
+# -- generate, eval --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("option", [["--top-p", "2"], ["--top-k", "0"], ["--temperature", "-1"],
+                                    ["--max-new-tokens", "-1"]])
+def test_generate_rejects_options_before_printing(text_run, run_cli, option):
+    rc, out, err = run_cli("generate", text_run, "--prompt", "First", *option)
+    one_error_line(rc, err, "generate")
+    assert out == ""                                              # not even the prompt
+
+
+def test_generate_out_of_memory(text_run, cli_error):
+    assert "out of memory" in cli_error("generate", text_run, "--max-new-tokens", str(10 ** 12))
+
+
+def test_eval_of_a_diverged_run_reports_inf_perplexity(text_run, copy_of, run_cli):
+    from safetensors.numpy import load_file, save_file
+
+    run = copy_of(text_run)
+    weights = load_file(str(run / MODEL))
+    weights = {k: (v * 1e30).astype(v.dtype) if k.endswith("weight") else v for k, v in weights.items()}
+    save_file(weights, str(run / MODEL), metadata={"format": "numformer-model-1"})
+    rc, out, err = run_cli("eval", run, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["perplexity"] == float("inf")
+
+
+def test_training_that_explodes_is_stopped_with_one_line_and_no_numpy_warnings(tmp_path, cfg, run_cli):
+    rc, _, err = run_cli("train", cfg, "--out", tmp_path / "r", "--set", "train.lr=1e6", "--set",
+                         "train.max_steps=60", "--set", "train.eval_every=100")
+    line = one_error_line(rc, err, "train")
+    assert "the training loss diverged" in line and "Warning" not in err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["stopped_by"] == "diverged" and "diverged" in summary["error"]
+
+
+# -- failures inside a command ---------------------------------------------------------------------------------
+def test_failed_data_parallel_worker(tmp_path, cfg, cli_error, monkeypatch):
+    from numformer.train import parallel
+
+    def dies(self, *a, **k):
+        raise parallel.DataParallelError("data-parallel worker 1 exited unexpectedly (exit code -9); was it "
+                                         "killed for lack of memory?")
+
+    monkeypatch.setattr(parallel.DataParallel, "forward_backward", dies)
+    line = cli_error("train", cfg, "--out", tmp_path / "r", "--set", "train.processes=2", "--quiet")
+    assert "worker 1 exited unexpectedly" in line
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="data parallelism forks (Linux)")
+def test_killed_data_parallel_worker(tmp_path, cfg):
+    """A real worker killed with SIGKILL: its (good) message comes as one line, not inside a traceback."""
+    cfg.write_text(COPY.replace("max_steps = 4", "max_steps = 1000000\ncheckpoint_every = 1000000")
+                   .replace("processes = 1", "processes = 2"))
+    proc = subprocess.Popen([sys.executable, "-m", "numformer.cli", "train", str(cfg), "--out", str(tmp_path / "r"),
+                             "--quiet"], stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        children, deadline = [], time.monotonic() + 60
+        while not children and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+            if (tmp_path / "r" / "metrics.jsonl").exists():
+                path = f"/proc/{proc.pid}/task/{proc.pid}/children"
+                children = [int(c) for c in open(path).read().split()] if os.path.exists(path) else []
+        if not children:
+            pytest.skip("no data-parallel worker to kill (one usable core?)")
+        os.kill(children[0], signal.SIGKILL)
+        rc = proc.wait(timeout=60)
+        line = one_error_line(rc, proc.stderr.read(), "train")
+        assert "exited unexpectedly" in line
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("command", ["eval", "analyze", "generate"])
+def test_ctrl_c_exits_130_quietly(text_run, run_cli, monkeypatch, command):
+    import importlib
+
+    module = importlib.import_module(f"numformer.commands.{command}")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "run", interrupted)
+    monkeypatch.setattr(sys, "argv", ["numformer"])
+    from numformer.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args([command, str(text_run)])
+    assert args.func is interrupted
+    rc, out, err = run_cli(command, text_run)
+    assert rc == 130 and "Traceback" not in err and "error" not in err
+
+
+def test_ctrl_c_during_generate_for_real(text_run):
+    proc = subprocess.Popen([sys.executable, "-m", "numformer.cli", "generate", str(text_run), "--max-new-tokens",
+                             "100000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    try:
+        proc.stdout.read(20)                                   # it is generating
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert rc == 130 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("error", [OSError(30, "Read-only file system", "/runs/x/metrics.jsonl"),
+                                   OSError(13, "Permission denied", "/runs/x"),
+                                   MemoryError("Unable to allocate 7.28 TiB")])
+def test_system_errors_are_one_line(tmp_path, cfg, cli_error, monkeypatch, error):
+    from numformer.train import trainer
+
+    def fails(*a, **k):
+        raise error
+
+    monkeypatch.setattr(trainer, "loss_and_backward", fails)
+    line = cli_error("train", cfg, "--out", tmp_path / "r", "--quiet")
+    assert {30: "read-only", 13: "permission denied"}.get(getattr(error, "errno", None), "out of memory") in line
+
+
+def test_read_only_folder(tmp_path, cfg, cli_error):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    try:
+        assert "read-only" in cli_error("train", cfg, "--out", ro / "run")
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+
+
+def test_a_bug_shows_its_traceback_and_asks_for_a_report(tmp_path, cfg, run_cli, monkeypatch):
+    from numformer.train import trainer
+
+    def bug(*a, **k):
+        return 1 / 0
+
+    monkeypatch.setattr(trainer, "loss_and_backward", bug)
+    rc, _, err = run_cli("train", cfg, "--out", tmp_path / "r", "--quiet")
+    assert rc == 1 and "Traceback" in err and "ZeroDivisionError" in err
+    assert err.strip().splitlines()[-1].startswith("numformer train: internal error (ZeroDivisionError): this is "
+                                                   "a bug in numformer; please report it")
+
+
+# -- reproduce and --version ------------------------------------------------------------------------------------
+def test_reproduce_refuses_an_existing_run(tmp_path, cfg, cli_error, run_cli):
+    runs = tmp_path / "runs"
+    assert run_cli("train", cfg, "--out", runs / "copy", "--quiet")[0] == 0
+    before = (runs / "copy" / CHECKPOINT).read_bytes()
+    line = cli_error("reproduce", "copy", "--quick", "--runs", runs, "--results", tmp_path / "res")
+    assert f"{runs / 'copy'} already holds a run; give --overwrite" in line
+    assert (runs / "copy" / CHECKPOINT).read_bytes() == before and not (tmp_path / "res").exists()
+
+
+def test_reproduce_quick_runs_go_to_their_own_folder(tmp_path, monkeypatch):
+    from numformer.commands import reproduce
+
+    seen = {}
+    monkeypatch.setattr("numformer.experiments.run_experiment", lambda exp, ctx: seen.setdefault("ctx", ctx) and
+                        {"figures": {}, "wall_time_s": 0.0})
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "copy", "--quick", "--quiet"]) is not None
+    assert str(seen["ctx"].runs_dir) == os.path.join("runs", "quick")
+    assert "shakespeare_char" in reproduce._names()
+
+
+def test_version(capsys):
+    from numformer import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"numformer {__version__}"
+
+
+def test_resume_with_a_new_schedule_says_so(tmp_path, cfg, run_cli):
+    cfg.write_text(COPY.replace("max_steps = 4", "max_steps = 4\nschedule = \"cosine\"\ncheckpoint_every = 2"))
+    assert run_cli("train", cfg, "--out", tmp_path / "r", "--quiet", "--set", "train.max_steps=2")[0] == 0
+    rc, _, err = run_cli("train", "--out", tmp_path / "r", "--resume", "--set", "train.max_steps=8")
+    assert rc == 0 and "note: max_steps 2 -> 8 changes the learning-rate schedule" in err
+    assert np.isfinite(json.loads((tmp_path / "r" / "summary.json").read_text())["best_val_loss"])

@@ -1,0 +1,164 @@
+"""Up-front validation: every config key, given a value of the wrong type and a value out of its range, stops
+`numformer train` before anything is written: exit code 2, one line naming the key, no run folder."""
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+from numformer.config import DATA_KEYS, TRAIN_DEFAULTS, Key, _model_keys, _train_keys, check_section
+from numformer.data.base import import_builtin_tasks
+from numformer.models import MODEL_TYPES, model_arguments
+
+TINY = """
+[model]
+type = "gpt"
+n_layers = 1
+n_heads = 2
+d_model = 16
+[data]
+task = "copy"
+length = 4
+n_val = 16
+n_test = 16
+[train]
+max_steps = 4
+batch_size = 4
+processes = 1
+"""
+
+
+def _toml(value):
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def wrong_type(rule: Key):
+    """A value of another type than the key's (as TOML text)."""
+    return {int: '"abc"', float: '"abc"', bool: "1", str: "1", list: "1"}[rule.kind]
+
+
+def out_of_range(rule: Key):
+    """A value of the right type outside the key's range, or None when every value of the type is allowed."""
+    if rule.choices is not None:
+        return '["bogus"]' if rule.kind is list else '"bogus"'
+    if rule.kind is float and rule.lo is None and rule.hi is None:
+        return "inf"
+    if rule.lo is not None:
+        return _toml(rule.lo if rule.open[0] else (rule.lo - 1 if rule.kind is int else rule.lo - 0.5))
+    if rule.hi is not None:
+        return _toml(rule.hi if rule.open[1] else rule.hi + 1)
+    if rule.kind is list and rule.item is not None:
+        return '["x"]'
+    return None
+
+
+# Settings that make TINY train each model type (the copy task feeds a GPT or a Transformer, parity a classifier).
+AS_MODEL = {"gpt": [], "transformer": ['model.type="transformer"'],
+            "classifier": ['model.type="classifier"', 'data.task="parity"']}
+
+
+def cases():
+    """(section, key, TOML value, settings) for every key: its wrong type and its out-of-range value."""
+    model_rules = _model_keys()
+    table = [("train", k, r, []) for k, r in _train_keys().items()]
+    seen = set()
+    for kind, settings in AS_MODEL.items():
+        for k in model_arguments(kind):
+            if k not in seen:
+                seen.add(k)
+                table.append(("model", k, model_rules[k], settings))
+    table += [("data", k, DATA_KEYS[k], []) for k in ("length", "min_length", "full_length_fraction",
+                                                       "test_lengths", "n_val", "n_test", "eval_batch_size", "vocab")]
+    for section, key, rule, settings in table:
+        yield pytest.param(section, key, wrong_type(rule), settings, id=f"{section}.{key}-type")
+        bad = out_of_range(rule)
+        if bad is not None:
+            yield pytest.param(section, key, bad, settings, id=f"{section}.{key}-range")
+
+
+CASES = list(cases())
+
+
+@pytest.mark.parametrize("section,key,value,settings", CASES)
+def test_every_key_is_checked_before_anything_is_written(tmp_path, cli_error, section, key, value, settings):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    out = tmp_path / "run"
+    sets = [a for s in settings for a in ("--set", s)]
+    line = cli_error("train", cfg, "--out", out, *sets, "--set", f"{section}.{key}={value}")
+    assert f"[{section}] {key} = " in line
+    assert not out.exists()
+
+
+# The cases found by hand (issue 14), each a crash, a traceback or a silent misbehaviour before.
+@pytest.mark.parametrize("setting,named", [
+    ("train.log_every=0", "[train] log_every"), ("train.eval_batch_size=-1", "[train] eval_batch_size"),
+    ("train.min_lr=-1", "[train] min_lr"), ("train.eps=0", "[train] eps"), ("train.eps=-1e-8", "[train] eps"),
+    ("train.warmup_steps=-1", "[train] warmup_steps"), ("train.decay_steps=-5", "[train] decay_steps"),
+    ("train.weight_decay=-0.1", "[train] weight_decay"), ("train.lr=inf", "[train] lr"),
+    ("train.lr=nan", "[train] lr"), ("train.max_minutes=-1", "[train] max_minutes"),
+    ("train.processes=1000", "[train] processes"), ("model.d_model=0", "[model] d_model"),
+    ("model.n_layers=0", "[model] n_layers"), ("model.n_layers=-1", "[model] n_layers"),
+    ("model.d_ff=0", "[model] d_ff"), ('model.d_ff="abc"', "[model] d_ff"), ("data.task=[1]", "[data] task"),
+    ("model.type={a=1}", "[model] type"), ("model.n_heads=3", "[model] d_model = 16 must be divisible"),
+    ("train.seed=-1", "[train] seed"), ("model.dropout=1.0", "[model] dropout"),
+])
+def test_cases_found_by_hand(tmp_path, cli_error, setting, named):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    line = cli_error("train", cfg, "--out", tmp_path / "run", "--set", setting)
+    assert named in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("settings,named", [
+    (["train.schedule=cosine", "train.min_lr=0.1", "train.lr=0.01"], "min_lr = 0.1 is above lr = 0.01"),
+    (["train.schedule=noam"], "warmup_steps must be > 0 for the noam schedule"),
+    (["train.processes=8", "train.batch_size=4"], "processes = 8 is more than batch_size = 4"),
+])
+def test_rules_between_keys(tmp_path, cli_error, settings, named):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    line = cli_error("train", cfg, "--out", tmp_path / "run", *[a for s in settings for a in ("--set", s)])
+    assert named in line
+
+
+@pytest.mark.parametrize("setting", ["model.d_model=0", "model.n_layers=-1", 'model.d_ff="abc"'])
+def test_params_checks_the_model_section_too(tmp_path, cli_error, setting):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    assert setting.split("=")[0].split(".")[1] in cli_error("params", cfg, "--set", setting)
+
+
+def test_every_key_has_a_rule():
+    """The tables cover every key a config can hold: [train], every model type's arguments, every task's
+    [data] keys (by name, or by the type of their default)."""
+    assert set(_train_keys()) == set(TRAIN_DEFAULTS)
+    rules = _model_keys()
+    for kind in MODEL_TYPES:
+        assert set(model_arguments(kind)) <= set(rules), kind
+    for name, task in import_builtin_tasks().items():
+        check_section("data", dict(task.data_keys), DATA_KEYS, task.data_keys)   # the defaults pass
+    for kind in MODEL_TYPES:
+        defaults = {k: d for k, d in model_arguments(kind).items() if d is not inspect.Parameter.empty}
+        check_section("model", defaults, rules, model_arguments(kind))
+
+
+def test_saved_config_is_checked_like_a_toml_config(tmp_path, cli_error, run_cli):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    run = tmp_path / "run"
+    assert run_cli("train", cfg, "--out", run, "--quiet")[0] == 0
+    saved = json.loads((run / "config.json").read_text())
+    saved["train"]["dtype"] = "float16"
+    (run / "config.json").write_text(json.dumps(saved))
+    assert "config.json: [train] dtype = 'float16' is not allowed" in cli_error("eval", run)
+    saved["train"]["dtype"] = "float32"
+    saved["model"]["n_heads"] = 8                 # every shape the same, another model
+    (run / "config.json").write_text(json.dumps(saved))
+    assert "was trained with another [model] config than config.json (n_heads 2 -> 8)" in cli_error("eval", run)
+    del saved["model"]["n_heads"]
+    saved["model"]["n_head"] = 2
+    (run / "config.json").write_text(json.dumps(saved))
+    assert "unknown key(s) ['n_head'] in [model]" in cli_error("eval", run)

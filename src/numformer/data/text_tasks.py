@@ -240,7 +240,8 @@ class TextClassificationTask(Task):
         mean_len = float(np.mean(self.lengths["train"]))
         return (f"{self.name}: {len(self.class_names)} classes, {n['train']:,} train / {n['val']:,} val / "
                 f"{n['test']:,} test texts; {self.config['tokenizer']} tokenizer, vocabulary "
-                f"{self.tokenizer.vocab_size:,}; max_len {self.config['max_len']} (mean {mean_len:.0f} tokens)")
+                f"{self.tokenizer.vocab_size:,}; max_len {self.config['max_len']} (mean {mean_len:.0f} tokens); "
+                f"training file {self.train_source}")
 
 
 @register_task("imdb")
@@ -272,7 +273,7 @@ class AGNewsTask(TextClassificationTask):
     ``test.csv``, ``classes.txt``); ``train_file`` names another training CSV in it.
     Empty ``path``: the full 120,000-row ``train.csv`` from the data folder or the cache,
     else the data folder's ``train_subset_20k.csv``, else downloaded (``numformer.data.fetch``).
-    ``describe()`` names the training file used.
+    ``describe()`` names the training file used (as for every classification task).
     """
 
     data_keys = {**TextClassificationTask.common_keys, "max_len": 128, "train_file": ""}
@@ -288,8 +289,6 @@ class AGNewsTask(TextClassificationTask):
         return (load_agnews_csv(str(files["ag_news_csv/train.csv"]), names),
                 load_agnews_csv(str(files["ag_news_csv/test.csv"]), names))
 
-    def describe(self) -> str:
-        return f"{super().describe()}; training file {self.train_source}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -227,3 +227,20 @@ def test_multi30k_fetched_through_pooch_with_the_real_hashes(mirror, capsys):
     t = make_task({"task": "multi30k", "n_train": 50, "n_eval": 5}, seed=0)
     assert [len(t.sources(s)) for s in ("train", "val", "test")] == [50, 5, 5] and len(mirror.requests) == 6
     assert json.loads(json.dumps(t.tokenizer_state()))
+
+
+def test_reproduce_agnews_says_which_training_set(mirror, tmp_path, monkeypatch):
+    """Without a path, agnews takes the data folder's subset when the full set is nowhere, and says so."""
+    data = tmp_path / "data"
+    agnews_folder(data / "ag_news_csv", 12, name="train_subset_20k.csv")
+    monkeypatch.setenv(F.DATA_ENV, str(data))
+    results = tmp_path / "results"
+    assert main(["reproduce", "agnews", "--quick", "--results", str(results), "--runs", str(tmp_path / "runs"),
+                 "--quiet", "--set", "data.val_size=8", "--set", "train.max_steps=2"]) == 0
+    record = json.loads((results / "agnews.json").read_text())
+    assert record["figures"]["train_rows"] == 48
+    subset = data / "ag_news_csv" / "train_subset_20k.csv"
+    assert f"training file {subset} (48 rows)" in record["task"]
+    md = (results / "agnews.md").read_text()
+    assert f"**Training set**: {subset} (48 rows): not the full 120,000-row training set" in md
+    assert mirror.requests == []

@@ -233,6 +233,8 @@ def test_other_table_errors(tmp_path):
     jl.write_text('{"text": "a", "label": 1}\n[1, 2]\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad\.jsonl, line 2: a JSON list, but JSONL rows must be objects"):
         make_task({"task": "classification", "path": str(jl)}, seed=0)
+    with pytest.raises(ValueError, match="set text_column or text_columns, not both"):
+        make_task({"task": "classification", "path": str(ragged), "text_column": "a", "text_columns": ["b"]})
     with pytest.raises(FileNotFoundError, match=r"set \[data\] path to your training file"):
         make_task({"task": "classification"}, seed=0)
     with pytest.raises(FileNotFoundError, match=r"set \[data\] train = "):

@@ -208,13 +208,20 @@ def _is_network_error(e: Exception) -> bool:
 
 
 def _reason(e: Exception) -> str:
-    """A short reason: the HTTP status, or the innermost message of a connection error."""
+    """A short reason: the HTTP status, or the message of the innermost cause of a connection error."""
     response = getattr(e, "response", None)
     if response is not None:
         return f"HTTP {response.status_code} {response.reason}"
-    text = str(e.args[0] if e.args else e)
-    inner = re.findall(r"\b\w*(?:Error|refused|timed out|Failed[^'\")]*)[^'\")]*", text)
-    return (inner[-1] if inner else text)[:160].strip() or type(e).__name__
+    inner = e
+    for _ in range(8):                  # requests -> urllib3 MaxRetryError -> its reason (NewConnectionError ...)
+        reason = getattr(inner, "reason", None)
+        nxt = reason if isinstance(reason, BaseException) else (
+            inner.args[0] if inner.args and isinstance(inner.args[0], BaseException) else None)
+        if nxt is None:
+            break
+        inner = nxt
+    text = inner.args[0] if inner.args and isinstance(inner.args[0], str) else str(inner)
+    return re.sub(r"^<[^>]*>:\s*", "", text)[:200].strip() or type(inner).__name__
 
 
 # ------------------------------------------------------------------------------------------------ API

@@ -56,7 +56,7 @@ class ClassificationTask(TextClassificationTask):
         c = self.config
         if not c["path"]:
             raise FileNotFoundError("classification: set [data] path to your training file (CSV, TSV or JSONL)")
-        if c["text_columns"] and "text_column" in self._given:
+        if c["text_columns"] and c["text_column"] != self.data_keys["text_column"]:
             raise ValueError("classification: set text_column or text_columns, not both")
         columns = [str(x) for x in c["text_columns"]] or [c["text_column"]]
         read = lambda p: read_labeled(p, columns, c["label_column"], c["format"], c["header"])  # noqa: E731
@@ -70,10 +70,6 @@ class ClassificationTask(TextClassificationTask):
             return full, test
         rest, held = _split_train(len(full), c["test_size"], 0, self.seed, self.name, "test_size", _TEST_SALT)
         return full.subset(rest), full.subset(held)
-
-    def __init__(self, data_config: dict, seed: int = 0, tokenizer_state: dict | None = None):
-        self._given = set(data_config)
-        super().__init__(data_config, seed, tokenizer_state)
 
     @staticmethod
     def _label_ids(labels, names, lines, path, train_path=None) -> np.ndarray:

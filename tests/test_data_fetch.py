@@ -244,3 +244,21 @@ def test_reproduce_agnews_says_which_training_set(mirror, tmp_path, monkeypatch)
     md = (results / "agnews.md").read_text()
     assert f"**Training set**: {subset} (48 rows): not the full 120,000-row training set" in md
     assert mirror.requests == []
+
+
+def test_imdb_downloaded_in_the_official_layout(mirror, monkeypatch, capsys):
+    """The official tarball also holds 50,000 unlabelled reviews and bag-of-words files: they are skipped."""
+    from test_data_loaders import IMDB_FILES, write_imdb_tarball
+
+    files = {**IMDB_FILES, "aclImdb/train/unsup/0_0.txt": "unlabelled", "aclImdb/train/labeledBow.feat": "0 0:1",
+             "aclImdb/train/urls_pos.txt": "http://example.invalid"}
+    tgz = write_imdb_tarball(mirror.root / "aclImdb_v1.tar.gz", files)
+    entry = F.REGISTRY["imdb"].files[0]
+    fake = F.Dataset("imdb", "IMDB", (F.RemoteFile(entry.path, entry.url, md5(tgz.read_bytes()),
+                                                   tgz.stat().st_size, stand_ins=entry.stand_ins),))
+    monkeypatch.setitem(F.REGISTRY, "imdb", fake)
+    t = make_task({"task": "imdb", "val_size": 1, "min_freq": 1}, seed=0)
+    n_train = sum(1 for k in IMDB_FILES if k.startswith("aclImdb/train/"))
+    assert len(t.data["train"]) + len(t.data["val"]) == n_train and mirror.requests == ["/aclImdb_v1.tar.gz"]
+    assert f"training file {mirror.cache / 'aclImdb_v1.tar.gz'}" in t.describe()
+    assert "downloading aclImdb_v1.tar.gz" in capsys.readouterr().err

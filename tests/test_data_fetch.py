@@ -12,6 +12,7 @@ import http.server
 import json
 import os
 import socket
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -157,13 +158,23 @@ def agnews_folder(folder, n_per_class, name="train.csv"):
     return folder
 
 
+def cache_agnews(mirror, monkeypatch, n_per_class):
+    """An AG News folder in the cache, with the registry's agnews entry hashed to match it."""
+    folder = agnews_folder(mirror.cache / "ag_news_csv", n_per_class)
+    real = F.REGISTRY["agnews"]
+    files = tuple(F.RemoteFile(f.path, f.url, md5((mirror.cache / f.path).read_bytes()), f.size,
+                               stand_ins=f.stand_ins) for f in real.files)
+    monkeypatch.setitem(F.REGISTRY, "agnews", F.Dataset("agnews", real.title, files))
+    return folder
+
+
 def agnews_train_rows(path=""):
     t = make_task({"task": "agnews", "path": path, "val_size": 4, "min_freq": 1}, seed=0)
     return t.train_rows, t.describe()
 
 
 def test_path_then_data_folder_then_cache(mirror, tmp_path, monkeypatch):
-    agnews_folder(mirror.cache / "ag_news_csv", 5)                     # the cache: 20 rows
+    cache_agnews(mirror, monkeypatch, 5)                                # the cache: 20 rows
     data = tmp_path / "data"
     agnews_folder(data / "ag_news_csv", 6)                              # the data folder: 24 rows
     own = agnews_folder(tmp_path / "own", 7)                            # [data] path: 28 rows
@@ -181,7 +192,7 @@ def test_full_agnews_train_in_cache_beats_the_subset_in_the_data_folder(mirror, 
     monkeypatch.setenv(F.DATA_ENV, str(data))
     rows, described = agnews_train_rows()                               # only the subset: it stands in
     assert rows == 12 and "train_subset_20k.csv (12 rows)" in described
-    agnews_folder(mirror.cache / "ag_news_csv", 5)
+    cache_agnews(mirror, monkeypatch, 5)
     assert agnews_train_rows()[0] == 20 and mirror.requests == []
 
 
@@ -263,3 +274,27 @@ def test_imdb_downloaded_in_the_official_layout(mirror, monkeypatch, capsys):
     assert len(t.data["train"]) + len(t.data["val"]) == n_train and mirror.requests == ["/aclImdb_v1.tar.gz"]
     assert f"training file {mirror.cache / 'aclImdb_v1.tar.gz'}" in t.describe()
     assert "downloading aclImdb_v1.tar.gz" in capsys.readouterr().err
+
+
+def test_corrupted_cache_is_downloaded_again(toy, capsys):
+    F.locate("toy", ["toy/a.txt"], quiet=True)
+    cached = toy.cache / "toy/a.txt"
+    cached.write_bytes(b"bit rot")
+    assert F.locate("toy", ["toy/a.txt"], quiet=True)["toy/a.txt"].read_bytes() == toy.files["toy/a.txt"]
+    assert toy.requests == ["/toy/a.txt", "/toy/a.txt"]
+    assert f"the cached {cached} does not match its hash" in capsys.readouterr().err
+
+
+def test_without_pooch_local_data_works_and_downloads_ask_for_it(toy, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pooch", None)                    # import pooch fails
+    monkeypatch.delenv(F.CACHE_ENV)
+    assert F.cache_dir() is None
+    data = tmp_path / "data"
+    (data / "toy").mkdir(parents=True)
+    (data / "toy/a.txt").write_bytes(b"mine")
+    monkeypatch.setenv(F.DATA_ENV, str(data))
+    assert F.locate("toy", ["toy/a.txt"])["toy/a.txt"] == data / "toy/a.txt"
+    with pytest.raises(F.DataUnavailable, match=r"toy/b\.txt is not in the data folder nor the cache, and "
+                                                r"downloading it needs pooch: pip install 'numformer\[data\]'"):
+        F.locate("toy")
+    assert toy.requests == []

@@ -235,15 +235,32 @@ def locate(name: str, paths=None, quiet: bool = False) -> dict[str, Path]:
     """{registry path: local path} for the files of dataset ``name`` (all, or those in ``paths``).
 
     Each file is looked for in the data folder, the cache and the stand-ins (see the
-    module docstring) and downloaded into the cache when it is nowhere local.
+    module docstring) and downloaded into the cache when it is nowhere local. A cached
+    file is checked against its hash on every use (files in the data folder are trusted:
+    the IMDB copy there may be a repack of the official tarball).
     """
     ds = dataset(name)
     files = ds.files if paths is None else [ds.file(p) for p in paths]
     out = {}
     for f in files:
         found = find_local(f)
+        if found and found[1] == "cache" and not _hash_ok(found[0], f):
+            print(f"numformer: the cached {found[0]} does not match its hash {f.known_hash}; it is deleted and "
+                  f"downloaded again", file=sys.stderr)
+            found[0].unlink()
+            found = None
         out[f.path] = found[0] if found else download(f, quiet=quiet)
     return out
+
+
+def _hash_ok(path: Path, f: RemoteFile) -> bool:
+    """Whether a cached file still has the registry's hash (True without pooch, which wrote it)."""
+    try:
+        import pooch
+    except ImportError:
+        return True
+    alg, digest = f.known_hash.split(":", 1)
+    return pooch.file_hash(str(path), alg=alg) == digest.lower()
 
 
 def fetch(name: str, quiet: bool = False) -> list[tuple[str, Path, str]]:

@@ -290,7 +290,6 @@ class AGNewsTask(TextClassificationTask):
                 load_agnews_csv(str(files["ag_news_csv/test.csv"]), names))
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 @register_task("multi30k")
 class Multi30kTask(Task):
@@ -344,18 +343,18 @@ class Multi30kTask(Task):
                              f"{sorted(self.data_keys)}")
         c = self.config
         if c["max_len"] < 2:
-            raise ValueError(f"multi30k: max_len must be >= 2, got {c['max_len']}")
+            raise ValueError(f"{self.name}: max_len must be >= 2, got {c['max_len']}")
         for key in ("n_eval", "val_bleu_pairs"):
             if c[key] < 0:
-                raise ValueError(f"multi30k: {key} must be >= 0 (0 = all / none), got {c[key]}")
+                raise ValueError(f"{self.name}: {key} must be >= 0 (0 = all / none), got {c[key]}")
         if c["beam_size"] < 1:
-            raise ValueError(f"multi30k: beam_size must be >= 1 (1 = greedy only), got {c['beam_size']}")
+            raise ValueError(f"{self.name}: beam_size must be >= 1 (1 = greedy only), got {c['beam_size']}")
         try:
             self.text = self.load_text()
         except (FileNotFoundError, NotADirectoryError) as e:
             raise _data_error(e) from None
         if c["n_train"] < 0:
-            raise ValueError(f"multi30k: n_train must be >= 0 (0 = all), got {c['n_train']}")
+            raise ValueError(f"{self.name}: n_train must be >= 0 (0 = all), got {c['n_train']}")
         if c["n_train"]:
             src, tgt = self.text["train"]
             self.text["train"] = (src[:c["n_train"]], tgt[:c["n_train"]])
@@ -367,7 +366,7 @@ class Multi30kTask(Task):
         kind = c["tokenizer"]
         if tokenizer_state is not None:
             if bool(tokenizer_state.get("joint")) != c["joint_vocab"]:
-                raise ValueError("multi30k: the saved tokenizer's joint_vocab differs from [data] joint_vocab")
+                raise ValueError(f"{self.name}: the saved tokenizer's joint_vocab differs from [data] joint_vocab")
             self.src_tokenizer = _restore_tokenizer(tokenizer_state["src"], kind, self.name)
             self.tgt_tokenizer = (self.src_tokenizer if c["joint_vocab"]
                                   else _restore_tokenizer(tokenizer_state["tgt"], kind, self.name))

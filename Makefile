@@ -4,6 +4,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 RUN_DIR ?= runs/shakespeare_char
+# Datasets: the shared folder beside the checkout when there is one (else the cache / downloads).
+SHARED_DATA := $(abspath ../shared/data)
+ifeq ($(NUMFORMER_DATA),)
+ifneq ($(wildcard $(SHARED_DATA)/.),)
+export NUMFORMER_DATA := $(SHARED_DATA)
+endif
+endif
 
 .PHONY: run test test-slow bench clean
 
@@ -12,11 +19,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[nlp]"
+	$(BIN)/pip install -q -e ".[nlp,data]"
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[nlp,test]"
+	$(BIN)/pip install -q -e ".[nlp,data,test]"
 	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run

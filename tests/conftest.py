@@ -1,5 +1,7 @@
-"""Shared helpers: gradient checks of modules and conversion to and from torch."""
+"""Shared helpers: gradient checks of modules and conversion to and from torch; data kept off the network."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -9,6 +11,21 @@ from numformer.gradcheck import check_gradients
 GRAD_TOL = 1e-6          # finite differences, float64 (relative error)
 F64_TOL = 1e-8           # parity with torch, float64
 F32_TOL = 1e-4           # parity with torch, float32
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_downloads(tmp_path_factory):
+    """Tests never reach the internet nor the user's cache: datasets come from NUMFORMER_DATA (or a path),
+    the cache is a fresh folder, and any download goes to a closed port on 127.0.0.1 (and fails at once)."""
+    saved = {k: os.environ.get(k) for k in ("NUMFORMER_CACHE", "NUMFORMER_DATA_MIRROR")}
+    os.environ["NUMFORMER_CACHE"] = str(tmp_path_factory.mktemp("numformer_cache"))
+    os.environ.setdefault("NUMFORMER_DATA_MIRROR", "http://127.0.0.1:9")
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture

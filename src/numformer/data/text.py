@@ -10,27 +10,34 @@ validation text (all of it, not a random sample).
 from __future__ import annotations
 
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 
 from .base import Batch, Task, register_task
+from .files import expand_paths, read_text
 from .tokenizers import CharTokenizer
 
 BUILTIN_CORPUS = "tinyshakespeare.txt"
 
 
-def read_corpus(path="", encoding="utf-8"):
-    """The text of ``path``, or the built-in tiny Shakespeare (public domain, 1,115,394 characters) when empty."""
-    if not path:
+def read_corpus(path="", encoding="utf-8", paths=()):
+    """The text of ``path`` and ``paths``, or the built-in tiny Shakespeare (public domain, 1,115,394 characters)
+    when both are empty.
+
+    Each of them may be a file, a folder (every file in it, recursively, in name order) or a glob
+    pattern; several files are joined in that order, each ending with a line break. A file that is
+    empty or not valid text in ``encoding`` is an error naming it (and the byte offset).
+    """
+    if not path and not paths:
         return resources.files("numformer.data").joinpath("corpora", BUILTIN_CORPUS).read_text(encoding="utf-8")
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"[data] path = {path!r}: no such file (leave path empty for the built-in tiny Shakespeare)")
     try:
-        return p.read_text(encoding=encoding)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not valid {encoding} text ({e}); set [data] encoding") from None
+        files = expand_paths(path, paths)
+    except FileNotFoundError as e:
+        raise ValueError(f"[data] path: {e} (leave path empty for the built-in tiny Shakespeare)") from None
+    texts = [read_text(f, encoding) for f in files]
+    if len(texts) == 1:
+        return texts[0]
+    return "".join(t if t.endswith("\n") else t + "\n" for t in texts)
 
 
 @register_task("text")
@@ -39,7 +46,7 @@ class TextTask(Task):
 
     model_type = "gpt"
     unit = "character"
-    data_keys = {"path": "", "block_size": 64, "val_fraction": 0.1, "encoding": "utf-8"}
+    data_keys = {"path": "", "paths": [], "block_size": 64, "val_fraction": 0.1, "encoding": "utf-8"}
 
     def __init__(self, data_config, seed=0, tokenizer_state=None):
         super().__init__(data_config, seed, tokenizer_state)
@@ -48,8 +55,8 @@ class TextTask(Task):
             raise ValueError(f"[data] val_fraction must be in (0, 1), got {c['val_fraction']}")
         if c["block_size"] < 1:
             raise ValueError(f"[data] block_size must be >= 1, got {c['block_size']}")
-        text = read_corpus(c["path"], c["encoding"])
-        self.source = c["path"] or "tiny Shakespeare (built in)"
+        text = read_corpus(c["path"], c["encoding"], c["paths"])
+        self.source = ", ".join(filter(None, [c["path"], *c["paths"]])) or "tiny Shakespeare (built in)"
         self.tokenizer = (CharTokenizer.from_dict(tokenizer_state) if tokenizer_state
                           else CharTokenizer.from_text(text))
         ids = self.tokenizer.encode_array(text)

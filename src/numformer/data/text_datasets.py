@@ -11,15 +11,15 @@ Wrong paths and malformed files raise one error naming the file (and the line).
 from __future__ import annotations
 
 import csv
-import gzip
 import html
-import io
 import os
 import re
 import tarfile
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .files import read_lines, read_parallel  # noqa: F401  (read_lines: part of this module's API)
 
 
 @dataclass
@@ -30,6 +30,7 @@ class LabeledTexts:
     labels: np.ndarray
     ids: list[str] = field(default_factory=list)
     class_names: list[str] = field(default_factory=list)
+    source: str = ""                # the file the texts were read from (for reports)
 
     def __len__(self):
         return len(self.texts)
@@ -37,7 +38,7 @@ class LabeledTexts:
     def subset(self, index) -> "LabeledTexts":
         index = np.asarray(index, dtype=np.int64)
         return LabeledTexts([self.texts[i] for i in index], self.labels[index],
-                            [self.ids[i] for i in index] if self.ids else [], self.class_names)
+                            [self.ids[i] for i in index] if self.ids else [], self.class_names, self.source)
 
 
 # --------------------------------------------------------------------------------------------------- IMDB
@@ -115,7 +116,8 @@ def load_imdb(path: str, splits=("train", "test")) -> dict[str, LabeledTexts]:
                              f"and aclImdb/{split}/neg/*.txt)")
         rows.sort(key=lambda r: (r[0], r[1]))
         result[split] = LabeledTexts([r[3] for r in rows], np.array([int(r[0]) for r in rows], dtype=np.int64),
-                                     [f"{'pos' if r[0] else 'neg'}/{r[1]}_{r[2]}" for r in rows], list(IMDB_CLASSES))
+                                     [f"{'pos' if r[0] else 'neg'}/{r[1]}_{r[2]}" for r in rows], list(IMDB_CLASSES),
+                                     str(src))
     return result
 
 
@@ -160,7 +162,11 @@ def clean_agnews_text(text: str) -> str:
 
 def read_class_names(folder: str) -> list[str] | None:
     """Class names from ``classes.txt`` (one per line) in ``folder``, or None if there is none."""
-    p = os.path.join(folder, "classes.txt")
+    return read_class_names_file(os.path.join(folder, "classes.txt"))
+
+
+def read_class_names_file(p: str) -> list[str] | None:
+    """Class names from a file with one per line, or None if there is no such file."""
     if not os.path.isfile(p):
         return None
     with open(p, encoding="utf-8") as f:
@@ -214,7 +220,7 @@ def load_agnews_csv(path: str, class_names: list[str] | None = None) -> LabeledT
             texts.append(f"{clean_agnews_text(row[1])} {clean_agnews_text(row[2])}".strip())
     if not texts:
         raise ValueError(f"{path}: no rows")
-    return LabeledTexts(texts, np.array(labels, dtype=np.int64), [], class_names)
+    return LabeledTexts(texts, np.array(labels, dtype=np.int64), [], class_names, str(path))
 
 
 def load_agnews(path: str, split: str, train_file: str = "", test_file: str = "test.csv") -> LabeledTexts:
@@ -241,26 +247,6 @@ def load_agnews(path: str, split: str, train_file: str = "", test_file: str = "t
 
 
 # ------------------------------------------------------------------------------------------- parallel text
-def _open_text(path):
-    if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
-def read_lines(path: str) -> list[str]:
-    """The lines of a text file (``.gz`` read transparently), without their line ends."""
-    lines = []
-    try:
-        with _open_text(path) as f:
-            for line in f:
-                lines.append(line.rstrip("\r\n"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}, line {len(lines) + 1}: not UTF-8 text ({e})") from None
-    except (OSError, EOFError) as e:           # gzip.BadGzipFile is an OSError
-        raise ValueError(f"{path}: cannot read ({e})") from None
-    return lines
-
-
 def _find_split_file(folder, split, lang):
     for name in (f"{split}.{lang}.gz", f"{split}.{lang}"):
         p = os.path.join(folder, name)
@@ -278,11 +264,4 @@ def load_parallel(path: str, split: str, src_lang: str, tgt_lang: str) -> tuple[
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no parallel-text folder at {path!r}: give the folder holding files such as "
                                 f"train.{src_lang}.gz and train.{tgt_lang}.gz (Multi30k task 1)")
-    ps, pt = _find_split_file(path, split, src_lang), _find_split_file(path, split, tgt_lang)
-    src, tgt = read_lines(ps), read_lines(pt)
-    if len(src) != len(tgt):
-        raise ValueError(f"misaligned parallel files: {ps} has {len(src)} lines but {pt} has {len(tgt)}; "
-                         "line i of one must translate line i of the other")
-    if not src:
-        raise ValueError(f"{ps}: empty file")
-    return src, tgt
+    return read_parallel(_find_split_file(path, split, src_lang), _find_split_file(path, split, tgt_lang))

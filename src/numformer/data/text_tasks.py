@@ -1,12 +1,13 @@
 """Tasks on real text: IMDB and AG News classification, Multi30k translation.
 
-Data locations: the ``path`` key, relative to the current working directory,
-defaults to the shared data folder seen from the project root
-(``../shared/data/...``); point it at your own download otherwise.
+Data locations: ``path`` (relative to the current working directory) when set;
+otherwise each file is found by ``numformer.data.fetch``: in the data folder
+named by ``NUMFORMER_DATA``, in the cache, or downloaded (checked against its
+hash) from the official source. ``numformer data list`` shows where each is.
 
 Splits: "test" is the official test set; "val" is a slice of the official
-training set held out with the run's seed (``val_size`` examples), and
-"train" is the rest (optionally cut to ``n_train`` examples for quick runs).
+training set held out with the run's seed (``val_size`` examples; 0 = a tenth),
+and "train" is the rest (optionally cut to ``n_train`` examples for quick runs).
 Tokenizers are trained on that "train" part only.
 
 Classification preprocessing (``encode_for_classifier``, shared by the tasks and
@@ -21,17 +22,21 @@ import numpy as np
 
 from .base import IGNORE, Batch, Task, register_task
 from .batching import LengthBuckets, eval_mode, eval_order
-from .text_datasets import load_agnews, load_imdb, load_parallel
+from .fetch import locate
+from .files import read_parallel
+from .text_datasets import load_agnews, load_agnews_csv, load_imdb, load_parallel, read_class_names_file
 from .tokenizers import BOS, EOS, build_tokenizer, token_labels, tokenizer_from_dict, truncate
 
 _VAL_SALT = 0xA11
 
 
-def _split_train(n: int, val_size: int, n_train: int, seed: int, what: str):
-    """(train indices, val indices): a seeded random slice of ``val_size`` for validation."""
+def _split_train(n: int, val_size: int, n_train: int, seed: int, what: str, key: str = "val_size",
+                 salt: int = _VAL_SALT):
+    """(train indices, val indices): a seeded random slice of ``val_size`` for validation (0: a tenth of n)."""
+    val_size = val_size or max(1, n // 10)
     if not 0 < val_size < n:
-        raise ValueError(f"{what}: val_size must be between 1 and {n - 1} (the training set has {n}), got {val_size}")
-    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, _VAL_SALT]).permutation(n)
+        raise ValueError(f"{what}: {key} must be between 1 and {n - 1} (the training set has {n}), got {val_size}")
+    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, salt]).permutation(n)
     val, train = perm[:val_size], perm[val_size:]
     if n_train < 0:
         raise ValueError(f"{what}: n_train must be >= 0 (0 = all), got {n_train}")
@@ -88,7 +93,7 @@ class TextClassificationTask(Task):
     model_type = "classifier"
     model_types = ("classifier",)
     common_keys = {
-        "path": "",                 # data location (relative to the current directory)
+        "path": "",                 # data location (relative to the current directory; "": data folder, cache, fetch)
         "tokenizer": "word",        # "word" (lowercased words and punctuation) or "bpe" (byte-level BPE)
         "vocab_size": 20000,        # word: the most frequent words, specials included; bpe: the target size
         "min_freq": 2,              # words / merges seen fewer times in the training split are dropped
@@ -96,7 +101,7 @@ class TextClassificationTask(Task):
         "max_len": 256,             # tokens per text, <cls> included
         "truncate": "head",         # which part of a longer text to keep: "head", "tail" or "head_tail"
         "cls_token": True,          # prepend <cls> (for pooling = "first"; harmless for mean pooling)
-        "val_size": 1000,           # training examples held out as the "val" split (chosen with the seed)
+        "val_size": 1000,           # training examples held out as the "val" split (chosen with the seed; 0 = a tenth)
         "n_train": 0,               # use only this many training examples (0 = all the rest)
         "n_test": 0,                # evaluate on a seeded random subset of this many test texts (0 = all)
         "buckets": 1,               # > 1: batch texts of similar length together (less padding, faster)
@@ -121,6 +126,8 @@ class TextClassificationTask(Task):
         except (FileNotFoundError, NotADirectoryError) as e:
             raise _data_error(e) from None
         self.class_names = full_train.class_names
+        self.train_rows = len(full_train)            # the whole training file, before val / n_train are taken
+        self.train_source = f"{full_train.source or self.name} ({self.train_rows:,} rows)"
         tr, va = _split_train(len(full_train), c["val_size"], c["n_train"], seed, self.name)
         if c["n_test"] < 0:
             raise ValueError(f"{self.name}: n_test must be >= 0 (0 = all), got {c['n_test']}")
@@ -212,7 +219,8 @@ class TextClassificationTask(Task):
         mean_len = float(np.mean(self.lengths["train"]))
         return (f"{self.name}: {len(self.class_names)} classes, {n['train']:,} train / {n['val']:,} val / "
                 f"{n['test']:,} test texts; {self.config['tokenizer']} tokenizer, vocabulary "
-                f"{self.tokenizer.vocab_size:,}; max_len {self.config['max_len']} (mean {mean_len:.0f} tokens)")
+                f"{self.tokenizer.vocab_size:,}; max_len {self.config['max_len']} (mean {mean_len:.0f} tokens); "
+                f"training file {self.train_source}")
 
 
 @register_task("imdb")
@@ -220,14 +228,14 @@ class IMDBTask(TextClassificationTask):
     """IMDB sentiment (positive = 1, negative = 0): 25,000 training and 25,000 test reviews.
 
     ``path``: ``aclImdb_v1.tar.gz`` (read in place), the extracted ``aclImdb``
-    folder, or a folder holding either. ``<br />`` tags are removed by the tokenizer.
+    folder, or a folder holding either; empty: found or fetched by ``numformer.data.fetch``.
+    ``<br />`` tags are removed by the tokenizer.
     """
 
-    data_keys = {**TextClassificationTask.common_keys, "path": "../shared/data/aclImdb_v1.tar.gz",
-                 "val_size": 2500}
+    data_keys = {**TextClassificationTask.common_keys, "val_size": 2500}
 
     def load(self):
-        d = load_imdb(self.config["path"])
+        d = load_imdb(self.config["path"] or str(locate("imdb")["aclImdb_v1.tar.gz"]))
         return d["train"], d["test"]
 
     @property
@@ -242,14 +250,23 @@ class AGNewsTask(TextClassificationTask):
 
     ``path``: the folder of the CSV release (``train.csv`` or ``train_subset_20k.csv``,
     ``test.csv``, ``classes.txt``); ``train_file`` names another training CSV in it.
+    Empty ``path``: the full 120,000-row ``train.csv`` from the data folder or the cache,
+    else the data folder's ``train_subset_20k.csv``, else downloaded (``numformer.data.fetch``).
+    ``describe()`` names the training file used (as for every classification task).
     """
 
-    data_keys = {**TextClassificationTask.common_keys, "path": "../shared/data/ag_news_csv", "max_len": 128,
-                 "train_file": ""}
+    data_keys = {**TextClassificationTask.common_keys, "max_len": 128, "train_file": ""}
 
     def load(self):
         p = self.config["path"]
-        return load_agnews(p, "train", self.config["train_file"]), load_agnews(p, "test")
+        if p:
+            return load_agnews(p, "train", self.config["train_file"]), load_agnews(p, "test")
+        if self.config["train_file"]:
+            raise ValueError("agnews: train_file names a file in [data] path; set path to the folder holding it")
+        files = locate("agnews")
+        names = read_class_names_file(str(files["ag_news_csv/classes.txt"]))
+        return (load_agnews_csv(str(files["ag_news_csv/train.csv"]), names),
+                load_agnews_csv(str(files["ag_news_csv/test.csv"]), names))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -278,7 +295,7 @@ class Multi30kTask(Task):
     model_type = "transformer"
     model_types = ("transformer",)
     data_keys = {
-        "path": "../shared/data/multi30k",   # folder with {train,val,test_2016_flickr}.{de,en}.gz
+        "path": "",                          # folder with {train,val,test_2016_flickr}.{de,en}.gz ("": fetch)
         "src_lang": "de",
         "tgt_lang": "en",
         "test_name": "test_2016_flickr",     # file stem of the "test" split
@@ -301,21 +318,18 @@ class Multi30kTask(Task):
         super().__init__(data_config, seed, tokenizer_state)
         c = self.config
         if c["max_len"] < 2:
-            raise ValueError(f"multi30k: max_len must be >= 2, got {c['max_len']}")
+            raise ValueError(f"{self.name}: max_len must be >= 2, got {c['max_len']}")
         for key in ("n_eval", "val_bleu_pairs"):
             if c[key] < 0:
-                raise ValueError(f"multi30k: {key} must be >= 0 (0 = all / none), got {c[key]}")
+                raise ValueError(f"{self.name}: {key} must be >= 0 (0 = all / none), got {c[key]}")
         if c["beam_size"] < 1:
-            raise ValueError(f"multi30k: beam_size must be >= 1 (1 = greedy only), got {c['beam_size']}")
-        if c["src_lang"] == c["tgt_lang"]:
-            raise ValueError(f"multi30k: src_lang and tgt_lang are both {c['src_lang']!r}")
-        files = {"train": "train", "val": "val", "test": c["test_name"]}
+            raise ValueError(f"{self.name}: beam_size must be >= 1 (1 = greedy only), got {c['beam_size']}")
         try:
-            self.text = {s: load_parallel(c["path"], f, c["src_lang"], c["tgt_lang"]) for s, f in files.items()}
+            self.text = self.load_text()
         except (FileNotFoundError, NotADirectoryError) as e:
             raise _data_error(e) from None
         if c["n_train"] < 0:
-            raise ValueError(f"multi30k: n_train must be >= 0 (0 = all), got {c['n_train']}")
+            raise ValueError(f"{self.name}: n_train must be >= 0 (0 = all), got {c['n_train']}")
         if c["n_train"]:
             src, tgt = self.text["train"]
             self.text["train"] = (src[:c["n_train"]], tgt[:c["n_train"]])
@@ -327,7 +341,7 @@ class Multi30kTask(Task):
         kind = c["tokenizer"]
         if tokenizer_state is not None:
             if bool(tokenizer_state.get("joint")) != c["joint_vocab"]:
-                raise ValueError("multi30k: the saved tokenizer's joint_vocab differs from [data] joint_vocab")
+                raise ValueError(f"{self.name}: the saved tokenizer's joint_vocab differs from [data] joint_vocab")
             self.src_tokenizer = _restore_tokenizer(tokenizer_state["src"], kind, self.name)
             self.tgt_tokenizer = (self.src_tokenizer if c["joint_vocab"]
                                   else _restore_tokenizer(tokenizer_state["tgt"], kind, self.name))
@@ -348,6 +362,24 @@ class Multi30kTask(Task):
             self.ids[s] = (xs, ys)
         self.lengths = {s: np.array([len(x) + len(y) for x, y in zip(*v)]) for s, v in self.ids.items()}
         self.buckets = LengthBuckets(self.lengths["train"], c["buckets"])
+
+    def load_text(self) -> dict:
+        """{"train"|"val"|"test": (sources, targets)} from ``path``, else the data folder, cache or a download."""
+        c = self.config
+        if c["src_lang"] == c["tgt_lang"]:
+            raise ValueError(f"multi30k: src_lang and tgt_lang are both {c['src_lang']!r}")
+        stems = {"train": "train", "val": "val", "test": c["test_name"]}
+        if c["path"]:
+            return {s: load_parallel(c["path"], f, c["src_lang"], c["tgt_lang"]) for s, f in stems.items()}
+        langs = (c["src_lang"], c["tgt_lang"])
+        wanted = [f"multi30k/{stem}.{lang}.gz" for stem in stems.values() for lang in langs]
+        if set(langs) != {"de", "en"} or c["test_name"] != "test_2016_flickr":
+            raise FileNotFoundError(f"the download registry holds Multi30k's train, val and test_2016_flickr in de "
+                                    f"and en only, not {', '.join(wanted)}: download those files and point "
+                                    f"[data] path at their folder")
+        files = locate("multi30k", wanted)
+        return {s: read_parallel(files[f"multi30k/{stem}.{langs[0]}.gz"], files[f"multi30k/{stem}.{langs[1]}.gz"])
+                for s, stem in stems.items()}
 
     def _batch(self, split, index) -> Batch:
         xs, ys = self.ids[split]

@@ -1,0 +1,292 @@
+"""Where the public datasets are found, and downloads that are checked and cached (with ``pooch``).
+
+A task that reads a public dataset (imdb, agnews, multi30k) looks for each of
+its files in this order, and uses the first it finds:
+
+1. the config's ``[data] path`` (handled by the task: nothing here is consulted);
+2. the data folder named by the environment variable ``NUMFORMER_DATA``, laid
+   out as the registry's paths say (``aclImdb_v1.tar.gz``, ``ag_news_csv/test.csv``,
+   ``multi30k/train.de.gz``, ...);
+3. the cache, ``pooch.os_cache("numformer")`` (``~/.cache/numformer`` on Linux),
+   or the folder named by ``NUMFORMER_CACHE``; it has the same layout, so it
+   can itself serve as a data folder;
+4. a stand-in in the data folder, where the registry accepts one (the extracted
+   ``aclImdb`` folder for the IMDB tarball, ``train_subset_20k.csv`` for the
+   full AG News training set);
+5. a download from the official URL into the cache, announced with its URL and
+   size, with a progress bar, and checked against the registry's hash. A file
+   that fails the check is deleted (nothing is cached); an interrupted download
+   leaves no partial file.
+
+``NUMFORMER_DATA_MIRROR`` replaces every official URL by ``MIRROR/<path>``
+(a server holding a copy of the data folder; the tests serve one on 127.0.0.1).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_ENV = "NUMFORMER_DATA"
+CACHE_ENV = "NUMFORMER_CACHE"
+MIRROR_ENV = "NUMFORMER_DATA_MIRROR"
+TIMEOUT_S = 30                      # seconds without an answer before a download is given up
+
+
+class DataUnavailable(ValueError):
+    """A dataset file could not be found locally nor downloaded (the message says where to put it)."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a dataset: its place in a data folder, where it comes from, its hash and size."""
+
+    path: str                      # inside a data folder and the cache, e.g. "ag_news_csv/train.csv"
+    url: str                       # the official source
+    known_hash: str                # "md5:..." or "sha256:..." (pooch's format)
+    size: int                      # bytes
+    exact_size: bool = True        # False: an estimate (shown as "about ...")
+    stand_ins: tuple = ()          # paths in the data folder accepted in its place when it is nowhere local
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    title: str
+    files: tuple
+
+    def file(self, path: str) -> RemoteFile:
+        for f in self.files:
+            if f.path == path:
+                return f
+        raise ValueError(f"{self.name} has no file {path!r} in the registry; its files: "
+                         f"{[f.path for f in self.files]}")
+
+
+_AG = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv"
+_M30K = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
+# Multi30k hashes and sizes: measured on byte-identical copies of the official files.
+_M30K_FILES = {
+    "train.de.gz": ("81ff90b99829c0cd4b1b587d394afd39", 637044),
+    "train.en.gz": ("0065d13af80720a55ca8153d126e6627", 568929),
+    "val.de.gz": ("6e0e229eb049e3fc99a1ef02fb2d5f91", 24681),
+    "val.en.gz": ("2b69aa9253948ac9f67e94917272dd40", 21650),
+    "test_2016_flickr.de.gz": ("efd67d314d98489b716b145475101932", 22890),
+    "test_2016_flickr.en.gz": ("ff2c0fcb4893a13bd73414306bc250ae", 21077),
+}
+
+REGISTRY: dict[str, Dataset] = {d.name: d for d in (
+    Dataset("imdb", "IMDB movie reviews (Maas et al. 2011): 25,000 train + 25,000 test, plus 50,000 unlabelled", (
+        RemoteFile("aclImdb_v1.tar.gz", "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
+                   "md5:7c2ac02c03563afcf9b574c7e56c153a", 84125825, stand_ins=("aclImdb",)),)),
+    Dataset("agnews", "AG News topics (Zhang et al. 2015): 120,000 train + 7,600 test rows, 4 classes", (
+        RemoteFile("ag_news_csv/train.csv", f"{_AG}/train.csv", "md5:b1a00f826fdfbd249f79597b59e1dc12",
+                   29_500_000, exact_size=False, stand_ins=("ag_news_csv/train_subset_20k.csv",)),
+        RemoteFile("ag_news_csv/test.csv", f"{_AG}/test.csv", "md5:d52ea96a97a2d943681189a97654912d", 1857427),
+        RemoteFile("ag_news_csv/classes.txt", f"{_AG}/classes.txt", "md5:eb57fd781a350c341c55d4dcfc46782a", 31))),
+    Dataset("multi30k", "Multi30k task 1, German-English: 29,000 / 1,014 / 1,000 sentence pairs", tuple(
+        RemoteFile(f"multi30k/{name}", f"{_M30K}/{name}", f"md5:{md5}", size)
+        for name, (md5, size) in _M30K_FILES.items())),
+)}
+
+
+# ------------------------------------------------------------------------------------------------ places
+def data_dir() -> Path | None:
+    """The folder named by NUMFORMER_DATA (None when unset or empty); an error if it is not a folder."""
+    value = os.environ.get(DATA_ENV, "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise DataUnavailable(f"{DATA_ENV} = {value!r} is not a folder; point it at a folder of datasets "
+                              f"(laid out as `numformer data list` shows) or unset it")
+    return path
+
+
+def cache_dir() -> Path | None:
+    """NUMFORMER_CACHE, else pooch's per-user cache folder for numformer (None without pooch)."""
+    value = os.environ.get(CACHE_ENV, "").strip()
+    if value:
+        return Path(value).expanduser()
+    try:
+        import pooch
+    except ImportError:
+        return None
+    return Path(pooch.os_cache("numformer"))
+
+
+def source_url(f: RemoteFile) -> str:
+    """The official URL, or MIRROR/<path> when NUMFORMER_DATA_MIRROR is set."""
+    mirror = os.environ.get(MIRROR_ENV, "").strip()
+    return f"{mirror.rstrip('/')}/{f.path}" if mirror else f.url
+
+
+def human_size(f_or_bytes) -> str:
+    n = f_or_bytes.size if isinstance(f_or_bytes, RemoteFile) else int(f_or_bytes)
+    about = "about " if isinstance(f_or_bytes, RemoteFile) and not f_or_bytes.exact_size else ""
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{about}{n:,} {unit}" if unit == "bytes" else f"{about}{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def find_local(f: RemoteFile) -> tuple[Path, str] | None:
+    """(path, "data folder" | "cache" | "stand-in") of the first local copy of ``f``, or None."""
+    data, cache = data_dir(), cache_dir()
+    places = [(data, f.path, "data folder"), (cache, f.path, "cache")]
+    places += [(data, s, "stand-in") for s in f.stand_ins]
+    for base, rel, kind in places:
+        if base is not None and (base / rel).exists():
+            return base / rel, kind
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ download
+def download(f: RemoteFile, quiet: bool = False) -> Path:
+    """Download ``f`` into the cache with pooch (progress bar, hash check); returns its path.
+
+    An existing cached copy is re-checked and kept when its hash matches (no request is made).
+    Raises DataUnavailable with one line naming the URL and where to put the file by hand.
+    """
+    cache = cache_dir()
+    url = source_url(f)
+    try:
+        import pooch
+    except ImportError:
+        raise DataUnavailable(f"{f.path} is not in the data folder nor the cache, and downloading it needs "
+                              f"pooch: pip install 'numformer[data]' (or download {url} by hand and set "
+                              f"{DATA_ENV} to the folder holding {f.path})") from None
+    target = cache / f.path
+    by_hand = (f"download it by hand to {target} (or to $NUMFORMER_DATA/{f.path}), "
+               f"or set [data] path to your copy")
+    if not quiet and not target.exists():
+        print(f"numformer: downloading {f.path} ({human_size(f)}) from {url} to {target}", file=sys.stderr)
+    logger = pooch.get_logger()
+    level = logger.level
+    logger.setLevel("WARNING")                      # our line above replaces pooch's own announcement
+    new_dirs = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
+    try:
+        downloader = pooch.HTTPDownloader(progressbar=not quiet, timeout=TIMEOUT_S)
+        return Path(pooch.retrieve(url, known_hash=f.known_hash, fname=target.name, path=target.parent,
+                                   downloader=downloader))
+    except ValueError as e:                          # pooch: hash mismatch (the download is deleted)
+        _remove_empty(new_dirs)
+        if "hash" not in str(e):
+            raise DataUnavailable(f"cannot download {url} ({e}); {by_hand}") from None
+        got = re.search(r"but got (\w+)", str(e))
+        raise DataUnavailable(f"{url} does not match its known hash {f.known_hash}"
+                              + (f" (got {got.group(1)})" if got else "")
+                              + f": the download was deleted and nothing was cached; try again, or {by_hand}"
+                              ) from None
+    except Exception as e:                           # requests' connection errors, HTTP errors, timeouts
+        _remove_empty(new_dirs)
+        if not _is_network_error(e):
+            raise
+        raise DataUnavailable(f"cannot download {url} ({_reason(e)}); {by_hand}") from None
+    finally:
+        logger.setLevel(level)
+
+
+def _remove_empty(folders):
+    """Remove the folders a failed download created (innermost first), if they are still empty."""
+    for d in folders:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+def _is_network_error(e: Exception) -> bool:
+    try:
+        import requests
+    except ImportError:      # pragma: no cover - pooch depends on requests
+        return isinstance(e, OSError)
+    return isinstance(e, (requests.exceptions.RequestException, OSError))
+
+
+def _reason(e: Exception) -> str:
+    """A short reason: the HTTP status, or the message of the innermost cause of a connection error."""
+    response = getattr(e, "response", None)
+    if response is not None:
+        return f"HTTP {response.status_code} {response.reason}"
+    inner = e
+    for _ in range(8):                  # requests -> urllib3 MaxRetryError -> its reason (NewConnectionError ...)
+        reason = getattr(inner, "reason", None)
+        nxt = reason if isinstance(reason, BaseException) else (
+            inner.args[0] if inner.args and isinstance(inner.args[0], BaseException) else None)
+        if nxt is None:
+            break
+        inner = nxt
+    text = inner.args[0] if inner.args and isinstance(inner.args[0], str) else str(inner)
+    return re.sub(r"^<[^>]*>:\s*", "", text)[:200].strip() or type(inner).__name__
+
+
+# ------------------------------------------------------------------------------------------------ API
+def dataset(name: str) -> Dataset:
+    if name not in REGISTRY:
+        raise ValueError(f"no dataset {name!r} in the registry; choose one of {sorted(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def locate(name: str, paths=None, quiet: bool = False) -> dict[str, Path]:
+    """{registry path: local path} for the files of dataset ``name`` (all, or those in ``paths``).
+
+    Each file is looked for in the data folder, the cache and the stand-ins (see the
+    module docstring) and downloaded into the cache when it is nowhere local. A cached
+    file is checked against its hash on every use (files in the data folder are trusted:
+    the IMDB copy there may be a repack of the official tarball).
+    """
+    ds = dataset(name)
+    files = ds.files if paths is None else [ds.file(p) for p in paths]
+    out = {}
+    for f in files:
+        found = find_local(f)
+        if found and found[1] == "cache" and not _hash_ok(found[0], f):
+            print(f"numformer: the cached {found[0]} does not match its hash {f.known_hash}; it is deleted and "
+                  f"downloaded again", file=sys.stderr)
+            found[0].unlink()
+            found = None
+        out[f.path] = found[0] if found else download(f, quiet=quiet)
+    return out
+
+
+def _hash_ok(path: Path, f: RemoteFile) -> bool:
+    """Whether a cached file still has the registry's hash (True without pooch, which wrote it)."""
+    try:
+        import pooch
+    except ImportError:
+        return True
+    alg, digest = f.known_hash.split(":", 1)
+    return pooch.file_hash(str(path), alg=alg) == digest.lower()
+
+
+def fetch(name: str, quiet: bool = False) -> list[tuple[str, Path, str]]:
+    """Make every file of ``name`` available locally: [(registry path, local path, how)].
+
+    A file already in the data folder is left there; any other is downloaded
+    into the cache (or re-checked there, without a request, when cached).
+    """
+    out = []
+    for f in dataset(name).files:
+        data = data_dir()
+        if data is not None and (data / f.path).exists():
+            out.append((f.path, data / f.path, "in the data folder"))
+            continue
+        cache = cache_dir()
+        was_cached = cache is not None and (cache / f.path).exists()
+        path = download(f, quiet=quiet)
+        out.append((f.path, path, "cached, hash checked" if was_cached else "downloaded, hash checked"))
+    return out
+
+
+def status(name: str) -> list[dict]:
+    """One dict per file of ``name``: path, size, url, where (data folder / cache / stand-in / missing), local."""
+    rows = []
+    for f in dataset(name).files:
+        found = find_local(f)
+        rows.append({"path": f.path, "size": human_size(f), "url": source_url(f),
+                     "where": found[1] if found else "missing", "local": str(found[0]) if found else ""})
+    return rows

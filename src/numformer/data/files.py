@@ -1,0 +1,211 @@
+"""Reading the user's own files: text, tables (CSV / TSV / JSONL) and parallel text, with one clear error each.
+
+Every reader decodes the whole file at once, so that a byte that is not valid
+in the encoding is reported with its exact offset in the file (and its line).
+Files ending in ``.gz`` are decompressed transparently.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import gzip
+import io
+import json
+import os
+from pathlib import Path
+
+TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+                 ".json": "jsonl"}
+
+
+def read_text(path, encoding: str = "utf-8", allow_empty: bool = False) -> str:
+    """The text of ``path`` (``.gz`` decompressed); a leading byte-order mark is dropped.
+
+    Errors (ValueError unless the file is missing): not decodable (the file, the byte
+    offset and the line are named), an unreadable gzip file, an empty file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no file at {str(path)!r}" + (" (it is a folder)" if p.is_dir() else ""))
+    raw = p.read_bytes()
+    where = ""
+    if p.name.endswith(".gz"):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:                 # gzip.BadGzipFile is an OSError
+            raise ValueError(f"{path}: cannot read ({e})") from None
+        where = " of the uncompressed text"
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path} is not valid {encoding} text: byte offset {e.start}{where} (line {line}) "
+                         f"holds {raw[e.start:e.start + 1]!r} ({e.reason}); convert the file to {encoding} "
+                         f"(e.g. iconv -f latin1 -t utf-8)" + ("" if encoding.lower() != "utf-8" else
+                                                               " or set [data] encoding")) from None
+    except LookupError:
+        raise ValueError(f"[data] encoding = {encoding!r} is not a known text encoding (e.g. 'utf-8', 'latin-1')"
+                         ) from None
+    text = text.removeprefix("\ufeff")
+    if not allow_empty and not text.strip():
+        raise ValueError(f"{path}: empty file" + ("" if not raw else " (only white space)"))
+    return text
+
+
+def read_lines(path) -> list[str]:
+    """The lines of a UTF-8 file without their line ends (an empty file is an error)."""
+    return read_text(path).splitlines()
+
+
+def expand_paths(path: str = "", paths=()) -> list[str]:
+    """Files named by ``path`` (a file, a folder: every file in it, recursively, sorted; or a glob pattern)
+    and by the list ``paths`` (each one the same). Hidden files are skipped; nothing found is an error."""
+    items = ([path] if path else []) + list(paths or [])
+    out = []
+    for item in items:
+        item = str(item)
+        if any(ch in item for ch in "*?["):
+            found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            if not found:
+                raise FileNotFoundError(f"no file matches {item!r}")
+        elif os.path.isdir(item):
+            found = sorted(str(p) for p in Path(item).rglob("*")
+                           if p.is_file() and not any(part.startswith(".") for part in p.relative_to(item).parts))
+            if not found:
+                raise FileNotFoundError(f"the folder {item!r} holds no files")
+        elif os.path.isfile(item):
+            found = [item]
+        else:
+            raise FileNotFoundError(f"no such file or folder: {item!r}")
+        out += found
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- tables
+def table_format(path, fmt: str = "") -> str:
+    """"csv", "tsv" or "jsonl": ``fmt`` when given, else from the file's extension (``.gz`` ignored)."""
+    if fmt:
+        if fmt not in ("csv", "tsv", "jsonl"):
+            raise ValueError(f"[data] format = {fmt!r} is not supported; choose 'csv', 'tsv' or 'jsonl'")
+        return fmt
+    name = str(path).removesuffix(".gz")
+    ext = os.path.splitext(name)[1].lower()
+    if ext not in TABLE_FORMATS:
+        raise ValueError(f"cannot tell the format of {path} from its extension; name it .csv, .tsv or .jsonl, "
+                         f"or set [data] format = 'csv', 'tsv' or 'jsonl'")
+    return TABLE_FORMATS[ext]
+
+
+def read_table(path, fmt: str = "", header: bool = True) -> tuple[list[str], list[tuple[int, dict]]]:
+    """(column names, [(line number, {column: value}), ...]) of a CSV, TSV or JSON-lines file.
+
+    CSV and TSV: the first row names the columns (``header``), else the columns are
+    named by position, "0", "1", ...; TSV fields are taken literally (no quoting).
+    JSONL: one JSON object per line; its keys are the columns. Blank lines are skipped.
+    """
+    fmt = table_format(path, fmt)
+    text = read_text(path)
+    if fmt == "jsonl":
+        return _read_jsonl(path, text)
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {"delimiter": ","}
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True, **dialect)
+    columns, rows = None, []
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise ValueError(f"{path}, line {reader.line_num}: malformed {fmt.upper()} ({e})") from None
+        if not row or all(not c.strip() for c in row):
+            continue
+        if columns is None:
+            columns = [c.strip() for c in row] if header else [str(i) for i in range(len(row))]
+            if header:
+                continue
+        if len(row) != len(columns):
+            raise ValueError(f"{path}, line {reader.line_num}: {len(row)} fields, but the "
+                             f"{'header has' if header else 'first row has'} {len(columns)}")
+        rows.append((reader.line_num, dict(zip(columns, row))))
+    if not rows:
+        raise ValueError(f"{path}: no data rows" + (" after the header" if header and columns else ""))
+    return columns, rows
+
+
+def _read_jsonl(path, text):
+    columns, rows = {}, []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}); JSONL holds one object per line") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}, line {n}: a JSON {type(obj).__name__}, but JSONL rows must be objects "
+                             '({"text": ..., "label": ...})')
+        columns.update(dict.fromkeys(obj))
+        rows.append((n, obj))
+    if not rows:
+        raise ValueError(f"{path}: no data rows")
+    return list(columns), rows
+
+
+def _cell(value) -> str:
+    """A table value as text: strings as they are, numbers and booleans as JSON writes them."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def read_labeled(path, text_columns, label_column, fmt: str = "", header: bool = True):
+    """(texts, label strings, line numbers) of a table: text = the ``text_columns`` joined by a space.
+
+    A missing column is an error naming the file, the column and the columns there are.
+    """
+    columns, rows = read_table(path, fmt, header)
+    for col, key in [(c, "text_column") for c in text_columns] + [(label_column, "label_column")]:
+        if col not in columns:
+            raise ValueError(f"{path} has no column {col!r} (its columns: {', '.join(map(repr, columns))}); "
+                             f"set [data] {key}" + ("s" if key == "text_column" and len(text_columns) > 1 else ""))
+    texts, labels, lines = [], [], []
+    for line, row in rows:
+        if any(c not in row for c in (*text_columns, label_column)):
+            missing = [c for c in (*text_columns, label_column) if c not in row]
+            raise ValueError(f"{path}, line {line}: no {missing[0]!r} in this row")
+        text = " ".join(_cell(row[c]).strip() for c in text_columns if row[c] is not None).strip()
+        label = row[label_column]
+        if label is None or not _cell(label).strip():
+            raise ValueError(f"{path}, line {line}: empty label in column {label_column!r}")
+        if not text:
+            raise ValueError(f"{path}, line {line}: empty text in column(s) {', '.join(map(repr, text_columns))}")
+        texts.append(text)
+        labels.append(_cell(label).strip())
+        lines.append(line)
+    return texts, labels, lines
+
+
+# ------------------------------------------------------------------------------------------- parallel text
+def read_parallel(src_path, tgt_path) -> tuple[list[str], list[str]]:
+    """Line-aligned (sources, targets): line i of one file translates line i of the other.
+
+    Different line counts are an error naming both files and both counts.
+    """
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise ValueError(f"misaligned parallel files: {src_path} has {len(src)} lines but {tgt_path} has "
+                         f"{len(tgt)}; line i of one must translate line i of the other")
+    return src, tgt
+
+
+def read_pairs(path) -> tuple[list[str], list[str]]:
+    """(sources, targets) from a TSV of pairs: one ``source<TAB>target`` per line (blank lines skipped)."""
+    src, tgt = [], []
+    for n, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+            raise ValueError(f"{path}, line {n}: expected 'source<TAB>target' (2 non-empty fields), got "
+                             f"{len(fields)} field(s): {line[:60]!r}")
+        src.append(fields[0])
+        tgt.append(fields[1])
+    return src, tgt

@@ -1,0 +1,300 @@
+"""Datasets on a fresh machine: downloads (from a local http.server), hash checks, the cache, the lookup order.
+
+No test reaches the internet: NUMFORMER_DATA_MIRROR points every download at a
+server on 127.0.0.1 that serves a temporary folder (or a closed port). The real
+registry entries are checked against ../shared/data (or $NUMFORMER_DATA) where
+those files are byte-identical copies; those tests skip when it is absent.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from numformer.cli import main
+from numformer.data import fetch as F
+from numformer.data import make_task
+
+pytest.importorskip("pooch", reason="downloads need pooch (the data extra)")
+
+SHARED = Path(os.environ.get("NUMFORMER_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
+needs_shared = pytest.mark.skipif(not (SHARED / "multi30k").is_dir() or not (SHARED / "ag_news_csv").is_dir(),
+                                  reason=f"shared datasets not found at {SHARED} (set NUMFORMER_DATA)")
+
+
+@pytest.fixture
+def mirror(tmp_path, monkeypatch):
+    """A server on 127.0.0.1 for a folder (root), recording each request path; paths in ``drop`` get the
+    headers and half of the body, then the connection is closed. The cache is a fresh folder."""
+    root = tmp_path / "mirror"
+    root.mkdir()
+    state = SimpleNamespace(root=root, requests=[], drop=set(), cache=tmp_path / "cache")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(state.root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            state.requests.append(self.path)
+            if self.path.lstrip("/") in state.drop:
+                data = (state.root / self.path.lstrip("/")).read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[:len(data) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv(F.MIRROR_ENV, state.url)
+    monkeypatch.setenv(F.CACHE_ENV, str(state.cache))
+    monkeypatch.delenv(F.DATA_ENV, raising=False)
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def md5(data: bytes) -> str:
+    return "md5:" + hashlib.md5(data).hexdigest()
+
+
+@pytest.fixture
+def toy(mirror, monkeypatch):
+    """A two-file dataset "toy" in the registry, served by the mirror."""
+    files = {"toy/a.txt": b"first file\n" * 50, "toy/b.txt": b"second file\n" * 20}
+    (mirror.root / "toy").mkdir()
+    for rel, data in files.items():
+        (mirror.root / rel).write_bytes(data)
+    ds = F.Dataset("toy", "a toy dataset", tuple(F.RemoteFile(rel, f"https://example.invalid/{rel}", md5(data),
+                                                              len(data)) for rel, data in files.items()))
+    monkeypatch.setitem(F.REGISTRY, "toy", ds)
+    mirror.files = files
+    return mirror
+
+
+def cached_files(mirror):
+    return sorted(str(p.relative_to(mirror.cache)) for p in mirror.cache.rglob("*") if p.is_file()) \
+        if mirror.cache.exists() else []
+
+
+# ------------------------------------------------------------------------------------------------ downloads
+def test_first_use_downloads_and_verifies_then_no_request(toy, capsys):
+    got = F.locate("toy")
+    assert sorted(toy.requests) == ["/toy/a.txt", "/toy/b.txt"]
+    for rel, data in toy.files.items():
+        assert got[rel] == toy.cache / rel and got[rel].read_bytes() == data
+    err = capsys.readouterr().err
+    assert f"downloading toy/a.txt (550 bytes) from {toy.url}/toy/a.txt to {toy.cache / 'toy/a.txt'}" in err
+    assert F.locate("toy") == got and len(toy.requests) == 2           # second use: no request
+    assert [how for _, _, how in F.fetch("toy", quiet=True)] == ["cached, hash checked"] * 2
+    assert len(toy.requests) == 2                                       # fetch re-checks the hash locally
+
+
+def test_corrupted_download_is_rejected_and_nothing_cached(toy):
+    (toy.root / "toy/a.txt").write_bytes(b"tampered\n" * 50)
+    with pytest.raises(F.DataUnavailable) as e:
+        F.locate("toy", ["toy/a.txt"], quiet=True)
+    msg = str(e.value)
+    assert f"{toy.url}/toy/a.txt does not match its known hash {md5(toy.files['toy/a.txt'])}" in msg
+    assert f"(got {hashlib.md5((toy.root / 'toy/a.txt').read_bytes()).hexdigest()})" in msg
+    assert "the download was deleted and nothing was cached" in msg
+    assert cached_files(toy) == [] and not (toy.cache / "toy").exists()
+
+
+def test_dropped_connection_leaves_no_partial_file(toy):
+    toy.drop.add("toy/a.txt")
+    with pytest.raises(F.DataUnavailable, match=r"cannot download .*toy/a\.txt"):
+        F.locate("toy", ["toy/a.txt"], quiet=True)
+    assert toy.requests == ["/toy/a.txt"] and cached_files(toy) == []
+
+
+def test_offline_message_names_url_and_where_to_put_the_file(toy, monkeypatch):
+    with socket.socket() as s:                                          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(F.MIRROR_ENV, f"http://127.0.0.1:{port}")
+    with pytest.raises(F.DataUnavailable) as e:
+        F.locate("toy", quiet=True)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"cannot download http://127.0.0.1:{port}/toy/a.txt (")
+    assert f"download it by hand to {toy.cache / 'toy/a.txt'}" in msg and cached_files(toy) == []
+
+
+def test_http_error_and_cli_error_line(toy, capsys):
+    (toy.root / "toy/b.txt").unlink()
+    assert main(["data", "fetch", "toy", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("numformer data: error: cannot download") and "HTTP 404" in err[0]
+    assert cached_files(toy) == ["toy/a.txt"]                           # the good file stays cached
+    assert main(["data", "fetch", "nothing"]) == 2
+    assert "no dataset 'nothing' in the registry" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ lookup order
+def agnews_folder(folder, n_per_class, name="train.csv"):
+    """An AG News CSV folder with n_per_class training rows per class and 2 test rows per class."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = lambda n: "".join(f'"{c}","title {c} {i}","words of topic{c} and item {i}"\n'  # noqa: E731
+                             for i in range(n) for c in (1, 2, 3, 4))
+    (folder / name).write_text(rows(n_per_class))
+    (folder / "test.csv").write_text(rows(2))
+    (folder / "classes.txt").write_text("World\nSports\nBusiness\nSci/Tech\n")
+    return folder
+
+
+def cache_agnews(mirror, monkeypatch, n_per_class):
+    """An AG News folder in the cache, with the registry's agnews entry hashed to match it."""
+    folder = agnews_folder(mirror.cache / "ag_news_csv", n_per_class)
+    real = F.REGISTRY["agnews"]
+    files = tuple(F.RemoteFile(f.path, f.url, md5((mirror.cache / f.path).read_bytes()), f.size,
+                               stand_ins=f.stand_ins) for f in real.files)
+    monkeypatch.setitem(F.REGISTRY, "agnews", F.Dataset("agnews", real.title, files))
+    return folder
+
+
+def agnews_train_rows(path=""):
+    t = make_task({"task": "agnews", "path": path, "val_size": 4, "min_freq": 1}, seed=0)
+    return t.train_rows, t.describe()
+
+
+def test_path_then_data_folder_then_cache(mirror, tmp_path, monkeypatch):
+    cache_agnews(mirror, monkeypatch, 5)                                # the cache: 20 rows
+    data = tmp_path / "data"
+    agnews_folder(data / "ag_news_csv", 6)                              # the data folder: 24 rows
+    own = agnews_folder(tmp_path / "own", 7)                            # [data] path: 28 rows
+    assert agnews_train_rows()[0] == 20
+    monkeypatch.setenv(F.DATA_ENV, str(data))
+    rows, described = agnews_train_rows()
+    assert rows == 24 and f"training file {data / 'ag_news_csv' / 'train.csv'} (24 rows)" in described
+    assert agnews_train_rows(str(own))[0] == 28
+    assert mirror.requests == []
+
+
+def test_full_agnews_train_in_cache_beats_the_subset_in_the_data_folder(mirror, tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    agnews_folder(data / "ag_news_csv", 3, name="train_subset_20k.csv")
+    monkeypatch.setenv(F.DATA_ENV, str(data))
+    rows, described = agnews_train_rows()                               # only the subset: it stands in
+    assert rows == 12 and "train_subset_20k.csv (12 rows)" in described
+    cache_agnews(mirror, monkeypatch, 5)
+    assert agnews_train_rows()[0] == 20 and mirror.requests == []
+
+
+def test_data_folder_must_exist(monkeypatch, tmp_path):
+    monkeypatch.setenv(F.DATA_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="NUMFORMER_DATA = .*nowhere' is not a folder"):
+        make_task({"task": "multi30k"}, seed=0)
+
+
+def test_multi30k_other_languages_need_a_path(mirror):
+    with pytest.raises(FileNotFoundError, match=r"registry holds Multi30k.*de and en only.*Set \[data\] path"):
+        make_task({"task": "multi30k", "src_lang": "fr"}, seed=0)
+
+
+def test_data_list(toy, capsys, monkeypatch, tmp_path):
+    F.locate("toy", ["toy/a.txt"], quiet=True)
+    capsys.readouterr()
+    assert main(["data", "list"]) == 0
+    out = capsys.readouterr().out
+    assert f"cache:       {toy.cache}" in out and "toy: a toy dataset; 790 bytes; partly here" in out
+    assert "cached" in out and str(toy.cache / "toy/a.txt") in out and f"{toy.url}/toy/b.txt" in out
+    for name in ("imdb", "agnews", "multi30k"):
+        assert f"\n{name}: " in out
+
+
+# ------------------------------------------------------------------------------------------------ real entries
+@needs_shared
+def test_registry_hashes_match_the_shared_copies():
+    """AG News test.csv and the Multi30k files in ../shared/data are byte-identical to the official ones."""
+    checked = [F.REGISTRY["agnews"].file("ag_news_csv/test.csv"), *F.REGISTRY["multi30k"].files]
+    for f in checked:
+        data = (SHARED / f.path).read_bytes()
+        alg, digest = f.known_hash.split(":")
+        assert hashlib.new(alg, data).hexdigest() == digest, f.path
+        assert len(data) == f.size, f.path
+
+
+@needs_shared
+def test_multi30k_fetched_through_pooch_with_the_real_hashes(mirror, capsys):
+    """The whole path with the real registry entries: served from a copy, hash-checked, cached, then used."""
+    mirror.root = SHARED                                                # serve the shared folder itself
+    assert main(["data", "fetch", "multi30k", "--quiet"]) == 0
+    assert len(mirror.requests) == 6 and len(cached_files(mirror)) == 6
+    t = make_task({"task": "multi30k", "n_train": 50, "n_eval": 5}, seed=0)
+    assert [len(t.sources(s)) for s in ("train", "val", "test")] == [50, 5, 5] and len(mirror.requests) == 6
+    assert json.loads(json.dumps(t.tokenizer_state()))
+
+
+def test_reproduce_agnews_says_which_training_set(mirror, tmp_path, monkeypatch):
+    """Without a path, agnews takes the data folder's subset when the full set is nowhere, and says so."""
+    data = tmp_path / "data"
+    agnews_folder(data / "ag_news_csv", 12, name="train_subset_20k.csv")
+    monkeypatch.setenv(F.DATA_ENV, str(data))
+    results = tmp_path / "results"
+    assert main(["reproduce", "agnews", "--quick", "--results", str(results), "--runs", str(tmp_path / "runs"),
+                 "--quiet", "--set", "data.val_size=8", "--set", "train.max_steps=2"]) == 0
+    record = json.loads((results / "agnews.json").read_text())
+    assert record["figures"]["train_rows"] == 48
+    subset = data / "ag_news_csv" / "train_subset_20k.csv"
+    assert f"training file {subset} (48 rows)" in record["task"]
+    md = (results / "agnews.md").read_text()
+    assert f"**Training set**: {subset} (48 rows): not the full 120,000-row training set" in md
+    assert mirror.requests == []
+
+
+def test_imdb_downloaded_in_the_official_layout(mirror, monkeypatch, capsys):
+    """The official tarball also holds 50,000 unlabelled reviews and bag-of-words files: they are skipped."""
+    from test_data_loaders import IMDB_FILES, write_imdb_tarball
+
+    files = {**IMDB_FILES, "aclImdb/train/unsup/0_0.txt": "unlabelled", "aclImdb/train/labeledBow.feat": "0 0:1",
+             "aclImdb/train/urls_pos.txt": "http://example.invalid"}
+    tgz = write_imdb_tarball(mirror.root / "aclImdb_v1.tar.gz", files)
+    entry = F.REGISTRY["imdb"].files[0]
+    fake = F.Dataset("imdb", "IMDB", (F.RemoteFile(entry.path, entry.url, md5(tgz.read_bytes()),
+                                                   tgz.stat().st_size, stand_ins=entry.stand_ins),))
+    monkeypatch.setitem(F.REGISTRY, "imdb", fake)
+    t = make_task({"task": "imdb", "val_size": 1, "min_freq": 1}, seed=0)
+    n_train = sum(1 for k in IMDB_FILES if k.startswith("aclImdb/train/"))
+    assert len(t.data["train"]) + len(t.data["val"]) == n_train and mirror.requests == ["/aclImdb_v1.tar.gz"]
+    assert f"training file {mirror.cache / 'aclImdb_v1.tar.gz'}" in t.describe()
+    assert "downloading aclImdb_v1.tar.gz" in capsys.readouterr().err
+
+
+def test_corrupted_cache_is_downloaded_again(toy, capsys):
+    F.locate("toy", ["toy/a.txt"], quiet=True)
+    cached = toy.cache / "toy/a.txt"
+    cached.write_bytes(b"bit rot")
+    assert F.locate("toy", ["toy/a.txt"], quiet=True)["toy/a.txt"].read_bytes() == toy.files["toy/a.txt"]
+    assert toy.requests == ["/toy/a.txt", "/toy/a.txt"]
+    assert f"the cached {cached} does not match its hash" in capsys.readouterr().err
+
+
+def test_without_pooch_local_data_works_and_downloads_ask_for_it(toy, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pooch", None)                    # import pooch fails
+    monkeypatch.delenv(F.CACHE_ENV)
+    assert F.cache_dir() is None
+    data = tmp_path / "data"
+    (data / "toy").mkdir(parents=True)
+    (data / "toy/a.txt").write_bytes(b"mine")
+    monkeypatch.setenv(F.DATA_ENV, str(data))
+    assert F.locate("toy", ["toy/a.txt"])["toy/a.txt"] == data / "toy/a.txt"
+    with pytest.raises(F.DataUnavailable, match=r"toy/b\.txt is not in the data folder nor the cache, and "
+                                                r"downloading it needs pooch: pip install 'numformer\[data\]'"):
+        F.locate("toy")
+    assert toy.requests == []

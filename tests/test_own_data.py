@@ -1,0 +1,240 @@
+"""The user's own data for every task: text files, a labelled table, parallel text; and one clear error each
+for bad input. The files are small fixtures written here; the models train a few steps end to end."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from numformer.cli import main
+from numformer.data import make_task
+
+MODEL = {
+    "classifier": 'type = "classifier"\nd_model = 32\nn_heads = 2\nn_layers = 1\nd_ff = 64\ndropout = 0.0',
+    "transformer": 'type = "transformer"\nd_model = 32\nn_heads = 2\nn_layers = 1\nd_ff = 64\ndropout = 0.0',
+    "gpt": 'type = "gpt"\nd_model = 32\nn_heads = 2\nn_layers = 1',
+}
+TRAIN = "max_steps = 12\nbatch_size = 16\nlr = 3e-3\neval_every = 6\ncheckpoint_every = 1000\nlog_every = 6\nseed = 0"
+
+
+def toml_value(v):
+    return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+
+
+def train(tmp_path, model, data: dict, name="run"):
+    """`numformer train` on a config with these [data] keys; returns the run folder."""
+    cfg = tmp_path / f"{name}.toml"
+    lines = "\n".join(f"{k} = {toml_value(v)}" for k, v in data.items())
+    cfg.write_text(f"[model]\n{MODEL[model]}\n\n[data]\n{lines}\n\n[train]\n{TRAIN}\n", encoding="utf-8")
+    run = tmp_path / name
+    assert main(["train", str(cfg), "--out", str(run), "--quiet"]) == 0
+    return run
+
+
+WORDS = {"sports": "match goal team coach season", "science": "atom cell laser orbit theory",
+         "money": "stock bank price market profit"}
+
+
+def labelled_rows(n, seed=0):
+    """n (text, label) rows: each text is 6 words of its topic and 2 common words."""
+    rng = np.random.default_rng(seed)
+    labels = list(WORDS)
+    rows = []
+    for i in range(n):
+        label = labels[i % 3]
+        words = list(rng.choice(WORDS[label].split(), 6)) + ["the", "news"]
+        rows.append((" ".join(rng.permutation(words)), label))
+    return rows
+
+
+def write_csv(path, rows, text_col="review", label_col="topic", sep=","):
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter=sep, quoting=csv.QUOTE_MINIMAL if sep == "," else csv.QUOTE_NONE)
+        w.writerow(["id", text_col, label_col])
+        for i, (text, label) in enumerate(rows):
+            w.writerow([i, text, label])
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------- text
+def test_text_from_several_files_and_a_folder(tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("to be or not to be\n" * 40, encoding="utf-8")
+    (folder / "sub" / "b.txt").write_text("that is the question" * 30, encoding="utf-8")  # no final newline
+    (folder / ".hidden").write_text("\x00 skipped", encoding="utf-8")
+    t = make_task({"task": "text", "path": str(folder), "block_size": 8})
+    text = (folder / "a.txt").read_text() + (folder / "sub" / "b.txt").read_text() + "\n"
+    assert t.tokenizer.decode(np.concatenate([t.splits["train"], t.splits["val"]])) == text
+    t2 = make_task({"task": "text", "paths": [str(folder / "sub" / "b.txt"), str(folder / "a.txt")], "block_size": 8})
+    assert len(t2.splits["train"]) + len(t2.splits["val"]) == len(text)
+    t3 = make_task({"task": "text", "path": str(folder / "*.txt"), "block_size": 8})
+    assert "question" not in t3.tokenizer.decode(t3.splits["val"])  # the glob matched a.txt only
+    run = train(tmp_path, "gpt", {"task": "text", "path": str(folder), "block_size": 16})
+    capsys.readouterr()
+    assert main(["generate", str(run), "--prompt", "to be", "--max-new-tokens", "10", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("to be")
+
+
+# ------------------------------------------------------------------------------------------- classification
+@pytest.fixture(scope="module")
+def topics_csv(tmp_path_factory):
+    d = tmp_path_factory.mktemp("own_cls")
+    return write_csv(d / "train.csv", labelled_rows(300)), write_csv(d / "test.csv", labelled_rows(60, seed=1))
+
+
+def test_classification_from_a_csv_pair_trains_and_classifies(topics_csv, tmp_path, capsys):
+    train_csv, test_csv = topics_csv
+    data = {"task": "classification", "path": str(train_csv), "test_path": str(test_csv), "text_column": "review",
+            "label_column": "topic", "min_freq": 1, "max_len": 16}
+    t = make_task(data, seed=0)
+    assert t.label_names == ["money", "science", "sports"]                     # from the data, sorted
+    assert [len(t.data[s]) for s in ("train", "val", "test")] == [270, 30, 60]  # val: a tenth, held out
+    assert "train.csv (300 rows)" in t.describe()
+    run = train(tmp_path, "classifier", data)
+    capsys.readouterr()
+    assert main(["classify", str(run), "--json", "the atom and the laser", "bank stock price"]) == 0
+    results = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(results) == 2 and all(r["label"] in WORDS for r in results)
+    assert all(abs(sum(r["probabilities"].values()) - 1) < 1e-6 for r in results)
+
+
+def test_classification_from_tsv_and_jsonl_single_file(tmp_path):
+    rows = labelled_rows(100)
+    tsv = write_csv(tmp_path / "data.tsv", rows, "text", "label", sep="\t")
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text("".join(json.dumps({"title": t.split()[0], "body": t, "stars": i % 3 + 1}) + "\n"
+                             for i, (t, _) in enumerate(rows)), encoding="utf-8")
+    t = make_task({"task": "classification", "path": str(tsv), "min_freq": 1}, seed=0)
+    assert [len(t.data[s]) for s in ("train", "val", "test")] == [81, 9, 10]   # test, then val: a tenth each
+    j = make_task({"task": "classification", "path": str(jsonl), "text_columns": ["title", "body"],
+                   "label_column": "stars", "test_size": 20, "val_size": 5, "min_freq": 1}, seed=0)
+    assert j.label_names == ["1", "2", "3"] and [len(j.data[s]) for s in ("train", "val", "test")] == [75, 5, 20]
+    assert all(x.split()[0] == x.split()[1] for x in j.data["train"].texts)   # title + " " + body
+    headless = tmp_path / "headless.csv"
+    headless.write_text("".join(f'{label},"{text}"\n' for text, label in rows), encoding="utf-8")
+    h = make_task({"task": "classification", "path": str(headless), "header": False, "text_column": "1",
+                   "label_column": "0", "min_freq": 1}, seed=0)
+    assert h.label_names == sorted(WORDS)
+
+
+# ------------------------------------------------------------------------------------------------ translation
+def reversal_pairs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    src = [" ".join(str(d) for d in rng.integers(0, 10, rng.integers(3, 6))) for _ in range(n)]
+    return src, [" ".join(reversed(s.split())) for s in src]
+
+
+def test_translation_from_parallel_files_and_tsv(tmp_path, capsys):
+    src, tgt = reversal_pairs(300)
+    (tmp_path / "train.src").write_text("\n".join(src[:250]) + "\n", encoding="utf-8")
+    with gzip.open(tmp_path / "train.tgt.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(tgt[:250]) + "\n")
+    (tmp_path / "test.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(src[250:], tgt[250:])), encoding="utf-8")
+    data = {"task": "translation", "train": [str(tmp_path / "train.src"), str(tmp_path / "train.tgt.gz")],
+            "test": [str(tmp_path / "test.tsv")], "min_freq": 1, "max_len": 10, "beam_size": 2}
+    t = make_task(data, seed=0)
+    assert [len(t.sources(s)) for s in ("train", "val", "test")] == [225, 25, 50]
+    assert t.sources("test")[0] == src[250] and t.references("test")[0] == tgt[250]
+    assert "(val held out of train)" in t.describe()
+    run = train(tmp_path, "transformer", data)
+    from numformer.train import load_model, load_task
+
+    figures = load_task(run).evaluate(load_model(run), "test")
+    assert set(figures) >= {"bleu_greedy", "bleu_beam"} and 0.0 <= figures["bleu_greedy"] <= 100.0
+    capsys.readouterr()
+    assert main(["translate", str(run), "1 2 3", "4 5 6 7"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    pairs = tmp_path / "all.tsv"
+    pairs.write_text("".join(f"{s}\t{t}\n" for s, t in zip(src, tgt)), encoding="utf-8")
+    t2 = make_task({"task": "translation", "train": [str(pairs)], "val_size": 30, "test_size": 20}, seed=0)
+    assert [len(t2.sources(s)) for s in ("train", "val", "test")] == [250, 30, 20]
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def test_csv_without_the_named_column(topics_csv):
+    with pytest.raises(ValueError, match=r"train\.csv has no column 'text' \(its columns: 'id', 'review', "
+                                         r"'topic'\); set \[data\] text_column"):
+        make_task({"task": "classification", "path": str(topics_csv[0]), "label_column": "topic"}, seed=0)
+    with pytest.raises(ValueError, match=r"no column 'label'.*set \[data\] label_column"):
+        make_task({"task": "classification", "path": str(topics_csv[0]), "text_column": "review"}, seed=0)
+
+
+def test_unknown_label_at_test_time(topics_csv, tmp_path):
+    test = write_csv(tmp_path / "test.csv", labelled_rows(5) + [("a story about cooking", "food")])
+    with pytest.raises(ValueError, match=r"test\.csv, line 7: label 'food' does not occur in the training data "
+                                         r".*train\.csv \(its labels: 'money', 'science', 'sports'\)"):
+        make_task({"task": "classification", "path": str(topics_csv[0]), "test_path": str(test),
+                   "text_column": "review", "label_column": "topic"}, seed=0)
+
+
+def test_misaligned_parallel_files_name_both_counts(tmp_path):
+    (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n", encoding="utf-8")
+    (tmp_path / "a.en").write_text("one\ntwo\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"misaligned parallel files: .*a\.de has 3 lines but .*a\.en has 2"):
+        make_task({"task": "translation", "train": [str(tmp_path / "a.de"), str(tmp_path / "a.en")]}, seed=0)
+    with pytest.raises(ValueError, match=r"names 3 files; give two line-aligned files"):
+        make_task({"task": "translation", "train": [str(tmp_path / "a.de")] * 3}, seed=0)
+    (tmp_path / "p.tsv").write_text("eins\tone\nzwei\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"p\.tsv, line 2: expected 'source<TAB>target'"):
+        make_task({"task": "translation", "train": [str(tmp_path / "p.tsv")]}, seed=0)
+
+
+def test_empty_files(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("", encoding="utf-8")
+    (tmp_path / "blank.txt").write_text("\n\n  \n", encoding="utf-8")
+    (tmp_path / "x.en").write_text("one\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"empty\.csv: empty file"):
+        make_task({"task": "classification", "path": str(empty)}, seed=0)
+    with pytest.raises(ValueError, match=r"blank\.txt: empty file \(only white space\)"):
+        make_task({"task": "text", "path": str(tmp_path / "blank.txt")})
+    with pytest.raises(ValueError, match=r"blank\.txt: empty file"):
+        make_task({"task": "translation", "train": [str(tmp_path / "blank.txt"), str(tmp_path / "x.en")]}, seed=0)
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("text,label\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"header\.csv: no data rows after the header"):
+        make_task({"task": "classification", "path": str(header_only)}, seed=0)
+
+
+def test_non_utf8_text_names_file_and_byte_offset(tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("first line\ncaf\u00e9 au lait\n".encode("latin-1"))
+    msg = r"latin1\.txt is not valid utf-8 text: byte offset 14 \(line 2\) holds b'\\xe9'"
+    with pytest.raises(ValueError, match=msg):
+        make_task({"task": "text", "path": str(bad)})
+    csv_bad = tmp_path / "bad.csv"
+    csv_bad.write_bytes(b"text,label\n" + "na\u00efve,a\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"bad\.csv is not valid utf-8 text: byte offset 13 \(line 2\)"):
+        make_task({"task": "classification", "path": str(csv_bad)}, seed=0)
+    with gzip.open(tmp_path / "bad.de.gz", "wb") as f:
+        f.write(b"ok\n\xff\n")
+    (tmp_path / "ok.en").write_text("ok\nok\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.de\.gz is not valid utf-8 text: byte offset 3 of the uncompressed "
+                                         r"text \(line 2\)"):
+        make_task({"task": "translation", "train": [str(tmp_path / "bad.de.gz"), str(tmp_path / "ok.en")]}, seed=0)
+
+
+def test_other_table_errors(tmp_path):
+    odd = tmp_path / "data.xlsx"
+    odd.write_text("x", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"cannot tell the format of .*data\.xlsx.*set \[data\] format"):
+        make_task({"task": "classification", "path": str(odd)}, seed=0)
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("text,label\nhello,a\nworld,b,extra\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"ragged\.csv, line 3: 3 fields, but the header has 2"):
+        make_task({"task": "classification", "path": str(ragged)}, seed=0)
+    jl = tmp_path / "bad.jsonl"
+    jl.write_text('{"text": "a", "label": 1}\n[1, 2]\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.jsonl, line 2: a JSON list, but JSONL rows must be objects"):
+        make_task({"task": "classification", "path": str(jl)}, seed=0)
+    with pytest.raises(ValueError, match="set text_column or text_columns, not both"):
+        make_task({"task": "classification", "path": str(ragged), "text_column": "a", "text_columns": ["b"]})
+    with pytest.raises(FileNotFoundError, match=r"set \[data\] path to your training file"):
+        make_task({"task": "classification"}, seed=0)
+    with pytest.raises(FileNotFoundError, match=r"set \[data\] train = "):
+        make_task({"task": "translation"}, seed=0)

@@ -61,6 +61,14 @@ class GPT(Module):
         if not self.tie_weights:
             self.lm_head.weight.data[...] = init.normal(rng, self.lm_head.weight.shape, 0.02, dtype)
 
+    @classmethod
+    def from_pretrained(cls, name_or_dir, dtype=np.float32, **overrides):
+        """A GPT with the weights of a Hugging Face checkpoint: a folder (config.json + model.safetensors)
+        or a hub id such as ``"gpt2"`` (see ``numformer.interop.hf.load_pretrained``; its tokenizer:
+        ``load_pretrained(name_or_dir)[1]``). ``overrides``: e.g. ``dropout=0.1`` for fine-tuning."""
+        from ..interop.hf import load_pretrained
+        return load_pretrained(name_or_dir, dtype=dtype, **overrides)[0]
+
     def new_kv_caches(self):
         """One empty KVCache per block, for incremental decoding with forward(idx, kv_caches=...)."""
         return [KVCache() for _ in self.blocks]

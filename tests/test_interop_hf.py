@@ -1,0 +1,272 @@
+"""Hugging Face GPT-2 in and out (numformer.interop.hf): parity with transformers, export, run folders.
+
+Every model here is a random-weight GPT-2 made with transformers (GPT2Config + save_pretrained
+into a temporary folder); nothing is downloaded.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from numformer import ops
+from numformer.interop import hf
+from numformer.models import GPT
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+SHAPES = {
+    "default_ff": dict(n_embd=16, n_layer=2, n_head=2),
+    "n_inner": dict(n_embd=24, n_layer=3, n_head=4, n_inner=40),
+    "untied_relu": dict(n_embd=16, n_layer=1, n_head=4, tie_word_embeddings=False, activation_function="relu"),
+    "gelu_exact_eps": dict(n_embd=8, n_layer=2, n_head=1, activation_function="gelu", layer_norm_epsilon=1e-6),
+}
+VOCAB, N_POS, EOS = 300, 48, 0
+TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+        "must be in want of a wife. However little known the feelings or views of such a man may be ") * 4
+
+
+def gpt2_config(**kw):
+    return transformers.GPT2Config(**{"vocab_size": VOCAB, "n_positions": N_POS, "bos_token_id": EOS,
+                                      "eos_token_id": EOS, **kw})
+
+
+def make_hf(tmp_path, name="gpt2", torch_dtype=torch.float32, seed=0, **kw):
+    """A random GPT-2 saved with save_pretrained into tmp_path/name; returns (folder, torch model in eval mode)."""
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(gpt2_config(**kw)).to(torch_dtype).eval()
+    with torch.no_grad():                        # non-zero biases and norm weights, so every tensor matters
+        for n, p in model.named_parameters():
+            if n.endswith("bias") or "ln_" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def save_tokenizer(folder, vocab_size=VOCAB):
+    """A small GPT-2-style byte-level BPE (tokenizer.json, vocab.json, merges.txt); <|endoftext|> is id EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    tok.train_from_iterator([TEXT], trainer=trainer)
+    assert tok.token_to_id("<|endoftext|>") == EOS
+    tok.save(str(folder / "tokenizer.json"))
+    tok.model.save(str(folder))                                    # vocab.json + merges.txt
+    return tok
+
+
+def loss_and_grads_torch(model, idx, targets):
+    model.zero_grad()
+    logits = model(torch.from_numpy(idx)).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(targets).reshape(-1))
+    loss.backward()
+    return logits.detach().numpy(), float(loss.detach()), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+
+
+def loss_and_grads_numformer(model, idx, targets):
+    model.zero_grad()
+    logits = model(idx)
+    loss, cache = ops.cross_entropy_forward(logits, targets)
+    model.backward(ops.cross_entropy_backward(cache))
+    return logits, float(loss), {n: p.grad for n, p in model.named_parameters()}
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.max(np.abs(a - b) / (1.0 + np.abs(b))))
+
+
+# -- import: parity with transformers ----------------------------------------------------------------------
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("tdtype,ndtype,tol", [(torch.float64, np.float64, 1e-9), (torch.float32, np.float32, 1e-4)])
+def test_logits_and_every_gradient_match_transformers(tmp_path, shape, tdtype, ndtype, tol):
+    folder, tmodel = make_hf(tmp_path, torch_dtype=tdtype, **SHAPES[shape])
+    tmodel.train()                                       # dropout is off in numformer; compare without it
+    for m in tmodel.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    model = GPT.from_pretrained(folder, dtype=ndtype).train()
+    rng = np.random.default_rng(1)
+    idx, targets = rng.integers(0, VOCAB, (3, 11)), rng.integers(0, VOCAB, (3, 11))
+    t_logits, t_loss, t_grads = loss_and_grads_torch(tmodel, idx, targets)
+    logits, loss, grads = loss_and_grads_numformer(model, idx, targets)
+    assert rel_err(logits, t_logits) < tol
+    assert abs(loss - t_loss) < tol
+    fam = hf.FAMILIES["gpt2"]
+    names = {row.hf[0]: (row.nf, row.transpose) for row in fam.tensors(hf.model_config_of(model))}
+    assert set(names) == set(t_grads), "every transformers parameter has a numformer counterpart"
+    for hf_name, g in t_grads.items():
+        nf, transpose = names[hf_name]
+        assert rel_err(grads[nf].T if transpose else grads[nf], g) < tol, hf_name
+
+
+def test_config_is_mapped(tmp_path):
+    folder, _ = make_hf(tmp_path, **SHAPES["n_inner"])
+    model = GPT.from_pretrained(folder)
+    cfg = hf.model_config_of(model)
+    assert (cfg["d_model"], cfg["n_layers"], cfg["n_heads"], cfg["d_ff"], cfg["block_size"]) == (24, 3, 4, 40, N_POS)
+    assert (cfg["activation"], cfg["bias"], cfg["tie_weights"], cfg["norm_first"]) == ("gelu_tanh", True, True, True)
+    assert model.lm_head.weight is model.tok_emb.weight
+    assert model.dtype == np.float32 and not model.training
+
+
+def test_original_gpt2_file_layout_without_prefix_and_with_attention_buffers(tmp_path):
+    """The hub's gpt2 files were saved from GPT2Model: no "transformer." prefix, and attn.bias buffers."""
+    from safetensors.numpy import load_file, save_file
+
+    folder, tmodel = make_hf(tmp_path, **SHAPES["default_ff"])
+    state = {k.removeprefix("transformer."): v for k, v in load_file(folder / "model.safetensors").items()}
+    state["h.0.attn.bias"] = np.tril(np.ones((1, 1, N_POS, N_POS), np.float32))
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    idx = np.arange(10)[None] % VOCAB
+    np.testing.assert_allclose(GPT.from_pretrained(folder)(idx), tmodel(torch.from_numpy(idx)).logits.detach().numpy(),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_generation_equals_transformers_generate(tmp_path):
+    folder, tmodel = make_hf(tmp_path, **SHAPES["n_inner"])
+    model = GPT.from_pretrained(folder)
+    prompt = np.array([[5, 17, 3, 44, 9]])
+    with torch.no_grad():
+        ref = tmodel.generate(torch.from_numpy(prompt), max_new_tokens=20, do_sample=False,
+                              attention_mask=torch.ones_like(torch.from_numpy(prompt)), pad_token_id=EOS,
+                              eos_token_id=None).numpy()
+    ours = model.generate(prompt, 20, greedy=True)
+    np.testing.assert_array_equal(ours, ref)
+
+
+def test_seeded_sampling_repeats(tmp_path):
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    model = GPT.from_pretrained(folder)
+    a = model.generate([1, 2, 3], 15, temperature=0.9, top_k=20, rng=7)
+    b = model.generate([1, 2, 3], 15, temperature=0.9, top_k=20, rng=7)
+    c = model.generate([1, 2, 3], 15, temperature=0.9, top_k=20, rng=8)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+# -- tokenizer --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("files", ["tokenizer.json", "vocab+merges"])
+def test_tokenizer_matches_transformers(tmp_path, files):
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    save_tokenizer(folder)
+    reference = transformers.AutoTokenizer.from_pretrained(folder)
+    if files == "vocab+merges":
+        (folder / "tokenizer.json").unlink()
+    model, tok = hf.load_pretrained(folder)
+    text = "However little known,  the feelings of such a man!\nÜber 3 wives."
+    assert tok.encode(text) == reference(text)["input_ids"]
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.eos_id == EOS and tok.vocab_size == VOCAB
+    assert max(tok.encode(TEXT)) < model.vocab_size
+
+
+# -- bad input ----------------------------------------------------------------------------------------------------
+def test_missing_files(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        hf.load_pretrained(tmp_path)
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="has no model.safetensors"):
+        hf.load_pretrained(folder)
+    with pytest.raises(ValueError, match="neither a folder nor a Hugging Face hub id"):
+        hf.load_pretrained(tmp_path / "no such" / "folder here")
+
+
+def test_pickle_only_folder_is_refused_with_the_conversion(tmp_path):
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ValueError, match=r"pickle.*arbitrary code.*save_pretrained") as e:
+        hf.load_pretrained(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_shape_mismatch_names_the_tensor(tmp_path):
+    folder, _ = make_hf(tmp_path, **SHAPES["n_inner"])
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["n_inner"] = 48
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"transformer\.h\.0\.mlp\.c_fc\.weight has shape \(24, 40\) but "
+                                         r"config\.json implies \(24, 48\)"):
+        hf.load_pretrained(folder)
+
+
+def test_missing_and_unexpected_tensors(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    state = load_file(folder / "model.safetensors")
+    state.pop("transformer.ln_f.bias")
+    state["transformer.h.0.extra.weight"] = np.zeros(3, np.float32)
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing tensors \['transformer\.ln_f\.bias'\].*unexpected tensors "
+                                         r"\['transformer\.h\.0\.extra\.weight'\]"):
+        hf.load_pretrained(folder)
+
+
+def test_unsupported_model_type_names_the_supported_ones(tmp_path):
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
+    with pytest.raises(ValueError, match=r"model_type 'bert' is not supported; numformer imports \['gpt2'"):
+        hf.load_pretrained(folder)
+
+
+@pytest.mark.parametrize("key,value,match", [("scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse"),
+                                             ("scale_attn_weights", False, "unscaled attention"),
+                                             ("activation_function", "silu", "activation_function 'silu'")])
+def test_unsupported_gpt2_options_are_refused(tmp_path, key, value, match):
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"], **{key: value})
+    with pytest.raises(ValueError, match=match):
+        hf.load_pretrained(folder)
+
+
+# -- the hub -----------------------------------------------------------------------------------------------------
+def test_hub_id_goes_through_snapshot_download(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    folder, tmodel = make_hf(tmp_path, **SHAPES["default_ff"])
+    calls = []
+
+    def fake_snapshot_download(repo_id, allow_patterns=None, local_files_only=False, **kw):
+        calls.append((repo_id, local_files_only))
+        assert "model.safetensors" in allow_patterns and "config.json" in allow_patterns
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    for source in ("openai-community/gpt2", "hf:gpt2"):
+        model = GPT.from_pretrained(source)
+        idx = np.array([[1, 2, 3]])
+        np.testing.assert_allclose(model(idx), tmodel(torch.from_numpy(idx)).logits.detach().numpy(), atol=1e-5)
+    assert calls == [("openai-community/gpt2", True), ("openai-community/gpt2", False), ("gpt2", True), ("gpt2", False)]
+
+
+def test_offline_hub_id_says_what_to_download_and_where(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    import huggingface_hub
+
+    def offline(repo_id, **kw):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ValueError) as e:
+        GPT.from_pretrained("gpt2")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "hf download gpt2 config.json model.safetensors tokenizer.json" in msg
+    assert ".cache/huggingface/hub" in msg

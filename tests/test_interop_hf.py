@@ -270,3 +270,161 @@ def test_offline_hub_id_says_what_to_download_and_where(tmp_path, monkeypatch):
     assert "\n" not in msg
     assert "hf download gpt2 config.json model.safetensors tokenizer.json" in msg
     assert ".cache/huggingface/hub" in msg
+
+
+# -- export --------------------------------------------------------------------------------------------------
+def hf_logits(folder, idx):
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return model(torch.from_numpy(idx)).logits.double().numpy()
+
+
+def test_import_then_export_gives_identical_tensors_and_config(tmp_path):
+    from safetensors.numpy import load_file
+
+    for name in ("tied", "untied"):
+        folder, _ = make_hf(tmp_path, name, **(SHAPES["n_inner"] if name == "tied" else SHAPES["untied_relu"]))
+        save_tokenizer(folder)
+        model, tok = hf.load_pretrained(folder)
+        out = hf.export_hf(model, tmp_path / f"{name}_out", tok)
+        a, b = load_file(folder / "model.safetensors"), load_file(out / "model.safetensors")
+        assert sorted(a) == sorted(b)
+        for k in a:
+            assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+        src_cfg, out_cfg = (json.loads((d / "config.json").read_text()) for d in (folder, out))
+        for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "activation_function",
+                  "layer_norm_epsilon", "tie_word_embeddings", "model_type"):
+            assert out_cfg[k] == src_cfg[k], k
+        assert transformers.AutoTokenizer.from_pretrained(out)("a man")["input_ids"] == tok.encode("a man")
+
+
+@pytest.mark.parametrize("options", [
+    dict(bias=False, activation="gelu_tanh"),                         # nanoGPT's default: zero biases on export
+    dict(positional="sinusoidal", activation="relu", tie_weights=False, d_ff=20),
+    dict(activation="gelu", layer_norm_eps=1e-6)])
+def test_numformer_model_exports_with_the_same_logits(tmp_path, options):
+    model = GPT(VOCAB, 24, n_layers=2, n_heads=2, d_model=16, rng=np.random.default_rng(0), **options)
+    out = hf.export_hf(model, tmp_path / "out")
+    idx = np.random.default_rng(1).integers(0, VOCAB, (2, 24))
+    np.testing.assert_allclose(hf_logits(out, idx), model.eval()(idx), rtol=1e-4, atol=1e-5)
+    again = GPT.from_pretrained(out)                                # and back: the same model
+    np.testing.assert_allclose(again(idx), model(idx), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("options,feature", [(dict(norm_first=False), "post-LN"), (dict(norm="rms"), "norm = 'rms'")])
+def test_export_refuses_what_gpt2_cannot_express(tmp_path, options, feature):
+    model = GPT(VOCAB, 16, n_layers=1, n_heads=2, d_model=8, **options)
+    with pytest.raises(ValueError, match=f"GPT-2 cannot express {feature}"):
+        hf.export_hf(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# -- run folders and the command line --------------------------------------------------------------------------
+def cli(*argv):
+    from numformer.cli import main
+    return main([str(a) for a in argv])
+
+
+@pytest.fixture
+def hf_folder(tmp_path):
+    folder, tmodel = make_hf(tmp_path, **SHAPES["n_inner"])
+    save_tokenizer(folder)
+    (tmp_path / "text.txt").write_text(TEXT * 3)
+    return folder, tmodel
+
+
+def test_numformer_run_exports_to_transformers(tmp_path, hf_folder, capsys):
+    folder, tmodel = hf_folder
+    run = tmp_path / "run"
+    assert cli("import-hf", folder, "--out", run, "--data", tmp_path / "text.txt", "--block-size", 32) == 0
+    assert cli("export", run, "--format", "hf", "--out", tmp_path / "exported") == 0
+    idx = np.random.default_rng(2).integers(0, VOCAB, (2, 12))
+    np.testing.assert_allclose(hf_logits(tmp_path / "exported", idx),
+                               tmodel(torch.from_numpy(idx)).logits.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert cli("export", run, "--out", tmp_path / "exported") == 2            # not empty, no --overwrite
+    assert "is not empty" in capsys.readouterr().err
+
+
+def test_char_run_exports_without_a_tokenizer(tmp_path, capsys):
+    run = tmp_path / "run"
+    (tmp_path / "t.txt").write_text(TEXT)
+    assert cli("train", "configs/shakespeare_char.toml", "--out", run, "--quiet", "--set", "train.max_steps=2",
+               "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", f"data.path={tmp_path / 't.txt'}",
+               "--set", "data.block_size=8", "--set", "train.processes=1") == 0
+    assert cli("export", run, "--out", tmp_path / "hf") == 0
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    from numformer.train import load_model
+    model = load_model(run)
+    idx = np.array([[1, 2, 3, 4]])
+    np.testing.assert_allclose(hf_logits(tmp_path / "hf", idx), model(idx), rtol=1e-4, atol=1e-5)
+
+
+def test_imported_run_works_with_generate_eval_and_analyze(tmp_path, hf_folder, capsys):
+    folder, tmodel = hf_folder
+    run = tmp_path / "run"
+    assert cli("import-hf", folder, "--out", run, "--data", tmp_path / "text.txt", "--block-size", 32) == 0
+    capsys.readouterr()
+    _, tok = hf.load_pretrained(folder)
+    prompt = "It is a truth"
+    ids = np.array([tok.encode(prompt)])
+    with torch.no_grad():
+        ref = tmodel.generate(torch.from_numpy(ids), max_new_tokens=8, do_sample=False, pad_token_id=EOS,
+                              eos_token_id=None, attention_mask=torch.ones_like(torch.from_numpy(ids)))
+    expected = tok.decode(ref[0].numpy())
+    for source in (run, folder):
+        assert cli("generate", source, "--prompt", prompt, "--max-new-tokens", 8, "--greedy") == 0
+        assert capsys.readouterr().out == expected + "\n"
+    assert cli("eval", run, "--json") == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "bits_per_token" in result and np.isfinite(result["loss"])
+    assert cli("analyze", run, "--out", tmp_path / "analysis", "--no-ablation", "--no-occlusion",
+               "--text", "a single man") == 0
+    assert (tmp_path / "analysis" / "report.md").is_file()
+
+
+def test_generate_accepts_a_hub_id(tmp_path, hf_folder, monkeypatch, capsys):
+    import huggingface_hub
+
+    folder, _ = hf_folder
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(folder))
+    assert cli("generate", "hf:gpt2", "--prompt", "a man", "--max-new-tokens", 5, "--seed", 0) == 0
+    assert capsys.readouterr().out.startswith("a man")
+
+
+def fine_tune_config(init_from, text_path, **model):
+    return {"model": {"init_from": str(init_from), **model},
+            "data": {"task": "text", "path": str(text_path), "block_size": 16},
+            "train": {"max_steps": 8, "batch_size": 4, "lr": 3e-3, "eval_every": 8, "log_every": 1,
+                      "checkpoint_every": 8, "processes": 1, "warmup_steps": 0}}
+
+
+@pytest.mark.parametrize("kind", ["hf_folder", "run_folder"])
+def test_fine_tuning_lowers_the_loss_and_the_run_reloads(tmp_path, hf_folder, kind):
+    from numformer.train import Trainer, evaluate_loss, load_model, load_task
+
+    folder, _ = hf_folder
+    source = folder
+    if kind == "run_folder":
+        source = tmp_path / "imported"
+        assert cli("import-hf", folder, "--out", source) == 0
+    trainer = Trainer(fine_tune_config(source, tmp_path / "text.txt", dropout=0.0), tmp_path / "ft", quiet=True)
+    assert trainer.task.unit == "token" and trainer.task.tokenizer.eos_id == EOS
+    before = evaluate_loss(trainer.model, trainer.task, "val", 8)
+    np.testing.assert_allclose(trainer.model.tok_emb.weight.data, GPT.from_pretrained(folder).tok_emb.weight.data)
+    summary = trainer.train()
+    assert summary["best_val_loss"] < before
+    model, task = load_model(tmp_path / "ft"), load_task(tmp_path / "ft")
+    assert abs(evaluate_loss(model, task, "val", 8) - summary["best_val_loss"]) < 1e-6
+    assert json.loads((tmp_path / "ft" / "config.json").read_text())["model"]["init_from"] == str(source)
+
+
+def test_fine_tuning_keeps_the_architecture(tmp_path, hf_folder):
+    from numformer.train import resolve_config
+
+    folder, _ = hf_folder
+    with pytest.raises(ValueError, match=r"\[model\] \['n_layers'\] differ from the init_from model"):
+        resolve_config(fine_tune_config(folder, tmp_path / "text.txt", n_layers=2))
+    cfg = fine_tune_config(folder, tmp_path / "text.txt")
+    cfg["data"]["block_size"] = N_POS + 1
+    with pytest.raises(ValueError, match=rf"set \[data\] block_size <= {N_POS}"):
+        resolve_config(cfg)

@@ -330,12 +330,9 @@ def load_pretrained(source, dtype=np.float32, **overrides):
 
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
-    fam = family(hf_config["model_type"])
-    model_config = {**fam.to_numformer(hf_config), **overrides}
-    hf_state = read_safetensors(folder)
+    model_config = {**family(hf_config["model_type"]).to_numformer(hf_config), **overrides}
     model = build_model(model_config, rng=np.random.default_rng(0), dtype=dtype)
-    expected = {n: p.shape for n, p in model.named_parameters()}
-    model.load_state_dict(to_numformer_state(fam, model_config, hf_state, expected, f"{folder}/{WEIGHTS}"))
+    load_init_weights(model, folder)
     return model.eval(), load_tokenizer(folder, hf_config)
 
 
@@ -350,7 +347,73 @@ def model_config_of(model):
             "norm": block.norm_kind, "tie_weights": model.tie_weights, "bias": block.ff.linear1.bias is not None,
             "layer_norm_eps": getattr(block.norm1, "eps", 1e-5),
             "positional": "sinusoidal" if isinstance(model.pos_emb, SinusoidalPositionalEncoding) else "learned",
-            "n_kv_heads": getattr(model, "n_kv_heads", None) or model.n_heads}
+            **({"n_kv_heads": model.n_kv_heads} if getattr(model, "n_kv_heads", None) else {})}
+
+
+# -- fine-tuning: [model] init_from = "RUN_DIR | Hugging Face folder | hub id" -----------------------------
+FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
+
+
+def is_run_folder(source):
+    """Whether ``source`` is a numformer run folder (its config.json has a [model] section)."""
+    path = Path(str(source)) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        return "model" in json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+
+
+def pretrained_source(source):
+    """(numformer model config, tokenizer state or None) of a numformer run folder, a Hugging Face
+    folder or a hub id; reads configs and tokenizers only, not the weights."""
+    if is_run_folder(source):
+        from ..train.run import load_config_json, load_tokenizer_state
+
+        model = {k: v for k, v in load_config_json(source)["model"].items() if v is not None and k != "init_from"}
+        return model, load_tokenizer_state(source)
+    folder = resolve_source(source)
+    hf_config = read_hf_config(folder)
+    tokenizer = load_tokenizer(folder, hf_config)
+    return family(hf_config["model_type"]).to_numformer(hf_config), None if tokenizer is None else tokenizer.to_dict()
+
+
+def merge_init_from(source, model, source_model, from_data):
+    """The [model] section of a run fine-tuned from ``source``: the source's architecture, with the
+    ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabulary, context length)."""
+    changed = sorted(k for k, v in model.items() if k not in FINE_TUNING_OPTIONS and k != "type"
+                     and source_model.get(k) != v)
+    if changed:
+        raise ValueError(f"[model] {changed} differ from the init_from model {source!r} "
+                         f"({ {k: source_model.get(k) for k in changed} }); a fine-tuned model keeps its "
+                         f"architecture: remove them (only {list(FINE_TUNING_OPTIONS)} may change)")
+    if model.get("type", source_model["type"]) != source_model["type"]:
+        raise ValueError(f"[model] type = {model['type']!r} but init_from {source!r} is a {source_model['type']!r}")
+    for key, what in (("vocab_size", "the tokenizer's vocabulary"), ("block_size", "[data] block_size")):
+        if key in from_data and from_data[key] > source_model.get(key, from_data[key]):
+            raise ValueError(f"{what} ({from_data[key]}) exceeds the {key} of the init_from model {source!r} "
+                             f"({source_model[key]}); " + ("use the model's own tokenizer" if key == "vocab_size"
+                                                            else f"set [data] block_size <= {source_model[key]}"))
+    return {**{k: v for k, v in source_model.items() if k != "type"}, **model}
+
+
+def load_init_weights(model, source):
+    """Copy the weights of ``source`` (run folder, Hugging Face folder or hub id) into ``model``."""
+    if is_run_folder(source):
+        from ..train.checkpoint import CHECKPOINT, MODEL, load_model_weights
+
+        for name in (MODEL, CHECKPOINT):
+            if (Path(source) / name).is_file():
+                load_model_weights(Path(source) / name, model)
+                return model
+        raise ValueError(f"init_from {source!r} has no saved weights ({MODEL} or {CHECKPOINT})")
+    folder = resolve_source(source)
+    fam = family(read_hf_config(folder)["model_type"])
+    expected = {n: p.shape for n, p in model.named_parameters()}
+    model.load_state_dict(to_numformer_state(fam, model_config_of(model), read_safetensors(folder), expected,
+                                             f"{folder}/{WEIGHTS}"))
+    return model
 
 
 # -- export --------------------------------------------------------------------------------------------

@@ -7,20 +7,29 @@ the three input projections are one fused matmul with ``qkv_proj.weight`` =
 [W^Q; W^K; W^V] of shape (3·d_model, d_model), the layout of torch's
 ``in_proj_weight``; cross-attention uses row slices of the same weight.
 
+A forward pass has three steps, each a method: ``_project`` forms the
+per-head q, k, v (B, H, T, d_head) from the inputs; a kernel from ``KERNELS``
+computes the per-head context softmax(q kᵀ/√d_head + M) v; ``out_proj`` maps
+the merged heads back to d_model. Backward runs them in reverse
+(``_project_backward`` turns dq, dk, dv into the input gradients).
+
 Mask convention (as ``torch.nn.MultiheadAttention``): a boolean mask is True
 where attention is **not allowed**; a float mask is added to the scores.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import ops
-from ..ops.attention import (FastAttentionCache, fused_attention_backward, fused_attention_forward,
-                             scaled_dot_product_attention_backward, scaled_dot_product_attention_forward)
-from ..ops.flash_attention import FlashAttentionCache, flash_attention_backward, flash_attention_forward
+from ..ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
+from ..ops.flash_attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention_backward,
+                                   flash_attention_forward)
+from ..ops.fused_attention import fused_attention_backward, fused_attention_forward
 from . import init
 from .layers import Linear
-from .module import Module, Parameter
+from .module import Module
 
 
 class KVCache:
@@ -74,15 +83,38 @@ def _split_heads(x, n, n_heads):
     return tuple(x[i] for i in range(n))
 
 
-def _merge_heads(x):
-    """(B, H, T, d_head) -> (B, T, H·d_head)."""
-    B, H, T, dh = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, T, H * dh)
+def _as_heads(rows):
+    """A (B, T, H, d_head) array seen as (B, H, T, d_head) (a view)."""
+    return rows.transpose(0, 2, 1, 3)
 
 
-def _heads_to_rows(dx, out):
-    """Write a (B, H, T, d_head) gradient into ``out`` of shape (B, T, H, d_head)."""
-    out[...] = dx.transpose(0, 2, 1, 3)
+def check_module_masks(t_q, t_k, attn_mask=None, key_padding_mask=None, batch=None, n_heads=None):
+    """Validate the module-level masks (torch.nn convention); return them as arrays, a 3-D attn_mask
+    (B·H, Tq, Tk) reshaped to (B, H, Tq, Tk). Shared by every kernel of ``MultiHeadAttention``.
+
+    attn_mask: (Tq, Tk), (B·H, Tq, Tk) or (B, H, Tq, Tk).   key_padding_mask: (B, Tk).
+    """
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        if m.ndim == 3:
+            if batch is None or m.shape[0] != batch * n_heads:
+                raise ValueError(f"a 3-D attn_mask must have shape (batch*heads, {t_q}, {t_k}), got {m.shape}")
+            m = m.reshape(batch, n_heads, *m.shape[1:])
+        if m.ndim not in (2, 4) or m.shape[-2:] != (t_q, t_k):
+            raise ValueError(f"attn_mask must have shape ({t_q}, {t_k}), (batch*heads, {t_q}, {t_k}) or "
+                             f"(batch, heads, {t_q}, {t_k}); got {np.shape(attn_mask)}")
+        attn_mask = m
+    if key_padding_mask is not None:
+        m = np.asarray(key_padding_mask)
+        if m.ndim != 2 or m.shape[1] != t_k or (batch is not None and m.shape[0] != batch):
+            raise ValueError(f"key_padding_mask must have shape (batch, {t_k}), got {m.shape}")
+        key_padding_mask = m
+    return attn_mask, key_padding_mask
+
+
+def _additive(m, dtype):
+    """A module mask (bool True = blocked, or float) as an additive float mask (0 / -inf)."""
+    return np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype)
 
 
 def build_attention_mask(t_q, t_k, dtype, attn_mask=None, key_padding_mask=None, is_causal=False,
@@ -95,32 +127,102 @@ def build_attention_mask(t_q, t_k, dtype, attn_mask=None, key_padding_mask=None,
     (causal_offset = number of cached positions, for incremental decoding).
     Returns an array broadcastable to (B, H, Tq, Tk) with 0 / -inf (plus float masks).
     """
-    mask = None
-
-    def add(m):
-        nonlocal mask
-        mask = m if mask is None else mask + m
-
+    attn_mask, key_padding_mask = check_module_masks(t_q, t_k, attn_mask, key_padding_mask, batch, n_heads)
+    parts = []
     if is_causal:
         blocked = ~np.tril(np.ones((t_q, t_k), dtype=bool), k=causal_offset)
-        add(np.where(blocked, -np.inf, 0.0).astype(dtype))
+        parts.append(np.where(blocked, -np.inf, 0.0).astype(dtype))
     if attn_mask is not None:
-        m = np.asarray(attn_mask)
-        if m.ndim == 3:
-            if batch is None or m.shape[0] != batch * n_heads:
-                raise ValueError(f"a 3-D attn_mask must have shape (batch*heads, {t_q}, {t_k}), got {m.shape}")
-            m = m.reshape(batch, n_heads, *m.shape[1:])
-        if m.ndim not in (2, 4) or m.shape[-2:] != (t_q, t_k):
-            raise ValueError(f"attn_mask must have shape ({t_q}, {t_k}), (batch*heads, {t_q}, {t_k}) or "
-                             f"(batch, heads, {t_q}, {t_k}); got {np.shape(attn_mask)}")
-        add(np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype))
+        parts.append(_additive(attn_mask, dtype))
     if key_padding_mask is not None:
-        m = np.asarray(key_padding_mask)
-        if m.ndim != 2 or m.shape[1] != t_k or (batch is not None and m.shape[0] != batch):
-            raise ValueError(f"key_padding_mask must have shape (batch, {t_k}), got {m.shape}")
-        m = m[:, None, None, :]
-        add(np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype))
+        parts.append(_additive(key_padding_mask[:, None, None, :], dtype))
+    mask = None
+    for m in parts:
+        mask = m if mask is None else mask + m
     return mask
+
+
+class Masks(NamedTuple):
+    """The masks of one attention call, validated (``check_module_masks``), in the module convention.
+
+    ``causal_offset``: the number of cached positions before the queries (incremental decoding).
+    ``shortcut_causal``: the kernel may apply a plain causal mask by itself (no (Tq, Tk) mask built).
+    """
+    attn_mask: np.ndarray | None
+    key_padding_mask: np.ndarray | None
+    is_causal: bool
+    causal_offset: int = 0
+    shortcut_causal: bool = False
+
+    def additive(self, q, k):
+        """(mask, is_causal) for the kernels that take one additive mask: the combined float mask, or
+        (None, True) when a plain causal mask is all there is and the kernel may apply it itself."""
+        if self.shortcut_causal:
+            return None, True
+        B, H, t_q, _ = q.shape
+        mask = build_attention_mask(t_q, k.shape[2], q.dtype, self.attn_mask, self.key_padding_mask,
+                                    self.is_causal, B, H, causal_offset=self.causal_offset)
+        return mask, False
+
+
+# -- the kernels ------------------------------------------------------------------------------------------
+# Each kernel is a pair. forward(layer, q, k, v, masks, p_drop, out) writes the context (B, H, Tq, d_head)
+# into ``out`` and returns (weights or None, cache); backward(dctx, cache, dq, dk, dv) writes the gradients
+# into the given (B, H, T, d_head) arrays.
+
+def _reference_forward(layer, q, k, v, masks, p_drop, out):
+    """ops.attention: the reference kernel, the only one with attention dropout."""
+    mask, causal = masks.additive(q, k)
+    ctx, weights, cache = scaled_dot_product_attention_forward(
+        q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p_drop, rng=layer.rng,
+        need_weights=layer.record_weights)
+    out[...] = ctx
+    return weights, cache
+
+
+def _reference_backward(dctx, cache, dq, dk, dv):
+    for target, g in zip((dq, dk, dv), scaled_dot_product_attention_backward(dctx, cache)):
+        target[...] = g
+
+
+def _fused_forward(layer, q, k, v, masks, p_drop, out):
+    """ops.fused_attention: the fast version of the reference (no dropout)."""
+    mask, causal = masks.additive(q, k)
+    _, cache = fused_attention_forward(q, k, v, mask, causal, out=out)
+    return (np.swapaxes(cache.weights_t, -1, -2) if layer.record_weights else None), cache
+
+
+def _fused_backward(dctx, cache, dq, dk, dv):
+    fused_attention_backward(dctx, cache, dq, dk, dv)
+
+
+def _flash_forward(layer, q, k, v, masks, p_drop, out):
+    """ops.flash_attention: memory linear in the sequence length (no dropout, no weights). The module masks
+    (bool True = blocked) become functional ones (True = may attend) without building a (Tq, Tk) mask."""
+    if p_drop > 0.0:
+        raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); set dropout = 0 "
+                         f"(a model's dropout also drops attention weights), call .eval() for inference, "
+                         f"or use attention='plain'")
+    mask, key_mask = masks.attn_mask, masks.key_padding_mask
+    mask = ~mask if mask is not None and mask.dtype == bool else mask
+    key_mask = ~key_mask if key_mask is not None and key_mask.dtype == bool else key_mask
+    ctx, cache = flash_attention_forward(q, k, v, attn_mask=mask, is_causal=masks.is_causal, key_mask=key_mask,
+                                         causal_offset=masks.causal_offset, block_q=layer.flash_block_q,
+                                         block_k=layer.flash_block_k)
+    out[...] = ctx
+    return None, cache
+
+
+def _flash_backward(dctx, cache, dq, dk, dv):
+    for target, g in zip((dq, dk, dv), flash_attention_backward(dctx, cache)):
+        target[...] = g
+
+
+KERNELS = {
+    "reference": (_reference_forward, _reference_backward),
+    "fused": (_fused_forward, _fused_backward),
+    "flash": (_flash_forward, _flash_backward),
+}
 
 
 class MultiHeadAttention(Module):
@@ -129,6 +231,11 @@ class MultiHeadAttention(Module):
     d_model: model width E;  n_heads: h (E must divide by h);  d_head = E / h.
     forward(query (B, Tq, E), key=None, value=None, ...) -> (B, Tq, E).
     key defaults to query (self-attention), value to key (cross-attention on a memory).
+
+    backward(dout (B, Tq, E)) returns one gradient per distinct input, in the
+    order query, key, value: dquery for self-attention (key and value are the
+    query), (dquery, dkey) when value is key (cross-attention on a memory),
+    (dquery, dkey, dvalue) otherwise.
 
     Set ``record_weights = True`` to keep the last attention weights (B, h, Tq, Tk)
     in ``last_weights``; set ``head_mask`` (h,) to scale each head's output
@@ -141,6 +248,11 @@ class MultiHeadAttention(Module):
     dropout: in training mode with ``dropout > 0`` forward raises a ValueError.
     With ``record_weights`` the plain kernel is used (the weights must be built).
     ``flash_block_q`` / ``flash_block_k`` set its block sizes.
+
+    Which kernel of ``KERNELS`` runs (``kernel_name``): "flash" as just said;
+    with ``attention="plain"``, "fused" (``ops.fused_attention``, the fast
+    version of the reference) unless attention dropout is active, then
+    "reference" (``ops.attention``).
     """
 
     ATTENTION_KINDS = ("plain", "flash")
@@ -150,7 +262,7 @@ class MultiHeadAttention(Module):
         if attention not in self.ATTENTION_KINDS:
             raise ValueError(f"unknown attention kernel {attention!r}; choose one of {list(self.ATTENTION_KINDS)}")
         self.attention = attention
-        self.flash_block_q = self.flash_block_k = 256
+        self.flash_block_q, self.flash_block_k = DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
                              f"(each head gets d_model / n_heads features)")
@@ -174,23 +286,50 @@ class MultiHeadAttention(Module):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout_p}"
                 + (f", attention={self.attention!r}" if self.attention != "plain" else ""))
 
+    def kernel_name(self, p_drop):
+        """The entry of ``KERNELS`` used for attention dropout ``p_drop``."""
+        if self.attention == "flash" and not self.record_weights:
+            return "flash"
+        return "fused" if p_drop == 0.0 else "reference"
+
     # -- projections -------------------------------------------------------------
     def _project(self, query, key, value):
-        """Q, K, V per head, each (B, H, T, d_head), and what backward needs to undo the projection."""
+        """The per-head queries, keys and values, each (B, H, T, d_head), and the caches of the projections.
+
+        Each distinct input is projected by its rows of ``qkv_proj``: self-attention is one matmul with all
+        3·E rows; cross-attention projects the query with W^Q and the memory with [W^K; W^V] (or each
+        separately when value is not key).
+        """
         E, H = self.d_model, self.n_heads
         W = self.qkv_proj.weight.data
         b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
-        bs = (lambda s: None) if b is None else (lambda s: b[s])
         if key is query and value is query:
-            qkv, c = ops.linear_forward(query, W, b)
-            return _split_heads(qkv, 3, H), ("self", c)
-        q, cq = ops.linear_forward(query, W[:E], bs(slice(0, E)))
-        if value is key:
-            kv, ckv = ops.linear_forward(key, W[E:], bs(slice(E, None)))
-            return _split_heads(q, 1, H) + _split_heads(kv, 2, H), ("kv", cq, ckv)
-        k, ck = ops.linear_forward(key, W[E:2 * E], bs(slice(E, 2 * E)))
-        v, cv = ops.linear_forward(value, W[2 * E:], bs(slice(2 * E, None)))
-        return (_split_heads(q, 1, H) + _split_heads(k, 1, H) + _split_heads(v, 1, H)), ("qkv", cq, ck, cv)
+            groups = ((query, slice(0, 3 * E)),)
+        elif value is key:
+            groups = ((query, slice(0, E)), (key, slice(E, 3 * E)))
+        else:
+            groups = ((query, slice(0, E)), (key, slice(E, 2 * E)), (value, slice(2 * E, 3 * E)))
+        heads, caches = (), []
+        for x, rows in groups:
+            y, c = ops.linear_forward(x, W[rows], None if b is None else b[rows])
+            n = (rows.stop - rows.start) // E
+            heads += _split_heads(y, n, H)
+            caches.append((c, x.shape[:2] + (n,)))
+        return heads, caches
+
+    def _project_backward(self, grad_rows, caches):
+        """Input gradients from the (B, T, n, H, d_head) gradients of each projection; accumulates dW, db."""
+        results = [ops.linear_backward(g.reshape(g.shape[:2] + (-1,)), c) for g, (c, _) in zip(grad_rows, caches)]
+        if len(results) == 1:
+            _, dW, db = results[0]
+        else:
+            dW = np.concatenate([r[1] for r in results])
+            db = None if results[0][2] is None else np.concatenate([r[2] for r in results])
+        self.qkv_proj.weight.accumulate(dW)
+        if self.qkv_proj.bias is not None:
+            self.qkv_proj.bias.accumulate(db)
+        dxs = tuple(r[0] for r in results)
+        return dxs[0] if len(dxs) == 1 else dxs
 
     def _check_inputs(self, query, key, value):
         for name, x in (("query", query), ("key", key), ("value", value)):
@@ -200,6 +339,26 @@ class MultiHeadAttention(Module):
             raise ValueError(f"query {query.shape}, key {key.shape} and value {value.shape} must share the batch "
                              f"size, and key/value the sequence length")
 
+    # -- attention ---------------------------------------------------------------
+    def _masks(self, q, k, attn_mask, key_padding_mask, is_causal, causal_offset=0, cached=False):
+        B, H, t_q, _ = q.shape
+        t_k = k.shape[2]
+        attn_mask, key_padding_mask = check_module_masks(t_q, t_k, attn_mask, key_padding_mask, B, H)
+        shortcut = (is_causal and attn_mask is None and key_padding_mask is None and t_q == t_k and not cached)
+        return Masks(attn_mask, key_padding_mask, is_causal, causal_offset, shortcut)
+
+    def _attend(self, name, q, k, v, masks, p_drop):
+        """The kernel ``name`` on the per-head q, k, v: the context in the merged-heads layout (B, Tq, H, d_head)
+        and the kernel's cache. Records the weights and applies the head mask."""
+        B, H, t_q, dh = q.shape
+        merged = np.empty((B, t_q, H, dh), dtype=q.dtype)
+        weights, cache = KERNELS[name][0](self, q, k, v, masks, p_drop, _as_heads(merged))
+        if self.record_weights:
+            self.last_weights = weights
+        if self.head_mask is not None:          # a new array: the fused kernel's cache holds ``merged``
+            merged = merged * np.asarray(self.head_mask, dtype=merged.dtype)[None, None, :, None]
+        return merged, cache
+
     # -- forward / backward -------------------------------------------------------
     def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
                 kv_cache=None):
@@ -208,128 +367,27 @@ class MultiHeadAttention(Module):
         self._check_inputs(query, key, value)
         if kv_cache is not None:
             return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache)
-        B, Tq, _ = query.shape
-        Tk = key.shape[1]
-        (q, k, v), proj_cache = self._project(query, key, value)
-        only_causal = is_causal and attn_mask is None and key_padding_mask is None and Tq == Tk
+        (q, k, v), proj_cache = self._project(query, key, value)        # q, k, v: (B, H, T, d_head)
+        masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal)
         p_drop = self.dropout_p if self.training else 0.0
-        merged = None
-        if self.attention == "flash" and not self.record_weights:
-            ctx, attn_cache = self._flash(q, k, v, attn_mask, key_padding_mask, is_causal, p_drop)
-            weights = None
-        else:
-            mask = None if only_causal else build_attention_mask(
-                Tq, Tk, q.dtype, attn_mask, key_padding_mask, is_causal, B, self.n_heads)
-            if p_drop == 0.0 and self.head_mask is None:
-                # fast path: the kernel writes the context straight into the merged-heads layout (B, Tq, H, dh)
-                merged = np.empty((B, Tq, self.n_heads, self.d_head), dtype=q.dtype)
-                ctx, attn_cache = fused_attention_forward(q, k, v, mask, only_causal,
-                                                          out=merged.transpose(0, 2, 1, 3))
-                weights = np.swapaxes(attn_cache.weights_t, -1, -2) if self.record_weights else None
-            else:
-                ctx, weights, attn_cache = scaled_dot_product_attention_forward(
-                    q, k, v, attn_mask=mask, is_causal=only_causal, dropout_p=p_drop, rng=self.rng,
-                    need_weights=self.record_weights)
-        if self.record_weights:
-            self.last_weights = weights
-        if self.head_mask is not None:
-            ctx = ctx * np.asarray(self.head_mask, dtype=ctx.dtype)[None, :, None, None]
-        if merged is not None:
-            out = self.out_proj(merged.reshape(B, Tq, self.d_model))
-        else:
-            out = self.out_proj(_merge_heads(ctx))
-        self._cache = (proj_cache, attn_cache, query.shape, key.shape)
-        return out
+        name = self.kernel_name(p_drop)
+        ctx, attn_cache = self._attend(name, q, k, v, masks, p_drop)   # (B, Tq, H, d_head)
+        self._cache = (name, proj_cache, attn_cache)
+        return self.out_proj(ctx.reshape(query.shape))
 
     def backward(self, dout):
-        """Returns dquery for self-attention, (dquery, dkey) when value is key, else (dquery, dkey, dvalue)."""
-        proj_cache, attn_cache, q_shape, k_shape = self._cache
-        B, Tq, E = q_shape
-        Tk = k_shape[1]
+        """Gradients of the inputs (see the class docstring for what is returned); accumulates the parameters'."""
+        name, proj_cache, attn_cache = self._cache
+        self._cache = None
+        B, Tq, E = dout.shape
         H, dh = self.n_heads, self.d_head
-        dctx = self.out_proj.backward(dout).reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
+        dctx = _as_heads(self.out_proj.backward(dout).reshape(B, Tq, H, dh))
         if self.head_mask is not None:
             dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
-        dqkv = None
-        if isinstance(attn_cache, FlashAttentionCache):
-            dq, dk, dv = flash_attention_backward(dctx, attn_cache)
-        elif isinstance(attn_cache, FastAttentionCache) and proj_cache[0] == "self":
-            # the kernel writes dq, dk, dv straight into the fused QKV gradient (B, Tq, 3, H, dh)
-            dqkv = np.empty((B, Tq, 3, H, dh), dtype=dctx.dtype)
-            dq, dk, dv = fused_attention_backward(dctx, attn_cache,
-                                                  *(dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3)))
-        else:
-            dq, dk, dv = scaled_dot_product_attention_backward(dctx, attn_cache)
-        W = self.qkv_proj.weight
-        bias = self.qkv_proj.bias
-        kind = proj_cache[0]
-        self._cache = None
-        if kind == "self":
-            if dqkv is None:
-                dqkv = np.empty((B, Tq, 3, H, dh), dtype=dq.dtype)
-                for i, d in enumerate((dq, dk, dv)):
-                    _heads_to_rows(d, dqkv[:, :, i])
-            dx, dW, db = ops.linear_backward(dqkv.reshape(B, Tq, 3 * E), proj_cache[1])
-            W.accumulate(dW)
-            if bias is not None:
-                bias.accumulate(db)
-            return dx
-        dW = np.empty_like(W.data)
-        db = None if bias is None else np.empty_like(bias.data)
-        dq_rows = np.empty((B, Tq, H, dh), dtype=dq.dtype)
-        _heads_to_rows(dq, dq_rows)
-        dquery, dW[:E], dbq = ops.linear_backward(dq_rows.reshape(B, Tq, E), proj_cache[1])
-        if kind == "kv":
-            dkv = np.empty((B, Tk, 2, H, dh), dtype=dk.dtype)
-            _heads_to_rows(dk, dkv[:, :, 0])
-            _heads_to_rows(dv, dkv[:, :, 1])
-            dkey, dW[E:], dbkv = ops.linear_backward(dkv.reshape(B, Tk, 2 * E), proj_cache[2])
-            grads = (dquery, dkey)
-            if db is not None:
-                db[:E], db[E:] = dbq, dbkv
-        else:
-            rows = np.empty((B, Tk, H, dh), dtype=dk.dtype)
-            _heads_to_rows(dk, rows)
-            dkey, dW[E:2 * E], dbk = ops.linear_backward(rows.reshape(B, Tk, E), proj_cache[2])
-            rows = np.empty((B, Tk, H, dh), dtype=dv.dtype)
-            _heads_to_rows(dv, rows)
-            dvalue, dW[2 * E:], dbv = ops.linear_backward(rows.reshape(B, Tk, E), proj_cache[3])
-            grads = (dquery, dkey, dvalue)
-            if db is not None:
-                db[:E], db[E:2 * E], db[2 * E:] = dbq, dbk, dbv
-        W.accumulate(dW)
-        if bias is not None:
-            bias.accumulate(db)
-        return grads
-
-    def _flash(self, q, k, v, attn_mask, key_padding_mask, is_causal, p_drop, causal_offset=0):
-        """The memory-efficient kernel; module masks (bool True = blocked) become functional ones
-        (True = may attend) without building a (Tq, Tk) mask per batch element."""
-        if p_drop > 0.0:
-            raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); set dropout = 0 "
-                             f"(a model's dropout also drops attention weights), call .eval() for inference, "
-                             f"or use attention='plain'")
-        B, H, Tq, _ = q.shape
-        Tk = k.shape[2]
-        mask = key_mask = None
-        if attn_mask is not None:
-            mask = np.asarray(attn_mask)
-            if mask.ndim == 3:
-                if mask.shape != (B * H, Tq, Tk):
-                    raise ValueError(f"a 3-D attn_mask must have shape (batch*heads, {Tq}, {Tk}), got {mask.shape}")
-                mask = mask.reshape(B, H, Tq, Tk)
-            if mask.ndim not in (2, 4) or mask.shape[-2:] != (Tq, Tk):
-                raise ValueError(f"attn_mask must have shape ({Tq}, {Tk}), (batch*heads, {Tq}, {Tk}) or "
-                                 f"(batch, heads, {Tq}, {Tk}); got {np.shape(attn_mask)}")
-            mask = ~mask if mask.dtype == bool else mask
-        if key_padding_mask is not None:
-            key_mask = np.asarray(key_padding_mask)
-            if key_mask.shape != (B, Tk):
-                raise ValueError(f"key_padding_mask must have shape (batch, {Tk}), got {key_mask.shape}")
-            key_mask = ~key_mask if key_mask.dtype == bool else key_mask
-        return flash_attention_forward(q, k, v, attn_mask=mask, is_causal=is_causal, key_mask=key_mask,
-                                       causal_offset=causal_offset, block_q=self.flash_block_q,
-                                       block_k=self.flash_block_k)
+        grad_rows = [np.empty((b, t, n, H, dh), dtype=dctx.dtype) for _, (b, t, n) in proj_cache]
+        dq, dk, dv = (_as_heads(g[:, :, i]) for g in grad_rows for i in range(g.shape[2]))
+        KERNELS[name][1](dctx, attn_cache, dq, dk, dv)                # writes into grad_rows
+        return self._project_backward(grad_rows, proj_cache)
 
     def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache):
         """Inference step with a KVCache: no backward. Self-attention appends the new keys/values;
@@ -337,7 +395,6 @@ class MultiHeadAttention(Module):
         E, H = self.d_model, self.n_heads
         W = self.qkv_proj.weight.data
         b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
-        B, Tq, _ = query.shape
         offset = cache.length
         if cache.static:
             q, _ = ops.linear_forward(query, W[:E], None if b is None else b[:E])
@@ -353,19 +410,9 @@ class MultiHeadAttention(Module):
             qkv, _ = ops.linear_forward(query, W, b)
             q, k_new, v_new = _split_heads(qkv, 3, H)
             k, v = cache.append(k_new, v_new)
-        Tk = k.shape[2]
-        causal = is_causal and not cache.static and Tq > 1
-        if self.attention == "flash" and not self.record_weights:
-            (ctx, _), weights = self._flash(q, k, v, attn_mask, key_padding_mask, causal, 0.0, offset), None
-        else:
-            mask = build_attention_mask(Tq, Tk, q.dtype, attn_mask, key_padding_mask, causal, B, H,
-                                        causal_offset=offset)
-            ctx, weights, _ = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask,
-                                                                   need_weights=self.record_weights)
-        if self.record_weights:
-            self.last_weights = weights
-        if self.head_mask is not None:
-            ctx = ctx * np.asarray(self.head_mask, dtype=ctx.dtype)[None, :, None, None]
-        out, _ = ops.linear_forward(_merge_heads(ctx), self.out_proj.weight.data,
+        causal = is_causal and not cache.static and query.shape[1] > 1
+        masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True)
+        ctx, _ = self._attend(self.kernel_name(0.0), q, k, v, masks, 0.0)
+        out, _ = ops.linear_forward(ctx.reshape(query.shape), self.out_proj.weight.data,
                                     None if self.out_proj.bias is None else self.out_proj.bias.data)
         return out

@@ -428,3 +428,66 @@ def test_fine_tuning_keeps_the_architecture(tmp_path, hf_folder):
     cfg["data"]["block_size"] = N_POS + 1
     with pytest.raises(ValueError, match=rf"set \[data\] block_size <= {N_POS}"):
         resolve_config(cfg)
+
+
+# -- batched prompts of different lengths: attention_mask with left padding -------------------------------------
+def left_pad(prompts, pad=EOS):
+    T = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), T), pad, dtype=np.int64)
+    mask = np.zeros((len(prompts), T), dtype=np.int64)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p):], mask[i, T - len(p):] = p, 1
+    return ids, mask
+
+
+PROMPTS = [[5, 17, 3, 44, 9, 12, 7], [8, 2], [30, 31, 32, 33]]
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_left_padded_batch_generates_what_each_prompt_generates_alone(tmp_path, use_cache):
+    folder, tmodel = make_hf(tmp_path, **SHAPES["n_inner"])
+    model = GPT.from_pretrained(folder)
+    ids, mask = left_pad(PROMPTS)
+    batch = model.generate(ids, 12, greedy=True, attention_mask=mask, use_cache=use_cache)
+    for row, prompt in zip(batch, PROMPTS):
+        alone = model.generate(np.array(prompt), 12, greedy=True, use_cache=use_cache)
+        np.testing.assert_array_equal(row[-12:], alone[-12:])
+    with torch.no_grad():        # transformers' generate with the same left-padded batch
+        ref = tmodel.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=12,
+                              do_sample=False, pad_token_id=EOS, eos_token_id=None).numpy()
+    np.testing.assert_array_equal(batch, ref)
+
+
+def test_attention_mask_logits_and_gradients_match_transformers(tmp_path):
+    folder, tmodel = make_hf(tmp_path, torch_dtype=torch.float64, **SHAPES["default_ff"])
+    tmodel.train()
+    for m in tmodel.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    model = GPT.from_pretrained(folder, dtype=np.float64).train()
+    ids, mask = left_pad(PROMPTS)
+    targets = np.where(mask == 1, np.roll(ids, -1, axis=1), -100)
+    position_ids = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    t_logits = tmodel(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                      position_ids=torch.from_numpy(position_ids)).logits
+    V = t_logits.shape[-1]
+    torch.nn.functional.cross_entropy(t_logits.reshape(-1, V), torch.from_numpy(targets).reshape(-1)).backward()
+    logits = model(ids, attention_mask=mask)
+    loss, cache = ops.cross_entropy_forward(logits, targets)
+    model.backward(ops.cross_entropy_backward(cache))
+    real = mask.astype(bool)                     # padded queries' outputs are unused (and differ: HF lets them
+    assert rel_err(logits[real], t_logits.detach().numpy()[real]) < 1e-9        # attend to padding)
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for row in hf.FAMILIES["gpt2"].tensors(hf.model_config_of(model)):
+        g = dict(tmodel.named_parameters())[row.hf[0]].grad.numpy()
+        assert rel_err(grads[row.nf].T if row.transpose else grads[row.nf], g) < 1e-9, row.hf[0]
+
+
+def test_attention_mask_must_be_left_padding(tmp_path):
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    model = GPT.from_pretrained(folder)
+    ids, mask = left_pad(PROMPTS)
+    with pytest.raises(ValueError, match="left padding"):
+        model.generate(ids, 2, greedy=True, attention_mask=mask[:, ::-1])
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(batch, cached \+ new tokens\)"):
+        model(ids, attention_mask=mask[:, 1:])

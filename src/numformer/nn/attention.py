@@ -128,6 +128,11 @@ def build_attention_mask(t_q, t_k, dtype, attn_mask=None, key_padding_mask=None,
     Returns an array broadcastable to (B, H, Tq, Tk) with 0 / -inf (plus float masks).
     """
     attn_mask, key_padding_mask = check_module_masks(t_q, t_k, attn_mask, key_padding_mask, batch, n_heads)
+    return _combine_masks(t_q, t_k, dtype, attn_mask, key_padding_mask, is_causal, causal_offset)
+
+
+def _combine_masks(t_q, t_k, dtype, attn_mask, key_padding_mask, is_causal, causal_offset):
+    """``build_attention_mask`` on masks already checked (attn_mask 2-D or 4-D)."""
     parts = []
     if is_causal:
         blocked = ~np.tril(np.ones((t_q, t_k), dtype=bool), k=causal_offset)
@@ -159,9 +164,8 @@ class Masks(NamedTuple):
         (None, True) when a plain causal mask is all there is and the kernel may apply it itself."""
         if self.shortcut_causal:
             return None, True
-        B, H, t_q, _ = q.shape
-        mask = build_attention_mask(t_q, k.shape[2], q.dtype, self.attn_mask, self.key_padding_mask,
-                                    self.is_causal, B, H, causal_offset=self.causal_offset)
+        mask = _combine_masks(q.shape[2], k.shape[2], q.dtype, self.attn_mask, self.key_padding_mask,
+                              self.is_causal, self.causal_offset)
         return mask, False
 
 

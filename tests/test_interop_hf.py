@@ -491,3 +491,21 @@ def test_attention_mask_must_be_left_padding(tmp_path):
         model.generate(ids, 2, greedy=True, attention_mask=mask[:, ::-1])
     with pytest.raises(ValueError, match=r"attention_mask must have shape \(batch, cached \+ new tokens\)"):
         model(ids, attention_mask=mask[:, 1:])
+
+
+def test_generation_benchmark_part_measures_both_libraries(tmp_path):
+    from numformer.bench import hf_generate
+
+    folder, tmodel = make_hf(tmp_path, **SHAPES["default_ff"])
+    model = GPT.from_pretrained(folder)
+    row = hf_generate.measure(model, tmodel, 2, 5, 4, threads=1, repeats=1, modes=("one_thread", "numformer"))
+    assert row["same_tokens_fraction"] == 1.0 and row["best_mode"] in ("one_thread", "numformer")
+    assert row["ratio"] > 0 and row["transformers_tokens_per_s"] > 0
+    row["bandwidth_bound_tokens_per_s"] = 1e6
+    result = {"model": {"parameters": 1e5, "n_layers": 2, "d_model": 16, "vocab_size": VOCAB}, "prompt_tokens": 5,
+              "new_tokens": 4, "threads": 1, "torch_threads": 1, "torch": "x", "transformers": "y",
+              "weight_bytes": 4e5, "bandwidth": {"bytes_per_s": 1e10, "matvec_bytes_per_s": 1e10,
+                                                 "copy_bytes_per_s": 5e9}, "rows": [row], "load_average": 1.0}
+    assert "| 2 |" in hf_generate.markdown(result, tmp_path)
+    bw = hf_generate.memory_bandwidth(mib=4, repeats=1)
+    assert bw["bytes_per_s"] > 0

@@ -116,13 +116,15 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         for step in range(max_new_tokens):
             if n - start > block_size:
                 start = max(start + shift, n - block_size)
-            padding = {} if mask is None else {"attention_mask": mask[:, start:n]}
+            extra = {} if mask is None else {"attention_mask": mask[:, start:n]}
+            if getattr(model, "supports_logits_to_keep", False):
+                extra["logits_to_keep"] = 1               # only the last position's logits are needed
             if not use_cache:
-                logits = model(seq[:, start:n], **padding)[:, -1]
+                logits = model(seq[:, start:n], **extra)[:, -1]
             else:
                 if caches is None or cache_start != start:      # first step, or the window slid: re-prefill
                     caches, cache_start, cached_to = model.new_kv_caches(), start, start
-                logits = model(seq[:, cached_to:n], kv_caches=caches, **padding)[:, -1]
+                logits = model(seq[:, cached_to:n], kv_caches=caches, **extra)[:, -1]
                 cached_to = n
             if return_logits:
                 if trace is None:

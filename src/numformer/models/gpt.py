@@ -27,6 +27,8 @@ class GPT(Module):
     in backward instead of keeping them (same gradients, less memory).
     """
 
+    supports_logits_to_keep = True          # forward(..., logits_to_keep=1): generation computes one row of logits
+
     def __init__(self, vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, d_ff=None, dropout=0.0,
                  positional="learned", activation="gelu", norm_first=True, norm="layer", tie_weights=True,
                  bias=True, layer_norm_eps=1e-5, attention="plain", gradient_checkpointing=False, rng=None,
@@ -81,7 +83,7 @@ class GPT(Module):
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         greedy=greedy, rng=rng, **kwargs)
 
-    def forward(self, idx, kv_caches=None, attention_mask=None):
+    def forward(self, idx, kv_caches=None, attention_mask=None, logits_to_keep=0):
         """idx: (B, T) token ids -> logits (B, T, vocab_size).
 
         With ``kv_caches`` (from ``new_kv_caches``), idx holds only the new
@@ -91,6 +93,9 @@ class GPT(Module):
         covering the cached positions and the new ones. Padding is never attended to, and each
         row's positions count its real tokens: position = (number of real tokens before it),
         so a left-padded prompt gets the positions it has alone (``generate`` relies on this).
+
+        ``logits_to_keep`` = n > 0 computes the logits of the last n positions only, (B, n, vocab_size)
+        (inference: generation needs the last one; backward is not supported then).
         """
         idx = np.asarray(idx)
         if idx.ndim != 2:
@@ -101,6 +106,8 @@ class GPT(Module):
         for i, block in enumerate(self.blocks):
             x = checkpoint.run(block, self.gradient_checkpointing and kv_caches is None, x, is_causal=True,
                                key_padding_mask=padding, kv_cache=None if kv_caches is None else kv_caches[i])
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
         if self.norm_f is not None:
             x = self.norm_f(x)
         return self.lm_head(x)

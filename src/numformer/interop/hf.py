@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -78,7 +78,6 @@ class Family:
     tensors: Callable
     canonical: Callable = lambda name: name
     ignored: str = r"(?!)"
-    architectures: tuple = field(default=())
 
 
 # GPT-2 ------------------------------------------------------------------------------------------------
@@ -150,7 +149,7 @@ def _gpt2_canonical(name):
 
 
 GPT2 = Family("gpt2", _gpt2_to_numformer, _gpt2_to_hf, _gpt2_tensors, _gpt2_canonical,
-              ignored=r"^transformer\.h\.\d+\.attn\.(masked_)?bias$", architectures=("GPT2LMHeadModel",))
+              ignored=r"^transformer\.h\.\d+\.attn\.(masked_)?bias$")
 
 FAMILIES = {"gpt2": GPT2}
 
@@ -228,8 +227,28 @@ def _weight_files(folder):
                      f"model.save_pretrained(folder)")
 
 
+def _read_bf16_file(path):
+    """A safetensors file read directly (header, then raw bytes): NumPy has no bfloat16, so BF16 tensors
+    become float32 (exactly: a bfloat16 is the upper half of a float32); other dtypes are kept."""
+    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_, "BF16": np.uint16}
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    n = int(data[:8].view("<u8")[0])
+    header = json.loads(bytes(data[8:8 + n]).decode())
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = info["data_offsets"]
+        raw = np.frombuffer(data[8 + n + lo:8 + n + hi], dtype=np.dtype(dtypes[info["dtype"]]).newbyteorder("<"))
+        if info["dtype"] == "BF16":
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        out[name] = np.array(raw.reshape(info["shape"]))
+    return out
+
+
 def read_safetensors(folder):
-    """{tensor name: array} of every weight file of a folder, as stored (no conversion)."""
+    """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32)."""
     from safetensors import safe_open
 
     tensors = {}
@@ -241,7 +260,10 @@ def read_safetensors(folder):
                 for k in f.keys():
                     tensors[k] = f.get_tensor(k)
         except Exception as e:       # safetensors raises several types for a damaged file or an unknown dtype
-            raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}); download it again") from None
+            try:
+                tensors.update(_read_bf16_file(path))         # NumPy lacks bfloat16: read it by hand
+            except Exception:
+                raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}); download it again") from None
     return tensors
 
 

@@ -168,7 +168,7 @@ def test_tokenizer_matches_transformers(tmp_path, files):
     text = "However little known,  the feelings of such a man!\nÜber 3 wives."
     assert tok.encode(text) == reference(text)["input_ids"]
     assert tok.decode(tok.encode(text)) == text
-    assert tok.eos_id == EOS and tok.vocab_size == VOCAB
+    assert tok.eos_id == EOS and tok.special_id("<eos>") == EOS and tok.vocab_size == VOCAB
     assert max(tok.encode(TEXT)) < model.vocab_size
 
 

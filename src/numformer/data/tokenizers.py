@@ -341,17 +341,21 @@ class BPETokenizer(SpecialsTokenizer):
         return cls(hf.Tokenizer.from_str(d["hf_json"]), d.get("lowercase", True))
 
 
-class PretrainedTokenizer:
+class PretrainedTokenizer(Tokenizer):
     """A Hugging Face ``tokenizers`` tokenizer used exactly as its model was trained with it
     (GPT-2's byte-level BPE, ``numformer.interop.hf``): no normalization, no special ids of
     numformer's own. ``decode`` keeps every space, so ``decode(encode(text)) == text``.
 
-    ``eos_id`` / ``bos_id``: the model's end / start token ids (GPT-2: 50256, ``<|endoftext|>``), or None.
+    ``eos_id`` / ``bos_id``: the model's end / start token ids (GPT-2: 50256, ``<|endoftext|>``), or None;
+    ``special_id("<eos>")`` / ``special_id("<bos>")`` give them too.
     """
+
+    _build_hint = " (the model's config.json names no such id)"
 
     def __init__(self, hf_tokenizer, eos_id=None, bos_id=None):
         self.hf = hf_tokenizer
         self.eos_id, self.bos_id = eos_id, bos_id
+        self.special_ids = {t: i for t, i in ((EOS, eos_id), (BOS, bos_id)) if i is not None}
 
     @property
     def vocab_size(self) -> int:

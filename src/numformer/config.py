@@ -277,7 +277,19 @@ def resolve_config(config, tokenizer_state=None, build_task=True):
     train = {**TRAIN_DEFAULTS, **check_section("train", config.get("train", {}), _train_keys())}
     _check_train_together(train)
     data, task_cls, written = _resolve_data(dict(config.get("data", {})))
-    kind, model = _resolve_model_kind(dict(config.get("model", {})), data, task_cls, written)
+    model = dict(config.get("model", {}))
+    init_from = model.pop("init_from", None)            # fine-tuning: architecture and tokenizer from the source
+    if init_from is not None and (not isinstance(init_from, str) or not init_from):
+        raise ValueError(f"[model] init_from = {init_from!r} must be a string: a run folder, a Hugging Face "
+                         f"folder or a hub id")
+    source_model = None
+    if init_from is not None and build_task:
+        from .interop.hf import pretrained_source
+
+        source_model, source_tokenizer = pretrained_source(init_from)
+        tokenizer_state = tokenizer_state or source_tokenizer
+        model.setdefault("type", source_model["type"])
+    kind, model = _resolve_model_kind(model, data, task_cls, written)
     valid = _model_defaults(kind)
     model = check_section("model", model, _model_keys(), valid)
     task = None
@@ -286,6 +298,10 @@ def resolve_config(config, tokenizer_state=None, build_task=True):
 
         task = make_task(data, seed=train["seed"], tokenizer_state=tokenizer_state)
         from_data = task.model_config()
+        if source_model is not None:
+            from .interop.hf import merge_init_from
+
+            model, from_data = merge_init_from(init_from, model, source_model, from_data), {}
         clash = sorted(k for k in from_data if k in model and model[k] != from_data[k])
         if clash:
             raise ValueError(f"[model] {clash} are set by the data ({ {k: from_data[k] for k in clash} }); "
@@ -295,7 +311,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True):
     if missing:
         raise ValueError(f"[model] needs {missing}")
     full_model = {"type": kind, **{k: (None if d is inspect.Parameter.empty else d) for k, d in valid.items()},
-                  **model}
+                  **model, **({"init_from": init_from} if init_from is not None else {})}
     _check_model_together(full_model)
     return {"model": full_model, "data": data, "train": train}, task
 

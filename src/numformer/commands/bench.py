@@ -5,14 +5,15 @@ from __future__ import annotations
 def run(args):
     from ..bench.runner import run_parts
 
-    run_parts(args.parts, quick=args.quick, out_dir=args.out)
+    parts = [p.replace("-", "_") for p in args.parts]     # hf-generate names the part hf_generate
+    run_parts(parts, quick=args.quick, out_dir=args.out)
 
 
 def register(sub):
     p = sub.add_parser("bench", help="benchmarks (throughput vs PyTorch, attention memory, ...); "
                                      "writes results/bench.json and results/bench.md")
     p.add_argument("parts", nargs="+", metavar="PART",
-                   help="a part of numformer.bench (throughput, attention, checkpointing, generate, depth) or 'all'")
+                   help="a part of numformer.bench (throughput, attention, checkpointing, generate, depth, hf-generate) or 'all'")
     p.add_argument("--quick", action="store_true", help="small smoke run (under a minute per part); "
                                                        "figures not for reporting")
     p.add_argument("--out", default="results", help="folder for bench.json, bench.md and figures/ (default results)")

@@ -9,6 +9,13 @@ the three input projections are one fused matmul with ``qkv_proj.weight`` =
 
 Mask convention (as ``torch.nn.MultiheadAttention``): a boolean mask is True
 where attention is **not allowed**; a float mask is added to the scores.
+
+The Llama-family options act on self-attention inside this module:
+``positional="rope"`` rotates queries and keys by their positions
+(``ops.rotary``), ``positional="alibi"`` adds per-head linear distance biases to
+the scores (``ops.alibi``), and ``n_kv_heads`` < ``n_heads`` shares each key/value
+head among n_heads / n_kv_heads query heads (grouped-query attention,
+``ops.grouped_query``; the projection and the KV cache hold n_kv_heads heads).
 """
 from __future__ import annotations
 
@@ -72,6 +79,13 @@ def _split_heads(x, n, n_heads):
     B, T, _ = x.shape
     x = x.reshape(B, T, n, n_heads, -1).transpose(2, 0, 3, 1, 4)
     return tuple(x[i] for i in range(n))
+
+
+def _split_qkv(x, n_heads, n_kv_heads):
+    """(B, T, (H + 2·H_kv)·d_head) -> q (B, H, T, d_head), k and v (B, H_kv, T, d_head) (views, no copy)."""
+    B, T, _ = x.shape
+    x = x.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
+    return x[:, :n_heads], x[:, n_heads:n_heads + n_kv_heads], x[:, n_heads + n_kv_heads:]
 
 
 def _merge_heads(x):
@@ -141,11 +155,20 @@ class MultiHeadAttention(Module):
     dropout: in training mode with ``dropout > 0`` forward raises a ValueError.
     With ``record_weights`` the plain kernel is used (the weights must be built).
     ``flash_block_q`` / ``flash_block_k`` set its block sizes.
+
+    Self-attention options (Llama family): ``n_kv_heads`` (a divisor of n_heads,
+    default n_heads) key/value heads, so ``qkv_proj.weight`` is
+    [W^Q; W^K; W^V] of shape ((n_heads + 2·n_kv_heads)·d_head, d_model);
+    ``positional``: None, "rope" (rotary embeddings with base ``rope_theta``;
+    d_head must be even) or "alibi" (linear biases, slopes ``alibi_slopes``).
+    Positions count from 0, or continue after a KVCache's cached ones.
     """
 
     ATTENTION_KINDS = ("plain", "flash")
+    POSITIONAL_KINDS = (None, "rope", "alibi")
 
-    def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32, attention="plain"):
+    def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32, attention="plain",
+                 n_kv_heads=None, positional=None, rope_theta=10000.0):
         super().__init__()
         if attention not in self.ATTENTION_KINDS:
             raise ValueError(f"unknown attention kernel {attention!r}; choose one of {list(self.ATTENTION_KINDS)}")
@@ -154,12 +177,22 @@ class MultiHeadAttention(Module):
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
                              f"(each head gets d_model / n_heads features)")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        ops.check_kv_heads(n_heads, n_kv_heads)
+        if positional not in self.POSITIONAL_KINDS:
+            raise ValueError(f"unknown attention positional option {positional!r}; choose None, 'rope' or 'alibi'")
+        if positional == "rope" and (d_model // n_heads) % 2:
+            raise ValueError(f"positional='rope' needs an even head size, but d_model / n_heads = {d_model} / "
+                             f"{n_heads} = {d_model // n_heads}; change d_model or n_heads")
         rng = init.default_rng(rng)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.n_kv_heads, self.positional, self.rope_theta = int(n_kv_heads), positional, float(rope_theta)
+        self.alibi_slopes = ops.alibi_slopes(n_heads) if positional == "alibi" else None
         self.dropout_p = dropout
         self.rng = rng
-        self.qkv_proj = Linear(d_model, 3 * d_model, bias, rng, dtype)
-        self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, (3 * d_model, d_model), dtype)
+        d_qkv = d_model + 2 * self.n_kv_heads * self.d_head
+        self.qkv_proj = Linear(d_model, d_qkv, bias, rng, dtype)
+        self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, (d_qkv, d_model), dtype)
         if bias:
             self.qkv_proj.bias.data[...] = 0
         self.out_proj = Linear(d_model, d_model, bias, rng, dtype)
@@ -172,7 +205,45 @@ class MultiHeadAttention(Module):
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout_p}"
+                + (f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else "")
+                + (f", positional={self.positional!r}" if self.positional else "")
                 + (f", attention={self.attention!r}" if self.attention != "plain" else ""))
+
+    @property
+    def _plain_heads(self):
+        """True for the 2017 attention: no position inside, as many key/value heads as query heads."""
+        return self.positional is None and self.n_kv_heads == self.n_heads
+
+    def _positions(self, q, k, offset):
+        """RoPE on q and k (queries and new keys at positions offset, offset+1, …); identity otherwise."""
+        if self.positional != "rope":
+            return q, k, None
+        q, cq = ops.rope_forward(q, offset, self.rope_theta)
+        k, ck = ops.rope_forward(k, offset, self.rope_theta)
+        return q, k, (cq, ck)
+
+    def _share_kv(self, k, v):
+        """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d)."""
+        rep = self.n_heads // self.n_kv_heads
+        return ops.repeat_kv_forward(k, rep)[0], ops.repeat_kv_forward(v, rep)[0]
+
+    def _alibi_mask(self, mask, t_q, t_k, offset, dtype):
+        """mask (broadcastable to (B, H, Tq, Tk), or None) plus the ALiBi bias (H, Tq, Tk); mask unchanged without ALiBi."""
+        if self.positional != "alibi":
+            return mask
+        bias = ops.alibi_bias(self.alibi_slopes, t_q, t_k, offset, dtype)
+        return bias if mask is None else mask + bias
+
+    def _undo_positions(self, dq, dk, dv, pos_cache):
+        """Backward of _share_kv and _positions: sum the shared heads' gradients, rotate back."""
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1:
+            B, _, T, dh = dk.shape
+            dk = ops.repeat_kv_backward(dk, (rep, (B, self.n_kv_heads, T, dh)))
+            dv = ops.repeat_kv_backward(dv, (rep, (B, self.n_kv_heads, T, dh)))
+        if pos_cache is not None:
+            dq, dk = ops.rope_backward(dq, pos_cache[0]), ops.rope_backward(dk, pos_cache[1])
+        return dq, dk, dv
 
     # -- projections -------------------------------------------------------------
     def _project(self, query, key, value):
@@ -183,7 +254,10 @@ class MultiHeadAttention(Module):
         bs = (lambda s: None) if b is None else (lambda s: b[s])
         if key is query and value is query:
             qkv, c = ops.linear_forward(query, W, b)
-            return _split_heads(qkv, 3, H), ("self", c)
+            return _split_qkv(qkv, H, self.n_kv_heads), ("self", c)
+        if not self._plain_heads:
+            raise ValueError("n_kv_heads and positional='rope'/'alibi' are options of self-attention; "
+                             "cross-attention (key or value not the query) needs a plain MultiHeadAttention")
         q, cq = ops.linear_forward(query, W[:E], bs(slice(0, E)))
         if value is key:
             kv, ckv = ops.linear_forward(key, W[E:], bs(slice(E, None)))
@@ -211,15 +285,18 @@ class MultiHeadAttention(Module):
         B, Tq, _ = query.shape
         Tk = key.shape[1]
         (q, k, v), proj_cache = self._project(query, key, value)
-        only_causal = is_causal and attn_mask is None and key_padding_mask is None and Tq == Tk
+        q, k, pos_cache = self._positions(q, k, 0)
+        k, v = self._share_kv(k, v)
+        only_causal = (is_causal and attn_mask is None and key_padding_mask is None and Tq == Tk
+                       and self.positional != "alibi")
         p_drop = self.dropout_p if self.training else 0.0
         merged = None
         if self.attention == "flash" and not self.record_weights:
             ctx, attn_cache = self._flash(q, k, v, attn_mask, key_padding_mask, is_causal, p_drop)
             weights = None
         else:
-            mask = None if only_causal else build_attention_mask(
-                Tq, Tk, q.dtype, attn_mask, key_padding_mask, is_causal, B, self.n_heads)
+            mask = None if only_causal else self._alibi_mask(build_attention_mask(
+                Tq, Tk, q.dtype, attn_mask, key_padding_mask, is_causal, B, self.n_heads), Tq, Tk, 0, q.dtype)
             if p_drop == 0.0 and self.head_mask is None:
                 # fast path: the kernel writes the context straight into the merged-heads layout (B, Tq, H, dh)
                 merged = np.empty((B, Tq, self.n_heads, self.d_head), dtype=q.dtype)
@@ -238,38 +315,38 @@ class MultiHeadAttention(Module):
             out = self.out_proj(merged.reshape(B, Tq, self.d_model))
         else:
             out = self.out_proj(_merge_heads(ctx))
-        self._cache = (proj_cache, attn_cache, query.shape, key.shape)
+        self._cache = (proj_cache, attn_cache, pos_cache, query.shape, key.shape)
         return out
 
     def backward(self, dout):
         """Returns dquery for self-attention, (dquery, dkey) when value is key, else (dquery, dkey, dvalue)."""
-        proj_cache, attn_cache, q_shape, k_shape = self._cache
+        proj_cache, attn_cache, pos_cache, q_shape, k_shape = self._cache
         B, Tq, E = q_shape
         Tk = k_shape[1]
         H, dh = self.n_heads, self.d_head
         dctx = self.out_proj.backward(dout).reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
         if self.head_mask is not None:
             dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
-        dqkv = None
+        kind = proj_cache[0]
+        dqkv = views = None
+        if kind == "self":       # the fused QKV gradient (B, Tq, H + 2·H_kv, dh) and its q, k, v parts (B, h, Tq, dh)
+            dqkv = np.empty((B, Tq, H + 2 * self.n_kv_heads, dh), dtype=dctx.dtype)
+            views = _split_qkv(dqkv.reshape(B, Tq, -1), H, self.n_kv_heads)
         if isinstance(attn_cache, FlashAttentionCache):
             dq, dk, dv = flash_attention_backward(dctx, attn_cache)
-        elif isinstance(attn_cache, FastAttentionCache) and proj_cache[0] == "self":
-            # the kernel writes dq, dk, dv straight into the fused QKV gradient (B, Tq, 3, H, dh)
-            dqkv = np.empty((B, Tq, 3, H, dh), dtype=dctx.dtype)
-            dq, dk, dv = fused_attention_backward(dctx, attn_cache,
-                                                  *(dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3)))
+        elif isinstance(attn_cache, FastAttentionCache) and kind == "self" and self.n_kv_heads == H:
+            dq, dk, dv = fused_attention_backward(dctx, attn_cache, *views)    # written straight into dqkv
         else:
             dq, dk, dv = scaled_dot_product_attention_backward(dctx, attn_cache)
+        dq, dk, dv = self._undo_positions(dq, dk, dv, pos_cache)
         W = self.qkv_proj.weight
         bias = self.qkv_proj.bias
-        kind = proj_cache[0]
         self._cache = None
         if kind == "self":
-            if dqkv is None:
-                dqkv = np.empty((B, Tq, 3, H, dh), dtype=dq.dtype)
-                for i, d in enumerate((dq, dk, dv)):
-                    _heads_to_rows(d, dqkv[:, :, i])
-            dx, dW, db = ops.linear_backward(dqkv.reshape(B, Tq, 3 * E), proj_cache[1])
+            for view, d in zip(views, (dq, dk, dv)):
+                if d is not view:
+                    view[...] = d
+            dx, dW, db = ops.linear_backward(dqkv.reshape(B, Tq, -1), proj_cache[1])
             W.accumulate(dW)
             if bias is not None:
                 bias.accumulate(db)
@@ -329,7 +406,7 @@ class MultiHeadAttention(Module):
             key_mask = ~key_mask if key_mask.dtype == bool else key_mask
         return flash_attention_forward(q, k, v, attn_mask=mask, is_causal=is_causal, key_mask=key_mask,
                                        causal_offset=causal_offset, block_q=self.flash_block_q,
-                                       block_k=self.flash_block_k)
+                                       block_k=self.flash_block_k, alibi_slopes=self.alibi_slopes)
 
     def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache):
         """Inference step with a KVCache: no backward. Self-attention appends the new keys/values;
@@ -340,6 +417,9 @@ class MultiHeadAttention(Module):
         B, Tq, _ = query.shape
         offset = cache.length
         if cache.static:
+            if not self._plain_heads:
+                raise ValueError("n_kv_heads and positional='rope'/'alibi' are options of self-attention; "
+                                 "a static (cross-attention) KVCache needs a plain MultiHeadAttention")
             q, _ = ops.linear_forward(query, W[:E], None if b is None else b[:E])
             (q,) = _split_heads(q, 1, H)
             if cache.length == 0:
@@ -351,15 +431,16 @@ class MultiHeadAttention(Module):
             if not (key is query and value is query):
                 raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
             qkv, _ = ops.linear_forward(query, W, b)
-            q, k_new, v_new = _split_heads(qkv, 3, H)
-            k, v = cache.append(k_new, v_new)
+            q, k_new, v_new = _split_qkv(qkv, H, self.n_kv_heads)
+            q, k_new, _ = self._positions(q, k_new, offset)        # the cache keeps rotated keys, n_kv_heads heads
+            k, v = self._share_kv(*cache.append(k_new, v_new))
         Tk = k.shape[2]
         causal = is_causal and not cache.static and Tq > 1
         if self.attention == "flash" and not self.record_weights:
             (ctx, _), weights = self._flash(q, k, v, attn_mask, key_padding_mask, causal, 0.0, offset), None
         else:
-            mask = build_attention_mask(Tq, Tk, q.dtype, attn_mask, key_padding_mask, causal, B, H,
-                                        causal_offset=offset)
+            mask = self._alibi_mask(build_attention_mask(Tq, Tk, q.dtype, attn_mask, key_padding_mask, causal, B, H,
+                                                         causal_offset=offset), Tq, Tk, offset, q.dtype)
             ctx, weights, _ = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask,
                                                                    need_weights=self.record_weights)
         if self.record_weights:

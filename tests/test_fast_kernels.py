@@ -10,7 +10,7 @@ import pytest
 import numformer
 from numformer import _runtime, ops
 from numformer.gradcheck import check_gradients
-from numformer.ops import attention as attn_ops
+from numformer.ops import fused_attention as attn_ops
 from numformer.ops import normalization as norm_ops
 
 from conftest import assert_close, assert_gradcheck
@@ -29,10 +29,11 @@ def split_everything(monkeypatch, threads):
     """Force the smallest split grains so that tiny test inputs are split across 3 threads."""
     threads(3)
     monkeypatch.setattr(attn_ops, "_split_grain", lambda lead, t_q, t_k: 1)
-    monkeypatch.setattr(attn_ops, "_CAUSAL_BLOCK", 2)            # causal attention in blocks of 2 queries
+    monkeypatch.setattr(attn_ops, "CAUSAL_BLOCK", 2)              # causal attention in blocks of 2 queries
     monkeypatch.setattr(norm_ops, "_row_grain", lambda d: 1)
-    from numformer.ops import activations
+    from numformer.ops import activations, fast_gelu
     monkeypatch.setattr(activations, "_CHUNK", 7)
+    monkeypatch.setattr(fast_gelu, "CHUNK", 7)
 
 
 # -- runtime ---------------------------------------------------------------------------------------------
@@ -140,6 +141,18 @@ def test_gelu_kernel_any_shape_and_split(shape, rng, split_everything):
     assert np.array_equal(ops.gelu_forward(xt)[0], ops.gelu_forward(np.ascontiguousarray(xt))[0])
 
 
+def test_gelu_float32_kernel_equals_reference(rng, split_everything):
+    """The fast float32 kernel (ops/fast_gelu.py) against the reference gelu_erf it speeds up."""
+    from numformer.ops.activations import gelu_erf
+    from numformer.ops.fast_gelu import gelu_erf_f32
+
+    x = (rng.standard_normal((7, 300)) * 4).astype(np.float32)
+    y, g = gelu_erf_f32(x)
+    y_ref, g_ref = gelu_erf(x.astype(np.float64))
+    assert_close(y, y_ref, 1e-6, "GELU")
+    assert_close(g, g_ref, 1e-6, "GELU'")
+
+
 def test_gelu_float64_stays_exact(rng):
     x = rng.standard_normal((4, 9)) * 3
     y, (g, _) = ops.gelu_forward(x)
@@ -219,6 +232,22 @@ def test_fused_attention_equals_naive_and_split(kind, lengths, products_in_piece
 
     _runtime.set_num_threads(3)
     assert_gradcheck(check_gradients(fwd, bwd, {"q": q, "k": k, "v": v}))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_equals_reference(causal, rng, split_everything):
+    """The fused kernel (ops/fused_attention.py) against the reference it speeds up (ops/attention.py)."""
+    B, H, T, dk = 2, 3, 7, 4
+    q, k, v = (rng.standard_normal((B, H, T, dk)) for _ in range(3))
+    pad = np.ones((B, 1, 1, T), bool)
+    pad[1, ..., -2:] = False
+    dout = rng.standard_normal((B, H, T, dk))
+    out, cache = attn_ops.fused_attention_forward(q, k, v, pad, causal)
+    ref, _, ref_cache = ops.scaled_dot_product_attention_forward(q, k, v, pad, causal)
+    assert_close(out, ref, 1e-12, "out")
+    for name, g, g_ref in zip("qkv", attn_ops.fused_attention_backward(dout, cache),
+                              ops.scaled_dot_product_attention_backward(dout, ref_cache)):
+        assert_close(g, g_ref, 1e-12, "d" + name)
 
 
 def test_fused_attention_writes_into_strided_outputs(rng):

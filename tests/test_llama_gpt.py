@@ -199,10 +199,22 @@ def test_bad_options_are_one_clear_error():
     alibi = small(positional="alibi")
     with pytest.raises(ValueError, match=r"learned position table \(pos_emb.weight\).*positional='alibi'"):
         alibi.load_state_dict(learned.state_dict())
-    with pytest.raises(ValueError, match="options of self-attention"):
-        att = MultiHeadAttention(8, 4, n_kv_heads=2)
-        x = np.zeros((1, 3, 8), np.float32)
-        att(x, np.zeros((1, 4, 8), np.float32))
+    with pytest.raises(ValueError, match="positional='rope' is an option of self-attention"):
+        MultiHeadAttention(8, 4, positional="rope")(np.zeros((1, 3, 8)), np.zeros((1, 4, 8)))
+
+
+@pytest.mark.parametrize("same_kv", [True, False])
+def test_grouped_query_cross_attention_gradients(same_kv):
+    """n_kv_heads also works for cross-attention (the memory is projected to n_kv_heads heads)."""
+    att = MultiHeadAttention(8, 4, n_kv_heads=2, rng=np.random.default_rng(0), dtype=F64)
+    rng = np.random.default_rng(1)
+    x, mem = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 5, 8))
+    val = mem if same_kv else rng.standard_normal((2, 5, 8))
+    inputs = {"x": x, "mem": mem} if same_kv else {"x": x, "mem": mem, "val": val}
+    names = list(inputs)
+    errors = module_gradcheck(att, inputs, lambda **a: att(a["x"], a["mem"], a.get("val", a["mem"])),
+                              lambda g: dict(zip(names, g)))
+    assert_gradcheck(errors)
 
 
 def test_build_model_accepts_the_options():

@@ -348,6 +348,7 @@ class single_threaded:
 
 
 # -- matrix products ------------------------------------------------------------------------------------
+# Speed only: ``matmul`` and ``matmul_pair`` compute ``a @ b`` (the reference) with numformer's threads.
 
 def products_in_pieces(m, n, k):
     """Whether pieces of a parallel_for may compute m×k by k×n products themselves (see parallel_for)."""
@@ -359,9 +360,11 @@ MATMUL_GRAIN = 1 << 21
 
 
 def matmul(a, b, out=None):
-    """a @ b for 2-D operands. When numformer owns the BLAS threads (see set_fast_runtime), a large product is
-    split by rows of ``a`` across numformer's threads. Each row block computes the same sums as the whole
-    product; whether it rounds them identically depends on the BLAS kernel (see the module docstring)."""
+    """a @ b for 2-D operands: the fast version of ``np.matmul(a, b)`` (the reference, which this returns
+    whenever the product is small or numformer does not own the BLAS threads). When numformer owns the BLAS
+    threads (see set_fast_runtime), a large product is split by rows of ``a`` across numformer's threads.
+    Each row block computes the same sums as the whole product; whether it rounds them identically depends
+    on the BLAS kernel (see the module docstring). tests/test_fast_kernels.py compares the two."""
     m, k = a.shape
     n = b.shape[1]
     if not _state["own_blas"] or get_num_threads() == 1 or m * n * k < 2 * MATMUL_GRAIN:

@@ -7,27 +7,37 @@ the three input projections are one fused matmul with ``qkv_proj.weight`` =
 [W^Q; W^K; W^V] of shape (3·d_model, d_model), the layout of torch's
 ``in_proj_weight``; cross-attention uses row slices of the same weight.
 
+A forward pass has three steps, each a method: ``_project`` forms the
+per-head q, k, v (B, H, T, d_head) from the inputs; a kernel from ``KERNELS``
+computes the per-head context softmax(q kᵀ/√d_head + M) v; ``out_proj`` maps
+the merged heads back to d_model. Backward runs them in reverse
+(``_project_backward`` turns dq, dk, dv into the input gradients).
+
 Mask convention (as ``torch.nn.MultiheadAttention``): a boolean mask is True
 where attention is **not allowed**; a float mask is added to the scores.
 
-The Llama-family options act on self-attention inside this module:
-``positional="rope"`` rotates queries and keys by their positions
-(``ops.rotary``), ``positional="alibi"`` adds per-head linear distance biases to
-the scores (``ops.alibi``), and ``n_kv_heads`` < ``n_heads`` shares each key/value
+The Llama-family options: ``n_kv_heads`` < ``n_heads`` shares each key/value
 head among n_heads / n_kv_heads query heads (grouped-query attention,
-``ops.grouped_query``; the projection and the KV cache hold n_kv_heads heads).
+``ops.grouped_query``; ``qkv_proj`` and the KV cache hold n_kv_heads key/value
+heads, repeated for the kernel). In self-attention, ``positional="rope"``
+rotates queries and keys by their positions (``ops.rotary``) after the
+projection, and ``positional="alibi"`` adds per-head linear distance biases to
+the scores inside every kernel (``ops.alibi``).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import ops
-from ..ops.attention import (FastAttentionCache, fused_attention_backward, fused_attention_forward,
-                             scaled_dot_product_attention_backward, scaled_dot_product_attention_forward)
-from ..ops.flash_attention import FlashAttentionCache, flash_attention_backward, flash_attention_forward
+from ..ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
+from ..ops.flash_attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention_backward,
+                                   flash_attention_forward)
+from ..ops.fused_attention import fused_attention_backward, fused_attention_forward
 from . import init
 from .layers import Linear
-from .module import Module, Parameter
+from .module import Module
 
 
 class KVCache:
@@ -81,22 +91,46 @@ def _split_heads(x, n, n_heads):
     return tuple(x[i] for i in range(n))
 
 
-def _split_qkv(x, n_heads, n_kv_heads):
-    """(B, T, (H + 2·H_kv)·d_head) -> q (B, H, T, d_head), k and v (B, H_kv, T, d_head) (views, no copy)."""
+def _split_groups(x, counts):
+    """(B, T, Σcounts·d_head) -> one (B, h, T, d_head) view per entry h of ``counts`` (e.g. (H, H_kv, H_kv))."""
     B, T, _ = x.shape
-    x = x.reshape(B, T, n_heads + 2 * n_kv_heads, -1).transpose(0, 2, 1, 3)
-    return x[:, :n_heads], x[:, n_heads:n_heads + n_kv_heads], x[:, n_heads + n_kv_heads:]
+    x = x.reshape(B, T, sum(counts), -1).transpose(0, 2, 1, 3)
+    bounds = np.cumsum((0,) + tuple(counts))
+    return tuple(x[:, a:b] for a, b in zip(bounds[:-1], bounds[1:]))
 
 
-def _merge_heads(x):
-    """(B, H, T, d_head) -> (B, T, H·d_head)."""
-    B, H, T, dh = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, T, H * dh)
+def _as_heads(rows):
+    """A (B, T, H, d_head) array seen as (B, H, T, d_head) (a view)."""
+    return rows.transpose(0, 2, 1, 3)
 
 
-def _heads_to_rows(dx, out):
-    """Write a (B, H, T, d_head) gradient into ``out`` of shape (B, T, H, d_head)."""
-    out[...] = dx.transpose(0, 2, 1, 3)
+def check_module_masks(t_q, t_k, attn_mask=None, key_padding_mask=None, batch=None, n_heads=None):
+    """Validate the module-level masks (torch.nn convention); return them as arrays, a 3-D attn_mask
+    (B·H, Tq, Tk) reshaped to (B, H, Tq, Tk). Shared by every kernel of ``MultiHeadAttention``.
+
+    attn_mask: (Tq, Tk), (B·H, Tq, Tk) or (B, H, Tq, Tk).   key_padding_mask: (B, Tk).
+    """
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        if m.ndim == 3:
+            if batch is None or m.shape[0] != batch * n_heads:
+                raise ValueError(f"a 3-D attn_mask must have shape (batch*heads, {t_q}, {t_k}), got {m.shape}")
+            m = m.reshape(batch, n_heads, *m.shape[1:])
+        if m.ndim not in (2, 4) or m.shape[-2:] != (t_q, t_k):
+            raise ValueError(f"attn_mask must have shape ({t_q}, {t_k}), (batch*heads, {t_q}, {t_k}) or "
+                             f"(batch, heads, {t_q}, {t_k}); got {np.shape(attn_mask)}")
+        attn_mask = m
+    if key_padding_mask is not None:
+        m = np.asarray(key_padding_mask)
+        if m.ndim != 2 or m.shape[1] != t_k or (batch is not None and m.shape[0] != batch):
+            raise ValueError(f"key_padding_mask must have shape (batch, {t_k}), got {m.shape}")
+        key_padding_mask = m
+    return attn_mask, key_padding_mask
+
+
+def _additive(m, dtype):
+    """A module mask (bool True = blocked, or float) as an additive float mask (0 / -inf)."""
+    return np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype)
 
 
 def build_attention_mask(t_q, t_k, dtype, attn_mask=None, key_padding_mask=None, is_causal=False,
@@ -109,32 +143,112 @@ def build_attention_mask(t_q, t_k, dtype, attn_mask=None, key_padding_mask=None,
     (causal_offset = number of cached positions, for incremental decoding).
     Returns an array broadcastable to (B, H, Tq, Tk) with 0 / -inf (plus float masks).
     """
-    mask = None
+    attn_mask, key_padding_mask = check_module_masks(t_q, t_k, attn_mask, key_padding_mask, batch, n_heads)
+    return _combine_masks(t_q, t_k, dtype, attn_mask, key_padding_mask, is_causal, causal_offset)
 
-    def add(m):
-        nonlocal mask
-        mask = m if mask is None else mask + m
 
+def _combine_masks(t_q, t_k, dtype, attn_mask, key_padding_mask, is_causal, causal_offset):
+    """``build_attention_mask`` on masks already checked (attn_mask 2-D or 4-D)."""
+    parts = []
     if is_causal:
         blocked = ~np.tril(np.ones((t_q, t_k), dtype=bool), k=causal_offset)
-        add(np.where(blocked, -np.inf, 0.0).astype(dtype))
+        parts.append(np.where(blocked, -np.inf, 0.0).astype(dtype))
     if attn_mask is not None:
-        m = np.asarray(attn_mask)
-        if m.ndim == 3:
-            if batch is None or m.shape[0] != batch * n_heads:
-                raise ValueError(f"a 3-D attn_mask must have shape (batch*heads, {t_q}, {t_k}), got {m.shape}")
-            m = m.reshape(batch, n_heads, *m.shape[1:])
-        if m.ndim not in (2, 4) or m.shape[-2:] != (t_q, t_k):
-            raise ValueError(f"attn_mask must have shape ({t_q}, {t_k}), (batch*heads, {t_q}, {t_k}) or "
-                             f"(batch, heads, {t_q}, {t_k}); got {np.shape(attn_mask)}")
-        add(np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype))
+        parts.append(_additive(attn_mask, dtype))
     if key_padding_mask is not None:
-        m = np.asarray(key_padding_mask)
-        if m.ndim != 2 or m.shape[1] != t_k or (batch is not None and m.shape[0] != batch):
-            raise ValueError(f"key_padding_mask must have shape (batch, {t_k}), got {m.shape}")
-        m = m[:, None, None, :]
-        add(np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype))
+        parts.append(_additive(key_padding_mask[:, None, None, :], dtype))
+    mask = None
+    for m in parts:
+        mask = m if mask is None else mask + m
     return mask
+
+
+class Masks(NamedTuple):
+    """The masks of one attention call, validated (``check_module_masks``), in the module convention.
+
+    ``causal_offset``: the number of cached positions before the queries (incremental decoding).
+    ``shortcut_causal``: the kernel may apply a plain causal mask by itself (no (Tq, Tk) mask built).
+    """
+    attn_mask: np.ndarray | None
+    key_padding_mask: np.ndarray | None
+    is_causal: bool
+    causal_offset: int = 0
+    shortcut_causal: bool = False
+    alibi_slopes: np.ndarray | None = None
+
+    def additive(self, q, k):
+        """(mask, is_causal) for the kernels that take one additive mask: the combined float mask (with the
+        ALiBi bias (H, Tq, Tk) if any), or (None, True) when a plain causal mask is all there is and the
+        kernel may apply it itself."""
+        if self.shortcut_causal:
+            return None, True
+        t_q, t_k = q.shape[2], k.shape[2]
+        mask = _combine_masks(t_q, t_k, q.dtype, self.attn_mask, self.key_padding_mask, self.is_causal,
+                              self.causal_offset)
+        if self.alibi_slopes is not None:
+            bias = ops.alibi_bias(self.alibi_slopes, t_q, t_k, self.causal_offset, q.dtype)
+            mask = bias if mask is None else mask + bias
+        return mask, False
+
+
+# -- the kernels ------------------------------------------------------------------------------------------
+# Each kernel is a pair. forward(layer, q, k, v, masks, p_drop, out) writes the context (B, H, Tq, d_head)
+# into ``out`` and returns (weights or None, cache); backward(dctx, cache, dq, dk, dv) writes the gradients
+# into the given (B, H, T, d_head) arrays.
+
+def _reference_forward(layer, q, k, v, masks, p_drop, out):
+    """ops.attention: the reference kernel, the only one with attention dropout."""
+    mask, causal = masks.additive(q, k)
+    ctx, weights, cache = scaled_dot_product_attention_forward(
+        q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p_drop, rng=layer.rng,
+        need_weights=layer.record_weights)
+    out[...] = ctx
+    return weights, cache
+
+
+def _reference_backward(dctx, cache, dq, dk, dv):
+    for target, g in zip((dq, dk, dv), scaled_dot_product_attention_backward(dctx, cache)):
+        target[...] = g
+
+
+def _fused_forward(layer, q, k, v, masks, p_drop, out):
+    """ops.fused_attention: the fast version of the reference (no dropout)."""
+    mask, causal = masks.additive(q, k)
+    _, cache = fused_attention_forward(q, k, v, mask, causal, out=out)
+    return (np.swapaxes(cache.weights_t, -1, -2) if layer.record_weights else None), cache
+
+
+def _fused_backward(dctx, cache, dq, dk, dv):
+    fused_attention_backward(dctx, cache, dq, dk, dv)
+
+
+def _flash_forward(layer, q, k, v, masks, p_drop, out):
+    """ops.flash_attention: memory linear in the sequence length (no dropout, no weights). The module masks
+    (bool True = blocked) become functional ones (True = may attend) without building a (Tq, Tk) mask."""
+    if p_drop > 0.0:
+        raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); set dropout = 0 "
+                         f"(a model's dropout also drops attention weights), call .eval() for inference, "
+                         f"or use attention='plain'")
+    mask, key_mask = masks.attn_mask, masks.key_padding_mask
+    mask = ~mask if mask is not None and mask.dtype == bool else mask
+    key_mask = ~key_mask if key_mask is not None and key_mask.dtype == bool else key_mask
+    ctx, cache = flash_attention_forward(q, k, v, attn_mask=mask, is_causal=masks.is_causal, key_mask=key_mask,
+                                         causal_offset=masks.causal_offset, block_q=layer.flash_block_q,
+                                         block_k=layer.flash_block_k, alibi_slopes=masks.alibi_slopes)
+    out[...] = ctx
+    return None, cache
+
+
+def _flash_backward(dctx, cache, dq, dk, dv):
+    for target, g in zip((dq, dk, dv), flash_attention_backward(dctx, cache)):
+        target[...] = g
+
+
+KERNELS = {
+    "reference": (_reference_forward, _reference_backward),
+    "fused": (_fused_forward, _fused_backward),
+    "flash": (_flash_forward, _flash_backward),
+}
 
 
 class MultiHeadAttention(Module):
@@ -143,6 +257,11 @@ class MultiHeadAttention(Module):
     d_model: model width E;  n_heads: h (E must divide by h);  d_head = E / h.
     forward(query (B, Tq, E), key=None, value=None, ...) -> (B, Tq, E).
     key defaults to query (self-attention), value to key (cross-attention on a memory).
+
+    backward(dout (B, Tq, E)) returns one gradient per distinct input, in the
+    order query, key, value: dquery for self-attention (key and value are the
+    query), (dquery, dkey) when value is key (cross-attention on a memory),
+    (dquery, dkey, dvalue) otherwise.
 
     Set ``record_weights = True`` to keep the last attention weights (B, h, Tq, Tk)
     in ``last_weights``; set ``head_mask`` (h,) to scale each head's output
@@ -156,12 +275,17 @@ class MultiHeadAttention(Module):
     With ``record_weights`` the plain kernel is used (the weights must be built).
     ``flash_block_q`` / ``flash_block_k`` set its block sizes.
 
-    Self-attention options (Llama family): ``n_kv_heads`` (a divisor of n_heads,
-    default n_heads) key/value heads, so ``qkv_proj.weight`` is
-    [W^Q; W^K; W^V] of shape ((n_heads + 2·n_kv_heads)·d_head, d_model);
-    ``positional``: None, "rope" (rotary embeddings with base ``rope_theta``;
-    d_head must be even) or "alibi" (linear biases, slopes ``alibi_slopes``).
-    Positions count from 0, or continue after a KVCache's cached ones.
+    Which kernel of ``KERNELS`` runs (``kernel_name``): "flash" as just said;
+    with ``attention="plain"``, "fused" (``ops.fused_attention``, the fast
+    version of the reference) unless attention dropout is active, then
+    "reference" (``ops.attention``).
+
+    Llama-family options: ``n_kv_heads`` (a divisor of n_heads, default n_heads)
+    key/value heads, so ``qkv_proj.weight`` is [W^Q; W^K; W^V] of shape
+    ((n_heads + 2·n_kv_heads)·d_head, d_model); ``positional`` (self-attention
+    only): None, "rope" (rotary embeddings with base ``rope_theta``; d_head must
+    be even) or "alibi" (linear biases with slopes ``alibi_slopes``). Positions
+    count from 0, or continue after a KVCache's cached ones.
     """
 
     ATTENTION_KINDS = ("plain", "flash")
@@ -173,7 +297,7 @@ class MultiHeadAttention(Module):
         if attention not in self.ATTENTION_KINDS:
             raise ValueError(f"unknown attention kernel {attention!r}; choose one of {list(self.ATTENTION_KINDS)}")
         self.attention = attention
-        self.flash_block_q = self.flash_block_k = 256
+        self.flash_block_q, self.flash_block_k = DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
                              f"(each head gets d_model / n_heads features)")
@@ -209,13 +333,60 @@ class MultiHeadAttention(Module):
                 + (f", positional={self.positional!r}" if self.positional else "")
                 + (f", attention={self.attention!r}" if self.attention != "plain" else ""))
 
+    def kernel_name(self, p_drop):
+        """The entry of ``KERNELS`` used for attention dropout ``p_drop``."""
+        if self.attention == "flash" and not self.record_weights:
+            return "flash"
+        return "fused" if p_drop == 0.0 else "reference"
+
+    # -- projections -------------------------------------------------------------
+    def _project(self, query, key, value):
+        """The per-head queries, keys and values, each (B, H, T, d_head), and the caches of the projections.
+
+        Each distinct input is projected by its rows of ``qkv_proj``: self-attention is one matmul with all
+        (H + 2·H_kv)·d_head rows; cross-attention projects the query with W^Q and the memory with [W^K; W^V]
+        (or each separately when value is not key). Each cache entry is (linear cache, (B, T, head counts)).
+        """
+        H, Hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
+        W = self.qkv_proj.weight.data
+        b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
+        if key is query and value is query:
+            groups = ((query, (H, Hkv, Hkv)),)
+        elif value is key:
+            groups = ((query, (H,)), (key, (Hkv, Hkv)))
+        else:
+            groups = ((query, (H,)), (key, (Hkv,)), (value, (Hkv,)))
+        heads, caches, start = (), [], 0
+        for x, counts in groups:
+            rows = slice(start, start + sum(counts) * dh)
+            start = rows.stop
+            y, c = ops.linear_forward(x, W[rows], None if b is None else b[rows])
+            heads += _split_groups(y, counts)
+            caches.append((c, x.shape[:2] + (counts,)))
+        return heads, caches
+
+    def _project_backward(self, grad_rows, caches):
+        """Input gradients from the (B, T, heads, d_head) gradients of each projection; accumulates dW, db."""
+        results = [ops.linear_backward(g.reshape(g.shape[:2] + (-1,)), c) for g, (c, _) in zip(grad_rows, caches)]
+        if len(results) == 1:
+            _, dW, db = results[0]
+        else:
+            dW = np.concatenate([r[1] for r in results])
+            db = None if results[0][2] is None else np.concatenate([r[2] for r in results])
+        self.qkv_proj.weight.accumulate(dW)
+        if self.qkv_proj.bias is not None:
+            self.qkv_proj.bias.accumulate(db)
+        dxs = tuple(r[0] for r in results)
+        return dxs[0] if len(dxs) == 1 else dxs
+
+    # -- positions inside attention and shared key/value heads ----------------------
     @property
     def _plain_heads(self):
-        """True for the 2017 attention: no position inside, as many key/value heads as query heads."""
+        """True for the 2017 attention: no positions inside, as many key/value heads as query heads."""
         return self.positional is None and self.n_kv_heads == self.n_heads
 
     def _positions(self, q, k, offset):
-        """RoPE on q and k (queries and new keys at positions offset, offset+1, …); identity otherwise."""
+        """RoPE on q and k (the queries and new keys are at positions offset, offset+1, …); identity otherwise."""
         if self.positional != "rope":
             return q, k, None
         q, cq = ops.rope_forward(q, offset, self.rope_theta)
@@ -226,13 +397,6 @@ class MultiHeadAttention(Module):
         """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d)."""
         rep = self.n_heads // self.n_kv_heads
         return ops.repeat_kv_forward(k, rep)[0], ops.repeat_kv_forward(v, rep)[0]
-
-    def _alibi_mask(self, mask, t_q, t_k, offset, dtype):
-        """mask (broadcastable to (B, H, Tq, Tk), or None) plus the ALiBi bias (H, Tq, Tk); mask unchanged without ALiBi."""
-        if self.positional != "alibi":
-            return mask
-        bias = ops.alibi_bias(self.alibi_slopes, t_q, t_k, offset, dtype)
-        return bias if mask is None else mask + bias
 
     def _undo_positions(self, dq, dk, dv, pos_cache):
         """Backward of _share_kv and _positions: sum the shared heads' gradients, rotate back."""
@@ -245,27 +409,6 @@ class MultiHeadAttention(Module):
             dq, dk = ops.rope_backward(dq, pos_cache[0]), ops.rope_backward(dk, pos_cache[1])
         return dq, dk, dv
 
-    # -- projections -------------------------------------------------------------
-    def _project(self, query, key, value):
-        """Q, K, V per head, each (B, H, T, d_head), and what backward needs to undo the projection."""
-        E, H = self.d_model, self.n_heads
-        W = self.qkv_proj.weight.data
-        b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
-        bs = (lambda s: None) if b is None else (lambda s: b[s])
-        if key is query and value is query:
-            qkv, c = ops.linear_forward(query, W, b)
-            return _split_qkv(qkv, H, self.n_kv_heads), ("self", c)
-        if not self._plain_heads:
-            raise ValueError("n_kv_heads and positional='rope'/'alibi' are options of self-attention; "
-                             "cross-attention (key or value not the query) needs a plain MultiHeadAttention")
-        q, cq = ops.linear_forward(query, W[:E], bs(slice(0, E)))
-        if value is key:
-            kv, ckv = ops.linear_forward(key, W[E:], bs(slice(E, None)))
-            return _split_heads(q, 1, H) + _split_heads(kv, 2, H), ("kv", cq, ckv)
-        k, ck = ops.linear_forward(key, W[E:2 * E], bs(slice(E, 2 * E)))
-        v, cv = ops.linear_forward(value, W[2 * E:], bs(slice(2 * E, None)))
-        return (_split_heads(q, 1, H) + _split_heads(k, 1, H) + _split_heads(v, 1, H)), ("qkv", cq, ck, cv)
-
     def _check_inputs(self, query, key, value):
         for name, x in (("query", query), ("key", key), ("value", value)):
             if x.ndim != 3 or x.shape[-1] != self.d_model:
@@ -273,6 +416,30 @@ class MultiHeadAttention(Module):
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(f"query {query.shape}, key {key.shape} and value {value.shape} must share the batch "
                              f"size, and key/value the sequence length")
+        if self.positional is not None and not (key is query and value is query):
+            raise ValueError(f"positional={self.positional!r} is an option of self-attention; cross-attention "
+                             f"(key or value not the query) needs positional=None")
+
+    # -- attention ---------------------------------------------------------------
+    def _masks(self, q, k, attn_mask, key_padding_mask, is_causal, causal_offset=0, cached=False):
+        B, H, t_q, _ = q.shape
+        t_k = k.shape[2]
+        attn_mask, key_padding_mask = check_module_masks(t_q, t_k, attn_mask, key_padding_mask, B, H)
+        shortcut = (is_causal and attn_mask is None and key_padding_mask is None and t_q == t_k and not cached
+                    and self.alibi_slopes is None)
+        return Masks(attn_mask, key_padding_mask, is_causal, causal_offset, shortcut, self.alibi_slopes)
+
+    def _attend(self, name, q, k, v, masks, p_drop):
+        """The kernel ``name`` on the per-head q, k, v: the context in the merged-heads layout (B, Tq, H, d_head)
+        and the kernel's cache. Records the weights and applies the head mask."""
+        B, H, t_q, dh = q.shape
+        merged = np.empty((B, t_q, H, dh), dtype=q.dtype)
+        weights, cache = KERNELS[name][0](self, q, k, v, masks, p_drop, _as_heads(merged))
+        if self.record_weights:
+            self.last_weights = weights
+        if self.head_mask is not None:          # a new array: the fused kernel's cache holds ``merged``
+            merged = merged * np.asarray(self.head_mask, dtype=merged.dtype)[None, None, :, None]
+        return merged, cache
 
     # -- forward / backward -------------------------------------------------------
     def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
@@ -282,171 +449,63 @@ class MultiHeadAttention(Module):
         self._check_inputs(query, key, value)
         if kv_cache is not None:
             return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache)
-        B, Tq, _ = query.shape
-        Tk = key.shape[1]
-        (q, k, v), proj_cache = self._project(query, key, value)
+        (q, k, v), proj_cache = self._project(query, key, value)        # q: (B, H, T, d_head), k, v: H_kv heads
         q, k, pos_cache = self._positions(q, k, 0)
         k, v = self._share_kv(k, v)
-        only_causal = (is_causal and attn_mask is None and key_padding_mask is None and Tq == Tk
-                       and self.positional != "alibi")
+        masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal)
         p_drop = self.dropout_p if self.training else 0.0
-        merged = None
-        if self.attention == "flash" and not self.record_weights:
-            ctx, attn_cache = self._flash(q, k, v, attn_mask, key_padding_mask, is_causal, p_drop)
-            weights = None
-        else:
-            mask = None if only_causal else self._alibi_mask(build_attention_mask(
-                Tq, Tk, q.dtype, attn_mask, key_padding_mask, is_causal, B, self.n_heads), Tq, Tk, 0, q.dtype)
-            if p_drop == 0.0 and self.head_mask is None:
-                # fast path: the kernel writes the context straight into the merged-heads layout (B, Tq, H, dh)
-                merged = np.empty((B, Tq, self.n_heads, self.d_head), dtype=q.dtype)
-                ctx, attn_cache = fused_attention_forward(q, k, v, mask, only_causal,
-                                                          out=merged.transpose(0, 2, 1, 3))
-                weights = np.swapaxes(attn_cache.weights_t, -1, -2) if self.record_weights else None
-            else:
-                ctx, weights, attn_cache = scaled_dot_product_attention_forward(
-                    q, k, v, attn_mask=mask, is_causal=only_causal, dropout_p=p_drop, rng=self.rng,
-                    need_weights=self.record_weights)
-        if self.record_weights:
-            self.last_weights = weights
-        if self.head_mask is not None:
-            ctx = ctx * np.asarray(self.head_mask, dtype=ctx.dtype)[None, :, None, None]
-        if merged is not None:
-            out = self.out_proj(merged.reshape(B, Tq, self.d_model))
-        else:
-            out = self.out_proj(_merge_heads(ctx))
-        self._cache = (proj_cache, attn_cache, pos_cache, query.shape, key.shape)
-        return out
+        name = self.kernel_name(p_drop)
+        ctx, attn_cache = self._attend(name, q, k, v, masks, p_drop)   # (B, Tq, H, d_head)
+        self._cache = (name, proj_cache, attn_cache, pos_cache)
+        return self.out_proj(ctx.reshape(query.shape))
 
     def backward(self, dout):
-        """Returns dquery for self-attention, (dquery, dkey) when value is key, else (dquery, dkey, dvalue)."""
-        proj_cache, attn_cache, pos_cache, q_shape, k_shape = self._cache
-        B, Tq, E = q_shape
-        Tk = k_shape[1]
+        """Gradients of the inputs (see the class docstring for what is returned); accumulates the parameters'."""
+        name, proj_cache, attn_cache, pos_cache = self._cache
+        self._cache = None
+        B, Tq, E = dout.shape
         H, dh = self.n_heads, self.d_head
-        dctx = self.out_proj.backward(dout).reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
+        dctx = _as_heads(self.out_proj.backward(dout).reshape(B, Tq, H, dh))
         if self.head_mask is not None:
             dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
-        kind = proj_cache[0]
-        dqkv = views = None
-        if kind == "self":       # the fused QKV gradient (B, Tq, H + 2·H_kv, dh) and its q, k, v parts (B, h, Tq, dh)
-            dqkv = np.empty((B, Tq, H + 2 * self.n_kv_heads, dh), dtype=dctx.dtype)
-            views = _split_qkv(dqkv.reshape(B, Tq, -1), H, self.n_kv_heads)
-        if isinstance(attn_cache, FlashAttentionCache):
-            dq, dk, dv = flash_attention_backward(dctx, attn_cache)
-        elif isinstance(attn_cache, FastAttentionCache) and kind == "self" and self.n_kv_heads == H:
-            dq, dk, dv = fused_attention_backward(dctx, attn_cache, *views)    # written straight into dqkv
+        grad_rows = [np.empty((b, t, sum(counts), dh), dtype=dctx.dtype) for _, (b, t, counts) in proj_cache]
+        views = tuple(v for g, (_, (_, _, counts)) in zip(grad_rows, proj_cache)
+                      for v in _split_groups(g.reshape(g.shape[:2] + (-1,)), counts))     # dq, dk, dv
+        if self._plain_heads:
+            KERNELS[name][1](dctx, attn_cache, *views)                # writes into grad_rows
         else:
-            dq, dk, dv = scaled_dot_product_attention_backward(dctx, attn_cache)
-        dq, dk, dv = self._undo_positions(dq, dk, dv, pos_cache)
-        W = self.qkv_proj.weight
-        bias = self.qkv_proj.bias
-        self._cache = None
-        if kind == "self":
-            for view, d in zip(views, (dq, dk, dv)):
-                if d is not view:
-                    view[...] = d
-            dx, dW, db = ops.linear_backward(dqkv.reshape(B, Tq, -1), proj_cache[1])
-            W.accumulate(dW)
-            if bias is not None:
-                bias.accumulate(db)
-            return dx
-        dW = np.empty_like(W.data)
-        db = None if bias is None else np.empty_like(bias.data)
-        dq_rows = np.empty((B, Tq, H, dh), dtype=dq.dtype)
-        _heads_to_rows(dq, dq_rows)
-        dquery, dW[:E], dbq = ops.linear_backward(dq_rows.reshape(B, Tq, E), proj_cache[1])
-        if kind == "kv":
-            dkv = np.empty((B, Tk, 2, H, dh), dtype=dk.dtype)
-            _heads_to_rows(dk, dkv[:, :, 0])
-            _heads_to_rows(dv, dkv[:, :, 1])
-            dkey, dW[E:], dbkv = ops.linear_backward(dkv.reshape(B, Tk, 2 * E), proj_cache[2])
-            grads = (dquery, dkey)
-            if db is not None:
-                db[:E], db[E:] = dbq, dbkv
-        else:
-            rows = np.empty((B, Tk, H, dh), dtype=dk.dtype)
-            _heads_to_rows(dk, rows)
-            dkey, dW[E:2 * E], dbk = ops.linear_backward(rows.reshape(B, Tk, E), proj_cache[2])
-            rows = np.empty((B, Tk, H, dh), dtype=dv.dtype)
-            _heads_to_rows(dv, rows)
-            dvalue, dW[2 * E:], dbv = ops.linear_backward(rows.reshape(B, Tk, E), proj_cache[3])
-            grads = (dquery, dkey, dvalue)
-            if db is not None:
-                db[:E], db[E:2 * E], db[2 * E:] = dbq, dbk, dbv
-        W.accumulate(dW)
-        if bias is not None:
-            bias.accumulate(db)
-        return grads
-
-    def _flash(self, q, k, v, attn_mask, key_padding_mask, is_causal, p_drop, causal_offset=0):
-        """The memory-efficient kernel; module masks (bool True = blocked) become functional ones
-        (True = may attend) without building a (Tq, Tk) mask per batch element."""
-        if p_drop > 0.0:
-            raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); set dropout = 0 "
-                             f"(a model's dropout also drops attention weights), call .eval() for inference, "
-                             f"or use attention='plain'")
-        B, H, Tq, _ = q.shape
-        Tk = k.shape[2]
-        mask = key_mask = None
-        if attn_mask is not None:
-            mask = np.asarray(attn_mask)
-            if mask.ndim == 3:
-                if mask.shape != (B * H, Tq, Tk):
-                    raise ValueError(f"a 3-D attn_mask must have shape (batch*heads, {Tq}, {Tk}), got {mask.shape}")
-                mask = mask.reshape(B, H, Tq, Tk)
-            if mask.ndim not in (2, 4) or mask.shape[-2:] != (Tq, Tk):
-                raise ValueError(f"attn_mask must have shape ({Tq}, {Tk}), (batch*heads, {Tq}, {Tk}) or "
-                                 f"(batch, heads, {Tq}, {Tk}); got {np.shape(attn_mask)}")
-            mask = ~mask if mask.dtype == bool else mask
-        if key_padding_mask is not None:
-            key_mask = np.asarray(key_padding_mask)
-            if key_mask.shape != (B, Tk):
-                raise ValueError(f"key_padding_mask must have shape (batch, {Tk}), got {key_mask.shape}")
-            key_mask = ~key_mask if key_mask.dtype == bool else key_mask
-        return flash_attention_forward(q, k, v, attn_mask=mask, is_causal=is_causal, key_mask=key_mask,
-                                       causal_offset=causal_offset, block_q=self.flash_block_q,
-                                       block_k=self.flash_block_k, alibi_slopes=self.alibi_slopes)
+            Tk = views[1].shape[2]
+            grads = (np.empty(dctx.shape, dctx.dtype),) + tuple(np.empty((B, H, Tk, dh), dctx.dtype) for _ in "kv")
+            KERNELS[name][1](dctx, attn_cache, *grads)
+            for view, g in zip(views, self._undo_positions(*grads, pos_cache)):
+                view[...] = g
+        return self._project_backward(grad_rows, proj_cache)
 
     def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache):
         """Inference step with a KVCache: no backward. Self-attention appends the new keys/values;
         a static cache (cross-attention) projects the memory once and reuses it."""
-        E, H = self.d_model, self.n_heads
+        E, H, Hkv = self.d_model, self.n_heads, self.n_kv_heads
         W = self.qkv_proj.weight.data
         b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
-        B, Tq, _ = query.shape
         offset = cache.length
         if cache.static:
-            if not self._plain_heads:
-                raise ValueError("n_kv_heads and positional='rope'/'alibi' are options of self-attention; "
-                                 "a static (cross-attention) KVCache needs a plain MultiHeadAttention")
             q, _ = ops.linear_forward(query, W[:E], None if b is None else b[:E])
             (q,) = _split_heads(q, 1, H)
             if cache.length == 0:
                 kv, _ = ops.linear_forward(key, W[E:], None if b is None else b[E:])
-                cache.append(*_split_heads(kv, 2, H))
-            k, v = cache.view()
+                cache.append(*_split_groups(kv, (Hkv, Hkv)))
+            k, v = self._share_kv(*cache.view())
             offset = 0
         else:
             if not (key is query and value is query):
                 raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
             qkv, _ = ops.linear_forward(query, W, b)
-            q, k_new, v_new = _split_qkv(qkv, H, self.n_kv_heads)
-            q, k_new, _ = self._positions(q, k_new, offset)        # the cache keeps rotated keys, n_kv_heads heads
+            q, k_new, v_new = _split_groups(qkv, (H, Hkv, Hkv))
+            q, k_new, _ = self._positions(q, k_new, offset)       # the cache keeps rotated keys, n_kv_heads heads
             k, v = self._share_kv(*cache.append(k_new, v_new))
-        Tk = k.shape[2]
-        causal = is_causal and not cache.static and Tq > 1
-        if self.attention == "flash" and not self.record_weights:
-            (ctx, _), weights = self._flash(q, k, v, attn_mask, key_padding_mask, causal, 0.0, offset), None
-        else:
-            mask = self._alibi_mask(build_attention_mask(Tq, Tk, q.dtype, attn_mask, key_padding_mask, causal, B, H,
-                                                         causal_offset=offset), Tq, Tk, offset, q.dtype)
-            ctx, weights, _ = scaled_dot_product_attention_forward(q, k, v, attn_mask=mask,
-                                                                   need_weights=self.record_weights)
-        if self.record_weights:
-            self.last_weights = weights
-        if self.head_mask is not None:
-            ctx = ctx * np.asarray(self.head_mask, dtype=ctx.dtype)[None, :, None, None]
-        out, _ = ops.linear_forward(_merge_heads(ctx), self.out_proj.weight.data,
+        causal = is_causal and not cache.static and query.shape[1] > 1
+        masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True)
+        ctx, _ = self._attend(self.kernel_name(0.0), q, k, v, masks, 0.0)
+        out, _ = ops.linear_forward(ctx.reshape(query.shape), self.out_proj.weight.data,
                                     None if self.out_proj.bias is None else self.out_proj.bias.data)
         return out

@@ -6,6 +6,11 @@ Convention (llm.c / CS231n style)::
     dx, dparams... = op_backward(dy, cache)
 
 No hidden state and no globals: the cache holds exactly what backward needs.
+
+Reference first, fast beside it: ``attention.py`` is the readable scaled
+dot-product attention; ``fused_attention.py`` (speed) and
+``flash_attention.py`` (memory) compute the same thing and are tested against
+it, as ``fast_gelu.py`` is against ``activations.gelu_erf``.
 """
 from .alibi import alibi_backward, alibi_bias, alibi_forward, alibi_slopes
 from .activations import (gelu_backward, gelu_forward, log_softmax_backward, log_softmax_forward,

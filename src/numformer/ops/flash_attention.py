@@ -1,6 +1,7 @@
 """Memory-efficient attention: the FlashAttention algorithm (Dao et al. 2022; Dao 2023) in NumPy.
 
-Same result as ``scaled_dot_product_attention_forward/backward``,
+The memory-saving version of ``ops/attention.py``'s ``scaled_dot_product_attention_forward/backward``
+(tested against it in tests/test_flash_attention.py): the same result,
 
     O = softmax(Q Kᵀ · scale + M) V,
 
@@ -51,7 +52,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .alibi import alibi_distance
+from .attention import check_attn_mask, check_qkv
 
+# Default rows (queries) and columns (keys) of a score block, (..., block_q, block_k): the memory the kernel
+# holds beyond Q, K, V and O, per batch item and head.
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 
@@ -76,15 +80,7 @@ def _check(q, k, v, block_q, block_k, dropout_p):
     if dropout_p:
         raise ValueError(f"the memory-efficient (flash) attention kernel has no attention dropout "
                          f"(dropout_p={dropout_p}); use scaled_dot_product_attention_forward for dropout")
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(
-            f"q, k, v must have the same number of dimensions (>= 2), got shapes {q.shape}, {k.shape}, {v.shape}")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"q, k, v must share their leading (batch, head) axes, got {q.shape}, {k.shape}, {v.shape}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"queries and keys need the same feature size d_k, got {q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"keys and values need the same length, got {k.shape[-2]} and {v.shape[-2]}")
+    check_qkv(q, k, v)
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if int(b) != b or b < 1:
             raise ValueError(f"{name} must be a positive integer, got {b!r}")
@@ -94,16 +90,7 @@ def _prepare_masks(q, t_k, attn_mask, key_mask):
     """Validate the masks (no copies of big arrays); key_mask becomes (B, 1, …, 1, Tk)."""
     lead, t_q = q.shape[:-2], q.shape[-2]
     if attn_mask is not None:
-        attn_mask = np.asarray(attn_mask)
-        if attn_mask.ndim == 1:
-            attn_mask = attn_mask[None, :]
-        try:
-            ok = np.broadcast_shapes(attn_mask.shape, lead + (t_q, t_k)) == lead + (t_q, t_k)
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(f"attn_mask of shape {attn_mask.shape} does not broadcast to the scores "
-                             f"{lead + (t_q, t_k)}")
+        attn_mask = check_attn_mask(attn_mask, lead, t_q, t_k, may_add_axes=False)
     if key_mask is not None:
         key_mask = np.asarray(key_mask)
         if len(lead) == 0:

@@ -1,5 +1,9 @@
 """Data parallelism across processes: each training batch is split over forked workers, one per core.
 
+Speed only: the reference is one process computing the forward and backward
+pass of the whole batch; tests/test_parallel.py checks that the split batch
+gives the single-process gradient (float64).
+
     with DataParallel(model, processes=2, seed=1337) as dp:
         loss, n_targets = dp.forward_backward(batch.inputs, batch.targets)
         clip_grad_norm(...); optimizer.step()           # in the main process, as usual

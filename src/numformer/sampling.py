@@ -1,0 +1,182 @@
+"""Sampling the next token: logits processors and ``sample_next``.
+
+Logits processors (on (..., V) logits, NumPy), with the semantics of Hugging Face
+transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper``,
+applied in that order (temperature, then top-k, then top-p)::
+
+    apply_temperature(logits, T)     logits / T                                     (T > 0)
+    top_k_filter(logits, k)          keep the k largest logits; ties with the k-th are kept too
+    top_p_filter(logits, p)          keep the smallest set of most probable tokens whose probability
+                                     reaches p (at least one token); the rest become -inf
+    warp_logits(logits, T, k, p)     the three in that order, in float64
+    sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None, greedy=False) -> token ids
+
+The decoders that use them are in ``numformer.decoding``.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "warp_logits", "sample_next", "TOP_P_TOL"]
+
+# Top-p compares cumulative probabilities (float64) with p; a set whose mass equals p up to this
+# rounding error counts as reaching p, so the boundary case "cumulative probability == p" is exact.
+TOP_P_TOL = 1e-12
+
+
+# -- argument checks ---------------------------------------------------------------
+def _is_int(x):
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_temperature(temperature):
+    if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or not temperature >= 0 \
+            or not np.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}")
+
+
+def _check_top_k(top_k):
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None (no top-k filtering), got {top_k!r}")
+
+
+def _check_top_p(top_p):
+    if top_p is not None and (not isinstance(top_p, numbers.Real) or isinstance(top_p, bool)
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None (no nucleus filtering), got {top_p!r}")
+
+
+def _check_sampling(temperature, top_k, top_p):
+    _check_temperature(temperature)
+    _check_top_k(top_k)
+    _check_top_p(top_p)
+
+
+def _as_rng(rng):
+    if rng is None or _is_int(rng):
+        return np.random.default_rng(rng)
+    if isinstance(rng, np.random.Generator):
+        return rng
+    raise ValueError(f"rng must be a numpy.random.Generator, an integer seed or None, got {type(rng).__name__}")
+
+
+def _check_logits(logits):
+    logits = np.asarray(logits)
+    if logits.ndim < 1 or logits.shape[-1] == 0 or not np.issubdtype(logits.dtype, np.floating):
+        raise ValueError(f"logits must be a float array of shape (..., vocab_size), got {logits.dtype} "
+                         f"{logits.shape}")
+    return logits
+
+
+# -- logits processors -----------------------------------------------------------------
+def apply_temperature(logits, temperature):
+    """logits / temperature (HF ``TemperatureLogitsWarper``); temperature must be > 0.
+
+    (``sample_next`` treats temperature 0 as greedy: argmax.)
+    """
+    logits = _check_logits(logits)
+    _check_temperature(temperature)
+    if temperature == 0:
+        raise ValueError("temperature 0 cannot scale logits; use greedy=True (argmax) or sample_next(temperature=0)")
+    return logits / np.asarray(temperature, logits.dtype)
+
+
+def top_k_filter(logits, k, filter_value=-np.inf, min_tokens_to_keep=1):
+    """Keep the k largest logits of each row and set the others to ``filter_value`` (HF ``TopKLogitsWarper``).
+
+    k larger than the vocabulary keeps everything. As HF, a token is removed only if its logit
+    is strictly below the k-th largest, so tokens tied with the k-th are all kept (exactly k
+    survive when the logits are distinct).
+    """
+    logits = _check_logits(logits)
+    _check_top_k(k)
+    if k is None:
+        return logits.copy()
+    V = logits.shape[-1]
+    k = min(max(int(k), int(min_tokens_to_keep)), V)
+    kth = np.partition(logits, V - k, axis=-1)[..., V - k:V - k + 1]
+    return np.where(logits < kth, np.asarray(filter_value, logits.dtype), logits)
+
+
+def _softmax64(x):
+    """Stable softmax in float64 over the last axis; an all -inf row gives zeros."""
+    x = np.asarray(x, np.float64)
+    m = np.max(x, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(x - m)
+    s = e.sum(axis=-1, keepdims=True)
+    return e / np.where(s > 0, s, 1.0)
+
+
+def _log_softmax64(x):
+    x = np.asarray(x, np.float64)
+    m = np.max(x, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def top_p_filter(logits, p, filter_value=-np.inf, min_tokens_to_keep=1):
+    """Nucleus filtering (HF ``TopPLogitsWarper``): keep the smallest set of most probable tokens
+    whose cumulative probability reaches p; set the others to ``filter_value``.
+
+    Sorted by decreasing probability, token i is removed when the tokens before it already
+    hold probability >= p (so a set summing to exactly p is complete; probabilities are
+    computed in float64 and compared with a tolerance of ``TOP_P_TOL``). At least
+    ``min_tokens_to_keep`` (default 1) tokens are kept, so a top token with probability
+    above p is kept alone. p = 1 keeps every token (HF's generate skips the warper then).
+    Ties: a token whose logit equals the smallest kept logit is kept too (HF leaves the choice
+    among tied tokens to its sort order; keeping all of them makes the result independent of
+    token order, as HF's top-k is).
+    """
+    logits = _check_logits(logits)
+    _check_top_p(p)
+    if p is None or p == 1:
+        return logits.copy()
+    x = logits.astype(np.float64)
+    order = np.argsort(-x, axis=-1, kind="stable")
+    sorted_x = np.take_along_axis(x, order, axis=-1)
+    probs = _softmax64(sorted_x)
+    cum_before = np.zeros_like(probs)                               # probability of the tokens before i
+    np.cumsum(probs[..., :-1], axis=-1, out=cum_before[..., 1:])
+    remove = cum_before >= p - TOP_P_TOL
+    remove[..., :int(min_tokens_to_keep)] = False
+    n_keep = (~remove).sum(axis=-1, keepdims=True)
+    threshold = np.take_along_axis(sorted_x, n_keep - 1, axis=-1)   # smallest kept logit
+    return np.where(x < threshold, np.asarray(filter_value, logits.dtype), logits)
+
+
+def warp_logits(logits, temperature=1.0, top_k=None, top_p=None):
+    """Temperature, then top-k, then top-p, in float64 (the distribution ``sample_next`` samples from)."""
+    _check_sampling(temperature, top_k, top_p)
+    x = _check_logits(logits).astype(np.float64)
+    if temperature != 1:
+        x = apply_temperature(x, temperature)
+    if top_k is not None:
+        x = top_k_filter(x, top_k)
+    if top_p is not None:
+        x = top_p_filter(x, top_p)
+    return x
+
+
+def sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greedy=False):
+    """Next token ids from logits (..., V) -> int64 array (...).
+
+    greedy=True or temperature=0: argmax (the first index among ties). Otherwise one draw
+    from softmax(warp_logits(logits, temperature, top_k, top_p)) per row, by inverse CDF with
+    one ``rng.random()`` number per row, so a fixed seed repeats the same tokens.
+    rng: a numpy.random.Generator (or an integer seed; None draws fresh entropy).
+    """
+    logits = _check_logits(logits)
+    _check_sampling(temperature, top_k, top_p)
+    if greedy or temperature == 0:
+        return np.argmax(logits, axis=-1).astype(np.int64)
+    rng = _as_rng(rng)
+    probs = _softmax64(warp_logits(logits, temperature, top_k, top_p))
+    cdf = np.cumsum(probs, axis=-1)
+    u = rng.random(cdf.shape[:-1]) * cdf[..., -1]
+    # the first index whose cdf exceeds u: never a zero-probability token
+    idx = (cdf <= u[..., None]).sum(axis=-1)
+    return np.minimum(idx, logits.shape[-1] - 1).astype(np.int64)

@@ -222,3 +222,23 @@ def test_build_model_accepts_the_options():
                      "positional": "rope", "activation": "swiglu", "norm": "rms", "n_kv_heads": 2,
                      "rope_theta": 1e4, "bias": False})
     assert m.blocks[0].self_attn.n_kv_heads == 2 and m.blocks[0].self_attn.qkv_proj.weight.shape == (16, 8)
+
+
+def test_llama_config_matches_the_gpt2_config_in_parameters():
+    """configs/shakespeare_char_llama.toml: RoPE, RMSNorm, SwiGLU, grouped-query, no biases; its parameter count
+    is the closest to shakespeare_char.toml's that these options allow (they move it in steps of 1,536)."""
+    from pathlib import Path
+
+    from numformer.config import load_config
+    from numformer.train import resolve_config
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    counts = {}
+    for name in ("shakespeare_char", "shakespeare_char_llama"):
+        config, _ = resolve_config(load_config(root / f"{name}.toml"))
+        model = {k: v for k, v in config["model"].items() if v is not None}
+        counts[name] = build_model(model).num_parameters()
+        if name.endswith("llama"):
+            assert (model["positional"], model["norm"], model["activation"], model["bias"]) == (
+                "rope", "rms", "swiglu", False) and model["n_kv_heads"] < model["n_heads"]
+    assert abs(counts["shakespeare_char_llama"] - counts["shakespeare_char"]) < 1536 / 2

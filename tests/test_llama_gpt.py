@@ -242,3 +242,34 @@ def test_llama_config_matches_the_gpt2_config_in_parameters():
             assert (model["positional"], model["norm"], model["activation"], model["bias"]) == (
                 "rope", "rms", "swiglu", False) and model["n_kv_heads"] < model["n_heads"]
     assert abs(counts["shakespeare_char_llama"] - counts["shakespeare_char"]) < 1536 / 2
+
+
+# -- the same options in the encoder-decoder Transformer and the classifier -------------------------
+@pytest.mark.parametrize("options", [dict(positional="rope", n_kv_heads=1), dict(positional="alibi"),
+                                     dict(positional="rope", activation="swiglu", norm="rms")])
+def test_transformer_and_classifier_options_gradients(options):
+    from numformer import EncoderClassifier, Transformer
+
+    t = Transformer(13, 13, d_model=8, n_heads=2, n_layers=1, d_ff=12, dropout=0.0, src_pad_id=0,
+                    rng=np.random.default_rng(0), dtype=F64, **options)
+    src = np.array([[3, 4, 5, 6], [7, 8, 0, 0]])
+    tgt = np.array([[1, 2, 3], [4, 5, 6]])
+    assert_gradcheck(module_gradcheck(t, {}, lambda: t(src, tgt)))
+    c = EncoderClassifier(13, 3, max_len=10, d_model=8, n_heads=2, n_layers=1, dropout=0.0, pad_id=0,
+                          rng=np.random.default_rng(0), dtype=F64, **options)
+    assert_gradcheck(module_gradcheck(c, {}, lambda: c(src)))
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi"])
+def test_transformer_cached_decoding_equals_full(positional):
+    from numformer import Transformer
+
+    t = Transformer(13, 13, d_model=8, n_heads=2, n_layers=2, d_ff=12, dropout=0.0, positional=positional,
+                    n_kv_heads=1, rng=np.random.default_rng(0), dtype=F64).eval()
+    src = np.random.default_rng(1).integers(1, 13, (2, 6))
+    tgt = np.random.default_rng(2).integers(1, 13, (2, 7))
+    full = t(src, tgt)
+    memory = t.encode(src)
+    caches = t.new_caches()
+    steps = [t.decode(tgt[:, i:i + 1], memory, caches=caches) for i in range(7)]
+    assert_close(np.concatenate(steps, axis=1), full, 1e-10, "cached logits")

@@ -47,7 +47,7 @@ class GPT(Module):
         if d_ff is None:
             d_ff = -(-8 * d_model // 24) * 8 if activation == "swiglu" else 4 * d_model
         self.gradient_checkpointing = gradient_checkpointing
-        self.positional = positional
+        self.positional, self.n_kv_heads, self.rope_theta = positional, n_kv_heads, float(rope_theta)
         self.vocab_size, self.block_size, self.n_layers = vocab_size, block_size, n_layers
         self.n_heads, self.d_model, self.d_ff = n_heads, d_model, d_ff
         self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=0.02)

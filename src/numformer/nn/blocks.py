@@ -77,17 +77,22 @@ class DecoderBlock(Module):
 
     x: (B, T, d_model), memory: (B, S, d_model) -> (B, T, d_model).
     backward(dy) returns (dx, dmemory). ``attention``: "plain" or "flash" (both attention layers).
+    ``n_kv_heads`` applies to both attention layers; ``positional`` ("rope" / "alibi") and ``rope_theta``
+    to the self-attention only (the memory's positions are the encoder's business).
     """
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
-                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain"):
+                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain",
+                 n_kv_heads=None, positional=None, rope_theta=10000.0):
         super().__init__()
         rng = init.default_rng(rng)
         attn_bias = bias if attn_bias is None else attn_bias
         self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
         self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
+                                            n_kv_heads=n_kv_heads, positional=positional, rope_theta=rope_theta)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
+                                             n_kv_heads=n_kv_heads)
         self.ff = make_feed_forward(d_model, d_ff, activation, dropout, bias, rng, dtype)
         self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
         self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)

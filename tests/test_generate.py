@@ -161,9 +161,9 @@ def test_gpt_window_schedule():
     seen = []
     forward = model.forward
 
-    def spy(idx, kv_caches=None):
+    def spy(idx, kv_caches=None, **kw):
         seen.append((idx.shape[1], 0 if kv_caches is None else kv_caches[0].length))
-        return forward(idx, kv_caches)
+        return forward(idx, kv_caches, **kw)
 
     model.forward = spy
     generate(model, [1, 2, 3], 12, greedy=True, shift=4, use_cache=False)

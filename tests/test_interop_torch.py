@@ -312,3 +312,72 @@ def test_is_causal_without_mask_raises_as_torch(name, make, shapes, kwargs, mask
     flag = next(k for k, v in kwargs.items() if k.endswith("is_causal"))
     with pytest.raises(ValueError, match=rf"{flag}=True needs the causal mask.*pass the causal mask as {mask_name}"):
         adapter(*inputs, **kwargs)
+
+
+# -- whole encoder-decoder models ----------------------------------------------------------------------------------
+SEQ2SEQ_OPTIONS = {
+    "post_ln": dict(),                                                   # numformer's default: no final norms
+    "pre_ln_shared_tied": dict(norm_first=True, share_embeddings=True, tie_output=True, activation="gelu"),
+    "learned_final_norm": dict(positional="learned", final_norm=True, scale_embeddings=False, n_decoder_layers=1),
+}
+
+
+@pytest.mark.parametrize("options", sorted(SEQ2SEQ_OPTIONS))
+@pytest.mark.parametrize("tdtype,ndtype,tol", DTYPES)
+def test_full_numformer_transformer_to_torch_and_back(options, tdtype, ndtype, tol):
+    from numformer import ops
+    from numformer.models import Transformer
+
+    V, PAD = 23, 0
+    model = Transformer(V, V, d_model=16, n_heads=4, n_layers=2, d_ff=24, dropout=0.0, max_len=20, src_pad_id=PAD,
+                        tgt_pad_id=PAD, rng=np.random.default_rng(0), dtype=ndtype, **SEQ2SEQ_OPTIONS[options])
+    tmod = to_torch(model)
+    assert type(tmod).__name__ == "TorchSeq2Seq"
+    rng = np.random.default_rng(1)
+    src, tgt, targets = rng.integers(1, V, (2, 7)), rng.integers(1, V, (2, 5)), rng.integers(1, V, (2, 5))
+    src[1, -2:] = PAD
+    tgt[0, -1] = PAD
+    t_logits = tmod(torch.from_numpy(src), torch.from_numpy(tgt))
+    torch.nn.functional.cross_entropy(t_logits.reshape(-1, V), torch.from_numpy(targets).reshape(-1)).backward()
+    logits = model(src, tgt)
+    loss, cache = ops.cross_entropy_forward(logits, targets)
+    model.backward(ops.cross_entropy_backward(cache))
+    assert_close(logits, t_logits.detach().numpy(), tol, "logits")
+    t_grads = {n: p.grad.numpy() for n, p in tmod.named_parameters()}
+    ours = {n: p.grad for n, p in model.named_parameters()}
+    from numformer.interop.torch import _seq2seq_torch_name
+    assert {_seq2seq_torch_name(n) for n in ours} == set(t_grads)
+    for n, g in ours.items():
+        assert_close(g, t_grads[_seq2seq_torch_name(n)], tol, f"grad {n}")
+    back = from_torch(tmod)
+    assert back.encoder.norm is None if options == "post_ln" else back.encoder.norm is not None
+    assert_close(back(src, tgt), logits, tol, "logits after the round trip")
+
+
+def test_torch_tutorial_seq2seq_model_into_numformer():
+    """The usual torch model: two nn.Embedding, nn.Transformer (post-LN, with final norms), a generator."""
+    from numformer.interop.torch import from_torch_seq2seq
+    from numformer.nn.positional import sinusoidal_table
+
+    torch.manual_seed(0)
+    d, V_src, V_tgt = 16, 19, 17
+    src_embed, tgt_embed = nn.Embedding(V_src, d).double(), nn.Embedding(V_tgt, d).double()
+    transformer = nn.Transformer(d, 4, 2, 2, 32, dropout=0.0, batch_first=True).double()
+    generator = nn.Linear(d, V_tgt, bias=False).double()
+    pe = torch.from_numpy(sinusoidal_table(30, d))
+
+    def torch_forward(src, tgt):
+        T = tgt.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.float64)
+        x = src_embed(src) * d ** 0.5 + pe[:src.shape[1]]
+        y = tgt_embed(tgt) * d ** 0.5 + pe[:T]
+        return generator(transformer(x, y, tgt_mask=mask))
+
+    model = from_torch_seq2seq(transformer, src_embed, tgt_embed, generator, max_len=30)
+    assert model.encoder.norm is not None and model.decoder.norm is not None     # final_norm from nn.Transformer
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(0, V_src, (2, 6)), rng.integers(0, V_tgt, (2, 4))
+    assert_close(model(src, tgt), torch_forward(torch.from_numpy(src), torch.from_numpy(tgt)).detach().numpy(),
+                 F64_TOL, "logits")
+    with pytest.raises(ValueError, match="generator has a bias"):
+        from_torch_seq2seq(transformer, src_embed, tgt_embed, nn.Linear(d, V_tgt).double())

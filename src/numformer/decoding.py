@@ -3,7 +3,7 @@
 Decoder-only (GPT)::
 
     generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False,
-             rng=None, use_cache=True, stream=None, shift=None, return_logits=False)
+             rng=None, use_cache=True, stream=None, shift=None, return_logits=False, attention_mask=None)
 
 incremental decoding with the key/value cache; past the context length the window slides
 (see ``generate``), identically with and without the cache.
@@ -70,7 +70,7 @@ def _check_count(value, name, minimum=0):
 
 # -- decoder-only generation (GPT) ----------------------------------------------------
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False, rng=None,
-             use_cache=True, stream=None, shift=None, return_logits=False):
+             use_cache=True, stream=None, shift=None, return_logits=False, attention_mask=None):
     """Continue ``idx`` by ``max_new_tokens`` tokens with a decoder-only model (``GPT``).
 
     idx: (T,) or (B, T) token ids (a non-empty prompt). Returns the prompt followed by the
@@ -93,6 +93,11 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     rebuild over ``shift`` steps at the price of a shorter context just after it.
     ``use_cache=False`` recomputes the whole window at every step, with the same window
     schedule, so both paths give the same logits (to rounding).
+
+    Prompts of different lengths: left-pad them to one length and pass ``attention_mask``
+    (B, T), 1 for real tokens and 0 for padding, as Hugging Face does; padding is never
+    attended to and positions count from each row's first real token, so every row continues
+    as its prompt alone would (the padded length counts against block_size).
     """
     block_size = int(model.block_size)
     seq0, was_1d = _as_batch(idx, "prompt", model.vocab_size)
@@ -103,6 +108,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     B, T0 = seq0.shape
     seq = np.empty((B, T0 + max_new_tokens), dtype=np.int64)
     seq[:, :T0] = seq0
+    mask = None if attention_mask is None else _left_padding_mask(attention_mask, seq0.shape, max_new_tokens)
     trace = None
     n, start = T0, 0                 # seq[:, :n] is generated so far; the window is seq[:, start:n]
     caches, cache_start, cached_to = None, None, 0
@@ -110,12 +116,15 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         for step in range(max_new_tokens):
             if n - start > block_size:
                 start = max(start + shift, n - block_size)
+            extra = {} if mask is None else {"attention_mask": mask[:, start:n]}
+            if getattr(model, "supports_logits_to_keep", False):
+                extra["logits_to_keep"] = 1               # only the last position's logits are needed
             if not use_cache:
-                logits = model(seq[:, start:n])[:, -1]
+                logits = model(seq[:, start:n], **extra)[:, -1]
             else:
                 if caches is None or cache_start != start:      # first step, or the window slid: re-prefill
                     caches, cache_start, cached_to = model.new_kv_caches(), start, start
-                logits = model(seq[:, cached_to:n], kv_caches=caches)[:, -1]
+                logits = model(seq[:, cached_to:n], kv_caches=caches, **extra)[:, -1]
                 cached_to = n
             if return_logits:
                 if trace is None:
@@ -132,6 +141,21 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     if trace is None:
         trace = np.empty((B, 0, model.vocab_size), dtype=model.dtype)
     return out, trace
+
+
+def _left_padding_mask(attention_mask, shape, max_new_tokens):
+    """The (B, T + max_new_tokens) mask of a left-padded batch (new tokens are real); checks the padding
+    is on the left and every row has a real token."""
+    mask = np.asarray(attention_mask)
+    if mask.shape != shape:
+        raise ValueError(f"attention_mask must have the prompt's shape {shape}, got {mask.shape}")
+    if not np.isin(mask, (0, 1)).all():
+        raise ValueError("attention_mask must hold 1 (real token) and 0 (padding) only")
+    real = mask.astype(bool)
+    if not real[:, -1].all() or (np.diff(real.astype(np.int8), axis=1) < 0).any():
+        raise ValueError("generate needs left padding: each row of attention_mask is 0 … 0 1 … 1 (pad the "
+                         "prompts on the left, as Hugging Face's tokenizer(padding_side='left'))")
+    return np.concatenate([real, np.ones((shape[0], max_new_tokens), dtype=bool)], axis=1)
 
 
 def _check_generate_args(block_size, max_new_tokens, temperature, top_k, top_p, shift, stream):

@@ -1,43 +1,66 @@
-"""numformer generate RUN_DIR --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K] [--top-p P]
-[--greedy] [--seed S]: continue a prompt with a trained GPT, printing the text as it comes."""
+"""numformer generate SOURCE --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K] [--top-p P]
+[--greedy] [--seed S]: continue a prompt with a GPT, printing the text as it comes.
+
+SOURCE: a run folder, or a Hugging Face GPT-2 (a folder, or a hub id written ``hf:gpt2``)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+
+def load_generator(source):
+    """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``."""
+    from ..data.tokenizers import tokenizer_from_dict
+    from ..interop.hf import is_run_folder, load_pretrained
+    from ..train import load_config_json, load_model, load_tokenizer_state
+
+    if str(source).startswith("hf:") or (Path(source, "config.json").is_file() and not is_run_folder(source)):
+        model, tokenizer = load_pretrained(source)
+        if tokenizer is None:
+            raise ValueError(f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text "
+                             f"cannot be encoded")
+        return model, tokenizer
+    config = load_config_json(source)
+    if config["model"]["type"] != "gpt":
+        raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
+                         f"text with a GPT (use `numformer translate` or `classify` for the others)")
+    state = load_tokenizer_state(source)
+    if state is None:
+        raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded")
+    return load_model(source, config), tokenizer_from_dict(state)
 
 
 def run(args):
-    from ..data.tokenizers import tokenizer_from_dict
     from ..generate import generate
-    from ..train import load_config_json, load_model, load_tokenizer_state
 
-    config = load_config_json(args.run_dir)
-    if config["model"]["type"] != "gpt":
-        raise ValueError(f"{args.run_dir} holds a {config['model']['type']} model; `numformer generate` continues "
-                         f"text with a GPT (use `numformer translate` or `classify` for the others)")
-    state = load_tokenizer_state(args.run_dir)
-    if state is None:
-        raise ValueError(f"{args.run_dir} has no tokenizer.json, so text cannot be encoded")
-    tokenizer = tokenizer_from_dict(state)
+    model, tokenizer = load_generator(args.run_dir)
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
-    model = load_model(args.run_dir, config)
     out = sys.stdout
     out.write(args.prompt)
     out.flush()
+    new, shown = [], 0
 
     def stream(token):
-        out.write(tokenizer.decode([token]))
-        out.flush()
+        # decode everything so far: a byte-level BPE token can be part of a character
+        nonlocal shown
+        new.append(token)
+        text = tokenizer.decode(new)
+        if not text.endswith("\ufffd"):
+            out.write(text[shown:])
+            out.flush()
+            shown = len(text)
 
     generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
              top_p=args.top_p, greedy=args.greedy, rng=args.seed, stream=stream)
-    out.write("\n")
+    out.write(tokenizer.decode(new)[shown:] + "\n")
 
 
 def register(sub):
-    p = sub.add_parser("generate", help="continue a prompt with a trained GPT (streams to the terminal)")
-    p.add_argument("run_dir", help="a run folder written by `numformer train`")
+    p = sub.add_parser("generate", help="continue a prompt with a GPT (streams to the terminal)")
+    p.add_argument("run_dir", metavar="SOURCE", help="a run folder written by `numformer train` or `import-hf`, or "
+                                                     "a Hugging Face GPT-2 folder or hub id (hf:gpt2)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate (default 500)")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0; 0 = greedy)")

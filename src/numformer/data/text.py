@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import Batch, Task, register_task
-from .tokenizers import CharTokenizer
+from .tokenizers import CharTokenizer, tokenizer_from_dict
 
 BUILTIN_CORPUS = "tinyshakespeare.txt"
 
@@ -50,14 +50,16 @@ class TextTask(Task):
             raise ValueError(f"[data] block_size must be >= 1, got {c['block_size']}")
         text = read_corpus(c["path"], c["encoding"])
         self.source = c["path"] or "tiny Shakespeare (built in)"
-        self.tokenizer = (CharTokenizer.from_dict(tokenizer_state) if tokenizer_state
+        # a saved or pretrained tokenizer (GPT-2's BPE when fine-tuning it), else the text's characters
+        self.tokenizer = (tokenizer_from_dict(tokenizer_state) if tokenizer_state
                           else CharTokenizer.from_text(text))
+        self.unit = "character" if isinstance(self.tokenizer, CharTokenizer) else "token"
         ids = self.tokenizer.encode_array(text)
         n_train = int(len(ids) * (1.0 - c["val_fraction"]))
         self.splits = {"train": ids[:n_train], "val": ids[n_train:]}
         for name, data in self.splits.items():
             if len(data) <= c["block_size"]:
-                raise ValueError(f"the {name} split has {len(data)} characters, not more than block_size = "
+                raise ValueError(f"the {name} split has {len(data)} {self.unit}s, not more than block_size = "
                                  f"{c['block_size']}; use a longer text or a smaller block_size")
 
     def model_config(self):
@@ -83,4 +85,4 @@ class TextTask(Task):
 
     def describe(self):
         return (f"{self.source}: {len(self.splits['train']):,} training and {len(self.splits['val']):,} validation "
-                f"characters, vocabulary of {self.tokenizer.vocab_size}")
+                f"{self.unit}s, vocabulary of {self.tokenizer.vocab_size}")

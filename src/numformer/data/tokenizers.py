@@ -290,7 +290,47 @@ class BPETokenizer:
         return cls(hf.Tokenizer.from_str(d["hf_json"]), d.get("lowercase", True))
 
 
-TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer}
+class PretrainedTokenizer:
+    """A Hugging Face ``tokenizers`` tokenizer used exactly as its model was trained with it
+    (GPT-2's byte-level BPE, ``numformer.interop.hf``): no normalization, no special ids of
+    numformer's own. ``decode`` keeps every space, so ``decode(encode(text)) == text``.
+
+    ``eos_id`` / ``bos_id``: the model's end / start token ids (GPT-2: 50256, ``<|endoftext|>``), or None.
+    """
+
+    def __init__(self, hf_tokenizer, eos_id=None, bos_id=None):
+        self.hf = hf_tokenizer
+        self.eos_id, self.bos_id = eos_id, bos_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"id {bad[0]} is outside the tokenizer's vocabulary [0, {self.vocab_size})")
+        return self.hf.decode(ids, skip_special_tokens=skip_special)
+
+    def to_dict(self) -> dict:
+        return {"type": "hf", "hf_json": self.hf.to_str(), "eos_id": self.eos_id, "bos_id": self.bos_id}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PretrainedTokenizer":
+        return cls(_hf().Tokenizer.from_str(d["hf_json"]), d.get("eos_id"), d.get("bos_id"))
+
+
+TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer, "hf": PretrainedTokenizer}
 
 
 def tokenizer_from_dict(d: dict):

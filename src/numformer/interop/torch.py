@@ -11,6 +11,18 @@ Supported: ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``,
 ``nn.TransformerDecoder`` and ``nn.Transformer``, all with ``batch_first=True``.
 PyTorch is imported lazily; it is never a runtime dependency of numformer.
 
+Whole encoder-decoder models::
+
+    torch_model = to_torch(numformer_transformer)     # a TorchSeq2Seq: embeddings, nn.Transformer, output layer
+    model = from_torch(torch_model)                   # back to numformer.models.Transformer
+    model = from_torch_seq2seq(transformer, src_embed, tgt_embed, generator, ...)   # your own torch model
+
+``nn.Transformer`` always ends each stack with a LayerNorm, while numformer's
+``Transformer`` has final norms only when ``final_norm`` is true (default:
+``final_norm = norm_first``); ``from_torch_seq2seq`` sets ``final_norm`` from
+the torch model, and ``to_torch`` of a numformer model without final norms
+builds its ``nn.Transformer`` from custom stacks without them.
+
 Mask arguments keep torch's meaning (boolean True = not allowed; float added).
 As in torch, an ``is_causal`` flag (``is_causal``, ``src_is_causal``,
 ``tgt_is_causal``, ``memory_is_causal``) is a hint that the matching mask is
@@ -278,9 +290,157 @@ def from_torch(module):
         _check_batch_first(module.encoder.layers[0].self_attn)
         return TransformerAdapter(EncoderDecoder(_encoder_from_torch(module.encoder, dtype),
                                                  _decoder_from_torch(module.decoder, dtype)))
+    if type(module).__name__ == "TorchSeq2Seq":
+        pos = {k: (None if module.learned_positions is False else getattr(module, k).weight) for k in
+               ("src_pos", "tgt_pos")}
+        return from_torch_seq2seq(module.transformer, module.src_emb, module.tgt_emb, module.out_proj,
+                                  max_len=module.max_len, src_pos=pos["src_pos"], tgt_pos=pos["tgt_pos"],
+                                  scale_embeddings=module.embed_scale != 1.0, src_pad_id=module.src_pad_id,
+                                  tgt_pad_id=module.tgt_pad_id)
     raise TypeError(f"from_torch does not know {type(module).__name__}; supported: MultiheadAttention, "
                     "TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder, TransformerDecoder, "
-                    "Transformer")
+                    "Transformer, TorchSeq2Seq (for your own seq2seq model: from_torch_seq2seq)")
+
+
+# -- whole encoder-decoder models --------------------------------------------------------------------------------
+def from_torch_seq2seq(transformer, src_embed, tgt_embed, generator, max_len=512, src_pos=None, tgt_pos=None,
+                       scale_embeddings=True, src_pad_id=None, tgt_pad_id=None):
+    """numformer.models.Transformer equal to a torch seq2seq model, weights copied.
+
+    The torch model computes ``generator(transformer(E_src[src]·s + P_src, E_tgt[tgt]·s + P_tgt,
+    causal tgt_mask, padding masks))`` with s = √d_model (``scale_embeddings``) or 1:
+    transformer: an ``nn.Transformer`` (batch_first=True); src_embed / tgt_embed: ``nn.Embedding``
+    (the same module or weight = shared embeddings); generator: ``nn.Linear(d_model, tgt_vocab,
+    bias=False)`` (its weight may be tgt_embed's: tied output). Positions: the sinusoidal table of
+    "Attention Is All You Need" (sin on even, cos on odd features) when src_pos / tgt_pos are None,
+    else learned tables (max_len, d_model) given as tensors or arrays. ``final_norm`` follows the
+    torch stacks (nn.Transformer has final norms; custom stacks may not).
+    """
+    torch = _torch()
+    _check_batch_first(transformer.encoder.layers[0].self_attn)
+    if getattr(generator, "bias", None) is not None and bool(torch.any(generator.bias != 0)):
+        raise ValueError("the generator has a bias, and numformer's output layer has none; train the torch model "
+                         "with nn.Linear(d_model, vocab, bias=False)")
+    if (src_pos is None) != (tgt_pos is None):
+        raise ValueError("give both src_pos and tgt_pos (learned tables) or neither (sinusoidal)")
+    from ..models import Transformer
+
+    enc, dec = transformer.encoder, transformer.decoder
+    cfg = _layer_config(enc.layers[0])
+    if (enc.norm is None) != (dec.norm is None):
+        raise ValueError("the encoder and decoder must both have a final norm or both lack one")
+    model = Transformer(src_embed.num_embeddings, tgt_embed.num_embeddings, cfg["d_model"], cfg["n_heads"],
+                        d_ff=cfg["d_ff"], dropout=cfg["dropout"], max_len=max_len, n_encoder_layers=len(enc.layers),
+                        n_decoder_layers=len(dec.layers), norm_first=cfg["norm_first"], activation=cfg["activation"],
+                        positional="sinusoidal" if src_pos is None else "learned",
+                        share_embeddings=src_embed.weight is tgt_embed.weight,
+                        tie_output=generator.weight is tgt_embed.weight, src_pad_id=src_pad_id, tgt_pad_id=tgt_pad_id,
+                        final_norm=enc.norm is not None, bias=cfg["bias"], layer_norm_eps=cfg["layer_norm_eps"],
+                        scale_embeddings=scale_embeddings, dtype=_np_dtype(transformer))
+    model.encoder, model.decoder = _encoder_from_torch(enc, model.dtype), _decoder_from_torch(dec, model.dtype)
+    arrays = {"src_emb.weight": src_embed.weight, "tgt_emb.weight": tgt_embed.weight, "out_proj.weight": generator.weight,
+              "src_pos.weight": src_pos, "tgt_pos.weight": tgt_pos}
+    for name, p in model.named_parameters():
+        if name in arrays:
+            a = arrays[name]
+            a = _array(a) if hasattr(a, "detach") else np.array(a, dtype=model.dtype)
+            if a.shape != p.shape:
+                raise ValueError(f"{name}: torch shape {a.shape} vs numformer {p.shape}")
+            p.data = np.ascontiguousarray(a, dtype=model.dtype)
+    return model
+
+
+def _seq2seq_torch_name(name):
+    """numformer.Transformer parameter name -> TorchSeq2Seq parameter name."""
+    name = torch_name(name)
+    return "transformer." + name if name.startswith(("encoder.", "decoder.")) else name
+
+
+def _torch_seq2seq(model):
+    """The TorchSeq2Seq equivalent of a numformer Transformer (weights copied in ``to_torch``)."""
+    torch = _torch()
+    nn = torch.nn
+    from ..nn.positional import SinusoidalPositionalEncoding
+
+    if getattr(model.encoder.layers[0].self_attn.qkv_proj, "bias", None) is None and \
+            model.encoder.layers[0].ff.linear1.bias is not None:
+        raise ValueError("torch layers have one bias switch; this model has attention without biases "
+                         "(attn_bias = false) but feed-forward biases")
+    enc, dec = to_torch(model.encoder), to_torch(model.decoder)
+    first = model.encoder.layers[0]
+    transformer = nn.Transformer(first.d_model, first.n_heads, len(enc.layers), len(dec.layers), first.d_ff,
+                                 first.self_attn.dropout_p, batch_first=True, norm_first=first.norm_first,
+                                 custom_encoder=enc, custom_decoder=dec)
+    learned = not isinstance(model.src_pos, SinusoidalPositionalEncoding)
+    return TorchSeq2Seq(model.src_vocab_size, model.tgt_vocab_size, transformer, model.max_len, learned,
+                        model.embed_scale, model.src_pad_id, model.tgt_pad_id, model.src_drop.p,
+                        share_embeddings=model.tgt_emb.weight is model.src_emb.weight,
+                        tie_output=model.out_proj.weight is model.tgt_emb.weight)
+
+
+def _make_torch_seq2seq_class():
+    nn = _torch().nn
+
+    class TorchSeq2Seq(nn.Module):
+        """numformer.models.Transformer in torch: embeddings (·√d_model) + positions -> nn.Transformer
+        (causal target mask, padding masks from the pad ids) -> output layer without bias.
+
+        forward(src (B, S), tgt (B, T)) -> logits (B, T, tgt_vocab). Parameter names:
+        src_emb, tgt_emb, src_pos / tgt_pos (learned tables; sinusoidal ones are buffers),
+        transformer.*, out_proj.
+        """
+
+        def __init__(self, src_vocab, tgt_vocab, transformer, max_len, learned_positions, embed_scale,
+                     src_pad_id=None, tgt_pad_id=None, dropout=0.0, share_embeddings=False, tie_output=False):
+            super().__init__()
+            from ..nn.positional import sinusoidal_table
+
+            torch = _torch()
+            d = transformer.d_model
+            self.max_len, self.learned_positions, self.embed_scale = max_len, learned_positions, embed_scale
+            self.src_pad_id, self.tgt_pad_id = src_pad_id, tgt_pad_id
+            self.src_emb = nn.Embedding(src_vocab, d)
+            self.tgt_emb = nn.Embedding(tgt_vocab, d)
+            if share_embeddings:
+                self.tgt_emb.weight = self.src_emb.weight
+            if learned_positions:
+                self.src_pos, self.tgt_pos = nn.Embedding(max_len, d), nn.Embedding(max_len, d)
+            else:
+                self.register_buffer("pos_table", torch.from_numpy(sinusoidal_table(max_len, d)))  # float64; .to() casts
+            self.drop = nn.Dropout(dropout)
+            self.transformer = transformer
+            self.out_proj = nn.Linear(d, tgt_vocab, bias=False)
+            if tie_output:
+                self.out_proj.weight = self.tgt_emb.weight
+
+        def _embed(self, ids, emb, pos):
+            T = ids.shape[1]
+            table = pos.weight[:T] if self.learned_positions else self.pos_table[:T].to(emb.weight.dtype)
+            return self.drop(emb(ids) * self.embed_scale + table)
+
+        def forward(self, src, tgt):
+            torch = _torch()
+            src_kpm = None if self.src_pad_id is None else src == self.src_pad_id
+            tgt_kpm = None if self.tgt_pad_id is None else tgt == self.tgt_pad_id
+            T = tgt.shape[1]
+            causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+            out = self.transformer(self._embed(src, self.src_emb, getattr(self, "src_pos", None)),
+                                   self._embed(tgt, self.tgt_emb, getattr(self, "tgt_pos", None)),
+                                   tgt_mask=causal, src_key_padding_mask=src_kpm, tgt_key_padding_mask=tgt_kpm,
+                                   memory_key_padding_mask=src_kpm, tgt_is_causal=True)
+            return self.out_proj(out)
+
+    return TorchSeq2Seq
+
+
+def TorchSeq2Seq(*args, **kwargs):  # noqa: N802 - builds the torch class on first use (torch imported lazily)
+    global _TORCH_SEQ2SEQ
+    if _TORCH_SEQ2SEQ is None:
+        _TORCH_SEQ2SEQ = _make_torch_seq2seq_class()
+    return _TORCH_SEQ2SEQ(*args, **kwargs)
+
+
+_TORCH_SEQ2SEQ = None
 
 
 # -- back to torch -----------------------------------------------------------------------------
@@ -302,10 +462,15 @@ def _torch_norm(norm):
 
 def to_torch(module):
     """The torch.nn module equivalent to a numformer module (or adapter), weights copied, in its dtype."""
+    from ..models import Transformer
+
     torch = _torch()
     nn = torch.nn
     m = _inner(module)
-    if isinstance(m, MultiHeadAttention):
+    name = torch_name
+    if isinstance(m, Transformer):
+        out, name = _torch_seq2seq(m), _seq2seq_torch_name
+    elif isinstance(m, MultiHeadAttention):
         out = nn.MultiheadAttention(m.d_model, m.n_heads, dropout=m.dropout_p, bias=m.qkv_proj.bias is not None,
                                     batch_first=True)
     elif isinstance(m, EncoderBlock):
@@ -329,6 +494,12 @@ def to_torch(module):
         raise TypeError(f"to_torch does not know {type(m).__name__}")
     dtype = getattr(torch, str(m.dtype))
     out = out.to(dtype)
-    state = {torch_name(n): torch.from_numpy(np.ascontiguousarray(p.data)) for n, p in m.named_parameters()}
-    out.load_state_dict(state, strict=True)
+    params = dict(out.named_parameters())           # deduplicated, as numformer's: tied weights appear once
+    state = {name(n): p.data for n, p in m.named_parameters()}
+    if set(state) != set(params):
+        raise ValueError(f"parameter names do not match: numformer gives {sorted(set(state) - set(params))}, "
+                         f"torch has {sorted(set(params) - set(state))}")
+    with torch.no_grad():
+        for n, a in state.items():
+            params[n].copy_(torch.from_numpy(np.ascontiguousarray(a)))
     return out

@@ -38,6 +38,8 @@ class GPT(Module):
     KV cache holds n_kv_heads heads); ``norm="rms"`` (RMSNorm).
     """
 
+    supports_logits_to_keep = True          # forward(..., logits_to_keep=1): generation computes one row of logits
+
     def __init__(self, vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, d_ff=None, dropout=0.0,
                  positional="learned", activation="gelu", norm_first=True, norm="layer", tie_weights=True,
                  bias=True, layer_norm_eps=1e-5, attention="plain", gradient_checkpointing=False, n_kv_heads=None,
@@ -86,6 +88,14 @@ class GPT(Module):
                              f"positional='learned', or drop pos_emb.weight")
         return super().load_state_dict(state, strict)
 
+    @classmethod
+    def from_pretrained(cls, name_or_dir, dtype=np.float32, **overrides):
+        """A GPT with the weights of a Hugging Face checkpoint: a folder (config.json + model.safetensors)
+        or a hub id such as ``"gpt2"`` (see ``numformer.interop.hf.load_pretrained``; its tokenizer:
+        ``load_pretrained(name_or_dir)[1]``). ``overrides``: e.g. ``dropout=0.1`` for fine-tuning."""
+        from ..interop.hf import load_pretrained
+        return load_pretrained(name_or_dir, dtype=dtype, **overrides)[0]
+
     def new_kv_caches(self):
         """One empty KVCache per block, for incremental decoding with forward(idx, kv_caches=...)."""
         return [KVCache() for _ in self.blocks]
@@ -98,23 +108,50 @@ class GPT(Module):
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         greedy=greedy, rng=rng, **kwargs)
 
-    def forward(self, idx, kv_caches=None):
+    def forward(self, idx, kv_caches=None, attention_mask=None, logits_to_keep=0):
         """idx: (B, T) token ids -> logits (B, T, vocab_size).
 
         With ``kv_caches`` (from ``new_kv_caches``), idx holds only the new
         tokens; their positions continue after the cached ones.
+
+        ``attention_mask`` (B, T_past + T), as Hugging Face's: 1 for a real token, 0 for padding,
+        covering the cached positions and the new ones. Padding is never attended to, and each
+        row's positions count its real tokens: position = (number of real tokens before it),
+        so a left-padded prompt gets the positions it has alone (``generate`` relies on this).
+
+        ``logits_to_keep`` = n > 0 computes the logits of the last n positions only, (B, n, vocab_size)
+        (inference: generation needs the last one; backward is not supported then).
         """
         idx = np.asarray(idx)
         if idx.ndim != 2:
             raise ValueError(f"idx must have shape (batch, seq), got {idx.shape}")
         offset = 0 if kv_caches is None else kv_caches[0].length
-        x = self.drop(self.pos_emb(self.tok_emb(idx), offset))
+        padding, positions = self._padding(attention_mask, idx.shape, offset)
+        x = self.drop(self.pos_emb(self.tok_emb(idx), offset, positions=positions))
         for i, block in enumerate(self.blocks):
             x = checkpoint.run(block, self.gradient_checkpointing and kv_caches is None, x, is_causal=True,
-                               kv_cache=None if kv_caches is None else kv_caches[i])
+                               key_padding_mask=padding, kv_cache=None if kv_caches is None else kv_caches[i],
+                               positions=positions)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
         if self.norm_f is not None:
             x = self.norm_f(x)
         return self.lm_head(x)
+
+    @staticmethod
+    def _padding(attention_mask, shape, offset):
+        """(key_padding_mask (B, offset + T) bool, True = padding; positions (B, T)) of an attention mask,
+        or (None, None) without one."""
+        if attention_mask is None:
+            return None, None
+        mask = np.asarray(attention_mask)
+        B, T = shape
+        if mask.shape != (B, offset + T):
+            raise ValueError(f"attention_mask must have shape (batch, cached + new tokens) = {(B, offset + T)}, "
+                             f"got {mask.shape}")
+        real = mask.astype(bool)
+        positions = np.maximum(np.cumsum(real, axis=1) - 1, 0)[:, offset:]
+        return ~real, positions
 
     def backward(self, dlogits):
         """Accumulate every parameter's gradient from dL/dlogits (B, T, vocab_size)."""

@@ -385,12 +385,14 @@ class MultiHeadAttention(Module):
         """True for the 2017 attention: no positions inside, as many key/value heads as query heads."""
         return self.positional is None and self.n_kv_heads == self.n_heads
 
-    def _positions(self, q, k, offset):
-        """RoPE on q and k (the queries and new keys are at positions offset, offset+1, …); identity otherwise."""
+    def _positions(self, q, k, offset, positions=None):
+        """RoPE on q and k: the queries and new keys are at positions offset, offset+1, …, or at ``positions``
+        (B, T) (a left-padded row counts its real tokens); identity otherwise. ALiBi needs no positions here:
+        its bias -m·|i - j| depends on the distance only, the same for a left-padded row's real tokens."""
         if self.positional != "rope":
             return q, k, None
-        q, cq = ops.rope_forward(q, offset, self.rope_theta)
-        k, ck = ops.rope_forward(k, offset, self.rope_theta)
+        q, cq = ops.rope_forward(q, offset, self.rope_theta, positions)
+        k, ck = ops.rope_forward(k, offset, self.rope_theta, positions)
         return q, k, (cq, ck)
 
     def _share_kv(self, k, v):
@@ -443,14 +445,17 @@ class MultiHeadAttention(Module):
 
     # -- forward / backward -------------------------------------------------------
     def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
-                kv_cache=None):
+                kv_cache=None, positions=None):
+        """``positions`` (B, Tq): the tokens' positions for positional='rope' (default 0 … Tq-1, after the
+        cached ones with a KVCache)."""
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
         if kv_cache is not None:
-            return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache)
+            return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache,
+                                        positions)
         (q, k, v), proj_cache = self._project(query, key, value)        # q: (B, H, T, d_head), k, v: H_kv heads
-        q, k, pos_cache = self._positions(q, k, 0)
+        q, k, pos_cache = self._positions(q, k, 0, positions)
         k, v = self._share_kv(k, v)
         masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal)
         p_drop = self.dropout_p if self.training else 0.0
@@ -481,7 +486,7 @@ class MultiHeadAttention(Module):
                 view[...] = g
         return self._project_backward(grad_rows, proj_cache)
 
-    def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache):
+    def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache, positions=None):
         """Inference step with a KVCache: no backward. Self-attention appends the new keys/values;
         a static cache (cross-attention) projects the memory once and reuses it."""
         E, H, Hkv = self.d_model, self.n_heads, self.n_kv_heads
@@ -501,7 +506,7 @@ class MultiHeadAttention(Module):
                 raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
             qkv, _ = ops.linear_forward(query, W, b)
             q, k_new, v_new = _split_groups(qkv, (H, Hkv, Hkv))
-            q, k_new, _ = self._positions(q, k_new, offset)       # the cache keeps rotated keys, n_kv_heads heads
+            q, k_new, _ = self._positions(q, k_new, offset, positions)       # the cache keeps rotated keys, n_kv_heads heads
             k, v = self._share_kv(*cache.append(k_new, v_new))
         causal = is_causal and not cache.static and query.shape[1] > 1
         masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True)

@@ -51,10 +51,14 @@ class EncoderBlock(Module):
     def extra_repr(self):
         return f"norm_first={self.norm_first}"
 
-    def forward(self, x, attn_mask=None, key_padding_mask=None, is_causal=False, kv_cache=None):
+    def forward(self, x, attn_mask=None, key_padding_mask=None, is_causal=False, kv_cache=None, positions=None):
+        """``positions`` (B, T): each row's token positions, for positional='rope' (default: 0 … T-1 after
+        the cached ones)."""
+        where = {} if positions is None else {"positions": positions}
+
         def attend(z):
             return self.self_attn(z, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                                  kv_cache=kv_cache)
+                                  kv_cache=kv_cache, **where)
 
         if self.norm_first:
             h = x + self.dropout1(attend(self.norm1(x)))

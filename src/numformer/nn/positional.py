@@ -1,7 +1,9 @@
 """Positional encodings: fixed sinusoids (Vaswani et al. 2017, §3.5) or a learned table (GPT, BERT).
 
 Both are modules that add the encoding of positions offset … offset+T-1 to
-their input: forward(x (B, T, d), offset=0) -> x + P[offset:offset+T].
+their input: forward(x (B, T, d), offset=0) -> x + P[offset:offset+T]; or, with
+``positions`` (B, T) ints (each row its own positions, as in a left-padded batch),
+x + P[positions].
 """
 from __future__ import annotations
 
@@ -25,7 +27,13 @@ def sinusoidal_table(max_len, d_model, base=10000.0):
     return table
 
 
-def _check_length(T, offset, max_len):
+def _check_length(T, offset, max_len, positions=None):
+    if positions is not None:
+        positions = np.asarray(positions)
+        if positions.shape[1:] != (T,) or not np.issubdtype(positions.dtype, np.integer):
+            raise ValueError(f"positions must be integers of shape (batch, {T}), got {positions.dtype} "
+                             f"{positions.shape}")
+        T, offset = (int(positions.max()) + 1 if positions.size else 0), 0
     if offset + T > max_len:
         raise ValueError(f"sequence positions up to {offset + T} exceed the positional table of length {max_len}; "
                          f"shorten the input or build the model with a larger max_len / block_size")
@@ -43,8 +51,10 @@ class SinusoidalPositionalEncoding(Module):
     def _on_dtype_change(self, dtype):
         self.table = self._table64.astype(dtype)
 
-    def forward(self, x, offset=0):
-        _check_length(x.shape[1], offset, self.max_len)
+    def forward(self, x, offset=0, positions=None):
+        _check_length(x.shape[1], offset, self.max_len, positions)
+        if positions is not None:
+            return x + self.table[positions]
         return x + self.table[offset:offset + x.shape[1]]
 
     def backward(self, dy):
@@ -63,18 +73,22 @@ class LearnedPositionalEncoding(Module):
         self.weight = Parameter(init.normal(init.default_rng(rng), (max_len, d_model), std, dtype))
         self._cache = None
 
-    def forward(self, x, offset=0):
+    def forward(self, x, offset=0, positions=None):
         T = x.shape[1]
-        _check_length(T, offset, self.max_len)
-        self._cache = (offset, T)
+        _check_length(T, offset, self.max_len, positions)
+        self._cache = (offset, T, positions)
+        if positions is not None:
+            return x + self.weight.data[positions]
         return x + self.weight.data[offset:offset + T]
 
     def backward(self, dy):
-        offset, T = self._cache
-        g = dy.reshape(-1, T, self.d_model).sum(axis=0)
+        offset, T, positions = self._cache
         if self.weight.grad is None:
             self.weight.grad = np.zeros_like(self.weight.data)
-        self.weight.grad[offset:offset + T] += g
+        if positions is not None:
+            np.add.at(self.weight.grad, np.asarray(positions).reshape(-1), dy.reshape(-1, self.d_model))
+        else:
+            self.weight.grad[offset:offset + T] += dy.reshape(-1, T, self.d_model).sum(axis=0)
         self._cache = None
         return dy
 
@@ -91,7 +105,7 @@ class PositionsInAttention(Module):
         super().__init__()
         self.kind = kind
 
-    def forward(self, x, offset=0):
+    def forward(self, x, offset=0, positions=None):
         return x
 
     def backward(self, dy):

@@ -111,6 +111,12 @@ def resolve_config(config, tokenizer_state=None):
     data = {"task": data["task"], **task_cls.data_keys, **task_values}
 
     model = dict(config.get("model", {}))
+    init_from = model.pop("init_from", None)           # fine-tuning: architecture and tokenizer from the source
+    if init_from is not None:
+        from ..interop.hf import pretrained_source
+        source_model, source_tokenizer = pretrained_source(init_from)
+        tokenizer_state = tokenizer_state or source_tokenizer
+        model.setdefault("type", source_model["type"])
     # Tasks that can feed several model families take the chosen one as [data] model_type; it follows [model] type.
     data_kind = task_values.get("model_type")             # only a value the user wrote
     kind = model.pop("type", data_kind or data.get("model_type", task_cls.model_type))
@@ -130,6 +136,9 @@ def resolve_config(config, tokenizer_state=None):
 
     task = make_task(data, seed=train["seed"], tokenizer_state=tokenizer_state)
     from_data = task.model_config()
+    if init_from is not None:
+        from ..interop.hf import merge_init_from
+        model, from_data = merge_init_from(init_from, model, source_model, from_data), {}
     clash = sorted(k for k in from_data if k in model and model[k] != from_data[k])
     if clash:
         raise ValueError(f"[model] {clash} are set by the data ({ {k: from_data[k] for k in clash} }); "
@@ -138,7 +147,8 @@ def resolve_config(config, tokenizer_state=None):
     missing = sorted(k for k, d in valid.items() if d is _EMPTY and k not in model)
     if missing:
         raise ValueError(f"[model] needs {missing}")
-    full_model = {"type": kind, **{k: (None if d is _EMPTY else d) for k, d in valid.items()}, **model}
+    full_model = {"type": kind, **{k: (None if d is _EMPTY else d) for k, d in valid.items()}, **model,
+                  **({"init_from": init_from} if init_from is not None else {})}
     return {"model": full_model, "data": data, "train": train}, task
 
 

@@ -22,7 +22,7 @@ def load_model(run_dir, config=None):
     """The run's model with its saved weights (model.safetensors, else the checkpoint), in eval mode."""
     run_dir = Path(run_dir)
     config = load_config_json(run_dir) if config is None else config
-    model_cfg = {k: v for k, v in config["model"].items() if v is not None}
+    model_cfg = {k: v for k, v in config["model"].items() if v is not None and k != "init_from"}
     model = build_model(model_cfg, rng=np.random.default_rng(0), dtype=np.dtype(config["train"]["dtype"]))
     for name in (MODEL, CHECKPOINT):
         if (run_dir / name).is_file():

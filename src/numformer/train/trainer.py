@@ -136,7 +136,11 @@ class Trainer:
         self.model_rng = np.random.default_rng(seeds[0])   # initialization, then dropout masks
         self.data_rng = np.random.default_rng(seeds[1])    # training batches
         model_cfg = {k: v for k, v in self.config["model"].items()}
+        init_from = model_cfg.pop("init_from", None)
         self.model = build_model(model_cfg, rng=self.model_rng, dtype=self.dtype)
+        if init_from is not None and not resume:         # fine-tuning starts from the source's weights
+            from ..interop.hf import load_init_weights
+            load_init_weights(self.model, init_from)
         _check_trainable(self.model)
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"].get("d_model") or 512

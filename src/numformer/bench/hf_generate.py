@@ -1,0 +1,183 @@
+"""Generation speed of GPT-2 small: numformer against Hugging Face transformers' ``generate`` (PyTorch eager).
+
+The model has GPT-2 small's shape (124M parameters: 12 layers, 12 heads, d_model 768, vocabulary
+50257, context 1024) with random weights: a ``transformers.GPT2LMHeadModel`` built from
+``GPT2Config()`` is saved with ``save_pretrained`` and imported by ``numformer.interop.hf``, so both
+libraries run the same float32 weights (nothing is downloaded). Each run continues a random prompt of
+64 tokens by 128 tokens, greedily (``do_sample=False``, no end token), at batch 1 and 8, in the same
+process, PyTorch with ``torch.set_num_threads`` equal to the core count numformer uses. tokens/s counts
+generated tokens (batch × 128) over the whole call, prefill included; each figure is the best of the runs.
+
+numformer runs under each per-op threading mode of ``numformer._runtime`` (the measurement that chose
+``decoding.GENERATION_THREADING``):
+
+- ``one_thread``: numformer's kernels and the BLAS on the calling thread;
+- ``numformer``: OpenBLAS on one thread, numformer splitting large products by rows across its threads
+  (``set_fast_runtime()``, what the trainer uses);
+- ``blas``: the BLAS's own threads (``set_fast_runtime(blas="native")``).
+
+The memory-bandwidth bound: a decoding step reads every weight once (the batch shares the read), so
+no implementation can exceed batch × bandwidth ÷ weight bytes tokens/s. Bandwidth is measured here as the
+best of a float32 matrix-vector product over a 256 MiB matrix (the access pattern of a decoding step)
+and a copy of a 256 MiB array (read + write).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from . import _measure
+
+PROMPT, NEW_TOKENS, BATCHES = 64, 128, (1, 8)
+MODES = ("one_thread", "numformer", "blas")
+QUICK_CONFIG = {"vocab_size": 1000, "n_positions": 128, "n_embd": 128, "n_layer": 2, "n_head": 4}
+
+
+def _models(hf_config):
+    """(numformer GPT, transformers model) with the same random weights, float32, evaluation mode."""
+    import torch
+    import transformers
+
+    from ..interop.hf import load_pretrained
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(**hf_config, bos_token_id=0, eos_token_id=0)
+    tmodel = transformers.GPT2LMHeadModel(config).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        tmodel.save_pretrained(folder)
+        model, _ = load_pretrained(folder)
+    return model, tmodel
+
+
+def memory_bandwidth(mib=256, repeats=5):
+    """Bytes per second: the best of a float32 matrix-vector product (BLAS threads) and an array copy."""
+    n = int(np.sqrt(mib * 2 ** 20 / 4))
+    W = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    x = np.ones(n, np.float32)
+    gemv = W.nbytes / _measure.best_time(lambda: W @ x, min_total=0.5, max_repeats=repeats)
+    dst = np.empty_like(W)
+    copy = 2 * W.nbytes / _measure.best_time(lambda: np.copyto(dst, W), min_total=0.5, max_repeats=repeats)
+    return {"matvec_bytes_per_s": gemv, "copy_bytes_per_s": copy, "bytes_per_s": max(gemv, copy)}
+
+
+class _mode:
+    """Context manager: numformer's threading mode ``name`` (see the module docstring), restored afterwards."""
+
+    def __init__(self, name, threads):
+        self.name, self.threads = name, threads
+
+    def __enter__(self):
+        from .. import _runtime
+
+        self._saved = (_runtime.fast_runtime_status(), _runtime.get_num_threads(), _runtime.owns_blas())
+        if self.name == "one_thread":
+            self._ctx = _runtime.single_threaded().__enter__()
+        else:
+            self._ctx = None
+            _runtime.set_num_threads(self.threads)
+            _runtime.set_fast_runtime(blas="numformer" if self.name == "numformer" else "native")
+        return self
+
+    def __exit__(self, *exc):
+        from .. import _runtime
+
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+        _runtime.set_num_threads(self._saved[1])
+        _runtime.set_fast_runtime(blas="numformer" if self._saved[2] else "native")
+        return False
+
+
+def _time_best(fn, repeats):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def measure(model, tmodel, batch, prompt_len, new_tokens, threads, repeats, modes=MODES, log=None):
+    """tokens/s of numformer (each mode) and transformers for one batch size; whether the tokens agree."""
+    import torch
+
+    idx = np.random.default_rng(batch).integers(0, model.vocab_size, (batch, prompt_len))
+    torch.set_num_threads(threads)
+    with torch.inference_mode():                # warm-up: first calls pay for allocations and lazy set-up
+        tmodel.generate(torch.from_numpy(idx), attention_mask=torch.ones_like(torch.from_numpy(idx)),
+                        do_sample=False, max_new_tokens=2, pad_token_id=0, eos_token_id=None)
+    model.generate(idx, 2, greedy=True)
+    with torch.inference_mode():
+        t_ids = torch.from_numpy(idx)
+        secs, ref = _time_best(lambda: tmodel.generate(t_ids, attention_mask=torch.ones_like(t_ids), do_sample=False,
+                                                       max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                                       pad_token_id=0, eos_token_id=None), repeats)
+    n = batch * new_tokens
+    row = {"batch": batch, "transformers_tokens_per_s": n / secs, "numformer_tokens_per_s": {}}
+    for mode in modes:
+        with _mode(mode, threads):
+            s, ours = _time_best(lambda: model.generate(idx, new_tokens, greedy=True), repeats)
+        row["numformer_tokens_per_s"][mode] = n / s
+        row["same_tokens_fraction"] = float((ours[:, prompt_len:] == ref.numpy()[:, prompt_len:]).mean())
+        if log:
+            log(f"  batch {batch}: numformer ({mode}) {n / s:,.1f} tokens/s, transformers {n / secs:,.1f}")
+    best = max(row["numformer_tokens_per_s"], key=row["numformer_tokens_per_s"].get)
+    row["best_mode"] = best
+    row["ratio"] = row["numformer_tokens_per_s"][best] / row["transformers_tokens_per_s"]
+    return row
+
+
+def run(quick=False, log=print):
+    import torch
+
+    from .._runtime import get_num_threads
+
+    hf_config = QUICK_CONFIG if quick else {}
+    prompt, new = (16, 8) if quick else (PROMPT, NEW_TOKENS)
+    threads = get_num_threads()
+    model, tmodel = _models(hf_config)
+    weight_bytes = sum(p.data.nbytes for p in model.parameters())
+    bandwidth = memory_bandwidth(32 if quick else 256)
+    rows = []
+    for batch in BATCHES:
+        row = measure(model, tmodel, batch, prompt, new, threads, 1 if quick else 2, log=log)
+        row["bandwidth_bound_tokens_per_s"] = batch * bandwidth["bytes_per_s"] / weight_bytes
+        rows.append(row)
+    c = model.blocks[0]
+    return {"model": {"parameters": model.num_parameters(), "n_layers": model.n_layers, "d_model": model.d_model,
+                      "n_heads": model.n_heads, "vocab_size": model.vocab_size, "d_ff": c.d_ff},
+            "prompt_tokens": prompt, "new_tokens": new, "threads": threads, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": __import__("transformers").__version__, "weight_bytes": weight_bytes, "bandwidth": bandwidth, "rows": rows,
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "blas_threads_env": _measure.blas_env()}
+
+
+def markdown(result, fig_dir):
+    m = result["model"]
+    bw = result["bandwidth"]
+    lines = ["## hf_generate: GPT-2 small generation, numformer vs transformers", "",
+             f"GPT-2 small's shape ({m['parameters'] / 1e6:.0f}M parameters, {m['n_layers']} layers, d_model "
+             f"{m['d_model']}, vocabulary {m['vocab_size']}), random float32 weights shared by both libraries; "
+             f"a prompt of {result['prompt_tokens']} tokens continued by {result['new_tokens']} greedy tokens; "
+             f"tokens/s = generated tokens / wall time of the whole call (prefill included), best of the runs. "
+             f"transformers {result.get('transformers', '')} with PyTorch "
+             f"{result['torch']} eager on {result['torch_threads']} threads; numformer on {result['threads']} "
+             f"threads in each threading mode (one_thread: everything on the calling thread; numformer: OpenBLAS "
+             f"on one thread, products split by numformer; blas: OpenBLAS's own threads).", "",
+             "| batch | numformer one_thread | numformer numformer | numformer blas | transformers | ratio (best) "
+             "| bandwidth bound | same tokens |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        t = r["numformer_tokens_per_s"]
+        lines.append(f"| {r['batch']} | {t.get('one_thread', 0):,.1f} | {t.get('numformer', 0):,.1f} | "
+                     f"{t.get('blas', 0):,.1f} | {r['transformers_tokens_per_s']:,.1f} | {r['ratio']:.2f}x "
+                     f"({r['best_mode']}) | {r['bandwidth_bound_tokens_per_s']:,.0f} | "
+                     f"{100 * r['same_tokens_fraction']:.0f}% |")
+    lines += ["", f"Bandwidth bound = batch × measured bandwidth ({bw['bytes_per_s'] / 1e9:.1f} GB/s: best of a "
+                  f"matrix-vector product, {bw['matvec_bytes_per_s'] / 1e9:.1f} GB/s, and a copy, "
+                  f"{bw['copy_bytes_per_s'] / 1e9:.1f} GB/s) ÷ weight bytes read per step "
+                  f"({result['weight_bytes'] / 1e6:.0f} MB). Load average during the run: "
+                  f"{result.get('load_average') or 0:.1f} (a shared machine makes these figures noisy)."]
+    return "\n".join(lines)

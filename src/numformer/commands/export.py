@@ -1,0 +1,35 @@
+"""numformer export RUN_DIR --format hf --out DIR: a trained GPT as a Hugging Face GPT-2 folder
+(config.json, model.safetensors, and tokenizer.json when the run's tokenizer has a Hugging Face form),
+which ``transformers.GPT2LMHeadModel.from_pretrained(DIR)`` loads with the same logits."""
+from __future__ import annotations
+
+from pathlib import Path
+
+FORMATS = ("hf",)
+
+
+def run(args):
+    from ..data.tokenizers import tokenizer_from_dict
+    from ..interop.hf import export_hf
+    from ..train import load_config_json, load_model, load_tokenizer_state
+
+    config = load_config_json(args.run_dir)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise ValueError(f"{out} is not empty; choose another --out or pass --overwrite")
+    model = load_model(args.run_dir, config)
+    state = load_tokenizer_state(args.run_dir)
+    tokenizer = tokenizer_from_dict(state) if state and "type" in state else None
+    export_hf(model, out, tokenizer)
+    files = sorted(p.name for p in out.iterdir())
+    print(f"wrote {out}: {', '.join(files)}; load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+
+
+def register(sub):
+    p = sub.add_parser("export", help="write a trained GPT as a Hugging Face GPT-2 folder (config.json + "
+                                      "model.safetensors)")
+    p.add_argument("run_dir", help="a run folder (from `numformer train` or `numformer import-hf`)")
+    p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers' GPT-2 (default)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+    p.set_defaults(func=run)

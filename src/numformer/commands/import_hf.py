@@ -1,0 +1,56 @@
+"""numformer import-hf SOURCE --out RUN_DIR [--data TEXT_FILE] [--block-size N]: a run folder from a
+Hugging Face GPT-2 (a folder or a hub id such as gpt2), used by every command: generate, eval (on
+--data, by default the built-in tiny Shakespeare), analyze, export, and fine-tuning with
+``[model] init_from = "RUN_DIR"``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def import_run(source, out, data_path="", block_size=None, dtype="float32"):
+    """Write the run folder: config.json (resolved as by `numformer train`), tokenizer.json, model.safetensors."""
+    import numpy as np
+
+    from ..interop.hf import load_init_weights, pretrained_source
+    from ..models import build_model
+    from ..train.checkpoint import MODEL, save_model, write_json_atomic
+    from ..train.config import resolve_config
+
+    source_model, tokenizer_state = pretrained_source(source)
+    if tokenizer_state is None:
+        raise ValueError(f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt); without one "
+                         f"text cannot be encoded: add the tokenizer files to the folder")
+    data = {"task": "text", "path": data_path, "block_size": block_size or source_model["block_size"]}
+    config, task = resolve_config({"model": {"init_from": str(source)}, "data": data, "train": {"dtype": dtype}})
+    config["model"].pop("init_from")          # the weights are in the run folder itself
+    model_cfg = {k: v for k, v in config["model"].items() if v is not None}
+    model = build_model(model_cfg, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
+    load_init_weights(model, source)
+    out = Path(out)
+    write_json_atomic(out / "config.json", config)
+    write_json_atomic(out / "tokenizer.json", task.tokenizer_state())
+    save_model(out / MODEL, model, {"source": str(source)})
+    return out, model, task
+
+
+def run(args):
+    out = Path(args.out)
+    if (out / "config.json").exists() and not args.overwrite:
+        raise ValueError(f"{out} already holds a run; choose another --out or pass --overwrite")
+    out, model, task = import_run(args.source, out, args.data, args.block_size, args.dtype)
+    print(f"imported {args.source} ({model.num_parameters():,} parameters) into {out}; data: {task.describe()}. "
+          f"Try: numformer generate {out} --prompt \"Hello, I'm a language model,\" --max-new-tokens 40")
+
+
+def register(sub):
+    p = sub.add_parser("import-hf", help="make a run folder from a Hugging Face GPT-2 (folder or hub id)")
+    p.add_argument("source", help="a Hugging Face model folder (config.json + model.safetensors) or a hub id "
+                                  "such as gpt2 or openai-community/gpt2")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder to write")
+    p.add_argument("--data", default="", metavar="TEXT_FILE",
+                   help="text file for `numformer eval` and `analyze` (default: the built-in tiny Shakespeare)")
+    p.add_argument("--block-size", type=int, default=None, help="evaluation window in tokens (default: the "
+                                                                 "model's context length)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="weights' dtype")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run in RUN_DIR")
+    p.set_defaults(func=run)

@@ -33,7 +33,7 @@ def test_reference_trains_like_numformer(name):
     """Same weights, same batches: the same losses over a few AdamW steps (so the speed comparison is fair)."""
     cfg = TINY[name]
     model, ref = throughput.build_models(cfg, seed=3)
-    nf_step, pt_step = throughput.numformer_trainer(model, cfg), throughput.torch_trainer(ref, cfg)
+    nf_step, pt_step = throughput.NumformerTrainer(model, cfg), throughput.torch_trainer(ref, cfg)
     batches = throughput.make_batches(cfg, n=3)
     if cfg["kind"] == "classifier":               # some padding, so that the mask path is compared too
         batches[0][0][1, -3:] = 0

@@ -125,7 +125,7 @@ def test_classify_prints_label_and_probability(imdb_run, capsys):
 
 def test_classify_tokenizes_exactly_as_training(imdb_run):
     """The command's probabilities equal the model's on the task's own ids (same tokenizer, <cls>, truncation)."""
-    from numformer.commands.classify import classify_texts
+    from numformer.train.inference import classify_texts
     from numformer.ops import softmax_forward
     from numformer.train import load_model, load_task
 

@@ -116,7 +116,7 @@ def test_translate_reads_a_file(toy_run, tmp_path, capsys):
 
 
 def test_unknown_source_tokens_map_to_unk(toy_run, capsys):
-    from numformer.commands.translate import load_translator
+    from numformer.train.inference import load_translator
 
     _, src_tok, _, _ = load_translator(toy_run)
     assert src_tok.encode("1 x 2 zebra") == [src_tok.stoi["1"], src_tok.unk_id, src_tok.stoi["2"], src_tok.unk_id]
@@ -132,7 +132,7 @@ def test_empty_input_is_a_clear_error(toy_run, capsys):
         assert rc == 2 and out == "" and "empty input" in err and "give a sentence" in err
     rc, _, err = _translate(capsys, toy_run)
     assert rc == 2 and "nothing to translate" in err
-    from numformer.commands.translate import load_translator
+    from numformer.train.inference import load_translator
     from numformer.data.text_tasks import translate_texts
 
     model, src_tok, tgt_tok, _ = load_translator(toy_run)

@@ -1,7 +1,10 @@
 """Process-level settings that make NumPy training faster: ``numformer.set_fast_runtime()``.
 
-Nothing here runs on import. ``set_fast_runtime()`` is called explicitly by the
-benchmark and the trainer (and by users who want it). The malloc settings never
+Nothing here runs on import. ``set_fast_runtime()`` is called explicitly: by the
+``numformer`` command before every sub-command but ``bench`` (cli.py), by the
+benchmark, which sets up and compares the modes itself, and by a library user
+who wants the same speed (``Trainer`` does not call it: the settings are
+process-wide, so they are the application's choice). The malloc settings never
 change a result; the split matrix products may change the last bits (see below).
 
 What it does (glibc only; elsewhere it is a no-op that says so):

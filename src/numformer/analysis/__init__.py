@@ -9,6 +9,7 @@ For GPT, EncoderClassifier and Transformer alike::
     result = A.head_ablation(model, metric)           # metric(model) -> float
     sal = A.gradient_x_input(model, ids)              # {input: (B, T)}
     A.write_report("report/", model, text="...", encode=..., decode_tokens=...)
+    A.analyze_run("runs/copy")                        # the report of a run folder (numformer analyze)
 
 Figures are matplotlib ``Figure`` objects drawn on the Agg canvas: no display is
 needed, pyplot and the global backend are left alone, and a notebook shows a
@@ -18,10 +19,12 @@ from .ablation import AblationResult, ablate_heads, head_ablation, loss_metric, 
 from .attention import GROUP_TITLES, AttentionMaps, attention_maps, attention_modules, plot_attention
 from .curves import (ema, eval_metric_names, plot_eval_metrics, plot_learning_rate, plot_loss_curves,
                      read_metrics, series)
+from ._common import new_figure, save_figure
 from .diagram import format_model_diagram, model_diagram, plot_model_diagram
 from .positional import (dominant_wavelengths, plot_position_similarity, plot_positional_encoding,
                          plot_wavelengths, position_similarity, positional_tables, sinusoidal_wavelengths)
 from .report import write_report
+from .run_report import analyze_run
 from .saliency import (LogitTarget, LossTarget, gradient_x_input, next_token_target, occlusion,
                        plot_position_importance)
 from .stats import (STATISTICS, anti_diagonal_mass, entropy, first_token_mass, format_head_statistics,

@@ -51,7 +51,7 @@ CONFIGS = {
         "batch": 8, "seq": 256,
     },
     "classifier": {
-        "title": "seed's minimal classifier",
+        "title": "minimal classifier",
         "kind": "classifier",
         "model": {"vocab_size": 10000, "n_classes": 2, "max_len": 128, "d_model": 64, "n_heads": 1, "n_layers": 1,
                   "dropout": 0.0, "pooling": "mean", "pad_id": 0},
@@ -149,7 +149,7 @@ def make_batches(cfg, n=4, seed=1):
     return batches
 
 
-class numformer_trainer:
+class NumformerTrainer:
     """step(x, y) -> loss: forward, cross-entropy, backward, AdamW, as the Trainer does it.
 
     processes > 1 splits every batch over that many processes (``DataParallel``); call ``close()`` (or use
@@ -221,7 +221,7 @@ def measure_config(cfg, warmup, rounds, steps, seed=0, one_process_too=True):
     batches = make_batches(cfg)
     tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
     processes = usable_processes(model, cfg["batch"])
-    with numformer_trainer(model, cfg, processes) as nf_step, numformer_trainer(model, cfg) as nf_one:
+    with NumformerTrainer(model, cfg, processes) as nf_step, NumformerTrainer(model, cfg) as nf_one:
         pt_step = torch_trainer(ref, cfg)
         first = (float(nf_step(*batches[0])), float(pt_step(*tbatches[0])))     # same weights, same batch
         for _ in range(warmup):
@@ -274,7 +274,7 @@ def measure_single_core(cfg, rounds, steps, seed=0):
     model, ref = build_models(cfg, seed)
     batches = make_batches(cfg)
     tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
-    nf_step, pt_step = numformer_trainer(model, cfg), torch_trainer(ref, cfg)      # one process
+    nf_step, pt_step = NumformerTrainer(model, cfg), torch_trainer(ref, cfg)      # one process
     threads, torch_threads = _runtime.get_num_threads(), torch.get_num_threads()
     nf, pt = [], []
     try:

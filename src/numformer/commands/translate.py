@@ -5,32 +5,9 @@ from __future__ import annotations
 import sys
 
 
-def load_translator(run_dir):
-    """(model, source tokenizer, target tokenizer, config) of a run folder that holds a Transformer."""
-    from ..data.tokenizers import tokenizer_from_dict
-    from ..train import load_config_json, load_model, load_tokenizer_state
-
-    config = load_config_json(run_dir)
-    if config["model"]["type"] != "transformer":
-        raise ValueError(f"{run_dir} holds a {config['model']['type']} model; `numformer translate` needs an "
-                         f"encoder-decoder Transformer (train one with configs/multi30k.toml)")
-    state = load_tokenizer_state(run_dir)
-    if not state or "src" not in state:
-        raise ValueError(f"{run_dir} has no source/target tokenizer.json, so text cannot be encoded")
-    src_tok = tokenizer_from_dict(state["src"])
-    tgt_tok = src_tok if state.get("joint") else tokenizer_from_dict(state["tgt"])
-    return load_model(run_dir, config), src_tok, tgt_tok, config
-
-
-def unknown_words(tokenizer, text):
-    """Words of ``text`` that a word-level tokenizer reads as <unk> (byte-level BPE has none)."""
-    if not hasattr(tokenizer, "stoi") or not hasattr(tokenizer, "tokenize"):
-        return []
-    return [w for w in tokenizer.tokenize(text) if w not in tokenizer.stoi]
-
-
 def run(args):
     from ..data.text_tasks import translate_texts
+    from ..train.inference import load_translator, unknown_words
 
     texts = list(args.text)
     if args.file:

@@ -32,29 +32,13 @@ come from ONE teacher-forced forward pass; exact match computed that way is
 exactly greedy decoding's exact match (see ``batching.sequence_metrics``).
 
 Which model. Every sequence task defaults to the decoder-only GPT format and
-also supports the encoder-decoder Transformer (``model_type = "transformer"``).
-The choice was measured, not assumed: on copy and reversal at length 16
-(d_model 64, 4 heads, pre-LN, AdamW lr 1e-3 with 50 warmup steps, batch 32, no
-dropout), a 4-layer GPT reached 100% exact match by step 200 on both, while a
-2+2-layer encoder-decoder of similar size was at 71% (copy) and 76% (reversal)
-after 300 steps. The Transformer costs somewhat less per step (the decoder runs
-only over the answer), but the GPT needs well under half the steps, and one
-causal stack reads the prompt and its own previous outputs in the same
-attention, which is all these tasks need. The ``model_type`` key must match
-``[model] type``.
-
-At the lengths of the seed's targets the balance turns for the positional
-tasks: at length 128 (copy) and 64 (reversal) the GPT must learn to look back
-129 positions (copy), or a different distance at every step (reversal),
-inside one long sequence, and in probes
-(2 layers, d_model 64, learned or sinusoidal positions, lr 1e-3 or 3e-3) it
-stayed at chance for 300-500 steps, while a 2+2-layer encoder-decoder with
-sinusoidal positions, whose cross-attention learns the diagonal (copy) or the
-anti-diagonal (reversal), reached 100% exact match on the validation set by
-step 500 (copy) and 700 (reversal) at lr 3e-3. So configs/copy.toml,
-reversal.toml and parity.toml (whose scratchpad step i reads bit i, the
-diagonal again, at any length) use the encoder-decoder; addition and sorting
-use the GPT.
+also supports the encoder-decoder Transformer (``model_type = "transformer"``);
+the ``model_type`` key must match ``[model] type``. The GPT reads the prompt and
+its own previous outputs in one causal attention; the Transformer's
+cross-attention lets output step t read input position t (copy), 63 - t
+(reversal) or bit t (a parity scratchpad) at a fixed place whatever the length.
+configs/ picks one per task; docs/experiments.md records the measurements
+behind each choice.
 """
 from __future__ import annotations
 
@@ -402,13 +386,9 @@ class ParityTask(SyntheticTask):
     the natural model. Parity is hard for transformers: with a uniform
     distribution over L-bit strings no subset of fewer than L bits says anything
     about the label, so at a single long length the gradient carries no signal.
-    The default ``min_length = 1`` trains on lengths uniform in [1, length]
-    (a known helper): short strings are learnable and the counting mechanism
-    they need is the one that long strings need. Even so, reaching 95% at 64
-    bits with a classifier is not assured; the Task API has no step argument, so
-    a curriculum that grows the length over training would need one (not in
-    the Task API yet). In a probe (length 24 with lengths 1..24, 4-layer pre-LN
-    classifier, d_model 64, 600 steps) accuracy stayed at chance (51%).
+    The default ``min_length = 1`` trains on lengths uniform in [1, length]:
+    short strings are learnable and the counting mechanism they need is the one
+    that long strings need.
 
     ``model_type = "gpt"`` or ``"transformer"``: a scratchpad, the answer
     written out step by step, so that each step is a local rule:
@@ -418,27 +398,20 @@ class ParityTask(SyntheticTask):
       is c_i = c_{i-1} + b_i: the previous output plus one retrieved input bit.
       That rule is additive, so retrieving b_i lowers the loss on its own and
       the gradient finds the retrieval; the final bit is a function of one token.
-      In a probe (length 24, 4-layer GPT, d_model 64, 4 heads, AdamW lr 1e-3,
-      batch 32) it reached 95% exact match at step 900 and 97% at step 1200.
     - ``scratchpad = "parity"``: the running parities s_i = s_{i-1} xor b_i
       (s_L is the parity). Each step is also local, but xor is the problem in
       miniature: neither b_i nor s_{i-1} alone says anything about s_i, so
-      nothing rewards retrieving b_i until the xor is already computed. In a
-      probe (length 24, 4-layer GPT, d_model 64, 300 steps) it stayed at chance
-      (51% tokens) whether the length was fixed or varied.
+      nothing rewards retrieving b_i until the xor is already computed.
 
     Which lengths to train on depends on the model. With ``"gpt"`` use a fixed
     length (``min_length = length``): in one sequence the offset from an output
     step back to its input bit is length + 1 positions, which varies with mixed
     lengths. With ``"transformer"`` step t reads source bit t through the
     cross-attention, the diagonal, the same at every length, so lengths can be
-    mixed (``min_length = 1``): short strings give a strong signal early. Mix
-    in a share at the full length too (``full_length_fraction``): with lengths
-    uniform in 1..64 alone few strings are long, and a full 3,000-step run of
-    configs/parity.toml ended at 93.3% test accuracy at 64 bits. That config
-    (encoder-decoder Transformer, ``min_length = 1``,
-    ``full_length_fraction = 0.5``) is the variant used for the 95% target;
-    its comment gives the measured figures, results/parity.md the result.
+    mixed (``min_length = 1``): short strings give a strong signal early.
+    ``full_length_fraction`` gives a share of every batch the full length, since
+    with lengths uniform in 1..L few strings are long. (docs/experiments.md has
+    the measurements of each variant.)
 
     Metrics: classifier: ``accuracy`` (and ``accuracy@L``), the predicted
     label. Scratchpad: ``accuracy`` is the parity bit that the model writes

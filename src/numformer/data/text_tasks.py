@@ -22,7 +22,7 @@ import numpy as np
 from .base import IGNORE, Batch, Task, register_task
 from .batching import LengthBuckets, eval_mode, eval_order
 from .text_datasets import load_agnews, load_imdb, load_parallel
-from .tokenizers import BOS, EOS, build_tokenizer, tokenizer_from_dict, truncate
+from .tokenizers import BOS, EOS, build_tokenizer, token_labels, tokenizer_from_dict, truncate
 
 _VAL_SALT = 0xA11
 
@@ -74,23 +74,6 @@ def encode_for_classifier(tokenizer, texts, max_len: int, cls_token: bool = True
                 first = (room + 1) // 2
                 ids = head + body[:first] + (body[len(body) - (room - first):] if room - first else [])
         out.append(np.asarray(truncate(ids, max_len), dtype=np.int64))
-    return out
-
-
-def classifier_token_labels(tokenizer, ids) -> list[str]:
-    """One readable label per id: words for the word tokenizer; BPE pieces as text (a piece that
-    continues a word is written ``##piece``, e.g. "unbeliev", "##able")."""
-    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-    if not hasattr(tokenizer, "hf"):
-        return [tokenizer.tokens[i] for i in ids]
-    out = []
-    for i in ids:
-        piece = tokenizer.hf.id_to_token(i) or "?"
-        if piece.startswith("<") and piece.endswith(">"):
-            out.append(piece)
-        else:
-            text = tokenizer.hf.decode([i], skip_special_tokens=False)
-            out.append(text.strip() if piece.startswith("\u0120") else "##" + text.strip())
     return out
 
 
@@ -170,7 +153,7 @@ class TextClassificationTask(Task):
 
     def token_labels(self, ids) -> list[str]:
         """A readable label per token id (words, or BPE pieces), for figures."""
-        return classifier_token_labels(self.tokenizer, ids)
+        return token_labels(self.tokenizer, ids)
 
     def analysis_example(self, split: str = "test") -> tuple[dict, dict]:
         """A short text of the split (the first of 12 to 40 tokens in length order), labelled with its words."""
@@ -550,19 +533,3 @@ def bleu_signature(hypotheses, references) -> str:
     bleu = sacrebleu.BLEU()
     bleu.corpus_score(list(hypotheses), [list(references)])
     return str(bleu.get_signature())
-
-
-def token_labels(tokenizer, ids) -> list[str]:
-    """One readable label per token id: words as is, BPE pieces that continue a word as ``##piece``."""
-    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-    if not hasattr(tokenizer, "hf"):                                       # word (or char) tokenizer
-        return [tokenizer.tokens[i] if hasattr(tokenizer, "tokens") else tokenizer.decode([i]) for i in ids]
-    labels = []
-    for i in ids:
-        piece = tokenizer.hf.id_to_token(i) or "?"
-        if piece.startswith("<") and piece.endswith(">"):
-            labels.append(piece)
-            continue
-        text = tokenizer.hf.decode([i], skip_special_tokens=False)
-        labels.append(text.strip() if piece.startswith("\u0120") else "##" + text.strip())
-    return labels

@@ -1,6 +1,6 @@
 """Tokenizers: characters, words, and byte-level BPE; padding and truncation helpers.
 
-All three share one small interface::
+All share one small interface (the ``Tokenizer`` base class)::
 
     tok.encode(text) -> list[int]          tok.decode(ids) -> str
     tok.encode_batch(texts)                tok.vocab_size
@@ -45,8 +45,108 @@ def _specials(bos: bool, eos: bool, cls: bool) -> list[str]:
     return [PAD, UNK] + [s for s, on in zip(OPTIONAL_SPECIALS, (bos, eos, cls)) if on]
 
 
+class Tokenizer:
+    """What every tokenizer shares. A subclass defines ``encode(text)``, ``decode(ids)``, ``vocab_size``
+    and ``to_dict()``, and ``special_ids`` ({token: id}) when its vocabulary has special tokens."""
+
+    special_ids: dict = {}
+    _build_hint = "; build it with that option"
+
+    def encode_batch(self, texts: Iterable[str], **kw) -> list[list[int]]:
+        return [self.encode(t, **kw) for t in texts]
+
+    def special_id(self, token: str) -> int:
+        """The id of a special token (``<bos>``, ``<eos>``, ``<cls>`` ...); a clear error if the vocabulary
+        has none."""
+        if token not in self.special_ids:
+            raise ValueError(f"this vocabulary has no {token} token{self._build_hint}")
+        return self.special_ids[token]
+
+
+class SpecialsTokenizer(Tokenizer):
+    """A vocabulary that starts with ``<pad>`` = 0 and ``<unk>`` = 1, then the optional ``<bos>``, ``<eos>``,
+    ``<cls>`` (``WordTokenizer`` and ``BPETokenizer``)."""
+
+    pad_id = 0
+    unk_id = 1
+
+    def _wrap(self, ids, add_bos=False, add_eos=False, add_cls=False) -> list[int]:
+        """ids with ``<cls>`` / ``<bos>`` in front and ``<eos>`` at the end, as asked."""
+        ids = list(ids)
+        if add_cls:
+            ids.insert(0, self.special_id(CLS))
+        if add_bos:
+            ids.insert(0, self.special_id(BOS))
+        if add_eos:
+            ids.append(self.special_id(EOS))
+        return ids
+
+
+def token_labels(tokenizer, ids) -> list[str]:
+    """One readable label per token id (for attention maps and saliency): the symbol, character or word;
+    a BPE piece as text, written ``##piece`` when it continues a word (e.g. "unbeliev", "##able")."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if hasattr(tokenizer, "hf"):
+        labels = []
+        for i in ids:
+            piece = tokenizer.hf.id_to_token(i) or "?"
+            if piece.startswith("<") and piece.endswith(">"):
+                labels.append(piece)
+                continue
+            text = tokenizer.hf.decode([i], skip_special_tokens=False)
+            labels.append(text.strip() if piece.startswith("\u0120") else "##" + text.strip())
+        return labels
+    if hasattr(tokenizer, "tokens"):
+        return [tokenizer.tokens[i] for i in ids]
+    if hasattr(tokenizer, "chars"):
+        return [tokenizer.chars[i] for i in ids]
+    return [tokenizer.decode([i]) for i in ids]
+
+
+class SymbolTokenizer(Tokenizer):
+    """The vocabulary of the synthetic tasks ({"type": "symbols", "tokens": [...]}) as a tokenizer.
+
+    encode: whitespace separates tokens; inside a chunk the longest vocabulary entry is taken first,
+    so "0123<sep>3210" and "12 7 99" both work. Every entry is a special id (``special_id("<sep>")``).
+    """
+
+    _build_hint = ""
+
+    def __init__(self, tokens: Sequence[str]):
+        self.tokens = list(tokens)
+        self.stoi = {t: i for i, t in enumerate(self.tokens)}
+        self.special_ids = self.stoi
+        self.longest = max(len(t) for t in self.tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for chunk in text.split():
+            i = 0
+            while i < len(chunk):
+                for n in range(min(self.longest, len(chunk) - i), 0, -1):
+                    if chunk[i:i + n] in self.stoi:
+                        ids.append(self.stoi[chunk[i:i + n]])
+                        i += n
+                        break
+                else:
+                    shown = ", ".join(self.tokens[:20]) + (" ..." if len(self.tokens) > 20 else "")
+                    raise ValueError(f"{chunk[i:]!r} is not in the run's vocabulary ({shown}); write the input "
+                                     f"with these tokens, separated by spaces if needed")
+        return ids
+
+    def decode(self, ids) -> str:
+        return " ".join(self.tokens[int(i)] for i in np.asarray(ids).reshape(-1))
+
+    def to_dict(self) -> dict:
+        return {"type": "symbols", "tokens": self.tokens}
+
+
 # ---------------------------------------------------------------------------------------------------------------
-class CharTokenizer:
+class CharTokenizer(Tokenizer):
     """One id per character. ``CharTokenizer.from_text(corpus)`` uses the sorted distinct characters.
 
     Encoding a character outside the vocabulary raises a ValueError that lists them.
@@ -82,9 +182,6 @@ class CharTokenizer:
         """``encode`` as an int64 array (fast path for long corpora)."""
         return np.asarray(self.encode(text), dtype=np.int64)
 
-    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
     def decode(self, ids) -> str:
         n = self.vocab_size
         out = []
@@ -103,7 +200,7 @@ class CharTokenizer:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-class WordTokenizer:
+class WordTokenizer(SpecialsTokenizer):
     """Lowercased words and punctuation; a vocabulary of the most frequent training words.
 
     Build with ``WordTokenizer.build(train_texts, min_freq=2, max_size=20000, bos=.., eos=.., cls=..)``:
@@ -122,6 +219,7 @@ class WordTokenizer:
         self.tokens = tokens
         self.lowercase = lowercase
         self.stoi = {t: i for i, t in enumerate(tokens)}
+        self.special_ids = {t: self.stoi[t] for t in (PAD, UNK) + OPTIONAL_SPECIALS if t in self.stoi}
 
     @classmethod
     def build(cls, texts: Iterable[str], min_freq: int = 1, max_size: int = 0, bos: bool = False,
@@ -143,36 +241,12 @@ class WordTokenizer:
     def vocab_size(self) -> int:
         return len(self.tokens)
 
-    @property
-    def pad_id(self) -> int:
-        return 0
-
-    @property
-    def unk_id(self) -> int:
-        return 1
-
-    def special_id(self, token: str) -> int:
-        """The id of ``<bos>``, ``<eos>`` or ``<cls>``; a clear error if the vocabulary was built without it."""
-        if token not in self.stoi:
-            raise ValueError(f"this vocabulary has no {token} token; build it with that option")
-        return self.stoi[token]
-
     def tokenize(self, text: str) -> list[str]:
         return split_words(normalize_text(text, self.lowercase))
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, add_cls: bool = False) -> list[int]:
-        get, unk = self.stoi.get, 1
-        ids = [get(w, unk) for w in self.tokenize(text)]
-        if add_cls:
-            ids.insert(0, self.special_id(CLS))
-        if add_bos:
-            ids.insert(0, self.special_id(BOS))
-        if add_eos:
-            ids.append(self.special_id(EOS))
-        return ids
-
-    def encode_batch(self, texts: Iterable[str], **kw) -> list[list[int]]:
-        return [self.encode(t, **kw) for t in texts]
+        get, unk = self.stoi.get, self.unk_id
+        return self._wrap([get(w, unk) for w in self.tokenize(text)], add_bos, add_eos, add_cls)
 
     def decode(self, ids, skip_special: bool = True) -> str:
         """Tokens joined by spaces (word tokenization is lossy: case and spacing are not restored)."""
@@ -204,7 +278,7 @@ def _hf():
     return tokenizers
 
 
-class BPETokenizer:
+class BPETokenizer(SpecialsTokenizer):
     """Byte-level BPE (GPT-2 style), a thin wrapper over Hugging Face ``tokenizers``.
 
     ``BPETokenizer.build(train_texts, vocab_size=8000, min_freq=2, ...)`` learns
@@ -218,9 +292,9 @@ class BPETokenizer:
     def __init__(self, hf_tokenizer, lowercase: bool = True):
         self.hf = hf_tokenizer
         self.lowercase = lowercase
-        self.stoi_special = {s: self.hf.token_to_id(s) for s in (PAD, UNK) + OPTIONAL_SPECIALS
-                             if self.hf.token_to_id(s) is not None}
-        if self.stoi_special.get(PAD) != 0 or self.stoi_special.get(UNK) != 1:
+        self.special_ids = {s: self.hf.token_to_id(s) for s in (PAD, UNK) + OPTIONAL_SPECIALS
+                            if self.hf.token_to_id(s) is not None}
+        if self.special_ids.get(PAD) != 0 or self.special_ids.get(UNK) != 1:
             raise ValueError(f"a BPE vocabulary must have {PAD!r} = 0 and {UNK!r} = 1")
 
     @classmethod
@@ -241,29 +315,6 @@ class BPETokenizer:
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size()
-
-    @property
-    def pad_id(self) -> int:
-        return 0
-
-    @property
-    def unk_id(self) -> int:
-        return 1
-
-    def special_id(self, token: str) -> int:
-        if token not in self.stoi_special:
-            raise ValueError(f"this vocabulary has no {token} token; build it with that option")
-        return self.stoi_special[token]
-
-    def _wrap(self, ids, add_bos, add_eos, add_cls):
-        ids = list(ids)
-        if add_cls:
-            ids.insert(0, self.special_id(CLS))
-        if add_bos:
-            ids.insert(0, self.special_id(BOS))
-        if add_eos:
-            ids.append(self.special_id(EOS))
-        return ids
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, add_cls: bool = False) -> list[int]:
         return self._wrap(self.hf.encode(normalize_text(text, self.lowercase), add_special_tokens=False).ids,

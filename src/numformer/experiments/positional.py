@@ -141,7 +141,7 @@ def _machine():
 
 # -- figures ------------------------------------------------------------------------------------------------------
 def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
-    from ..analysis._common import new_figure, save_figure
+    from ..analysis import new_figure, save_figure
 
     fig = new_figure(4.2 * len(TASKS), 3.4)
     axes = fig.subplots(1, len(TASKS), squeeze=False)[0]
@@ -168,7 +168,7 @@ def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
 
 
 def plot_position_accuracy(runs, L, vocab, path):
-    from ..analysis._common import new_figure, save_figure
+    from ..analysis import new_figure, save_figure
 
     fig = new_figure(4.2 * len(TASKS), 3.2)
     axes = fig.subplots(1, len(TASKS), squeeze=False)[0]

@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
+REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/
 
 
 def find_config(name):
@@ -57,7 +58,7 @@ class Experiment:
     targets: list = field(default_factory=list)
     config: str = ""                       # configs/<config>.toml; defaults to the name
     quick_overrides: list = field(default_factory=list)   # --set items for --quick (seconds, for tests)
-    time_limit_minutes: float = 0.0        # the limit the issue sets, shown next to the wall time
+    time_limit_minutes: float = 0.0        # the experiment's wall-time budget, shown next to its wall time
     extra: Callable | None = None          # extra(trainer, task, results_dir, quick) -> (figures dict, markdown)
     attention_groups: tuple = ()           # attention groups to draw, in this order (e.g. ("cross",)); () = all
     custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record
@@ -114,7 +115,8 @@ def _group_labels(group, labels):
 
 
 def train_and_evaluate(exp, ctx, config_overrides=()):
-    """The standard pipeline; returns (record, trainer, task)."""
+    """The standard pipeline; returns (record, trainer, task, started), ``started`` the ``time.time()`` at
+    which training began."""
     from ..config import load_config
     from ..train import Trainer, evaluate_loss
 

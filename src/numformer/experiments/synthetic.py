@@ -1,11 +1,11 @@
-"""The synthetic experiments of the seed: copy, reversal, parity, addition and sorting.
+"""The synthetic experiments: copy, reversal, parity, addition and sorting.
 
 Each trains ``configs/NAME.toml`` (the model chosen for the task and why is
 written at the top of each config), evaluates the best weights on 1,000
-held-out test problems and reports the seed's target figure. Besides the
+held-out test problems and reports it against the experiment's target. Besides the
 learning curve and the attention heatmaps of the standard pipeline, each one
 draws its validation metrics against the step; parity also trains the
-EncoderClassifier that the issue suggests, for a few minutes, as a baseline
+EncoderClassifier (the model that reads the bits and classifies), for a few minutes, as a baseline
 (its accuracy is reported as ``classifier_accuracy``, next to the scratchpad
 model's ``accuracy``). The markdown says which model was trained and why.
 
@@ -62,7 +62,7 @@ def synthetic_extra(name, metrics, why):
     return extra
 
 
-# The model the issue names for parity: an encoder that reads the bits and classifies. Trained on lengths
+# The classifier for parity: an encoder that reads the bits and classifies. Trained on lengths
 # 1..64 (short strings first carry a signal), as a baseline for the scratchpad model of configs/parity.toml.
 PARITY_CLASSIFIER = {
     "model": {"type": "classifier", "n_layers": 4, "n_heads": 4, "d_model": 64, "dropout": 0.0,
@@ -99,7 +99,7 @@ def parity_extra(trainer, task, results_dir, quick):
     summary = base.train()
     acc = base.task.evaluate(base.model.eval(), "test")["accuracy"]
     m, d, t = base.config["model"], base.config["data"], base.config["train"]
-    text = (f"**Baseline: the EncoderClassifier**, the model the issue suggests for parity: an encoder "
+    text = (f"**Baseline: the EncoderClassifier**, the model that classifies the string directly: an encoder "
             f"({m['n_layers']} pre-LN layer{'s' if m['n_layers'] > 1 else ''}, d_model {m['d_model']}, "
             f"{m['n_heads']} heads, {summary['parameters']:,} parameters, classifying from the `<cls>` token) "
             f"that reads `<cls> b_1 .. b_L` and predicts the parity bit, trained on lengths "

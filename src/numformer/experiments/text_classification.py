@@ -123,7 +123,7 @@ def plot_word_saliency(examples, path=None, title=None, width=13.0, fontsize=8.5
     import matplotlib
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
-    from ..analysis._common import new_figure, save_figure
+    from ..analysis import new_figure, save_figure
 
     left, right, text_w = 0.25, 0.25, width - 0.5 - 1.25
     lh = 1.55 * fontsize / 72.0

@@ -206,20 +206,11 @@ def _reference_forward(layer, q, k, v, masks, p_drop, out):
     return weights, cache
 
 
-def _reference_backward(dctx, cache, dq, dk, dv):
-    for target, g in zip((dq, dk, dv), scaled_dot_product_attention_backward(dctx, cache)):
-        target[...] = g
-
-
 def _fused_forward(layer, q, k, v, masks, p_drop, out):
     """ops.fused_attention: the fast version of the reference (no dropout)."""
     mask, causal = masks.additive(q, k)
     _, cache = fused_attention_forward(q, k, v, mask, causal, out=out)
     return (np.swapaxes(cache.weights_t, -1, -2) if layer.record_weights else None), cache
-
-
-def _fused_backward(dctx, cache, dq, dk, dv):
-    fused_attention_backward(dctx, cache, dq, dk, dv)
 
 
 def _flash_forward(layer, q, k, v, masks, p_drop, out):
@@ -239,15 +230,18 @@ def _flash_forward(layer, q, k, v, masks, p_drop, out):
     return None, cache
 
 
-def _flash_backward(dctx, cache, dq, dk, dv):
-    for target, g in zip((dq, dk, dv), flash_attention_backward(dctx, cache)):
-        target[...] = g
+def _writing(backward):
+    """A kernel backward that returns (dq, dk, dv), as one that writes them into the given arrays."""
+    def write(dctx, cache, dq, dk, dv):
+        for target, g in zip((dq, dk, dv), backward(dctx, cache)):
+            target[...] = g
+    return write
 
 
 KERNELS = {
-    "reference": (_reference_forward, _reference_backward),
-    "fused": (_fused_forward, _fused_backward),
-    "flash": (_flash_forward, _flash_backward),
+    "reference": (_reference_forward, _writing(scaled_dot_product_attention_backward)),
+    "fused": (_fused_forward, fused_attention_backward),
+    "flash": (_flash_forward, _writing(flash_attention_backward)),
 }
 
 

@@ -1,4 +1,4 @@
-"""Normalizations: layer norm, RMS norm, and the seed's batch-statistics norm.
+"""Normalizations: layer norm, RMS norm, and a batch-statistics norm.
 
 All three share the form  y = x̂ ⊙ γ + β  with a different x̂.
 """
@@ -131,7 +131,7 @@ def rms_norm_backward(dy, cache):
 
 
 def batch_norm_forward(x, gamma, beta, eps=1e-5):
-    """The seed's "simplified layer normalization (batch statistics)".
+    """Layer normalization simplified to batch statistics: one mean and variance per feature.
 
     Each feature is normalized with the mean and (biased) variance over all
     leading axes (batch and sequence), as ``torch.nn.functional.batch_norm``

@@ -509,3 +509,19 @@ def test_generation_benchmark_part_measures_both_libraries(tmp_path):
     assert "| 2 |" in hf_generate.markdown(result, tmp_path)
     bw = hf_generate.memory_bandwidth(mib=4, repeats=1)
     assert bw["bytes_per_s"] > 0
+
+
+def test_bfloat16_checkpoint_is_read_exactly(tmp_path):
+    folder, tmodel = make_hf(tmp_path, torch_dtype=torch.bfloat16, **SHAPES["default_ff"])
+    model = GPT.from_pretrained(folder)
+    ref = dict(tmodel.float().named_parameters())
+    np.testing.assert_array_equal(model.blocks[1].ff.linear1.weight.data,
+                                  ref["transformer.h.1.mlp.c_fc.weight"].detach().numpy().T)
+    np.testing.assert_array_equal(model.tok_emb.weight.data, ref["transformer.wte.weight"].detach().numpy())
+
+
+def test_corrupt_weights_file(tmp_path):
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ValueError, match="model.safetensors cannot be read.*download it again"):
+        hf.load_pretrained(folder)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -83,7 +83,6 @@ class Family:
     tensors: Callable
     canonical: Callable = lambda name: name
     ignored: str = r"(?!)"
-    architectures: tuple = field(default=())
 
 
 # GPT-2 ------------------------------------------------------------------------------------------------
@@ -155,7 +154,7 @@ def _gpt2_canonical(name):
 
 
 GPT2 = Family("gpt2", _gpt2_to_numformer, _gpt2_to_hf, _gpt2_tensors, _gpt2_canonical,
-              ignored=r"^transformer\.h\.\d+\.attn\.(masked_)?bias$", architectures=("GPT2LMHeadModel",))
+              ignored=r"^transformer\.h\.\d+\.attn\.(masked_)?bias$")
 
 # Llama -----------------------------------------------------------------------------------------------
 # LlamaForCausalLM (Llama 1-3 without RoPE scaling, SmolLM, TinyLlama, ...) is GPT(positional="rope",
@@ -244,11 +243,11 @@ def _llama_canonical(name):
 
 
 LLAMA = Family("llama", _llama_to_numformer, _llama_to_hf, _llama_tensors, _llama_canonical,
-               ignored=r"\.rotary_emb\.inv_freq$", architectures=("LlamaForCausalLM",))
+               ignored=r"\.rotary_emb\.inv_freq$")
 MISTRAL = Family("mistral", _llama_to_numformer,
                  lambda m: {**_llama_to_hf(m), "model_type": "mistral", "architectures": ["MistralForCausalLM"],
                             "sliding_window": None}, _llama_tensors, _llama_canonical,
-                 ignored=r"\.rotary_emb\.inv_freq$", architectures=("MistralForCausalLM",))
+                 ignored=r"\.rotary_emb\.inv_freq$")
 
 FAMILIES = {"gpt2": GPT2, "llama": LLAMA, "mistral": MISTRAL}
 
@@ -326,8 +325,28 @@ def _weight_files(folder):
                      f"model.save_pretrained(folder)")
 
 
+def _read_bf16_file(path):
+    """A safetensors file read directly (header, then raw bytes): NumPy has no bfloat16, so BF16 tensors
+    become float32 (exactly: a bfloat16 is the upper half of a float32); other dtypes are kept."""
+    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_, "BF16": np.uint16}
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    n = int(data[:8].view("<u8")[0])
+    header = json.loads(bytes(data[8:8 + n]).decode())
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = info["data_offsets"]
+        raw = np.frombuffer(data[8 + n + lo:8 + n + hi], dtype=np.dtype(dtypes[info["dtype"]]).newbyteorder("<"))
+        if info["dtype"] == "BF16":
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        out[name] = np.array(raw.reshape(info["shape"]))
+    return out
+
+
 def read_safetensors(folder):
-    """{tensor name: array} of every weight file of a folder, as stored (no conversion)."""
+    """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32)."""
     from safetensors import safe_open
 
     tensors = {}
@@ -339,7 +358,10 @@ def read_safetensors(folder):
                 for k in f.keys():
                     tensors[k] = f.get_tensor(k)
         except Exception as e:       # safetensors raises several types for a damaged file or an unknown dtype
-            raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}); download it again") from None
+            try:
+                tensors.update(_read_bf16_file(path))         # NumPy lacks bfloat16: read it by hand
+            except Exception:
+                raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}); download it again") from None
     return tensors
 
 

@@ -390,17 +390,15 @@ class MultiHeadAttention(Module):
         return q, k, (cq, ck)
 
     def _share_kv(self, k, v):
-        """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d)."""
+        """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d).
+        Returns (k, v, caches of the two repeats)."""
         rep = self.n_heads // self.n_kv_heads
-        return ops.repeat_kv_forward(k, rep)[0], ops.repeat_kv_forward(v, rep)[0]
+        (k, ck), (v, cv) = ops.repeat_kv_forward(k, rep), ops.repeat_kv_forward(v, rep)
+        return k, v, (ck, cv)
 
-    def _undo_positions(self, dq, dk, dv, pos_cache):
+    def _undo_positions(self, dq, dk, dv, pos_cache, share_cache):
         """Backward of _share_kv and _positions: sum the shared heads' gradients, rotate back."""
-        rep = self.n_heads // self.n_kv_heads
-        if rep > 1:
-            B, _, T, dh = dk.shape
-            dk = ops.repeat_kv_backward(dk, (rep, (B, self.n_kv_heads, T, dh)))
-            dv = ops.repeat_kv_backward(dv, (rep, (B, self.n_kv_heads, T, dh)))
+        dk, dv = ops.repeat_kv_backward(dk, share_cache[0]), ops.repeat_kv_backward(dv, share_cache[1])
         if pos_cache is not None:
             dq, dk = ops.rope_backward(dq, pos_cache[0]), ops.rope_backward(dk, pos_cache[1])
         return dq, dk, dv
@@ -450,17 +448,17 @@ class MultiHeadAttention(Module):
                                         positions)
         (q, k, v), proj_cache = self._project(query, key, value)        # q: (B, H, T, d_head), k, v: H_kv heads
         q, k, pos_cache = self._positions(q, k, 0, positions)
-        k, v = self._share_kv(k, v)
+        k, v, share_cache = self._share_kv(k, v)
         masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal)
         p_drop = self.dropout_p if self.training else 0.0
         name = self.kernel_name(p_drop)
         ctx, attn_cache = self._attend(name, q, k, v, masks, p_drop)   # (B, Tq, H, d_head)
-        self._cache = (name, proj_cache, attn_cache, pos_cache)
+        self._cache = (name, proj_cache, attn_cache, pos_cache, share_cache)
         return self.out_proj(ctx.reshape(query.shape))
 
     def backward(self, dout):
         """Gradients of the inputs (see the class docstring for what is returned); accumulates the parameters'."""
-        name, proj_cache, attn_cache, pos_cache = self._cache
+        name, proj_cache, attn_cache, pos_cache, share_cache = self._cache
         self._cache = None
         B, Tq, E = dout.shape
         H, dh = self.n_heads, self.d_head
@@ -476,7 +474,7 @@ class MultiHeadAttention(Module):
             Tk = views[1].shape[2]
             grads = (np.empty(dctx.shape, dctx.dtype),) + tuple(np.empty((B, H, Tk, dh), dctx.dtype) for _ in "kv")
             KERNELS[name][1](dctx, attn_cache, *grads)
-            for view, g in zip(views, self._undo_positions(*grads, pos_cache)):
+            for view, g in zip(views, self._undo_positions(*grads, pos_cache, share_cache)):
                 view[...] = g
         return self._project_backward(grad_rows, proj_cache)
 
@@ -493,7 +491,7 @@ class MultiHeadAttention(Module):
             if cache.length == 0:
                 kv, _ = ops.linear_forward(key, W[E:], None if b is None else b[E:])
                 cache.append(*_split_groups(kv, (Hkv, Hkv)))
-            k, v = self._share_kv(*cache.view())
+            k, v, _ = self._share_kv(*cache.view())
             offset = 0
         else:
             if not (key is query and value is query):
@@ -501,7 +499,7 @@ class MultiHeadAttention(Module):
             qkv, _ = ops.linear_forward(query, W, b)
             q, k_new, v_new = _split_groups(qkv, (H, Hkv, Hkv))
             q, k_new, _ = self._positions(q, k_new, offset, positions)       # the cache keeps rotated keys, n_kv_heads heads
-            k, v = self._share_kv(*cache.append(k_new, v_new))
+            k, v, _ = self._share_kv(*cache.append(k_new, v_new))
         causal = is_causal and not cache.static and query.shape[1] > 1
         masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True)
         ctx, _ = self._attend(self.kernel_name(0.0), q, k, v, masks, 0.0)

@@ -230,3 +230,17 @@ def test_mistral_with_a_window_covering_the_context_loads(tmp_path):
         ref = tmodel(torch.from_numpy(idx)).logits.numpy()
     assert rel_err(GPT.from_pretrained(folder)(idx), ref) < 1e-4
 
+
+
+def test_llama_generation_benchmark_part_measures_speed_and_the_cache(tmp_path):
+    from numformer.bench import llama_generate
+
+    result = llama_generate.run(quick=True, log=None)
+    m = result["model"]
+    d_head = m["d_model"] // m["n_heads"]
+    for kv, nbytes in result["kv_cache_bytes"].items():          # the arrays hold exactly K and V of each head
+        assert nbytes == 2 * m["n_layers"] * int(kv) * d_head * result["cache_positions"] * 4
+    assert set(result["kv_cache_bytes"]) == {"1", str(m["n_kv_heads"]), str(m["n_heads"])}
+    assert result["row"]["same_tokens_fraction"] == 1.0 and result["row"]["transformers_tokens_per_s"] > 0
+    text = llama_generate.markdown(result, tmp_path)
+    assert "| key/value heads | bytes | of multi-head |" in text and "| 1 |" in text

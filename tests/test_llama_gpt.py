@@ -273,3 +273,18 @@ def test_transformer_cached_decoding_equals_full(positional):
     caches = t.new_caches()
     steps = [t.decode(tgt[:, i:i + 1], memory, caches=caches) for i in range(7)]
     assert_close(np.concatenate(steps, axis=1), full, 1e-10, "cached logits")
+
+
+@pytest.mark.parametrize("name", ["llama", "alibi-gqa-3heads"])
+def test_gpt_option_gradient_checkpointing_gives_the_same_gradients(name):
+    idx = np.random.default_rng(6).integers(0, 11, size=(2, 9))
+    res = []
+    for ckpt in (False, True):
+        m = small(gradient_checkpointing=ckpt, **OPTIONS[name])
+        out = m(idx)
+        m.backward(np.random.default_rng(1).standard_normal(out.shape))
+        res.append((out, {n: p.grad for n, p in m.named_parameters()}))
+    (o1, g1), (o2, g2) = res
+    np.testing.assert_array_equal(o1, o2)
+    for n in g1:
+        np.testing.assert_allclose(g2[n], g1[n], rtol=1e-12, atol=1e-14, err_msg=n)

@@ -138,6 +138,7 @@ def run(quick=False, log=print):
     hf_config = QUICK_CONFIG if quick else {}
     prompt, new = (16, 8) if quick else (PROMPT, NEW_TOKENS)
     threads = get_num_threads()
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     model, tmodel = _models(hf_config)
     weight_bytes = sum(p.data.nbytes for p in model.parameters())
     bandwidth = memory_bandwidth(32 if quick else 256)
@@ -151,8 +152,18 @@ def run(quick=False, log=print):
                       "n_heads": model.n_heads, "vocab_size": model.vocab_size, "d_ff": c.d_ff},
             "prompt_tokens": prompt, "new_tokens": new, "threads": threads, "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": __import__("transformers").__version__, "weight_bytes": weight_bytes, "bandwidth": bandwidth, "rows": rows,
-            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "load_average": {"start": load_start, "end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
             "blas_threads_env": _measure.blas_env()}
+
+
+def _load_text(load):
+    """The machine's 1-minute load average as recorded (a number: at the end; a dict: at start and end)."""
+    if load is None:
+        return ""
+    if isinstance(load, dict):
+        return (f"Load average {load.get('start') or 0:.1f} at the start and {load.get('end') or 0:.1f} at the end "
+                f"(above the core count, other processes shared the cores: the figures are noisy).")
+    return f"Load average {load:.1f} at the end of the run (a shared machine makes these figures noisy)."
 
 
 def markdown(result, fig_dir):
@@ -178,6 +189,5 @@ def markdown(result, fig_dir):
     lines += ["", f"Bandwidth bound = batch × measured bandwidth ({bw['bytes_per_s'] / 1e9:.1f} GB/s: best of a "
                   f"matrix-vector product, {bw['matvec_bytes_per_s'] / 1e9:.1f} GB/s, and a copy, "
                   f"{bw['copy_bytes_per_s'] / 1e9:.1f} GB/s) ÷ weight bytes read per step "
-                  f"({result['weight_bytes'] / 1e6:.0f} MB). Load average during the run: "
-                  f"{result.get('load_average') or 0:.1f} (a shared machine makes these figures noisy)."]
+                  f"({result['weight_bytes'] / 1e6:.0f} MB). {_load_text(result.get('load_average'))}"]
     return "\n".join(lines)

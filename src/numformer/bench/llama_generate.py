@@ -16,6 +16,7 @@ arrays are measured, not computed from the formula 2 · layers · n_kv_heads · 
 """
 from __future__ import annotations
 
+import os
 import tempfile
 
 import numpy as np
@@ -64,6 +65,8 @@ def run(quick=False, log=print):
     from .._runtime import get_num_threads
     from .hf_generate import measure
 
+    load = (lambda: os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+    load_start = load()
     prompt, new = (16, 8) if quick else (PROMPT, NEW_TOKENS)
     threads = get_num_threads()
     model, tmodel = _models(QUICK_CONFIG if quick else SMOLLM_135M)
@@ -76,7 +79,8 @@ def run(quick=False, log=print):
                       "vocab_size": model.vocab_size},
             "prompt_tokens": prompt, "new_tokens": new, "threads": threads, "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": __import__("transformers").__version__, "row": row,
-            "cache_positions": positions, "kv_cache_bytes": cache}
+            "cache_positions": positions, "kv_cache_bytes": cache,
+            "load_average": {"start": load_start, "end": load()}}
 
 
 def markdown(result, fig_dir):
@@ -94,6 +98,9 @@ def markdown(result, fig_dir):
              f"| {t.get('one_thread', 0):,.1f} | {t.get('numformer', 0):,.1f} | {t.get('blas', 0):,.1f} | "
              f"{r['transformers_tokens_per_s']:,.1f} | {r['ratio']:.2f}x ({r['best_mode']}) | "
              f"{100 * r['same_tokens_fraction']:.0f}% |", "",
+             f"Load average at the start and the end: {result['load_average']['start'] or 0:.1f}, "
+             f"{result['load_average']['end'] or 0:.1f} (on a shared machine these speeds are noisy; the cache bytes "
+             f"are not).", "",
              f"KV cache after {result['cache_positions']} positions (batch 1, float32), measured from the cache "
              f"arrays:", "", "| key/value heads | bytes | of multi-head |", "|---:|---:|---:|"]
     cache = result["kv_cache_bytes"]

@@ -59,7 +59,7 @@ def test_bad_options():
         nn.FeedForward(8, 16, activation="swish")
     with pytest.raises(ValueError, match="unknown norm 'group'"):
         nn.make_norm("group", 8)
-    with pytest.raises(ValueError, match="unknown positional encoding 'rope'"):
-        nn.make_positional("rope", 8, 10)
+    with pytest.raises(ValueError, match="unknown positional encoding 'rotary'"):
+        nn.make_positional("rotary", 8, 10)
     with pytest.raises(ValueError, match="dropout probability must be in"):
         nn.Dropout(1.5)

@@ -1,5 +1,5 @@
 """numformer reproduce positional: the quick version writes its table, figures and JSON; learned position tables
-have rows up to 2L that training never reaches, and the evaluation at lengths beyond L runs on them."""
+have rows up to 4L that training never reaches, and the evaluation at lengths beyond L runs on them."""
 from __future__ import annotations
 
 import json
@@ -16,8 +16,8 @@ from numformer.train import Trainer
 
 
 def test_eval_lengths():
-    assert eval_lengths(16) == [8, 16, 20, 24, 32]
-    assert eval_lengths(8) == [4, 8, 10, 12, 16]
+    assert eval_lengths(16) == [8, 16, 24, 32, 48, 64]
+    assert eval_lengths(8) == [4, 8, 12, 16, 24, 32]
 
 
 def test_quick_reproduce_writes_table_and_figures(tmp_path, capsys):
@@ -26,20 +26,22 @@ def test_quick_reproduce_writes_table_and_figures(tmp_path, capsys):
                  "--quiet"]) == 0
     record = json.loads((results / "positional.json").read_text())
     L = record["L"]
-    assert L == 8 and record["eval_lengths"] == [4, 8, 10, 12, 16]
+    assert L == 8 and record["eval_lengths"] == [4, 8, 12, 16, 24, 32]
+    assert ENCODINGS == ("sinusoidal", "learned", "rope", "alibi")
     assert record["command"] == "numformer reproduce positional --quick"
     for t in TASKS:
         for e in ENCODINGS:
             run = record["runs"][f"{t}/{e}"]
-            assert set(run["exact_match"]) == {"4", "8", "10", "12", "16"}
+            assert set(run["exact_match"]) == {"4", "8", "12", "16", "24", "32"}
             assert all(0 <= v <= 1 for v in run["token_accuracy"].values())
-            assert len(run["position_accuracy@16"]) == 17           # 16 symbols and <eos>
+            assert len(run["position_accuracy@32"]) == 33           # 32 symbols and <eos>
             for n in record["eval_lengths"]:
                 assert 0 <= record["figures"][f"{t}_{e}_exact_match@{n}"] <= 1
             assert (runs / f"positional_{t}_{e}" / "model.safetensors").is_file()
     md = (results / "positional.md").read_text()
-    assert "| task | encoding | 4 | 8 (L) | 10 | 12 | 16 |" in md
-    assert md.count("| copy | ") == 2 + 2 and md.count("| reversal | ") == 2 + 2   # results and training tables
+    assert "| task | encoding | 4 | 8 (L) | 12 | 16 | 24 | 32 |" in md
+    assert md.count("| copy | ") == 4 + 4 and md.count("| reversal | ") == 4 + 4   # results and training tables
+    assert "| copy | rope |" in md and "| reversal | alibi |" in md
     assert "**Reading**" in md and "did not learn the tasks" in md                # honest about a 12-step run
     for png in ("positional.png", "positional_positions.png"):
         assert f"figures/{png}" in md
@@ -50,14 +52,14 @@ def test_quick_reproduce_writes_table_and_figures(tmp_path, capsys):
 
 def test_learned_rows_beyond_L_get_no_gradient_and_evaluate(tmp_path):
     """Training on lengths 1..L touches the first L (source) and L + 1 (target) rows of the learned tables only;
-    the model still has rows up to 2L + 1, so evaluating at 1.25L .. 2L runs (on untrained rows)."""
+    the model still has rows up to 4L + 1, so evaluating at 1.5L .. 4L runs (on untrained rows)."""
     exp = resolve("positional")[0]
     ctx = Context(runs_dir=tmp_path, results_dir=tmp_path, quick=True, quiet=True)
     config = run_config(exp, ctx, "reversal", "learned")
     L = config["data"]["length"]
     trainer = Trainer(config, tmp_path / "run", quiet=True)
     model, task = trainer.model, trainer.task
-    assert model.max_len >= 2 * L + 1 and task.min_length == 1
+    assert model.max_len >= 4 * L + 1 and task.min_length == 1
     rng = np.random.default_rng(0)
     for _ in range(3):                              # batches of mixed lengths, up to L
         batch = task.train_batch(64, rng)

@@ -130,9 +130,9 @@ def attention_maps(model, inputs, **forward_kwargs):
         forward = m.forward
 
         def wrapped(query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
-                    kv_cache=None):
+                    kv_cache=None, **options):
             out = forward(query, key, value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                          is_causal=is_causal, kv_cache=kv_cache)
+                          is_causal=is_causal, kv_cache=kv_cache, **options)
             k = query if key is None else key
             B, Tq, Tk = query.shape[0], query.shape[1], k.shape[1]
             mask = build_attention_mask(Tq, Tk, np.float64, attn_mask, key_padding_mask, is_causal, B, m.n_heads)

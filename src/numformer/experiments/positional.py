@@ -1,20 +1,23 @@
-"""``numformer reproduce positional``: do sinusoidal positional encodings extrapolate beyond the trained lengths?
+"""``numformer reproduce positional``: which positional encodings extrapolate beyond the trained lengths?
 
 The seeds claim that sinusoidal encodings let a model handle sequences longer than any seen in
-training, where a learned table has nothing to offer past its trained rows. This experiment
-measures it: the encoder-decoder Transformer of ``configs/positional.toml`` is trained four times,
-{sinusoidal, learned} × {copy, reversal}, on lengths 1..L (uniformly mixed, so every learned row
-up to L is trained), then evaluated on 1,000 held-out test sequences at each of L/2, L, 1.25L,
-1.5L and 2L. The model's ``max_len`` covers 2L, so the learned tables have rows there, rows that
-training never touched (they keep their random initialization).
+training, where a learned table has nothing to offer past its trained rows; the ALiBi paper (Press
+et al. 2022) claims its linear attention biases extrapolate, and rotary embeddings (RoPE) are
+relative too. This experiment measures it: the encoder-decoder Transformer of
+``configs/positional.toml`` is trained eight times, {sinusoidal, learned, rope, alibi} × {copy,
+reversal}, on lengths 1..L (uniformly mixed, so every learned row up to L is trained), then
+evaluated on 1,000 held-out test sequences at each of L/2, L, 1.5L, 2L, 3L and 4L. The model's
+``max_len`` covers 4L, so the learned tables have rows there, rows that training never touched
+(they keep their random initialization). RoPE and ALiBi act in the self-attention of both stacks
+(``model.positional = "rope" | "alibi"``); cross-attention has no positions.
 
 Metrics (the task's own, from one teacher-forced pass; exact match equals greedy decoding's):
-exact match of the whole answer (``<eos>`` included) and token accuracy; and, at 2L, the token
+exact match of the whole answer (``<eos>`` included) and token accuracy; and, at 4L, the token
 accuracy at each target position, which shows where a model stops being right.
 
 Writes results/positional.{json,md}, figures/positional.png (accuracy against length, one panel
 per task, one colour per encoding) and figures/positional_positions.png (accuracy per target
-position at 2L). ``--quick``: a 1-layer d_model 16 model, L = 8, 12 steps.
+position at 4L). ``--quick``: a 1-layer d_model 16 model, L = 8, 12 steps.
 """
 from __future__ import annotations
 
@@ -28,16 +31,16 @@ import numpy as np
 from . import Experiment, register
 
 TASKS = ("copy", "reversal")
-ENCODINGS = ("sinusoidal", "learned")
-FACTORS = (0.5, 1.0, 1.25, 1.5, 2.0)
+ENCODINGS = ("sinusoidal", "learned", "rope", "alibi")
+FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 QUICK = ["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=12", "train.warmup_steps=2",
          "data.length=8", "data.n_val=40", "data.n_test=40", "model.n_layers=1", "model.d_model=16",
          "model.n_heads=2", "model.d_ff=32"]
-COLORS = {"sinusoidal": "tab:blue", "learned": "tab:orange"}
+COLORS = {"sinusoidal": "tab:blue", "learned": "tab:orange", "rope": "tab:green", "alibi": "tab:red"}
 
 
 def eval_lengths(L):
-    """L/2, L, 1.25L, 1.5L, 2L (rounded, distinct, at least 1)."""
+    """L/2, L, 1.5L, 2L, 3L, 4L (rounded, distinct, at least 1)."""
     return sorted({max(1, int(round(f * L))) for f in FACTORS})
 
 
@@ -93,7 +96,7 @@ def train_one(exp, ctx, task_name, encoding):
 
 
 def run_positional(exp, ctx):
-    """The custom pipeline: four trainings, a table, two figures and a reading of the numbers."""
+    """The custom pipeline: eight trainings, a table, two figures and a reading of the numbers."""
     started = time.time()
     runs = {(t, e): train_one(exp, ctx, t, e) for t in TASKS for e in ENCODINGS}
     first = runs[TASKS[0], ENCODINGS[0]]
@@ -111,7 +114,7 @@ def run_positional(exp, ctx):
             figures[f"{t}_{e}_exact_match@{n}"] = r["table"][n]["exact_match"]
     detail = {f"{t}/{e}": {"exact_match": {str(n): r["table"][n]["exact_match"] for n in lengths},
                            "token_accuracy": {str(n): r["table"][n]["token_accuracy"] for n in lengths},
-                           f"position_accuracy@{2 * L}": [round(float(v), 4) for v in r["positions"]],
+                           f"position_accuracy@{max(lengths)}": [round(float(v), 4) for v in r["positions"]],
                            "steps": r["summary"]["steps"], "train_seconds": round(r["summary"]["train_seconds"], 1),
                            "best_val_loss": r["summary"]["best_val_loss"]}
               for (t, e), r in runs.items()}
@@ -160,7 +163,7 @@ def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
         ax.set_ylabel("accuracy (test set)")
         ax.grid(alpha=0.3)
     axes[-1].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Sinusoidal vs learned positional encodings beyond the trained length", fontsize=11)
+    fig.suptitle("Positional encodings beyond the trained length", fontsize=11)
     return save_figure(fig, path)
 
 
@@ -176,8 +179,9 @@ def plot_position_accuracy(runs, L, vocab, path):
         ax.axvspan(0.5, L + 0.5, color="0.92", zorder=0)
         ax.axhline(1.0 / vocab, color="0.6", lw=0.8, ls="-.", label="chance")
         ax.set_ylim(-0.03, 1.03)
-        ax.set_title(f"{t}: sequences of length {2 * L}", fontsize=10)
-        ax.set_xlabel(f"target position (shaded: 1..{L}, trained; {2 * L + 1} is <eos>)")
+        n = len(runs[t, ENCODINGS[0]]["positions"]) - 1
+        ax.set_title(f"{t}: sequences of length {n}", fontsize=10)
+        ax.set_xlabel(f"target position (shaded: 1..{L}, trained; {n + 1} is <eos>)")
         ax.set_ylabel("token accuracy (teacher-forced)")
         ax.grid(alpha=0.3)
     axes[-1].legend(fontsize=7)
@@ -194,7 +198,7 @@ def markdown(record, runs, L, lengths, vocab, ctx):
     lines = [f"# {record['name']}", "", record["description"], "",
              f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
              f"{record['machine']['cpus']} CPUs) in {record['wall_time_s']:.0f} s "
-             f"({record['wall_time_s'] / 60:.1f} min) for four trainings. Seed {record['seed']}; `positional.json` "
+             f"({record['wall_time_s'] / 60:.1f} min) for {len(runs)} trainings. Seed {record['seed']}; `positional.json` "
              f"holds the resolved config of the first run (copy, sinusoidal; the others differ only in [data] task "
              f"and [model] positional) and every figure.", "",
              setup_line(record, L, lengths), "",
@@ -214,7 +218,7 @@ def markdown(record, runs, L, lengths, vocab, ctx):
         lines.append(f"| {t} | {e} | {s['steps']} | {s['train_seconds']:.0f} s | {s['best_val_loss']:.4f} |")
     lines += ["", "**Reading**", "", reading(runs, L, lengths, vocab), "",
               "**Accuracy against the evaluation length**", "", "![accuracy vs length](figures/positional.png)", "",
-              f"**Accuracy at each target position, sequences of length {2 * L}**", "",
+              f"**Accuracy at each target position, sequences of length {max(lengths)}**", "",
               "![accuracy per position](figures/positional_positions.png)", ""]
     return "\n".join(lines)
 
@@ -229,7 +233,19 @@ def setup_line(record, L, lengths):
             f"{', '.join(map(str, lengths))}. Sinusoidal: the fixed table of Vaswani et al. (2017) added to the "
             f"source and target embeddings; learned: a trained table of max_len rows, of which only the first {L} "
             f"(source) and {L + 1} (target, after <bos>) are ever used in training; the others keep their random "
-            f"initialization.")
+            f"initialization. RoPE: rotary embeddings of queries and keys (base 10000) in the self-attention of "
+            f"both stacks; ALiBi: the per-head biases -m_h·|i - j| of Press et al. (2022) on the self-attention "
+            f"scores of both stacks (causal in the decoder). Cross-attention has no positions in either.")
+
+
+def _reach(runs, t, e, lengths, threshold=0.9):
+    """The longest evaluation length up to which (all shorter ones included) exact match stays >= threshold."""
+    best = 0
+    for n in lengths:
+        if runs[t, e]["table"][n]["exact_match"] < threshold:
+            break
+        best = n
+    return best
 
 
 def reading(runs, L, lengths, vocab):
@@ -237,61 +253,51 @@ def reading(runs, L, lengths, vocab):
     inside = [n for n in lengths if n <= L]
     beyond = [n for n in lengths if n > L]
     chance = 1.0 / vocab
+    longest = max(lengths)
     in_min = min(runs[k]["table"][n]["exact_match"] for k in runs for n in inside)
     out_max = max(runs[k]["table"][n]["exact_match"] for k in runs for n in beyond) if beyond else float("nan")
-    parts = [f"Within the trained lengths (≤ {L}) the four models reach at least {_pct(in_min)} exact match. "
-             + (f"Beyond them exact match is 0% for every model at every longer length, sinusoidal or learned."
-                if out_max == 0 else f"Beyond them exact match is at most {_pct(out_max)} for any model at any "
-                                     f"longer length, sinusoidal or learned.")]
+    parts = [f"Within the trained lengths (≤ {L}) the {len(runs)} models reach at least {_pct(in_min)} exact match. "
+             + ("Beyond them exact match is 0% for every model at every longer length." if out_max == 0 else
+                f"Beyond them exact match is at most {_pct(out_max)} for any model at any longer length.")]
 
     def split_acc(t, e):
         p = runs[t, e]["positions"]
-        return float(np.mean(p[:L])), float(np.mean(p[L:2 * L]))
+        return float(np.mean(p[:L])), float(np.mean(p[L:-1]))
 
-    for t in TASKS:
-        (si, so), (li, lo) = split_acc(t, "sinusoidal"), split_acc(t, "learned")
-        parts.append(f"{t.capitalize()} at length {2 * L}: positions 1..{L} are right {_pct(si)} (sinusoidal) and "
-                     f"{_pct(li)} (learned) of the time, positions {L + 1}..{2 * L} only {_pct(so)} and {_pct(lo)} "
-                     f"(chance {_pct(chance)}).")
-    sin_beyond = np.mean([split_acc(t, "sinusoidal")[1] for t in TASKS])
-    lrn_beyond = np.mean([split_acc(t, "learned")[1] for t in TASKS])
     if in_min < 0.9:
-        verdict = (f"The models did not learn the tasks within the trained lengths (at least one is below 90% exact "
-                   f"match at a length ≤ {L}; a --quick run trains for a few steps only), so the comparison beyond "
-                   f"L says nothing about extrapolation.")
-    elif out_max < 0.05 and sin_beyond < chance + 0.25:
-        verdict = ("So in this measurement sinusoidal encodings do not extrapolate: a model trained on lengths up "
-                   f"to {L} fails on longer sequences with either encoding. The sinusoidal codes of unseen positions "
-                   "are well defined, but the attention and feed-forward layers were never trained to read them")
-        verdict += (f" (beyond position {L} the sinusoidal models are {_pct(sin_beyond)} right on average, the "
-                    f"learned ones {_pct(lrn_beyond)})." if abs(sin_beyond - lrn_beyond) >= 0.02 else
-                    f" (beyond position {L} both are near chance: {_pct(sin_beyond)} and {_pct(lrn_beyond)}).")
-    elif sin_beyond > lrn_beyond + 0.1:
-        verdict = (f"So sinusoidal encodings extrapolate partly here: beyond position {L} they are right "
-                   f"{_pct(sin_beyond)} of the time against {_pct(lrn_beyond)} for learned ones, though whole "
-                   f"longer sequences are still mostly wrong.")
-    else:
-        verdict = (f"So sinusoidal encodings do not extrapolate better than learned ones here (beyond position {L}: "
-                   f"{_pct(sin_beyond)} against {_pct(lrn_beyond)}).")
-    parts.append(verdict)
+        parts.append(f"The models did not learn the tasks within the trained lengths (at least one is below 90% "
+                     f"exact match at a length ≤ {L}; a --quick run trains for a few steps only), so the comparison "
+                     f"beyond L says nothing about extrapolation.")
+    for t in TASKS:
+        reach = ", ".join(f"{e} {_reach(runs, t, e, lengths)}" for e in ENCODINGS)
+        acc = ", ".join(f"{e} {_pct(split_acc(t, e)[0])} / {_pct(split_acc(t, e)[1])}" for e in ENCODINGS)
+        parts.append(f"{t.capitalize()}: the longest length up to which exact match stays ≥ 90% is {reach} "
+                     f"(0: not even the shortest). At length {longest}, positions 1..{L} / {L + 1}..{longest} are "
+                     f"right: {acc} (chance {_pct(chance)}).")
+    beyond_acc = {e: float(np.mean([split_acc(t, e)[1] for t in TASKS])) for e in ENCODINGS}
+    if in_min >= 0.9:
+        extrapolating = [e for e in ENCODINGS if any(_reach(runs, t, e, lengths) > L for t in TASKS)]
+        if extrapolating:
+            parts.append(f"So {' and '.join(extrapolating)} extrapolate here: exact match stays ≥ 90% past the "
+                         f"trained length L = {L} on at least one task; the others do not.")
+        else:
+            parts.append(f"So none of the four encodings extrapolates here: every model trained on lengths up to "
+                         f"{L} fails on whole longer sequences.")
+        order = sorted(ENCODINGS, key=lambda e: -beyond_acc[e])
+        parts.append("Averaged over both tasks, the token accuracy past position " + str(L) + " ranks them "
+                     + ", ".join(f"{e} ({_pct(beyond_acc[e])})" for e in order) + ".")
     (ci, _), (ri, _) = split_acc("copy", "sinusoidal"), split_acc("reversal", "sinusoidal")
     if in_min >= 0.9 and ci > 0.8 and ri < chance + 0.25:
         parts.append(f"Copy keeps the first {L} symbols right because its cross-attention pattern (target t reads "
                      f"source t) is the same at every length and stays inside the trained positions; reversal is "
                      f"wrong from the first symbol, because target t must read source position L' - t, which "
                      f"depends on the length L' and lies past {L} for the first half of the answer.")
-    (li_copy, _) = split_acc("copy", "learned")
-    if in_min >= 0.9 and ci - li_copy >= 0.05:
-        parts.append(f"What the sinusoidal table does buy here is robustness inside the trained range: on copy at "
-                     f"length {2 * L} it keeps the first {L} symbols {_pct(ci)} right, the learned table "
-                     f"{_pct(li_copy)}; the two models differ only in the table, whose rows past {L} are random "
-                     f"vectors in the learned one, and the encoder reads those positions too.")
     parts.append("One seed and one model size: a measurement of this setup, not a general law.")
     return " ".join(parts)
 
 
 register(Experiment(
     "positional",
-    "Sinusoidal against learned positional encodings on copy and reversal: trained on lengths up to L, "
-    "evaluated up to 2L.",
-    config="positional", quick_overrides=QUICK, time_limit_minutes=15, custom=run_positional))
+    "Sinusoidal, learned, rotary (RoPE) and ALiBi positions on copy and reversal: trained on lengths up to L, "
+    "evaluated up to 4L.",
+    config="positional", quick_overrides=QUICK, time_limit_minutes=30, custom=run_positional))

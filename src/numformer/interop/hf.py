@@ -12,6 +12,11 @@ pair each numformer parameter with the Hugging Face tensor(s) holding it. The
 importer maps names and shapes and nothing else, so a family is added by
 writing one ``Family`` (see ``GPT2``).
 
+Llama (``model_type = "llama"``: LlamaForCausalLM, e.g. SmolLM, TinyLlama, Llama 2; also "mistral"
+when its sliding window covers the context) is ``GPT(positional="rope", activation="swiglu", norm="rms",
+n_kv_heads=num_key_value_heads, bias=attention_bias)``; q_proj, k_proj and v_proj are stacked into
+``qkv_proj``. RoPE scaling and sliding windows are refused with one line naming them.
+
 GPT-2 (``model_type = "gpt2"``: gpt2, gpt2-medium, -large, -xl, distilgpt2) is
 ``GPT(positional="learned", activation="gelu_tanh", norm_first=True, bias=True,
 tie_weights=True)``. Its ``Conv1D`` layers store ``W`` as (in, out), so those
@@ -151,7 +156,100 @@ def _gpt2_canonical(name):
 GPT2 = Family("gpt2", _gpt2_to_numformer, _gpt2_to_hf, _gpt2_tensors, _gpt2_canonical,
               ignored=r"^transformer\.h\.\d+\.attn\.(masked_)?bias$")
 
-FAMILIES = {"gpt2": GPT2}
+# Llama -----------------------------------------------------------------------------------------------
+# LlamaForCausalLM (Llama 1-3 without RoPE scaling, SmolLM, TinyLlama, ...) is GPT(positional="rope",
+# activation="swiglu", norm="rms", norm_first=True, n_kv_heads=num_key_value_heads, bias=attention_bias). Its
+# q_proj and k_proj rows are already in the half-split layout of rotate_half (numformer's RoPE), so the
+# separate q, k, v projections are only stacked into qkv_proj. Mistral's config (model_type "mistral") is
+# the same network plus a sliding attention window; it is read when the window covers the whole context.
+
+def _llama_rope(c):
+    """(rope_theta, rope type) from config.json: ``rope_parameters`` (transformers >= 5), else the older
+    top-level ``rope_theta`` and ``rope_scaling``."""
+    params = c.get("rope_parameters") or {}
+    scaling = c.get("rope_scaling") or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    return float(params.get("rope_theta", c.get("rope_theta", 10000.0))), kind
+
+
+def _llama_to_numformer(c):
+    heads, d = c["num_attention_heads"], c["hidden_size"]
+    theta, kind = _llama_rope(c)
+    window = c.get("sliding_window")
+    refused = [(kind != "default", f"rope scaling of type {kind!r} (numformer's RoPE is the plain one; "
+                                   f"rope_type 'default')"),
+               (window is not None and window < c.get("max_position_embeddings", 0),
+                f"a sliding attention window of {window} positions (numformer attends to the whole context)"),
+               (c.get("hidden_act", "silu") != "silu", f"hidden_act = {c.get('hidden_act')!r} (SwiGLU uses silu)"),
+               (c.get("head_dim") not in (None, d // heads), f"head_dim = {c.get('head_dim')} != hidden_size / "
+                                                             f"num_attention_heads = {d // heads}"),
+               (bool(c.get("attention_bias", False)) != bool(c.get("mlp_bias", False)),
+                "attention_bias != mlp_bias (numformer's bias option covers both)")]
+    for bad, what in refused:
+        if bad:
+            raise ValueError(f"this {c.get('model_type', 'llama')} checkpoint uses {what}, which numformer's GPT "
+                             f"does not have")
+    return {"type": "gpt", "vocab_size": c["vocab_size"], "block_size": c.get("max_position_embeddings", 2048),
+            "n_layers": c["num_hidden_layers"], "n_heads": heads, "n_kv_heads": c.get("num_key_value_heads") or heads,
+            "d_model": d, "d_ff": c["intermediate_size"], "dropout": 0.0, "positional": "rope", "rope_theta": theta,
+            "activation": "swiglu", "norm_first": True, "norm": "rms", "layer_norm_eps": c.get("rms_norm_eps", 1e-6),
+            "tie_weights": bool(c.get("tie_word_embeddings", False)), "bias": bool(c.get("attention_bias", False))}
+
+
+def _llama_to_hf(m):
+    checks = [(m.get("type") == "gpt", f"a {m.get('type')!r} model (Llama is a decoder-only GPT)"),
+              (m.get("norm_first", True), "post-norm blocks (norm_first = false; Llama is pre-norm)"),
+              (m.get("norm") == "rms", f"norm = {m.get('norm')!r} (Llama uses RMSNorm: norm = 'rms')"),
+              (m.get("positional") == "rope", f"positional = {m.get('positional')!r} (Llama uses 'rope')"),
+              (m.get("activation") == "swiglu", f"activation = {m.get('activation')!r} (Llama uses 'swiglu')")]
+    for ok, what in checks:
+        if not ok:
+            raise ValueError(f"Llama cannot express {what}; this model cannot be exported to the llama format")
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": m["vocab_size"],
+            "hidden_size": m["d_model"], "intermediate_size": m["d_ff"], "num_hidden_layers": m["n_layers"],
+            "num_attention_heads": m["n_heads"], "num_key_value_heads": m.get("n_kv_heads") or m["n_heads"],
+            "head_dim": m["d_model"] // m["n_heads"], "hidden_act": "silu",
+            "max_position_embeddings": m["block_size"], "rms_norm_eps": m["layer_norm_eps"],
+            "rope_parameters": {"rope_type": "default", "rope_theta": m.get("rope_theta", 10000.0)},
+            "rope_theta": m.get("rope_theta", 10000.0), "attention_bias": m["bias"], "mlp_bias": m["bias"],
+            "tie_word_embeddings": m["tie_weights"], "attention_dropout": 0.0, "pretraining_tp": 1,
+            "initializer_range": 0.02, "use_cache": True}
+
+
+def _llama_tensors(m):
+    dh = m["d_model"] // m["n_heads"]
+    kv = (m.get("n_kv_heads") or m["n_heads"]) * dh
+    names = (("weight", "bias") if m["bias"] else ("weight",))
+    rows = [TensorMap("tok_emb.weight", ("model.embed_tokens.weight",))]
+    for i in range(m["n_layers"]):
+        h, b = f"model.layers.{i}.", f"blocks.{i}."
+        for t in names:
+            rows.append(TensorMap(f"{b}self_attn.qkv_proj.{t}", tuple(f"{h}self_attn.{p}_proj.{t}" for p in "qkv"),
+                                  sizes=(m["d_model"], kv, kv)))
+            rows += [TensorMap(f"{b}{nf}.{t}", (f"{h}{hf}.{t}",))
+                     for nf, hf in (("self_attn.out_proj", "self_attn.o_proj"), ("ff.gate_proj", "mlp.gate_proj"),
+                                    ("ff.up_proj", "mlp.up_proj"), ("ff.down_proj", "mlp.down_proj"))]
+        rows += [TensorMap(b + "norm1.weight", (h + "input_layernorm.weight",)),
+                 TensorMap(b + "norm2.weight", (h + "post_attention_layernorm.weight",))]
+    rows.append(TensorMap("norm_f.weight", ("model.norm.weight",)))
+    if not m["tie_weights"]:
+        rows.append(TensorMap("lm_head.weight", ("lm_head.weight",)))
+    return rows
+
+
+def _llama_canonical(name):
+    """Checkpoints saved from ``LlamaModel`` (no head) have no ``model.`` prefix."""
+    return name if name.startswith(("model.", "lm_head.")) else "model." + name
+
+
+LLAMA = Family("llama", _llama_to_numformer, _llama_to_hf, _llama_tensors, _llama_canonical,
+               ignored=r"\.rotary_emb\.inv_freq$")
+MISTRAL = Family("mistral", _llama_to_numformer,
+                 lambda m: {**_llama_to_hf(m), "model_type": "mistral", "architectures": ["MistralForCausalLM"],
+                            "sliding_window": None}, _llama_tensors, _llama_canonical,
+                 ignored=r"\.rotary_emb\.inv_freq$")
+
+FAMILIES = {"gpt2": GPT2, "llama": LLAMA, "mistral": MISTRAL}
 
 
 def family(model_type):
@@ -363,12 +461,15 @@ def model_config_of(model):
     from ..nn.positional import SinusoidalPositionalEncoding
 
     block = model.blocks[0]
+    positional = getattr(model, "positional", None) or (
+        "sinusoidal" if isinstance(model.pos_emb, SinusoidalPositionalEncoding) else "learned")
     return {"type": "gpt", "vocab_size": model.vocab_size, "block_size": model.block_size,
             "n_layers": model.n_layers, "n_heads": model.n_heads, "d_model": model.d_model, "d_ff": model.d_ff,
             "dropout": model.drop.p, "activation": block.activation, "norm_first": block.norm_first,
-            "norm": block.norm_kind, "tie_weights": model.tie_weights, "bias": block.ff.linear1.bias is not None,
-            "layer_norm_eps": getattr(block.norm1, "eps", 1e-5),
-            "positional": "sinusoidal" if isinstance(model.pos_emb, SinusoidalPositionalEncoding) else "learned",
+            "norm": block.norm_kind, "tie_weights": model.tie_weights,
+            "bias": block.self_attn.out_proj.bias is not None,
+            "layer_norm_eps": getattr(block.norm1, "eps", 1e-5), "positional": positional,
+            **({"rope_theta": model.rope_theta} if positional == "rope" else {}),
             **({"n_kv_heads": model.n_kv_heads} if getattr(model, "n_kv_heads", None) else {})}
 
 
@@ -458,16 +559,19 @@ def _full_state(fam, model, model_config):
     return out
 
 
-def export_hf(model, out_dir, tokenizer=None, model_type="gpt2"):
+def export_hf(model, out_dir, tokenizer=None, model_type=None):
     """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json for a
     tokenizer with a Hugging Face form). ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)``
-    loads it. Raises ValueError naming a feature the family cannot express. Returns the folder."""
+    loads it. ``model_type``: "gpt2" or "llama"; by default "llama" for a RoPE model, else "gpt2".
+    Raises ValueError naming a feature the family cannot express. Returns the folder."""
     from safetensors.numpy import save
 
     from ..train.checkpoint import write_atomic, write_json_atomic
 
-    fam = family(model_type)
     model_config = model_config_of(model)
+    if model_type is None:
+        model_type = "llama" if model_config["positional"] == "rope" else "gpt2"
+    fam = family(model_type)
     hf_config = fam.to_hf(model_config)
     hf_config["dtype"] = str(model.dtype)
     tensors = to_hf_state(fam, model_config, _full_state(fam, model, model_config))

@@ -23,13 +23,14 @@ class EncoderClassifier(Module):
     If ``pad_id`` is set and no mask is given, positions equal to pad_id are padding.
     ``scale_embeddings`` multiplies token embeddings by √d_model, as in the paper.
     ``attention="flash"``: memory-efficient attention kernel; ``gradient_checkpointing``:
-    recompute each encoder block's activations in backward.
+    recompute each encoder block's activations in backward. ``positional="rope"`` / ``"alibi"``
+    (bidirectional: the bias is -m·|i - j|) and ``n_kv_heads`` act inside the self-attention.
     """
 
     def __init__(self, vocab_size, n_classes, max_len=512, d_model=64, n_heads=1, n_layers=1, d_ff=None,
                  dropout=0.1, pooling="mean", positional="sinusoidal", activation="relu", norm_first=False,
                  norm="layer", pad_id=0, scale_embeddings=True, bias=True, layer_norm_eps=1e-5, attention="plain",
-                 gradient_checkpointing=False, rng=None, dtype=np.float32):
+                 gradient_checkpointing=False, n_kv_heads=None, rope_theta=10000.0, rng=None, dtype=np.float32):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
@@ -43,8 +44,10 @@ class EncoderClassifier(Module):
         self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=d_model ** -0.5)
         self.pos_emb = make_positional(positional, d_model, max_len, rng, dtype)
         self.drop = Dropout(dropout, rng)
+        in_attention = positional if positional in ("rope", "alibi") else None
         blocks = [EncoderBlock(d_model, n_heads, d_ff, dropout, activation, norm_first, norm, layer_norm_eps, bias,
-                               rng=rng, dtype=dtype, attention=attention) for _ in range(n_layers)]
+                               rng=rng, dtype=dtype, attention=attention, n_kv_heads=n_kv_heads,
+                               positional=in_attention, rope_theta=rope_theta) for _ in range(n_layers)]
         self.encoder = Encoder(blocks, make_norm(norm, d_model, layer_norm_eps, bias, dtype) if norm_first else None,
                                gradient_checkpointing=gradient_checkpointing)
         self.head_drop = Dropout(dropout, rng)

@@ -3,6 +3,10 @@
     x₀ = E[idx] + P[0:T]                   token + position embeddings, then dropout
     x_l = Block_l(x_{l-1})  (causal)       pre-LN by default, as GPT-2
     logits = Norm_f(x_L) W_outᵀ            W_out tied to E by default
+
+The same class is a Llama-family decoder with ``positional="rope"`` (or
+"alibi"), ``norm="rms"``, ``activation="swiglu"``, ``n_kv_heads`` < ``n_heads``,
+``bias=False`` and ``tie_weights=False`` (see ``interop.hf`` for checkpoints).
 """
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ import math
 
 import numpy as np
 
-from ..nn import (Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, make_norm,
-                  make_positional)
+from ..nn import (Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, SwiGLUFeedForward,
+                  make_norm, make_positional)
 from ..nn import checkpoint, init
 from ._checks import check_sizes
 
@@ -26,27 +30,38 @@ class GPT(Module):
     ``attention="flash"`` uses the memory-efficient attention kernel (no attention
     dropout); ``gradient_checkpointing=True`` recomputes each block's activations
     in backward instead of keeping them (same gradients, less memory).
+
+    Modern-decoder options: ``positional`` "rope" (rotary embeddings of queries and
+    keys, base ``rope_theta``) or "alibi" (per-head linear biases) instead of an
+    added table; ``activation="swiglu"`` (gated FFN; d_ff defaults to 8·d_model/3
+    rounded up to a multiple of 8, about the parameters of a 4·d_model GELU FFN);
+    ``n_kv_heads`` key/value heads (grouped-query attention; 1 = multi-query; the
+    KV cache holds n_kv_heads heads); ``norm="rms"`` (RMSNorm).
     """
 
     supports_logits_to_keep = True          # forward(..., logits_to_keep=1): generation computes one row of logits
 
     def __init__(self, vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, d_ff=None, dropout=0.0,
                  positional="learned", activation="gelu", norm_first=True, norm="layer", tie_weights=True,
-                 bias=True, layer_norm_eps=1e-5, attention="plain", gradient_checkpointing=False, rng=None,
-                 dtype=np.float32):
+                 bias=True, layer_norm_eps=1e-5, attention="plain", gradient_checkpointing=False, n_kv_heads=None,
+                 rope_theta=10000.0, rng=None, dtype=np.float32):
         super().__init__()
         check_sizes("GPT", vocab_size=vocab_size, block_size=block_size, n_layers=n_layers, n_heads=n_heads,
                     d_model=d_model, d_ff=d_ff)
         rng = init.default_rng(rng)
-        d_ff = 4 * d_model if d_ff is None else d_ff
+        if d_ff is None:
+            d_ff = -(-8 * d_model // 24) * 8 if activation == "swiglu" else 4 * d_model
         self.gradient_checkpointing = gradient_checkpointing
+        self.positional, self.n_kv_heads, self.rope_theta = positional, n_kv_heads, float(rope_theta)
         self.vocab_size, self.block_size, self.n_layers = vocab_size, block_size, n_layers
         self.n_heads, self.d_model, self.d_ff = n_heads, d_model, d_ff
         self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=0.02)
         self.pos_emb = make_positional(positional, d_model, block_size, rng, dtype)
         self.drop = Dropout(dropout, rng)
+        in_attention = positional if positional in ("rope", "alibi") else None
         self.blocks = ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout, activation, norm_first, norm,
-                                              layer_norm_eps, bias, rng=rng, dtype=dtype, attention=attention)
+                                              layer_norm_eps, bias, rng=rng, dtype=dtype, attention=attention,
+                                              n_kv_heads=n_kv_heads, positional=in_attention, rope_theta=rope_theta)
                                  for _ in range(n_layers))
         self.norm_f = make_norm(norm, d_model, layer_norm_eps, bias, dtype) if norm_first else None
         self.lm_head = Linear(d_model, vocab_size, bias=False, rng=rng, dtype=dtype)
@@ -58,13 +73,23 @@ class GPT(Module):
     def _init_weights(self, rng, dtype):
         proj_std = 0.02 / math.sqrt(2 * self.n_layers)
         for block in self.blocks:
-            for lin, std in ((block.self_attn.qkv_proj, 0.02), (block.self_attn.out_proj, proj_std),
-                             (block.ff.linear1, 0.02), (block.ff.linear2, proj_std)):
+            ff = block.ff
+            ffn = (((ff.gate_proj, 0.02), (ff.up_proj, 0.02), (ff.down_proj, proj_std))
+                   if isinstance(ff, SwiGLUFeedForward) else ((ff.linear1, 0.02), (ff.linear2, proj_std)))
+            for lin, std in ((block.self_attn.qkv_proj, 0.02), (block.self_attn.out_proj, proj_std), *ffn):
                 lin.weight.data[...] = init.normal(rng, lin.weight.shape, std, dtype)
                 if lin.bias is not None:
                     lin.bias.data[...] = 0
         if not self.tie_weights:
             self.lm_head.weight.data[...] = init.normal(rng, self.lm_head.weight.shape, 0.02, dtype)
+
+    def load_state_dict(self, state, strict=True):
+        """As Module.load_state_dict; a learned position table with positions inside attention is one clear error."""
+        if self.positional in ("rope", "alibi") and "pos_emb.weight" in state:
+            raise ValueError(f"the checkpoint has a learned position table (pos_emb.weight) but this model uses "
+                             f"positional={self.positional!r}, which has none; build the model with "
+                             f"positional='learned', or drop pos_emb.weight")
+        return super().load_state_dict(state, strict)
 
     @classmethod
     def from_pretrained(cls, name_or_dir, dtype=np.float32, **overrides):
@@ -108,7 +133,8 @@ class GPT(Module):
         x = self.drop(self.pos_emb(self.tok_emb(idx), offset, positions=positions))
         for i, block in enumerate(self.blocks):
             x = checkpoint.run(block, self.gradient_checkpointing and kv_caches is None, x, is_causal=True,
-                               key_padding_mask=padding, kv_cache=None if kv_caches is None else kv_caches[i])
+                               key_padding_mask=padding, kv_cache=None if kv_caches is None else kv_caches[i],
+                               positions=positions)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         if self.norm_f is not None:

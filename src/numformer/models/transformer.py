@@ -29,6 +29,8 @@ class Transformer(Module):
     vocabulary); ``tie_output`` ties the output layer to the target embedding.
     ``attention="flash"``: memory-efficient attention kernel (no attention dropout);
     ``gradient_checkpointing``: recompute each block's activations in backward.
+    ``positional="rope"`` / ``"alibi"`` puts the positions in the self-attention of both
+    stacks (not in cross-attention); ``n_kv_heads``: grouped-query attention in every layer.
     ``bos_id`` / ``eos_id``: the target vocabulary's start and end tokens, kept for
     ``generate`` (a task's ``model_config`` sets them, so a trained run's model has them).
     """
@@ -38,7 +40,7 @@ class Transformer(Module):
                  norm="layer", positional="sinusoidal", share_embeddings=False, tie_output=False, src_pad_id=None,
                  tgt_pad_id=None, final_norm=None, bias=True, attn_bias=None, layer_norm_eps=1e-5,
                  scale_embeddings=True, attention="plain", gradient_checkpointing=False, bos_id=None, eos_id=None,
-                 rng=None, dtype=np.float32):
+                 n_kv_heads=None, rope_theta=10000.0, rng=None, dtype=np.float32):
         super().__init__()
         check_sizes("Transformer", src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
                     n_heads=n_heads, n_layers=n_layers, d_ff=d_ff, max_len=max_len, n_encoder_layers=n_encoder_layers,
@@ -67,11 +69,13 @@ class Transformer(Module):
         self.src_drop = Dropout(dropout, rng)
         self.tgt_drop = Dropout(dropout, rng)
         block_args = (d_model, n_heads, d_ff, dropout, activation, norm_first, norm, layer_norm_eps, bias, attn_bias)
-        self.encoder = Encoder([EncoderBlock(*block_args, rng=rng, dtype=dtype, attention=attention)
+        in_attention = dict(n_kv_heads=n_kv_heads, rope_theta=rope_theta,
+                            positional=positional if positional in ("rope", "alibi") else None)
+        self.encoder = Encoder([EncoderBlock(*block_args, rng=rng, dtype=dtype, attention=attention, **in_attention)
                                 for _ in range(n_enc)],
                                make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None,
                                gradient_checkpointing=gradient_checkpointing)
-        self.decoder = Decoder([DecoderBlock(*block_args, rng=rng, dtype=dtype, attention=attention)
+        self.decoder = Decoder([DecoderBlock(*block_args, rng=rng, dtype=dtype, attention=attention, **in_attention)
                                 for _ in range(n_dec)],
                                make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None,
                                gradient_checkpointing=gradient_checkpointing)

@@ -2,8 +2,9 @@
 from .attention import KVCache, MultiHeadAttention, build_attention_mask
 from .blocks import Decoder, DecoderBlock, Encoder, EncoderBlock
 from .layers import (ACTIVATIONS, Activation, BatchStatNorm, Dropout, Embedding, FeedForward, LayerNorm, Linear,
-                     RMSNorm, make_norm)
+                     RMSNorm, SwiGLUFeedForward, make_feed_forward, make_norm)
 from .module import Module, ModuleList, Parameter
-from .positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding, make_positional, sinusoidal_table
+from .positional import (LearnedPositionalEncoding, PositionsInAttention, SinusoidalPositionalEncoding, make_positional,
+                         sinusoidal_table)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -15,6 +15,14 @@ the merged heads back to d_model. Backward runs them in reverse
 
 Mask convention (as ``torch.nn.MultiheadAttention``): a boolean mask is True
 where attention is **not allowed**; a float mask is added to the scores.
+
+The Llama-family options: ``n_kv_heads`` < ``n_heads`` shares each key/value
+head among n_heads / n_kv_heads query heads (grouped-query attention,
+``ops.grouped_query``; ``qkv_proj`` and the KV cache hold n_kv_heads key/value
+heads, repeated for the kernel). In self-attention, ``positional="rope"``
+rotates queries and keys by their positions (``ops.rotary``) after the
+projection, and ``positional="alibi"`` adds per-head linear distance biases to
+the scores inside every kernel (``ops.alibi``).
 """
 from __future__ import annotations
 
@@ -81,6 +89,14 @@ def _split_heads(x, n, n_heads):
     B, T, _ = x.shape
     x = x.reshape(B, T, n, n_heads, -1).transpose(2, 0, 3, 1, 4)
     return tuple(x[i] for i in range(n))
+
+
+def _split_groups(x, counts):
+    """(B, T, Σcounts·d_head) -> one (B, h, T, d_head) view per entry h of ``counts`` (e.g. (H, H_kv, H_kv))."""
+    B, T, _ = x.shape
+    x = x.reshape(B, T, sum(counts), -1).transpose(0, 2, 1, 3)
+    bounds = np.cumsum((0,) + tuple(counts))
+    return tuple(x[:, a:b] for a, b in zip(bounds[:-1], bounds[1:]))
 
 
 def _as_heads(rows):
@@ -158,14 +174,20 @@ class Masks(NamedTuple):
     is_causal: bool
     causal_offset: int = 0
     shortcut_causal: bool = False
+    alibi_slopes: np.ndarray | None = None
 
     def additive(self, q, k):
-        """(mask, is_causal) for the kernels that take one additive mask: the combined float mask, or
-        (None, True) when a plain causal mask is all there is and the kernel may apply it itself."""
+        """(mask, is_causal) for the kernels that take one additive mask: the combined float mask (with the
+        ALiBi bias (H, Tq, Tk) if any), or (None, True) when a plain causal mask is all there is and the
+        kernel may apply it itself."""
         if self.shortcut_causal:
             return None, True
-        mask = _combine_masks(q.shape[2], k.shape[2], q.dtype, self.attn_mask, self.key_padding_mask,
-                              self.is_causal, self.causal_offset)
+        t_q, t_k = q.shape[2], k.shape[2]
+        mask = _combine_masks(t_q, t_k, q.dtype, self.attn_mask, self.key_padding_mask, self.is_causal,
+                              self.causal_offset)
+        if self.alibi_slopes is not None:
+            bias = ops.alibi_bias(self.alibi_slopes, t_q, t_k, self.causal_offset, q.dtype)
+            mask = bias if mask is None else mask + bias
         return mask, False
 
 
@@ -203,7 +225,7 @@ def _flash_forward(layer, q, k, v, masks, p_drop, out):
     key_mask = ~key_mask if key_mask is not None and key_mask.dtype == bool else key_mask
     ctx, cache = flash_attention_forward(q, k, v, attn_mask=mask, is_causal=masks.is_causal, key_mask=key_mask,
                                          causal_offset=masks.causal_offset, block_q=layer.flash_block_q,
-                                         block_k=layer.flash_block_k)
+                                         block_k=layer.flash_block_k, alibi_slopes=masks.alibi_slopes)
     out[...] = ctx
     return None, cache
 
@@ -251,11 +273,20 @@ class MultiHeadAttention(Module):
     with ``attention="plain"``, "fused" (``ops.fused_attention``, the fast
     version of the reference) unless attention dropout is active, then
     "reference" (``ops.attention``).
+
+    Llama-family options: ``n_kv_heads`` (a divisor of n_heads, default n_heads)
+    key/value heads, so ``qkv_proj.weight`` is [W^Q; W^K; W^V] of shape
+    ((n_heads + 2·n_kv_heads)·d_head, d_model); ``positional`` (self-attention
+    only): None, "rope" (rotary embeddings with base ``rope_theta``; d_head must
+    be even) or "alibi" (linear biases with slopes ``alibi_slopes``). Positions
+    count from 0, or continue after a KVCache's cached ones.
     """
 
     ATTENTION_KINDS = ("plain", "flash")
+    POSITIONAL_KINDS = (None, "rope", "alibi")
 
-    def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32, attention="plain"):
+    def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32, attention="plain",
+                 n_kv_heads=None, positional=None, rope_theta=10000.0):
         super().__init__()
         if attention not in self.ATTENTION_KINDS:
             raise ValueError(f"unknown attention kernel {attention!r}; choose one of {list(self.ATTENTION_KINDS)}")
@@ -264,12 +295,22 @@ class MultiHeadAttention(Module):
         if n_heads <= 0 or d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
                              f"(each head gets d_model / n_heads features)")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        ops.check_kv_heads(n_heads, n_kv_heads)
+        if positional not in self.POSITIONAL_KINDS:
+            raise ValueError(f"unknown attention positional option {positional!r}; choose None, 'rope' or 'alibi'")
+        if positional == "rope" and (d_model // n_heads) % 2:
+            raise ValueError(f"positional='rope' needs an even head size, but d_model / n_heads = {d_model} / "
+                             f"{n_heads} = {d_model // n_heads}; change d_model or n_heads")
         rng = init.default_rng(rng)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.n_kv_heads, self.positional, self.rope_theta = int(n_kv_heads), positional, float(rope_theta)
+        self.alibi_slopes = ops.alibi_slopes(n_heads) if positional == "alibi" else None
         self.dropout_p = dropout
         self.rng = rng
-        self.qkv_proj = Linear(d_model, 3 * d_model, bias, rng, dtype)
-        self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, (3 * d_model, d_model), dtype)
+        d_qkv = d_model + 2 * self.n_kv_heads * self.d_head
+        self.qkv_proj = Linear(d_model, d_qkv, bias, rng, dtype)
+        self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, (d_qkv, d_model), dtype)
         if bias:
             self.qkv_proj.bias.data[...] = 0
         self.out_proj = Linear(d_model, d_model, bias, rng, dtype)
@@ -282,6 +323,8 @@ class MultiHeadAttention(Module):
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout_p}"
+                + (f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else "")
+                + (f", positional={self.positional!r}" if self.positional else "")
                 + (f", attention={self.attention!r}" if self.attention != "plain" else ""))
 
     def kernel_name(self, p_drop):
@@ -295,28 +338,29 @@ class MultiHeadAttention(Module):
         """The per-head queries, keys and values, each (B, H, T, d_head), and the caches of the projections.
 
         Each distinct input is projected by its rows of ``qkv_proj``: self-attention is one matmul with all
-        3·E rows; cross-attention projects the query with W^Q and the memory with [W^K; W^V] (or each
-        separately when value is not key).
+        (H + 2·H_kv)·d_head rows; cross-attention projects the query with W^Q and the memory with [W^K; W^V]
+        (or each separately when value is not key). Each cache entry is (linear cache, (B, T, head counts)).
         """
-        E, H = self.d_model, self.n_heads
+        H, Hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
         W = self.qkv_proj.weight.data
         b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
         if key is query and value is query:
-            groups = ((query, slice(0, 3 * E)),)
+            groups = ((query, (H, Hkv, Hkv)),)
         elif value is key:
-            groups = ((query, slice(0, E)), (key, slice(E, 3 * E)))
+            groups = ((query, (H,)), (key, (Hkv, Hkv)))
         else:
-            groups = ((query, slice(0, E)), (key, slice(E, 2 * E)), (value, slice(2 * E, 3 * E)))
-        heads, caches = (), []
-        for x, rows in groups:
+            groups = ((query, (H,)), (key, (Hkv,)), (value, (Hkv,)))
+        heads, caches, start = (), [], 0
+        for x, counts in groups:
+            rows = slice(start, start + sum(counts) * dh)
+            start = rows.stop
             y, c = ops.linear_forward(x, W[rows], None if b is None else b[rows])
-            n = (rows.stop - rows.start) // E
-            heads += _split_heads(y, n, H)
-            caches.append((c, x.shape[:2] + (n,)))
+            heads += _split_groups(y, counts)
+            caches.append((c, x.shape[:2] + (counts,)))
         return heads, caches
 
     def _project_backward(self, grad_rows, caches):
-        """Input gradients from the (B, T, n, H, d_head) gradients of each projection; accumulates dW, db."""
+        """Input gradients from the (B, T, heads, d_head) gradients of each projection; accumulates dW, db."""
         results = [ops.linear_backward(g.reshape(g.shape[:2] + (-1,)), c) for g, (c, _) in zip(grad_rows, caches)]
         if len(results) == 1:
             _, dW, db = results[0]
@@ -329,6 +373,36 @@ class MultiHeadAttention(Module):
         dxs = tuple(r[0] for r in results)
         return dxs[0] if len(dxs) == 1 else dxs
 
+    # -- positions inside attention and shared key/value heads ----------------------
+    @property
+    def _plain_heads(self):
+        """True for the 2017 attention: no positions inside, as many key/value heads as query heads."""
+        return self.positional is None and self.n_kv_heads == self.n_heads
+
+    def _positions(self, q, k, offset, positions=None):
+        """RoPE on q and k: the queries and new keys are at positions offset, offset+1, …, or at ``positions``
+        (B, T) (a left-padded row counts its real tokens); identity otherwise. ALiBi needs no positions here:
+        its bias -m·|i - j| depends on the distance only, the same for a left-padded row's real tokens."""
+        if self.positional != "rope":
+            return q, k, None
+        q, cq = ops.rope_forward(q, offset, self.rope_theta, positions)
+        k, ck = ops.rope_forward(k, offset, self.rope_theta, positions)
+        return q, k, (cq, ck)
+
+    def _share_kv(self, k, v):
+        """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d).
+        Returns (k, v, caches of the two repeats)."""
+        rep = self.n_heads // self.n_kv_heads
+        (k, ck), (v, cv) = ops.repeat_kv_forward(k, rep), ops.repeat_kv_forward(v, rep)
+        return k, v, (ck, cv)
+
+    def _undo_positions(self, dq, dk, dv, pos_cache, share_cache):
+        """Backward of _share_kv and _positions: sum the shared heads' gradients, rotate back."""
+        dk, dv = ops.repeat_kv_backward(dk, share_cache[0]), ops.repeat_kv_backward(dv, share_cache[1])
+        if pos_cache is not None:
+            dq, dk = ops.rope_backward(dq, pos_cache[0]), ops.rope_backward(dk, pos_cache[1])
+        return dq, dk, dv
+
     def _check_inputs(self, query, key, value):
         for name, x in (("query", query), ("key", key), ("value", value)):
             if x.ndim != 3 or x.shape[-1] != self.d_model:
@@ -336,14 +410,18 @@ class MultiHeadAttention(Module):
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(f"query {query.shape}, key {key.shape} and value {value.shape} must share the batch "
                              f"size, and key/value the sequence length")
+        if self.positional is not None and not (key is query and value is query):
+            raise ValueError(f"positional={self.positional!r} is an option of self-attention; cross-attention "
+                             f"(key or value not the query) needs positional=None")
 
     # -- attention ---------------------------------------------------------------
     def _masks(self, q, k, attn_mask, key_padding_mask, is_causal, causal_offset=0, cached=False):
         B, H, t_q, _ = q.shape
         t_k = k.shape[2]
         attn_mask, key_padding_mask = check_module_masks(t_q, t_k, attn_mask, key_padding_mask, B, H)
-        shortcut = (is_causal and attn_mask is None and key_padding_mask is None and t_q == t_k and not cached)
-        return Masks(attn_mask, key_padding_mask, is_causal, causal_offset, shortcut)
+        shortcut = (is_causal and attn_mask is None and key_padding_mask is None and t_q == t_k and not cached
+                    and self.alibi_slopes is None)
+        return Masks(attn_mask, key_padding_mask, is_causal, causal_offset, shortcut, self.alibi_slopes)
 
     def _attend(self, name, q, k, v, masks, p_drop):
         """The kernel ``name`` on the per-head q, k, v: the context in the merged-heads layout (B, Tq, H, d_head)
@@ -359,38 +437,51 @@ class MultiHeadAttention(Module):
 
     # -- forward / backward -------------------------------------------------------
     def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
-                kv_cache=None):
+                kv_cache=None, positions=None):
+        """``positions`` (B, Tq): the tokens' positions for positional='rope' (default 0 … Tq-1, after the
+        cached ones with a KVCache)."""
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
         if kv_cache is not None:
-            return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache)
-        (q, k, v), proj_cache = self._project(query, key, value)        # q, k, v: (B, H, T, d_head)
+            return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache,
+                                        positions)
+        (q, k, v), proj_cache = self._project(query, key, value)        # q: (B, H, T, d_head), k, v: H_kv heads
+        q, k, pos_cache = self._positions(q, k, 0, positions)
+        k, v, share_cache = self._share_kv(k, v)
         masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal)
         p_drop = self.dropout_p if self.training else 0.0
         name = self.kernel_name(p_drop)
         ctx, attn_cache = self._attend(name, q, k, v, masks, p_drop)   # (B, Tq, H, d_head)
-        self._cache = (name, proj_cache, attn_cache)
+        self._cache = (name, proj_cache, attn_cache, pos_cache, share_cache)
         return self.out_proj(ctx.reshape(query.shape))
 
     def backward(self, dout):
         """Gradients of the inputs (see the class docstring for what is returned); accumulates the parameters'."""
-        name, proj_cache, attn_cache = self._cache
+        name, proj_cache, attn_cache, pos_cache, share_cache = self._cache
         self._cache = None
         B, Tq, E = dout.shape
         H, dh = self.n_heads, self.d_head
         dctx = _as_heads(self.out_proj.backward(dout).reshape(B, Tq, H, dh))
         if self.head_mask is not None:
             dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
-        grad_rows = [np.empty((b, t, n, H, dh), dtype=dctx.dtype) for _, (b, t, n) in proj_cache]
-        dq, dk, dv = (_as_heads(g[:, :, i]) for g in grad_rows for i in range(g.shape[2]))
-        KERNELS[name][1](dctx, attn_cache, dq, dk, dv)                # writes into grad_rows
+        grad_rows = [np.empty((b, t, sum(counts), dh), dtype=dctx.dtype) for _, (b, t, counts) in proj_cache]
+        views = tuple(v for g, (_, (_, _, counts)) in zip(grad_rows, proj_cache)
+                      for v in _split_groups(g.reshape(g.shape[:2] + (-1,)), counts))     # dq, dk, dv
+        if self._plain_heads:
+            KERNELS[name][1](dctx, attn_cache, *views)                # writes into grad_rows
+        else:
+            Tk = views[1].shape[2]
+            grads = (np.empty(dctx.shape, dctx.dtype),) + tuple(np.empty((B, H, Tk, dh), dctx.dtype) for _ in "kv")
+            KERNELS[name][1](dctx, attn_cache, *grads)
+            for view, g in zip(views, self._undo_positions(*grads, pos_cache, share_cache)):
+                view[...] = g
         return self._project_backward(grad_rows, proj_cache)
 
-    def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache):
+    def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache, positions=None):
         """Inference step with a KVCache: no backward. Self-attention appends the new keys/values;
         a static cache (cross-attention) projects the memory once and reuses it."""
-        E, H = self.d_model, self.n_heads
+        E, H, Hkv = self.d_model, self.n_heads, self.n_kv_heads
         W = self.qkv_proj.weight.data
         b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
         offset = cache.length
@@ -399,15 +490,16 @@ class MultiHeadAttention(Module):
             (q,) = _split_heads(q, 1, H)
             if cache.length == 0:
                 kv, _ = ops.linear_forward(key, W[E:], None if b is None else b[E:])
-                cache.append(*_split_heads(kv, 2, H))
-            k, v = cache.view()
+                cache.append(*_split_groups(kv, (Hkv, Hkv)))
+            k, v, _ = self._share_kv(*cache.view())
             offset = 0
         else:
             if not (key is query and value is query):
                 raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
             qkv, _ = ops.linear_forward(query, W, b)
-            q, k_new, v_new = _split_heads(qkv, 3, H)
-            k, v = cache.append(k_new, v_new)
+            q, k_new, v_new = _split_groups(qkv, (H, Hkv, Hkv))
+            q, k_new, _ = self._positions(q, k_new, offset, positions)       # the cache keeps rotated keys, n_kv_heads heads
+            k, v, _ = self._share_kv(*cache.append(k_new, v_new))
         causal = is_causal and not cache.static and query.shape[1] > 1
         masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True)
         ctx, _ = self._attend(self.kernel_name(0.0), q, k, v, masks, 0.0)

@@ -17,7 +17,7 @@ import numpy as np
 from . import init
 from . import checkpoint
 from .attention import MultiHeadAttention
-from .layers import Dropout, FeedForward, make_norm
+from .layers import Dropout, make_feed_forward, make_norm
 from .module import Module, ModuleList
 
 
@@ -27,17 +27,22 @@ class EncoderBlock(Module):
     x: (B, T, d_model) -> (B, T, d_model). Masks follow torch.nn (bool True = blocked).
     ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately.
     ``attention``: "plain" or "flash" (memory-efficient kernel, see MultiHeadAttention).
+    ``activation="swiglu"``: Llama's gated feed-forward (SwiGLUFeedForward);
+    ``n_kv_heads``, ``positional`` ("rope" / "alibi", else None) and ``rope_theta``
+    are the self-attention options of MultiHeadAttention.
     """
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
-                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain"):
+                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain",
+                 n_kv_heads=None, positional=None, rope_theta=10000.0):
         super().__init__()
         rng = init.default_rng(rng)
         attn_bias = bias if attn_bias is None else attn_bias
         self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
         self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention)
-        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
+                                            n_kv_heads=n_kv_heads, positional=positional, rope_theta=rope_theta)
+        self.ff = make_feed_forward(d_model, d_ff, activation, dropout, bias, rng, dtype)
         self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
         self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
         self.dropout1 = Dropout(dropout, rng)
@@ -46,10 +51,14 @@ class EncoderBlock(Module):
     def extra_repr(self):
         return f"norm_first={self.norm_first}"
 
-    def forward(self, x, attn_mask=None, key_padding_mask=None, is_causal=False, kv_cache=None):
+    def forward(self, x, attn_mask=None, key_padding_mask=None, is_causal=False, kv_cache=None, positions=None):
+        """``positions`` (B, T): each row's token positions, for positional='rope' (default: 0 … T-1 after
+        the cached ones)."""
+        where = {} if positions is None else {"positions": positions}
+
         def attend(z):
             return self.self_attn(z, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                                  kv_cache=kv_cache)
+                                  kv_cache=kv_cache, **where)
 
         if self.norm_first:
             h = x + self.dropout1(attend(self.norm1(x)))
@@ -72,18 +81,23 @@ class DecoderBlock(Module):
 
     x: (B, T, d_model), memory: (B, S, d_model) -> (B, T, d_model).
     backward(dy) returns (dx, dmemory). ``attention``: "plain" or "flash" (both attention layers).
+    ``n_kv_heads`` applies to both attention layers; ``positional`` ("rope" / "alibi") and ``rope_theta``
+    to the self-attention only (the memory's positions are the encoder's business).
     """
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
-                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain"):
+                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain",
+                 n_kv_heads=None, positional=None, rope_theta=10000.0):
         super().__init__()
         rng = init.default_rng(rng)
         attn_bias = bias if attn_bias is None else attn_bias
         self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
         self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention)
-        self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
+                                            n_kv_heads=n_kv_heads, positional=positional, rope_theta=rope_theta)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
+                                             n_kv_heads=n_kv_heads)
+        self.ff = make_feed_forward(d_model, d_ff, activation, dropout, bias, rng, dtype)
         self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
         self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
         self.norm3 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)

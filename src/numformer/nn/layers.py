@@ -1,4 +1,4 @@
-"""Stateful layers built on ``numformer.ops``: Linear, Embedding, norms, Dropout, FeedForward."""
+"""Stateful layers built on ``numformer.ops``: Linear, Embedding, norms, Dropout, FeedForward, SwiGLUFeedForward."""
 from __future__ import annotations
 
 import numpy as np
@@ -188,11 +188,11 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 
 
 class Activation(Module):
-    """ReLU, GELU (exact, erf) or GELU with the tanh approximation."""
+    """ReLU, GELU (exact, erf), GELU with the tanh approximation, or SiLU (x σ(x))."""
 
     def __init__(self, kind="relu"):
         super().__init__()
@@ -204,6 +204,8 @@ class Activation(Module):
     def forward(self, x):
         if self.kind == "relu":
             y, self._cache = ops.relu_forward(x)
+        elif self.kind == "silu":
+            y, self._cache = ops.silu_forward(x)
         else:
             y, self._cache = ops.gelu_forward(x, "tanh" if self.kind == "gelu_tanh" else "none")
         return y
@@ -211,6 +213,8 @@ class Activation(Module):
     def backward(self, dy):
         if self.kind == "relu":
             dx = ops.relu_backward(dy, self._cache)
+        elif self.kind == "silu":
+            dx = ops.silu_backward(dy, self._cache)
         else:
             dx = ops.gelu_backward(dy, self._cache)
         self._cache = None
@@ -236,3 +240,50 @@ class FeedForward(Module):
 
     def backward(self, dy):
         return self.linear1.backward(self.act.backward(self.dropout.backward(self.linear2.backward(dy))))
+
+
+class SwiGLUFeedForward(Module):
+    """Llama's gated FFN(x) = down_proj(SiLU(gate_proj(x)) ⊙ up_proj(x)), d_model -> d_ff -> d_model.
+
+    One fused op pair (``ops.swiglu_forward`` / ``swiglu_backward``); the three
+    projections are Linear modules named as Hugging Face's LlamaMLP. There is no
+    dropout inside (as Llama); the block's residual dropout still applies.
+    """
+
+    def __init__(self, d_model, d_ff, bias=True, rng=None, dtype=np.float32):
+        super().__init__()
+        rng = init.default_rng(rng)
+        self.gate_proj = Linear(d_model, d_ff, bias, rng, dtype)
+        self.up_proj = Linear(d_model, d_ff, bias, rng, dtype)
+        self.down_proj = Linear(d_ff, d_model, bias, rng, dtype)
+        self._cache = None
+
+    def _linears(self):
+        return self.gate_proj, self.up_proj, self.down_proj
+
+    def forward(self, x):
+        if x.shape[-1] != self.gate_proj.in_features:
+            raise ValueError(f"SwiGLUFeedForward expects inputs with last dimension {self.gate_proj.in_features}, "
+                             f"got shape {x.shape}")
+        lins = self._linears()
+        biases = [None if lin.bias is None else lin.bias.data for lin in lins]
+        y, self._cache = ops.swiglu_forward(x, *(lin.weight.data for lin in lins), *biases)
+        return y
+
+    def backward(self, dy):
+        dx, *grads = ops.swiglu_backward(dy, self._cache)
+        for lin, dw, db in zip(self._linears(), grads[:3], grads[3:]):
+            lin.weight.accumulate(dw)
+            if lin.bias is not None:
+                lin.bias.accumulate(db)
+        self._cache = None
+        return dx
+
+
+def make_feed_forward(d_model, d_ff, activation="relu", dropout=0.0, bias=True, rng=None, dtype=np.float32):
+    """A FeedForward with ``activation`` (relu, gelu, gelu_tanh, silu), or a SwiGLUFeedForward for 'swiglu'."""
+    if activation == "swiglu":
+        return SwiGLUFeedForward(d_model, d_ff, bias, rng, dtype)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose one of {list(ACTIVATIONS) + ['swiglu']}")
+    return FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)

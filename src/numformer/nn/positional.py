@@ -96,10 +96,34 @@ class LearnedPositionalEncoding(Module):
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
+class PositionsInAttention(Module):
+    """Leaves the token vectors unchanged: positions enter inside attention instead
+    ('rope': rotary embeddings of queries and keys; 'alibi': linear biases on the scores).
+    No table, so no maximum length of its own."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x, offset=0, positions=None):
+        return x
+
+    def backward(self, dy):
+        return dy
+
+    def extra_repr(self):
+        return self.kind
+
+
+POSITIONAL_KINDS = ("learned", "sinusoidal", "rope", "alibi")
+
+
 def make_positional(kind, d_model, max_len, rng=None, dtype=np.float32):
-    """'sinusoidal' or 'learned'."""
+    """'sinusoidal' or 'learned' (added to the embeddings), or 'rope' / 'alibi' (applied in attention)."""
+    if kind in ("rope", "alibi"):
+        return PositionsInAttention(kind)
     if kind == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len, dtype)
     if kind == "learned":
         return LearnedPositionalEncoding(d_model, max_len, rng, dtype)
-    raise ValueError(f"unknown positional encoding {kind!r}; choose 'sinusoidal' or 'learned'")
+    raise ValueError(f"unknown positional encoding {kind!r}; choose one of {list(POSITIONAL_KINDS)}")

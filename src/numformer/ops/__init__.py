@@ -12,16 +12,20 @@ dot-product attention; ``fused_attention.py`` (speed) and
 ``flash_attention.py`` (memory) compute the same thing and are tested against
 it, as ``fast_gelu.py`` is against ``activations.gelu_erf``.
 """
+from .alibi import alibi_backward, alibi_bias, alibi_forward, alibi_slopes
 from .activations import (gelu_backward, gelu_forward, log_softmax_backward, log_softmax_forward,
                           relu_backward, relu_forward, softmax_backward, softmax_forward)
 from .attention import (causal_mask, scaled_dot_product_attention_backward,
                         scaled_dot_product_attention_forward)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
+from .grouped_query import check_kv_heads, repeat_kv_backward, repeat_kv_forward
 from .linear import linear_backward, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward
 from .normalization import (batch_norm_backward, batch_norm_forward, layer_norm_backward, layer_norm_forward,
                             rms_norm_backward, rms_norm_forward)
+from .rotary import rope_angles, rope_backward, rope_forward, rotate_half
 from .special import erf
+from .swiglu import silu_backward, silu_forward, swiglu_backward, swiglu_forward
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -36,6 +36,9 @@ means the query **may attend** the key; a float mask is added to the scores):
   keys); applied as (B, 1, …, 1, Tk), sliced per key block.
 - ``attn_mask``: any mask broadcastable to (..., Tq, Tk), sliced per block (a
   (B, 1, 1, Tk) mask stays that small).
+- ``alibi_slopes``: (H,) slopes of ALiBi (``ops.alibi``) for q of shape (..., H, Tq, d):
+  the bias -m_h · |(i + causal_offset) - j| is computed per block, so it costs no
+  (Tq, Tk) array either.
 
 A query row whose keys are all masked gets a zero output and zero gradients,
 never NaN. Attention dropout is not implemented here (``dropout_p > 0`` raises);
@@ -48,6 +51,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .alibi import alibi_distance
 from .attention import check_attn_mask, check_qkv
 
 # Default rows (queries) and columns (keys) of a score block, (..., block_q, block_k): the memory the kernel
@@ -66,6 +70,7 @@ class FlashAttentionCache(NamedTuple):
     key_mask: np.ndarray | None     # reshaped to (B, 1, …, 1, Tk)
     is_causal: bool
     causal_offset: int
+    alibi_slopes: np.ndarray | None  # (H, 1, 1), or None
     scale: float
     block_q: int
     block_k: int
@@ -99,6 +104,17 @@ def _prepare_masks(q, t_k, attn_mask, key_mask):
     return attn_mask, key_mask
 
 
+def _prepare_slopes(alibi_slopes, q, dtype):
+    """ALiBi slopes (H,) as (H, 1, 1) in the scores' dtype, checked against q's head axis; None stays None."""
+    if alibi_slopes is None:
+        return None
+    slopes = np.asarray(alibi_slopes, dtype=dtype)
+    if q.ndim < 3 or slopes.shape != (q.shape[-3],):
+        raise ValueError(f"alibi_slopes must have shape (heads,) matching q (..., heads, Tq, d) = {q.shape}, "
+                         f"got {slopes.shape}")
+    return slopes[:, None, None]
+
+
 def _slice(mask, i0, i1, j0, j1):
     """The (..., i0:i1, j0:j1) block of a broadcastable mask (axes of size 1 stay size 1)."""
     rows = slice(None) if mask.shape[-2] == 1 else slice(i0, i1)
@@ -123,9 +139,11 @@ def _causal_kind(i0, i1, j0, j1, offset):
     return "part"
 
 
-def _scores(q_i, k_j, i0, i1, j0, j1, attn_mask, key_mask, is_causal, causal_offset, kind):
-    """S_ij = Q_i K_jᵀ (q pre-scaled) with every mask applied to the block."""
+def _scores(q_i, k_j, i0, i1, j0, j1, attn_mask, key_mask, is_causal, causal_offset, kind, slopes=None):
+    """S_ij = Q_i K_jᵀ (q pre-scaled) plus the ALiBi bias, with every mask applied to the block."""
     s = q_i @ np.swapaxes(k_j, -1, -2)
+    if slopes is not None:
+        s -= slopes * alibi_distance(i1 - i0, j1 - j0, causal_offset, s.dtype, i0, j0)
     if is_causal and kind == "part":
         blocked = (np.arange(j0, j1)[None, :] > np.arange(i0, i1)[:, None] + causal_offset)
         np.copyto(s, -np.inf, where=blocked)
@@ -137,7 +155,8 @@ def _scores(q_i, k_j, i0, i1, j0, j1, attn_mask, key_mask, is_causal, causal_off
 
 
 def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, key_mask=None, scale=None,
-                            causal_offset=0, block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BLOCK_K, dropout_p=0.0):
+                            causal_offset=0, block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BLOCK_K, dropout_p=0.0,
+                            alibi_slopes=None):
     """softmax(Q Kᵀ · scale + M) V block by block, batched over all leading axes (batch, heads).
 
     q: (..., Tq, d_k)   k: (..., Tk, d_k)   v: (..., Tk, d_v)
@@ -146,6 +165,7 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, key_mask=N
     key_mask: (B, Tk) with B = q.shape[0]; bool (True = may attend) or float (added).
     scale: defaults to 1/√d_k.  block_q, block_k: rows / columns of a score block.
     dropout_p: must be 0 (no attention dropout in this kernel).
+    alibi_slopes: (H,) with H = q.shape[-3]: adds the ALiBi bias -m_h |(i + causal_offset) - j| block by block.
 
     Returns (out, cache): out (..., Tq, d_v); the cache keeps O(T) memory.
     """
@@ -155,6 +175,7 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, key_mask=N
     t_q, t_k = q.shape[-2], k.shape[-2]
     attn_mask, key_mask = _prepare_masks(q, t_k, attn_mask, key_mask)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype)
+    slopes = _prepare_slopes(alibi_slopes, q, dtype)
     qs = q * np.asarray(scale, dtype=q.dtype)
     lead = q.shape[:-2]
     out = np.zeros(lead + (t_q, v.shape[-1]), dtype=dtype)
@@ -170,7 +191,8 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, key_mask=N
             kind = _causal_kind(i0, i1, j0, j1, causal_offset) if is_causal else "full"
             if kind == "skip":
                 break                                              # later key blocks are in the future too
-            s = _scores(q_i, k[..., j0:j1, :], i0, i1, j0, j1, attn_mask, key_mask, is_causal, causal_offset, kind)
+            s = _scores(q_i, k[..., j0:j1, :], i0, i1, j0, j1, attn_mask, key_mask, is_causal, causal_offset, kind,
+                        slopes)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
             m_safe = np.where(np.isfinite(m_new), m_new, 0.0).astype(dtype, copy=False)   # all -inf so far
             s -= m_safe
@@ -187,13 +209,13 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, key_mask=N
         with np.errstate(divide="ignore"):
             lse[..., i0:i1, :] = np.where(empty, np.inf, m_safe + np.log(ell))
     cache = FlashAttentionCache(qs, k, v, out, lse, attn_mask, key_mask, bool(is_causal), int(causal_offset),
-                                scale, block_q, block_k)
+                                slopes, scale, block_q, block_k)
     return out, cache
 
 
 def flash_attention_backward(dout, cache):
     """Gradients (dq, dk, dv) of flash_attention_forward, recomputing the probabilities block by block."""
-    qs, k, v, out, lse, attn_mask, key_mask, is_causal, offset, scale, block_q, block_k = cache
+    qs, k, v, out, lse, attn_mask, key_mask, is_causal, offset, slopes, scale, block_q, block_k = cache
     t_q, t_k = qs.shape[-2], k.shape[-2]
     dtype = out.dtype
     dout = dout.astype(dtype, copy=False)
@@ -212,7 +234,7 @@ def flash_attention_backward(dout, cache):
             if kind == "skip":
                 break
             k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]
-            s = _scores(q_i, k_j, i0, i1, j0, j1, attn_mask, key_mask, is_causal, offset, kind)
+            s = _scores(q_i, k_j, i0, i1, j0, j1, attn_mask, key_mask, is_causal, offset, kind, slopes)
             s -= lse_i
             p = np.exp(s, out=s)                                   # P_ij, exactly 0 where masked
             dv[..., j0:j1, :] += np.swapaxes(p, -1, -2) @ do_i

@@ -1,0 +1,78 @@
+"""Rotary position embeddings, RoPE (Su et al. 2021, "RoFormer"), in Llama's half-split layout.
+
+Each head vector x ∈ ℝ^d (d even) is split into halves x = [x₁, x₂] and the
+pair (x₁[i], x₂[i]) is rotated by the angle p·θ_i, p the token's position:
+
+    θ_i = base^(-2i/d),  i = 0 … d/2-1          (base = ``rope_theta``, 10000 in Llama)
+    RoPE(x, p) = x ⊙ cos(p θ) + rotate_half(x) ⊙ sin(p θ),   rotate_half([x₁, x₂]) = [-x₂, x₁]
+
+with cos/sin repeated over both halves, as Hugging Face's ``apply_rotary_pos_emb``
+(GPT-NeoX and Llama; the original RoFormer interleaves the pairs instead).
+Applied to queries and keys, the score q_pᵀ k_s then depends on p - s only.
+With a key/value cache the new tokens' positions start after the cached ones
+(``offset``). The rotation is orthogonal, so the backward pass rotates back:
+
+    dx = dy ⊙ cos + rotate_halfᵀ(dy ⊙ sin),   rotate_halfᵀ = -rotate_half
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rope_angles(positions, head_dim, theta=10000.0, dtype=np.float64):
+    """cos and sin of p·θ_i for each position, repeated over both halves: each (*positions.shape, head_dim).
+
+    positions: integer array (T,) or (B, T) (or any shape); computed in float64, then cast to ``dtype``.
+    """
+    if head_dim % 2:
+        raise ValueError(f"rotary position embeddings need an even head size, got {head_dim}; "
+                         f"choose d_model / n_heads even")
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)          # (d/2,)
+    angles = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq                 # (..., d/2)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def rotate_half(x):
+    """[x₁, x₂] -> [-x₂, x₁] over the last axis (Hugging Face's ``rotate_half``)."""
+    h = x.shape[-1] // 2
+    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+
+
+def _rotate_half_t(x):
+    """The transpose of rotate_half: [g₁, g₂] -> [g₂, -g₁]."""
+    h = x.shape[-1] // 2
+    return np.concatenate([x[..., h:], -x[..., :h]], axis=-1)
+
+
+def rope_forward(x, offset=0, theta=10000.0, positions=None):
+    """Rotate queries or keys x: (..., T, d) by their positions; returns (y, cache), y shaped as x.
+
+    The positions are offset … offset+T-1 (``offset`` = number of cached
+    positions), or ``positions`` given explicitly: (T,) or (B, T) for x of shape
+    (B, H, T, d) (e.g. per-sequence positions of left-padded prompts).
+    y = x ⊙ cos(pθ) + rotate_half(x) ⊙ sin(pθ); the cache is (cos, sin).
+    """
+    if x.ndim < 2:
+        raise ValueError(f"rope_forward expects (..., T, head_dim), got shape {x.shape}")
+    t = x.shape[-2]
+    if positions is None:
+        positions = np.arange(offset, offset + t)
+    positions = np.asarray(positions)
+    if positions.shape[-1] != t:
+        raise ValueError(f"positions of shape {positions.shape} do not match the sequence length {t}")
+    dtype = x.dtype if x.dtype.kind == "f" else np.float64
+    cos, sin = rope_angles(positions, x.shape[-1], theta, dtype)
+    if positions.ndim == 2 and x.ndim == 4:                    # (B, T, d) -> (B, 1, T, d) for the head axis
+        cos, sin = cos[:, None], sin[:, None]
+    y = x * cos
+    y += rotate_half(x) * sin
+    return y, (cos, sin)
+
+
+def rope_backward(dy, cache):
+    """dx = dy ⊙ cos + rotate_halfᵀ(dy ⊙ sin) (the inverse rotation); shape of dy."""
+    cos, sin = cache
+    dx = dy * cos
+    dx += _rotate_half_t(dy * sin)
+    return dx

@@ -1,0 +1,61 @@
+"""SiLU and the SwiGLU feed-forward (Shazeer 2020, "GLU Variants Improve Transformer"; Llama's MLP).
+
+    SiLU(a) = a σ(a)                                  (also called Swish-1)
+    FFN_SwiGLU(x) = (SiLU(x W_gateᵀ) ⊙ (x W_upᵀ)) W_downᵀ
+
+Weights use the torch.nn.Linear layout (out_features, in_features):
+W_gate, W_up: (d_ff, d_model), W_down: (d_model, d_ff). With a = x W_gateᵀ,
+b = x W_upᵀ, s = σ(a), g = a s and h = g ⊙ b, the backward pass is
+
+    dh = dy W_down      dW_down = dyᵀ h
+    dg = dh ⊙ b         db = dh ⊙ g          da = dg ⊙ (s + a s (1 - s))
+    dx = da W_gate + db W_up      dW_gate = daᵀ x      dW_up = dbᵀ x
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .linear import linear_backward, linear_forward
+
+
+def _sigmoid(a):
+    """σ(a) = 1 / (1 + exp(-a)), without overflow warnings for large |a|."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-a))
+
+
+def silu_forward(x):
+    """SiLU(x) = x σ(x); the cache holds the derivative σ(x) (1 + x (1 - σ(x)))."""
+    s = _sigmoid(x)
+    y = x * s
+    return y, s * (1.0 + x * (1.0 - s))
+
+
+def silu_backward(dy, cache):
+    """dx = dy ⊙ SiLU'(x)."""
+    return dy * cache
+
+
+def swiglu_forward(x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None):
+    """x: (..., d_model) -> (..., d_model) through the gated hidden layer of size d_ff; returns (y, cache).
+
+    Optional biases b_gate, b_up: (d_ff,), b_down: (d_model,) (Llama has none).
+    """
+    a, c_gate = linear_forward(x, w_gate, b_gate)
+    b, c_up = linear_forward(x, w_up, b_up)
+    g, c_silu = silu_forward(a)
+    h = g * b
+    y, c_down = linear_forward(h, w_down, b_down)
+    return y, (c_gate, c_up, c_down, c_silu, g, b)
+
+
+def swiglu_backward(dy, cache):
+    """Returns (dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down); the bias gradients are None without biases."""
+    c_gate, c_up, c_down, c_silu, g, b = cache
+    dh, dw_down, db_down = linear_backward(dy, c_down)
+    da = silu_backward(dh * b, c_silu)
+    dbv = dh * g
+    dx, dw_gate, db_gate = linear_backward(da, c_gate)
+    dx_up, dw_up, db_up = linear_backward(dbv, c_up)
+    dx += dx_up
+    return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down

@@ -1,0 +1,246 @@
+"""Hugging Face LlamaForCausalLM in and out (numformer.interop.hf, family "llama").
+
+Every model is a random-weight transformers Llama (LlamaConfig with fewer key/value heads than query heads,
+rope_theta set, tied and untied embeddings) saved with save_pretrained into a temporary folder; nothing is
+downloaded. transformers computes its rotary angles and RMS statistics in float32 whatever the model's dtype,
+so the float64 comparisons give it float64 arithmetic there (``_float64_arithmetic``); the float32 ones compare
+against transformers as it is.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from numformer.interop import hf
+from numformer.models import GPT
+
+from test_interop_hf import TEXT, left_pad, loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB, N_POS, EOS = 300, 48, 0
+SHAPES = {
+    "gqa_untied": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=24, tie_word_embeddings=False, rope_theta=500.0),
+    "mqa_tied": dict(hidden_size=24, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=1,
+                     intermediate_size=40, tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-5),
+    "mha_bias": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                     intermediate_size=20, tie_word_embeddings=False, rope_theta=1e6, attention_bias=True,
+                     mlp_bias=True),
+}
+
+
+def llama_config(**kw):
+    return transformers.LlamaConfig(**{"vocab_size": VOCAB, "max_position_embeddings": N_POS, "bos_token_id": EOS,
+                                       "eos_token_id": EOS, "pad_token_id": None, **kw})
+
+
+def _float64_arithmetic(model):
+    """transformers' LlamaRotaryEmbedding computes cos/sin in float32, and LlamaRMSNorm its statistics, whatever
+    the model's dtype: give both float64 arithmetic (the same formulas), so float64 models compare at float64
+    precision. The attention is torch's SDPA (transformers' eager attention takes its softmax in float32)."""
+    assert model.config._attn_implementation == "sdpa"
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm"):
+            m.forward = (lambda m: lambda h: m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
+                                                                         + m.variance_epsilon)))(m)
+    rot = model.model.rotary_emb
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    theta = model.config.rope_parameters["rope_theta"]
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+    def forward(x, position_ids):
+        freqs = position_ids[..., None].double() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    rot.forward = forward
+    return model
+
+
+def make_llama(tmp_path, name="llama", torch_dtype=torch.float32, seed=0, **kw):
+    """A random Llama saved into tmp_path/name; returns (folder, torch model in eval mode)."""
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(llama_config(**kw)).to(torch_dtype).eval()
+    with torch.no_grad():                        # norm weights and biases away from 1 and 0: every tensor matters
+        for n, p in model.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    if torch_dtype == torch.float64:
+        _float64_arithmetic(model)
+    return folder, model
+
+
+def _grad_table(model):
+    """{Hugging Face name: numformer gradient (the matching rows of a stacked qkv_proj)}."""
+    fam = hf.FAMILIES["llama"]
+    cfg = hf.model_config_of(model)
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return hf.to_hf_state(fam, cfg, {row.nf: grads[row.nf] for row in fam.tensors(cfg)})
+
+
+# -- import: parity with transformers ----------------------------------------------------------------------
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("tdtype,ndtype,tol", [(torch.float64, np.float64, 1e-9), (torch.float32, np.float32, 1e-4)])
+def test_llama_logits_and_every_gradient_match_transformers(tmp_path, shape, tdtype, ndtype, tol):
+    folder, tmodel = make_llama(tmp_path, torch_dtype=tdtype, **SHAPES[shape])
+    model = GPT.from_pretrained(folder, dtype=ndtype).train()
+    rng = np.random.default_rng(1)
+    idx, targets = rng.integers(0, VOCAB, (3, 11)), rng.integers(0, VOCAB, (3, 11))
+    t_logits, t_loss, t_grads = loss_and_grads_torch(tmodel, idx, targets)
+    logits, loss, _ = loss_and_grads_numformer(model, idx, targets)
+    assert rel_err(logits, t_logits) < tol
+    assert abs(loss - t_loss) < tol
+    grads = _grad_table(model)
+    assert set(grads) == set(t_grads), "every transformers parameter has a numformer counterpart"
+    for name, g in t_grads.items():
+        assert rel_err(grads[name], g) < tol, name
+
+
+def test_llama_config_is_mapped(tmp_path):
+    folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
+    model = GPT.from_pretrained(folder)
+    cfg = hf.model_config_of(model)
+    assert (cfg["positional"], cfg["activation"], cfg["norm"], cfg["bias"]) == ("rope", "swiglu", "rms", False)
+    assert (cfg["n_heads"], cfg["n_kv_heads"], cfg["rope_theta"], cfg["d_ff"]) == (4, 2, 500.0, 24)
+    assert model.blocks[0].self_attn.qkv_proj.weight.shape == (16 + 2 * 2 * 4, 16)
+    assert model.num_parameters() == sum(p.numel() for p in tmodel.parameters())
+    tied = GPT.from_pretrained(make_llama(tmp_path, "tied", **SHAPES["mqa_tied"])[0])
+    assert tied.lm_head.weight is tied.tok_emb.weight
+
+
+def test_llama_greedy_generation_equals_transformers_generate(tmp_path):
+    folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
+    model = GPT.from_pretrained(folder)
+    prompt = np.array([[5, 17, 3, 44, 9]])
+    with torch.no_grad():
+        ref = tmodel.generate(torch.from_numpy(prompt), max_new_tokens=20, do_sample=False,
+                              attention_mask=torch.ones_like(torch.from_numpy(prompt)), pad_token_id=EOS,
+                              eos_token_id=None).numpy()
+    np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), ref)
+
+
+def test_llama_cached_and_uncached_decoding_are_equal(tmp_path):
+    folder, _ = make_llama(tmp_path, torch_dtype=torch.float64, **SHAPES["mqa_tied"])
+    model = GPT.from_pretrained(folder, dtype=np.float64)
+    prompt = np.array([[5, 17, 3], [8, 2, 1]])
+    a, la = model.generate(prompt, 30, rng=3, return_logits=True)
+    b, lb = model.generate(prompt, 30, rng=3, use_cache=False, return_logits=True)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(la, lb, rtol=0, atol=1e-10)
+    caches = model.new_kv_caches()
+    model(prompt, kv_caches=caches)
+    assert caches[0].k.shape[1] == 1                  # multi-query: the cache holds one key/value head
+
+
+def test_llama_left_padded_batch_matches_transformers(tmp_path):
+    """RoPE with per-row positions (a left-padded batch), against transformers' generate."""
+    folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
+    model = GPT.from_pretrained(folder)
+    ids, mask = left_pad([[5, 17, 3, 44, 9, 12, 7], [8, 2], [30, 31, 32, 33]])
+    batch = model.generate(ids, 10, greedy=True, attention_mask=mask)
+    with torch.no_grad():
+        ref = tmodel.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=10,
+                              do_sample=False, pad_token_id=EOS, eos_token_id=None).numpy()
+    np.testing.assert_array_equal(batch, ref)
+
+
+def test_llama_tokenizer_is_loaded(tmp_path):
+    folder, _ = make_llama(tmp_path, **SHAPES["gqa_untied"])
+    save_tokenizer(folder)
+    reference = transformers.AutoTokenizer.from_pretrained(folder)
+    _, tok = hf.load_pretrained(folder)
+    text = "However little known, the feelings of such a man!"
+    assert tok.encode(text) == reference(text)["input_ids"] and tok.decode(tok.encode(text)) == text
+    assert max(tok.encode(TEXT)) < VOCAB
+
+
+# -- export -----------------------------------------------------------------------------------------------------
+def test_llama_import_then_export_gives_identical_tensors_and_config(tmp_path):
+    from safetensors.numpy import load_file
+
+    folder, _ = make_llama(tmp_path, **SHAPES["gqa_untied"])
+    model = GPT.from_pretrained(folder)
+    out = hf.export_hf(model, tmp_path / "out")
+    a, b = load_file(folder / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["model_type"], cfg["num_key_value_heads"], cfg["rope_parameters"]["rope_theta"]) == ("llama", 2, 500.0)
+
+
+@pytest.mark.parametrize("options", [
+    dict(n_kv_heads=2, tie_weights=False, rope_theta=1000.0),
+    dict(n_kv_heads=1, tie_weights=True, d_ff=20),
+    dict(bias=True, tie_weights=False)])
+def test_numformer_llama_exports_and_transformers_gives_the_same_logits(tmp_path, options):
+    model = GPT(VOCAB, 24, n_layers=2, n_heads=4, d_model=16, positional="rope", activation="swiglu", norm="rms",
+                rng=np.random.default_rng(0), dtype=np.float64, **{"bias": False, **options})
+    for p in model.parameters():
+        p.data += np.random.default_rng(2).standard_normal(p.shape) * 0.05
+    out = hf.export_hf(model, tmp_path / "out")
+    tmodel = _float64_arithmetic(transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval())
+    idx = np.random.default_rng(1).integers(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        ref = tmodel(torch.from_numpy(idx)).logits.numpy()
+    assert rel_err(model.eval()(idx), ref) < 1e-9
+    again = GPT.from_pretrained(out, dtype=np.float64)
+    assert rel_err(again(idx), model(idx)) < 1e-12
+
+
+def test_export_refuses_what_llama_cannot_express(tmp_path):
+    model = GPT(VOCAB, 16, n_layers=1, n_heads=2, d_model=8, positional="rope", activation="gelu", norm="rms")
+    with pytest.raises(ValueError, match="Llama cannot express activation = 'gelu'"):
+        hf.export_hf(model, tmp_path / "out", model_type="llama")
+    assert not (tmp_path / "out").exists()
+
+
+# -- unsupported Hugging Face features: one clear line --------------------------------------------------------
+@pytest.mark.parametrize("edit,match", [
+    (lambda c: c.update(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
+     r"rope scaling of type 'llama3'"),
+    (lambda c: (c.pop("rope_parameters"), c.update(rope_theta=1e4, rope_scaling={"type": "linear", "factor": 2.0})),
+     r"rope scaling of type 'linear'"),
+    (lambda c: c.update(model_type="mistral", sliding_window=16), r"sliding attention window of 16 positions"),
+    (lambda c: c.update(hidden_act="gelu"), r"hidden_act = 'gelu'"),
+    (lambda c: c.update(head_dim=8), r"head_dim = 8"),
+    (lambda c: c.update(attention_bias=True), r"attention_bias != mlp_bias"),
+])
+def test_unsupported_llama_features_are_one_clear_line(tmp_path, edit, match):
+    folder, _ = make_llama(tmp_path, **SHAPES["gqa_untied"])
+    cfg = json.loads((folder / "config.json").read_text())
+    edit(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match) as e:
+        hf.load_pretrained(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_mistral_with_a_window_covering_the_context_loads(tmp_path):
+    folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=N_POS)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    idx = np.arange(12)[None] % VOCAB
+    with torch.no_grad():
+        ref = tmodel(torch.from_numpy(idx)).logits.numpy()
+    assert rel_err(GPT.from_pretrained(folder)(idx), ref) < 1e-4
+
+
+
+def test_llama_generation_benchmark_part_measures_speed_and_the_cache(tmp_path):
+    from numformer.bench import llama_generate
+
+    result = llama_generate.run(quick=True, log=None)
+    m = result["model"]
+    d_head = m["d_model"] // m["n_heads"]
+    for kv, nbytes in result["kv_cache_bytes"].items():          # the arrays hold exactly K and V of each head
+        assert nbytes == 2 * m["n_layers"] * int(kv) * d_head * result["cache_positions"] * 4
+    assert set(result["kv_cache_bytes"]) == {"1", str(m["n_kv_heads"]), str(m["n_heads"])}
+    assert result["row"]["same_tokens_fraction"] == 1.0 and result["row"]["transformers_tokens_per_s"] > 0
+    text = llama_generate.markdown(result, tmp_path)
+    assert "| key/value heads | bytes | of multi-head |" in text and "| 1 |" in text

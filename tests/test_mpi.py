@@ -287,3 +287,29 @@ def test_bad_config_is_reported_once(tmp_path):
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "lr" in errors[0] and "(on ranks 0, 1 of 2)" in errors[0], result.stderr
+
+
+# -- the benchmarks ---------------------------------------------------------------------------------------
+
+def test_scaling_model():
+    from numformer.bench.mpi_scaling import predict
+
+    rows = predict(t_step=1.0, t_opt=0.1, batch=8, grad_bytes=125e6, t_local=0.0, link_gbit=1, machines=(1, 2, 4),
+                   latency=0.0)
+    assert [r["comm_s"] for r in rows] == pytest.approx([0.0, 1.0, 1.5])      # 2(N-1)/N × 1 s on the link
+    assert rows[0]["weak_efficiency"] == rows[0]["strong_efficiency"] == 1.0
+    assert rows[1]["weak_step_s"] == pytest.approx(2.0)
+    assert rows[2]["strong_step_s"] == pytest.approx(0.9 * 2 / 8 + 0.1 + 1.5)
+    assert rows[2]["strong_efficiency"] == pytest.approx(1.0 / (4 * rows[2]["strong_step_s"]))
+
+
+@needs_mpi
+def test_bench_mpi_job_trains_and_reduces(tmp_path):
+    from numformer.bench.mpi import MPIJob
+
+    with MPIJob(_config(tmp_path), 2) as job:
+        assert job.ready == {"ready": 2, "processes": 1}
+        assert job.ask("steps 2") > 0
+        assert job.ask("combine 2") > 0
+        assert job.ask("allreduce 4096 2") > 0
+    assert job.proc.returncode == 0

@@ -313,3 +313,17 @@ def test_bench_mpi_job_trains_and_reduces(tmp_path):
         assert job.ask("combine 2") > 0
         assert job.ask("allreduce 4096 2") > 0
     assert job.proc.returncode == 0
+
+
+@needs_mpi
+def test_a_launcher_that_mpi4py_does_not_see_is_one_clear_error(tmp_path):
+    """Another MPI library's launcher (its variables set by hand) leaves mpi4py's MPI with one process.
+    In a child process: MPI is initialized there, not in the test process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MV2_", "SLURM_", "OMPI_"))}
+    env.update(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0", PYTHONPATH=SRC)
+    result = subprocess.run([sys.executable, "-m", "numformer.cli", "train", "x.toml", "--out", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2
+    assert ("started 2 processes (OMPI_COMM_WORLD_SIZE=2) but mpi4py's MPI sees 1: mpiexec and mpi4py come from "
+            "different MPI libraries") in result.stderr
+    assert not (tmp_path / "run").exists()

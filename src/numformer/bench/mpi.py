@@ -181,4 +181,8 @@ def markdown(result, fig_dir):
         f"{r['max_ratio']:.2f}). One gradient combine (copy into the flat buffer, Allreduce, copy back) takes "
         f"{r['combine_ms']:.2f} ms. Load average of the machine during the run: up to {load:.1f} on "
         f"{r['cores']} cores" + (" (shared with other work: the absolute figures are noisy, the ratio is "
-                                 "measured within each round)" if load > 0.5 * r["cores"] else "") + "."])
+                                 "measured within each round; MPI ranks wait for each other by polling, forked "
+                                 "workers by sleeping on a pipe, so on a machine with more runnable processes "
+                                 "than cores a polling rank probably keeps more of its share of the CPU: re-run "
+                                 "`numformer bench mpi` on a quiet machine for the figure that holds there)"
+                                 if load > 0.5 * r["cores"] else "") + "."])

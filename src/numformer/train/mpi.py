@@ -154,7 +154,11 @@ class World:
 
     def stop_on_signals(self, command):
         """A rank told to stop by a signal (SIGTERM, SIGHUP, SIGUSR1) says so in one line and stops all ranks."""
+        rank_pid = os.getpid()
+
         def handler(signum, frame):
+            if os.getpid() != rank_pid:        # a forked worker inherited this handler: it just ends
+                os._exit(128 + signum)
             self.abort(f"{command}: {self.label()} stopped by {signal.Signals(signum).name}; "
                        f"stopping every rank (the last checkpoint is kept)")
         for s in STOP_SIGNALS:
@@ -180,6 +184,8 @@ def init_world(command="numformer train"):
                          f"(mpi4py and the mpich wheel, whose mpiexec to use), or run without mpiexec") from None
     comm = MPI.COMM_WORLD
     if comm.Get_size() != n:
+        if launcher_rank() != 0:
+            raise SystemExit(2)
         raise ValueError(f"the launcher started {n} processes ({variable}={n}) but mpi4py's MPI sees "
                          f"{comm.Get_size()}: mpiexec and mpi4py come from different MPI libraries "
                          f"({MPI.Get_library_version().splitlines()[0].strip()}); launch with the mpiexec of "

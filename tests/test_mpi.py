@@ -267,6 +267,24 @@ def test_failing_rank_stops_every_rank_with_one_line(tmp_path, fault, message):
 
 
 @needs_mpi
+def test_ctrl_c_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """Rank 1 alone gets SIGINT: its stop request rides in the step's Allreduce, every rank stops after that step,
+    rank 0 writes the checkpoint and the summary, and the job exits with 130 like a one-process Ctrl-C."""
+    result = _train_under_fault(tmp_path, 2, "SIGINT", 3, tmp_path / "run", _config(tmp_path, max_steps=50))
+    assert result.returncode == 130, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] and summary["steps"] == 4
+    assert load_checkpoint_step(tmp_path / "run") == 4
+
+
+def load_checkpoint_step(run_dir):
+    from safetensors import safe_open
+
+    with safe_open(str(run_dir / "checkpoint.safetensors"), framework="np") as f:
+        return json.loads(f.metadata()["state"])["step"]
+
+
+@needs_mpi
 def test_resume_on_a_different_number_of_ranks(tmp_path):
     """Stopped after 4 steps on 2 ranks (time limit 0 would not stop: use max_steps), resumed to 6 on 3 ranks:
     the one-process weights (dropout off), since the global batch is the config's whatever the split."""

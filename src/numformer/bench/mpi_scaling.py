@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 LINKS_GBIT = (1, 10)
@@ -80,7 +81,8 @@ def run(quick=False):
 
     set_fast_runtime()
     plan = QUICK_PLAN if quick else PLAN
-    out = {"links_gbit": list(LINKS_GBIT), "latency_s": LATENCY_S, "cores": cores(), "configs": {}}
+    out = {"links_gbit": list(LINKS_GBIT), "latency_s": LATENCY_S, "cores": cores(), "configs": {},
+           "load_average_before": os.getloadavg()}
     measured = {}
     for name, file in CONFIGS.items():
         config, path = find_config(file)
@@ -100,6 +102,7 @@ def run(quick=False):
             "block_size": config["data"]["block_size"], "t_step_s": t_step, "t_opt_s": t_opt,
             "t_local_allreduce_s": local[name], "local_allreduce_gb_per_s": grad_bytes / local[name] / 1e9,
             "predictions": {str(g): predict(t_step, t_opt, batch, grad_bytes, local[name], g) for g in LINKS_GBIT}}
+    out["load_average_after"] = os.getloadavg()
     out["quick"] = bool(quick)
     json.dumps(out)
     return out
@@ -115,7 +118,13 @@ def markdown(result, fig_dir):
              f"{1e6 * result['latency_s']:.0f} µs per message (assumed, typical of TCP over Ethernet). "
              "*Same batch per machine*: the global batch grows N×, step = t_step + t_comm. *Split batch*: the "
              "config's global batch b split N ways, step = (t_step − t_opt) × ⌈b/N⌉/b + t_opt + t_comm (beyond "
-             "N = b machines idle). Efficiency = t_step ÷ (step time) and t_step ÷ (N × step time).", ""]
+             "N = b machines idle). Efficiency = t_step ÷ (step time) and t_step ÷ (N × step time)."]
+    if "load_average_before" in result:
+        load = max(result["load_average_before"][0], result["load_average_after"][0])
+        lines[-1] += (f" Load average of this machine while measuring: up to {load:.1f} on {result['cores']} cores"
+                      + ("; other work inflated the measured times, so re-run on a quiet machine for predictions "
+                         "that hold there" if load > 0.5 * result["cores"] else "") + ".")
+    lines.append("")
     for name, c in result["configs"].items():
         lines += [f"### {name} (`{c['config'].rsplit('/', 1)[-1]}`): {c['parameters'] / 1e6:.2f}M parameters "
                   f"({c['gradient_bytes'] / 1e6:.1f} MB of gradients), batch {c['batch']} × {c['block_size']}", "",

@@ -158,7 +158,7 @@ class Trainer:
         self._dp = None                 # the DataParallel (MPIDataParallel under MPI) of a running train() call
         self._worker_rngs = None        # the data-parallel workers' generator states between train() calls
         self._rank_rngs = None          # under MPI: this rank's generator states between train() calls
-        self._time_up = False           # under MPI: the ranks' agreement that the time limit is reached
+        self._agreed = {"stop": False, "time_up": False}   # under MPI: what the ranks agreed at this step
         if resume:
             self._restore()
         self._stop_requested = False
@@ -266,7 +266,9 @@ class Trainer:
             return loss
         limit = 60 * self.train_cfg["max_minutes"]
         time_up = bool(limit) and self.train_seconds + time.perf_counter() - started >= limit
-        loss, (self._stop_requested, self._time_up) = self._dp.combine(loss, [self._stop_requested, time_up])
+        # a Ctrl-C arriving after this point is seen at the next step, on every rank alike
+        loss, (self._agreed["stop"], self._agreed["time_up"]) = self._dp.combine(loss, [self._stop_requested,
+                                                                                       time_up])
         return loss
 
     def _loss_and_backward(self, batch, grad_scale):
@@ -405,7 +407,8 @@ class Trainer:
         """After a step's checkpoint: stop at the time limit, on early stopping, or on Ctrl-C (recorded in
         ``stop``); a checkpoint is written first where the step's own rule did not write one."""
         t = self.train_cfg
-        time_up = self._time_up if self.world is not None else self.train_seconds >= 60 * t["max_minutes"]
+        mpi = self.world is not None      # under MPI, the decisions every rank agreed on in this step's Allreduce
+        time_up = self._agreed["time_up"] if mpi else self.train_seconds >= 60 * t["max_minutes"]
         if t["max_minutes"] and time_up and self.step < last_step:
             self._print(f"time limit of {t['max_minutes']} minutes reached at step {self.step}")
             self.save_checkpoint()
@@ -413,7 +416,7 @@ class Trainer:
             return True
         if stop["stopped_early"]:
             return True
-        if self._stop_requested:
+        if self._agreed["stop"] if mpi else self._stop_requested:
             self.save_checkpoint()
             stop["interrupted"] = True
             return True

@@ -102,7 +102,8 @@ def test_launcher_size_and_rank_from_the_environment():
     assert launcher_size({"PMI_SIZE": "1"}) == (1, None)
     assert launcher_size({"PMI_SIZE": "4", "PMI_RANK": "2"}) == (4, "PMI_SIZE")
     assert launcher_size({"OMPI_COMM_WORLD_SIZE": "3"}) == (3, "OMPI_COMM_WORLD_SIZE")
-    assert launcher_size({"SLURM_STEP_NUM_TASKS": "8"}) == (8, "SLURM_STEP_NUM_TASKS")
+    assert launcher_size({"SLURM_STEP_NUM_TASKS": "8", "PMIX_RANK": "3"}) == (8, "SLURM_STEP_NUM_TASKS")   # srun, PMIx
+    assert launcher_size({"SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "8"}) == (1, None)   # a batch script itself
     assert launcher_rank({"OMPI_COMM_WORLD_RANK": "2"}) == 2
     assert launcher_rank({}) == 0
 

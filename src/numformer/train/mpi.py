@@ -48,10 +48,10 @@ from ..data.base import IGNORE
 from .parallel import DataParallel, _generators, _shares, _take
 
 # Environment variables by which launchers tell a process how many ranks they started.
+# (srun --mpi=pmix sets PMIX_RANK and no size: there SLURM_STEP_NUM_TASKS, which a batch script alone lacks.)
 SIZE_VARIABLES = ("PMI_SIZE",                 # MPICH's Hydra, Intel MPI, srun --mpi=pmi2
                   "OMPI_COMM_WORLD_SIZE",     # Open MPI
-                  "MV2_COMM_WORLD_SIZE",      # MVAPICH
-                  "SLURM_STEP_NUM_TASKS")     # srun (any --mpi plugin, PMIx included)
+                  "MV2_COMM_WORLD_SIZE")      # MVAPICH
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
@@ -59,7 +59,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 def launcher_size(environ=None):
     """(number of ranks the launcher started, the variable that says so); (1, None) outside a launcher."""
     environ = os.environ if environ is None else environ
-    for name in SIZE_VARIABLES:
+    names = SIZE_VARIABLES + (("SLURM_STEP_NUM_TASKS",) if "PMIX_RANK" in environ else ())
+    for name in names:
         try:
             n = int(environ.get(name, ""))
         except ValueError:

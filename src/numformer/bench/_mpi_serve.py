@@ -6,7 +6,7 @@ Every rank builds the trainer of CONFIG.json (``numformer train``'s trainer, wit
 forked workers per rank) and waits; rank 0 reads one command per line from its standard input (mpiexec
 forwards it), hands it to every rank, and answers with one JSON line on its standard output:
 
-    steps K           K training steps (as numformer train does them)   {"seconds": ...}
+    steps K           K training steps (as numformer train does them)   {"seconds": ..., "cpu_seconds": ...}
     combine K         K gradient combines of the model's size           {"seconds": ... per combine}
     allreduce B K     K in-place Allreduces of B float32 bytes          {"seconds": ... per Allreduce}
     quit
@@ -29,11 +29,12 @@ def _serve(trainer, world):
         if not cmd or cmd[0] == "quit":
             return
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0, cpu0, cpu = time.perf_counter(), time.process_time(), None
         if cmd[0] == "steps":
             for _ in range(int(cmd[1])):
                 trainer._train_step()
             seconds = time.perf_counter() - t0
+            cpu = comm.reduce(time.process_time() - cpu0, root=0)     # CPU seconds of every rank
         elif cmd[0] == "combine":
             for _ in range(int(cmd[1])):
                 trainer._dp.combine(0.0, [False, False])
@@ -51,7 +52,7 @@ def _serve(trainer, world):
             seconds = None
         comm.Barrier()
         if world.is_writer:
-            print(json.dumps({"seconds": seconds, "command": cmd}), flush=True)
+            print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "command": cmd}), flush=True)
 
 
 def main(argv=None):

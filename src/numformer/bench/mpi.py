@@ -14,8 +14,9 @@ update), from the same seed:
 
 After a warm-up, each round times ``steps`` steps of each, alternating which
 goes first, and the figure is the median over rounds of MPI tokens/s ÷ forked
-tokens/s. The load average of the machine before and after is recorded: on a
-machine shared with other work the ratio, measured within each round, is the
+tokens/s; the CPU time per step summed over each variant's processes is
+recorded beside it, and so is the machine's load average before and after: on
+a machine shared with other work the ratio, measured within each round, is the
 figure to read, not the absolute tokens/s.
 """
 from __future__ import annotations
@@ -76,10 +77,11 @@ class MPIJob:
             if line.startswith("{"):
                 return json.loads(line)
 
-    def ask(self, command):
+    def ask(self, command, key="seconds"):
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
-        return self._answer()["seconds"]
+        self.last = self._answer()
+        return self.last[key]
 
     def close(self):
         if self.proc.poll() is None:
@@ -112,10 +114,20 @@ class ForkedTrainer:
         self.trainer._start_data_parallel()
 
     def steps(self, k):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), self.cpu_seconds()
         for _ in range(k):
             self.trainer._train_step()
+        self.last_cpu = self.cpu_seconds() - cpu0
         return time.perf_counter() - t0
+
+    def cpu_seconds(self):
+        """CPU seconds used so far by this process and its forked workers (Linux /proc)."""
+        total = time.process_time()
+        for proc in self.trainer._dp._workers:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def close(self):
         self.trainer._close_data_parallel()
@@ -144,14 +156,16 @@ def run(quick=False, config_name="shakespeare_char", plan=None):
     n = max(2, cores())
     tokens = config["train"]["batch_size"] * config["data"]["block_size"] * steps
     load_before = os.getloadavg()
-    tps = {"forked": [], "mpi": []}
+    tps, cpu = {"forked": [], "mpi": []}, {"forked": [], "mpi": []}
     with ForkedTrainer(config, n) as forked, MPIJob(config, n) as job:
         forked.steps(warmup)
         job.ask(f"steps {warmup}")
-        variants = [("forked", forked.steps), ("mpi", lambda k: job.ask(f"steps {k}"))]
+        variants = [("forked", forked.steps, lambda: forked.last_cpu),
+                    ("mpi", lambda k: job.ask(f"steps {k}"), lambda: job.last["cpu_seconds"])]
         for r in range(rounds):
-            for name, timed in (variants if r % 2 == 0 else variants[::-1]):
+            for name, timed, cpu_used in (variants if r % 2 == 0 else variants[::-1]):
                 tps[name].append(tokens / timed(steps))
+                cpu[name].append(1e3 * cpu_used() / steps)
         combine = job.ask("combine 20")
     ratios = [m / f for m, f in zip(tps["mpi"], tps["forked"])]
     return {"config": path, "ranks": n, "forked_processes": n, "batch": config["train"]["batch_size"],
@@ -160,7 +174,9 @@ def run(quick=False, config_name="shakespeare_char", plan=None):
             "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios),
             "forked_median_tokens_per_s": statistics.median(tps["forked"]),
             "mpi_median_tokens_per_s": statistics.median(tps["mpi"]),
-            "combine_ms": 1e3 * combine, "load_average_before": load_before, "load_average_after": os.getloadavg(),
+            "combine_ms": 1e3 * combine, "forked_cpu_ms_per_step": cpu["forked"], "mpi_cpu_ms_per_step": cpu["mpi"],
+            "forked_median_cpu_ms_per_step": statistics.median(cpu["forked"]),
+            "mpi_median_cpu_ms_per_step": statistics.median(cpu["mpi"]), "load_average_before": load_before, "load_average_after": os.getloadavg(),
             "cores": cores(), "quick": bool(quick)}
 
 
@@ -178,7 +194,11 @@ def markdown(result, fig_dir):
         f"| forked workers ({r['forked_processes']} processes) | {r['forked_median_tokens_per_s']:,.0f} |",
         f"| MPI ({r['ranks']} ranks) | {r['mpi_median_tokens_per_s']:,.0f} |", "",
         f"MPI ÷ forked, median over rounds: **{r['median_ratio']:.2f}** (range {r['min_ratio']:.2f}–"
-        f"{r['max_ratio']:.2f}). One gradient combine (copy into the flat buffer, Allreduce, copy back) takes "
+        f"{r['max_ratio']:.2f})." + (
+            f" CPU time per step, summed over the processes (median round): forked "
+            f"{r['forked_median_cpu_ms_per_step']:.1f} ms, MPI {r['mpi_median_cpu_ms_per_step']:.1f} ms (a rank "
+            f"waiting in the Allreduce polls, so its wait counts as CPU time)." if "mpi_median_cpu_ms_per_step" in r
+            else "") + f" One gradient combine (copy into the flat buffer, Allreduce, copy back) takes "
         f"{r['combine_ms']:.2f} ms. Load average of the machine during the run: up to {load:.1f} on "
         f"{r['cores']} cores" + (" (shared with other work: the absolute figures are noisy, the ratio is "
                                  "measured within each round; MPI ranks wait for each other by polling, forked "

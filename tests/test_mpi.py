@@ -346,3 +346,22 @@ def test_a_launcher_that_mpi4py_does_not_see_is_one_clear_error(tmp_path):
     assert ("started 2 processes (OMPI_COMM_WORLD_SIZE=2) but mpi4py's MPI sees 1: mpiexec and mpi4py come from "
             "different MPI libraries") in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_bench_reports(tmp_path):
+    from numformer.bench import mpi, mpi_scaling
+
+    rows = mpi_scaling.predict(0.05, 0.005, 12, 3.2e6, 0.001, 10)
+    config = {"config": "configs/shakespeare_char.toml", "parameters": 800_000, "gradient_bytes": 3.2e6, "batch": 12,
+              "block_size": 64, "t_step_s": 0.05, "t_opt_s": 0.005, "t_local_allreduce_s": 0.001,
+              "local_allreduce_gb_per_s": 3.2, "predictions": {"10": rows}}
+    text = mpi_scaling.markdown({"cores": 2, "latency_s": 5e-5, "configs": {"nanogpt": config},
+                                 "load_average_before": [0.1] * 3, "load_average_after": [0.2] * 3}, tmp_path)
+    assert text.count("\n| ") == 1 + len(mpi_scaling.MACHINES) and "| 64 |" in text and "re-run" not in text
+    result = {"config": "configs/shakespeare_char.toml", "cores": 2, "ranks": 2, "forked_processes": 2, "batch": 12,
+              "block_size": 64, "rounds": 7, "steps_per_round": 20, "warmup": 5, "forked_median_tokens_per_s": 1e4,
+              "mpi_median_tokens_per_s": 9.5e3, "median_ratio": 0.95, "min_ratio": 0.9, "max_ratio": 1.0,
+              "combine_ms": 1.0, "forked_median_cpu_ms_per_step": 70.0, "mpi_median_cpu_ms_per_step": 75.0,
+              "load_average_before": [12.0] * 3, "load_average_after": [1.0] * 3}
+    text = mpi.markdown(result, tmp_path)
+    assert "**0.95**" in text and "forked 70.0 ms, MPI 75.0 ms" in text and "quiet machine" in text

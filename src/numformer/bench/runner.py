@@ -153,7 +153,7 @@ def run_parts(parts, quick=False, out_dir="results", log=print):
     """Run each part, merge its result into bench.json, and rewrite bench.md. Returns {part: result}."""
     if isinstance(parts, str):
         parts = [parts]
-    names = available_parts() if "all" in parts else list(dict.fromkeys(parts))
+    names = available_parts() if "all" in parts else list(dict.fromkeys(p.replace("-", "_") for p in parts))
     modules = {name: load_part(name) for name in names}       # fail early on a bad name
     out_dir = Path(out_dir)
     done = {}

@@ -13,7 +13,8 @@ def register(sub):
     p = sub.add_parser("bench", help="benchmarks (throughput vs PyTorch, attention memory, ...); "
                                      "writes results/bench.json and results/bench.md")
     p.add_argument("parts", nargs="+", metavar="PART",
-                   help="a part of numformer.bench (throughput, attention, checkpointing, generate, depth, hf-generate) or 'all'")
+                   help="a part of numformer.bench (throughput, attention, checkpointing, generate, depth, "
+                        "hf-generate, llama-generate, mpi, mpi-scaling) or 'all'")
     p.add_argument("--quick", action="store_true", help="small smoke run (under a minute per part); "
                                                        "figures not for reporting")
     p.add_argument("--out", default="results", help="folder for bench.json, bench.md and figures/ (default results)")

@@ -1,28 +1,81 @@
-"""numformer train CONFIG --out RUN_DIR [--set section.key=value ...] [--resume] [--overwrite]."""
+"""numformer train CONFIG --out RUN_DIR [--set section.key=value ...] [--resume] [--overwrite].
+
+Under ``mpiexec -n N`` (or ``srun``) the N processes train one model together (``numformer.train.mpi``)."""
 from __future__ import annotations
 
+import sys
 
 
-def run(args):
+def _one_line(error):
+    """An exception as one line: its first line, and its last where it spans several (a worker's traceback)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+
+
+def _build(args, world=None):
     from ..config import load_config
     from ..train import Trainer
 
+    if args.config is None and not args.resume:
+        raise ValueError("give a CONFIG.toml (or --resume to continue the run in --out)")
     if args.resume and args.config is not None:
         raise ValueError(f"--resume continues the run in {args.out} with its own config.json; leave out CONFIG "
                          f"({args.config}) and change values with --set")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run, --overwrite replaces it: give one of them")
-    if args.config is None and not args.resume:
-        raise ValueError("give a CONFIG.toml (or --resume to continue the run in --out)")
     config = None if args.resume else load_config(args.config)
-    trainer = Trainer(config, args.out, resume=args.resume, overwrite=args.overwrite, overrides=args.set,
-                      quiet=args.quiet)
-    summary = trainer.train()         # a divergence (TrainingDiverged) is one line from the CLI
+    return Trainer(config, args.out, resume=args.resume, overwrite=args.overwrite, overrides=args.set,
+                   quiet=args.quiet, world=world)
+
+
+def _train(trainer, writer=True):
+    from ..train import TrainingDiverged
+
+    try:
+        summary = trainer.train()
+    except TrainingDiverged as e:            # every rank sees the same loss, so every rank stops here
+        if writer:
+            print(f"numformer train: error: {_one_line(e)}", file=sys.stderr)
+        return 2
     return 130 if summary["interrupted"] else 0
 
 
+def run(args):
+    from ..train.mpi import init_world
+
+    world = init_world("numformer train")
+    if world is None:
+        return _train(_build(args))
+    return _run_rank(args, world)
+
+
+def _run_rank(args, world):
+    """One MPI rank: build the trainer (a bad config is reported once, by rank 0), then train; a rank that
+    fails or is told to stop prints one line naming it and stops every rank."""
+    from .._runtime import set_num_threads
+
+    set_num_threads(world.cores_per_rank())      # the machine's cores shared among its ranks
+    world.stop_on_signals("numformer train")
+    trainer, error = None, None
+    try:
+        trainer = _build(args, world)
+    except (ValueError, OSError) as e:
+        error = _one_line(e)
+    error = world.agree_on_errors(error)
+    if error:
+        if world.is_writer:
+            print(f"numformer train: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        return _train(trainer, world.is_writer)
+    except BaseException as e:               # noqa: BLE001 - any failure of one rank must stop them all
+        world.abort(f"numformer train: {world.label()} failed: {type(e).__name__}: {_one_line(e)}; "
+                    f"stopping every rank (the last checkpoint is kept)")
+
+
 def register(sub):
-    p = sub.add_parser("train", help="train a model from a TOML config into a run folder")
+    p = sub.add_parser("train", help="train a model from a TOML config into a run folder "
+                                     "(under mpiexec -n N: on N ranks, data-parallel)")
     p.add_argument("config", nargs="?", help="TOML config with [model], [data] and [train] (not needed with --resume)")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder to write (or to resume)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",

@@ -41,6 +41,12 @@ How it works:
   ``set_rng_states()`` let the trainer checkpoint them, so a resumed run is
   exact.
 
+Across machines, ``train/mpi.py`` (``MPIDataParallel``) does the same one level
+up, with the same interface (``forward_backward`` on a global batch, token-
+weighted shares, generator states for the checkpoint, one writer of the run
+folder) plus ``combine``, the one Allreduce of a step; inside each MPI rank a
+``DataParallel`` splits that rank's share across the machine's cores.
+
 Every process runs its kernels and its BLAS on one thread while it computes a
 share; outside ``forward_backward`` (evaluation, the optimizer) the main process
 keeps its threads. Linux only (``fork``); models whose normalization mixes

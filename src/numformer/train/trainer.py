@@ -39,6 +39,7 @@ from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights,
 from ..config import resolve_config
 from . import run_folder
 from .early_stopping import EarlyStopping
+from .mpi import MPIDataParallel
 from .parallel import DataParallel, usable_processes
 from .run import load_config_json, load_tokenizer_state
 from .step import loss_and_backward
@@ -118,17 +119,22 @@ class Trainer:
     resuming, where run_dir/config.json is used with ``overrides`` applied.
     The trainer holds the run folder's lock (run_folder.RunLock) from the
     moment the config is valid until ``close()`` or the process ends.
+    world: the MPI world (``train.mpi.init_world()``) when this process is one of several ranks: every rank
+    trains its share of each batch, rank 0 alone writes the run folder and prints.
     """
 
-    def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False):
+    def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False, world=None):
         from ..config import apply_overrides
 
         self.run_dir = Path(run_dir)
-        self.quiet = quiet
+        self.world = world
+        self._writer = world is None or world.is_writer         # the one process that writes the run folder
+        self.quiet = quiet or not self._writer
         self._lock = None
         saved, tokenizer_state = None, None
         if resume:
-            self._lock = run_folder.lock_for_resuming(self.run_dir)
+            if self._writer:             # under MPI, rank 0 alone holds the folder
+                self._lock = run_folder.lock_for_resuming(self.run_dir)
             saved = config = load_config_json(self.run_dir)
             tokenizer_state = load_tokenizer_state(self.run_dir)
         # A resumed run keeps its saved vocabulary, so that ids mean what they meant.
@@ -157,12 +163,15 @@ class Trainer:
         self.train_seconds = 0.0
         self.resumed = resume
         self._divergence = {"first_loss": None, "steps_above": 0}   # the divergence guard's state
-        self.processes = usable_processes(self.model, t["batch_size"], t["processes"])
-        self._dp = None                 # the DataParallel of a running train() call
+        ranks = 1 if world is None else world.size
+        self.processes = usable_processes(self.model, max(1, t["batch_size"] // ranks), t["processes"])
+        self._dp = None                 # the DataParallel (MPIDataParallel under MPI) of a running train() call
         self._worker_rngs = None        # the data-parallel workers' generator states between train() calls
+        self._rank_rngs = None          # under MPI: this rank's generator states between train() calls
+        self._agreed = {"stop": False, "time_up": False}   # under MPI: what the ranks agreed at this step
         if resume:
             self._restore()
-        else:                            # the whole config is valid: only now is the folder touched
+        elif self._writer:               # the whole config is valid: only now is the folder touched
             self._lock = run_folder.lock_for_writing(self.run_dir)
             run_folder.start_new_run(self.run_dir, overwrite)
         self._stop_requested = False
@@ -175,10 +184,17 @@ class Trainer:
 
     # -- state ------------------------------------------------------------------------------
     def _state(self):
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
-                "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
-                "worker_rngs": self._dp.rng_states() if self._dp is not None else self._worker_rngs,
-                "early_stopping": self.early.state_dict(), "divergence": self._divergence}
+        state = {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
+                 "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
+                 "worker_rngs": self._worker_rngs, "early_stopping": self.early.state_dict(),
+                 "divergence": self._divergence}
+        if self.world is not None:      # collective: every rank's dropout generators, gathered on rank 0
+            local = self._dp.rng_states() if self._dp is not None else self._rank_rngs
+            state["mpi_rngs"] = self.world.comm.gather(local, root=0)
+            state["worker_rngs"] = local["workers"] if local else None
+        elif self._dp is not None:
+            state["worker_rngs"] = self._dp.rng_states()
+        return state
 
     def _restore(self):
         state = load_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer)
@@ -189,7 +205,11 @@ class Trainer:
         self.early.load_state_dict(state["early_stopping"])
         self._worker_rngs = state.get("worker_rngs")
         self._divergence = state.get("divergence", self._divergence)
-        self._truncate_metrics(self.step)
+        ranks = state.get("mpi_rngs") or []     # a rank beyond the checkpoint's ranks keeps its fresh seeds
+        if self.world is not None and self.world.rank < len(ranks):
+            self._rank_rngs = ranks[self.world.rank]
+        if self._writer:
+            self._truncate_metrics(self.step)
 
     def _truncate_metrics(self, step):
         """Drop metrics lines logged after the checkpoint: they are re-logged as the run continues."""
@@ -206,11 +226,15 @@ class Trainer:
         write_atomic(path, "".join(k + "\n" for k in keep).encode())     # a full disk keeps the old file
 
     def save_checkpoint(self):
-        save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, self._state(),
-                        run_folder.weights_metadata(self.config))
+        state = self._state()           # collective under MPI: every rank calls it
+        if self._writer:
+            save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, state,
+                            run_folder.weights_metadata(self.config))
 
     # -- logging ----------------------------------------------------------------------------
     def _log(self, record):
+        if not self._writer:
+            return
         with (self.run_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -239,23 +263,36 @@ class Trainer:
     def _train_step(self):
         """One optimizer update (grad_accum micro-batches); returns (mean loss, grad norm, tokens)."""
         t = self.train_cfg
+        started = time.perf_counter()
         self.optimizer.set_lr(self.schedule(self.step))
         losses, tokens = [], 0
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # non-finite values are checked here
             for _ in range(t["grad_accum"]):
                 batch = self.task.train_batch(t["batch_size"], self.data_rng)
-                loss = self._loss_and_backward(batch, 1.0 / t["grad_accum"])
-                if not math.isfinite(loss):
-                    raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
-                losses.append(loss)
+                losses.append(self._loss_and_backward(batch, 1.0 / t["grad_accum"]))
                 tokens += batch.n_tokens
+            loss = self._combine_ranks(float(np.mean(losses)), started)
+            if not math.isfinite(loss):
+                raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
             norm = clip_grad_norm(self.optimizer.params, t["grad_clip"])
         if not math.isfinite(norm):
             raise TrainingDiverged(f"the gradient norm became {norm} at step {self.step + 1}")
         self.optimizer.step()
         self.optimizer.zero_grad()
-        self._check_divergence(float(np.mean(losses)))
-        return float(np.mean(losses)), norm, tokens
+        self._check_divergence(loss)    # the combined loss: the same on every rank
+        return loss, norm, tokens
+
+    def _combine_ranks(self, loss, started):
+        """Under MPI, the step's one Allreduce: the ranks' gradients and losses are summed, and so are their stop
+        requests (Ctrl-C, the time limit), so that every rank stops at the same step. Else ``loss`` as it is."""
+        if self.world is None:
+            return loss
+        limit = 60 * self.train_cfg["max_minutes"]
+        time_up = bool(limit) and self.train_seconds + time.perf_counter() - started >= limit
+        # a Ctrl-C arriving after this point is seen at the next step, on every rank alike
+        loss, (self._agreed["stop"], self._agreed["time_up"]) = self._dp.combine(loss, [self._stop_requested,
+                                                                                       time_up])
+        return loss
 
     def _check_divergence(self, loss):
         """Stop a run whose training loss stays above DIVERGENCE_FACTOR times its first value for
@@ -331,14 +368,19 @@ class Trainer:
 
     def _start_run(self):
         """Write config.json and tokenizer.json (the folder holds no other run: run_folder.start_new_run) and
-        say what trains; returns the number of parameters."""
+        say what trains; returns the number of parameters. Under MPI, rank 0 alone does this."""
+        n_params = self.model.num_parameters()
+        if not self._writer:
+            return n_params
         write_json_atomic(self.run_dir / "config.json", self.config)
         tok = self.task.tokenizer_state()
         if tok is not None:
             write_json_atomic(self.run_dir / "tokenizer.json", tok)
-        n_params = self.model.num_parameters()
         self._print(f"{type(self.model).__name__} with {n_params:,} parameters; data: {self.task.describe()}")
-        if self.processes > 1:
+        if self.world is not None:
+            self._print(f"{self.world.describe()}; each rank computes 1/{self.world.size} of every batch"
+                        + (f", split over {self.processes} processes" if self.processes > 1 else ""))
+        elif self.processes > 1:
             self._print(f"data-parallel on {self.processes} processes: each computes 1/{self.processes} of every "
                         f"batch ([train] processes)")
         if self.resumed:
@@ -346,7 +388,13 @@ class Trainer:
         return n_params
 
     def _start_data_parallel(self):
-        """Fork the data-parallel workers (none for one process), restoring their generators on resume."""
+        """Fork the data-parallel workers (none for one process), restoring their generators on resume; under
+        MPI, join the other ranks (MPIDataParallel, with this rank's workers inside)."""
+        if self.world is not None:
+            self._dp = MPIDataParallel(self.model, self.world, self.processes, seed=self.train_cfg["seed"])
+            if self._rank_rngs is not None:
+                self._dp.set_rng_states(self._rank_rngs)
+            return
         self._dp = DataParallel(self.model, self.processes, seed=self.train_cfg["seed"])
         if self._worker_rngs is not None and len(self._worker_rngs) == self.processes - 1:
             self._dp.set_rng_states(self._worker_rngs)
@@ -373,10 +421,12 @@ class Trainer:
         early stopping says to stop."""
         t = self.train_cfg
         # Periodic evaluations may use a fixed subset (eval_batches); the last one uses the whole split.
-        result = self.evaluate("val", full=self.step == t["max_steps"])
+        result = self.evaluate("val", full=self.step == t["max_steps"]) if self._writer else None
+        if self.world is not None:        # rank 0 evaluates; every rank takes the same early-stopping decision
+            result = self.world.comm.bcast(result, root=0)
         self._log({"step": self.step, **result})
         improved = self.early.update(result["val_loss"], self.step)
-        if improved:
+        if improved and self._writer:
             save_model(self.run_dir / MODEL, self.model, {"step": self.step, "val_loss": result["val_loss"],
                                                           **run_folder.weights_metadata(self.config)})
         self._print(f"step {self.step}: val_loss {result['val_loss']:.4f}"
@@ -392,14 +442,16 @@ class Trainer:
         """After a step's checkpoint: stop at the time limit, on early stopping, or on Ctrl-C (recorded in
         ``stop``); a checkpoint is written first where the step's own rule did not write one."""
         t = self.train_cfg
-        if t["max_minutes"] and self.train_seconds >= 60 * t["max_minutes"] and self.step < last_step:
+        mpi = self.world is not None      # under MPI, the decisions every rank agreed on in this step's Allreduce
+        time_up = self._agreed["time_up"] if mpi else self.train_seconds >= 60 * t["max_minutes"]
+        if t["max_minutes"] and time_up and self.step < last_step:
             self._print(f"time limit of {t['max_minutes']} minutes reached at step {self.step}")
             self.save_checkpoint()
             stop["time_limit"] = True
             return True
         if stop["stopped_early"]:
             return True
-        if self._stop_requested:
+        if self._agreed["stop"] if mpi else self._stop_requested:
             self.save_checkpoint()
             stop["interrupted"] = True
             return True
@@ -408,6 +460,11 @@ class Trainer:
     def _close_data_parallel(self):
         """Stop the workers (keeping their generator states for a later train() call)."""
         if self._dp is None:
+            return
+        if self.world is not None:            # no communication here: another rank may have failed
+            self._rank_rngs = self._dp.rng_states()
+            self._dp.close()
+            self._dp = None
             return
         try:
             self._worker_rngs = self._dp.rng_states()
@@ -420,19 +477,22 @@ class Trainer:
     def _finish(self, stop, n_params, wall_seconds):
         t = self.train_cfg
         best_path = self.run_dir / MODEL
-        if t["restore_best"] and best_path.exists():
+        if not self._writer:
+            pass                                   # under MPI, rank 0 alone writes (and reads back) the weights
+        elif t["restore_best"] and best_path.exists():
             load_model_weights(best_path, self.model)
         elif stop["diverged"]:
             pass                            # the diverged weights are not saved
         else:
             save_model(best_path, self.model, {"step": self.step, **run_folder.weights_metadata(self.config)})
+        ranks = 1 if self.world is None else self.world.size
         summary = {
             "steps": self.step, "max_steps": t["max_steps"], "parameters": n_params,
             "best_val_loss": None if math.isinf(self.early.best) else self.early.best,
             "best_step": self.early.best_step, "train_seconds": round(self.train_seconds, 2),
             "tokens_seen": self.tokens_seen,
             "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
-            "wall_seconds": round(wall_seconds, 2), "processes": self.processes,
+            "wall_seconds": round(wall_seconds, 2), "processes": self.processes * ranks, "mpi_ranks": ranks,
             "stopped_early": stop["stopped_early"], "interrupted": stop["interrupted"],
             "time_limit_reached": stop["time_limit"], "stopped_by": _stopped_by(stop),
             "weights": ("best" if t["restore_best"] and self.early.best_step is not None
@@ -441,7 +501,8 @@ class Trainer:
         }
         if stop["diverged"]:
             summary["error"] = stop["diverged"]
-        write_json_atomic(self.run_dir / "summary.json", summary)
+        if self._writer:
+            write_json_atomic(self.run_dir / "summary.json", summary)
         self.last_summary = summary
         if not stop["diverged"]:          # the caller reports a divergence
             self._print(self._summary_text(summary))
@@ -458,7 +519,9 @@ class Trainer:
                 f"(continue with --resume), metrics.jsonl, config.json.")
 
     def _progress_bar(self, last_step):
-        if self.quiet or not sys.stderr.isatty():
+        """A tqdm bar where stderr is a terminal (under MPI: rank 0's, where mpiexec runs in a terminal)."""
+        terminal = sys.stderr.isatty() or (self.world is not None and self.world.launched_from_terminal())
+        if self.quiet or not terminal:
             return None
         from tqdm import tqdm
 

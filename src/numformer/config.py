@@ -201,7 +201,8 @@ def _train_keys():
 def _model_keys():
     from .models.classifier import POOLINGS
     from .nn.attention import MultiHeadAttention
-    from .nn.layers import ACTIVATIONS, NORMS
+    from .nn.layers import FEED_FORWARD_ACTIVATIONS, NORMS
+    from .nn.positional import POSITIONAL_KINDS
 
     ids = Key(int, 0, none=True)
     return {
@@ -209,7 +210,8 @@ def _model_keys():
         "block_size": _pos(), "max_len": _pos(), "n_layers": _pos(), "n_heads": _pos(), "d_model": _pos(),
         "d_ff": _pos(none=True), "n_encoder_layers": _pos(none=True), "n_decoder_layers": _pos(none=True),
         "dropout": Key(float, 0, 1, open=(False, True)), "layer_norm_eps": _pos(float),
-        "positional": Key(str, choices=("learned", "sinusoidal")), "activation": Key(str, choices=ACTIVATIONS),
+        "positional": Key(str, choices=POSITIONAL_KINDS), "n_kv_heads": _pos(none=True), "rope_theta": _pos(float),
+        "activation": Key(str, choices=FEED_FORWARD_ACTIVATIONS),
         "norm": Key(str, choices=tuple(NORMS)), "attention": Key(str, choices=MultiHeadAttention.ATTENTION_KINDS),
         "pooling": Key(str, choices=POOLINGS), "norm_first": BOOL, "tie_weights": BOOL, "bias": BOOL,
         "scale_embeddings": BOOL, "share_embeddings": BOOL, "tie_output": BOOL, "gradient_checkpointing": BOOL,

@@ -189,6 +189,7 @@ class Dropout(Module):
 
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+FEED_FORWARD_ACTIVATIONS = ACTIVATIONS + ("swiglu",)     # "swiglu" is the gated feed-forward, not an activation
 
 
 class Activation(Module):
@@ -285,5 +286,5 @@ def make_feed_forward(d_model, d_ff, activation="relu", dropout=0.0, bias=True, 
     if activation == "swiglu":
         return SwiGLUFeedForward(d_model, d_ff, bias, rng, dtype)
     if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; choose one of {list(ACTIVATIONS) + ['swiglu']}")
+        raise ValueError(f"unknown activation {activation!r}; choose one of {list(FEED_FORWARD_ACTIVATIONS)}")
     return FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)

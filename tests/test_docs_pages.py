@@ -1,0 +1,121 @@
+"""Every Python block of the tutorials, the exercises page, the examples page and the README runs.
+
+Sybil executes each page's ```python blocks in order, in one namespace per page; blocks written as
+doctests (``>>>``) must print exactly what the page shows (ELLIPSIS and NORMALIZE_WHITESPACE on).
+Each page runs in a fresh temporary folder, with ``configs/`` linked in, so what a page writes
+(run folders, figures) never lands in the repository.
+
+Long steps (real training) run with tiny settings here: TINY lists, per page, the text on the page
+and what the test runs instead; each replaced text must be on the page, so the list cannot drift
+from it silently. The pages state what the full run gives, from results/*.md.
+
+Figures: a page shows ``../figures/NAME.png`` only if its own code writes NAME.png (checked here).
+``python tests/test_docs_pages.py --figures`` runs the figure-making pages in docs/figures/ and so
+regenerates the committed PNGs.
+"""
+from __future__ import annotations
+
+import doctest
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ["README.md", "docs/index.md", "docs/exercises.md", "docs/examples.md",
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md"))]
+
+# (page, text on the page, what the test runs instead)
+TINY = {
+    "docs/tutorials/first-gpt.md": [
+        ('"max_steps": 2000', '"max_steps": 12'),
+        ('"eval_every": 250', '"eval_every": 6'),
+        ('"eval_batches": 4', '"eval_batches": 1'),
+        ('"n_layers": 4', '"n_layers": 1'),
+    ],
+    "docs/tutorials/encoder-decoder.md": [
+        ('"max_steps": 400', '"max_steps": 8'),
+        ('"length": 12', '"length": 4'),
+        ('"n_val": 200', '"n_val": 16'),
+        ('"n_test": 200', '"n_test": 16'),
+    ],
+    "docs/tutorials/looking-inside.md": [
+        ('"max_steps": 400', '"max_steps": 8'),
+        ('"n_val": 200', '"n_val": 16'),
+    ],
+    "docs/tutorials/fast-numpy.md": [
+        ("T = 2048", "T = 256"),
+        ("n_layers=8", "n_layers=2"),
+    ],
+    "docs/examples.md": [
+        ("max_steps = 300", "max_steps = 6"),
+        ('"max_steps": 300', '"max_steps": 6'),
+        ('"eval_every": 100', '"eval_every": 3'),
+    ],
+}
+FIGURE = re.compile(r"\]\(\.\./figures/([\w.-]+\.png)\)")
+
+
+def page_text(page, tiny=True):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    for old, new in TINY.get(page, []) if tiny else []:
+        assert old in text, f"{page} no longer contains {old!r}: update TINY in {__file__}"
+        text = text.replace(old, new)
+    return text
+
+
+def run_page(page, cwd, tiny=True):
+    """Run every Python block of ``page`` in order in ``cwd``; return the figure names the page shows."""
+    from sybil import Document
+    from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+
+    parsers = [PythonCodeBlockParser(doctest_optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE),
+               SkipParser()]
+    document = Document(page_text(page, tiny), str(ROOT / page))
+    for parser in parsers:
+        for region in parser(document):
+            document.add(region)
+    document.namespace["__name__"] = "__main__"
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        examples = list(document)
+        assert examples, f"{page} has no Python blocks"
+        for example in examples:
+            example.evaluate()
+    finally:
+        os.chdir(old)
+        import matplotlib.pyplot as plt
+        plt.close("all")
+    return FIGURE.findall(document.text)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_runs(page, tmp_path):
+    pytest.importorskip("sybil", reason="the docs tests need sybil (pip install -e '.[test]')")
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    figures = run_page(page, tmp_path)
+    for name in figures:
+        assert (tmp_path / name).is_file(), f"{page} shows ../figures/{name} but its code does not write {name}"
+        assert (ROOT / "docs" / "figures" / name).is_file(), f"run `python {__file__} --figures` to write {name}"
+
+
+def write_figures():
+    """Run each page that shows figures (tiny settings) in a temporary folder; copy its PNGs to docs/figures/."""
+    import shutil
+    import tempfile
+
+    for page in PAGES:
+        if not FIGURE.search(page_text(page)):
+            continue
+        print("running", page)
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "configs").symlink_to(ROOT / "configs")
+            for name in run_page(page, tmp):
+                shutil.copy(Path(tmp) / name, ROOT / "docs" / "figures" / name)
+
+
+if __name__ == "__main__" and "--figures" in sys.argv:
+    write_figures()

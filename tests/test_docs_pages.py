@@ -108,7 +108,7 @@ def write_figures():
     import tempfile
 
     for page in PAGES:
-        if not FIGURE.search(page_text(page)):
+        if not FIGURE.search(page_text(page, tiny=False)):
             continue
         print("running", page)
         with tempfile.TemporaryDirectory() as tmp:

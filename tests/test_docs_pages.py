@@ -2,6 +2,8 @@
 
 Sybil executes each page's ```python blocks in order, in one namespace per page; blocks written as
 doctests (``>>>``) must print exactly what the page shows (ELLIPSIS and NORMALIZE_WHITESPACE on).
+On the tutorials, ```bash blocks run too (``numformer`` commands); ```console blocks are shown, not
+run (the commands that need a downloaded dataset or hours).
 Each page runs in a fresh temporary folder, with ``configs/`` linked in, so what a page writes
 (run folders, figures) never lands in the repository.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import doctest
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,13 +69,24 @@ def page_text(page, tiny=True):
     return text
 
 
+def run_shell(example):
+    """Run a ```bash block of a tutorial (``numformer`` commands) with this interpreter's scripts first on PATH."""
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+               PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", example.parsed], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
 def run_page(page, cwd, tiny=True):
     """Run every Python block of ``page`` in order in ``cwd``; return the figure names the page shows."""
     from sybil import Document
-    from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+    from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
     parsers = [PythonCodeBlockParser(doctest_optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE),
                SkipParser()]
+    if page.startswith("docs/tutorials/"):
+        parsers.append(CodeBlockParser(language="bash", evaluator=run_shell))
     document = Document(page_text(page, tiny), str(ROOT / page))
     for parser in parsers:
         for region in parser(document):

@@ -53,9 +53,10 @@ TINY = {
         ("n_layers=8", "n_layers=2"),
     ],
     "docs/examples.md": [
-        ("max_steps = 300", "max_steps = 6"),
+        ("block_size, batch_size, max_steps = 64, 12, 300", "block_size, batch_size, max_steps = 64, 12, 6"),
         ('"max_steps": 300', '"max_steps": 6'),
         ('"eval_every": 100', '"eval_every": 3'),
+        ("train.max_steps=400", "train.max_steps=9"),
     ],
 }
 FIGURE = re.compile(r"\]\(\.\./figures/([\w.-]+\.png)\)")

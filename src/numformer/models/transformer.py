@@ -3,7 +3,7 @@
     memory = Encoder(E_src[src]·√d + PE)
     logits = Decoder(E_tgt[tgt]·√d + PE, memory) W_outᵀ     (causal self-attention in the decoder)
 
-API as the seed README: ``Transformer(src_vocab_size, tgt_vocab_size, d_model=512,
+The API of the common tutorials: ``Transformer(src_vocab_size, tgt_vocab_size, d_model=512,
 n_heads=8, n_layers=6, d_ff=2048, dropout=0.1)``, ``model(src, tgt)`` -> logits,
 ``encode``, ``decode`` and ``generate(src, max_length, temperature)``.
 """

@@ -122,7 +122,7 @@ class RMSNorm(Module):
 
 
 class BatchStatNorm(Module):
-    """The seed's simplified norm: per-feature statistics over batch and sequence (see ops.batch_norm_forward)."""
+    """Normalization with per-feature statistics over batch and sequence (see ops.batch_norm_forward)."""
 
     def __init__(self, d, eps=1e-5, dtype=np.float32):
         super().__init__()
@@ -150,7 +150,7 @@ NORMS = {"layer": LayerNorm, "rms": RMSNorm, "batch": BatchStatNorm}
 
 
 def make_norm(kind, d, eps=1e-5, bias=True, dtype=np.float32):
-    """Build a norm by name: 'layer' (default), 'rms', or 'batch' (the seed's batch-statistics norm)."""
+    """Build a norm by name: 'layer' (default), 'rms', or 'batch' (batch statistics, see BatchStatNorm)."""
     if kind not in NORMS:
         raise ValueError(f"unknown norm {kind!r}; choose one of {sorted(NORMS)}")
     if kind == "layer":

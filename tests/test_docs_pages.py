@@ -117,6 +117,18 @@ def test_page_runs(page, tmp_path):
         assert (ROOT / "docs" / "figures" / name).is_file(), f"run `python {__file__} --figures` to write {name}"
 
 
+def test_first_gpt_config_is_the_make_run_config():
+    """The config dict of "Train your first GPT" is configs/shakespeare_char.toml, key for key."""
+    import tomllib
+
+    text = page_text("docs/tutorials/first-gpt.md", tiny=False)
+    block = re.search(r"```python\n(config = \{.*?)```", text, re.S).group(1)
+    namespace = {}
+    exec(block, namespace)
+    toml = tomllib.loads((ROOT / "configs" / "shakespeare_char.toml").read_text(encoding="utf-8"))
+    assert namespace["config"] == toml
+
+
 def write_figures():
     """Run each page that shows figures (tiny settings) in a temporary folder; copy its PNGs to docs/figures/."""
     import shutil

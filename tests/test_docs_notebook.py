@@ -5,21 +5,25 @@ the test runs in seconds; everything else runs as a reader would run it, in a fr
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "docs" / "notebooks" / "minillm.py"
-SMALL = "train_steps = 2\nbatch_size = 2\nsample_length = 20"
+SMALL = "train_steps = 2\nbatch_size = 2\nsample_length = 20\nval_fraction = 0.002"
 
 
-def test_notebook_executes(tmp_path):
+def test_notebook_executes(tmp_path, monkeypatch):
     jupytext = pytest.importorskip("jupytext", reason="the notebook test needs jupytext (the test extra)")
     nbclient = pytest.importorskip("nbclient", reason="the notebook test needs nbclient (the test extra)")
     pytest.importorskip("ipykernel", reason="the notebook test needs ipykernel (the test extra)")
     import nbformat
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):      # one worker per core: the kernel on one thread too
+        for name in ("NUMFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+            monkeypatch.setenv(name, "1")
     nb = jupytext.read(NOTEBOOK)
     tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "the notebook needs exactly one cell tagged 'parameters'"

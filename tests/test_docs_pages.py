@@ -17,6 +17,7 @@ regenerates the committed PNGs.
 """
 from __future__ import annotations
 
+import contextlib
 import doctest
 import os
 import re
@@ -57,6 +58,7 @@ TINY = {
         ('"max_steps": 300', '"max_steps": 6'),
         ('"eval_every": 100', '"eval_every": 3'),
         ("train.max_steps=400", "train.max_steps=9"),
+        ('"data": {"task": "text", "block_size": 64},', '"data": {"task": "text", "block_size": 64, "val_fraction": 0.01},'),
     ],
 }
 FIGURE = re.compile(r"\]\(\.\./figures/([\w.-]+\.png)\)")
@@ -68,6 +70,28 @@ def page_text(page, tiny=True):
         assert old in text, f"{page} no longer contains {old!r}: update TINY in {__file__}"
         text = text.replace(old, new)
     return text
+
+
+@contextlib.contextmanager
+def one_thread_per_worker():
+    """Under pytest-xdist (one worker per core) run numformer and the BLAS on one thread, as a data-parallel
+    process does: threads of two workers competing for the same cores only wait for each other."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    from numformer._runtime import single_threaded
+
+    saved = {k: os.environ.get(k) for k in ("NUMFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    os.environ.update(dict.fromkeys(saved, "1"))        # for the numformer commands the pages run
+    try:
+        with single_threaded():
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def run_shell(example):
@@ -111,7 +135,8 @@ def run_page(page, cwd, tiny=True):
 def test_page_runs(page, tmp_path):
     pytest.importorskip("sybil", reason="the docs tests need sybil (pip install -e '.[test]')")
     (tmp_path / "configs").symlink_to(ROOT / "configs")
-    figures = run_page(page, tmp_path)
+    with one_thread_per_worker():
+        figures = run_page(page, tmp_path)
     for name in figures:
         assert (tmp_path / name).is_file(), f"{page} shows ../figures/{name} but its code does not write {name}"
         assert (ROOT / "docs" / "figures" / name).is_file(), f"run `python {__file__} --figures` to write {name}"

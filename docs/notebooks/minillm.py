@@ -26,6 +26,7 @@
 train_steps = 30     # a brief demonstration; the full configuration trains for 5,000 steps
 batch_size = 8
 sample_length = 200
+val_fraction = 0.01  # validate on the last 1% of the text (11k characters), so the final evaluation is quick
 
 # %%
 import numpy as np
@@ -82,7 +83,7 @@ from numformer.train import Trainer
 
 run = {
     "model": {"type": "gpt", **{k: v for k, v in config.items() if k not in ("vocab_size", "block_size")}},
-    "data": {"task": "text", "block_size": 256, "val_fraction": 0.01},   # validate on the last 1% (11k characters)
+    "data": {"task": "text", "block_size": 256, "val_fraction": val_fraction},
     "train": {"max_steps": train_steps, "batch_size": batch_size, "lr": 1e-3, "beta2": 0.99,
               "weight_decay": 0.1, "schedule": "cosine", "warmup_steps": 10, "min_lr": 1e-4,
               "eval_every": train_steps, "eval_batches": 2, "eval_metrics": False, "seed": 1337},

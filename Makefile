@@ -12,7 +12,7 @@ export NUMFORMER_DATA := $(SHARED_DATA)
 endif
 endif
 
-.PHONY: run test test-slow bench clean
+.PHONY: run test test-slow bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,5 +39,13 @@ test-slow: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(BIN)/numformer bench all
 
+# The documentation site (MkDocs + Material, API pages from the docstrings) into site/.
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[nlp,docs]"
+	touch $@ $(VENV)/.installed-run
+
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache

@@ -23,7 +23,7 @@ def parameter_report(model, depth=2):
     """Rows (path, count) down to ``depth`` levels, plus the sub-modules of the first layer of each stack.
 
     The first layer's breakdown (attention, feed-forward, norms) is what the
-    per-layer counts of the worked solutions are about; the other layers repeat it.
+    per-layer counts of the textbook exercises are about; the other layers repeat it.
     """
     counts = parameter_counts(model)
     rows = []

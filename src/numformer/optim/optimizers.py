@@ -16,6 +16,13 @@ from ..nn.module import Parameter
 
 
 class Optimizer:
+    """Base class: ``Optimizer(params, **options)``, the options being the keys of ``defaults``.
+
+    An unknown option raises a ValueError listing the valid ones. ``step()`` updates every
+    parameter that has a gradient; ``zero_grad()`` clears them; ``set_lr(lr)`` sets every group's
+    learning rate (what a schedule calls before each step).
+    """
+
     defaults: dict = {}
 
     def __init__(self, params, **options):
@@ -112,7 +119,17 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """p ← p - lr · d, with d = g + wd·p, optionally momentum (b ← μb + (1-τ)d) and Nesterov (d ← d + μb)."""
+    """p ← p - lr · d, with d = g + wd·p, optionally momentum (b ← μb + (1-τ)d) and Nesterov (d ← d + μb).
+
+    SGD(params, **options): params is an iterable of Parameters or of groups
+    (dicts with "params" and per-group options). Options (torch.optim.SGD's):
+
+    - lr (1e-3): learning rate
+    - momentum (0.0): μ
+    - dampening (0.0): τ
+    - weight_decay (0.0): wd, added to the gradient
+    - nesterov (False): Nesterov momentum (needs momentum > 0 and dampening 0)
+    """
 
     defaults = {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}
     _buffers = ("momentum_buffer",)
@@ -144,6 +161,14 @@ class Adam(Optimizer):
 
     m ← β₁m + (1-β₁)g,  v ← β₂v + (1-β₂)g²,
     p ← p - (lr / (1-β₁ᵗ)) · m / (√v / √(1-β₂ᵗ) + ε)
+
+    Adam(params, **options): params is an iterable of Parameters or of groups
+    (dicts with "params" and per-group options). Options (torch.optim.Adam's):
+
+    - lr (1e-3): learning rate
+    - betas ((0.9, 0.999)): (β₁, β₂), each in [0, 1)
+    - eps (1e-8): ε
+    - weight_decay (0.0): L2 penalty, added to the gradient
     """
 
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
@@ -183,7 +208,17 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """AdamW (Loshchilov & Hutter 2019): weight decay decoupled from the gradient, p ← p(1 - lr·wd) first."""
+    """AdamW (Loshchilov & Hutter 2019): weight decay decoupled from the gradient, p ← p(1 - lr·wd) first.
+
+    AdamW(params, **options): params is an iterable of Parameters or of groups
+    (dicts with "params" and per-group options; ``param_groups(model, wd)`` makes
+    nanoGPT's groups). Options (torch.optim.AdamW's):
+
+    - lr (1e-3): learning rate
+    - betas ((0.9, 0.999)): (β₁, β₂), each in [0, 1)
+    - eps (1e-8): ε
+    - weight_decay (1e-2): wd, applied to the weights directly
+    """
 
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
     decoupled = True

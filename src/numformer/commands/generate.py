@@ -10,9 +10,9 @@ from pathlib import Path
 
 def load_generator(source):
     """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``."""
-    from ..data.tokenizers import tokenizer_from_dict
     from ..interop.hf import is_run_folder, load_pretrained
-    from ..train import load_config_json, load_model, load_tokenizer_state
+    from ..train import load_config_json, load_model
+    from ..train.run import load_tokenizer
 
     if str(source).startswith("hf:") or (Path(source, "config.json").is_file() and not is_run_folder(source)):
         model, tokenizer = load_pretrained(source)
@@ -24,10 +24,10 @@ def load_generator(source):
     if config["model"]["type"] != "gpt":
         raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
                          f"text with a GPT (use `numformer translate` or `classify` for the others)")
-    state = load_tokenizer_state(source)
-    if state is None:
+    tokenizer = load_tokenizer(source)
+    if tokenizer is None:
         raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded")
-    return load_model(source, config), tokenizer_from_dict(state)
+    return load_model(source, config), tokenizer
 
 
 def run(args):

@@ -10,7 +10,7 @@ def run(args):
     experiments = resolve(args.name)
     results = Path(args.results) if args.results else Path("results") / ("quick" if args.quick else "")
     ctx = Context(runs_dir=Path(args.runs), results_dir=results, quick=args.quick, overrides=args.set,
-                  quiet=args.quiet)
+                  quiet=args.quiet, seeds=args.seeds)
     for exp in experiments:
         record = run_experiment(exp, ctx)
         figures = ", ".join(f"{k} {v:.4f}" for k, v in record["figures"].items() if isinstance(v, float))
@@ -26,5 +26,7 @@ def register(sub):
     p.add_argument("--results", default=None, help="folder for the results (default results/)")
     p.add_argument("--runs", default="runs", help="folder for the run folders (default runs/)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    p.add_argument("--seeds", type=int, default=0, metavar="N",
+                   help="first train the experiment with N seeds and report their spread (shakespeare_char)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)

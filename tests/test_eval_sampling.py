@@ -8,10 +8,8 @@ import pytest
 
 from numformer.cli import main
 from numformer.data.base import spread_sample
-from numformer.data.text import TextTask
 from numformer.train import Trainer, evaluate_loss
 from numformer.train import trainer as trainer_module
-from numformer.train.checkpoint import MODEL
 from numformer.train.trainer import mean_loss
 
 BLOCK, EVAL_BS, EVAL_BATCHES = 16, 16, 4

@@ -168,7 +168,7 @@ def seeds_markdown(path):
         f"{last['mean']:.4f} ± {last['sd']:.4f}.", "",
         f"nanoGPT's 1.88 is not a loss on the whole validation text: its `estimate_loss` averages "
         f"{e['batches']} batches of {e['batch_size']} windows of {e['block_size']} characters starting at random "
-        f"places ({chars:,} characters), and the README quotes one such draw. Drawn {e['draws']} times on the "
+        f"places ({chars:,} characters), and the README reports that estimate. Drawn {e['draws']} times on the "
         f"seed-{e['seed']} model (whole-text loss {e['whole_val_loss']:.4f}), that estimate has mean "
         f"{e['mean']:.4f} and sd {e['sd']:.4f} (from {e['min']:.4f} to {e['max']:.4f}; "
         f"{100 * e['at_or_below_1.88']:.0f}% of the draws at or below 1.88). " + _verdict(v, e)])

@@ -1,8 +1,9 @@
 """Training curves from a run's ``metrics.jsonl``.
 
 One JSON object per line. Training lines carry ``step``, ``train_loss``, ``lr``,
-``grad_norm``, ``tokens_per_s``; evaluation lines carry ``step``, ``val_loss`` and
-possibly other metrics (``val_accuracy``, ``val_bleu``, ...).
+``grad_norm``, ``tokens_per_s``; evaluation lines carry ``step``, ``val_loss`` (or
+``val_loss_estimate``, on a fixed sample of the split), ``val_tokens`` and possibly other
+metrics (``val_accuracy``, ``val_bleu``, ...).
 """
 from __future__ import annotations
 
@@ -64,14 +65,14 @@ def ema(values, beta=0.9):
 
 
 def eval_metric_names(records):
-    """Numeric keys of the evaluation lines other than step and val_loss (e.g. val_accuracy)."""
+    """Numeric keys of the evaluation lines other than the step and the loss (e.g. val_accuracy)."""
     names = []
     for r in _records(records):
         if "train_loss" in r:
             continue
         for k, v in r.items():
-            if k not in ("step", "val_loss", "epoch", "time", "elapsed") and isinstance(v, (int, float)) \
-                    and not isinstance(v, bool) and k not in names:
+            if k not in ("step", "val_loss", "val_loss_estimate", "val_tokens", "epoch", "time", "elapsed") \
+                    and isinstance(v, (int, float)) and not isinstance(v, bool) and k not in names:
                 names.append(k)
     return names
 
@@ -90,6 +91,9 @@ def plot_loss_curves(records, path=None, smooth=0.9, logy=False, title="loss", d
     s, v = series(records, "val_loss")
     if len(s):
         ax.plot(s, v, "o-", color="#d62728", ms=3.5, lw=1.4, label="validation")
+    s, v = series(records, "val_loss_estimate")
+    if len(s):
+        ax.plot(s, v, "o--", color="#d62728", ms=3.5, lw=1.2, label="validation (fixed sample)")
     if not ax.lines:
         ax.text(0.5, 0.5, "no train_loss or val_loss in the metrics", ha="center", va="center",
                 transform=ax.transAxes)

@@ -23,9 +23,10 @@ import importlib
 import json
 import os
 import pkgutil
-import platform
 import time
 from pathlib import Path
+
+from ..provenance import machine_info
 
 # The parts in the order bench.md lists them; any other module found in numformer.bench with
 # ``run`` and ``markdown`` is a part too and comes after these.
@@ -53,29 +54,6 @@ def load_part(name):
     if missing:
         raise ValueError(f"benchmark part {name!r} (numformer.bench.{name}) does not define {missing}")
     return module
-
-
-def machine_info():
-    """What the figures depend on: CPU, core count, NumPy/BLAS versions (JSON-able)."""
-    import numpy as np
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform()}
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        info["blas"] = f"{blas.get('name')} {blas.get('version')}"
-    except Exception:  # pragma: no cover - depends on the NumPy build
-        pass
-    return info
 
 
 def image_link(path, alt, fig_dir):

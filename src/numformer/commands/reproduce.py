@@ -23,7 +23,7 @@ def run(args):
                              f"--overwrite to replace {'it' if len(taken) == 1 else 'them'}, or --runs DIR for "
                              f"another folder")
     ctx = Context(runs_dir=runs, results_dir=results, quick=args.quick, overrides=args.set, quiet=args.quiet,
-                  overwrite=args.overwrite)
+                  overwrite=args.overwrite, seeds=args.seeds)
     for exp in experiments:
         record = run_experiment(exp, ctx)
         figures = ", ".join(f"{k} {v:.4f}" for k, v in record["figures"].items() if isinstance(v, float))
@@ -48,5 +48,7 @@ def register(sub):
     p.add_argument("--runs", default=None, help="folder for the run folders (default runs/)")
     p.add_argument("--overwrite", action="store_true", help="replace existing run folders of these experiments")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    p.add_argument("--seeds", type=int, default=0, metavar="N",
+                   help="first train the experiment with N seeds and report their spread (shakespeare_char)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)

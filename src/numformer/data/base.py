@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 
 IGNORE = -100   # target id left out of the loss (torch's default ignore_index)
+EVAL_SAMPLE_KEY = 0x5A3E   # the stream of a run's seed that draws its evaluation sample (see spread_sample)
 
 
 @dataclass
@@ -71,6 +72,31 @@ class Task:
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         """The fixed evaluation batches of a split ("val" or "test"); the same every call."""
         raise NotImplementedError
+
+    def eval_size(self, split: str) -> int:
+        """The number of evaluation examples (rows of ``eval_batches``) in a split."""
+        return sum(len(b.targets) for b in self.eval_batches(split, 256))
+
+    def eval_sample(self, split: str, batch_size: int, n_examples: int, seed: int = 0) -> Iterator[Batch]:
+        """Batches of a fixed sample of ``n_examples`` of the split's evaluation examples (all of them when
+        the split has no more), spread over the whole split by :func:`spread_sample`; the same sample for the
+        same arguments, so that successive evaluations of a run compare like with like.
+
+        This generic version takes the sampled rows out of ``eval_batches`` (one smaller batch per batch
+        that holds any); tasks whose examples can be built directly by index override it.
+        """
+        batches = list(self.eval_batches(split, batch_size))
+        keep = spread_sample(sum(len(b.targets) for b in batches), n_examples, seed)
+        start = 0
+        for batch in batches:
+            n = len(batch.targets)
+            rows = keep[(keep >= start) & (keep < start + n)] - start
+            start += n
+            if rows.size == n:
+                yield batch
+            elif rows.size:
+                yield Batch({k: v[rows] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == n else v
+                             for k, v in batch.inputs.items()}, batch.targets[rows])
 
     def evaluate(self, model, split: str) -> dict:
         """Task metrics on a split (accuracy, exact match, BLEU ...); {} when the loss says it all."""
@@ -133,6 +159,22 @@ def import_builtin_tasks():
         if info.name not in ("base",):
             importlib.import_module(f"{data.__name__}.{info.name}")
     return TASKS
+
+
+def spread_sample(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """``k`` sorted indices out of range(n), spread over all of it: range(n) is cut into k consecutive stretches
+    of (nearly) equal length and one index is drawn at random from each, with a generator seeded by ``seed``
+    alone (the same indices at every call). All of range(n) when k >= n.
+
+    Every example is equally likely to be drawn (1/stretch length), so the mean over the sample estimates the
+    mean over the split without bias, and no part of the split is left out (as the first k would leave out
+    the rest).
+    """
+    if k >= n:
+        return np.arange(n)
+    bounds = np.arange(k + 1) * n // k
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(EVAL_SAMPLE_KEY,)))
+    return rng.integers(bounds[:-1], bounds[1:])
 
 
 def pad_sequences(seqs, pad_id, length=None, dtype=np.int64):

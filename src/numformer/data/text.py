@@ -5,7 +5,8 @@ for validation — so that losses compare. The character vocabulary is built
 from the whole text (as nanoGPT's prepare.py) and saved with the run.
 Training batches are random windows of ``block_size + 1`` characters; the
 validation loss is computed over every non-overlapping window of the
-validation text (all of it, not a random sample).
+validation text (all of it, not a random sample), and a capped periodic
+evaluation over a fixed sample of those windows spread over the whole text.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from importlib import resources
 
 import numpy as np
 
-from .base import Batch, Task, register_task
+from .base import Batch, Task, register_task, spread_sample
 from .files import expand_paths, read_text
 from .tokenizers import CharTokenizer, tokenizer_from_dict
 
@@ -80,12 +81,23 @@ class TextTask(Task):
 
     def eval_batches(self, split, batch_size):
         """Every non-overlapping window of the split ("test" is the validation text: there is no third split)."""
+        return self._windows(split, batch_size, np.arange(self.eval_size(split)))
+
+    def eval_size(self, split):
+        """The number of non-overlapping windows of block_size + 1 characters (one shared) in the split."""
+        return (len(self.splits["val" if split == "test" else split]) - 1) // self.config["block_size"]
+
+    def eval_sample(self, split, batch_size, n_examples, seed=0):
+        """``n_examples`` of the split's windows, spread over the whole split (``spread_sample``)."""
+        return self._windows(split, batch_size, spread_sample(self.eval_size(split), n_examples, seed))
+
+    def _windows(self, split, batch_size, windows):
+        """Batches of the given windows (window i starts at character i × block_size)."""
         data, T = self.splits["val" if split == "test" else split], self.config["block_size"]
-        n_windows = (len(data) - 1) // T
-        starts = np.arange(n_windows) * T
-        for i in range(0, n_windows, batch_size):
-            windows = data[starts[i:i + batch_size, None] + np.arange(T + 1)]
-            yield Batch({"idx": windows[:, :-1]}, windows[:, 1:])
+        starts = windows * T
+        for i in range(0, len(starts), batch_size):
+            chars = data[starts[i:i + batch_size, None] + np.arange(T + 1)]
+            yield Batch({"idx": chars[:, :-1]}, chars[:, 1:])
 
     def tokenizer_state(self):
         return self.tokenizer.to_dict()

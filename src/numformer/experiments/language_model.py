@@ -1,19 +1,33 @@
-"""The main job as an experiment: ``numformer reproduce shakespeare_char``.
+"""The main job as an experiment: ``numformer reproduce shakespeare_char [--seeds N]``.
 
 Trains ``configs/shakespeare_char.toml`` (nanoGPT's CPU configuration, what
-``make run`` trains) and records the loss on the whole validation text after
-2000 steps, bits per character, the wall time, and a sample continuing
+``make run`` trains) and records the loss of the saved weights on the whole
+validation text, bits per character, the wall time, and a sample continuing
 "ROMEO:" (seed 0), next to the learning curve and the attention maps.
+
+With ``--seeds N`` it first trains the same model with seeds 0 .. N-1 and
+writes ``results/shakespeare_char_seeds.json``: each seed's whole-validation
+loss, their mean and standard deviation, and the spread of nanoGPT's own
+estimate (the mean over 20 random batches of 12 windows) drawn many times on
+one model. The page of the main run shows that study whenever the file exists.
 """
 from __future__ import annotations
 
+import datetime
+import json
 import math
 
+import numpy as np
+
+from ..provenance import git_commit, machine_info
 from . import register
-from .runner import Experiment, Target
+from .runner import Experiment, Target, find_config
 
 PROMPT = "ROMEO:"
 SAMPLE_TOKENS = 300
+SEEDS_FILE = "shakespeare_char_seeds.json"
+# nanoGPT's estimate_loss for this configuration: eval_iters = 20 batches of batch_size = 12 random windows
+NANOGPT_BATCHES, NANOGPT_BATCH_SIZE, ESTIMATE_DRAWS, QUICK_DRAWS = 20, 12, 100, 4
 
 WHY = ("nanoGPT's `shakespeare_char` CPU configuration: 4 pre-LN layers, 4 heads, d_model 128, context 64, "
        "batch 12, 2000 AdamW steps (lr 1e-3, beta2 0.99, weight decay 0.1), 100 warmup steps then a cosine "
@@ -24,24 +38,151 @@ WHY = ("nanoGPT's `shakespeare_char` CPU configuration: 4 pre-LN layers, 4 heads
 
 def _extra(trainer, task, results_dir, quick):
     from ..generate import generate
-    from ..train import evaluate_loss
 
     model = trainer.model.eval()
-    t = trainer.config["train"]
-    loss = evaluate_loss(model, task, "test", t["eval_batch_size"] or t["batch_size"])      # the whole text
+    summary = trainer.last_summary
+    loss = summary["best_val_loss"]                      # the saved weights on the whole validation text
     ids = generate(model, task.tokenizer.encode(PROMPT), SAMPLE_TOKENS, temperature=1.0, rng=0)
     sample = task.tokenizer.decode(ids)                  # the prompt and what follows
-    summary = trainer.last_summary
     figures = {"bits_per_character": loss / math.log(2), "train_tokens_per_s": summary["tokens_per_s"],
                "processes": summary["processes"]}
     md = "\n".join([
         f"Model: {WHY}", "",
+        _selection_text(summary), "",
         f"Training ran data-parallel on {summary['processes']} process(es) at {summary['tokens_per_s']:,.0f} "
         f"tokens/s ({summary['train_seconds']:.1f} s of training steps; {summary['wall_seconds']:.1f} s with the "
         f"evaluations and checkpoints).", "",
         f"Sample (`numformer generate runs/shakespeare_char --prompt \"{PROMPT}\" --max-new-tokens "
-        f"{SAMPLE_TOKENS} --seed 0`):", "", "```text", sample, "```"])
+        f"{SAMPLE_TOKENS} --seed 0`):", "", "```text", sample, "```", "",
+        seeds_markdown(results_dir / SEEDS_FILE)])
     return figures, md
+
+
+def _selection_text(s):
+    """Which weights were saved and why, from the run's summary."""
+    how = (f"the periodic evaluations estimate the validation loss on a fixed sample of {s['estimate_examples']:,} "
+           f"windows spread over the whole text" if s["selected_on"] == "val_loss_estimate"
+           else "the periodic evaluations use the whole validation text")
+    if s.get("selected_step") is None:
+        return (f"Saved weights: those of the last step ({s['last_step']}), whole-text loss {s['best_val_loss']:.4f}; "
+                f"`numformer eval runs/shakespeare_char` prints this loss.")
+    text = (f"Saved weights: {how}; the step they rank best (step {s['selected_step']}) and the last step "
+            f"({s['last_step']}) are then scored on the whole text, and the better is kept: step {s['best_step']}, "
+            f"{s['best_val_loss']:.4f}")
+    if s.get("selected_step") not in (None, s["last_step"]):
+        text += f" (step {s['selected_step']}: {s['selected_val_loss']:.4f}; step {s['last_step']}: " \
+                f"{s['last_val_loss']:.4f})"
+    return text + ". `numformer eval runs/shakespeare_char` prints this loss."
+
+
+# -- the seed study ---------------------------------------------------------------------------------------------
+def seed_study(exp, ctx):
+    """Train seeds 0 .. ctx.seeds - 1, score each saved model on the whole validation text, and draw nanoGPT's
+    20-batch estimate many times on the first; writes results/shakespeare_char_seeds.json. A seed whose run
+    folder holds a checkpoint of the same config is resumed (a finished one is only scored again)."""
+    from ..config import load_config
+    from ..train import Trainer
+    from ..train.checkpoint import write_json_atomic
+
+    if ctx.seeds < 2:
+        raise ValueError(f"--seeds {ctx.seeds}: a spread needs at least 2 seeds")
+    config = load_config(find_config(exp.config_name()))
+    overrides = (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
+    rows, first = [], None
+    for seed in range(ctx.seeds):
+        run_dir = ctx.runs_dir / f"{exp.name}_seeds" / f"seed_{seed}"
+        trainer = Trainer(config, run_dir, overwrite=True, overrides=overrides + [f"train.seed={seed}"],
+                          quiet=ctx.quiet)
+        if _same_run(run_dir, trainer.config):          # an interrupted study goes on where it stopped
+            trainer = Trainer(None, run_dir, resume=True, quiet=ctx.quiet)
+        s = trainer.train()
+        rows.append({"seed": seed, "val_loss": s["best_val_loss"], "step": s["best_step"],
+                     "last_val_loss": s["last_val_loss"], "last_step": s["last_step"],
+                     "selected_step": s.get("selected_step"), "train_seconds": s["train_seconds"]})
+        first = first or trainer
+    draws = ESTIMATE_DRAWS if not ctx.quick else QUICK_DRAWS
+    estimates = nanogpt_estimates(first.model, first.task, draws, rng=0)
+    record = {
+        "command": f"numformer reproduce {exp.name} --seeds {ctx.seeds}" + (" --quick" if ctx.quick else ""),
+        "commit": git_commit(), "date": datetime.date.today().isoformat(), "machine": machine_info(),
+        "config": first.config, "seeds": rows,
+        "val_loss": _spread([r["val_loss"] for r in rows]), "last_val_loss": _spread([r["last_val_loss"] for r in rows]),
+        "nanogpt_estimate": {"seed": rows[0]["seed"], "whole_val_loss": rows[0]["val_loss"], "draws": draws,
+                             "batches": NANOGPT_BATCHES, "batch_size": NANOGPT_BATCH_SIZE,
+                             "block_size": first.config["data"]["block_size"], **_spread(estimates),
+                             "min": float(np.min(estimates)), "max": float(np.max(estimates)),
+                             "at_or_below_1.88": float(np.mean(np.asarray(estimates) <= 1.88))},
+    }
+    ctx.results_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(ctx.results_dir / SEEDS_FILE, record)
+    return record
+
+
+def _same_run(run_dir, config):
+    """Whether run_dir holds a checkpoint of a run with this resolved config (to resume rather than restart)."""
+    from ..train.checkpoint import CHECKPOINT
+
+    saved = run_dir / "config.json"
+    return (run_dir / CHECKPOINT).is_file() and saved.is_file() and json.loads(saved.read_text()) == json.loads(
+        json.dumps(config))
+
+
+def nanogpt_estimate(model, task, rng, batches=NANOGPT_BATCHES, batch_size=NANOGPT_BATCH_SIZE):
+    """nanoGPT's ``estimate_loss`` on the validation text: the mean loss over ``batches`` batches of
+    ``batch_size`` windows starting at random characters (``torch.randint(len(data) - block_size, ...)``)."""
+    from ..data.base import Batch
+    from ..train.trainer import mean_loss
+
+    data, T = task.splits["val"], task.config["block_size"]
+    starts = rng.integers(0, len(data) - T, size=(batches, batch_size))
+    chars = [data[s[:, None] + np.arange(T + 1)] for s in starts]
+    return mean_loss(model, [Batch({"idx": c[:, :-1]}, c[:, 1:]) for c in chars])[0]
+
+
+def nanogpt_estimates(model, task, draws, rng=0):
+    """``draws`` independent nanoGPT estimates of the validation loss of one model."""
+    rng = np.random.default_rng(rng)
+    return [nanogpt_estimate(model, task, rng) for _ in range(draws)]
+
+
+def _spread(values):
+    v = np.asarray(values, dtype=float)
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size)}
+
+
+def seeds_markdown(path):
+    """The seed study's section of the page, from results/shakespeare_char_seeds.json (or how to make it)."""
+    if not path.is_file():
+        return (f"No seed study yet: `numformer reproduce shakespeare_char --seeds 8` trains 8 seeds and adds "
+                f"their spread here ({SEEDS_FILE}).")
+    r = json.loads(path.read_text())
+    n, e, v, last = len(r["seeds"]), r["nanogpt_estimate"], r["val_loss"], r["last_val_loss"]
+    chars = e["batches"] * e["batch_size"] * e["block_size"]
+    rows = [f"| {s['seed']} | {s['step']} | {s['val_loss']:.4f} | {s['last_val_loss']:.4f} |" for s in r["seeds"]]
+    return "\n".join([
+        f"## {n} seeds: how far apart two measurements of the same model quality are", "",
+        f"Produced by `{r['command']}` on {r['date']} (commit {r['commit']}). Each seed trains the model above; "
+        f"its losses are on every character of the validation text.", "",
+        "| seed | saved step | loss of the saved weights | loss at the last step |", "|---|---|---|---|", *rows, "",
+        f"Saved weights: {v['mean']:.4f} ± {v['sd']:.4f} (mean ± sd over {n} seeds); last step: "
+        f"{last['mean']:.4f} ± {last['sd']:.4f}.", "",
+        f"nanoGPT's 1.88 is not a loss on the whole validation text: its `estimate_loss` averages "
+        f"{e['batches']} batches of {e['batch_size']} windows of {e['block_size']} characters starting at random "
+        f"places ({chars:,} characters), and the README reports that estimate. Drawn {e['draws']} times on the "
+        f"seed-{e['seed']} model (whole-text loss {e['whole_val_loss']:.4f}), that estimate has mean "
+        f"{e['mean']:.4f} and sd {e['sd']:.4f} (from {e['min']:.4f} to {e['max']:.4f}; "
+        f"{100 * e['at_or_below_1.88']:.0f}% of the draws at or below 1.88). " + _verdict(v, e)])
+
+
+def _verdict(v, e):
+    """What the measured spreads say about 1.88 against the mean whole-text loss over seeds."""
+    z = (v["mean"] - 1.88) / e["sd"]
+    text = (f"One draw scatters by about {e['sd']:.3f} around the whole-text loss and one seed by about "
+            f"{v['sd']:.3f}; the seeds' mean whole-text loss {v['mean']:.4f} is {z:.1f} estimate sd above 1.88")
+    if abs(z) <= 2.5:
+        return text + (", within the scatter of a single 20-batch draw: 1.88 and this figure describe the same "
+                       "model quality. Compare whole-text losses, or means over seeds, to tell two trainings apart.")
+    return text + ", more than a single draw's scatter explains."
 
 
 register(Experiment(
@@ -49,4 +190,4 @@ register(Experiment(
     [Target("test_loss", 1.88, "<=")],
     quick_overrides=["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=6", "train.log_every=3",
                      "model.n_layers=1", "data.block_size=16"],
-    extra=_extra))
+    extra=_extra, seed_study=seed_study))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..provenance import machine_info
 from . import Experiment, register
 
 TASKS = ("copy", "reversal")
@@ -126,17 +127,11 @@ def run_positional(exp, ctx):
         "train_seconds": round(sum(r["summary"]["train_seconds"] for r in runs.values()), 1),
         "wall_time_s": round(time.time() - started, 1), "time_limit_minutes": exp.time_limit_minutes or None,
         "seed": t_cfg["seed"], "config": trainer.config, "commit": first["summary"]["commit"],
-        "date": datetime.date.today().isoformat(), "machine": _machine(),
+        "date": datetime.date.today().isoformat(), "machine": machine_info(),
         "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else ""),
         "run_dirs": [str(r["trainer"].run_dir) for r in runs.values()], "task": trainer.task.describe(),
     }
     return record, markdown(record, runs, L, lengths, vocab, ctx)
-
-
-def _machine():
-    from .runner import machine_info
-
-    return machine_info()
 
 
 # -- figures ------------------------------------------------------------------------------------------------------
@@ -197,7 +192,7 @@ def markdown(record, runs, L, lengths, vocab, ctx):
     heads = " | ".join(f"{n}{' (L)' if n == L else ''}" for n in lengths)
     lines = [f"# {record['name']}", "", record["description"], "",
              f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
-             f"{record['machine']['cpus']} CPUs) in {record['wall_time_s']:.0f} s "
+             f"{record['machine']['cores']} cores) in {record['wall_time_s']:.0f} s "
              f"({record['wall_time_s'] / 60:.1f} min) for {len(runs)} trainings. Seed {record['seed']}; `positional.json` "
              f"holds the resolved config of the first run (copy, sinusoidal; the others differ only in [data] task "
              f"and [model] positional) and every figure.", "",

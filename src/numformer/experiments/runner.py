@@ -12,13 +12,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
+from ..provenance import machine_info
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
 REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/
@@ -62,6 +61,7 @@ class Experiment:
     extra: Callable | None = None          # extra(trainer, task, results_dir, quick) -> (figures dict, markdown)
     attention_groups: tuple = ()           # attention groups to draw, in this order (e.g. ("cross",)); () = all
     custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record
+    seed_study: Callable | None = None     # seed_study(exp, ctx): trains ctx.seeds seeds (reproduce --seeds N)
 
     def config_name(self):
         return self.config or self.name
@@ -75,11 +75,7 @@ class Context:
     overrides: list = field(default_factory=list)
     quiet: bool = False
     overwrite: bool = False       # replace existing run folders (else a folder holding a run is an error)
-
-
-def machine_info():
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "numpy": np.__version__}
+    seeds: int = 0                # reproduce --seeds N: run the experiment's seed study first
 
 
 def _figure_dir(ctx):
@@ -148,6 +144,10 @@ def train_and_evaluate(exp, ctx, config_overrides=()):
 
 def run_experiment(exp, ctx):
     """Run one experiment and write results/NAME.{json,md}; returns the record."""
+    if ctx.seeds:
+        if exp.seed_study is None:
+            raise ValueError(f"--seeds: experiment {exp.name!r} has no seed study (shakespeare_char has one)")
+        exp.seed_study(exp, ctx)
     if exp.custom is not None:
         record, markdown = exp.custom(exp, ctx)
     else:
@@ -203,7 +203,7 @@ def standard_markdown(record, images, extra_md, results_dir):
     lines = [
         f"# {record['name']}", "", record["description"], "",
         f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
-        f"{record['machine']['cpus']} CPUs). Data: {record['task']}.", "",
+        f"{record['machine']['cores']} cores). Data: {record['task']}.", "",
         figures_table(record), "",
         f"Training: {record['steps']} steps in {record['train_seconds']:.0f} s of training; wall time of the whole "
         f"experiment {wall:.0f} s ({wall / 60:.1f} min)"

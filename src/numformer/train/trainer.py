@@ -8,9 +8,11 @@ Run folder::
     config.json             the fully resolved config (every default filled in)
     tokenizer.json          the task's vocabulary / tokenizer
     metrics.jsonl           one JSON object per line: training lines (step, train_loss, lr,
-                            grad_norm, tokens_per_s, elapsed_s) and evaluation lines (step, val_loss, metrics)
+                            grad_norm, tokens_per_s, elapsed_s) and evaluation lines (step, val_loss or
+                            val_loss_estimate when eval_batches caps it, val_tokens, the task's metrics)
     checkpoint.safetensors  the latest training state, for --resume (model, optimizer, RNGs, counters)
-    model.safetensors       the weights to use: the best validation loss (restore_best) or the last
+    model.safetensors       the weights to use: of the step selected by the periodic evaluations (restore_best)
+                            or of the last step, whichever has the lower loss on the whole validation split
     summary.json            figures of the finished run
 
 Resuming is exact: a run stopped at step N and resumed gives, bit for bit, the
@@ -23,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from .. import ops
 from ..data.base import IGNORE
 from ..models import build_model
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
+from ..provenance import git_commit
 from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
                          save_model, set_rng_state, write_atomic, write_json_atomic)
 from ..config import resolve_config
@@ -52,24 +54,6 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite, or the loss stayed far above its start."""
 
 
-def git_commit():
-    """The numformer source commit (with "+dirty" when src/ or configs/ have uncommitted changes), or None
-    outside a git checkout."""
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=here)
-        commit = out.stdout.strip()
-        if not commit:
-            return None
-        # uncommitted changes to the library or the configs: the commit alone does not say what ran
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "configs"], capture_output=True,
-                               text=True, timeout=5, cwd=here.parents[2] if len(here.parents) > 2 else here)
-        return commit + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def make_optimizer(model, train):
     groups = param_groups(model, train["weight_decay"], tuple(train["no_decay"]))
     name = train["optimizer"]
@@ -78,16 +62,15 @@ def make_optimizer(model, train):
     return OPTIMIZERS[name](groups, lr=train["lr"], betas=(train["beta1"], train["beta2"]), eps=train["eps"])
 
 
-def evaluate_loss(model, task, split, batch_size, max_batches=0):
-    """Token-weighted mean cross-entropy over a split's fixed evaluation batches (model in eval mode).
-    A diverged model's overflows give an infinite or NaN loss, without NumPy's warnings."""
+def mean_loss(model, batches):
+    """Token-weighted mean cross-entropy of ``model`` (in eval mode) over ``batches``: (loss, counted targets);
+    the loss is NaN when no target is counted. A diverged model's overflows give an infinite or NaN loss,
+    without NumPy's warnings."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     try:
-        for i, batch in enumerate(task.eval_batches(split, batch_size)):
-            if max_batches and i >= max_batches:
-                break
+        for batch in batches:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 logits = model(**batch.inputs)
                 loss, cache = ops.cross_entropy_forward(logits, batch.targets, ignore_index=IGNORE)
@@ -97,9 +80,25 @@ def evaluate_loss(model, task, split, batch_size, max_batches=0):
             model.clear_cache()
     finally:
         model.train(was_training)
+    return (total / count if count else math.nan), int(count)
+
+
+def split_loss(model, task, split, batch_size, sample=0, seed=0):
+    """(loss, counted targets) over a split: all of its evaluation batches, or with ``sample`` a fixed sample of
+    that many examples spread over the whole split (``Task.eval_sample``, drawn with ``seed``; the same at
+    every call)."""
+    batches = (task.eval_sample(split, batch_size, sample, seed) if sample
+               else task.eval_batches(split, batch_size))
+    loss, count = mean_loss(model, batches)
     if count == 0:
         raise ValueError(f"the {split} split has no evaluation targets")
-    return total / count
+    return loss, count
+
+
+def evaluate_loss(model, task, split, batch_size, max_batches=0, seed=0):
+    """Token-weighted mean cross-entropy over a split: all of it, or with ``max_batches`` a fixed sample of
+    max_batches × batch_size examples spread over the whole split (see ``split_loss``)."""
+    return split_loss(model, task, split, batch_size, max_batches * batch_size, seed)[0]
 
 
 def _check_trainable(model):
@@ -169,6 +168,8 @@ class Trainer:
         self._worker_rngs = None        # the data-parallel workers' generator states between train() calls
         self._rank_rngs = None          # under MPI: this rank's generator states between train() calls
         self._agreed = {"stop": False, "time_up": False}   # under MPI: what the ranks agreed at this step
+        self._eval_sizes = {}           # split -> number of evaluation examples
+        self._whole_losses = {}         # step -> whole-validation-split loss of that step's weights
         if resume:
             self._restore()
         elif self._writer:               # the whole config is valid: only now is the folder touched
@@ -244,12 +245,18 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------
     def evaluate(self, split="val", full=False):
-        """Validation loss (over at most eval_batches batches unless ``full``) and the task's metrics."""
-        t = self.train_cfg
-        bs = t["eval_batch_size"] or t["batch_size"]
-        result = {"val_loss" if split == "val" else f"{split}_loss":
-                  evaluate_loss(self.model, self.task, split, bs, 0 if full else t["eval_batches"])}
-        if t["eval_metrics"]:
+        """The loss and the task's metrics on a split.
+
+        The loss is over the whole split (``val_loss``, with ``val_tokens`` counted targets) when ``full`` or
+        when eval_batches = 0; otherwise over the run's fixed sample of eval_batches × eval_batch_size examples
+        spread over the whole split (``val_loss_estimate``): the same sample at every evaluation of the run
+        and after a resume (drawn with the run's seed), so that successive evaluations compare like with like.
+        Other splits are prefixed with their name (``test_loss``, ``test_tokens``, ``test_accuracy``).
+        """
+        sample = 0 if full else self._eval_sample_size(split)
+        loss, count = self._split_loss(split, sample)
+        result = {f"{split}_loss_estimate" if sample else f"{split}_loss": loss, f"{split}_tokens": count}
+        if self.train_cfg["eval_metrics"]:
             was_training = self.model.training
             self.model.eval()
             try:
@@ -259,6 +266,27 @@ class Trainer:
                 self.model.train(was_training)
                 self.model.clear_cache()
         return result
+
+    def _split_loss(self, split, sample=0):
+        """(loss, counted targets) over the whole split, or over the run's fixed sample of ``sample`` examples."""
+        t = self.train_cfg
+        return split_loss(self.model, self.task, split, t["eval_batch_size"] or t["batch_size"], sample, t["seed"])
+
+    def _eval_sample_size(self, split):
+        """Examples in a capped evaluation's fixed sample (eval_batches × eval_batch_size), or 0 when the
+        evaluation covers the whole split (eval_batches = 0, or a split no larger than the sample)."""
+        t = self.train_cfg
+        n = t["eval_batches"] * (t["eval_batch_size"] or t["batch_size"])
+        if n and split not in self._eval_sizes:
+            self._eval_sizes[split] = self.task.eval_size(split)
+        return n if n and n < self._eval_sizes[split] else 0
+
+    def _whole_val_loss(self, step):
+        """The loss on the whole validation split of the model's current weights, which are those of ``step``:
+        that step's periodic evaluation when it covered the whole split, else computed now."""
+        if step not in self._whole_losses:
+            self._whole_losses[step] = self._split_loss("val")[0]
+        return self._whole_losses[step]
 
     def _train_step(self):
         """One optimizer update (grad_accum micro-batches); returns (mean loss, grad norm, tokens)."""
@@ -417,21 +445,24 @@ class Trainer:
             bar.update(1)
 
     def _evaluate_step(self):
-        """A periodic evaluation: log it, save the weights when the validation loss improved, and return whether
+        """A periodic evaluation: log it, save the weights to model.safetensors when the validation loss (on the
+        same yardstick at every evaluation: the whole split or the fixed sample) improved, and return whether
         early stopping says to stop."""
-        t = self.train_cfg
-        # Periodic evaluations may use a fixed subset (eval_batches); the last one uses the whole split.
-        result = self.evaluate("val", full=self.step == t["max_steps"]) if self._writer else None
-        if self.world is not None:        # rank 0 evaluates; every rank takes the same early-stopping decision
+        # rank 0 evaluates (the whole split or the fixed sample, see evaluate); every rank takes the same decision
+        result = self.evaluate("val") if self._writer else None
+        if self.world is not None:
             result = self.world.comm.bcast(result, root=0)
+        key = "val_loss" if "val_loss" in result else "val_loss_estimate"
         self._log({"step": self.step, **result})
-        improved = self.early.update(result["val_loss"], self.step)
+        if key == "val_loss":
+            self._whole_losses[self.step] = result[key]
+        improved = self.early.update(result[key], self.step)
         if improved and self._writer:
-            save_model(self.run_dir / MODEL, self.model, {"step": self.step, "val_loss": result["val_loss"],
+            save_model(self.run_dir / MODEL, self.model, {"step": self.step, key: result[key],
                                                           **run_folder.weights_metadata(self.config)})
-        self._print(f"step {self.step}: val_loss {result['val_loss']:.4f}"
-                    + "".join(f", {k} {v:.4f}" for k, v in result.items()
-                              if k != "val_loss" and isinstance(v, float))
+        self._print(f"step {self.step}: {key} {result[key]:.4f}"
+                    + (f" ({result['val_tokens']:,} tokens)" if key != "val_loss" else "")
+                    + "".join(f", {k} {v:.4f}" for k, v in result.items() if k != key and isinstance(v, float))
                     + (" (best)" if improved else ""))
         if self.early.should_stop:
             self._print(f"early stopping: no improvement for {self.early.patience} evaluations")
@@ -476,27 +507,15 @@ class Trainer:
 
     def _finish(self, stop, n_params, wall_seconds):
         t = self.train_cfg
-        best_path = self.run_dir / MODEL
-        if not self._writer:
-            pass                                   # under MPI, rank 0 alone writes (and reads back) the weights
-        elif t["restore_best"] and best_path.exists():
-            load_model_weights(best_path, self.model)
-        elif stop["diverged"]:
-            pass                            # the diverged weights are not saved
-        else:
-            save_model(best_path, self.model, {"step": self.step, **run_folder.weights_metadata(self.config)})
         ranks = 1 if self.world is None else self.world.size
         summary = {
             "steps": self.step, "max_steps": t["max_steps"], "parameters": n_params,
-            "best_val_loss": None if math.isinf(self.early.best) else self.early.best,
-            "best_step": self.early.best_step, "train_seconds": round(self.train_seconds, 2),
+            **self._weights_figures(stop["diverged"]), "train_seconds": round(self.train_seconds, 2),
             "tokens_seen": self.tokens_seen,
             "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
             "wall_seconds": round(wall_seconds, 2), "processes": self.processes * ranks, "mpi_ranks": ranks,
             "stopped_early": stop["stopped_early"], "interrupted": stop["interrupted"],
             "time_limit_reached": stop["time_limit"], "stopped_by": _stopped_by(stop),
-            "weights": ("best" if t["restore_best"] and self.early.best_step is not None
-                        else None if stop["diverged"] else "last"),
             "commit": git_commit(), "run_dir": str(self.run_dir),
         }
         if stop["diverged"]:
@@ -508,10 +527,59 @@ class Trainer:
             self._print(self._summary_text(summary))
         return summary
 
+    def _weights_figures(self, diverged):
+        """Keep the better weights (rank 0 under MPI, which tells the other ranks the figures); a diverged run's
+        last weights are never kept."""
+        figures = self._keep_better_weights(diverged) if self._writer else None
+        if self.world is not None:
+            figures = self.world.comm.bcast(figures, root=0)
+        return figures
+
+    def _keep_better_weights(self, diverged=False):
+        """Save the weights to use in model.safetensors (and leave them in ``self.model``); return their figures.
+
+        The rule: the periodic evaluations select a step on one yardstick (the fixed sample, or the whole
+        split); then the selected weights (restore_best) and the last weights are both scored on the whole
+        validation split, and the better is kept. ``best_val_loss`` is always the whole-split loss of the
+        weights in model.safetensors, ``best_step`` their step. After a divergence only the selected weights can
+        be kept (else none: every figure is None).
+        """
+        path = self.run_dir / MODEL
+        if diverged:
+            if not (self.train_cfg["restore_best"] and path.exists()):
+                return {"best_val_loss": None, "best_step": None, "weights": None}
+            step = int(load_model_weights(path, self.model)["step"])
+            return {"best_val_loss": self._whole_val_loss(step), "best_step": step, "weights": "best"}
+        last = (self.step, self._whole_val_loss(self.step))
+        sample = self._eval_sample_size("val")
+        figures = {"last_step": last[0], "last_val_loss": last[1],
+                   "selected_on": "val_loss_estimate" if sample else "val_loss", "estimate_examples": sample or None}
+        kept = last
+        if self.train_cfg["restore_best"] and path.exists():
+            last_weights = {k: np.array(v, copy=True) for k, v in self.model.state_dict().items()}
+            step = int(load_model_weights(path, self.model)["step"])
+            selected = (step, self._whole_val_loss(step))
+            figures.update(selected_step=selected[0], selected_val_loss=selected[1])
+            if selected[1] < last[1]:
+                kept = selected
+            else:
+                self.model.load_state_dict(last_weights)
+        save_model(path, self.model, {"step": kept[0], "val_loss": kept[1],
+                                      **run_folder.weights_metadata(self.config)})
+        return {"best_val_loss": kept[1], "best_step": kept[0], "weights": "last" if kept is last else "best",
+                **figures}
+
     def _summary_text(self, s):
         how = f"{s['steps']} steps" + ("" if s["stopped_by"] == "max_steps" else f" ({s['stopped_by']})")
-        best = (f"Best validation loss {s['best_val_loss']:.4f} at step {s['best_step']}."
-                if s["best_val_loss"] is not None else "No evaluation ran.")
+        if s["best_val_loss"] is None:
+            best = "No evaluation ran."
+        else:
+            best = (f"Validation loss {s['best_val_loss']:.4f} on the whole split with the weights of step "
+                    f"{s['best_step']}")
+            if s.get("selected_step") is not None and s["selected_step"] != s["last_step"]:
+                best += (f" (whole split: step {s['selected_step']}, selected by {s['selected_on']}, "
+                         f"{s['selected_val_loss']:.4f}; last step {s['last_step']}, {s['last_val_loss']:.4f})")
+            best += "."
         return (f"\nTrained {type(self.model).__name__} ({s['parameters']:,} parameters): {how} in "
                 f"{s['train_seconds']:.1f} s of training steps ({s['tokens_per_s']:,.0f} tokens/s; "
                 f"{s['wall_seconds']:.1f} s wall time with evaluations and checkpoints). {best} "

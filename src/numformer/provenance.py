@@ -1,0 +1,51 @@
+"""Where a figure came from: the source commit and the machine, recorded with every result and summary."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def git_commit():
+    """The numformer source commit (with "+dirty" when src/ or configs/ have uncommitted changes), or None
+    outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=_PACKAGE)
+        commit = out.stdout.strip()
+        if not commit:
+            return None
+        # uncommitted changes to the library or the configs: the commit alone does not say what ran
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=5,
+                             cwd=_PACKAGE).stdout.strip() or str(_PACKAGE)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "configs"], capture_output=True,
+                               text=True, timeout=5, cwd=top)
+        return commit + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info():
+    """What the figures depend on (JSON-able): CPU model, core count, platform, Python, NumPy and its BLAS."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "platform": platform.platform()}
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        info["blas"] = f"{blas.get('name')} {blas.get('version')}"
+    except Exception:  # pragma: no cover - depends on the NumPy build
+        pass
+    return info

@@ -71,7 +71,7 @@ def test_quick_reproduce_shakespeare_char(tmp_path, capsys):
     """The main job as an experiment: validation loss target, bits per character, a sample, the figures."""
     results = quick("shakespeare_char", tmp_path)
     record = json.loads((results / "shakespeare_char.json").read_text())
-    assert record["targets"] == {"test_loss": "<= 1.88"}
+    assert record["targets"] == {"test_loss": "<= 1.93"}
     figures = record["figures"]
     assert figures["bits_per_character"] == pytest.approx(figures["test_loss"] / 0.6931471805599453)
     assert figures["processes"] >= 1 and figures["train_tokens_per_s"] > 0

@@ -187,7 +187,9 @@ def _verdict(v, e):
 
 register(Experiment(
     "shakespeare_char", "Character-level GPT on tiny Shakespeare: `make run`'s model (nanoGPT's CPU configuration).",
-    [Target("test_loss", 1.88, "<=")],
+    # nanoGPT's README figure, 1.88, is its 20-batch estimate; on the whole validation text nanoGPT's own
+    # train.py gives 1.907 +- 0.010 over 8 seeds, so the target on this yardstick is that mean + 2 sd.
+    [Target("test_loss", 1.93, "<=")],
     quick_overrides=["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=6", "train.log_every=3",
                      "model.n_layers=1", "data.block_size=16"],
     extra=_extra, seed_study=seed_study))

@@ -21,10 +21,19 @@ import time
 import numpy as np
 
 
+def _idle_until_all_arrive(comm):
+    """Wait for every rank while sleeping: MPICH's blocking calls poll a core, which would take it from the
+    forked-worker rounds that run between the MPI rounds."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.002)
+
+
 def _serve(trainer, world):
     comm = world.comm
     while True:
         line = sys.stdin.readline() if world.is_writer else None
+        _idle_until_all_arrive(comm)
         cmd = comm.bcast((line or "quit").split(), root=0)
         if not cmd or cmd[0] == "quit":
             return

@@ -157,3 +157,17 @@ def test_reproduce_seeds_writes_the_seed_study(tmp_path, capsys):
     assert main_run["figures"]["test_loss"] == pytest.approx(summary["best_val_loss"], abs=1e-9)
     assert main(["reproduce", "copy", "--quick", "--seeds", "2", "--results", str(results), "--quiet"]) == 2
     assert "has no seed study" in capsys.readouterr().err
+
+
+def test_reproduce_seeds_resumes_a_seed_run_instead_of_restarting_it(tmp_path):
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    args = ["reproduce", "shakespeare_char", "--quick", "--seeds", "2", "--results", str(results), "--runs",
+            str(runs), "--quiet"]
+    assert main(args) == 0
+    first = json.loads((results / "shakespeare_char_seeds.json").read_text())
+    checkpoint = runs / "shakespeare_char_seeds" / "seed_0" / "checkpoint.safetensors"
+    written = checkpoint.stat().st_mtime_ns
+    assert main(args + ["--overwrite"]) == 0           # the main run is replaced; the finished seed runs are resumed
+    assert checkpoint.stat().st_mtime_ns == written   # not trained again
+    again = json.loads((results / "shakespeare_char_seeds.json").read_text())
+    assert [r["val_loss"] for r in again["seeds"]] == [r["val_loss"] for r in first["seeds"]]

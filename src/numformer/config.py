@@ -45,12 +45,12 @@ TRAIN_DEFAULTS = {
     "grad_clip": 1.0,             # global-norm clipping; 0 = off
     "grad_accum": 1,              # micro-batches per update
     "label_smoothing": 0.0,
-    "eval_batches": 0,            # cap on validation batches per periodic evaluation (the final one uses all); 0 = all
+    "eval_batches": 0,            # periodic evaluations on a fixed sample of eval_batches batches spread over the split; 0 = all
     "eval_batch_size": 0,         # 0 = batch_size
     "eval_metrics": True,         # also compute the task's metrics (accuracy, exact match ...) at each evaluation
     "early_stopping_patience": 0,  # evaluations without improvement before stopping; 0 = never stop early
     "early_stopping_min_delta": 0.0,
-    "restore_best": True,         # end with the weights of the best validation loss
+    "restore_best": True,         # keep the best-ranked weights when the whole split scores them better than the last
     "log_every": 10,
     "max_minutes": 0.0,           # stop (with a checkpoint) after this much training time; 0 = no limit
     "dtype": "float32",           # float32 | float64

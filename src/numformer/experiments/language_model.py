@@ -80,7 +80,7 @@ def seed_study(exp, ctx):
     """Train seeds 0 .. ctx.seeds - 1, score each saved model on the whole validation text, and draw nanoGPT's
     20-batch estimate many times on the first; writes results/shakespeare_char_seeds.json. A seed whose run
     folder holds a checkpoint of the same config is resumed (a finished one is only scored again)."""
-    from ..config import load_config
+    from ..config import apply_overrides, load_config, resolve_config
     from ..train import Trainer
     from ..train.checkpoint import write_json_atomic
 
@@ -91,10 +91,11 @@ def seed_study(exp, ctx):
     rows, first = [], None
     for seed in range(ctx.seeds):
         run_dir = ctx.runs_dir / f"{exp.name}_seeds" / f"seed_{seed}"
-        trainer = Trainer(config, run_dir, overwrite=True, overrides=overrides + [f"train.seed={seed}"],
-                          quiet=ctx.quiet)
-        if _same_run(run_dir, trainer.config):          # an interrupted study goes on where it stopped
-            trainer = Trainer(None, run_dir, resume=True, quiet=ctx.quiet)
+        seed_overrides = overrides + [f"train.seed={seed}"]
+        if _same_run(run_dir, resolve_config(apply_overrides(config, seed_overrides))[0]):
+            trainer = Trainer(None, run_dir, resume=True, quiet=ctx.quiet)   # an interrupted study goes on
+        else:
+            trainer = Trainer(config, run_dir, overwrite=True, overrides=seed_overrides, quiet=ctx.quiet)
         s = trainer.train()
         rows.append({"seed": seed, "val_loss": s["best_val_loss"], "step": s["best_step"],
                      "last_val_loss": s["last_val_loss"], "last_step": s["last_step"],

@@ -153,7 +153,7 @@ class Trainer:
             load_init_weights(self.model, init_from)
         _check_trainable(self.model)
         self.optimizer = make_optimizer(self.model, t)
-        d_model = self.config["model"].get("d_model") or 512
+        d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5
         self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
                                       d_model=d_model, decay_steps=t["decay_steps"] or None)
         self.early = EarlyStopping(t["early_stopping_patience"], t["early_stopping_min_delta"])

@@ -37,15 +37,21 @@ QUICK_CONFIG = {"vocab_size": 1000, "n_positions": 128, "n_embd": 128, "n_layer"
 
 
 def _models(hf_config):
-    """(numformer GPT, transformers model) with the same random weights, float32, evaluation mode."""
+    """(numformer GPT, transformers GPT2LMHeadModel) with the same random weights, float32, evaluation mode."""
+    return random_models("GPT2Config", "GPT2LMHeadModel", hf_config)
+
+
+def random_models(config_class, model_class, hf_config):
+    """(numformer GPT, transformers ``model_class``) with the same random float32 weights (seed 0), evaluation
+    mode: the transformers model is saved and imported as a user's checkpoint would be."""
     import torch
     import transformers
 
     from ..interop.hf import load_pretrained
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(**hf_config, bos_token_id=0, eos_token_id=0)
-    tmodel = transformers.GPT2LMHeadModel(config).eval()
+    config = getattr(transformers, config_class)(**hf_config, bos_token_id=0, eos_token_id=0)
+    tmodel = getattr(transformers, model_class)(config).eval()
     with tempfile.TemporaryDirectory() as folder:
         tmodel.save_pretrained(folder)
         model, _ = load_pretrained(folder)

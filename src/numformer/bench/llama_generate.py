@@ -17,9 +17,10 @@ arrays are measured, not computed from the formula 2 · layers · n_kv_heads · 
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
+
+from .hf_generate import random_models
 
 PROMPT, NEW_TOKENS = 64, 128
 SMOLLM_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -32,18 +33,7 @@ QUICK_CONFIG = dict(vocab_size=1000, hidden_size=64, intermediate_size=160, num_
 
 def _models(hf_config):
     """(numformer GPT, transformers LlamaForCausalLM) with the same random float32 weights."""
-    import torch
-    import transformers
-
-    from ..interop.hf import load_pretrained
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**hf_config, bos_token_id=0, eos_token_id=0)
-    tmodel = transformers.LlamaForCausalLM(config).eval()
-    with tempfile.TemporaryDirectory() as folder:
-        tmodel.save_pretrained(folder)
-        model, _ = load_pretrained(folder)
-    return model, tmodel
+    return random_models("LlamaConfig", "LlamaForCausalLM", hf_config)
 
 
 def kv_cache_bytes(model, n_kv_heads, positions, rng=0):

@@ -168,7 +168,7 @@ def _load_text(load):
         return ""
     if isinstance(load, dict):
         return (f"Load average {load.get('start') or 0:.1f} at the start and {load.get('end') or 0:.1f} at the end "
-                f"(above the core count, other processes shared the cores: the figures are noisy).")
+                f"(near or above the core count, other processes shared the cores: the figures are noisy).")
     return f"Load average {load:.1f} at the end of the run (a shared machine makes these figures noisy)."
 
 

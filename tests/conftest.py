@@ -102,3 +102,17 @@ def cli_error(run_cli):
         return one_error_line(rc, err, str(args[0]))
 
     return run
+
+
+def tiny_copy_toml(model=None, **train):
+    """The TOML text of a 1-layer GPT (d_model 16, 2 heads) on the copy task of length 4 (16 validation and
+    16 test problems), with ``model`` added to [model] and ``train`` as [train]: the small runs of the CLI tests."""
+    def section(name, values):
+        def value(v):
+            return ("true" if v else "false") if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) else repr(v)
+        return [f"[{name}]", *(f"{k} = {value(v)}" for k, v in values.items())]
+
+    gpt = {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16, **(model or {})}
+    return "\n".join(["", *section("model", gpt),
+                      *section("data", {"task": "copy", "length": 4, "n_val": 16, "n_test": 16}),
+                      *section("train", train), ""])

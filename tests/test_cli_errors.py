@@ -15,25 +15,9 @@ import pytest
 from numformer.cli import main
 from numformer.train.checkpoint import CHECKPOINT, MODEL
 
-from conftest import one_error_line
+from conftest import one_error_line, tiny_copy_toml
 
-COPY = """
-[model]
-type = "gpt"
-n_layers = 1
-n_heads = 2
-d_model = 16
-[data]
-task = "copy"
-length = 4
-n_val = 16
-n_test = 16
-[train]
-max_steps = 4
-batch_size = 4
-eval_every = 2
-processes = 1
-"""
+COPY = tiny_copy_toml(max_steps=4, batch_size=4, eval_every=2, processes=1)
 
 TEXT = """
 [model]

@@ -11,22 +11,9 @@ from numformer.config import DATA_KEYS, TRAIN_DEFAULTS, Key, _model_keys, _train
 from numformer.data.base import import_builtin_tasks
 from numformer.models import MODEL_TYPES, model_arguments
 
-TINY = """
-[model]
-type = "gpt"
-n_layers = 1
-n_heads = 2
-d_model = 16
-[data]
-task = "copy"
-length = 4
-n_val = 16
-n_test = 16
-[train]
-max_steps = 4
-batch_size = 4
-processes = 1
-"""
+from conftest import tiny_copy_toml
+
+TINY = tiny_copy_toml(max_steps=4, batch_size=4, processes=1)
 
 
 def _toml(value):

@@ -12,26 +12,10 @@ import pytest
 from numformer.train import checkpoint as checkpoint_module
 from numformer.train.checkpoint import CHECKPOINT
 
-TINY = """
-[model]
-type = "gpt"
-n_layers = 1
-n_heads = 2
-d_model = 16
-dropout = 0.1
-[data]
-task = "copy"
-length = 4
-n_val = 16
-n_test = 16
-[train]
-max_steps = 6
-batch_size = 4
-eval_every = 3
-checkpoint_every = 3
-log_every = 1
-processes = 1
-"""
+from conftest import tiny_copy_toml
+
+TINY = tiny_copy_toml(model={"dropout": 0.1}, max_steps=6, batch_size=4, eval_every=3, checkpoint_every=3,
+                      log_every=1, processes=1)
 
 
 def arrays(path):

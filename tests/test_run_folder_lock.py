@@ -12,26 +12,9 @@ import pytest
 
 from numformer.train.run_folder import RunLock
 
-from conftest import one_error_line
+from conftest import one_error_line, tiny_copy_toml
 
-TINY = """
-[model]
-type = "gpt"
-n_layers = 1
-n_heads = 2
-d_model = 16
-[data]
-task = "copy"
-length = 4
-n_val = 16
-n_test = 16
-[train]
-max_steps = 300
-batch_size = 4
-eval_every = 100
-checkpoint_every = 100
-processes = 1
-"""
+TINY = tiny_copy_toml(max_steps=300, batch_size=4, eval_every=100, checkpoint_every=100, processes=1)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="flock and /proc are Linux's")
 

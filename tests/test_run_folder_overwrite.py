@@ -10,24 +10,9 @@ from numformer.train import trainer as trainer_module
 from numformer.train.checkpoint import CHECKPOINT, MODEL
 from numformer.train.run_folder import RUN_FILES
 
-TINY = """
-[model]
-type = "gpt"
-n_layers = 1
-n_heads = 2
-d_model = 16
-[data]
-task = "copy"
-length = 4
-n_val = 16
-n_test = 16
-[train]
-max_steps = 6
-batch_size = 4
-eval_every = 3
-checkpoint_every = 3
-processes = 1
-"""
+from conftest import tiny_copy_toml
+
+TINY = tiny_copy_toml(max_steps=6, batch_size=4, eval_every=3, checkpoint_every=3, processes=1)
 
 
 @pytest.fixture

@@ -89,3 +89,18 @@ def test_full_shakespeare_char_reaches_its_target(tmp_path):
     assert main(["reproduce", "shakespeare_char", "--results", str(results), "--runs", str(runs), "--quiet"]) == 0
     record = json.loads((results / "shakespeare_char.json").read_text())
     assert all(record["met"].values()), record["figures"]
+
+
+def test_quick_llama_experiment_compares_seed_studies(tmp_path):
+    """shakespeare_char_llama's page compares its seed study with shakespeare_char's over their common seeds."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    common = ["--quick", "--results", str(results), "--runs", str(runs), "--quiet"]
+    assert main(["reproduce", "shakespeare_char", "--seeds", "3", *common]) == 0
+    assert main(["reproduce", "shakespeare_char_llama", "--seeds", "2", *common]) == 0
+    ours = json.loads((results / "shakespeare_char_llama_seeds.json").read_text())
+    theirs = json.loads((results / "shakespeare_char_seeds.json").read_text())
+    assert ours["config"]["model"]["positional"] == "rope" and theirs["config"]["model"]["positional"] == "learned"
+    md = (results / "shakespeare_char_llama.md").read_text()
+    mean = sum(r["val_loss"] for r in theirs["seeds"][:2]) / 2          # seeds 0 and 1 only: the common ones
+    assert "## Against `shakespeare_char`" in md and f"| shakespeare_char | {mean:.4f} |" in md
+    assert "nanoGPT's 1.88" not in md

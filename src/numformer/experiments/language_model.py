@@ -25,7 +25,7 @@ from .runner import Experiment, Target, find_config
 
 PROMPT = "ROMEO:"
 SAMPLE_TOKENS = 300
-SEEDS_FILE = "shakespeare_char_seeds.json"
+SEEDS_FILE = "{name}_seeds.json"          # the seed study of experiment {name}
 # nanoGPT's estimate_loss for this configuration: eval_iters = 20 batches of batch_size = 12 random windows
 NANOGPT_BATCHES, NANOGPT_BATCH_SIZE, ESTIMATE_DRAWS, QUICK_DRAWS = 20, 12, 100, 4
 
@@ -36,7 +36,28 @@ WHY = ("nanoGPT's `shakespeare_char` CPU configuration: 4 pre-LN layers, 4 heads
        "20 random batches; the figure here is the loss on every character of the validation text.")
 
 
-def _extra(trainer, task, results_dir, quick):
+WHY_LLAMA = ("the Llama-style counterpart of `shakespeare_char` (`configs/shakespeare_char_llama.toml`): the "
+             "same data, width (4 layers, 4 heads, d_model 128), batch, steps, optimizer and schedule, with rotary "
+             "positions, RMSNorm, a SwiGLU feed-forward (d_ff 389), 2 key/value heads for 4 query heads and no "
+             "biases: 803,584 parameters against 804,096.")
+
+
+def make_extra(name, why, compare_with=None):
+    """The extra step of a character-level LM experiment: bits per character, tokens/s, a sample, which weights
+    were saved, the seed study (``{name}_seeds.json``) and, with ``compare_with``, a comparison of both seed
+    studies."""
+    def extra(trainer, task, results_dir, quick):
+        figures, md = _sample_and_figures(trainer, task, name, why)
+        seeds = results_dir / SEEDS_FILE.format(name=name)
+        parts = [md, seeds_markdown(seeds, name, nanogpt=compare_with is None)]
+        if compare_with is not None:
+            parts.append(comparison_markdown(seeds, results_dir / SEEDS_FILE.format(name=compare_with), name,
+                                             compare_with))
+        return figures, "\n".join(parts)
+    return extra
+
+
+def _sample_and_figures(trainer, task, name, why):
     from ..generate import generate
 
     model = trainer.model.eval()
@@ -47,32 +68,31 @@ def _extra(trainer, task, results_dir, quick):
     figures = {"bits_per_character": loss / math.log(2), "train_tokens_per_s": summary["tokens_per_s"],
                "processes": summary["processes"]}
     md = "\n".join([
-        f"Model: {WHY}", "",
-        _selection_text(summary), "",
+        f"Model: {why}", "",
+        _selection_text(summary, name), "",
         f"Training ran data-parallel on {summary['processes']} process(es) at {summary['tokens_per_s']:,.0f} "
         f"tokens/s ({summary['train_seconds']:.1f} s of training steps; {summary['wall_seconds']:.1f} s with the "
         f"evaluations and checkpoints).", "",
-        f"Sample (`numformer generate runs/shakespeare_char --prompt \"{PROMPT}\" --max-new-tokens "
-        f"{SAMPLE_TOKENS} --seed 0`):", "", "```text", sample, "```", "",
-        seeds_markdown(results_dir / SEEDS_FILE)])
+        f"Sample (`numformer generate runs/{name} --prompt \"{PROMPT}\" --max-new-tokens "
+        f"{SAMPLE_TOKENS} --seed 0`):", "", "```text", sample, "```", ""])
     return figures, md
 
 
-def _selection_text(s):
+def _selection_text(s, name):
     """Which weights were saved and why, from the run's summary."""
     how = (f"the periodic evaluations estimate the validation loss on a fixed sample of {s['estimate_examples']:,} "
            f"windows spread over the whole text" if s["selected_on"] == "val_loss_estimate"
            else "the periodic evaluations use the whole validation text")
     if s.get("selected_step") is None:
         return (f"Saved weights: those of the last step ({s['last_step']}), whole-text loss {s['best_val_loss']:.4f}; "
-                f"`numformer eval runs/shakespeare_char` prints this loss.")
+                f"`numformer eval runs/{name}` prints this loss.")
     text = (f"Saved weights: {how}; the step they rank best (step {s['selected_step']}) and the last step "
             f"({s['last_step']}) are then scored on the whole text, and the better is kept: step {s['best_step']}, "
             f"{s['best_val_loss']:.4f}")
     if s.get("selected_step") not in (None, s["last_step"]):
         text += f" (step {s['selected_step']}: {s['selected_val_loss']:.4f}; step {s['last_step']}: " \
                 f"{s['last_val_loss']:.4f})"
-    return text + ". `numformer eval runs/shakespeare_char` prints this loss."
+    return text + f". `numformer eval runs/{name}` prints this loss."
 
 
 # -- the seed study ---------------------------------------------------------------------------------------------
@@ -115,7 +135,7 @@ def seed_study(exp, ctx):
                              "at_or_below_1.88": float(np.mean(np.asarray(estimates) <= 1.88))},
     }
     ctx.results_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(ctx.results_dir / SEEDS_FILE, record)
+    write_json_atomic(ctx.results_dir / SEEDS_FILE.format(name=exp.name), record)
     return record
 
 
@@ -151,11 +171,12 @@ def _spread(values):
     return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size)}
 
 
-def seeds_markdown(path):
-    """The seed study's section of the page, from results/shakespeare_char_seeds.json (or how to make it)."""
+def seeds_markdown(path, name, nanogpt=True):
+    """The seed study's section of the page, from results/{name}_seeds.json (or how to make it); with
+    ``nanogpt``, what the spread says about nanoGPT's 20-batch estimate."""
     if not path.is_file():
-        return (f"No seed study yet: `numformer reproduce shakespeare_char --seeds 8` trains 8 seeds and adds "
-                f"their spread here ({SEEDS_FILE}).")
+        return (f"No seed study yet: `numformer reproduce {name} --seeds 8` trains 8 seeds and adds "
+                f"their spread here ({path.name}).")
     r = json.loads(path.read_text())
     n, e, v, last = len(r["seeds"]), r["nanogpt_estimate"], r["val_loss"], r["last_val_loss"]
     chars = e["batches"] * e["batch_size"] * e["block_size"]
@@ -166,13 +187,32 @@ def seeds_markdown(path):
         f"its losses are on every character of the validation text.", "",
         "| seed | saved step | loss of the saved weights | loss at the last step |", "|---|---|---|---|", *rows, "",
         f"Saved weights: {v['mean']:.4f} ± {v['sd']:.4f} (mean ± sd over {n} seeds); last step: "
-        f"{last['mean']:.4f} ± {last['sd']:.4f}.", "",
+        f"{last['mean']:.4f} ± {last['sd']:.4f}.", ""] + ([] if not nanogpt else [
         f"nanoGPT's 1.88 is not a loss on the whole validation text: its `estimate_loss` averages "
         f"{e['batches']} batches of {e['batch_size']} windows of {e['block_size']} characters starting at random "
         f"places ({chars:,} characters), and the README reports that estimate. Drawn {e['draws']} times on the "
         f"seed-{e['seed']} model (whole-text loss {e['whole_val_loss']:.4f}), that estimate has mean "
         f"{e['mean']:.4f} and sd {e['sd']:.4f} (from {e['min']:.4f} to {e['max']:.4f}; "
-        f"{100 * e['at_or_below_1.88']:.0f}% of the draws at or below 1.88). " + _verdict(v, e)])
+        f"{100 * e['at_or_below_1.88']:.0f}% of the draws at or below 1.88). " + _verdict(v, e)]))
+
+
+def comparison_markdown(path, other_path, name, other):
+    """Experiment ``name`` against ``other`` over the seeds both studies trained (equal steps and data)."""
+    if not (path.is_file() and other_path.is_file()):
+        return (f"No comparison yet: it needs `numformer reproduce {name} --seeds N` and "
+                f"`numformer reproduce {other} --seeds N`.")
+    ours, theirs = (json.loads(p.read_text())["seeds"] for p in (path, other_path))
+    common = sorted({r["seed"] for r in ours} & {r["seed"] for r in theirs})
+    a = _spread([r["val_loss"] for r in ours if r["seed"] in common])
+    b = _spread([r["val_loss"] for r in theirs if r["seed"] in common])
+    return "\n".join([
+        f"## Against `{other}`", "",
+        f"Whole-validation-text loss of the saved weights over seeds {', '.join(map(str, common))} (from "
+        f"`{path.name}` and `{other_path.name}`; same data, steps and optimizer):", "",
+        "| model | mean | sd | seeds |", "|---|---|---|---|",
+        f"| {name} | {a['mean']:.4f} | {a['sd']:.4f} | {a['n']} |",
+        f"| {other} | {b['mean']:.4f} | {b['sd']:.4f} | {b['n']} |", "",
+        f"Difference ({name} − {other}): {a['mean'] - b['mean']:+.4f}."])
 
 
 def _verdict(v, e):
@@ -193,4 +233,12 @@ register(Experiment(
     [Target("test_loss", 1.93, "<=")],
     quick_overrides=["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=6", "train.log_every=3",
                      "model.n_layers=1", "data.block_size=16"],
-    extra=_extra, seed_study=seed_study))
+    extra=make_extra("shakespeare_char", WHY), seed_study=seed_study))
+
+register(Experiment(
+    "shakespeare_char_llama", "Character-level Llama-style decoder on tiny Shakespeare, against `make run`'s "
+    "GPT-2-style model at the same parameter count.",
+    [], quick_overrides=["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=6",
+                         "train.log_every=3", "model.n_layers=1", "data.block_size=16"],
+    extra=make_extra("shakespeare_char_llama", WHY_LLAMA, compare_with="shakespeare_char"),
+    seed_study=seed_study))

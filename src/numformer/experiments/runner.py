@@ -146,7 +146,7 @@ def run_experiment(exp, ctx):
     """Run one experiment and write results/NAME.{json,md}; returns the record."""
     if ctx.seeds:
         if exp.seed_study is None:
-            raise ValueError(f"--seeds: experiment {exp.name!r} has no seed study (shakespeare_char has one)")
+            raise ValueError(f"--seeds: experiment {exp.name!r} has no seed study (shakespeare_char and shakespeare_char_llama have one)")
         exp.seed_study(exp, ctx)
     if exp.custom is not None:
         record, markdown = exp.custom(exp, ctx)

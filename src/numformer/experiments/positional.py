@@ -259,10 +259,12 @@ def reading(runs, L, lengths, vocab):
         p = runs[t, e]["positions"]
         return float(np.mean(p[:L])), float(np.mean(p[L:-1]))
 
-    if in_min < 0.9:
-        parts.append(f"The models did not learn the tasks within the trained lengths (at least one is below 90% "
-                     f"exact match at a length ≤ {L}; a --quick run trains for a few steps only), so the comparison "
-                     f"beyond L says nothing about extrapolation.")
+    unlearned = sorted({f"{t} with {e}" for (t, e) in runs
+                        if min(runs[t, e]["table"][n]["exact_match"] for n in inside) < 0.9})
+    if unlearned:
+        parts.append(f"Not learned within the trained lengths (below 90% exact match at some length ≤ {L}): "
+                     f"{', '.join(unlearned)}; beyond L their figures say nothing about extrapolation (a --quick "
+                     f"run trains for a few steps only).")
     for t in TASKS:
         reach = ", ".join(f"{e} {_reach(runs, t, e, lengths)}" for e in ENCODINGS)
         acc = ", ".join(f"{e} {_pct(split_acc(t, e)[0])} / {_pct(split_acc(t, e)[1])}" for e in ENCODINGS)

@@ -42,7 +42,7 @@ def test_quick_reproduce_writes_table_and_figures(tmp_path, capsys):
     assert "| task | encoding | 4 | 8 (L) | 12 | 16 | 24 | 32 |" in md
     assert md.count("| copy | ") == 4 + 4 and md.count("| reversal | ") == 4 + 4   # results and training tables
     assert "| copy | rope |" in md and "| reversal | alibi |" in md
-    assert "**Reading**" in md and "did not learn the tasks" in md                # honest about a 12-step run
+    assert "**Reading**" in md and "Not learned within the trained lengths" in md  # honest about a 12-step run
     for png in ("positional.png", "positional_positions.png"):
         assert f"figures/{png}" in md
         assert (results / "figures" / png).stat().st_size > 5000

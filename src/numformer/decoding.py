@@ -109,26 +109,15 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     seq = np.empty((B, T0 + max_new_tokens), dtype=np.int64)
     seq[:, :T0] = seq0
     mask = None if attention_mask is None else _left_padding_mask(attention_mask, seq0.shape, max_new_tokens)
-    trace = None
+    trace = np.empty((B, max_new_tokens, model.vocab_size), dtype=model.dtype) if return_logits else None
     n, start = T0, 0                 # seq[:, :n] is generated so far; the window is seq[:, start:n]
-    caches, cache_start, cached_to = None, None, 0
+    cache = {} if use_cache else None
     with _inference(model):
         for step in range(max_new_tokens):
             if n - start > block_size:
                 start = max(start + shift, n - block_size)
-            extra = {} if mask is None else {"attention_mask": mask[:, start:n]}
-            if getattr(model, "supports_logits_to_keep", False):
-                extra["logits_to_keep"] = 1               # only the last position's logits are needed
-            if not use_cache:
-                logits = model(seq[:, start:n], **extra)[:, -1]
-            else:
-                if caches is None or cache_start != start:      # first step, or the window slid: re-prefill
-                    caches, cache_start, cached_to = model.new_kv_caches(), start, start
-                logits = model(seq[:, cached_to:n], kv_caches=caches, **extra)[:, -1]
-                cached_to = n
+            logits = _next_logits(model, seq, start, n, mask, cache)
             if return_logits:
-                if trace is None:
-                    trace = np.empty((B, max_new_tokens, logits.shape[-1]), dtype=logits.dtype)
                 trace[:, step] = logits
             tok = sample_next(logits, rng, temperature, top_k, top_p, greedy)
             seq[:, n] = tok
@@ -136,11 +125,23 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
             if stream is not None:
                 stream(int(tok[0]) if B == 1 else tok.copy())
     out = seq[0] if was_1d else seq
-    if not return_logits:
-        return out
-    if trace is None:
-        trace = np.empty((B, 0, model.vocab_size), dtype=model.dtype)
-    return out, trace
+    return (out, trace) if return_logits else out
+
+
+def _next_logits(model, seq, start, n, mask, cache):
+    """The logits (B, V) of the token after seq[:, :n], seen through the window seq[:, start:n]. ``cache`` is
+    None (recompute the window) or a dict of the KV caches, where their window starts and how far they are
+    filled: a new window (the first step, or after a slide) is prefilled, then one token is added per call."""
+    extra = {} if mask is None else {"attention_mask": mask[:, start:n]}
+    if getattr(model, "supports_logits_to_keep", False):
+        extra["logits_to_keep"] = 1               # only the last position's logits are needed
+    if cache is None:
+        return model(seq[:, start:n], **extra)[:, -1]
+    if cache.get("start") != start:
+        cache.update(caches=model.new_kv_caches(), start=start, filled=start)
+    logits = model(seq[:, cache["filled"]:n], kv_caches=cache["caches"], **extra)[:, -1]
+    cache["filled"] = n
+    return logits
 
 
 def _left_padding_mask(attention_mask, shape, max_new_tokens):

@@ -132,7 +132,7 @@ def test_bad_arguments_and_files(tmp_path, cfg, cli_error, args, expected):
 
 
 # -- data sets ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("command", ["train", "params"])
+@pytest.mark.parametrize("command", ["train"])       # params reads no data: tests/test_cli.py
 @pytest.mark.parametrize("task,path,expected", [
     ("imdb", "no/such/imdb.tar.gz", "no IMDB data at"),
     ("agnews", "no/such/folder", "no AG News folder at"),
@@ -348,3 +348,16 @@ def test_resume_with_a_new_schedule_says_so(tmp_path, cfg, run_cli):
     rc, _, err = run_cli("train", "--out", tmp_path / "r", "--resume", "--set", "train.max_steps=8")
     assert rc == 0 and "note: max_steps 2 -> 8 changes the learning-rate schedule" in err
     assert np.isfinite(json.loads((tmp_path / "r" / "summary.json").read_text())["best_val_loss"])
+
+
+def test_params_of_a_run_folder(text_run, run_cli, monkeypatch):
+    """A run folder's config.json holds the exact sizes: the same count as its config, nothing else read."""
+    monkeypatch.chdir(text_run.parent)          # the config's data path is relative to it
+    rc, out, err = run_cli("params", text_run)
+    assert rc == 0, err
+    total = next(line for line in out.splitlines() if line.startswith("total"))
+    rc, out_cfg, err = run_cli("params", text_run.parent / "text.toml")
+    assert rc == 0, err
+    assert total in out_cfg
+    line = run_cli("params", text_run, "--set", "model.d_model=8")[2]
+    assert "--set applies to a TOML config, not to a run folder" in line

@@ -262,13 +262,16 @@ def check_data_section(data, task_cls):
 
 
 # -- resolving a whole config ---------------------------------------------------------------------------------
-def resolve_config(config, tokenizer_state=None, build_task=True):
+def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=False):
     """Validate a raw config and fill in every default; returns (resolved config, task).
 
     The task is built here because the data decides part of the model
     (vocabulary sizes ...); ``tokenizer_state`` (from a saved run) makes it reuse
     that vocabulary. With ``build_task=False`` (a saved config: its sizes are
-    already filled in) no data is read and the task returned is None. Raises
+    already filled in) no data is read and the task returned is None. With
+    ``sizes_only=True`` (counting parameters) the data's sizes come from
+    ``Task.sizes_from_config`` where the task can tell them without reading data
+    (the task returned is then None), and from a built task otherwise. Raises
     ValueError naming the first problem found.
     """
     if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
@@ -298,8 +301,12 @@ def resolve_config(config, tokenizer_state=None, build_task=True):
     if build_task:
         from .data import make_task
 
-        task = make_task(data, seed=train["seed"], tokenizer_state=tokenizer_state)
-        from_data = task.model_config()
+        from_data = None
+        if sizes_only:
+            from_data = {} if source_model is not None else task_cls.sizes_from_config(data)
+        if from_data is None:
+            task = make_task(data, seed=train["seed"], tokenizer_state=tokenizer_state)
+            from_data = task.model_config()
         if source_model is not None:
             from .interop.hf import merge_init_from
 

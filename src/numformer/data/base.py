@@ -65,6 +65,13 @@ class Task:
         """Model arguments that come from the data (vocab_size, n_classes, pad ids, ...)."""
         return {}
 
+    @classmethod
+    def sizes_from_config(cls, data_config: dict) -> dict | None:
+        """What ``model_config`` will give, known from the [data] config alone (no data read), or None
+        when only the data can tell. A vocabulary built from the data gets its configured cap (the one
+        built can come out smaller). ``numformer params`` counts parameters with it."""
+        return None
+
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
         """A training batch drawn with ``rng`` (the trainer saves and restores its state on resume)."""
         raise NotImplementedError

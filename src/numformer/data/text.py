@@ -73,6 +73,14 @@ class TextTask(Task):
     def model_config(self):
         return {"vocab_size": self.tokenizer.vocab_size, "block_size": self.config["block_size"]}
 
+    @classmethod
+    def sizes_from_config(cls, data_config):
+        """The built-in corpus's characters are known; a text file's are counted only by reading it."""
+        c = {**cls.data_keys, **data_config}
+        if c["path"] or c["paths"]:
+            return None
+        return {"vocab_size": CharTokenizer.from_text(read_corpus()).vocab_size, "block_size": c["block_size"]}
+
     def train_batch(self, batch_size, rng):
         data, T = self.splits["train"], self.config["block_size"]
         starts = rng.integers(0, len(data) - T, size=batch_size)

@@ -25,7 +25,7 @@ from .batching import LengthBuckets, eval_mode, eval_order
 from .fetch import locate
 from .files import read_parallel
 from .text_datasets import load_agnews, load_agnews_csv, load_imdb, load_parallel, read_class_names_file
-from .tokenizers import BOS, EOS, build_tokenizer, token_labels, tokenizer_from_dict, truncate
+from .tokenizers import BOS, EOS, build_tokenizer, special_tokens, token_labels, tokenizer_from_dict, truncate
 
 _VAL_SALT = 0xA11
 
@@ -109,6 +109,7 @@ class TextClassificationTask(Task):
         "eval_batch_size": 128,     # batch size inside evaluate()
     }
     data_keys = common_keys
+    n_classes: int | None = None    # a dataset's fixed number of classes (None: counted in the data)
 
     def load(self) -> tuple:
         """(train LabeledTexts, test LabeledTexts)."""
@@ -210,6 +211,13 @@ class TextClassificationTask(Task):
         return {"vocab_size": self.tokenizer.vocab_size, "n_classes": len(self.class_names), "pad_id": 0,
                 "max_len": int(self.config["max_len"])}
 
+    @classmethod
+    def sizes_from_config(cls, data_config: dict) -> dict | None:
+        if cls.n_classes is None:
+            return None
+        c = {**cls.data_keys, **data_config}
+        return {"vocab_size": c["vocab_size"], "n_classes": cls.n_classes, "pad_id": 0, "max_len": c["max_len"]}
+
     def tokenizer_state(self) -> dict:
         """The tokenizer's state plus ``label_names`` (read back by ``numformer classify``)."""
         return {**self.tokenizer.to_dict(), "label_names": self.label_names}
@@ -233,6 +241,7 @@ class IMDBTask(TextClassificationTask):
     """
 
     data_keys = {**TextClassificationTask.common_keys, "val_size": 2500}
+    n_classes = 2
 
     def load(self):
         d = load_imdb(self.config["path"] or str(locate("imdb")["aclImdb_v1.tar.gz"]))
@@ -256,6 +265,7 @@ class AGNewsTask(TextClassificationTask):
     """
 
     data_keys = {**TextClassificationTask.common_keys, "max_len": 128, "train_file": ""}
+    n_classes = 4
 
     def load(self):
         p = self.config["path"]
@@ -478,6 +488,13 @@ class Multi30kTask(Task):
         return {"src_vocab_size": self.src_tokenizer.vocab_size, "tgt_vocab_size": self.tgt_tokenizer.vocab_size,
                 "src_pad_id": 0, "tgt_pad_id": 0, "bos_id": int(self.bos_id), "eos_id": int(self.eos_id),
                 "max_len": int(self.config["max_len"])}
+
+    @classmethod
+    def sizes_from_config(cls, data_config: dict) -> dict | None:
+        c = {**cls.data_keys, **data_config}
+        bos, eos = (special_tokens(bos=True, eos=True, cls=False).index(t) for t in (BOS, EOS))
+        return {"src_vocab_size": c["vocab_size"], "tgt_vocab_size": c["vocab_size"], "src_pad_id": 0,
+                "tgt_pad_id": 0, "bos_id": bos, "eos_id": eos, "max_len": c["max_len"]}
 
     def tokenizer_state(self) -> dict:
         return {"joint": self.config["joint_vocab"], "src": self.src_tokenizer.to_dict(),

@@ -41,7 +41,8 @@ def split_words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
-def _specials(bos: bool, eos: bool, cls: bool) -> list[str]:
+def special_tokens(bos: bool, eos: bool, cls: bool) -> list[str]:
+    """The special tokens at the start of a built vocabulary, in id order (<pad> = 0, <unk> = 1, ...)."""
     return [PAD, UNK] + [s for s, on in zip(OPTIONAL_SPECIALS, (bos, eos, cls)) if on]
 
 
@@ -224,7 +225,7 @@ class WordTokenizer(SpecialsTokenizer):
     @classmethod
     def build(cls, texts: Iterable[str], min_freq: int = 1, max_size: int = 0, bos: bool = False,
               eos: bool = False, cls_token: bool = False, lowercase: bool = True) -> "WordTokenizer":
-        specials = _specials(bos, eos, cls_token)
+        specials = special_tokens(bos, eos, cls_token)
         if max_size and max_size <= len(specials):
             raise ValueError(f"max_size={max_size} leaves no room for words after the {len(specials)} special tokens")
         counts = Counter()
@@ -303,7 +304,7 @@ class BPETokenizer(SpecialsTokenizer):
         hf = _hf()
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
-        specials = _specials(bos, eos, cls_token)
+        specials = special_tokens(bos, eos, cls_token)
         tok = hf.Tokenizer(models.BPE(unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
         tok.decoder = decoders.ByteLevel()

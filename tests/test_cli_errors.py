@@ -196,6 +196,19 @@ def test_training_that_explodes_is_stopped_with_one_line_and_no_numpy_warnings(t
     assert summary["stopped_by"] == "diverged" and "diverged" in summary["error"]
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_nan_stop_prints_only_its_line(tmp_path, cfg, processes):
+    """A real process (warnings go to its stderr, also from data-parallel workers and kernel threads): the NaN
+    stop is the one line on stderr, with no NumPy overflow warnings before it."""
+    proc = subprocess.run([sys.executable, "-W", "default", "-m", "numformer.cli", "train", str(cfg), "--out",
+                           str(tmp_path / "r"), "--quiet", "--set", "train.lr=1e6", "--set", "train.max_steps=30",
+                           "--set", "model.d_model=64", "--set", f"train.processes={processes}"],
+                          capture_output=True, text=True, env=env(), timeout=300)
+    line = one_error_line(proc.returncode, proc.stderr, "train")
+    assert "became nan" in line or "diverged" in line
+    assert proc.stderr.strip() == line, proc.stderr
+
+
 # -- failures inside a command ---------------------------------------------------------------------------------
 def test_failed_data_parallel_worker(tmp_path, cfg, cli_error, monkeypatch):
     from numformer.train import parallel

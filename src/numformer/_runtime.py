@@ -219,10 +219,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def _run_in_worker(fn, start, stop):
+def _run_in_worker(fn, start, stop, errors):
+    """``fn(start, stop)`` on a pool thread, under the caller's floating-point error handling (``np.errstate``
+    is per thread: a caller that ignores overflow must not get warnings from its pieces)."""
     _in_worker.active = True
     try:
-        return fn(start, stop)
+        with np.errstate(**errors):
+            return fn(start, stop)
     finally:
         _in_worker.active = False
 
@@ -243,7 +246,8 @@ def parallel_for(n, fn, grain):
         return
     bounds = [n * i // pieces for i in range(pieces + 1)]
     pool = _pool(pieces - 1)
-    futures = [pool.submit(_run_in_worker, fn, bounds[i], bounds[i + 1]) for i in range(1, pieces)]
+    errors = np.geterr()
+    futures = [pool.submit(_run_in_worker, fn, bounds[i], bounds[i + 1], errors) for i in range(1, pieces)]
     error = None
     try:
         _in_worker.active = True

@@ -11,6 +11,8 @@ add up to the gradient of the whole batch's mean loss.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .. import ops
 from ..data.base import IGNORE
 
@@ -26,7 +28,10 @@ def loss_and_backward(model, inputs, targets, label_smoothing=0.0, grad_scale=1.
     from dloss = grad_scale and accumulates into every parameter's ``.grad`` (grad_scale = 1 / grad_accum
     when gradients of several micro-batches are summed).
     """
-    logits = model(**inputs)
-    loss, cache = ops.cross_entropy_forward(logits, targets, ignore_index=IGNORE, label_smoothing=label_smoothing)
-    model.backward(ops.cross_entropy_backward(cache, grad_scale))
+    # overflow is not warned about: the trainer checks the loss and the gradient norm and stops with one line
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        logits = model(**inputs)
+        loss, cache = ops.cross_entropy_forward(logits, targets, ignore_index=IGNORE,
+                                                label_smoothing=label_smoothing)
+        model.backward(ops.cross_entropy_backward(cache, grad_scale))
     return float(loss)

@@ -260,8 +260,9 @@ class Trainer:
             was_training = self.model.training
             self.model.eval()
             try:
-                result.update({f"{k}" if split == "val" else f"{split}_{k}": v
-                               for k, v in self.task.evaluate(self.model, split).items()})
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # a diverging run's metrics
+                    metrics = self.task.evaluate(self.model, split)
+                result.update({f"{k}" if split == "val" else f"{split}_{k}": v for k, v in metrics.items()})
             finally:
                 self.model.train(was_training)
                 self.model.clear_cache()

@@ -64,7 +64,6 @@ def test_full_experiment_reaches_its_target(tmp_path, name):
     assert main(["reproduce", name, "--results", str(results), "--runs", str(runs), "--quiet"]) == 0
     record = json.loads((results / f"{name}.json").read_text())
     assert all(record["met"].values()), record["figures"]
-    assert record["wall_time_s"] < 30 * 60
 
 
 def test_quick_reproduce_shakespeare_char(tmp_path, capsys):

@@ -237,4 +237,3 @@ def test_full_run_reaches_target(name, target, tmp_path):
     assert main(["reproduce", name, "--results", str(results), "--runs", str(tmp_path / "runs"), "--quiet"]) == 0
     record = json.loads((results / f"{name}.json").read_text())
     assert record["figures"]["accuracy"] >= target
-    assert record["wall_time_s"] <= 60 * 60

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from numformer import GPT, Transformer
-from numformer.generate import (_beam_search, apply_temperature, beam_search, generate, greedy_decode,
-                                sample_decode, sample_next, top_k_filter, top_p_filter, warp_logits)
+from numformer.decoding import _beam_search
+from numformer.generate import (apply_temperature, beam_search, generate, greedy_decode, sample_decode,
+                                sample_next, top_k_filter, top_p_filter, warp_logits)
 
 EXACT = 1e-10   # cached vs recomputed logits, float64
 

@@ -6,7 +6,6 @@ into a temporary folder); nothing is downloaded.
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest

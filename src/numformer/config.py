@@ -234,7 +234,7 @@ DATA_KEYS = {
 def _key_for(default):
     """The rule for a key known only by its default value."""
     if default is None or default is inspect.Parameter.empty:
-        raise TypeError(f"a key without a default value of a known type needs a rule (a Key) in numformer.config")
+        raise TypeError("a key without a default value of a known type needs a rule (a Key) in numformer.config")
     kind = next(k for k in (bool, int, float, str, list) if _has_kind(default, k))
     return {int: NONNEG_INT, float: Key(float)}.get(kind, Key(kind))
 

@@ -4,8 +4,8 @@
 """
 from __future__ import annotations
 
-from .decoding import _beam_search, beam_search, generate, greedy_decode, sample_decode
-from .sampling import TOP_P_TOL, apply_temperature, sample_next, top_k_filter, top_p_filter, warp_logits
+from .decoding import beam_search, generate, greedy_decode, sample_decode
+from .sampling import apply_temperature, sample_next, top_k_filter, top_p_filter, warp_logits
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "warp_logits", "sample_next", "generate",
            "greedy_decode", "sample_decode", "beam_search"]

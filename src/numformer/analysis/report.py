@@ -119,87 +119,106 @@ def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_
     out.mkdir(parents=True, exist_ok=True)
     inputs, notes = _resolve_inputs(model, inputs, text, encode)
     labels = _labels(inputs, tokens, decode_tokens)
+    md = _input_section(model, inputs, labels, notes, title)
+    md += _model_section(out, model, inputs)
+    maps = attention_maps(model, inputs)
+    md += _attention_sections(out, maps, labels)
+    if ablation:
+        md += _ablation_section(out, model, inputs, metric, metric_name)
+    md += _importance_section(out, model, inputs, labels, target, occlusion, occlusion_id, decode_tokens)
+    if metrics_path is not None:
+        md += _curves_section(out, metrics_path)
+    md += _positional_section(out, model, max_positions)
+    path = out / "report.md"
+    path.write_text("\n".join(md), encoding="utf-8")
+    return path
+
+
+# -- the report's sections: each draws its figures into ``out`` and returns its markdown lines --------------
+def _input_section(model, inputs, labels, notes, title):
     names = list(input_names(model))
     kind = type(model).__name__
-    md = [f"# {title or f'Analysis report: {kind}'}", ""]
-    md.append(f"{kind} with {model.num_parameters():,} parameters. Input"
-              + ("s" if len(names) > 1 else "") + ":")
-    md.append("")
+    md = [f"# {title or f'Analysis report: {kind}'}", "",
+          f"{kind} with {model.num_parameters():,} parameters. Input" + ("s" if len(names) > 1 else "") + ":", ""]
     for n in names:
         shown = "".join(labels[n]) if all(len(t) <= 1 for t in labels[n]) else " ".join(labels[n])
         md.append(f"- `{n}` ({inputs[n].shape[1]} tokens): `{_md_escape(shown[:500])}`")
-    md += [""] + [f"> {n}" for n in dict.fromkeys(notes)] + ([""] if notes else [])
+    return md + [""] + [f"> {n}" for n in dict.fromkeys(notes)] + ([""] if notes else [])
 
-    # -- model -------------------------------------------------------------------------------------------
+
+def _model_section(out, model, inputs):
+    names = list(input_names(model))
     S = inputs[names[0]].shape[1]
-    T = inputs[names[-1]].shape[1]
-    tgt_len = T if isinstance(model, Transformer) else None
+    tgt_len = inputs[names[-1]].shape[1] if isinstance(model, Transformer) else None
     plot_model_diagram(model, 1, S, tgt_len, path=out / "model_diagram.png")
-    md += ["## Model", "", "![block diagram](model_diagram.png)", "",
-           _code(format_model_diagram(model, 1, S, tgt_len)), ""]
+    return ["## Model", "", "![block diagram](model_diagram.png)", "",
+            _code(format_model_diagram(model, 1, S, tgt_len)), ""]
 
-    # -- attention -----------------------------------------------------------------------------------------
-    maps = attention_maps(model, inputs)
-    md += ["## Attention maps", "",
-           "Rows are queries, columns keys; each panel is one (layer, head), scaled to its own maximum; "
-           "grey cells are masked out.", ""]
+
+def _attention_sections(out, maps, labels):
+    """The attention maps, and the head statistics computed from them."""
+    md = ["## Attention maps", "",
+          "Rows are queries, columns keys; each panel is one (layer, head), scaled to its own maximum; "
+          "grey cells are masked out.", ""]
     for g in maps:
         f = f"attention_{g}.png"
         maps.plot(g, tokens=labels, path=out / f)
         md += [f"### {GROUP_TITLES.get(g, g)}", "", f"![{g} attention]({f})", ""]
-
-    # -- head statistics ----------------------------------------------------------------------------------------
-    stats = head_statistics(maps)
     md += ["## Head statistics", "",
            "Averaged over queries: entropy in nats (and divided by log of the number of keys each query "
            "may see), mean attention distance Σ_j a_ij |i-j|, and the attention mass on the previous "
            "token (j = i-1), on itself (j = i), on the first token (j = 0) and on the anti-diagonal "
            "(j = T-1-i).", ""]
-    for g, st in stats.items():
+    for g, st in head_statistics(maps).items():
         f = f"head_stats_{g}.png"
         plot_head_statistics(st, title=GROUP_TITLES.get(g, g), path=out / f)
         md += [f"### {GROUP_TITLES.get(g, g)}", "", f"![{g} head statistics]({f})", "",
                format_head_statistics(st), ""]
+    return md
 
-    # -- ablation -----------------------------------------------------------------------------------------
-    if ablation:
-        if metric is None:
-            metric, metric_name = loss_metric(model, inputs), metric_name or "loss on the input"
-        result = head_ablation(model, metric, metric_name=metric_name or "metric")
-        plot_head_ablation(result, path=out / "head_ablation.png")
-        md += ["## Head ablation", "",
-               f"The {result.metric_name} with each head's output zeroed (`head_mask`), one head at a time; "
-               f"intact model: {result.baseline:.6g}.", "", "![head ablation](head_ablation.png)", "",
-               result.table(), ""]
 
-    # -- position importance -------------------------------------------------------------------------------
+def _ablation_section(out, model, inputs, metric, metric_name):
+    if metric is None:
+        metric, metric_name = loss_metric(model, inputs), metric_name or "loss on the input"
+    result = head_ablation(model, metric, metric_name=metric_name or "metric")
+    plot_head_ablation(result, path=out / "head_ablation.png")
+    return ["## Head ablation", "",
+            f"The {result.metric_name} with each head's output zeroed (`head_mask`), one head at a time; "
+            f"intact model: {result.baseline:.6g}.", "", "![head ablation](head_ablation.png)", "",
+            result.table(), ""]
+
+
+def _importance_section(out, model, inputs, labels, target, occlusion, occlusion_id, decode_tokens):
     sal, tgt = gradient_x_input(model, inputs, target, return_target=True)
     measures = {"gradient × input": sal}
     if occlusion:
         measures["occlusion"] = occlusion_scores(model, inputs, tgt, replace_id=occlusion_id)
-    desc = _describe_target(model, tgt, decode_tokens, names)
+    desc = _describe_target(model, tgt, decode_tokens, list(input_names(model)))
     plot_position_importance(measures, labels, title=f"position importance for the {desc}",
                              path=out / "position_importance.png")
-    md += ["## Position importance", "",
-           f"Target: the {desc}. Gradient × input is Σ_d ∂s/∂e_td · e_td for the token embedding e_t"
-           + (f"; occlusion is s(input) − s(input with token t replaced by id "
-              f"{_occlusion_ids(model, occlusion_id)})" if occlusion else "") + ".", "",
-           "![position importance](position_importance.png)", ""]
+    return ["## Position importance", "",
+            f"Target: the {desc}. Gradient × input is Σ_d ∂s/∂e_td · e_td for the token embedding e_t"
+            + (f"; occlusion is s(input) − s(input with token t replaced by id "
+               f"{_occlusion_ids(model, occlusion_id)})" if occlusion else "") + ".", "",
+            "![position importance](position_importance.png)", ""]
 
-    # -- training curves -----------------------------------------------------------------------------------
-    if metrics_path is not None and Path(metrics_path).is_file():
-        records = read_metrics(metrics_path)
-        plot_loss_curves(records, path=out / "loss.png")
-        plot_learning_rate(records, path=out / "lr.png")
-        md += ["## Training curves", "", f"From `{Path(metrics_path).name}` ({len(records)} records).", "",
-               "![loss](loss.png)", "", "![learning rate](lr.png)", ""]
-        if plot_eval_metrics(records, path=out / "eval_metrics.png") is not None:
-            md += ["![evaluation metrics](eval_metrics.png)", ""]
-    elif metrics_path is not None:
-        md += ["## Training curves", "", f"No metrics file at `{metrics_path}`.", ""]
 
-    # -- positional encodings ------------------------------------------------------------------------------
-    md += ["## Positional encoding", ""]
+def _curves_section(out, metrics_path):
+    if not Path(metrics_path).is_file():
+        return ["## Training curves", "", f"No metrics file at `{metrics_path}`.", ""]
+    records = read_metrics(metrics_path)
+    plot_loss_curves(records, path=out / "loss.png")
+    plot_learning_rate(records, path=out / "lr.png")
+    md = ["## Training curves", "", f"From `{Path(metrics_path).name}` ({len(records)} records).", "",
+          "![loss](loss.png)", "", "![learning rate](lr.png)", ""]
+    if plot_eval_metrics(records, path=out / "eval_metrics.png") is not None:
+        md += ["![evaluation metrics](eval_metrics.png)", ""]
+    return md
+
+
+def _positional_section(out, model, max_positions):
+    """Each positional table with its position similarity, and the sinusoid's wavelengths."""
+    md = ["## Positional encoding", ""]
     d_model = model.d_model
     learned_any = None
     for name, (pkind, table) in positional_tables(model, max_positions).items():
@@ -211,17 +230,13 @@ def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_
         md += [f"### `{name}` ({pkind})", "", f"![{name}]({f})", "", f"![{name} similarity]({fs})", ""]
         if pkind == "learned" and learned_any is None:
             learned_any = table
-    length = max(v for v in max_lengths(model).values() if v is not None) if any(
-        v is not None for v in max_lengths(model).values()) else None
+    lengths = [v for v in max_lengths(model).values() if v is not None]
+    length = max(lengths) if lengths else None
     plot_wavelengths(d_model, table=learned_any, max_len=min(length, max_positions) if length else None,
                      path=out / "wavelengths.png")
-    md += ["Wavelengths 2π·10000^(2i/d) of the sinusoidal encoding, per dimension pair"
-           + (" (dots: the dominant period of each column of the learned table)" if learned_any is not None
-              else "") + ":", "", "![wavelengths](wavelengths.png)", ""]
-
-    path = out / "report.md"
-    path.write_text("\n".join(md), encoding="utf-8")
-    return path
+    return md + ["Wavelengths 2π·10000^(2i/d) of the sinusoidal encoding, per dimension pair"
+                 + (" (dots: the dominant period of each column of the learned table)" if learned_any is not None
+                    else "") + ":", "", "![wavelengths](wavelengths.png)", ""]
 
 
 def _occlusion_ids(model, occlusion_id):

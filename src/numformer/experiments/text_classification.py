@@ -125,7 +125,7 @@ def plot_word_saliency(examples, path=None, title=None, width=13.0, fontsize=8.5
 
     from ..analysis import new_figure, save_figure
 
-    left, right, text_w = 0.25, 0.25, width - 0.5 - 1.25
+    left, text_w = 0.25, width - 0.5 - 1.25      # inches: 0.25 margins, 1.25 for the row labels
     lh = 1.55 * fontsize / 72.0
     heights = []
     for ex in examples:

@@ -39,50 +39,56 @@ def gelu_erf_f32(x):
     q with x's sign bit (integer ops; np.copysign is several times slower).
     Returns (y, dy/dx), both shaped as x.
     """
-    dt = x.dtype.type
-    p1 = 0.3275911 * _SQRT_HALF
-    b1, b2, b3, b4, b5 = (dt(0.5 * c / p1 ** (k + 1)) for k, c in
-                          enumerate((0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)))
-    inv_p, half, mhalf, c_pdf = dt(1.0 / p1), dt(0.5), dt(-0.5), dt(_INV_SQRT_2PI)
+    c = _coefficients(x.dtype.type)
     xf = np.ascontiguousarray(x).reshape(-1)
-    n = xf.size
     y = np.empty_like(xf)
     g = np.empty_like(xf)
 
     def work(start, stop):
         size = min(stop - start, CHUNK)
-        t_buf = np.empty(size, xf.dtype)
-        e_buf = np.empty(size, xf.dtype)
-        s_buf = np.empty(size, np.uint32)
+        buffers = np.empty(size, xf.dtype), np.empty(size, xf.dtype), np.empty(size, np.uint32)
         for s in range(start, stop, CHUNK):
             end = min(s + CHUNK, stop)
-            m = end - s
-            xs, ys, gs, t, e, sb = xf[s:end], y[s:end], g[s:end], t_buf[:m], e_buf[:m], s_buf[:m]
-            np.square(xs, out=e)
-            e *= mhalf
-            np.exp(e, out=e)                                   # e = exp(-x²/2)
-            np.abs(xs, out=t)
-            t += inv_p
-            np.reciprocal(t, out=t)                            # t' = 1/(|x| + 1/p')
-            np.multiply(t, b5, out=gs)                         # h = ½ P(t) e, Horner in t'
-            gs += b4
-            gs *= t
-            gs += b3
-            gs *= t
-            gs += b2
-            gs *= t
-            gs += b1
-            gs *= t
-            gs *= e
-            np.subtract(half, gs, out=gs)                      # q = ½ - h
-            np.bitwise_and(xs.view(np.uint32), _SIGN_BIT, out=sb)
-            gu = gs.view(np.uint32)
-            np.bitwise_or(gu, sb, out=gu)                      # sign(x)·q
-            gs += half                                         # Φ(x)
-            np.multiply(xs, gs, out=ys)                        # GELU(x) = x Φ(x)
-            e *= c_pdf
-            e *= xs
-            gs += e                                            # Φ(x) + x φ(x)
+            _gelu_chunk(xf[s:end], y[s:end], g[s:end], *(b[:end - s] for b in buffers), c)
 
-    parallel_for(n, work, CHUNK)
+    parallel_for(xf.size, work, CHUNK)
     return y.reshape(x.shape), g.reshape(x.shape)
+
+
+def _coefficients(dt):
+    """(1/p', ½, -½, 1/√(2π), b1..b5) in dtype ``dt``: A&S 7.1.26's coefficients with the powers of 1/p' and
+    the ½ folded in (see ``gelu_erf_f32``)."""
+    p1 = 0.3275911 * _SQRT_HALF
+    b = (dt(0.5 * c / p1 ** (k + 1)) for k, c in
+         enumerate((0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)))
+    return (dt(1.0 / p1), dt(0.5), dt(-0.5), dt(_INV_SQRT_2PI), *b)
+
+
+def _gelu_chunk(xs, ys, gs, t, e, sb, c):
+    """GELU(xs) into ys and GELU'(xs) into gs, with scratch t, e (float) and sb (uint32), all of one length."""
+    inv_p, half, mhalf, c_pdf, b1, b2, b3, b4, b5 = c
+    np.square(xs, out=e)
+    e *= mhalf
+    np.exp(e, out=e)                                   # e = exp(-x²/2)
+    np.abs(xs, out=t)
+    t += inv_p
+    np.reciprocal(t, out=t)                            # t' = 1/(|x| + 1/p')
+    np.multiply(t, b5, out=gs)                         # h = ½ P(t) e, Horner in t'
+    gs += b4
+    gs *= t
+    gs += b3
+    gs *= t
+    gs += b2
+    gs *= t
+    gs += b1
+    gs *= t
+    gs *= e
+    np.subtract(half, gs, out=gs)                      # q = ½ - h
+    np.bitwise_and(xs.view(np.uint32), _SIGN_BIT, out=sb)
+    gu = gs.view(np.uint32)
+    np.bitwise_or(gu, sb, out=gu)                      # sign(x)·q
+    gs += half                                         # Φ(x)
+    np.multiply(xs, gs, out=ys)                        # GELU(x) = x Φ(x)
+    e *= c_pdf
+    e *= xs
+    gs += e                                            # Φ(x) + x φ(x)

@@ -83,6 +83,27 @@ def baseline_rss():
 
 def run(quick=False, lengths=None, kernels=KERNELS, plain_budget=PLAIN_BUDGET, log=None):
     lengths = list(lengths or (QUICK_LENGTHS if quick else LENGTHS))
+    points, skipped, predicted = _measure_points(lengths, kernels, plain_budget, log)
+    result = {"setup": {"d_model": D_MODEL, "n_heads": N_HEADS, "batch": BATCH, "dtype": "float32", "mask": "none",
+                        "step": "forward + backward (input and parameter gradients)",
+                        "flash_block": [256, 256], "plain_budget_bytes": plain_budget,
+                        "blas_threads_env": _measure.blas_env()},
+              "lengths": lengths, "baseline_rss_bytes": _measure.run_child("attention", "baseline_rss", {})[
+                  "max_rss_bytes"]}
+    for kernel in kernels:
+        result[kernel] = _kernel_summary(points[kernel], skipped[kernel])
+    if "plain" in kernels:
+        result["plain"]["skipped_predicted_peak_bytes"] = [predicted[T] for T in skipped["plain"]]
+    if "flash" in kernels:
+        _flash_findings(result, points["flash"])
+    if "plain" in kernels and "flash" in kernels:
+        _compare_at_largest_common(result)
+    return result
+
+
+def _measure_points(lengths, kernels, plain_budget, log):
+    """Each kernel at each length, in a fresh process; the plain kernel is skipped where its peak, extrapolated
+    as T² from its last point, would exceed ``plain_budget``. Returns (points, skipped lengths, predictions)."""
     points = {k: [] for k in kernels}
     skipped = {k: [] for k in kernels}
     predicted = {}
@@ -98,51 +119,49 @@ def run(quick=False, lengths=None, kernels=KERNELS, plain_budget=PLAIN_BUDGET, l
             points[kernel].append(p)
             if log:
                 log(f"  {kernel:5s} T={T:6d}: {p['seconds']:.3f} s, peak {p['peak_bytes'] / 2 ** 20:.1f} MiB")
-    result = {"setup": {"d_model": D_MODEL, "n_heads": N_HEADS, "batch": BATCH, "dtype": "float32", "mask": "none",
-                        "step": "forward + backward (input and parameter gradients)",
-                        "flash_block": [256, 256], "plain_budget_bytes": plain_budget,
-                        "blas_threads_env": _measure.blas_env()},
-              "lengths": lengths, "baseline_rss_bytes": _measure.run_child("attention", "baseline_rss", {})[
-                  "max_rss_bytes"]}
-    for kernel in kernels:
-        pts = points[kernel]
-        Ts = [p["T"] for p in pts]
-        tail = pts[-3:]
-        result[kernel] = {
-            "T": Ts,
-            "seconds": [p["seconds"] for p in pts],
-            "peak_bytes": [p["peak_bytes"] for p in pts],
-            "max_rss_bytes": [p["max_rss_bytes"] for p in pts],
-            "skipped_T": skipped[kernel],
-            "time_exponent": _measure.fit_exponent(Ts, [p["seconds"] for p in pts]),
-            "memory_exponent": _measure.fit_exponent(Ts, [p["peak_bytes"] for p in pts]),
-            "tail_T": [p["T"] for p in tail],
-            "time_exponent_tail": _measure.fit_exponent([p["T"] for p in tail], [p["seconds"] for p in tail]),
-            "memory_exponent_tail": _measure.fit_exponent([p["T"] for p in tail], [p["peak_bytes"] for p in tail]),
-        }
-    if "plain" in kernels:
-        result["plain"]["skipped_predicted_peak_bytes"] = [predicted[T] for T in skipped["plain"]]
-    if "flash" in kernels and len(points["flash"]) >= 2:
-        tail = points["flash"][-3:]
+    return points, skipped, predicted
+
+
+def _kernel_summary(pts, skipped):
+    """A kernel's series and its fitted exponents, over every length and over the three longest."""
+    Ts = [p["T"] for p in pts]
+    tail = pts[-3:]
+    return {
+        "T": Ts,
+        "seconds": [p["seconds"] for p in pts],
+        "peak_bytes": [p["peak_bytes"] for p in pts],
+        "max_rss_bytes": [p["max_rss_bytes"] for p in pts],
+        "skipped_T": skipped,
+        "time_exponent": _measure.fit_exponent(Ts, [p["seconds"] for p in pts]),
+        "memory_exponent": _measure.fit_exponent(Ts, [p["peak_bytes"] for p in pts]),
+        "tail_T": [p["T"] for p in tail],
+        "time_exponent_tail": _measure.fit_exponent([p["T"] for p in tail], [p["seconds"] for p in tail]),
+        "memory_exponent_tail": _measure.fit_exponent([p["T"] for p in tail], [p["peak_bytes"] for p in tail]),
+    }
+
+
+def _flash_findings(result, points):
+    """The memory-efficient kernel's linear memory fit and its result at TARGET_LENGTH against TARGET_BYTES."""
+    if len(points) >= 2:
+        tail = points[-3:]
         result["flash"]["memory_linear_fit"] = linear_fit([p["T"] for p in tail], [p["peak_bytes"] for p in tail])
-    if "flash" in kernels:
-        at = {p["T"]: p for p in points["flash"]}.get(TARGET_LENGTH)
-        result["target"] = {"T": TARGET_LENGTH, "budget_bytes": TARGET_BYTES, "measured": at is not None}
-        if at is not None:
-            result["target"].update({"peak_bytes": at["peak_bytes"], "max_rss_bytes": at["max_rss_bytes"],
-                                     "seconds": at["seconds"],
-                                     "within_budget": at["max_rss_bytes"] <= TARGET_BYTES})
-    if "plain" in kernels and "flash" in kernels:
-        common = sorted(set(result["plain"]["T"]) & set(result["flash"]["T"]))
-        if common:
-            T = common[-1]
-            p = result["plain"]["T"].index(T)
-            f = result["flash"]["T"].index(T)
-            result["largest_common"] = {
-                "T": T,
-                "memory_ratio_plain_over_flash": result["plain"]["peak_bytes"][p] / result["flash"]["peak_bytes"][f],
-                "time_ratio_plain_over_flash": result["plain"]["seconds"][p] / result["flash"]["seconds"][f]}
-    return result
+    at = {p["T"]: p for p in points}.get(TARGET_LENGTH)
+    result["target"] = {"T": TARGET_LENGTH, "budget_bytes": TARGET_BYTES, "measured": at is not None}
+    if at is not None:
+        result["target"].update({"peak_bytes": at["peak_bytes"], "max_rss_bytes": at["max_rss_bytes"],
+                                 "seconds": at["seconds"], "within_budget": at["max_rss_bytes"] <= TARGET_BYTES})
+
+
+def _compare_at_largest_common(result):
+    common = sorted(set(result["plain"]["T"]) & set(result["flash"]["T"]))
+    if common:
+        T = common[-1]
+        p = result["plain"]["T"].index(T)
+        f = result["flash"]["T"].index(T)
+        result["largest_common"] = {
+            "T": T,
+            "memory_ratio_plain_over_flash": result["plain"]["peak_bytes"][p] / result["flash"]["peak_bytes"][f],
+            "time_ratio_plain_over_flash": result["plain"]["seconds"][p] / result["flash"]["seconds"][f]}
 
 
 def _fmt_mib(b):
@@ -154,9 +173,20 @@ def _fmt_exp(e):
 
 
 def markdown(result, fig_dir):
-    from pathlib import Path
-
     from .runner import image_link
+
+    path = _plot(result, fig_dir)
+    lines = _tables(result) + _findings(result)
+    lines += ["", "Both kernels still do O(T²) work (time exponent ≈ 2: 4x the length, ~16x the time); only the "
+              "memory differs: the plain kernel's grows as T² (exponent ≈ 2), the memory-efficient kernel's as T "
+              "(its fixed per-block buffers dominate at small T, so the exponent over all points is below 1).",
+              "", image_link(path, "attention time and memory against sequence length", fig_dir)]
+    return "\n".join(lines)
+
+
+def _plot(result, fig_dir):
+    """attention_scaling.png: time and peak memory against T, log-log, one line per kernel; returns its path."""
+    from pathlib import Path
 
     plt = _measure.plt()
     kernels = [k for k in KERNELS if k in result]
@@ -176,7 +206,12 @@ def markdown(result, fig_dir):
     path = Path(fig_dir) / "attention_scaling.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
 
+
+def _tables(result):
+    """The heading, the set-up, the per-length table and the fitted exponents."""
+    kernels = [k for k in KERNELS if k in result]
     s = result["setup"]
     lines = ["## attention: time and memory against sequence length", "",
              f"One attention layer (d_model {s['d_model']}, {s['n_heads']} heads, batch {s['batch']}, {s['dtype']}, "
@@ -206,8 +241,13 @@ def markdown(result, fig_dir):
         lines.append(f"| {k} | {_fmt_exp(r['time_exponent'])} | {_fmt_exp(r['memory_exponent'])} | "
                      f"{', '.join(f'{t:,}' for t in r['tail_T'])} | {_fmt_exp(r['time_exponent_tail'])} | "
                      f"{_fmt_exp(r['memory_exponent_tail'])} |")
-    lines += ["", "(first two columns: fitted over every length; last two: over the three longest of the kernel)"]
-    lines.append("")
+    return lines + ["", "(first two columns: fitted over every length; last two: over the three longest of the kernel)",
+                    ""]
+
+
+def _findings(result):
+    """One sentence each: the plain kernel's skipped lengths, the 2 GB target, the linear fit, the ratio."""
+    lines = []
     if result.get("plain", {}).get("skipped_T"):
         sk = result["plain"]["skipped_T"]
         pred = result["plain"].get("skipped_predicted_peak_bytes") or [plain_estimate(t) for t in sk]
@@ -231,8 +271,4 @@ def markdown(result, fig_dir):
                      f"{lc['memory_ratio_plain_over_flash']:.0f}x the memory and "
                      f"{lc['time_ratio_plain_over_flash']:.1f}x "
                      f"the time of the memory-efficient one.")
-    lines += ["", "Both kernels still do O(T²) work (time exponent ≈ 2: 4x the length, ~16x the time); only the "
-              "memory differs: the plain kernel's grows as T² (exponent ≈ 2), the memory-efficient kernel's as T "
-              "(its fixed per-block buffers dominate at small T, so the exponent over all points is below 1).",
-              "", image_link(path, "attention time and memory against sequence length", fig_dir)]
-    return "\n".join(lines)
+    return lines

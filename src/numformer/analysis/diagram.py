@@ -89,62 +89,70 @@ def model_diagram(model, batch_size=1, seq_len=None, tgt_len=None):
     seq_len: the (source) sequence length T (default: the model's maximum, capped at 128);
     tgt_len: the target length of a Transformer (default seq_len).
     """
-    B = batch_size
-    if isinstance(model, GPT):
-        T = seq_len or min(model.block_size, 128)
-        d, V = model.d_model, model.vocab_size
-        blocks = list(model.blocks)
-        stages, res, _ = _block_stages(blocks[0], B, T, causal=True)
-        after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if model.norm_f is not None else []
-        tied = " (tied to E)" if model.tie_weights else ""
-        after.append(Stage(f"linear → vocabulary{tied}", (B, T, V), "head", "logits"))
-        col = Column("GPT (decoder-only)", [
-            Stage("token ids", (B, T), "io"),
-            Stage(f"token embedding E[ids], {V}×{d}", (B, T, d), "embed"),
-            Stage(_positional_label(model.pos_emb) + ", dropout", (B, T, d), "embed")],
-            stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN block", res, after)
-        title = f"GPT: B={B}, T={T}, d_model={d}, {model.n_layers} layers, vocab {V}"
-        return title, [col]
-    if isinstance(model, EncoderClassifier):
-        T = seq_len or min(model.max_len, 128)
-        d = model.d_model
-        blocks = list(model.encoder.layers)
-        stages, res, _ = _block_stages(blocks[0], B, T)
-        after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if model.encoder.norm is not None else []
-        pool = "mean over non-padding positions" if model.pooling == "mean" else "first position"
-        after += [Stage(f"pool: {pool}", (B, d), "op"),
-                  Stage(f"dropout, linear → {model.n_classes} classes", (B, model.n_classes), "head", "logits")]
-        scale = " · √d" if model.embed_scale != 1.0 else ""
-        col = Column("EncoderClassifier", [
-            Stage("token ids", (B, T), "io"),
-            Stage(f"token embedding E[ids]{scale}, {model.vocab_size}×{d}", (B, T, d), "embed"),
-            Stage(_positional_label(model.pos_emb) + ", dropout", (B, T, d), "embed")],
-            stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN encoder block", res, after)
-        return f"EncoderClassifier: B={B}, T={T}, d_model={d}, {len(blocks)} layers", [col]
-    if isinstance(model, Transformer):
-        S = seq_len or min(model.max_len, 128)
-        T = tgt_len or S
-        d = model.d_model
-        enc, dec = list(model.encoder.layers), list(model.decoder.layers)
-        scale = " · √d" if model.embed_scale != 1.0 else ""
-        e_st, e_res, _ = _block_stages(enc[0], B, S)
-        e_after = [Stage(f"final {_norm_name(enc[0])}", (B, S, d), "norm")] if model.encoder.norm is not None else []
-        e_after.append(Stage("memory", (B, S, d), "io"))
-        ecol = Column("encoder", [
-            Stage("source ids", (B, S), "io"),
-            Stage(f"source embedding{scale}, {model.src_vocab_size}×{d}", (B, S, d), "embed"),
-            Stage(_positional_label(model.src_pos, "S") + ", dropout", (B, S, d), "embed")],
-            e_st, len(enc), f"{'pre' if enc[0].norm_first else 'post'}-LN encoder block", e_res, e_after)
-        d_st, d_res, cross = _block_stages(dec[0], B, T, S, causal=True, decoder=True)
-        d_after = [Stage(f"final {_norm_name(dec[0])}", (B, T, d), "norm")] if model.decoder.norm is not None else []
-        d_after.append(Stage("linear → target vocabulary", (B, T, model.tgt_vocab_size), "head", "logits"))
-        dcol = Column("decoder", [
-            Stage("target ids (shifted right)", (B, T), "io"),
-            Stage(f"target embedding{scale}, {model.tgt_vocab_size}×{d}", (B, T, d), "embed"),
-            Stage(_positional_label(model.tgt_pos) + ", dropout", (B, T, d), "embed")],
-            d_st, len(dec), f"{'pre' if dec[0].norm_first else 'post'}-LN decoder block", d_res, d_after, cross)
-        return (f"Transformer: B={B}, S={S}, T={T}, d_model={d}, {len(enc)}+{len(dec)} layers", [ecol, dcol])
+    builders = ((GPT, _gpt_diagram), (EncoderClassifier, _classifier_diagram), (Transformer, _transformer_diagram))
+    for cls, build in builders:
+        if isinstance(model, cls):
+            return build(model, batch_size, seq_len, tgt_len)
     raise TypeError(f"no block diagram for {type(model).__name__}; expected GPT, EncoderClassifier or Transformer")
+
+
+def _gpt_diagram(model, B, seq_len, tgt_len):
+    T = seq_len or min(model.block_size, 128)
+    d, V = model.d_model, model.vocab_size
+    blocks = list(model.blocks)
+    stages, res, _ = _block_stages(blocks[0], B, T, causal=True)
+    after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if model.norm_f is not None else []
+    tied = " (tied to E)" if model.tie_weights else ""
+    after.append(Stage(f"linear → vocabulary{tied}", (B, T, V), "head", "logits"))
+    col = Column("GPT (decoder-only)", [
+        Stage("token ids", (B, T), "io"),
+        Stage(f"token embedding E[ids], {V}×{d}", (B, T, d), "embed"),
+        Stage(_positional_label(model.pos_emb) + ", dropout", (B, T, d), "embed")],
+        stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN block", res, after)
+    return f"GPT: B={B}, T={T}, d_model={d}, {model.n_layers} layers, vocab {V}", [col]
+
+
+def _classifier_diagram(model, B, seq_len, tgt_len):
+    T = seq_len or min(model.max_len, 128)
+    d = model.d_model
+    blocks = list(model.encoder.layers)
+    stages, res, _ = _block_stages(blocks[0], B, T)
+    after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if model.encoder.norm is not None else []
+    pool = "mean over non-padding positions" if model.pooling == "mean" else "first position"
+    after += [Stage(f"pool: {pool}", (B, d), "op"),
+              Stage(f"dropout, linear → {model.n_classes} classes", (B, model.n_classes), "head", "logits")]
+    scale = " · √d" if model.embed_scale != 1.0 else ""
+    col = Column("EncoderClassifier", [
+        Stage("token ids", (B, T), "io"),
+        Stage(f"token embedding E[ids]{scale}, {model.vocab_size}×{d}", (B, T, d), "embed"),
+        Stage(_positional_label(model.pos_emb) + ", dropout", (B, T, d), "embed")],
+        stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN encoder block", res, after)
+    return f"EncoderClassifier: B={B}, T={T}, d_model={d}, {len(blocks)} layers", [col]
+
+
+def _transformer_diagram(model, B, seq_len, tgt_len):
+    S = seq_len or min(model.max_len, 128)
+    T = tgt_len or S
+    d = model.d_model
+    enc, dec = list(model.encoder.layers), list(model.decoder.layers)
+    scale = " · √d" if model.embed_scale != 1.0 else ""
+    e_st, e_res, _ = _block_stages(enc[0], B, S)
+    e_after = [Stage(f"final {_norm_name(enc[0])}", (B, S, d), "norm")] if model.encoder.norm is not None else []
+    e_after.append(Stage("memory", (B, S, d), "io"))
+    ecol = Column("encoder", [
+        Stage("source ids", (B, S), "io"),
+        Stage(f"source embedding{scale}, {model.src_vocab_size}×{d}", (B, S, d), "embed"),
+        Stage(_positional_label(model.src_pos, "S") + ", dropout", (B, S, d), "embed")],
+        e_st, len(enc), f"{'pre' if enc[0].norm_first else 'post'}-LN encoder block", e_res, e_after)
+    d_st, d_res, cross = _block_stages(dec[0], B, T, S, causal=True, decoder=True)
+    d_after = [Stage(f"final {_norm_name(dec[0])}", (B, T, d), "norm")] if model.decoder.norm is not None else []
+    d_after.append(Stage("linear → target vocabulary", (B, T, model.tgt_vocab_size), "head", "logits"))
+    dcol = Column("decoder", [
+        Stage("target ids (shifted right)", (B, T), "io"),
+        Stage(f"target embedding{scale}, {model.tgt_vocab_size}×{d}", (B, T, d), "embed"),
+        Stage(_positional_label(model.tgt_pos) + ", dropout", (B, T, d), "embed")],
+        d_st, len(dec), f"{'pre' if dec[0].norm_first else 'post'}-LN decoder block", d_res, d_after, cross)
+    return f"Transformer: B={B}, S={S}, T={T}, d_model={d}, {len(enc)}+{len(dec)} layers", [ecol, dcol]
 
 
 def _fmt(shape):
@@ -182,7 +190,7 @@ def plot_model_diagram(model, batch_size=1, seq_len=None, tgt_len=None, path=Non
     The repeated block is framed and marked × n_layers, residual connections run on the
     right of the boxes, and a Transformer's encoder output feeds the decoder's cross-attention.
     """
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    from matplotlib.patches import FancyArrowPatch
 
     title, cols = model_diagram(model, batch_size, seq_len, tgt_len)
     box_w, box_h, gap = 4.4, 0.62, 0.36
@@ -202,34 +210,9 @@ def plot_model_diagram(model, batch_size=1, seq_len=None, tgt_len=None, path=Non
             y0 = (target - (len(stages) - 1)) * (box_h + gap)
         ys = [y0 + k * (box_h + gap) for k in range(len(stages))]
         centers.append(ys)
-        for k, (s, y) in enumerate(zip(stages, ys)):
-            ax.add_patch(FancyBboxPatch((x0, y), box_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
-                                        fc=COLORS.get(s.kind, "#ffffff"), ec="#444444", lw=0.9))
-            ax.text(x0 + box_w / 2, y + box_h * 0.66, s.label, ha="center", va="center", fontsize=7.2)
-            sub = _fmt(s.shape) + (f"   {s.detail}" if s.detail else "")
-            ax.text(x0 + box_w / 2, y + box_h * 0.27, sub, ha="center", va="center", fontsize=6.2, color="#333333")
-            if k:
-                ax.add_patch(FancyArrowPatch((x0 + box_w / 2, ys[k - 1] + box_h), (x0 + box_w / 2, y),
-                                             arrowstyle="-|>", mutation_scale=8, lw=0.9, color="#333333"))
-        # The repeated block: a frame and its count.
-        b0 = len(c.before)
+        _draw_stages(ax, stages, x0, ys, box_w, box_h)
         if c.block:
-            top = ys[b0 + len(c.block) - 1] + box_h + gap * 0.4
-            bot = ys[b0] - gap * 0.4
-            ax.add_patch(FancyBboxPatch((x0 - 0.25, bot), box_w + 0.85, top - bot,
-                                        boxstyle="round,pad=0.02,rounding_size=0.15", fc="none", ec="#777777",
-                                        lw=1.0, ls="--"))
-            ax.text(x0 - 0.35, (top + bot) / 2, f"× {c.n_layers}", ha="right", va="center", fontsize=10,
-                    fontweight="bold")
-            ax.text(x0 - 0.2, top + 0.05, c.block_title, ha="left", va="bottom", fontsize=7, color="#555555")
-            # Residual connections: from the stream entering stage i, around the right side, into stage j.
-            for r, (i, j) in enumerate(c.residuals):
-                y_from = ys[b0 + i] - gap / 2
-                y_to = ys[b0 + j] + box_h / 2
-                xr = x0 + box_w + 0.22 + 0.12 * (r % 2)
-                ax.plot([x0 + box_w / 2, xr, xr], [y_from, y_from, y_to], color="#666666", lw=0.9)
-                ax.add_patch(FancyArrowPatch((xr, y_to), (x0 + box_w, y_to), arrowstyle="-|>",
-                                             mutation_scale=7, lw=0.9, color="#666666"))
+            _draw_block(ax, c, x0, ys, box_w, box_h, gap)
         ax.text(x0 + box_w / 2, ys[-1] + box_h + 0.35, c.title, ha="center", va="bottom", fontsize=9,
                 fontweight="bold")
     if len(cols) == 2 and cols[1].cross is not None:
@@ -243,3 +226,41 @@ def plot_model_diagram(model, batch_size=1, seq_len=None, tgt_len=None, path=Non
     ax.set_ylim(min(all_y) - 0.4, max(all_y) + box_h + 0.9)
     ax.set_title(title, fontsize=9)
     return save_figure(fig, path, dpi)
+
+
+def _draw_stages(ax, stages, x0, ys, box_w, box_h):
+    """One box per stage (label, and shape with detail below it), an arrow from each box to the next."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    for k, (s, y) in enumerate(zip(stages, ys)):
+        ax.add_patch(FancyBboxPatch((x0, y), box_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                    fc=COLORS.get(s.kind, "#ffffff"), ec="#444444", lw=0.9))
+        ax.text(x0 + box_w / 2, y + box_h * 0.66, s.label, ha="center", va="center", fontsize=7.2)
+        sub = _fmt(s.shape) + (f"   {s.detail}" if s.detail else "")
+        ax.text(x0 + box_w / 2, y + box_h * 0.27, sub, ha="center", va="center", fontsize=6.2, color="#333333")
+        if k:
+            ax.add_patch(FancyArrowPatch((x0 + box_w / 2, ys[k - 1] + box_h), (x0 + box_w / 2, y),
+                                         arrowstyle="-|>", mutation_scale=8, lw=0.9, color="#333333"))
+
+
+def _draw_block(ax, c, x0, ys, box_w, box_h, gap):
+    """The repeated block of column ``c``: a dashed frame, its count and title, and its residual connections."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    b0 = len(c.before)
+    top = ys[b0 + len(c.block) - 1] + box_h + gap * 0.4
+    bot = ys[b0] - gap * 0.4
+    ax.add_patch(FancyBboxPatch((x0 - 0.25, bot), box_w + 0.85, top - bot,
+                                boxstyle="round,pad=0.02,rounding_size=0.15", fc="none", ec="#777777",
+                                lw=1.0, ls="--"))
+    ax.text(x0 - 0.35, (top + bot) / 2, f"× {c.n_layers}", ha="right", va="center", fontsize=10,
+            fontweight="bold")
+    ax.text(x0 - 0.2, top + 0.05, c.block_title, ha="left", va="bottom", fontsize=7, color="#555555")
+    # Residual connections: from the stream entering stage i, around the right side, into stage j.
+    for r, (i, j) in enumerate(c.residuals):
+        y_from = ys[b0 + i] - gap / 2
+        y_to = ys[b0 + j] + box_h / 2
+        xr = x0 + box_w + 0.22 + 0.12 * (r % 2)
+        ax.plot([x0 + box_w / 2, xr, xr], [y_from, y_from, y_to], color="#666666", lw=0.9)
+        ax.add_patch(FancyArrowPatch((xr, y_to), (x0 + box_w, y_to), arrowstyle="-|>",
+                                     mutation_scale=7, lw=0.9, color="#666666"))

@@ -96,63 +96,61 @@ def model_diagram(model, batch_size=1, seq_len=None, tgt_len=None):
     raise TypeError(f"no block diagram for {type(model).__name__}; expected GPT, EncoderClassifier or Transformer")
 
 
+def _stack(title, inputs, blocks, final_norm, tail, block_name, B, T, S=None, causal=False, decoder=False):
+    """The Column of one stack of ``blocks`` reading a (B, T) sequence: ``inputs`` = (ids label, embedding label,
+    positional label), then the repeated block, its final norm (when ``final_norm`` is not None) and ``tail``."""
+    ids, embedding, positions = inputs
+    d = blocks[0].d_model
+    stages, res, cross = _block_stages(blocks[0], B, T, S, causal=causal, decoder=decoder)
+    after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if final_norm is not None else []
+    before = [Stage(ids, (B, T), "io"), Stage(embedding, (B, T, d), "embed"),
+              Stage(positions + ", dropout", (B, T, d), "embed")]
+    return Column(title, before, stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN {block_name}",
+                  res, after + tail, cross)
+
+
 def _gpt_diagram(model, B, seq_len, tgt_len):
     T = seq_len or min(model.block_size, 128)
     d, V = model.d_model, model.vocab_size
-    blocks = list(model.blocks)
-    stages, res, _ = _block_stages(blocks[0], B, T, causal=True)
-    after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if model.norm_f is not None else []
     tied = " (tied to E)" if model.tie_weights else ""
-    after.append(Stage(f"linear → vocabulary{tied}", (B, T, V), "head", "logits"))
-    col = Column("GPT (decoder-only)", [
-        Stage("token ids", (B, T), "io"),
-        Stage(f"token embedding E[ids], {V}×{d}", (B, T, d), "embed"),
-        Stage(_positional_label(model.pos_emb) + ", dropout", (B, T, d), "embed")],
-        stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN block", res, after)
+    col = _stack("GPT (decoder-only)",
+                 ("token ids", f"token embedding E[ids], {V}×{d}", _positional_label(model.pos_emb)),
+                 list(model.blocks), model.norm_f, [Stage(f"linear → vocabulary{tied}", (B, T, V), "head", "logits")],
+                 "block", B, T, causal=True)
     return f"GPT: B={B}, T={T}, d_model={d}, {model.n_layers} layers, vocab {V}", [col]
 
 
 def _classifier_diagram(model, B, seq_len, tgt_len):
     T = seq_len or min(model.max_len, 128)
-    d = model.d_model
-    blocks = list(model.encoder.layers)
-    stages, res, _ = _block_stages(blocks[0], B, T)
-    after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if model.encoder.norm is not None else []
+    d, C = model.d_model, model.n_classes
     pool = "mean over non-padding positions" if model.pooling == "mean" else "first position"
-    after += [Stage(f"pool: {pool}", (B, d), "op"),
-              Stage(f"dropout, linear → {model.n_classes} classes", (B, model.n_classes), "head", "logits")]
     scale = " · √d" if model.embed_scale != 1.0 else ""
-    col = Column("EncoderClassifier", [
-        Stage("token ids", (B, T), "io"),
-        Stage(f"token embedding E[ids]{scale}, {model.vocab_size}×{d}", (B, T, d), "embed"),
-        Stage(_positional_label(model.pos_emb) + ", dropout", (B, T, d), "embed")],
-        stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN encoder block", res, after)
-    return f"EncoderClassifier: B={B}, T={T}, d_model={d}, {len(blocks)} layers", [col]
+    col = _stack("EncoderClassifier",
+                 ("token ids", f"token embedding E[ids]{scale}, {model.vocab_size}×{d}",
+                  _positional_label(model.pos_emb)),
+                 list(model.encoder.layers), model.encoder.norm,
+                 [Stage(f"pool: {pool}", (B, d), "op"),
+                  Stage(f"dropout, linear → {C} classes", (B, C), "head", "logits")],
+                 "encoder block", B, T)
+    return f"EncoderClassifier: B={B}, T={T}, d_model={d}, {len(model.encoder.layers)} layers", [col]
 
 
 def _transformer_diagram(model, B, seq_len, tgt_len):
     S = seq_len or min(model.max_len, 128)
     T = tgt_len or S
     d = model.d_model
-    enc, dec = list(model.encoder.layers), list(model.decoder.layers)
     scale = " · √d" if model.embed_scale != 1.0 else ""
-    e_st, e_res, _ = _block_stages(enc[0], B, S)
-    e_after = [Stage(f"final {_norm_name(enc[0])}", (B, S, d), "norm")] if model.encoder.norm is not None else []
-    e_after.append(Stage("memory", (B, S, d), "io"))
-    ecol = Column("encoder", [
-        Stage("source ids", (B, S), "io"),
-        Stage(f"source embedding{scale}, {model.src_vocab_size}×{d}", (B, S, d), "embed"),
-        Stage(_positional_label(model.src_pos, "S") + ", dropout", (B, S, d), "embed")],
-        e_st, len(enc), f"{'pre' if enc[0].norm_first else 'post'}-LN encoder block", e_res, e_after)
-    d_st, d_res, cross = _block_stages(dec[0], B, T, S, causal=True, decoder=True)
-    d_after = [Stage(f"final {_norm_name(dec[0])}", (B, T, d), "norm")] if model.decoder.norm is not None else []
-    d_after.append(Stage("linear → target vocabulary", (B, T, model.tgt_vocab_size), "head", "logits"))
-    dcol = Column("decoder", [
-        Stage("target ids (shifted right)", (B, T), "io"),
-        Stage(f"target embedding{scale}, {model.tgt_vocab_size}×{d}", (B, T, d), "embed"),
-        Stage(_positional_label(model.tgt_pos) + ", dropout", (B, T, d), "embed")],
-        d_st, len(dec), f"{'pre' if dec[0].norm_first else 'post'}-LN decoder block", d_res, d_after, cross)
-    return f"Transformer: B={B}, S={S}, T={T}, d_model={d}, {len(enc)}+{len(dec)} layers", [ecol, dcol]
+    ecol = _stack("encoder", ("source ids", f"source embedding{scale}, {model.src_vocab_size}×{d}",
+                              _positional_label(model.src_pos, "S")),
+                  list(model.encoder.layers), model.encoder.norm, [Stage("memory", (B, S, d), "io")],
+                  "encoder block", B, S)
+    dcol = _stack("decoder", ("target ids (shifted right)", f"target embedding{scale}, {model.tgt_vocab_size}×{d}",
+                              _positional_label(model.tgt_pos)),
+                  list(model.decoder.layers), model.decoder.norm,
+                  [Stage("linear → target vocabulary", (B, T, model.tgt_vocab_size), "head", "logits")],
+                  "decoder block", B, T, S, causal=True, decoder=True)
+    layers = f"{len(model.encoder.layers)}+{len(model.decoder.layers)} layers"
+    return f"Transformer: B={B}, S={S}, T={T}, d_model={d}, {layers}", [ecol, dcol]
 
 
 def _fmt(shape):

@@ -107,29 +107,38 @@ def read_table(path, fmt: str = "", header: bool = True) -> tuple[list[str], lis
     text = read_text(path)
     if fmt == "jsonl":
         return _read_jsonl(path, text)
-    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {"delimiter": ","}
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True, **dialect)
     columns, rows = None, []
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as e:
-            raise ValueError(f"{path}, line {reader.line_num}: malformed {fmt.upper()} ({e})") from None
-        if not row or all(not c.strip() for c in row):
-            continue
+    for line, row in csv_rows(path, io.StringIO(text, newline=""), fmt):
         if columns is None:
             columns = [c.strip() for c in row] if header else [str(i) for i in range(len(row))]
             if header:
                 continue
         if len(row) != len(columns):
-            raise ValueError(f"{path}, line {reader.line_num}: {len(row)} fields, but the "
+            raise ValueError(f"{path}, line {line}: {len(row)} fields, but the "
                              f"{'header has' if header else 'first row has'} {len(columns)}")
-        rows.append((reader.line_num, dict(zip(columns, row))))
+        rows.append((line, dict(zip(columns, row))))
     if not rows:
         raise ValueError(f"{path}: no data rows" + (" after the header" if header and columns else ""))
     return columns, rows
+
+
+def csv_rows(path, lines, fmt="csv"):
+    """(line number, fields) of each non-blank row of CSV or TSV ``lines`` (an open file or a StringIO); TSV
+    fields are taken literally (no quoting). A malformed row, or bytes that are not UTF-8, raise one
+    ValueError naming ``path`` and the line."""
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {"delimiter": ","}
+    reader = csv.reader(lines, strict=True, **dialect)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise ValueError(f"{path}, line {reader.line_num}: malformed {fmt.upper()} ({e})") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+        if row and any(c.strip() for c in row):
+            yield reader.line_num, row
 
 
 def _read_jsonl(path, text):

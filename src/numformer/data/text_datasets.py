@@ -10,7 +10,6 @@ Wrong paths and malformed files raise one error naming the file (and the line).
 """
 from __future__ import annotations
 
-import csv
 import html
 import os
 import re
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .files import read_lines, read_parallel  # noqa: F401  (read_lines: part of this module's API)
+from .files import csv_rows, read_lines, read_parallel  # noqa: F401  (read_lines: part of this module's API)
 
 
 @dataclass
@@ -189,27 +188,12 @@ def load_agnews_csv(path: str, class_names: list[str] | None = None) -> LabeledT
     C = len(class_names)
     texts, labels = [], []
     with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, strict=True)
-        first = True
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as e:
-                raise ValueError(f"{path}, line {reader.line_num}: malformed CSV ({e})") from None
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}: not UTF-8 text ({e})") from None
-            line = reader.line_num
-            if not row or all(not c.strip() for c in row):
+        for n, (line, row) in enumerate(csv_rows(path, f)):
+            if n == 0 and not row[0].strip().isdigit():      # a header row such as class_index,title,description
+                if len(row) != 3:
+                    raise ValueError(f"{path}, line {line}: expected a header with 3 columns "
+                                     f"(class_index,title,description), got {len(row)}: {row[:5]}")
                 continue
-            if first:
-                first = False
-                if not row[0].strip().isdigit():         # a header row such as class_index,title,description
-                    if len(row) != 3:
-                        raise ValueError(f"{path}, line {line}: expected a header with 3 columns "
-                                         f"(class_index,title,description), got {len(row)}: {row[:5]}")
-                    continue
             if len(row) != 3:
                 raise ValueError(f"{path}, line {line}: expected 3 fields (class, title, description), "
                                  f"got {len(row)}")

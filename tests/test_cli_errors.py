@@ -374,3 +374,14 @@ def test_params_of_a_run_folder(text_run, run_cli, monkeypatch):
     assert total in out_cfg
     line = run_cli("params", text_run, "--set", "model.d_model=8")[2]
     assert "--set applies to a TOML config, not to a run folder" in line
+
+
+def test_params_of_a_fine_tuning_config(text_run, run_cli, tmp_path):
+    """[model] init_from: the source's architecture, counted without reading the data."""
+    cfg = tmp_path / "ft.toml"
+    cfg.write_text(f'[model]\ninit_from = "{text_run}"\n[data]\ntask = "text"\npath = "no/such.txt"\nblock_size = 8\n')
+    rc, out, err = run_cli("params", cfg)
+    assert rc == 0, err
+    assert "the architecture of init_from" in out
+    total = next(line for line in out.splitlines() if line.startswith("total"))
+    assert total in run_cli("params", text_run)[1]

@@ -27,8 +27,9 @@ def _model_config(source, overrides):
     resolved, task = resolve_config(config, sizes_only=True)
     if task is not None:
         return resolved["model"], f"sizes from the {resolved['data']['task']} task's data"
-    capped = [k for k in ("vocab_size", "src_vocab_size", "tgt_vocab_size") if k in resolved["model"]
-              and "init_from" not in resolved["model"]]
+    if "init_from" in resolved["model"]:
+        return resolved["model"], f"the architecture of init_from = {resolved['model']['init_from']!r}, no data read"
+    capped = [k for k in ("vocab_size", "src_vocab_size", "tgt_vocab_size") if k in resolved["model"]]
     note = "sizes from the [data] config, no data read"
     if capped and resolved["data"].get("task") != "text":
         note += (f"; {', '.join(capped)} = [data] vocab_size, the most the tokenizer holds (the vocabulary built "
@@ -40,7 +41,7 @@ def run(args):
     from ..models import build_model, format_parameter_report
 
     model_config, note = _model_config(args.config, args.set)
-    model = build_model(model_config)
+    model = build_model({k: v for k, v in model_config.items() if k != "init_from"})
     print(f"{type(model).__name__} from {args.config}")
     if note:
         print(f"({note})")

@@ -110,3 +110,25 @@ def test_child_peak_rss_does_not_include_the_parent():
     assert max_rss_bytes() > 400 * 2**20
     assert child < 300 * 2**20, f"child reports {child / 2**20:.0f} MiB: the parent's RSS leaked into it"
     del held
+
+
+def test_blas_kernels_runs_each_family_in_its_own_process(tmp_path):
+    """Each OPENBLAS_CORETYPE takes effect in its child (the kernels it reports), families the CPU lacks are left
+    out, and the table compares each with OpenBLAS's own choice."""
+    from numformer import _runtime
+    from numformer.bench import blas_kernels
+    from numformer.bench.runner import run_parts
+
+    if _runtime.openblas_core() is None:
+        pytest.skip("needs NumPy's OpenBLAS")
+    run_parts(["blas_kernels"], quick=True, out_dir=tmp_path, log=lambda *a: None)
+    rows = json.loads((tmp_path / "bench.json").read_text())["blas_kernels"]["rows"]
+    flags = blas_kernels.cpu_flags()
+    assert set(rows) == {f for f, flag in blas_kernels.FAMILIES.items() if flag is None or flag in flags}
+    assert rows["default"]["core"] == _runtime.openblas_core()
+    if "Haswell" in rows:
+        assert rows["Haswell"]["core"] == "Haswell"
+    if "SkylakeX" in rows:
+        assert rows["SkylakeX"]["core"] == "SkylakeX"
+    md = (tmp_path / "bench.md").read_text()
+    assert "## blas_kernels" in md and "| default |" in md and "1.00x" in md

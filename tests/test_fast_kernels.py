@@ -401,3 +401,20 @@ def test_thread_pool_works_in_a_forked_child(threads):
         os._exit(0 if out.all() else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.skipif(_runtime.openblas_core() is None, reason="needs NumPy's OpenBLAS")
+def test_openblas_core_is_recorded_with_every_figure():
+    """The kernel family OpenBLAS chose (small products' speed depends on it) is read from the library: forcing
+    another with OPENBLAS_CORETYPE shows in a fresh process, and machine_info (every result's footer) has it."""
+    import os
+    import subprocess
+    import sys
+
+    from numformer.provenance import machine_info
+
+    assert machine_info()["blas_core"] == _runtime.openblas_core()
+    code = "from numformer import _runtime; print(_runtime.openblas_core())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"}).stdout.strip()
+    assert out == "Sandybridge"

@@ -273,11 +273,31 @@ _openblas_fns = []
 def _openblas_thread_functions():
     """(get, set) of the OpenBLAS loaded by NumPy, or None (another BLAS, or symbols not found); looked up once."""
     if not _openblas_fns:
-        _openblas_fns.append(_find_openblas_thread_functions())
+        found = _find_openblas_function("get_num_threads")
+        fns = None
+        if found:
+            lib, symbol = found
+            fns = getattr(lib, symbol), getattr(lib, symbol.replace("get_num_threads", "set_num_threads"))
+            fns[0].restype = ctypes.c_int
+            fns[1].argtypes = (ctypes.c_int,)
+        _openblas_fns.append(fns)
     return _openblas_fns[0]
 
 
-def _find_openblas_thread_functions():
+def openblas_core():
+    """The kernel family the OpenBLAS loaded by NumPy chose for this CPU at start-up (e.g. "Haswell", "SkylakeX",
+    "Zen"; set by OPENBLAS_CORETYPE), or None for another BLAS. The speed of small products depends on it."""
+    found = _find_openblas_function("get_corename")
+    if not found:
+        return None
+    fn = getattr(found[0], found[1])
+    fn.restype = ctypes.c_char_p
+    return fn().decode(errors="replace")
+
+
+def _find_openblas_function(name):
+    """(library, symbol) of OpenBLAS's ``name`` (openblas_NAME, or scipy-openblas's prefixed / 64-bit forms) in
+    the OpenBLAS shared library this process loaded, or None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -293,14 +313,8 @@ def _find_openblas_thread_functions():
             continue
         for suffix in ("64_", "_64_", ""):
             for prefix in ("scipy_openblas", "openblas"):
-                try:
-                    get = getattr(lib, f"{prefix}_get_num_threads{suffix}")
-                    set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}")
-                except AttributeError:
-                    continue
-                get.restype = ctypes.c_int
-                set_.argtypes = (ctypes.c_int,)
-                return get, set_
+                if hasattr(lib, f"{prefix}_{name}{suffix}"):
+                    return lib, f"{prefix}_{name}{suffix}"
     return None
 
 

@@ -48,4 +48,9 @@ def machine_info():
         info["blas"] = f"{blas.get('name')} {blas.get('version')}"
     except Exception:  # pragma: no cover - depends on the NumPy build
         pass
+    from ._runtime import openblas_core
+
+    core = openblas_core()
+    if core:
+        info["blas_core"] = core          # OpenBLAS's kernels for this CPU: small products' speed depends on them
     return info

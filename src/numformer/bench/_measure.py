@@ -95,15 +95,16 @@ def fit_exponent(xs, ys):
     return None if sxx == 0 else sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
 
 
-def run_child(module, function, kwargs, timeout=900):
+def run_child(module, function, kwargs, timeout=900, env=None):
     """Run ``numformer.bench.<module>.<function>(**kwargs)`` in a fresh Python; return its JSON result (a dict).
 
-    The function must print one JSON line as its last output line.
+    The function must print one JSON line as its last output line. ``env``: variables added to the child's
+    environment (e.g. settings a library reads only when it loads).
     """
     code = (f"import json, sys; from numformer.bench.{module} import {function} as f; "
             f"print(json.dumps(f(**json.loads(sys.argv[1]))))")
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=None if env is None else {**os.environ, **env})
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"benchmark point {module}.{function}({kwargs}) failed (exit {proc.returncode}): "

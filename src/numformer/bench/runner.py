@@ -121,7 +121,8 @@ def render_markdown(results, out_dir):
             m = meta.get("machine", {})
             lines += ["", f"<sub>`{meta.get('command', 'numformer bench ' + name)}` on {meta.get('date', '?')}, "
                           f"{meta.get('seconds', 0):.0f} s; {m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
-                          f"NumPy {m.get('numpy', '?')} ({m.get('blas', '?')})"
+                          f"NumPy {m.get('numpy', '?')} ({m.get('blas', '?')}"
+                          + (f", {m['blas_core']} kernels" if m.get("blas_core") else "") + ")"
                           f"{' — quick run (smoke check, not for reporting)' if meta.get('quick') else ''}</sub>"]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

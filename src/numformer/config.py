@@ -299,23 +299,8 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     model = check_section("model", model, _model_keys(), valid)
     task = None
     if build_task:
-        from .data import make_task
-
-        from_data = None
-        if sizes_only:
-            from_data = {} if source_model is not None else task_cls.sizes_from_config(data)
-        if from_data is None:
-            task = make_task(data, seed=train["seed"], tokenizer_state=tokenizer_state)
-            from_data = task.model_config()
-        if source_model is not None:
-            from .interop.hf import merge_init_from
-
-            model, from_data = merge_init_from(init_from, model, source_model, from_data), {}
-        clash = sorted(k for k in from_data if k in model and model[k] != from_data[k])
-        if clash:
-            raise ValueError(f"[model] {clash} are set by the data ({ {k: from_data[k] for k in clash} }); "
-                             f"remove them from [model]")
-        model.update(from_data)
+        model, task = _add_data_sizes(model, data, task_cls, train["seed"], tokenizer_state, sizes_only,
+                                      init_from, source_model)
     missing = sorted(k for k, d in valid.items() if d is inspect.Parameter.empty and k not in model)
     if missing:
         raise ValueError(f"[model] needs {missing}")
@@ -323,6 +308,29 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
                   **model, **({"init_from": init_from} if init_from is not None else {})}
     _check_model_together(full_model)
     return {"model": full_model, "data": data, "train": train}, task
+
+
+def _add_data_sizes(model, data, task_cls, seed, tokenizer_state, sizes_only, init_from, source_model):
+    """([model] with the sizes the data decides, the task or None): the task's ``model_config`` (the task is
+    built, its data read), or with ``sizes_only`` its ``sizes_from_config`` where it can tell them; a
+    fine-tuned model takes the source's architecture (``merge_init_from``)."""
+    from .data import make_task
+
+    task, from_data = None, None
+    if sizes_only:
+        from_data = {} if source_model is not None else task_cls.sizes_from_config(data)
+    if from_data is None:
+        task = make_task(data, seed=seed, tokenizer_state=tokenizer_state)
+        from_data = task.model_config()
+    if source_model is not None:
+        from .interop.hf import merge_init_from
+
+        model, from_data = merge_init_from(init_from, model, source_model, from_data), {}
+    clash = sorted(k for k in from_data if k in model and model[k] != from_data[k])
+    if clash:
+        raise ValueError(f"[model] {clash} are set by the data ({ {k: from_data[k] for k in clash} }); "
+                         f"remove them from [model]")
+    return {**model, **from_data}, task
 
 
 def _resolve_data(data):

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 import threading
@@ -284,6 +285,7 @@ def _openblas_thread_functions():
     return _openblas_fns[0]
 
 
+@functools.lru_cache(maxsize=None)
 def openblas_core():
     """The kernel family the OpenBLAS loaded by NumPy chose for this CPU at start-up (e.g. "Haswell", "SkylakeX",
     "Zen"; set by OPENBLAS_CORETYPE), or None for another BLAS. The speed of small products depends on it."""

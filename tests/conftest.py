@@ -1,7 +1,9 @@
 """Shared helpers: gradient checks of modules and conversion to and from torch; data kept off the network."""
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -116,3 +118,17 @@ def tiny_copy_toml(model=None, **train):
     return "\n".join(["", *section("model", gpt),
                       *section("data", {"task": "copy", "length": 4, "n_val": 16, "n_test": 16}),
                       *section("train", train), ""])
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder, options, skip_reason):
+    """A tmpfs mounted on ``folder`` (created) with mount ``options`` ("size=4m", "ro,size=1m"), unmounted
+    afterwards; the test is skipped with ``skip_reason`` where mounting is not allowed (it needs root)."""
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(skip_reason)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)

@@ -15,7 +15,7 @@ import pytest
 from numformer.cli import main
 from numformer.train.checkpoint import CHECKPOINT, MODEL
 
-from conftest import one_error_line, tiny_copy_toml
+from conftest import mounted_tmpfs, one_error_line, tiny_copy_toml
 
 COPY = tiny_copy_toml(max_steps=4, batch_size=4, eval_every=2, processes=1)
 
@@ -301,15 +301,8 @@ def test_system_errors_are_one_line(tmp_path, cfg, cli_error, monkeypatch, error
 
 
 def test_read_only_folder(tmp_path, cfg, cli_error):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m", "cannot mount a read-only tmpfs here (needs root)") as ro:
         assert "read-only" in cli_error("train", cfg, "--out", ro / "run")
-    finally:
-        subprocess.run(["umount", "-l", str(ro)], capture_output=True)
 
 
 def test_a_bug_shows_its_traceback_and_asks_for_a_report(tmp_path, cfg, run_cli, monkeypatch):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from numformer.train import checkpoint as checkpoint_module
 from numformer.train.checkpoint import CHECKPOINT
 
-from conftest import tiny_copy_toml
+from conftest import mounted_tmpfs, tiny_copy_toml
 
 TINY = tiny_copy_toml(model={"dropout": 0.1}, max_steps=6, batch_size=4, eval_every=3, checkpoint_every=3,
                       log_every=1, processes=1)
@@ -26,15 +25,9 @@ def arrays(path):
 @pytest.fixture
 def tmpfs(tmp_path):
     """A 4 MiB tmpfs (needs root and mount rights; skipped elsewhere)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root); the monkeypatched test covers disk full")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "size=4m",
+                       "cannot mount a tmpfs here (needs root); the monkeypatched test covers disk full") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def fill(folder):

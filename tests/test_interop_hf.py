@@ -80,6 +80,14 @@ def loss_and_grads_numformer(model, idx, targets):
     return logits, float(loss), {n: p.grad for n, p in model.named_parameters()}
 
 
+def transformers_greedy(tmodel, prompt, new_tokens):
+    """``tmodel.generate``'s greedy continuation of ``prompt`` (B, T) by ``new_tokens`` tokens (no end token)."""
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        return tmodel.generate(ids, max_new_tokens=new_tokens, do_sample=False,
+                               attention_mask=torch.ones_like(ids), pad_token_id=EOS, eos_token_id=None).numpy()
+
+
 def rel_err(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert a.shape == b.shape, (a.shape, b.shape)
@@ -137,12 +145,7 @@ def test_greedy_generation_equals_transformers_generate(tmp_path):
     folder, tmodel = make_hf(tmp_path, **SHAPES["n_inner"])
     model = GPT.from_pretrained(folder)
     prompt = np.array([[5, 17, 3, 44, 9]])
-    with torch.no_grad():
-        ref = tmodel.generate(torch.from_numpy(prompt), max_new_tokens=20, do_sample=False,
-                              attention_mask=torch.ones_like(torch.from_numpy(prompt)), pad_token_id=EOS,
-                              eos_token_id=None).numpy()
-    ours = model.generate(prompt, 20, greedy=True)
-    np.testing.assert_array_equal(ours, ref)
+    np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), transformers_greedy(tmodel, prompt, 20))
 
 
 def test_seeded_sampling_repeats(tmp_path):

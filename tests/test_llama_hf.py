@@ -16,7 +16,8 @@ import pytest
 from numformer.interop import hf
 from numformer.models import GPT
 
-from test_interop_hf import TEXT, left_pad, loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer
+from test_interop_hf import (TEXT, left_pad, loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer,
+                             transformers_greedy)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -118,11 +119,7 @@ def test_llama_greedy_generation_equals_transformers_generate(tmp_path):
     folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
     model = GPT.from_pretrained(folder)
     prompt = np.array([[5, 17, 3, 44, 9]])
-    with torch.no_grad():
-        ref = tmodel.generate(torch.from_numpy(prompt), max_new_tokens=20, do_sample=False,
-                              attention_mask=torch.ones_like(torch.from_numpy(prompt)), pad_token_id=EOS,
-                              eos_token_id=None).numpy()
-    np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), ref)
+    np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), transformers_greedy(tmodel, prompt, 20))
 
 
 def test_llama_cached_and_uncached_decoding_are_equal(tmp_path):

@@ -40,9 +40,17 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import sys
+import time
 
 import numpy as np
+
+try:                          # the unread-bytes count of a pipe (POSIX); elsewhere abort does not wait
+    from fcntl import ioctl
+    from termios import FIONREAD
+except ImportError:
+    ioctl = FIONREAD = None
 
 from ..data.base import IGNORE
 from .parallel import DataParallel, _generators, _shares, _take
@@ -139,8 +147,13 @@ class World:
         return f"rank {self.rank} of {self.size} (pid {os.getpid()} on {self.host})"
 
     def abort(self, message, code=1):
-        """Print ``message`` (one line naming this rank) and stop every rank of the job now."""
+        """Print ``message`` (one line naming this rank) and stop every rank of the job now.
+
+        The launcher reads a rank's stderr through a pipe, and ``MPI_Abort`` makes it kill every process,
+        that reader included: a line still in the pipe would be lost. So the abort waits (a few seconds
+        at most) until the launcher has read the line."""
         print(f"{message.rstrip()}", file=sys.stderr, flush=True)
+        wait_until_read(sys.stderr)
         self.comm.Abort(code)
 
     def agree_on_errors(self, error):
@@ -164,6 +177,24 @@ class World:
                        f"stopping every rank (the last checkpoint is kept)")
         for s in STOP_SIGNALS:
             signal.signal(s, handler)
+
+
+def wait_until_read(stream, timeout=5.0, poll=0.002):
+    """Return once the reader of ``stream``'s pipe has taken every byte written to it, or after ``timeout``
+    seconds; at once when the stream is not a pipe (a terminal, a file) or the platform cannot tell."""
+    try:
+        fd = stream.fileno()
+        if ioctl is None or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        unread = bytearray(4)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ioctl(fd, FIONREAD, unread)
+            if int.from_bytes(unread, sys.byteorder) == 0:
+                return
+            time.sleep(poll)
+    except (OSError, ValueError, AttributeError):      # closed or replaced stream: nothing to wait for
+        return
 
 
 def init_world(command="numformer train"):

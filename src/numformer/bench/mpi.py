@@ -31,14 +31,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._runtime import set_fast_runtime
+from ..config import load_config
+from ..train import Trainer
+
 PLAN = (5, 7, 20)            # warm-up steps, rounds, steps per round
 QUICK_PLAN = (1, 3, 3)
 
 
 def find_config(name):
     """configs/<name>.toml of this checkout (the working directory's, else the one beside the package)."""
-    from ..config import load_config
-
     for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
         path = root / "configs" / f"{name}.toml"
         if path.is_file():
@@ -105,8 +107,6 @@ class ForkedTrainer:
     """numformer train's trainer in this process with ``processes`` forked workers: steps(K) -> seconds."""
 
     def __init__(self, config, processes):
-        from ..train import Trainer
-
         config = json.loads(json.dumps(config))
         config["train"]["processes"] = processes
         self._dir = tempfile.TemporaryDirectory()
@@ -148,8 +148,6 @@ def cores():
 
 
 def run(quick=False, config_name="shakespeare_char", plan=None):
-    from .._runtime import set_fast_runtime
-
     set_fast_runtime()
     warmup, rounds, steps = plan or (QUICK_PLAN if quick else PLAN)
     config, path = find_config(config_name)

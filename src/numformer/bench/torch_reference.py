@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models import EncoderClassifier, GPT
+from ..nn.positional import sinusoidal_table
+
 
 def _norm(kind, d, eps, bias):
     if kind == "layer":
@@ -75,8 +78,6 @@ class _Block(nn.Module):
 
 
 def _sinusoidal(max_len, d_model):
-    from ..nn.positional import sinusoidal_table
-
     return torch.tensor(sinusoidal_table(max_len, d_model), dtype=torch.float32)
 
 
@@ -161,8 +162,6 @@ def _torch_name(model, name):
 
 def from_numformer(model):
     """A float32 PyTorch reference with the architecture and the weights of a numformer GPT or EncoderClassifier."""
-    from ..models import GPT, EncoderClassifier
-
     if isinstance(model, GPT):
         block = model.blocks[0]
         ref = TorchGPT(model.vocab_size, model.block_size, model.n_layers, model.n_heads, model.d_model,

@@ -62,8 +62,9 @@ import traceback
 
 import numpy as np
 
-from .._runtime import get_num_threads, single_threaded
+from .._runtime import get_num_threads, set_num_threads, single_threaded, single_threaded_blas
 from ..data.base import IGNORE
+from ..nn.layers import BatchStatNorm
 from .step import loss_and_backward
 
 
@@ -86,8 +87,6 @@ def usable_processes(model, batch_size, requested=0):
 
 def unavailable_reason(model):
     """Why this model cannot be trained data-parallel here, or None."""
-    from ..nn.layers import BatchStatNorm
-
     if not sys.platform.startswith("linux"):
         return f"data-parallel training forks worker processes, which numformer supports on Linux only " \
                f"(this is {sys.platform})"
@@ -292,8 +291,6 @@ def _die_with_parent():
 
 def _worker_main(rank, model, params, grads, conn, parent_end, seed, main_pid):
     """A worker's loop: compute the shares it is sent until the main process closes the pipe."""
-    from .._runtime import set_num_threads, single_threaded_blas
-
     parent_end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C is the main process's to handle
     _die_with_parent()

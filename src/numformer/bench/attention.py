@@ -265,6 +265,5 @@ def _findings(result):
     if lc:
         lines.append(f"At T = {lc['T']:,}, the largest length both kernels ran, the plain kernel uses "
                      f"{lc['memory_ratio_plain_over_flash']:.0f}x the memory and "
-                     f"{lc['time_ratio_plain_over_flash']:.1f}x "
-                     f"the time of the memory-efficient one.")
+                     f"{lc['time_ratio_plain_over_flash']:.1f}x the time of the memory-efficient one.")
     return lines

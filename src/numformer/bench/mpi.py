@@ -34,6 +34,7 @@ from pathlib import Path
 from .._runtime import set_fast_runtime
 from ..config import load_config
 from ..train import Trainer
+from ..train.parallel import ClosesOnExit
 
 PLAN = (5, 7, 20)            # warm-up steps, rounds, steps per round
 QUICK_PLAN = (1, 3, 3)
@@ -57,7 +58,7 @@ def mpiexec():
     return found
 
 
-class MPIJob:
+class MPIJob(ClosesOnExit):
     """``mpiexec -n ranks python -m numformer.bench._mpi_serve``: ask(command) -> seconds (see that module)."""
 
     def __init__(self, config, ranks, processes=1):
@@ -96,14 +97,8 @@ class MPIJob:
                 self.proc.wait()
         self._dir.cleanup()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class ForkedTrainer:
+class ForkedTrainer(ClosesOnExit):
     """numformer train's trainer in this process with ``processes`` forked workers: steps(K) -> seconds."""
 
     def __init__(self, config, processes):
@@ -132,12 +127,6 @@ class ForkedTrainer:
     def close(self):
         self.trainer._close_data_parallel()
         self._dir.cleanup()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def cores():

@@ -36,34 +36,22 @@ from .. import _runtime
 from .._runtime import blas_threads, fast_runtime_status, get_num_threads, set_fast_runtime
 from ..models import EncoderClassifier, GPT
 from ..optim import AdamW, param_groups
-from ..train.parallel import DataParallel, usable_processes
+from ..train.parallel import ClosesOnExit, DataParallel, usable_processes
 from .runner import image_link
 
 OPTIM = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
 
-# name -> (model kind, model arguments, batch size, sequence length)
+# name -> title, model kind, model arguments, batch size, sequence length
 CONFIGS = {
-    "nanogpt": {
-        "title": "nanoGPT CPU (shakespeare_char)",
-        "kind": "gpt",
-        "model": {"vocab_size": 65, "block_size": 64, "n_layers": 4, "n_heads": 4, "d_model": 128, "dropout": 0.0,
-                  "bias": False},
-        "batch": 12, "seq": 64,
-    },
-    "minillm": {
-        "title": "MiniLLM",
-        "kind": "gpt",
-        "model": {"vocab_size": 100, "block_size": 256, "n_layers": 6, "n_heads": 6, "d_model": 384, "dropout": 0.0,
-                  "bias": False},
-        "batch": 8, "seq": 256,
-    },
-    "classifier": {
-        "title": "minimal classifier",
-        "kind": "classifier",
-        "model": {"vocab_size": 10000, "n_classes": 2, "max_len": 128, "d_model": 64, "n_heads": 1, "n_layers": 1,
-                  "dropout": 0.0, "pooling": "mean", "pad_id": 0},
-        "batch": 32, "seq": 128,
-    },
+    "nanogpt": dict(title="nanoGPT CPU (shakespeare_char)", kind="gpt", batch=12, seq=64,
+                    model={"vocab_size": 65, "block_size": 64, "n_layers": 4, "n_heads": 4, "d_model": 128,
+                           "dropout": 0.0, "bias": False}),
+    "minillm": dict(title="MiniLLM", kind="gpt", batch=8, seq=256,
+                    model={"vocab_size": 100, "block_size": 256, "n_layers": 6, "n_heads": 6, "d_model": 384,
+                           "dropout": 0.0, "bias": False}),
+    "classifier": dict(title="minimal classifier", kind="classifier", batch=32, seq=128,
+                       model={"vocab_size": 10000, "n_classes": 2, "max_len": 128, "d_model": 64, "n_heads": 1,
+                              "n_layers": 1, "dropout": 0.0, "pooling": "mean", "pad_id": 0}),
 }
 
 # (warm-up steps, rounds, steps per round) for each configuration
@@ -153,7 +141,7 @@ def make_batches(cfg, n=4, seed=1):
     return batches
 
 
-class NumformerTrainer:
+class NumformerTrainer(ClosesOnExit):
     """step(x, y) -> loss: forward, cross-entropy, backward, AdamW, as the Trainer does it.
 
     processes > 1 splits every batch over that many processes (``DataParallel``); call ``close()`` (or use
@@ -172,12 +160,6 @@ class NumformerTrainer:
 
     def close(self):
         self.dp.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def torch_trainer(ref, cfg):

@@ -118,7 +118,18 @@ def _take(inputs, share, batch_size):
             for k, v in inputs.items()}
 
 
-class DataParallel:
+class ClosesOnExit:
+    """A context manager for a class with ``close()``: ``with obj: ...`` closes it at the end."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class DataParallel(ClosesOnExit):
     """Train ``model`` on ``processes`` processes (this one and processes - 1 forked workers); see the module
     docstring. Use as a context manager, or call ``close()``: the workers are stopped and the parameters
     moved back to private memory."""
@@ -269,13 +280,6 @@ class DataParallel:
             for p in self.params:
                 p.data = np.array(p.data)
             self._views = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 def _die_with_parent():

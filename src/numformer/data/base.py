@@ -148,8 +148,9 @@ def register_task(name):
 DATA_KEYS = {
     "length": positive(), "min_length": NONNEG_INT, "full_length_fraction": FRACTION,
     "test_lengths": Key(list, item=int), "n_val": positive(), "n_test": NONNEG_INT, "eval_batch_size": positive(),
-    "vocab": Key(int, 2), "n_values": Key(int, 2), "block_size": positive(), "val_fraction": Key(float, 0, 1, (True, True)),
-    "max_len": Key(int, 2), "vocab_size": positive(), "min_freq": positive(), "val_size": NONNEG_INT, "buckets": positive(),
+    "vocab": Key(int, 2), "n_values": Key(int, 2), "block_size": positive(),
+    "val_fraction": Key(float, 0, 1, (True, True)), "max_len": Key(int, 2), "vocab_size": positive(),
+    "min_freq": positive(), "val_size": NONNEG_INT, "buckets": positive(),
     "token_dropout": Key(float, 0, 1, open=(False, True)), "beam_size": positive(), "length_penalty": NONNEG_FLOAT,
     "tokenizer": Key(str, choices=("word", "bpe")), "truncate": Key(str, choices=("head", "tail", "head_tail")),
 }

@@ -29,11 +29,13 @@ def model_keys():
     """The type and range of every [model] key (``numformer.keys.Key``), for ``numformer.config``."""
     ids = Key(int, 0, none=True)
     return {
-        "vocab_size": positive(), "src_vocab_size": positive(), "tgt_vocab_size": positive(), "n_classes": positive(),
-        "block_size": positive(), "max_len": positive(), "n_layers": positive(), "n_heads": positive(), "d_model": positive(),
+        "vocab_size": positive(), "src_vocab_size": positive(), "tgt_vocab_size": positive(),
+        "n_classes": positive(), "block_size": positive(), "max_len": positive(), "n_layers": positive(),
+        "n_heads": positive(), "d_model": positive(),
         "d_ff": positive(none=True), "n_encoder_layers": positive(none=True), "n_decoder_layers": positive(none=True),
         "dropout": Key(float, 0, 1, open=(False, True)), "layer_norm_eps": positive(float),
-        "positional": Key(str, choices=POSITIONAL_KINDS), "n_kv_heads": positive(none=True), "rope_theta": positive(float),
+        "positional": Key(str, choices=POSITIONAL_KINDS), "n_kv_heads": positive(none=True),
+        "rope_theta": positive(float),
         "activation": Key(str, choices=FEED_FORWARD_ACTIVATIONS),
         "norm": Key(str, choices=tuple(NORMS)), "attention": Key(str, choices=MultiHeadAttention.ATTENTION_KINDS),
         "pooling": Key(str, choices=POOLINGS), "norm_first": BOOL, "tie_weights": BOOL, "bias": BOOL,

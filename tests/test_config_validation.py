@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from numformer.config import DATA_KEYS, TRAIN_DEFAULTS, Key, _model_keys, _train_keys, check_section
-from numformer.data.base import import_builtin_tasks
-from numformer.models import MODEL_TYPES, model_arguments
+from numformer.config import TRAIN_DEFAULTS, _train_keys
+from numformer.data.base import DATA_KEYS, import_builtin_tasks
+from numformer.keys import Key, check_section
+from numformer.models import MODEL_TYPES, model_arguments, model_keys
 
 from conftest import tiny_copy_toml
 
@@ -47,7 +48,7 @@ AS_MODEL = {"gpt": [], "transformer": ['model.type="transformer"'],
 
 def cases():
     """(section, key, TOML value, settings) for every key: its wrong type and its out-of-range value."""
-    model_rules = _model_keys()
+    model_rules = model_keys()
     table = [("train", k, r, []) for k, r in _train_keys().items()]
     seen = set()
     for kind, settings in AS_MODEL.items():
@@ -122,7 +123,7 @@ def test_every_key_has_a_rule():
     """The tables cover every key a config can hold: [train], every model type's arguments, every task's
     [data] keys (by name, or by the type of their default)."""
     assert set(_train_keys()) == set(TRAIN_DEFAULTS)
-    rules = _model_keys()
+    rules = model_keys()
     for kind in MODEL_TYPES:
         assert set(model_arguments(kind)) <= set(rules), kind
     for name, task in import_builtin_tasks().items():

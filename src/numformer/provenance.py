@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._runtime import openblas_core
+
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -48,7 +50,6 @@ def machine_info():
         info["blas"] = f"{blas.get('name')} {blas.get('version')}"
     except Exception:  # pragma: no cover - depends on the NumPy build
         pass
-    from ._runtime import openblas_core
 
     core = openblas_core()
     if core:

@@ -7,8 +7,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from ..models import GPT, EncoderClassifier, Transformer
 from ..nn import Embedding
@@ -122,6 +120,9 @@ def new_figure(width, height):
 
     In a notebook with the inline backend, a returned Figure shows itself.
     """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib (~0.5 s) only when drawing: the
+    from matplotlib.figure import Figure                         # CLI lists the experiments, which import analysis
+
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig

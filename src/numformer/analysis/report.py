@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..models import EncoderClassifier, Transformer
-from ._common import as_inputs, input_names, max_lengths
+from ._common import as_inputs, input_names, max_lengths, pad_ids
 from .ablation import head_ablation, loss_metric, plot_head_ablation
 from .attention import GROUP_TITLES, attention_maps
 from .curves import plot_eval_metrics, plot_learning_rate, plot_loss_curves, read_metrics
@@ -240,8 +240,6 @@ def _positional_section(out, model, max_positions):
 
 
 def _occlusion_ids(model, occlusion_id):
-    from ._common import pad_ids
-
     names = input_names(model)
     given = occlusion_id if isinstance(occlusion_id, dict) else {n: occlusion_id for n in names}
     pads = pad_ids(model)

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.base import Task
 from ..data.tokenizers import BOS, EOS, SpecialsTokenizer, SymbolTokenizer, token_labels, tokenizer_from_dict
+from ..train import evaluate_loss, load_config_json, load_model, load_task, load_tokenizer_state
+from ..train.checkpoint import CHECKPOINT, MODEL
 from .report import write_report
 
 ABLATION_BATCHES = 4          # validation batches per ablation evaluation
@@ -27,8 +30,6 @@ ABLATION_BATCH_SIZE = 32      # at most this many sequences per batch
 def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True, occlusion=True, split="val",
                 log=None):
     """Write RUN_DIR's analysis report into ``out`` (default RUN_DIR/report); returns the path of report.md."""
-    from ..train import load_model, load_tokenizer_state
-
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     run_dir = Path(run_dir)
     config = _check_run(run_dir, log)
@@ -58,9 +59,6 @@ def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True,
 
 def _check_run(run_dir, log):
     """The run's config; a clear error unless the folder holds a run with saved weights."""
-    from ..train import load_config_json
-    from ..train.checkpoint import CHECKPOINT, MODEL
-
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir} does not exist or is not a folder; give a run folder written by "
                          f"`numformer train CONFIG --out RUN_DIR` (or `numformer reproduce NAME`, e.g. runs/copy)")
@@ -90,8 +88,6 @@ def _check_options(kind, run_dir, text, src, tgt):
 
 def _load_task(run_dir, config, kind, given):
     """(task, None), or (None, the reason) when the run's data cannot be loaded and an input was given."""
-    from ..train import load_task
-
     try:
         return load_task(run_dir, config), None
     except (ValueError, OSError, ImportError, KeyError, RuntimeError) as e:
@@ -170,8 +166,6 @@ def _translation_input(model, toks, src, tgt):
 
 def _task_example(task, split, decode):
     """(inputs, labels, how): the task's analysis example; labels when the task labels its own example."""
-    from ..data.base import Task
-
     inputs, task_labels = task.analysis_example(split)
     labels = None
     if type(task).analysis_example is not Task.analysis_example or decode is None:
@@ -181,8 +175,6 @@ def _task_example(task, split, decode):
 
 def _ablation_metric(task, task_error, config, split):
     """(metric(model) -> float or None, its name, the sentence that explains it in the report)."""
-    from ..train import evaluate_loss
-
     if task is None:
         return None, None, (f"Ablation metric: the cross-entropy on the report's own input (the run's data could "
                             f"not be loaded: {task_error}); lower is better.")

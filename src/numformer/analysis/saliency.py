@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..nn import BatchStatNorm
-from ._common import (as_inputs, embedding_modules, eval_mode, input_names, new_figure, override_method,
+from ._common import (as_inputs, embedding_modules, eval_mode, input_names, label_ticks, new_figure, override_method,
                       pad_ids, save_figure, token_label)
 
 
@@ -246,7 +246,6 @@ def plot_position_importance(values, tokens=None, title=None, path=None, batch_i
         ax.bar(x, v, color=np.where(v >= 0, "#c0392b", "#2e86c1"), width=0.8)
         ax.axhline(0.0, color="black", lw=0.6)
         labels = list(tokens[name]) if tokens and name in tokens else [str(i) for i in x]
-        from ._common import label_ticks
         ticks, fs = label_ticks(len(v), width - 1.0, max_fontsize=8.0)
         ax.set_xticks(ticks)
         ax.set_xticklabels([token_label(labels[i]) for i in ticks], rotation=90, fontsize=fs)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import new_figure, save_figure
+from .attention import AttentionMaps
 
 STATISTICS = ("entropy", "normalized_entropy", "mean_distance", "previous_token", "self", "first_token",
               "anti_diagonal")
@@ -149,8 +150,6 @@ def head_statistics(weights, allowed=None, batch_axis=None):
     weights: an ``AttentionMaps`` -> {group: {statistic: (n_layers, n_heads)}}, averaged over the batch;
     or an array (..., Tq, Tk) -> {statistic: array (...)} (``batch_axis``, if given, is averaged out).
     """
-    from .attention import AttentionMaps
-
     if isinstance(weights, AttentionMaps):
         return {g: head_statistics(weights[g], weights.allowed[g], batch_axis=1) for g in weights}
     a = _weights(weights)

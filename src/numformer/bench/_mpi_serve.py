@@ -20,6 +20,10 @@ import time
 
 import numpy as np
 
+from .._runtime import set_fast_runtime, set_num_threads
+from ..train import Trainer
+from ..train.mpi import init_world
+
 
 def _idle_until_all_arrive(comm):
     """Wait for every rank while sleeping: MPICH's blocking calls poll a core, which would take it from the
@@ -65,10 +69,6 @@ def _serve(trainer, world):
 
 
 def main(argv=None):
-    from .._runtime import set_fast_runtime, set_num_threads
-    from ..train import Trainer
-    from ..train.mpi import init_world
-
     argv = sys.argv[1:] if argv is None else argv
     config = json.loads(open(argv[0]).read())
     config["train"]["processes"] = int(argv[1])

@@ -18,7 +18,9 @@ fixed costs — block buffers, the layer's own arrays — flatten the curves).
 """
 from __future__ import annotations
 
+from ..nn import MultiHeadAttention
 from . import _measure
+from .runner import image_link
 
 D_MODEL, N_HEADS, BATCH = 64, 4, 1
 LENGTHS = [128 * 2 ** i for i in range(8)]                 # 128 … 16,384
@@ -48,8 +50,6 @@ def measure_point(kernel, T, d_model=D_MODEL, n_heads=N_HEADS, batch=BATCH, caus
     """One training step of one attention layer; runs in a child process. Returns a JSON-able dict."""
     import numpy as np
 
-    from ..nn import MultiHeadAttention
-
     rss_start = _measure.rss_bytes()
     rng = np.random.default_rng(seed)
     layer = MultiHeadAttention(d_model, n_heads, rng=rng, attention=kernel)
@@ -74,8 +74,6 @@ def measure_point(kernel, T, d_model=D_MODEL, n_heads=N_HEADS, batch=BATCH, caus
 def baseline_rss():
     """RSS of a child that imports numformer and builds the layer but runs nothing (the fixed cost)."""
     import numpy as np
-
-    from ..nn import MultiHeadAttention
 
     MultiHeadAttention(D_MODEL, N_HEADS, rng=np.random.default_rng(0))
     return {"max_rss_bytes": _measure.max_rss_bytes()}
@@ -173,8 +171,6 @@ def _fmt_exp(e):
 
 
 def markdown(result, fig_dir):
-    from .runner import image_link
-
     path = _plot(result, fig_dir)
     lines = _tables(result) + _findings(result)
     lines += ["", "Both kernels still do O(T²) work (time exponent ≈ 2: 4x the length, ~16x the time); only the "
@@ -269,6 +265,5 @@ def _findings(result):
     if lc:
         lines.append(f"At T = {lc['T']:,}, the largest length both kernels ran, the plain kernel uses "
                      f"{lc['memory_ratio_plain_over_flash']:.0f}x the memory and "
-                     f"{lc['time_ratio_plain_over_flash']:.1f}x "
-                     f"the time of the memory-efficient one.")
+                     f"{lc['time_ratio_plain_over_flash']:.1f}x the time of the memory-efficient one.")
     return lines

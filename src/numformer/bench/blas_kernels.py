@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from ..models import GPT
+from .._runtime import openblas_core, set_fast_runtime
 from . import _measure
 
 GPT2_SMALL = {"vocab_size": 50257, "block_size": 1024, "d_model": 768, "n_layers": 12, "n_heads": 12}
@@ -35,9 +37,6 @@ def cpu_flags():
 
 def measure_family(config, prompt, new_tokens, batches, repeats):
     """In this (fresh) process: OpenBLAS's kernel family and numformer's greedy tokens/s at each batch size."""
-    from .. import GPT
-    from .._runtime import openblas_core, set_fast_runtime
-
     set_fast_runtime(blas="native")                     # as `numformer generate`
     model = GPT(**config, activation="gelu_tanh", bias=True, tie_weights=True, dropout=0.0, rng=0)
     speeds = {}

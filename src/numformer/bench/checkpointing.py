@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import tracemalloc
 
+from .. import ops
+from ..models import GPT
 from . import _measure
+from .runner import image_link
 
 CONFIG = {"vocab_size": 65, "block_size": 512, "n_layers": 8, "n_heads": 8, "d_model": 256, "dropout": 0.1}
 BATCH = 8
@@ -35,9 +38,6 @@ QUICK_BATCH = 4
 def measure(config, batch, checkpointing, seed=0):
     """One configuration, in a child process: {'seconds', 'activation_bytes', 'peak_bytes', ...}."""
     import numpy as np
-
-    from .. import ops
-    from ..models import GPT
 
     rng = np.random.default_rng(seed)
     model = GPT(**config, gradient_checkpointing=checkpointing, rng=np.random.default_rng(seed))
@@ -99,8 +99,6 @@ def run(quick=False, config=None, batch=None, log=None):
 
 def markdown(result, fig_dir):
     from pathlib import Path
-
-    from .runner import image_link
 
     plt = _measure.plt()
     a, b = result["plain"], result["checkpointing"]

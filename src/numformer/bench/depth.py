@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import ops
+from ..data.text import read_corpus
+from ..models import GPT
+from ..optim import AdamW
 from . import _measure
+from .runner import image_link
 
 DEPTHS = [2, 4, 8, 16]
 MODEL = {"block_size": 64, "n_heads": 4, "d_model": 64, "dropout": 0.0}
@@ -33,8 +38,6 @@ def corpus(chars):
     a seeded random text of 65 symbols when neither is available, so the benchmark still runs."""
     text = None
     try:
-        from ..data.text import read_corpus
-
         text = read_corpus("")
     except Exception:
         import os
@@ -61,8 +64,6 @@ def _batch(data, T, B, rng):
 
 def layer_grad_norms(model, x, y):
     """(loss, [L2 norm of each block's parameter gradients]) for the mean cross-entropy on (x, y)."""
-    from .. import ops
-
     model.zero_grad()
     loss, cache = ops.cross_entropy_forward(model(x), y)
     model.backward(ops.cross_entropy_backward(cache))
@@ -73,10 +74,6 @@ def layer_grad_norms(model, x, y):
 
 
 def train_one(n_layers, norm_first, data, vocab, model_cfg, train_cfg, seed=0):
-    from .. import ops
-    from ..models import GPT
-    from ..optim import AdamW
-
     model = GPT(vocab, n_layers=n_layers, norm_first=norm_first, **model_cfg, rng=np.random.default_rng(seed))
     T, B = model_cfg["block_size"], train_cfg["batch"]
     held_out = _batch(data, T, B, np.random.default_rng(12345))
@@ -123,8 +120,6 @@ def run(quick=False, depths=None, model_cfg=None, train_cfg=None, log=None):
 
 def markdown(result, fig_dir):
     from pathlib import Path
-
-    from .runner import image_link
 
     plt = _measure.plt()
     depths = result["depths"]

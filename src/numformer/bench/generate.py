@@ -23,7 +23,9 @@ import time
 
 import numpy as np
 
+from ..models import GPT
 from . import _measure
+from .runner import image_link
 
 CONFIG = {"vocab_size": 65, "block_size": 256, "n_layers": 6, "n_heads": 6, "d_model": 384}
 LENGTHS = [8, 16, 32, 64, 128, 256]
@@ -32,8 +34,6 @@ TARGET_SPEEDUP = 5.0
 
 
 def _model(config, seed=0):
-    from ..models import GPT
-
     return GPT(**config, rng=np.random.default_rng(seed)).eval()
 
 
@@ -118,8 +118,6 @@ def run(quick=False, config=None, lengths=None, repeats=None, generation_tokens=
 
 def markdown(result, fig_dir):
     from pathlib import Path
-
-    from .runner import image_link
 
     plt = _measure.plt()
     Ls = result["lengths"]

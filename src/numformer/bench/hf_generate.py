@@ -29,6 +29,9 @@ import time
 
 import numpy as np
 
+from .. import _runtime
+from .._runtime import get_num_threads
+from ..interop.hf import load_pretrained
 from . import _measure
 
 PROMPT, NEW_TOKENS, BATCHES = 64, 128, (1, 8)
@@ -46,8 +49,6 @@ def random_models(config_class, model_class, hf_config):
     mode: the transformers model is saved and imported as a user's checkpoint would be."""
     import torch
     import transformers
-
-    from ..interop.hf import load_pretrained
 
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(**hf_config, bos_token_id=0, eos_token_id=0)
@@ -76,8 +77,6 @@ class _mode:
         self.name, self.threads = name, threads
 
     def __enter__(self):
-        from .. import _runtime
-
         self._saved = (_runtime.fast_runtime_status(), _runtime.get_num_threads(), _runtime.owns_blas())
         if self.name == "one_thread":
             self._ctx = _runtime.single_threaded().__enter__()
@@ -88,8 +87,6 @@ class _mode:
         return self
 
     def __exit__(self, *exc):
-        from .. import _runtime
-
         if self._ctx is not None:
             self._ctx.__exit__(*exc)
         _runtime.set_num_threads(self._saved[1])
@@ -138,8 +135,6 @@ def measure(model, tmodel, batch, prompt_len, new_tokens, threads, repeats, mode
 
 def run(quick=False, log=print):
     import torch
-
-    from .._runtime import get_num_threads
 
     hf_config = QUICK_CONFIG if quick else {}
     prompt, new = (16, 8) if quick else (PROMPT, NEW_TOKENS)

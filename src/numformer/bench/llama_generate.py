@@ -20,7 +20,10 @@ import os
 
 import numpy as np
 
-from .hf_generate import random_models
+from .._runtime import get_num_threads
+from ..interop.hf import model_config_of
+from ..models import build_model
+from .hf_generate import measure, random_models
 
 PROMPT, NEW_TOKENS = 64, 128
 SMOLLM_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -39,9 +42,6 @@ def _models(hf_config):
 def kv_cache_bytes(model, n_kv_heads, positions, rng=0):
     """Bytes of the keys and values a prefill of ``positions`` tokens leaves in the caches (batch 1), for
     ``model``'s shape with ``n_kv_heads`` key/value heads (random weights: only the shapes matter)."""
-    from ..interop.hf import model_config_of
-    from ..models import build_model
-
     config = {**model_config_of(model), "n_kv_heads": n_kv_heads}
     other = build_model(config, rng=np.random.default_rng(rng)).eval()
     caches = other.new_kv_caches()
@@ -51,9 +51,6 @@ def kv_cache_bytes(model, n_kv_heads, positions, rng=0):
 
 def run(quick=False, log=print):
     import torch
-
-    from .._runtime import get_num_threads
-    from .hf_generate import measure
 
     load = (lambda: os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     load_start = load()

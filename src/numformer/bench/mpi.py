@@ -31,14 +31,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._runtime import set_fast_runtime
+from ..config import load_config
+from ..train import Trainer
+from ..train.parallel import ClosesOnExit
+
 PLAN = (5, 7, 20)            # warm-up steps, rounds, steps per round
 QUICK_PLAN = (1, 3, 3)
 
 
 def find_config(name):
     """configs/<name>.toml of this checkout (the working directory's, else the one beside the package)."""
-    from ..config import load_config
-
     for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
         path = root / "configs" / f"{name}.toml"
         if path.is_file():
@@ -55,7 +58,7 @@ def mpiexec():
     return found
 
 
-class MPIJob:
+class MPIJob(ClosesOnExit):
     """``mpiexec -n ranks python -m numformer.bench._mpi_serve``: ask(command) -> seconds (see that module)."""
 
     def __init__(self, config, ranks, processes=1):
@@ -94,19 +97,11 @@ class MPIJob:
                 self.proc.wait()
         self._dir.cleanup()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class ForkedTrainer:
+class ForkedTrainer(ClosesOnExit):
     """numformer train's trainer in this process with ``processes`` forked workers: steps(K) -> seconds."""
 
     def __init__(self, config, processes):
-        from ..train import Trainer
-
         config = json.loads(json.dumps(config))
         config["train"]["processes"] = processes
         self._dir = tempfile.TemporaryDirectory()
@@ -133,12 +128,6 @@ class ForkedTrainer:
         self.trainer._close_data_parallel()
         self._dir.cleanup()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 def cores():
     try:
@@ -148,8 +137,6 @@ def cores():
 
 
 def run(quick=False, config_name="shakespeare_char", plan=None):
-    from .._runtime import set_fast_runtime
-
     set_fast_runtime()
     warmup, rounds, steps = plan or (QUICK_PLAN if quick else PLAN)
     config, path = find_config(config_name)

@@ -33,6 +33,10 @@ import math
 import os
 import time
 
+from .._runtime import set_fast_runtime
+from ..optim import clip_grad_norm
+from .mpi import ForkedTrainer, MPIJob, cores, find_config
+
 LINKS_GBIT = (1, 10)
 MACHINES = (1, 2, 4, 8, 16, 32, 64)
 LATENCY_S = 50e-6
@@ -44,9 +48,6 @@ QUICK_PLAN = {"nanogpt": (1, 2), "minillm": (1, 1)}
 
 def measure_step(config, warmup, steps, processes):
     """(t_step, t_opt) in seconds: a training step of this machine, and its clip + optimizer part."""
-    from ..optim import clip_grad_norm
-    from .mpi import ForkedTrainer
-
     with ForkedTrainer(config, processes) as forked:
         forked.steps(warmup)
         t_step = forked.steps(steps) / steps
@@ -76,9 +77,6 @@ def predict(t_step, t_opt, batch, grad_bytes, t_local, link_gbit, machines=MACHI
 
 
 def run(quick=False):
-    from .._runtime import set_fast_runtime
-    from .mpi import MPIJob, cores, find_config
-
     set_fast_runtime()
     plan = QUICK_PLAN if quick else PLAN
     out = {"links_gbit": list(LINKS_GBIT), "latency_s": LATENCY_S, "cores": cores(), "configs": {},

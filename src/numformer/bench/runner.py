@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from ..provenance import machine_info
+from ..train.checkpoint import write_atomic
 
 # The parts in the order bench.md lists them; any other module found in numformer.bench with
 # ``run`` and ``markdown`` is a part too and comes after these.
@@ -38,9 +39,7 @@ META_KEY = "_run"
 
 def available_parts():
     """Names of the part modules present in numformer.bench (without importing them)."""
-    from . import __path__ as bench_path
-
-    found = {m.name for m in pkgutil.iter_modules(bench_path)
+    found = {m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])
              if not m.name.startswith("_") and m.name not in NOT_PARTS}
     return [p for p in PARTS if p in found] + sorted(found - set(PARTS))
 
@@ -63,8 +62,6 @@ def image_link(path, alt, fig_dir):
 
 
 def _atomic_write(path, text):
-    from ..train.checkpoint import write_atomic
-
     write_atomic(path, text.encode())
 
 

@@ -32,31 +32,26 @@ import time
 
 import numpy as np
 
+from .. import _runtime
+from .._runtime import blas_threads, fast_runtime_status, get_num_threads, set_fast_runtime
+from ..models import EncoderClassifier, GPT
+from ..optim import AdamW, param_groups
+from ..train.parallel import ClosesOnExit, DataParallel, usable_processes
+from .runner import image_link
+
 OPTIM = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
 
-# name -> (model kind, model arguments, batch size, sequence length)
+# name -> title, model kind, model arguments, batch size, sequence length
 CONFIGS = {
-    "nanogpt": {
-        "title": "nanoGPT CPU (shakespeare_char)",
-        "kind": "gpt",
-        "model": {"vocab_size": 65, "block_size": 64, "n_layers": 4, "n_heads": 4, "d_model": 128, "dropout": 0.0,
-                  "bias": False},
-        "batch": 12, "seq": 64,
-    },
-    "minillm": {
-        "title": "MiniLLM",
-        "kind": "gpt",
-        "model": {"vocab_size": 100, "block_size": 256, "n_layers": 6, "n_heads": 6, "d_model": 384, "dropout": 0.0,
-                  "bias": False},
-        "batch": 8, "seq": 256,
-    },
-    "classifier": {
-        "title": "minimal classifier",
-        "kind": "classifier",
-        "model": {"vocab_size": 10000, "n_classes": 2, "max_len": 128, "d_model": 64, "n_heads": 1, "n_layers": 1,
-                  "dropout": 0.0, "pooling": "mean", "pad_id": 0},
-        "batch": 32, "seq": 128,
-    },
+    "nanogpt": dict(title="nanoGPT CPU (shakespeare_char)", kind="gpt", batch=12, seq=64,
+                    model={"vocab_size": 65, "block_size": 64, "n_layers": 4, "n_heads": 4, "d_model": 128,
+                           "dropout": 0.0, "bias": False}),
+    "minillm": dict(title="MiniLLM", kind="gpt", batch=8, seq=256,
+                    model={"vocab_size": 100, "block_size": 256, "n_layers": 6, "n_heads": 6, "d_model": 384,
+                           "dropout": 0.0, "bias": False}),
+    "classifier": dict(title="minimal classifier", kind="classifier", batch=32, seq=128,
+                       model={"vocab_size": 10000, "n_classes": 2, "max_len": 128, "d_model": 64, "n_heads": 1,
+                              "n_layers": 1, "dropout": 0.0, "pooling": "mean", "pad_id": 0}),
 }
 
 # (warm-up steps, rounds, steps per round) for each configuration
@@ -90,8 +85,6 @@ def matmul_peak(n=2048, repeats=5):
 
     OpenBLAS gets the thread count for the measurement: under ``set_fast_runtime()`` it is otherwise on
     one thread, which would measure one core's peak against a model that uses them all."""
-    from .._runtime import blas_threads, get_num_threads
-
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
@@ -123,8 +116,7 @@ def torch_matmul_peak(n=2048, repeats=5):
 
 def build_models(cfg, seed=0):
     """(numformer model, PyTorch reference with the same weights)."""
-    from ..models import GPT, EncoderClassifier
-    from .torch_reference import from_numformer
+    from .torch_reference import from_numformer  # imports torch (optional) at its top
 
     rng = np.random.default_rng(seed)
     if cfg["kind"] == "gpt":
@@ -149,16 +141,13 @@ def make_batches(cfg, n=4, seed=1):
     return batches
 
 
-class NumformerTrainer:
+class NumformerTrainer(ClosesOnExit):
     """step(x, y) -> loss: forward, cross-entropy, backward, AdamW, as the Trainer does it.
 
     processes > 1 splits every batch over that many processes (``DataParallel``); call ``close()`` (or use
     ``with``) to stop them."""
 
     def __init__(self, model, cfg, processes=1):
-        from ..optim import AdamW, param_groups
-        from ..train.parallel import DataParallel
-
         self.opt = AdamW(param_groups(model, OPTIM["weight_decay"]), lr=OPTIM["lr"], betas=OPTIM["betas"])
         self.dp = DataParallel(model, processes)
         self.input_name = "idx" if cfg["kind"] == "gpt" else "ids"
@@ -172,18 +161,12 @@ class NumformerTrainer:
     def close(self):
         self.dp.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 def torch_trainer(ref, cfg):
     """The same step in PyTorch eager (torch.optim.AdamW with its defaults for CPU tensors)."""
     import torch
 
-    from .torch_reference import adamw_param_groups
+    from .torch_reference import adamw_param_groups  # imports torch (optional) at its top
 
     opt = torch.optim.AdamW(adamw_param_groups(ref, OPTIM["weight_decay"]), lr=OPTIM["lr"], betas=OPTIM["betas"])
     F = torch.nn.functional
@@ -214,8 +197,6 @@ def measure_config(cfg, warmup, rounds, steps, seed=0, one_process_too=True):
     pool splits the ops (after ``set_fast_runtime()``), reported separately.
     """
     import torch
-
-    from ..train.parallel import usable_processes
 
     model, ref = build_models(cfg, seed)
     batches = make_batches(cfg)
@@ -269,8 +250,6 @@ def measure_single_core(cfg, rounds, steps, seed=0):
     processes on the machine hardly disturb. Returns ms of CPU per step (best round) and their ratio."""
     import torch
 
-    from .. import _runtime
-
     model, ref = build_models(cfg, seed)
     batches = make_batches(cfg)
     tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
@@ -300,8 +279,6 @@ def measure_single_core(cfg, rounds, steps, seed=0):
 def environment():
     import torch
 
-    from .._runtime import fast_runtime_status
-
     return {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "numformer_threads": fast_runtime_status()["threads"], "malloc": fast_runtime_status()["malloc"],
             "numformer_blas": fast_runtime_status()["blas"],
@@ -311,8 +288,6 @@ def environment():
 
 def run(quick=False, configs=None, plan=None):
     """Measure every configuration (``configs``/``plan`` override the defaults, for tests)."""
-    from .._runtime import set_fast_runtime
-
     set_fast_runtime()
     configs = CONFIGS if configs is None else configs
     plan = (QUICK_PLAN if quick else PLAN) if plan is None else plan
@@ -383,8 +358,6 @@ def _plot(result, path):
 
 
 def markdown(result, fig_dir):
-    from .runner import image_link
-
     png = fig_dir / "throughput.png"
     _plot(result, png)
     env = result["environment"]

@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models import EncoderClassifier, GPT
+from ..nn.positional import sinusoidal_table
+
 
 def _norm(kind, d, eps, bias):
     if kind == "layer":
@@ -75,12 +78,26 @@ class _Block(nn.Module):
 
 
 def _sinusoidal(max_len, d_model):
-    from ..nn.positional import sinusoidal_table
-
     return torch.tensor(sinusoidal_table(max_len, d_model), dtype=torch.float32)
 
 
-class TorchGPT(nn.Module):
+class _TokensAndPositions(nn.Module):
+    """The token embedding, numformer's learned or sinusoidal positions and the dropout after them."""
+
+    def _add_embeddings(self, vocab_size, length, d_model, positional, dropout):
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.positional = positional
+        if positional == "learned":
+            self.pos_emb = nn.Embedding(length, d_model)
+        else:
+            self.register_buffer("pos_table", _sinusoidal(length, d_model), persistent=False)
+        self.drop = nn.Dropout(dropout)
+
+    def _positions(self, T):
+        return self.pos_emb.weight[:T] if self.positional == "learned" else self.pos_table[:T]
+
+
+class TorchGPT(_TokensAndPositions):
     """numformer.GPT in PyTorch: forward(idx (B, T)) -> logits (B, T, vocab)."""
 
     def __init__(self, vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, d_ff=None, dropout=0.0,
@@ -88,13 +105,7 @@ class TorchGPT(nn.Module):
                  bias=True, layer_norm_eps=1e-5):
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
-        self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.positional = positional
-        if positional == "learned":
-            self.pos_emb = nn.Embedding(block_size, d_model)
-        else:
-            self.register_buffer("pos_table", _sinusoidal(block_size, d_model), persistent=False)
-        self.drop = nn.Dropout(dropout)
+        self._add_embeddings(vocab_size, block_size, d_model, positional, dropout)
         self.blocks = nn.ModuleList(_Block(d_model, n_heads, d_ff, activation, norm_first, norm, layer_norm_eps,
                                            bias, bias, dropout) for _ in range(n_layers))
         self.norm_f = _norm(norm, d_model, layer_norm_eps, bias) if norm_first else None
@@ -104,8 +115,7 @@ class TorchGPT(nn.Module):
 
     def forward(self, idx):
         T = idx.shape[1]
-        pos = self.pos_emb.weight[:T] if self.positional == "learned" else self.pos_table[:T]
-        x = self.drop(self.tok_emb(idx) + pos)
+        x = self.drop(self.tok_emb(idx) + self._positions(T))
         for block in self.blocks:
             x = block(x, is_causal=True)
         if self.norm_f is not None:
@@ -113,7 +123,7 @@ class TorchGPT(nn.Module):
         return self.lm_head(x)
 
 
-class TorchEncoderClassifier(nn.Module):
+class TorchEncoderClassifier(_TokensAndPositions):
     """numformer.EncoderClassifier in PyTorch: forward(ids (B, T)) -> logits (B, n_classes)."""
 
     def __init__(self, vocab_size, n_classes, max_len=512, d_model=64, n_heads=1, n_layers=1, d_ff=None,
@@ -123,13 +133,7 @@ class TorchEncoderClassifier(nn.Module):
         d_ff = 4 * d_model if d_ff is None else d_ff
         self.pooling, self.pad_id = pooling, pad_id
         self.embed_scale = math.sqrt(d_model) if scale_embeddings else 1.0
-        self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.positional = positional
-        if positional == "learned":
-            self.pos_emb = nn.Embedding(max_len, d_model)
-        else:
-            self.register_buffer("pos_table", _sinusoidal(max_len, d_model), persistent=False)
-        self.drop = nn.Dropout(dropout)
+        self._add_embeddings(vocab_size, max_len, d_model, positional, dropout)
         self.layers = nn.ModuleList(_Block(d_model, n_heads, d_ff, activation, norm_first, norm, layer_norm_eps,
                                            bias, bias, dropout) for _ in range(n_layers))
         self.norm = _norm(norm, d_model, layer_norm_eps, bias) if norm_first else None
@@ -137,8 +141,7 @@ class TorchEncoderClassifier(nn.Module):
 
     def forward(self, ids):
         T = ids.shape[1]
-        pos = self.pos_emb.weight[:T] if self.positional == "learned" else self.pos_table[:T]
-        x = self.drop(self.tok_emb(ids) * self.embed_scale + pos)
+        x = self.drop(self.tok_emb(ids) * self.embed_scale + self._positions(T))
         keep = None if self.pad_id is None else ids != self.pad_id                  # (B, T), True = real token
         mask = None if keep is None else keep[:, None, None, :]                     # SDPA: True = may attend
         for layer in self.layers:
@@ -161,8 +164,6 @@ def _torch_name(model, name):
 
 def from_numformer(model):
     """A float32 PyTorch reference with the architecture and the weights of a numformer GPT or EncoderClassifier."""
-    from ..models import GPT, EncoderClassifier
-
     if isinstance(model, GPT):
         block = model.blocks[0]
         ref = TorchGPT(model.vocab_size, model.block_size, model.n_layers, model.n_heads, model.d_model,

@@ -3,14 +3,6 @@
 Under ``mpiexec -n N`` (or ``srun``) the N processes train one model together (``numformer.train.mpi``)."""
 from __future__ import annotations
 
-import sys
-
-
-def _one_line(error):
-    """An exception as one line: its first line, and its last where it spans several (a worker's traceback)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-
 
 def _build(args, world=None):
     from ..config import load_config
@@ -28,49 +20,10 @@ def _build(args, world=None):
                    quiet=args.quiet, world=world)
 
 
-def _train(trainer, writer=True):
-    from ..train import TrainingDiverged
-
-    try:
-        summary = trainer.train()
-    except TrainingDiverged as e:            # every rank sees the same loss, so every rank stops here
-        if writer:
-            print(f"numformer train: error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    return 130 if summary["interrupted"] else 0
-
-
 def run(args):
-    from ..train.mpi import init_world
+    from ..train.launch import launch
 
-    world = init_world("numformer train")
-    if world is None:
-        return _train(_build(args))
-    return _run_rank(args, world)
-
-
-def _run_rank(args, world):
-    """One MPI rank: build the trainer (a bad config is reported once, by rank 0), then train; a rank that
-    fails or is told to stop prints one line naming it and stops every rank."""
-    from .._runtime import set_num_threads
-
-    set_num_threads(world.cores_per_rank())      # the machine's cores shared among its ranks
-    world.stop_on_signals("numformer train")
-    trainer, error = None, None
-    try:
-        trainer = _build(args, world)
-    except (ValueError, OSError) as e:
-        error = _one_line(e)
-    error = world.agree_on_errors(error)
-    if error:
-        if world.is_writer:
-            print(f"numformer train: error: {error}", file=sys.stderr)
-        return 2
-    try:
-        return _train(trainer, world.is_writer)
-    except BaseException as e:               # noqa: BLE001 - any failure of one rank must stop them all
-        world.abort(f"numformer train: {world.label()} failed: {type(e).__name__}: {_one_line(e)}; "
-                    f"stopping every rank (the last checkpoint is kept)")
+    return launch(lambda world: _build(args, world))
 
 
 def register(sub):

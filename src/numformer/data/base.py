@@ -25,6 +25,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ..keys import FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, positive
+
 IGNORE = -100   # target id left out of the loss (torch's default ignore_index)
 EVAL_SAMPLE_KEY = 0x5A3E   # the stream of a run's seed that draws its evaluation sample (see spread_sample)
 
@@ -142,10 +144,25 @@ def register_task(name):
     return wrap
 
 
+# [data] keys shared by name across tasks; any other key has the type of its default (ints >= 0).
+DATA_KEYS = {
+    "length": positive(), "min_length": NONNEG_INT, "full_length_fraction": FRACTION,
+    "test_lengths": Key(list, item=int), "n_val": positive(), "n_test": NONNEG_INT, "eval_batch_size": positive(),
+    "vocab": Key(int, 2), "n_values": Key(int, 2), "block_size": positive(),
+    "val_fraction": Key(float, 0, 1, (True, True)), "max_len": Key(int, 2), "vocab_size": positive(),
+    "min_freq": positive(), "val_size": NONNEG_INT, "buckets": positive(),
+    "token_dropout": Key(float, 0, 1, open=(False, True)), "beam_size": positive(), "length_penalty": NONNEG_FLOAT,
+    "tokenizer": Key(str, choices=("word", "bpe")), "truncate": Key(str, choices=("head", "tail", "head_tail")),
+}
+
+
+def check_data_section(data, task_cls):
+    """A task's [data] keys (without ``task``) against its ``data_keys``; returns the converted values."""
+    return check_section("data", data, DATA_KEYS, task_cls.data_keys)
+
+
 def make_task(data_config: dict, seed: int = 0, tokenizer_state: dict | None = None) -> Task:
     """Build the task named by ``data_config["task"]``."""
-    from ..config import check_data_section
-
     data_config = dict(data_config)
     name = data_config.pop("task", None)
     import_builtin_tasks()
@@ -156,15 +173,8 @@ def make_task(data_config: dict, seed: int = 0, tokenizer_state: dict | None = N
 
 
 def import_builtin_tasks():
-    """Register numformer's own tasks (importing a task module registers it); returns the registry ``TASKS``."""
-    import importlib
-    import pkgutil
-
-    from .. import data
-
-    for info in pkgutil.iter_modules(data.__path__):
-        if info.name not in ("base",):
-            importlib.import_module(f"{data.__name__}.{info.name}")
+    """The registry ``TASKS`` with numformer's own tasks: ``numformer.data`` imports every task module, and
+    Python imports that package before any of its modules, so they are registered by the time this runs."""
     return TASKS
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import decoding
 from .base import IGNORE, Batch, Task, pad_sequences, register_task
 from .batching import eval_mode, sequence_metrics
 
@@ -253,13 +254,11 @@ class SyntheticTask(Task):
         key/value cache; Transformer: after ``<bos>``, stopping a row at ``<eos>``, whose later
         slots are <eos>), each from its own previous outputs, as at inference.
         """
-        from ..generate import generate, greedy_decode
-
         prompts = np.stack([np.asarray(p) for p, _ in examples]) + OFFSET
         if self.model_type == "gpt":
             idx = np.concatenate([prompts, np.full((len(prompts), 1), SEP_ID)], axis=1)
-            return generate(model, idx, n_steps, greedy=True)[:, idx.shape[1]:]
-        rows = greedy_decode(model, prompts, n_steps, BOS_ID, EOS_ID)
+            return decoding.generate(model, idx, n_steps, greedy=True)[:, idx.shape[1]:]
+        rows = decoding.greedy_decode(model, prompts, n_steps, BOS_ID, EOS_ID)
         return pad_sequences(rows, EOS_ID, n_steps)
 
     def analysis_example(self, split: str = "test", length: int | None = None) -> tuple[dict, dict]:

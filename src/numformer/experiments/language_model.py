@@ -19,7 +19,13 @@ import math
 
 import numpy as np
 
+from ..config import apply_overrides, load_config, resolve_config
+from ..data.base import Batch
+from ..decoding import generate
 from ..provenance import git_commit, machine_info
+from ..train import Trainer
+from ..train.checkpoint import CHECKPOINT, write_json_atomic
+from ..train.trainer import mean_loss
 from . import register
 from .runner import Experiment, Target, find_config
 
@@ -58,8 +64,6 @@ def make_extra(name, why, compare_with=None):
 
 
 def _sample_and_figures(trainer, task, name, why):
-    from ..generate import generate
-
     model = trainer.model.eval()
     summary = trainer.last_summary
     loss = summary["best_val_loss"]                      # the saved weights on the whole validation text
@@ -100,10 +104,6 @@ def seed_study(exp, ctx):
     """Train seeds 0 .. ctx.seeds - 1, score each saved model on the whole validation text, and draw nanoGPT's
     20-batch estimate many times on the first; writes results/shakespeare_char_seeds.json. A seed whose run
     folder holds a checkpoint of the same config is resumed (a finished one is only scored again)."""
-    from ..config import apply_overrides, load_config, resolve_config
-    from ..train import Trainer
-    from ..train.checkpoint import write_json_atomic
-
     if ctx.seeds < 2:
         raise ValueError(f"--seeds {ctx.seeds}: a spread needs at least 2 seeds")
     config = load_config(find_config(exp.config_name()))
@@ -141,8 +141,6 @@ def seed_study(exp, ctx):
 
 def _same_run(run_dir, config):
     """Whether run_dir holds a checkpoint of a run with this resolved config (to resume rather than restart)."""
-    from ..train.checkpoint import CHECKPOINT
-
     saved = run_dir / "config.json"
     return (run_dir / CHECKPOINT).is_file() and saved.is_file() and json.loads(saved.read_text()) == json.loads(
         json.dumps(config))
@@ -151,9 +149,6 @@ def _same_run(run_dir, config):
 def nanogpt_estimate(model, task, rng, batches=NANOGPT_BATCHES, batch_size=NANOGPT_BATCH_SIZE):
     """nanoGPT's ``estimate_loss`` on the validation text: the mean loss over ``batches`` batches of
     ``batch_size`` windows starting at random characters (``torch.randint(len(data) - block_size, ...)``)."""
-    from ..data.base import Batch
-    from ..train.trainer import mean_loss
-
     data, T = task.splits["val"], task.config["block_size"]
     starts = rng.integers(0, len(data) - T, size=(batches, batch_size))
     chars = [data[s[:, None] + np.arange(T + 1)] for s in starts]

@@ -28,8 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import new_figure, save_figure
+from ..config import apply_overrides, load_config
+from ..data.base import IGNORE
 from ..provenance import machine_info
+from ..train import Trainer
 from . import Experiment, register
+from .runner import find_config
 
 TASKS = ("copy", "reversal")
 ENCODINGS = ("sinusoidal", "learned", "rope", "alibi")
@@ -47,9 +52,6 @@ def eval_lengths(L):
 
 def run_config(exp, ctx, task, encoding):
     """The resolved config dict of one of the four runs (quick and user overrides applied)."""
-    from ..config import apply_overrides, load_config
-    from .runner import find_config
-
     config = load_config(find_config(exp.config_name()))
     overrides = [f"data.task={task}", f"model.positional={encoding}"] + (list(exp.quick_overrides) if ctx.quick
                                                                          else []) + list(ctx.overrides)
@@ -62,8 +64,6 @@ def run_config(exp, ctx, task, encoding):
 
 def position_accuracy(model, task, length, split="test"):
     """(length + 1,) teacher-forced token accuracy at each target position (the last one is ``<eos>``)."""
-    from ..data.base import IGNORE
-
     hits = np.zeros(length + 1)
     count = np.zeros(length + 1)
     for batch in task.eval_batches(split, 250, length):
@@ -77,8 +77,6 @@ def position_accuracy(model, task, length, split="test"):
 
 
 def train_one(exp, ctx, task_name, encoding):
-    from ..train import Trainer
-
     config = run_config(exp, ctx, task_name, encoding)
     run_dir = ctx.runs_dir / f"positional_{task_name}_{encoding}"
     if not ctx.quiet:
@@ -136,8 +134,6 @@ def run_positional(exp, ctx):
 
 # -- figures ------------------------------------------------------------------------------------------------------
 def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
-    from ..analysis import new_figure, save_figure
-
     fig = new_figure(4.2 * len(TASKS), 3.4)
     axes = fig.subplots(1, len(TASKS), squeeze=False)[0]
     for ax, t in zip(axes, TASKS):
@@ -163,8 +159,6 @@ def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
 
 
 def plot_position_accuracy(runs, L, vocab, path):
-    from ..analysis import new_figure, save_figure
-
     fig = new_figure(4.2 * len(TASKS), 3.2)
     axes = fig.subplots(1, len(TASKS), squeeze=False)[0]
     for ax, t in zip(axes, TASKS):

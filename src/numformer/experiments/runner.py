@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..analysis import GROUP_TITLES, attention_maps, plot_attention, plot_loss_curves, read_metrics
+from ..config import load_config
 from ..provenance import machine_info
+from ..train import Trainer, evaluate_loss
+from ..train.checkpoint import write_atomic, write_json_atomic
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
 REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/
@@ -88,8 +92,6 @@ def attention_figure(model, task, path, title, groups=()):
     """Heatmaps of every layer and head on the task's analysis example; returns [(group, path), ...].
 
     groups: the attention groups to draw, in order (default: all of the model's)."""
-    from ..analysis import GROUP_TITLES, attention_maps, plot_attention
-
     inputs, labels = task.analysis_example("test")
     maps = attention_maps(model, inputs)
     groups = [g for g in groups if g in maps] or list(maps)
@@ -114,9 +116,6 @@ def _group_labels(group, labels):
 def train_and_evaluate(exp, ctx, config_overrides=()):
     """The standard pipeline; returns (record, trainer, task, started), ``started`` the ``time.time()`` at
     which training began."""
-    from ..config import load_config
-    from ..train import Trainer, evaluate_loss
-
     config = load_config(find_config(exp.config_name()))
     overrides = list(config_overrides) + (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
     run_dir = ctx.runs_dir / exp.name
@@ -153,7 +152,6 @@ def run_experiment(exp, ctx):
     else:
         record, trainer, task, started = train_and_evaluate(exp, ctx)
         figs = _figure_dir(ctx)
-        from ..analysis import GROUP_TITLES, plot_loss_curves, read_metrics
 
         images = []
         curve = figs / f"{exp.name}_loss.png"
@@ -172,7 +170,6 @@ def run_experiment(exp, ctx):
         record["wall_time_s"] = round(time.time() - started, 1)
         markdown = standard_markdown(record, images, extra_md, ctx.results_dir)
     ctx.results_dir.mkdir(parents=True, exist_ok=True)
-    from ..train.checkpoint import write_atomic, write_json_atomic
 
     write_json_atomic(ctx.results_dir / f"{exp.name}.json", record)
     write_atomic(ctx.results_dir / f"{exp.name}.md", markdown.encode())
@@ -220,8 +217,6 @@ def standard_markdown(record, images, extra_md, results_dir):
 
 def write_index(results_dir):
     """results/README.md: one row per results/*.json, generated."""
-    from ..train.checkpoint import write_atomic
-
     rows = []
     for path in sorted(Path(results_dir).glob("*.json")):
         if path.name == "bench.json":

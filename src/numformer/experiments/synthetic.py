@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..analysis import plot_eval_metrics, read_metrics
+from ..train import Trainer
 from . import Experiment, Target, register
 
 QUICK = ["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=12", "train.warmup_steps=2",
@@ -49,8 +51,6 @@ def synthetic_extra(name, metrics, why):
     (figures/NAME_metrics.png)."""
 
     def extra(trainer, task, results_dir, quick):
-        from ..analysis import plot_eval_metrics, read_metrics
-
         md = [model_line(trainer) + " " + why]
         records = read_metrics(trainer.run_dir / "metrics.jsonl")
         names = [m for m in metrics if any(m in r for r in records)]
@@ -89,8 +89,6 @@ PARITY_WHY = (
 
 def parity_extra(trainer, task, results_dir, quick):
     """Setup and validation curves, then the EncoderClassifier baseline trained and tested on parity too."""
-    from ..train import Trainer
-
     figures, md = synthetic_extra("parity", ["accuracy", "exact_match", "token_accuracy"], PARITY_WHY)(
         trainer, task, results_dir, quick)
     print("parity: training the EncoderClassifier baseline", file=sys.stderr, flush=True)

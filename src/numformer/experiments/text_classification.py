@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import LossTarget, attention_maps, gradient_x_input, new_figure, save_figure
+from ..ops import softmax_forward
 from . import Experiment, Target, register
 
 # --quick: a tiny model on a few hundred texts (the test metrics are on a 200-text sample of the test set).
@@ -39,9 +41,6 @@ def word_scores(model, ids):
     Attention: last layer, mean over heads, mean over the query positions the classifier pools.
     Gradient × input: for log p(predicted class) (``analysis.gradient_x_input`` with a ``LossTarget``).
     """
-    from ..analysis import LossTarget, attention_maps, gradient_x_input
-    from ..ops import softmax_forward
-
     ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
     was_training = model.training
     model.eval()
@@ -122,8 +121,6 @@ def plot_word_saliency(examples, path=None, title=None, width=13.0, fontsize=8.5
     """
     import matplotlib
     from matplotlib.colors import Normalize, TwoSlopeNorm
-
-    from ..analysis import new_figure, save_figure
 
     left, text_w = 0.25, width - 0.5 - 1.25      # inches: 0.25 margins, 1.25 for the row labels
     lh = 1.55 * fontsize / 72.0

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import attention_maps, plot_attention
+from ..data.batching import eval_mode
+from ..data.text_tasks import bleu_signature, corpus_bleu
 from . import Experiment, Target, register
 
 QUICK = ["data.n_train=300", "data.n_eval=20", "data.vocab_size=400", "data.beam_size=2",
@@ -36,9 +39,6 @@ def cross_attention_figure(model, task, src_text, path, title):
     <bos> y_1 … y_t and predicts y_{t+1}); columns: the source tokens. Writes PATH (every head of
     the last layer) and PATH with ``_mean`` (the average over heads). Returns (paths, translation).
     """
-    from ..analysis import attention_maps, plot_attention
-    from ..data.batching import eval_mode
-
     src = np.asarray(task.encode_source([src_text])[0], dtype=np.int64)[None]
     k = max(1, int(task.config["beam_size"]))
     with eval_mode(model):
@@ -68,8 +68,6 @@ def cross_attention_figure(model, task, src_text, path, title):
 
 def multi30k_extra(trainer, task, results_dir, quick):
     """Examples, translated test sets and the cross-attention heatmap (after ``task.evaluate(model, 'test')``)."""
-    from ..data.text_tasks import bleu_signature
-
     model = trainer.model.eval()
     results_dir = Path(results_dir)
     c, t = task.config, trainer.config["train"]
@@ -127,8 +125,6 @@ def multi30k_extra(trainer, task, results_dir, quick):
 
 
 def _md_bleu(tr, kind, refs):
-    from ..data.text_tasks import corpus_bleu
-
     return f"{corpus_bleu(tr[kind], refs):.2f}"
 
 

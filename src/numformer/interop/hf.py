@@ -33,11 +33,19 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from ..data.tokenizers import PretrainedTokenizer
+from ..models import build_model
+from ..models.pretrained import register_loader
+from ..nn.positional import SinusoidalPositionalEncoding
+from ..train.checkpoint import CHECKPOINT, MODEL, load_model_weights, write_atomic, write_json_atomic
+from ..train.run import load_config_json, load_tokenizer_state
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -417,8 +425,6 @@ def load_tokenizer(folder, hf_config=None):
     ``PretrainedTokenizer``, or None when the folder has neither."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-    from ..data.tokenizers import PretrainedTokenizer
-
     folder = Path(folder)
     if (folder / "tokenizer.json").is_file():
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -446,8 +452,6 @@ def load_pretrained(source, dtype=np.float32, **overrides):
     ``attention``, ``gradient_checkpointing``); dropout is 0 unless given (set it to fine-tune
     with dropout, as nanoGPT).
     """
-    from ..models import build_model
-
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
     model_config = {**family(hf_config["model_type"]).to_numformer(hf_config), **overrides}
@@ -458,8 +462,6 @@ def load_pretrained(source, dtype=np.float32, **overrides):
 
 def model_config_of(model):
     """The numformer config of a built ``GPT`` (what ``build_model`` needs to make it again)."""
-    from ..nn.positional import SinusoidalPositionalEncoding
-
     block = model.blocks[0]
     positional = getattr(model, "positional", None) or (
         "sinusoidal" if isinstance(model.pos_emb, SinusoidalPositionalEncoding) else "learned")
@@ -492,8 +494,6 @@ def pretrained_source(source):
     """(numformer model config, tokenizer state or None) of a numformer run folder, a Hugging Face
     folder or a hub id; reads configs and tokenizers only, not the weights."""
     if is_run_folder(source):
-        from ..train.run import load_config_json, load_tokenizer_state
-
         model = {k: v for k, v in load_config_json(source)["model"].items() if v is not None and k != "init_from"}
         return model, load_tokenizer_state(source)
     folder = resolve_source(source)
@@ -524,8 +524,6 @@ def merge_init_from(source, model, source_model, from_data):
 def load_init_weights(model, source):
     """Copy the weights of ``source`` (run folder, Hugging Face folder or hub id) into ``model``."""
     if is_run_folder(source):
-        from ..train.checkpoint import CHECKPOINT, MODEL, load_model_weights
-
         for name in (MODEL, CHECKPOINT):
             if (Path(source) / name).is_file():
                 load_model_weights(Path(source) / name, model)
@@ -566,8 +564,6 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     Raises ValueError naming a feature the family cannot express. Returns the folder."""
     from safetensors.numpy import save
 
-    from ..train.checkpoint import write_atomic, write_json_atomic
-
     model_config = model_config_of(model)
     if model_type is None:
         model_type = "llama" if model_config["positional"] == "rope" else "gpt2"
@@ -589,3 +585,8 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
                            "model_max_length": model_config["block_size"], "add_prefix_space": False,
                            "bos_token": eos_tok, "eos_token": eos_tok, "unk_token": eos_tok})
     return out
+
+
+# GPT.from_pretrained, [model] init_from and the trainer's fine-tuning start read checkpoints with this module
+# (numformer.models.pretrained): models and training do not import the interop layer.
+register_loader(sys.modules[__name__])

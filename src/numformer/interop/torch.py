@@ -38,7 +38,9 @@ import re
 
 import numpy as np
 
+from ..models import Transformer
 from ..nn import Decoder, DecoderBlock, Encoder, EncoderBlock, LayerNorm, Module, MultiHeadAttention
+from ..nn.positional import SinusoidalPositionalEncoding, sinusoidal_table
 
 
 def _torch():
@@ -323,7 +325,6 @@ def from_torch_seq2seq(transformer, src_embed, tgt_embed, generator, max_len=512
                          "with nn.Linear(d_model, vocab, bias=False)")
     if (src_pos is None) != (tgt_pos is None):
         raise ValueError("give both src_pos and tgt_pos (learned tables) or neither (sinusoidal)")
-    from ..models import Transformer
 
     enc, dec = transformer.encoder, transformer.decoder
     cfg = _layer_config(enc.layers[0])
@@ -360,7 +361,6 @@ def _torch_seq2seq(model):
     """The TorchSeq2Seq equivalent of a numformer Transformer (weights copied in ``to_torch``)."""
     torch = _torch()
     nn = torch.nn
-    from ..nn.positional import SinusoidalPositionalEncoding
 
     if getattr(model.encoder.layers[0].self_attn.qkv_proj, "bias", None) is None and \
             model.encoder.layers[0].ff.linear1.bias is not None:
@@ -393,7 +393,6 @@ def _make_torch_seq2seq_class():
         def __init__(self, src_vocab, tgt_vocab, transformer, max_len, learned_positions, embed_scale,
                      src_pad_id=None, tgt_pad_id=None, dropout=0.0, share_embeddings=False, tie_output=False):
             super().__init__()
-            from ..nn.positional import sinusoidal_table
 
             torch = _torch()
             d = transformer.d_model
@@ -462,8 +461,6 @@ def _torch_norm(norm):
 
 def to_torch(module):
     """The torch.nn module equivalent to a numformer module (or adapter), weights copied, in its dtype."""
-    from ..models import Transformer
-
     torch = _torch()
     nn = torch.nn
     m = _inner(module)

@@ -5,7 +5,11 @@ import inspect
 
 import numpy as np
 
-from .classifier import EncoderClassifier
+from ..keys import BOOL, Key, positive
+from ..nn.attention import MultiHeadAttention
+from ..nn.layers import FEED_FORWARD_ACTIVATIONS, NORMS
+from ..nn.positional import POSITIONAL_KINDS
+from .classifier import POOLINGS, EncoderClassifier
 from .gpt import GPT
 from .params import format_parameter_report, parameter_counts, parameter_report
 from .transformer import Transformer
@@ -19,6 +23,26 @@ def model_arguments(kind):
         raise ValueError(f"unknown model type {kind!r}; choose one of {sorted(MODEL_TYPES)}")
     sig = inspect.signature(MODEL_TYPES[kind].__init__)
     return {name: p.default for name, p in sig.parameters.items() if name not in ("self", "rng", "dtype")}
+
+
+def model_keys():
+    """The type and range of every [model] key (``numformer.keys.Key``), for ``numformer.config``."""
+    ids = Key(int, 0, none=True)
+    return {
+        "vocab_size": positive(), "src_vocab_size": positive(), "tgt_vocab_size": positive(),
+        "n_classes": positive(), "block_size": positive(), "max_len": positive(), "n_layers": positive(),
+        "n_heads": positive(), "d_model": positive(),
+        "d_ff": positive(none=True), "n_encoder_layers": positive(none=True), "n_decoder_layers": positive(none=True),
+        "dropout": Key(float, 0, 1, open=(False, True)), "layer_norm_eps": positive(float),
+        "positional": Key(str, choices=POSITIONAL_KINDS), "n_kv_heads": positive(none=True),
+        "rope_theta": positive(float),
+        "activation": Key(str, choices=FEED_FORWARD_ACTIVATIONS),
+        "norm": Key(str, choices=tuple(NORMS)), "attention": Key(str, choices=MultiHeadAttention.ATTENTION_KINDS),
+        "pooling": Key(str, choices=POOLINGS), "norm_first": BOOL, "tie_weights": BOOL, "bias": BOOL,
+        "scale_embeddings": BOOL, "share_embeddings": BOOL, "tie_output": BOOL, "gradient_checkpointing": BOOL,
+        "final_norm": Key(bool, none=True), "attn_bias": Key(bool, none=True),
+        "pad_id": ids, "src_pad_id": ids, "tgt_pad_id": ids, "bos_id": ids, "eos_id": ids,
+    }
 
 
 def build_model(config, rng=None, dtype=np.float32):
@@ -40,5 +64,5 @@ def build_model(config, rng=None, dtype=np.float32):
     return MODEL_TYPES[kind](**config, rng=rng, dtype=dtype)
 
 
-__all__ = ["EncoderClassifier", "GPT", "Transformer", "MODEL_TYPES", "build_model", "model_arguments",
+__all__ = ["EncoderClassifier", "GPT", "Transformer", "MODEL_TYPES", "build_model", "model_arguments", "model_keys",
            "parameter_counts", "parameter_report", "format_parameter_report"]

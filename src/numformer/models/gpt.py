@@ -16,8 +16,10 @@ import numpy as np
 
 from ..nn import (Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, SwiGLUFeedForward,
                   make_norm, make_positional)
+from ..decoding import generate
 from ..nn import checkpoint, init
 from ._checks import check_sizes
+from .pretrained import loader as pretrained_loader
 
 
 class GPT(Module):
@@ -96,8 +98,7 @@ class GPT(Module):
         """A GPT with the weights of a Hugging Face checkpoint: a folder (config.json + model.safetensors)
         or a hub id such as ``"gpt2"`` (see ``numformer.interop.hf.load_pretrained``; its tokenizer:
         ``load_pretrained(name_or_dir)[1]``). ``overrides``: e.g. ``dropout=0.1`` for fine-tuning."""
-        from ..interop.hf import load_pretrained
-        return load_pretrained(name_or_dir, dtype=dtype, **overrides)[0]
+        return pretrained_loader().load_pretrained(name_or_dir, dtype=dtype, **overrides)[0]
 
     def new_kv_caches(self):
         """One empty KVCache per block, for incremental decoding with forward(idx, kv_caches=...)."""
@@ -105,9 +106,8 @@ class GPT(Module):
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False, rng=None,
                  **kwargs):
-        """Continue idx (T,) or (B, T) by max_new_tokens sampled tokens: ``numformer.generate.generate``
+        """Continue idx (T,) or (B, T) by max_new_tokens sampled tokens: ``numformer.decoding.generate``
         (key/value cache, sliding window past block_size, ``stream=`` callback, ``use_cache``, ``shift``)."""
-        from ..generate import generate
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         greedy=greedy, rng=rng, **kwargs)
 

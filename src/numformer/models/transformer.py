@@ -15,6 +15,7 @@ import numpy as np
 
 from ..nn import (Decoder, DecoderBlock, Dropout, Embedding, Encoder, EncoderBlock, KVCache, Linear, Module,
                   make_norm, make_positional)
+from .. import decoding
 from ..nn import init
 from ._checks import check_sizes
 
@@ -160,7 +161,6 @@ class Transformer(Module):
         model's own (``Transformer(..., bos_id=, eos_id=)``, set by the task for a trained run); a
         model without them needs them passed. See ``numformer.generate``.
         """
-        from .. import generate as gen
         bos_id = self.bos_id if bos_id is None else bos_id
         eos_id = self.eos_id if eos_id is None else eos_id
         if bos_id is None or eos_id is None:
@@ -168,7 +168,7 @@ class Transformer(Module):
                              "token ids): this model was built without them; pass model.generate(src, ..., "
                              "bos_id=..., eos_id=...) or build it with Transformer(..., bos_id=..., eos_id=...)")
         if beam_size is not None:
-            return gen.beam_search(self, src, beam_size, max_length, bos_id, eos_id, length_penalty=length_penalty,
+            return decoding.beam_search(self, src, beam_size, max_length, bos_id, eos_id, length_penalty=length_penalty,
                                    **kwargs)
-        return gen.sample_decode(self, src, max_length, bos_id, eos_id, temperature=temperature, top_k=top_k,
+        return decoding.sample_decode(self, src, max_length, bos_id, eos_id, temperature=temperature, top_k=top_k,
                                  top_p=top_p, greedy=greedy, rng=rng, **kwargs)

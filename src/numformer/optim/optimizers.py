@@ -12,7 +12,9 @@ import math
 
 import numpy as np
 
+from ..nn.layers import BatchStatNorm, Embedding, LayerNorm, RMSNorm
 from ..nn.module import Parameter
+from ..nn.positional import LearnedPositionalEncoding
 
 
 class Optimizer:
@@ -239,9 +241,6 @@ def param_groups(model, weight_decay, no_decay=("bias", "norm")):
     nanoGPT's rule (decay matrices and embeddings, not biases or norms) is
     ``no_decay=("bias", "norm")``.
     """
-    from ..nn.layers import BatchStatNorm, Embedding, LayerNorm, RMSNorm
-    from ..nn.positional import LearnedPositionalEncoding
-
     bad = set(no_decay) - set(NO_DECAY_KINDS)
     if bad:
         raise ValueError(f"unknown no_decay kind(s) {sorted(bad)}; choose from {list(NO_DECAY_KINDS)}")

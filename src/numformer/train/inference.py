@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.text_datasets import AGNEWS_CLASSES
+from ..data.text_tasks import encode_for_classifier
 from ..ops import softmax_forward
 from .run import load_config_json, load_model, load_tokenizer_state, tokenizer_from_state
 
@@ -39,16 +41,12 @@ def load_classifier(run_dir):
 
 
 def _default_label_names(task, n):
-    from ..data.text_datasets import AGNEWS_CLASSES
-
     known = {"imdb": ["negative", "positive"], "agnews": list(AGNEWS_CLASSES)}.get(task)
     return known if known and len(known) == n else [str(i) for i in range(n)]
 
 
 def classify_texts(run_dir, texts):
     """[{text, label, probability, probabilities {name: p}, tokens, truncated}] for each text."""
-    from ..data.text_tasks import encode_for_classifier
-
     texts = list(texts)
     if not texts:
         raise ValueError("give at least one text to classify")

@@ -53,7 +53,7 @@ except ImportError:
     ioctl = FIONREAD = None
 
 from ..data.base import IGNORE
-from .parallel import DataParallel, _generators, _shares, _take
+from .parallel import ClosesOnExit, DataParallel, _generators, _shares, _take
 
 # Environment variables by which launchers tell a process how many ranks they started.
 # (srun --mpi=pmix sets PMIX_RANK and no size: there SLURM_STEP_NUM_TASKS, which a batch script alone lacks.)
@@ -231,7 +231,7 @@ def rank_seed(seed, rank):
     return seed if rank == 0 else [int(seed), int(rank)]
 
 
-class MPIDataParallel:
+class MPIDataParallel(ClosesOnExit):
     """Train ``model`` on every rank of ``world``, each rank on its share of every batch (with ``processes``
     forked workers inside the rank). See the module docstring; use as a context manager or call ``close()``."""
 
@@ -329,10 +329,3 @@ class MPIDataParallel:
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self):
         self.local.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False

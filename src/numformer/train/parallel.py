@@ -62,8 +62,9 @@ import traceback
 
 import numpy as np
 
-from .._runtime import get_num_threads, single_threaded
+from .._runtime import get_num_threads, set_num_threads, single_threaded, single_threaded_blas
 from ..data.base import IGNORE
+from ..nn.layers import BatchStatNorm
 from .step import loss_and_backward
 
 
@@ -86,8 +87,6 @@ def usable_processes(model, batch_size, requested=0):
 
 def unavailable_reason(model):
     """Why this model cannot be trained data-parallel here, or None."""
-    from ..nn.layers import BatchStatNorm
-
     if not sys.platform.startswith("linux"):
         return f"data-parallel training forks worker processes, which numformer supports on Linux only " \
                f"(this is {sys.platform})"
@@ -119,7 +118,18 @@ def _take(inputs, share, batch_size):
             for k, v in inputs.items()}
 
 
-class DataParallel:
+class ClosesOnExit:
+    """A context manager for a class with ``close()``: ``with obj: ...`` closes it at the end."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class DataParallel(ClosesOnExit):
     """Train ``model`` on ``processes`` processes (this one and processes - 1 forked workers); see the module
     docstring. Use as a context manager, or call ``close()``: the workers are stopped and the parameters
     moved back to private memory."""
@@ -271,13 +281,6 @@ class DataParallel:
                 p.data = np.array(p.data)
             self._views = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
 
 def _die_with_parent():
     """Ask Linux to send SIGTERM to this worker when the main process dies (even by SIGKILL)."""
@@ -292,8 +295,6 @@ def _die_with_parent():
 
 def _worker_main(rank, model, params, grads, conn, parent_end, seed, main_pid):
     """A worker's loop: compute the shares it is sent until the main process closes the pipe."""
-    from .._runtime import set_num_threads, single_threaded_blas
-
     parent_end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C is the main process's to handle
     _die_with_parent()

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config import check_saved_config
+from ..data.base import make_task
+from ..data.tokenizers import tokenizer_from_dict
 from ..models import build_model
 from .checkpoint import CHECKPOINT, MODEL, load_model_weights
 from .run_folder import check_weights
@@ -73,8 +75,6 @@ def load_tokenizer(run_dir):
 
 def tokenizer_from_state(state, run_dir):
     """A tokenizer from (part of) a run's tokenizer.json; a damaged file is one ValueError naming it."""
-    from ..data.tokenizers import tokenizer_from_dict
-
     try:
         return tokenizer_from_dict(state)
     except (KeyError, TypeError, AttributeError) as e:
@@ -84,8 +84,6 @@ def tokenizer_from_state(state, run_dir):
 
 def load_task(run_dir, config=None):
     """The run's task, rebuilt from its [data] config with the saved vocabulary."""
-    from ..data import make_task
-
     config = load_config_json(run_dir) if config is None else config
     try:
         return make_task(config["data"], config["train"]["seed"], load_tokenizer_state(run_dir))

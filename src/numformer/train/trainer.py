@@ -34,11 +34,13 @@ import numpy as np
 from .. import ops
 from ..data.base import IGNORE
 from ..models import build_model
+from ..models.pretrained import loader as pretrained_loader
+from ..nn import MultiHeadAttention
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from ..provenance import git_commit
 from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
                          save_model, set_rng_state, write_atomic, write_json_atomic)
-from ..config import resolve_config
+from ..config import apply_overrides, resolve_config
 from . import run_folder
 from .early_stopping import EarlyStopping
 from .mpi import MPIDataParallel
@@ -103,8 +105,6 @@ def evaluate_loss(model, task, split, batch_size, max_batches=0, seed=0):
 
 def _check_trainable(model):
     """Settings a model accepts for inference but cannot train with, caught before the run folder is written."""
-    from ..nn import MultiHeadAttention
-
     for name, m in model.named_modules():
         if isinstance(m, MultiHeadAttention) and m.attention == "flash" and m.dropout_p > 0:
             raise ValueError(f"[model] attention = \"flash\" has no attention dropout, but {name} has dropout "
@@ -123,8 +123,6 @@ class Trainer:
     """
 
     def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False, world=None):
-        from ..config import apply_overrides
-
         self.run_dir = Path(run_dir)
         self.world = world
         self._writer = world is None or world.is_writer         # the one process that writes the run folder
@@ -149,8 +147,7 @@ class Trainer:
         init_from = model_cfg.pop("init_from", None)
         self.model = build_model(model_cfg, rng=self.model_rng, dtype=self.dtype)
         if init_from is not None and not resume:         # fine-tuning starts from the source's weights
-            from ..interop.hf import load_init_weights
-            load_init_weights(self.model, init_from)
+            pretrained_loader().load_init_weights(self.model, init_from)
         _check_trainable(self.model)
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5

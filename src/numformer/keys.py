@@ -1,0 +1,112 @@
+"""The type and range of a config key (``Key``) and the check of one section (``check_section``).
+
+Each section's rules live with the code that owns the section: ``[train]``
+in ``numformer.config``, ``[model]`` in ``numformer.models`` (``model_keys``),
+``[data]`` in ``numformer.data.base`` (``DATA_KEYS``, ``check_data_section``).
+This module imports nothing of numformer's, so every layer may use it.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+
+
+# -- the type and range of a key --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Key:
+    """What a config value may be: ``kind`` (int, float, bool, str, list), ``lo``/``hi`` bounds (``open``
+    makes them strict), ``choices`` for a string or the entries of a list, ``none`` when null is allowed."""
+
+    kind: type
+    lo: float | None = None
+    hi: float | None = None
+    open: tuple = (False, False)
+    choices: tuple | None = None
+    none: bool = False
+    item: type | None = None      # the type of a list's entries
+
+    def describe(self):
+        if self.kind is str and self.choices is not None:
+            return f"one of {list(self.choices)}"
+        what = {int: "an integer", float: "a number", bool: "a boolean", str: "a string",
+                list: "a list"}[self.kind]
+        if self.item is not None:
+            what += {int: " of integers", str: " of strings"}[self.item]
+        parts = []
+        if self.lo is not None and self.hi is not None:
+            interval = f"{'(' if self.open[0] else '['}{self.lo:g}, {self.hi:g}{')' if self.open[1] else ']'}"
+            return f"in {interval}" if self.kind is float else f"{what} in {interval}"
+        if self.lo is not None:
+            parts.append(f"{'>' if self.open[0] else '>='} {self.lo:g}")
+        if self.hi is not None:
+            parts.append(f"{'<' if self.open[1] else '<='} {self.hi:g}")
+        if self.choices is not None:
+            parts.append(f"with entries among {list(self.choices)}")
+        return what + (" " + " and ".join(parts) if parts else "") + (" (or null)" if self.none else "")
+
+    def check(self, where, key, value):
+        """``value`` converted (an int where a float is expected); ValueError naming ``[where] key``."""
+        if value is None and self.none:
+            return None
+        if not _has_kind(value, self.kind) or (self.item and not all(_has_kind(v, self.item) for v in value)):
+            raise ValueError(f"[{where}] {key} = {value!r} should be {self.describe()}")
+        if self.kind is float:
+            value = float(value)
+            if not math.isfinite(value):
+                raise ValueError(f"[{where}] {key} = {value!r} should be a finite number")
+        if not self._in_range(value):
+            problem = "is not allowed" if self.choices is not None else "is out of range"
+            raise ValueError(f"[{where}] {key} = {value!r} {problem}; {key} must be {self.describe()}")
+        return list(value) if self.kind is list else value
+
+    def _in_range(self, v):
+        if self.choices is not None:
+            return (set(v) <= set(self.choices)) if self.kind is list else v in self.choices
+        if self.lo is not None and (v <= self.lo if self.open[0] else v < self.lo):
+            return False
+        return self.hi is None or (v < self.hi if self.open[1] else v <= self.hi)
+
+
+def _has_kind(value, kind):
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is list:
+        return isinstance(value, (list, tuple))
+    return isinstance(value, kind)
+
+
+def positive(kind=int, none=False):
+    return Key(kind, 0, open=(True, False), none=none) if kind is float else Key(kind, 1, none=none)
+
+
+NONNEG_INT, NONNEG_FLOAT, FRACTION, BOOL, STR = Key(int, 0), Key(float, 0), Key(float, 0, 1), Key(bool), Key(str)
+
+
+def _key_for(default):
+    """The rule for a key known only by its default value."""
+    if default is None or default is inspect.Parameter.empty:
+        raise TypeError("a key without a default value of a known type needs a rule (a Key) in its section's rules")
+    kind = next(k for k in (bool, int, float, str, list) if _has_kind(default, k))
+    return {int: NONNEG_INT, float: Key(float)}.get(kind, Key(kind))
+
+
+def check_section(where, values, rules, defaults=None):
+    """Check one section's keys: none unknown, each of its type and range. Returns the converted values.
+
+    ``rules``: {key: Key} for the keys with a known rule; ``defaults``: {key: default} for the valid keys
+    (a key without a rule follows its default's type). Unknown keys raise one error listing the valid keys.
+    """
+    valid = rules if defaults is None else defaults
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in [{where}]; valid keys: {sorted(valid)}")
+    out = {}
+    for key, value in values.items():
+        rule = rules.get(key) or _key_for(defaults[key])
+        out[key] = rule.check(where, key, value)
+    return out

@@ -145,6 +145,13 @@ class SymbolTokenizer(Tokenizer):
     def to_dict(self) -> dict:
         return {"type": "symbols", "tokens": self.tokens}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SymbolTokenizer":
+        tokens = d["tokens"]
+        if not (isinstance(tokens, list) and tokens and all(isinstance(t, str) and t for t in tokens)):
+            raise ValueError("a symbols vocabulary is a non-empty list of non-empty strings")
+        return cls(tokens)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 class CharTokenizer(Tokenizer):
@@ -386,7 +393,8 @@ class PretrainedTokenizer(Tokenizer):
         return cls(_hf().Tokenizer.from_str(d["hf_json"]), d.get("eos_id"), d.get("bos_id"))
 
 
-TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer, "hf": PretrainedTokenizer}
+TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer, "hf": PretrainedTokenizer,
+                   "symbols": SymbolTokenizer}
 
 
 def tokenizer_from_dict(d: dict):

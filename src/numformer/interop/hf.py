@@ -579,6 +579,7 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     eos = getattr(tokenizer, "eos_id", None)
     hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None), eos_token_id=eos, pad_token_id=None)
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / CONFIG, hf_config)
     write_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))
     if hf_tok is not None:

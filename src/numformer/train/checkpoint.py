@@ -30,9 +30,9 @@ def _umask() -> int:
 
 
 def write_atomic(path, data: bytes):
-    """Write bytes to ``path`` atomically (temporary file + fsync + rename)."""
+    """Write bytes to ``path`` atomically (temporary file + fsync + rename). The folder must exist: it is never
+    created here, so that a run folder deleted under a running command is not silently made anew."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file 0600; give it a normal file's mode

@@ -22,8 +22,10 @@ are dropped and re-logged).
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -212,11 +214,18 @@ class Trainer:
         if self._writer:
             self._truncate_metrics(self.step)
 
+    def _check_folder(self):
+        """Before each write: stop with one line when the run folder was deleted or replaced since it was locked
+        (run_folder.RunLock.check); nothing is recreated."""
+        if self._lock is not None:
+            self._lock.check()
+
     def _truncate_metrics(self, step):
         """Drop metrics lines logged after the checkpoint: they are re-logged as the run continues."""
         path = self.run_dir / "metrics.jsonl"
         if not path.exists():
             return
+        self._check_folder()
         keep = []
         for line in path.read_text().splitlines():
             try:
@@ -229,6 +238,7 @@ class Trainer:
     def save_checkpoint(self):
         state = self._state()           # collective under MPI: every rank calls it
         if self._writer:
+            self._check_folder()
             save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, state,
                             run_folder.weights_metadata(self.config))
 
@@ -236,7 +246,16 @@ class Trainer:
     def _log(self, record):
         if not self._writer:
             return
-        with (self.run_dir / "metrics.jsonl").open("a") as f:
+        self._check_folder()
+        path = self.run_dir / "metrics.jsonl"
+        try:          # never through a link placed there meanwhile (O_NOFOLLOW where the platform has it)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise ValueError(f"{path} is a symbolic link; numformer writes only regular files in a run folder: "
+                             f"remove the link and continue with --resume") from None
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def _print(self, message):
@@ -401,6 +420,7 @@ class Trainer:
         n_params = self.model.num_parameters()
         if not self._writer:
             return n_params
+        self._check_folder()
         write_json_atomic(self.run_dir / "config.json", self.config)
         tok = self.task.tokenizer_state()
         if tok is not None:
@@ -459,6 +479,7 @@ class Trainer:
             self._whole_losses[self.step] = result[key]
         improved = self.early.update(result[key], self.step)
         if improved and self._writer:
+            self._check_folder()
             save_model(self.run_dir / MODEL, self.model, {"step": self.step, key: result[key],
                                                           **run_folder.weights_metadata(self.config)})
         self._print(f"step {self.step}: {key} {result[key]:.4f}"
@@ -522,6 +543,7 @@ class Trainer:
         if stop["diverged"]:
             summary["error"] = stop["diverged"]
         if self._writer:
+            self._check_folder()
             write_json_atomic(self.run_dir / "summary.json", summary)
         self.last_summary = summary
         if not stop["diverged"]:          # the caller reports a divergence
@@ -565,6 +587,7 @@ class Trainer:
                 kept = selected
             else:
                 self.model.load_state_dict(last_weights)
+        self._check_folder()
         save_model(path, self.model, {"step": kept[0], "val_loss": kept[1],
                                       **run_folder.weights_metadata(self.config)})
         return {"best_val_loss": kept[1], "best_step": kept[0], "weights": "last" if kept is last else "best",

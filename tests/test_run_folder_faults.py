@@ -215,3 +215,117 @@ def test_a_link_placed_in_a_run_folder_refuses_resume(tmp_path, cfgs):
     assert f"{out / 'metrics.jsonl'} is a symbolic link" in one_error_line(rc, err, "train")
     assert snapshot(out) == before and not (tmp_path / "outside.txt").exists()
     assert_evaluates(out)
+
+
+# -- 4 and 6: Ctrl-C, then --resume, gives the uninterrupted run's files ---------------------------------------
+# early_stopping_min_delta = 0.5 makes step 120 the last selection (no later evaluation improves by 0.5) while
+# the loss keeps falling: the weights of the step where Ctrl-C lands (after 120) are better than the selected ones.
+RESUMED = tiny_copy_toml(max_steps=300, batch_size=4, eval_every=40, checkpoint_every=40, log_every=7, lr=0.01,
+                         early_stopping_min_delta=0.5, processes=1)
+STOP_AT = 125
+
+
+def tensors(path):
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+@pytest.fixture(scope="module")
+def interrupted_and_uninterrupted(tmp_path_factory):
+    """(uninterrupted run, run stopped by a real SIGINT at step STOP_AT or later then resumed, the step it stopped
+    at)."""
+    tmp = tmp_path_factory.mktemp("resume")
+    cfg = tmp / "cfg.toml"
+    cfg.write_text(RESUMED)
+    whole, cut = tmp / "whole", tmp / "cut"
+    assert run("train", cfg, "--out", whole, "--quiet")[0] == 0
+    proc = start("train", cfg, "--out", cut, "--quiet")
+    wait_for_step(proc, cut / "metrics.jsonl", STOP_AT)
+    proc.send_signal(signal.SIGINT)
+    rc, _, err = finish(proc)
+    assert rc == 130, err
+    stopped = json.loads((cut / "summary.json").read_text())["steps"]
+    assert STOP_AT <= stopped < 300
+    rc, _, err = run("train", "--out", cut, "--resume", "--quiet")
+    assert rc == 0, err
+    return whole, cut, stopped
+
+
+def test_interrupt_then_resume_keeps_the_uninterrupted_weights(interrupted_and_uninterrupted):
+    whole, cut, stopped = interrupted_and_uninterrupted
+    for name in ("model.safetensors", "checkpoint.safetensors"):
+        a, b = tensors(whole / name), tensors(cut / name)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), (name, stopped)
+    s_whole, s_cut = (json.loads((d / "summary.json").read_text()) for d in (whole, cut))
+    for key in ("best_step", "selected_step", "best_val_loss", "selected_val_loss", "weights", "last_val_loss"):
+        assert s_whole[key] == s_cut[key], (key, stopped)
+    assert s_cut["selected_step"] == 120                     # evaluated at step 120: never the stopped step
+    assert assert_evaluates(cut) == assert_evaluates(whole)
+
+
+def test_resumed_metrics_lines_are_the_uninterrupted_ones(interrupted_and_uninterrupted):
+    whole, cut, stopped = interrupted_and_uninterrupted
+
+    def lines(folder):
+        keep = ("step", "train_loss", "lr", "grad_norm", "val_loss", "val_tokens", "exact_match")
+        return [{k: v for k, v in json.loads(line).items() if k in keep}
+                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    assert lines(cut) == lines(whole), stopped
+
+
+def test_an_interrupt_keeps_the_selected_weights(tmp_path):
+    """Ctrl-C after a selection: model.safetensors holds the evaluated weights, never the unevaluated last ones."""
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(RESUMED)
+    out = tmp_path / "R"
+    proc = start("train", cfg, "--out", out, "--quiet")
+    wait_for_step(proc, out / "metrics.jsonl", STOP_AT)
+    proc.send_signal(signal.SIGINT)
+    rc, _, err = finish(proc)
+    assert rc == 130, err
+    summary = json.loads((out / "summary.json").read_text())
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), framework="np") as f:
+        step = int(f.metadata()["step"])
+    evaluated = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+                 if "val_loss" in line]
+    assert step == summary["best_step"] == summary["selected_step"] and step in evaluated
+    assert summary["interrupted"] and summary["last_step"] == summary["steps"] > step
+
+
+# -- 5: divergence keeps the checkpoint from before it began, and the advised recovery works -------------------
+def test_divergence_keeps_the_checkpoint_before_it_and_resume_with_a_lower_lr_recovers(tmp_path):
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(tiny_copy_toml(max_steps=10, batch_size=4, eval_every=5, checkpoint_every=5, processes=1))
+    out = tmp_path / "R"
+    assert run("train", cfg, "--out", out, "--quiet")[0] == 0
+    good = (out / "checkpoint.safetensors").read_bytes()
+    # lr 10 explodes the loss (finite, far above its start) for 20 steps: checkpoints 15 ... 30 fall inside
+    rc, _, err = run("train", "--out", out, "--resume", "--set", "train.lr=10", "--set", "train.max_steps=100")
+    line = one_error_line(rc, err, "train")
+    assert "diverged" in line and f"the checkpoint of step 10, written before the loss began to diverge, is kept in " \
+                                  f"{out / 'checkpoint.safetensors'}" in line and "--resume --set train.lr=" in line
+    assert (out / "checkpoint.safetensors").read_bytes() == good
+    # the advised recovery: the same command with a lower learning rate
+    rc, _, err = run("train", "--out", out, "--resume", "--set", "train.lr=1e-3", "--quiet")
+    assert rc == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 100 and summary["stopped_by"] == "max_steps" and summary["best_val_loss"] < 3
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 100
+    assert assert_evaluates(out)["loss"] < 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["R", "cfg.toml"]
+
+
+def test_divergence_before_any_checkpoint_says_to_train_again(tmp_path):
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(tiny_copy_toml(max_steps=100, batch_size=4, eval_every=5, checkpoint_every=5, lr=1e6,
+                                  processes=1))
+    out = tmp_path / "R"
+    rc, _, err = run("train", cfg, "--out", out)
+    line = one_error_line(rc, err, "train")
+    assert "no checkpoint had been written yet" in line and "train again with a lower lr" in line
+    assert not (out / "checkpoint.safetensors").exists()

@@ -74,6 +74,18 @@ def _load_safetensors(path, what):
     return tensors, meta
 
 
+def load_metadata(path, what):
+    """The metadata of a safetensors file (no tensor is read); ValueError naming a damaged file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            return f.metadata() or {}
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise ValueError(f"{what} {path} is corrupt or truncated ({type(e).__name__}: {e}); "
+                         f"it cannot be loaded — restore a copy or retrain") from None
+
+
 def save_model(path, model, metadata=None):
     """The model's weights (deduplicated names of ``state_dict``) as safetensors, atomically."""
     _save_safetensors(path, dict(model.state_dict()), {"format": "numformer-model-1", **(metadata or {})})

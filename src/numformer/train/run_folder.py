@@ -42,7 +42,7 @@ _HELD: dict[str, list] = {}       # real path -> [fd, exclusive, count, identity
 def _forget_locks_in_child():
     """A forked child (a data-parallel worker) drops its copies of the lock descriptors without unlocking: the
     lock stays with the parent and goes when the parent ends, even if the parent is killed first."""
-    for fd, _, _ in _HELD.values():
+    for fd, *_ in _HELD.values():
         try:
             os.close(fd)
         except OSError:

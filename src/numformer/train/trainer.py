@@ -38,8 +38,8 @@ from ..data.base import IGNORE
 from ..models import build_model
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from ..provenance import git_commit
-from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
-                         save_model, set_rng_state, write_atomic, write_json_atomic)
+from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_metadata, load_model_weights, rng_state,
+                         save_checkpoint, save_model, set_rng_state, write_atomic, write_json_atomic)
 from ..config import resolve_config
 from . import run_folder
 from .early_stopping import EarlyStopping
@@ -164,6 +164,8 @@ class Trainer:
         self.train_seconds = 0.0
         self.resumed = resume
         self._divergence = {"first_loss": None, "steps_above": 0}   # the divergence guard's state
+        self._window = _LogWindow()     # the training losses since the last metrics line
+        self._checkpoint_step = None    # the step of checkpoint.safetensors
         ranks = 1 if world is None else world.size
         self.processes = usable_processes(self.model, max(1, t["batch_size"] // ranks), t["processes"])
         self._dp = None                 # the DataParallel (MPIDataParallel under MPI) of a running train() call
@@ -190,7 +192,8 @@ class Trainer:
         state = {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
                  "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
                  "worker_rngs": self._worker_rngs, "early_stopping": self.early.state_dict(),
-                 "divergence": self._divergence}
+                 "divergence": self._divergence,
+                 "log_window": {"losses": list(self._window.losses), "tokens": self._window.tokens}}
         if self.world is not None:      # collective: every rank's dropout generators, gathered on rank 0
             local = self._dp.rng_states() if self._dp is not None else self._rank_rngs
             state["mpi_rngs"] = self.world.comm.gather(local, root=0)
@@ -208,6 +211,10 @@ class Trainer:
         self.early.load_state_dict(state["early_stopping"])
         self._worker_rngs = state.get("worker_rngs")
         self._divergence = state.get("divergence", self._divergence)
+        window = state.get("log_window")          # the next metrics line averages the same steps as without a stop
+        if window is not None:
+            self._window.losses, self._window.tokens = list(window["losses"]), window["tokens"]
+        self._checkpoint_step = self.step
         ranks = state.get("mpi_rngs") or []     # a rank beyond the checkpoint's ranks keeps its fresh seeds
         if self.world is not None and self.world.rank < len(ranks):
             self._rank_rngs = ranks[self.world.rank]
@@ -241,6 +248,7 @@ class Trainer:
             self._check_folder()
             save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, state,
                             run_folder.weights_metadata(self.config))
+            self._checkpoint_step = self.step
 
     # -- logging ----------------------------------------------------------------------------
     def _log(self, record):
@@ -380,7 +388,7 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _is_main_thread() else None
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
         bar = self._progress_bar(last_step)
-        self._window = _LogWindow()
+        self._window.start = time.perf_counter()
         stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "diverged": None}
         try:
             self._start_data_parallel()
@@ -394,15 +402,15 @@ class Trainer:
                 self._log_step(last_step, norm, bar)
                 if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
                     stop["stopped_early"] = self._evaluate_step()
-                if self.step % t["checkpoint_every"] == 0 or self.step == last_step or stop["stopped_early"]:
+                # a periodic checkpoint is not written while the loss is above the divergence threshold: the one
+                # kept when the run is stopped as diverged is from before the divergence began
+                periodic = self.step % t["checkpoint_every"] == 0 and not self._divergence["steps_above"]
+                if periodic or self.step == last_step or stop["stopped_early"]:
                     self.save_checkpoint()
                 if self._should_stop(last_step, stop):
                     break
         except TrainingDiverged as e:
-            ckpt = self.run_dir / CHECKPOINT
-            kept = (f"the last good checkpoint is kept in {ckpt}" if ckpt.exists()
-                    else "no checkpoint had been written yet (checkpoint_every), so there is nothing to resume")
-            stop["diverged"] = f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip."
+            stop["diverged"] = f"{e}. Training stopped; {self._divergence_advice()}"
         finally:
             if bar is not None:
                 bar.close()
@@ -413,6 +421,17 @@ class Trainer:
         if stop["diverged"]:
             raise TrainingDiverged(stop["diverged"])
         return summary
+
+    def _divergence_advice(self):
+        """What a diverged run keeps and how to continue: from the checkpoint written before the divergence
+        began, with a lower learning rate; or, without one, a new run."""
+        ckpt = self.run_dir / CHECKPOINT
+        if self._checkpoint_step is None or not ckpt.exists():
+            return ("no checkpoint had been written yet (checkpoint_every), so there is nothing to resume: train "
+                    "again with a lower lr, more warmup_steps or a grad_clip")
+        return (f"the checkpoint of step {self._checkpoint_step}, written before the loss began to diverge, is kept "
+                f"in {ckpt}; continue from it with a lower learning rate: numformer train --out {self.run_dir} "
+                f"--resume --set train.lr=... (or more warmup_steps, a grad_clip)")
 
     def _start_run(self):
         """Write config.json and tokenizer.json (the folder holds no other run: run_folder.start_new_run) and
@@ -532,7 +551,7 @@ class Trainer:
         ranks = 1 if self.world is None else self.world.size
         summary = {
             "steps": self.step, "max_steps": t["max_steps"], "parameters": n_params,
-            **self._weights_figures(stop["diverged"]), "train_seconds": round(self.train_seconds, 2),
+            **self._weights_figures(stop), "train_seconds": round(self.train_seconds, 2),
             "tokens_seen": self.tokens_seen,
             "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
             "wall_seconds": round(wall_seconds, 2), "processes": self.processes * ranks, "mpi_ranks": ranks,
@@ -550,22 +569,27 @@ class Trainer:
             self._print(self._summary_text(summary))
         return summary
 
-    def _weights_figures(self, diverged):
+    def _weights_figures(self, stop):
         """Keep the better weights (rank 0 under MPI, which tells the other ranks the figures); a diverged run's
         last weights are never kept."""
-        figures = self._keep_better_weights(diverged) if self._writer else None
+        resumable = stop["interrupted"] or stop["time_limit"]
+        figures = self._keep_better_weights(stop["diverged"], resumable) if self._writer else None
         if self.world is not None:
             figures = self.world.comm.bcast(figures, root=0)
         return figures
 
-    def _keep_better_weights(self, diverged=False):
+    def _keep_better_weights(self, diverged=False, resumable=False):
         """Save the weights to use in model.safetensors (and leave them in ``self.model``); return their figures.
 
         The rule: the periodic evaluations select a step on one yardstick (the fixed sample, or the whole
         split); then the selected weights (restore_best) and the last weights are both scored on the whole
         validation split, and the better is kept. ``best_val_loss`` is always the whole-split loss of the
         weights in model.safetensors, ``best_step`` their step. After a divergence only the selected weights can
-        be kept (else none: every figure is None).
+        be kept (else none: every figure is None). A run stopped so as to be resumed (Ctrl-C, the time limit)
+        keeps the selected weights in model.safetensors whichever scores better, and ``self.model`` keeps the
+        last weights: the resumed run selects from the same weights as an uninterrupted run would (its last
+        weights are in the checkpoint); without a selection yet, the last weights are saved (never taken for
+        a selection: model.safetensors is the selection only when its step is the evaluations' best step).
         """
         path = self.run_dir / MODEL
         if diverged:
@@ -578,11 +602,14 @@ class Trainer:
         figures = {"last_step": last[0], "last_val_loss": last[1],
                    "selected_on": "val_loss_estimate" if sample else "val_loss", "estimate_examples": sample or None}
         kept = last
-        if self.train_cfg["restore_best"] and path.exists():
+        if self.train_cfg["restore_best"] and self._has_selection(path):
             last_weights = {k: np.array(v, copy=True) for k, v in self.model.state_dict().items()}
             step = int(load_model_weights(path, self.model)["step"])
             selected = (step, self._whole_val_loss(step))
             figures.update(selected_step=selected[0], selected_val_loss=selected[1])
+            if resumable:
+                self.model.load_state_dict(last_weights)
+                return {"best_val_loss": selected[1], "best_step": selected[0], "weights": "best", **figures}
             if selected[1] < last[1]:
                 kept = selected
             else:
@@ -592,6 +619,14 @@ class Trainer:
                                       **run_folder.weights_metadata(self.config)})
         return {"best_val_loss": kept[1], "best_step": kept[0], "weights": "last" if kept is last else "best",
                 **figures}
+
+    def _has_selection(self, path):
+        """Whether model.safetensors holds the weights the periodic evaluations selected (its step is the best
+        step), rather than the last weights of a stop or of an earlier finished run."""
+        if self.early.best_step is None or not path.exists():
+            return False
+        step = load_metadata(path, "model file").get("step")
+        return step is not None and step.isdigit() and int(step) == self.early.best_step
 
     def _summary_text(self, s):
         how = f"{s['steps']} steps" + ("" if s["stopped_by"] == "max_steps" else f" ({s['stopped_by']})")

@@ -390,7 +390,14 @@ class PretrainedTokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, d: dict) -> "PretrainedTokenizer":
-        return cls(_hf().Tokenizer.from_str(d["hf_json"]), d.get("eos_id"), d.get("bos_id"))
+        hf_json = d["hf_json"]
+        if not isinstance(hf_json, str):
+            raise TypeError(f"hf_json is a {type(hf_json).__name__}, not a string")
+        try:
+            tokenizer = _hf().Tokenizer.from_str(hf_json)
+        except Exception as e:   # noqa: BLE001 -- the tokenizers library raises a bare Exception for bad JSON
+            raise ValueError(f"hf_json is not a Hugging Face tokenizer ({' '.join(str(e).split())})") from None
+        return cls(tokenizer, d.get("eos_id"), d.get("bos_id"))
 
 
 TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer, "hf": PretrainedTokenizer,

@@ -39,6 +39,8 @@ from typing import Callable
 
 import numpy as np
 
+from .._limits import bounded_json, check_bounds
+
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -300,10 +302,10 @@ def read_hf_config(folder):
     if not path.is_file():
         raise ValueError(f"{folder} has no {CONFIG}: a Hugging Face model folder holds {CONFIG} and {WEIGHTS} "
                          f"(write one with model.save_pretrained(folder))")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    config = bounded_json(path.read_bytes(), str(path))
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is a JSON {type(config).__name__}, not a Hugging Face config (an object with "
+                         f"model_type)")
     if "model_type" not in config:
         raise ValueError(f"{path} has no model_type; numformer imports {sorted(FAMILIES)}")
     return config
@@ -313,8 +315,14 @@ def _weight_files(folder):
     if (folder / WEIGHTS).is_file():
         return [folder / WEIGHTS]
     if (folder / WEIGHTS_INDEX).is_file():
-        index = json.loads((folder / WEIGHTS_INDEX).read_text())
-        return [folder / name for name in sorted(set(index["weight_map"].values()))]
+        path = folder / WEIGHTS_INDEX
+        index = bounded_json(path.read_bytes(), str(path))
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not (isinstance(weight_map, dict) and all(isinstance(v, str) and "/" not in v and "\\" not in v
+                                                     and v not in ("", ".", "..") for v in weight_map.values())):
+            raise ValueError(f"{path} has no weight_map of parameter names to file names of the folder; restore "
+                             f"it (model.save_pretrained writes it)")
+        return [folder / name for name in sorted(set(weight_map.values()))]
     if any((folder / p).is_file() for p in PICKLE_WEIGHTS):
         raise ValueError(
             f"{folder} has only PyTorch pickle weights (pytorch_model.bin); numformer reads safetensors only, "
@@ -421,7 +429,13 @@ def load_tokenizer(folder, hf_config=None):
 
     folder = Path(folder)
     if (folder / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        path = folder / "tokenizer.json"
+        check_bounds(path.read_bytes().decode("utf-8", "replace"), str(path))
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception for a bad file
+            raise ValueError(f"{path} is not a Hugging Face tokenizer ({' '.join(str(e).split())}); restore it "
+                             f"(tokenizer.save_pretrained writes it)") from None
     elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
         tok = Tokenizer(models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -483,9 +497,10 @@ def is_run_folder(source):
     if not path.is_file():
         return False
     try:
-        return "model" in json.loads(path.read_text())
-    except json.JSONDecodeError:
+        config = bounded_json(path.read_bytes(), str(path))
+    except (OSError, ValueError):
         return False
+    return isinstance(config, dict) and "model" in config
 
 
 def pretrained_source(source):

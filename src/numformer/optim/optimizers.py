@@ -51,8 +51,10 @@ class Optimizer:
 
     def _validate(self):
         for g in self.param_groups:
-            if g["lr"] < 0:
-                raise ValueError(f"learning rate must be >= 0, got {g['lr']}")
+            if not (isinstance(g["lr"], (int, float, np.number)) and not isinstance(g["lr"], bool)):
+                raise TypeError(f"learning rate must be a number, got {type(g['lr']).__name__}")
+            if not g["lr"] >= 0 or not math.isfinite(g["lr"]):
+                raise ValueError(f"learning rate must be a finite number >= 0, got {g['lr']}")
 
     @property
     def params(self):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._limits import bounded_json
+
 CHECKPOINT = "checkpoint.safetensors"
 MODEL = "model.safetensors"
 FORMAT = "numformer-checkpoint-1"
@@ -122,10 +124,15 @@ def load_checkpoint(path, model, optimizer):
     try:
         model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
         optimizer.load_state_dict({k[len("optim/"):]: v for k, v in tensors.items() if k.startswith("optim/")},
-                                  json.loads(meta["optimizer"]))
-        return json.loads(meta["state"])
-    except (KeyError, json.JSONDecodeError) as e:
-        raise ValueError(f"checkpoint {path} is incomplete ({e}); it cannot be resumed") from None
+                                  bounded_json(meta["optimizer"], "its optimizer metadata"))
+        state = bounded_json(meta["state"], "its state metadata")
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        raise ValueError(f"checkpoint {path} is incomplete or damaged ({type(e).__name__}: {e}); it cannot be "
+                         f"resumed") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint {path} is damaged (its state metadata is a JSON {type(state).__name__}, "
+                         f"not an object); it cannot be resumed")
+    return state
 
 
 def rng_state(rng):

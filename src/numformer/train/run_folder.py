@@ -31,6 +31,7 @@ import json
 import os
 from pathlib import Path
 
+from .._limits import bounded_json
 from .checkpoint import CHECKPOINT, MODEL
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
@@ -308,7 +309,10 @@ def check_weights(path, meta, config):
     saved = meta.get("model_config")
     if saved is None:
         return
-    saved = json.loads(saved)
+    saved = bounded_json(saved, f"the model_config metadata of {path}")
+    if not isinstance(saved, dict):
+        raise ValueError(f"the model_config metadata of {path} is a JSON {type(saved).__name__}, not the [model] "
+                         f"section it was trained with; {path} is damaged: restore it or retrain")
     changed = sorted(k for k in set(saved) | set(config["model"]) if saved.get(k) != config["model"].get(k))
     if changed:
         diffs = ", ".join(f"{k} {saved.get(k)!r} -> {config['model'].get(k)!r}" for k in changed)

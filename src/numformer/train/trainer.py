@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
+from .._limits import bounded_json
 from ..data.base import IGNORE
 from ..models import build_model
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
@@ -203,11 +204,17 @@ class Trainer:
         return state
 
     def _restore(self):
-        state = load_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer)
-        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        self.train_seconds = state["train_seconds"]
-        set_rng_state(self.model_rng, state["model_rng"])
-        set_rng_state(self.data_rng, state["data_rng"])
+        path = self.run_dir / CHECKPOINT
+        state = load_checkpoint(path, self.model, self.optimizer)
+        try:
+            _check_state(state)
+            self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+            self.train_seconds = state["train_seconds"]
+            set_rng_state(self.model_rng, state["model_rng"])
+            set_rng_state(self.data_rng, state["data_rng"])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise ValueError(f"checkpoint {path} is damaged (its state metadata: {type(e).__name__}: {e}); it "
+                             f"cannot be resumed: restore it or train again") from None
         self.early.load_state_dict(state["early_stopping"])
         self._worker_rngs = state.get("worker_rngs")
         self._divergence = state.get("divergence", self._divergence)
@@ -233,14 +240,23 @@ class Trainer:
         if not path.exists():
             return
         self._check_folder()
+        lines = path.read_bytes().splitlines()
         keep = []
-        for line in path.read_text().splitlines():
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
             try:
-                if json.loads(line)["step"] <= step:
-                    keep.append(line)
-            except (json.JSONDecodeError, KeyError):
-                continue          # a line cut short by a crash
-        write_atomic(path, "".join(k + "\n" for k in keep).encode())     # a full disk keeps the old file
+                record = bounded_json(line, f"metrics file {path}, line {n},")
+            except ValueError:
+                if n == len(lines):
+                    continue          # a line cut short by a crash
+                raise
+            if not (isinstance(record, dict) and type(record.get("step")) is int):
+                raise ValueError(f"metrics file {path}, line {n}: expected a JSON object with an integer step; "
+                                 f"remove the line (or restore the file) and resume again")
+            if record["step"] <= step:
+                keep.append(line)
+        write_atomic(path, b"".join(k + b"\n" for k in keep))     # a full disk keeps the old file
 
     def save_checkpoint(self):
         state = self._state()           # collective under MPI: every rank calls it
@@ -653,6 +669,37 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=last_step, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _check_state(state):
+    """A checkpoint's trainer state has the fields and types ``Trainer._state`` writes (TypeError or KeyError
+    naming the first that does not)."""
+    def number(v, none=False):
+        return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    def count(v, none=False):
+        return (v is None and none) or (type(v) is int and v >= 0)
+
+    def rng_list(v):
+        return v is None or (isinstance(v, list) and all(isinstance(s, (dict, list)) or s is None for s in v))
+
+    early = state["early_stopping"]
+    checks = {"step": count(state["step"]), "tokens_seen": count(state["tokens_seen"]),
+              "train_seconds": number(state["train_seconds"]),
+              "model_rng": isinstance(state["model_rng"], dict), "data_rng": isinstance(state["data_rng"], dict),
+              "early_stopping": isinstance(early, dict) and number(early["best"], none=True)
+              and count(early["best_step"], none=True) and count(early["bad_evals"]),
+              "worker_rngs": rng_list(state.get("worker_rngs")), "mpi_rngs": rng_list(state.get("mpi_rngs"))}
+    if "divergence" in state:
+        d = state["divergence"]
+        checks["divergence"] = isinstance(d, dict) and number(d["first_loss"], none=True) and count(d["steps_above"])
+    if "log_window" in state:
+        w = state["log_window"]
+        checks["log_window"] = (isinstance(w, dict) and isinstance(w["losses"], list)
+                                and all(number(x) for x in w["losses"]) and count(w["tokens"]))
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        raise TypeError(f"{bad[0]} is not what a checkpoint holds")
 
 
 def _stopped_by(stop):

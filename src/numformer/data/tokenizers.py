@@ -407,7 +407,7 @@ TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPEToken
 def tokenizer_from_dict(d: dict):
     """Rebuild any tokenizer from its ``to_dict()``."""
     kind = d.get("type") if isinstance(d, dict) else None
-    if kind not in TOKENIZER_TYPES:
+    if not isinstance(kind, str) or kind not in TOKENIZER_TYPES:
         raise ValueError(f"unknown tokenizer type {kind!r} in the saved state; expected one of "
                          f"{sorted(TOKENIZER_TYPES)}")
     return TOKENIZER_TYPES[kind].from_dict(d)

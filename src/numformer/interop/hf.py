@@ -40,6 +40,7 @@ from typing import Callable
 import numpy as np
 
 from .._limits import bounded_json, check_bounds
+from ..config import check_model_section
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -306,7 +307,7 @@ def read_hf_config(folder):
     if not isinstance(config, dict):
         raise ValueError(f"{path} is a JSON {type(config).__name__}, not a Hugging Face config (an object with "
                          f"model_type)")
-    if "model_type" not in config:
+    if not isinstance(config.get("model_type"), str):
         raise ValueError(f"{path} has no model_type; numformer imports {sorted(FAMILIES)}")
     return config
 
@@ -453,6 +454,21 @@ def load_tokenizer(folder, hf_config=None):
     return PretrainedTokenizer(tok, fit(eos), fit(bos))
 
 
+def numformer_config(folder, hf_config):
+    """The numformer [model] section of a Hugging Face config (read_hf_config); a config with values of the
+    wrong types is one ValueError naming the file."""
+    try:
+        model = family(hf_config["model_type"]).to_numformer(hf_config)
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
+        raise ValueError(f"{Path(folder) / CONFIG} does not describe a model numformer can build "
+                         f"({type(e).__name__}: {e}); restore it") from None
+    try:
+        check_model_section({k: v for k, v in model.items() if v is not None})
+    except ValueError as e:
+        raise ValueError(f"{Path(folder) / CONFIG}: {e}") from None
+    return model
+
+
 def load_pretrained(source, dtype=np.float32, **overrides):
     """(GPT, tokenizer or None) from a Hugging Face folder or hub id; weights checked name by name.
 
@@ -464,8 +480,12 @@ def load_pretrained(source, dtype=np.float32, **overrides):
 
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
-    model_config = {**family(hf_config["model_type"]).to_numformer(hf_config), **overrides}
-    model = build_model(model_config, rng=np.random.default_rng(0), dtype=dtype)
+    model_config = {**numformer_config(folder, hf_config), **overrides}
+    try:
+        model = build_model(model_config, rng=np.random.default_rng(0), dtype=dtype)
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
+        raise ValueError(f"{folder / CONFIG} does not describe a model numformer can build ({type(e).__name__}: "
+                         f"{e}); restore it") from None
     load_init_weights(model, folder)
     return model.eval(), load_tokenizer(folder, hf_config)
 
@@ -514,7 +534,7 @@ def pretrained_source(source):
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
     tokenizer = load_tokenizer(folder, hf_config)
-    return family(hf_config["model_type"]).to_numformer(hf_config), None if tokenizer is None else tokenizer.to_dict()
+    return numformer_config(folder, hf_config), None if tokenizer is None else tokenizer.to_dict()
 
 
 def merge_init_from(source, model, source_model, from_data):

@@ -140,7 +140,13 @@ class Trainer:
             saved = config = load_config_json(self.run_dir)
             tokenizer_state = load_tokenizer_state(self.run_dir)
         # A resumed run keeps its saved vocabulary, so that ids mean what they meant.
-        self.config, self.task = resolve_config(apply_overrides(config, overrides), tokenizer_state)
+        try:
+            self.config, self.task = resolve_config(apply_overrides(config, overrides), tokenizer_state)
+        except (KeyError, TypeError, AttributeError, IndexError) as e:
+            if tokenizer_state is None:
+                raise
+            raise ValueError(f"tokenizer file {self.run_dir / 'tokenizer.json'} is damaged or does not fit the "
+                             f"run's [data] ({type(e).__name__}: {e}); restore it or retrain") from None
         if resume and run_folder.schedule_change(saved["train"], self.config["train"]):
             self._print(run_folder.schedule_change(saved["train"], self.config["train"]))
         t = self.train_cfg = self.config["train"]

@@ -298,3 +298,26 @@ def test_without_pooch_local_data_works_and_downloads_ask_for_it(toy, monkeypatc
                                                 r"downloading it needs pooch: pip install 'numformer\[data\]'"):
         F.locate("toy")
     assert toy.requests == []
+
+
+def test_a_cached_file_failing_its_hash_while_offline_says_so(toy, monkeypatch, capsys):
+    """Issue 27, item 13: the message names the cached copy and its failed hash (and the copy is removed), not
+    only the refused download."""
+    F.locate("toy", quiet=True)
+    cached = toy.cache / "toy/a.txt"
+    cached.write_bytes(b"bit rot")
+    with socket.socket() as s:                                          # the mirror is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(F.MIRROR_ENV, f"http://127.0.0.1:{port}")
+    capsys.readouterr()
+    assert main(["data", "fetch", "toy", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"numformer data: error: the cached {cached} failed its hash check "
+                                               f"({md5(toy.files['toy/a.txt'])}) and was removed; downloading it "
+                                               f"again failed: cannot download http://127.0.0.1:{port}/toy/a.txt")
+    assert cached_files(toy) == ["toy/b.txt"]
+    with pytest.raises(F.DataUnavailable, match="failed its hash check"):
+        cached.write_bytes(b"bit rot")
+        F.locate("toy", ["toy/a.txt"], quiet=True)
+    assert not cached.exists()

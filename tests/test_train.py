@@ -163,7 +163,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
         return out * np.nan if trainer.step >= 25 and trainer.model.training else out
 
     monkeypatch.setattr(trainer.model, "forward", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"became nan at step 26.*last good checkpoint is kept"):
+    with pytest.raises(TrainingDiverged, match=r"became nan at step 26.*the checkpoint of step 20, written before the loss began to diverge, is kept"):
         trainer.train()
     state = json.loads(__import__("safetensors").safe_open(str(tmp_path / CHECKPOINT), "np").metadata()["state"])
     assert state["step"] == 20

@@ -46,6 +46,7 @@ def main(argv=None):
         # (`numformer bench hf-generate`: 42.4 against 24.2 tokens/s at batch 1 for numformer's row split).
         set_fast_runtime(blas="native" if args.command == "generate" else "numformer")
     try:
+        check_text_arguments(args)
         with _reading(args):
             result = args.func(args)
     except KeyboardInterrupt:
@@ -61,6 +62,25 @@ def main(argv=None):
         print(f"numformer {args.command}: error: {message}", file=sys.stderr)
         return EXIT_ERROR
     return 0 if result is None else int(result)
+
+
+TEXT_ARGUMENTS = ("text", "texts", "prompt", "src", "tgt")    # the arguments that are text to encode
+
+
+def check_text_arguments(args):
+    """A text argument must be UTF-8: Python gives a byte it cannot decode (``$'ein \\xff mann'``) to the
+    program as a lone surrogate, which no tokenizer can encode."""
+    for name in TEXT_ARGUMENTS:
+        values = getattr(args, name, None)
+        for i, value in enumerate([values] if isinstance(values, str) else values or ()):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                byte = value[e.start].encode("utf-8", "surrogateescape")
+                label = "--" + name if name in ("prompt", "src", "tgt") or args.command == "analyze" else name
+                where = f"{label}" + (f" number {i + 1}" if not isinstance(values, str) and len(values) > 1 else "")
+                raise ValueError(f"{where} is not UTF-8 text (byte 0x{byte[0]:02x} at position {e.start}); give "
+                                 f"the text in UTF-8 (your terminal's encoding may be another)") from None
 
 
 def error_message(e):

@@ -26,6 +26,7 @@ from .models import MODEL_TYPES, model_arguments, model_keys
 from .models.pretrained import loader as pretrained_loader
 from .optim import OPTIMIZERS, SCHEDULES
 from .optim.optimizers import NO_DECAY_KINDS
+from ._limits import check_bounds
 
 SECTIONS = ("model", "data", "train")
 
@@ -65,6 +66,9 @@ TRAIN_DEFAULTS = {
 
 
 # -- loading ------------------------------------------------------------------------------------------------
+MAX_CONFIG_BYTES = 1 << 20     # a config file or --set value larger than this is not a config
+
+
 def load_config(path):
     """Read a TOML config into a dict of sections; a clear error for a missing or malformed file."""
     path = Path(path)
@@ -73,8 +77,11 @@ def load_config(path):
     if not path.is_file():
         raise ValueError(f"config file {path} does not exist")
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"config file {path} is {path.stat().st_size:,} bytes; a config is a few kB of TOML")
+        text = path.read_bytes().decode("utf-8")
+        check_bounds(text, f"config file {path}", toml=True, hint="a config nests a few tables and arrays")
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"config file {path} is not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
@@ -83,10 +90,16 @@ def load_config(path):
 
 def parse_value(text):
     """A --set value in TOML syntax (1e-3, true, "gelu", [1, 2]); a bare word is a string."""
+    check_bounds(text, f"--set value {_short(text)}", toml=True, max_bytes=MAX_CONFIG_BYTES,
+                 hint="a config value is a number, a word, a string or a short list")
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def _short(text, limit=40):
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
 
 
 def apply_overrides(config, overrides):
@@ -267,7 +280,7 @@ def check_saved_config(config, where):
     ``where`` names the file in the message."""
     try:
         resolved, _ = resolve_config(config, build_task=False)
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{where} is damaged ({type(e).__name__}: {e}); restore it or retrain") from None
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None

@@ -48,7 +48,11 @@ def _inference(model):
 
 def _as_batch(ids, name, vocab_size):
     """ids (T,) or (B, T) ints -> ((B, T) int64, was_1d). Empty input or ids out of range: ValueError."""
-    arr = np.asarray(ids)
+    try:
+        arr = np.asarray(ids)
+    except ValueError:      # NumPy: "inhomogeneous shape" for rows of different lengths
+        raise ValueError(f"{name} rows have different lengths; give one prompt of shape (seq,), or a batch of "
+                         f"equal-length rows (left-pad shorter ones and pass attention_mask)") from None
     if arr.ndim not in (1, 2):
         raise ValueError(f"{name} must be a sequence of token ids (seq,) or a batch (batch, seq), got shape "
                          f"{arr.shape}")

@@ -7,11 +7,11 @@ metrics (``val_accuracy``, ``val_bleu``, ...).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from .._limits import bounded_json
 from ._common import new_figure, save_figure
 
 
@@ -22,18 +22,17 @@ def read_metrics(path):
     a malformed line elsewhere raises ValueError naming the line.
     """
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().splitlines()
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
+            rec = bounded_json(line, f"{path}:{n}:")
+        except ValueError as e:
             if n == len(lines):
                 break
-            raise ValueError(f"{path}:{n}: not a JSON object ({e.msg}); each line of metrics.jsonl must be "
-                             f"one JSON object") from None
+            raise
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
         records.append(rec)
@@ -47,11 +46,15 @@ def _records(records):
 def series(records, key):
     """(steps, values) of the records that have ``key`` (and a ``step``), as float arrays."""
     pts = [(r["step"], r[key]) for r in _records(records)
-           if key in r and "step" in r and isinstance(r[key], (int, float)) and r[key] is not None]
+           if key in r and _number(r.get("step")) and _number(r[key])]
     if not pts:
         return np.zeros(0), np.zeros(0)
     s, v = zip(*pts)
     return np.asarray(s, dtype=float), np.asarray(v, dtype=float)
+
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def ema(values, beta=0.9):

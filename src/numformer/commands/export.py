@@ -3,24 +3,34 @@
 which ``transformers.GPT2LMHeadModel.from_pretrained(DIR)`` loads with the same logits."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 FORMATS = ("hf",)
 
 
 def run(args):
-    from ..data.tokenizers import tokenizer_from_dict
     from ..interop.hf import export_hf
-    from ..train import load_config_json, load_model, load_tokenizer_state
+    from ..train import load_config_json, load_model, load_tokenizer_state, run_folder
+    from ..train.run import tokenizer_from_state
 
     config = load_config_json(args.run_dir)
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise ValueError(f"{out} is not empty; choose another --out or pass --overwrite")
+    run_folder.check_out_folder(out)
+    if out.exists() and os.path.samefile(out, args.run_dir):
+        raise ValueError(f"--out {out} is the run folder being exported; exporting into it would replace the "
+                         f"run's config.json and weights: choose another --out")
     model = load_model(args.run_dir, config)
     state = load_tokenizer_state(args.run_dir)
-    tokenizer = tokenizer_from_dict(state) if state and "type" in state else None
-    export_hf(model, out, tokenizer)
+    tokenizer = tokenizer_from_state(state, args.run_dir) if state and "type" in state else None
+    out.mkdir(parents=True, exist_ok=True)
+    with run_folder.RunLock(out, exclusive=True, what="export into"):   # no training writes it meanwhile
+        if run_folder.holds_run(out):
+            raise ValueError(f"--out {out} holds a numformer run; exporting into it would destroy that run: "
+                             f"choose another --out")
+        if any(out.iterdir()) and not args.overwrite:
+            raise ValueError(f"{out} is not empty; choose another --out or pass --overwrite")
+        export_hf(model, out, tokenizer)
     files = sorted(p.name for p in out.iterdir())
     print(f"wrote {out}: {', '.join(files)}; load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
 

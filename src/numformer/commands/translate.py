@@ -11,14 +11,18 @@ def run(args):
 
     texts = list(args.text)
     if args.file:
-        if args.file == "-":
-            texts += [line.rstrip("\n") for line in sys.stdin]
-        else:
-            try:
+        try:
+            if args.file == "-":
+                texts += [line.rstrip("\n") for line in sys.stdin]
+            else:
                 with open(args.file, encoding="utf-8") as f:
                     texts += [line.rstrip("\n") for line in f]
-            except OSError as e:
-                raise ValueError(f"cannot read --file {args.file}: {e.strerror}") from None
+        except OSError as e:
+            raise ValueError(f"cannot read --file {args.file}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            name = "standard input" if args.file == "-" else args.file
+            raise ValueError(f"--file {name} is not UTF-8 text ({e.reason} at byte {e.start}); convert it, e.g. "
+                             f"iconv -f latin1 -t utf-8") from None
     if not texts:
         raise ValueError('nothing to translate: give a sentence, e.g. numformer translate RUN_DIR '
                          '"Ein Mann fährt Fahrrad.", or --file FILE')

@@ -148,9 +148,26 @@ def find_local(f: RemoteFile) -> tuple[Path, str] | None:
 def download(f: RemoteFile, quiet: bool = False) -> Path:
     """Download ``f`` into the cache with pooch (progress bar, hash check); returns its path.
 
-    An existing cached copy is re-checked and kept when its hash matches (no request is made).
+    An existing cached copy is re-checked and kept when its hash matches (no request is made); one that fails
+    its hash is removed first, and the one-line DataUnavailable of a failed download then says so.
     Raises DataUnavailable with one line naming the URL and where to put the file by hand.
     """
+    cache = cache_dir()
+    stale = cache / f.path if cache is not None else None
+    if stale is None or not stale.is_file() or _hash_ok(stale, f):
+        return _download(f, quiet)
+    stale.unlink()
+    try:
+        path = _download(f, quiet)
+    except DataUnavailable as e:
+        raise DataUnavailable(f"the cached {stale} failed its hash check ({f.known_hash}) and was removed; "
+                              f"downloading it again failed: {e}") from None
+    print(f"numformer: the cached {stale} does not match its hash {f.known_hash}; it was deleted and downloaded "
+          f"again", file=sys.stderr)
+    return path
+
+
+def _download(f: RemoteFile, quiet: bool) -> Path:
     cache = cache_dir()
     url = source_url(f)
     try:
@@ -245,10 +262,7 @@ def locate(name: str, paths=None, quiet: bool = False) -> dict[str, Path]:
     for f in files:
         found = find_local(f)
         if found and found[1] == "cache" and not _hash_ok(found[0], f):
-            print(f"numformer: the cached {found[0]} does not match its hash {f.known_hash}; it is deleted and "
-                  f"downloaded again", file=sys.stderr)
-            found[0].unlink()
-            found = None
+            found = None                    # download() removes it, and says so
         out[f.path] = found[0] if found else download(f, quiet=quiet)
     return out
 

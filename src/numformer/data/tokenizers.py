@@ -145,6 +145,13 @@ class SymbolTokenizer(Tokenizer):
     def to_dict(self) -> dict:
         return {"type": "symbols", "tokens": self.tokens}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SymbolTokenizer":
+        tokens = d["tokens"]
+        if not (isinstance(tokens, list) and tokens and all(isinstance(t, str) and t for t in tokens)):
+            raise ValueError("a symbols vocabulary is a non-empty list of non-empty strings")
+        return cls(tokens)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 class CharTokenizer(Tokenizer):
@@ -383,16 +390,24 @@ class PretrainedTokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, d: dict) -> "PretrainedTokenizer":
-        return cls(_hf().Tokenizer.from_str(d["hf_json"]), d.get("eos_id"), d.get("bos_id"))
+        hf_json = d["hf_json"]
+        if not isinstance(hf_json, str):
+            raise TypeError(f"hf_json is a {type(hf_json).__name__}, not a string")
+        try:
+            tokenizer = _hf().Tokenizer.from_str(hf_json)
+        except Exception as e:   # noqa: BLE001 -- the tokenizers library raises a bare Exception for bad JSON
+            raise ValueError(f"hf_json is not a Hugging Face tokenizer ({' '.join(str(e).split())})") from None
+        return cls(tokenizer, d.get("eos_id"), d.get("bos_id"))
 
 
-TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer, "hf": PretrainedTokenizer}
+TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer, "hf": PretrainedTokenizer,
+                   "symbols": SymbolTokenizer}
 
 
 def tokenizer_from_dict(d: dict):
     """Rebuild any tokenizer from its ``to_dict()``."""
     kind = d.get("type") if isinstance(d, dict) else None
-    if kind not in TOKENIZER_TYPES:
+    if not isinstance(kind, str) or kind not in TOKENIZER_TYPES:
         raise ValueError(f"unknown tokenizer type {kind!r} in the saved state; expected one of "
                          f"{sorted(TOKENIZER_TYPES)}")
     return TOKENIZER_TYPES[kind].from_dict(d)

@@ -62,6 +62,11 @@ class ClassificationTask(TextClassificationTask):
         read = lambda p: read_labeled(p, columns, c["label_column"], c["format"], c["header"])  # noqa: E731
         texts, labels, lines = read(c["path"])
         names = label_order(labels)
+        if len(names) < 2:
+            raise ValueError(f"{c['path']}: the label column {c['label_column']!r} holds {len(names)} class"
+                             + (f" ({names[0]!r}) in all {len(labels)} rows" if names else "")
+                             + "; a classifier needs at least 2 classes: check label_column, or add examples of "
+                               "the other classes")
         full = LabeledTexts(texts, self._label_ids(labels, names, lines, c["path"]), [], names, c["path"])
         if c["test_path"]:
             t_texts, t_labels, t_lines = read(c["test_path"])

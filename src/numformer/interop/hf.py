@@ -40,12 +40,14 @@ from typing import Callable
 
 import numpy as np
 
+from .._limits import bounded_json, check_bounds
 from ..data.tokenizers import PretrainedTokenizer
 from ..models import build_model
 from ..models.pretrained import register_loader
 from ..nn.positional import SinusoidalPositionalEncoding
 from ..train.checkpoint import CHECKPOINT, MODEL, load_model_weights, write_atomic, write_json_atomic
 from ..train.run import load_config_json, load_tokenizer_state
+from ..config import check_model_section
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -308,11 +310,11 @@ def read_hf_config(folder):
     if not path.is_file():
         raise ValueError(f"{folder} has no {CONFIG}: a Hugging Face model folder holds {CONFIG} and {WEIGHTS} "
                          f"(write one with model.save_pretrained(folder))")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    if "model_type" not in config:
+    config = bounded_json(path.read_bytes(), str(path))
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is a JSON {type(config).__name__}, not a Hugging Face config (an object with "
+                         f"model_type)")
+    if not isinstance(config.get("model_type"), str):
         raise ValueError(f"{path} has no model_type; numformer imports {sorted(FAMILIES)}")
     return config
 
@@ -321,8 +323,14 @@ def _weight_files(folder):
     if (folder / WEIGHTS).is_file():
         return [folder / WEIGHTS]
     if (folder / WEIGHTS_INDEX).is_file():
-        index = json.loads((folder / WEIGHTS_INDEX).read_text())
-        return [folder / name for name in sorted(set(index["weight_map"].values()))]
+        path = folder / WEIGHTS_INDEX
+        index = bounded_json(path.read_bytes(), str(path))
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not (isinstance(weight_map, dict) and all(isinstance(v, str) and "/" not in v and "\\" not in v
+                                                     and v not in ("", ".", "..") for v in weight_map.values())):
+            raise ValueError(f"{path} has no weight_map of parameter names to file names of the folder; restore "
+                             f"it (model.save_pretrained writes it)")
+        return [folder / name for name in sorted(set(weight_map.values()))]
     if any((folder / p).is_file() for p in PICKLE_WEIGHTS):
         raise ValueError(
             f"{folder} has only PyTorch pickle weights (pytorch_model.bin); numformer reads safetensors only, "
@@ -427,7 +435,13 @@ def load_tokenizer(folder, hf_config=None):
 
     folder = Path(folder)
     if (folder / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        path = folder / "tokenizer.json"
+        check_bounds(path.read_bytes().decode("utf-8", "replace"), str(path))
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 -- the tokenizers library raises a bare Exception for a bad file
+            raise ValueError(f"{path} is not a Hugging Face tokenizer ({' '.join(str(e).split())}); restore it "
+                             f"(tokenizer.save_pretrained writes it)") from None
     elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
         tok = Tokenizer(models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -445,6 +459,21 @@ def load_tokenizer(folder, hf_config=None):
     return PretrainedTokenizer(tok, fit(eos), fit(bos))
 
 
+def numformer_config(folder, hf_config):
+    """The numformer [model] section of a Hugging Face config (read_hf_config); a config with values of the
+    wrong types is one ValueError naming the file."""
+    try:
+        model = family(hf_config["model_type"]).to_numformer(hf_config)
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
+        raise ValueError(f"{Path(folder) / CONFIG} does not describe a model numformer can build "
+                         f"({type(e).__name__}: {e}); restore it") from None
+    try:
+        check_model_section({k: v for k, v in model.items() if v is not None})
+    except ValueError as e:
+        raise ValueError(f"{Path(folder) / CONFIG}: {e}") from None
+    return model
+
+
 def load_pretrained(source, dtype=np.float32, **overrides):
     """(GPT, tokenizer or None) from a Hugging Face folder or hub id; weights checked name by name.
 
@@ -454,8 +483,12 @@ def load_pretrained(source, dtype=np.float32, **overrides):
     """
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
-    model_config = {**family(hf_config["model_type"]).to_numformer(hf_config), **overrides}
-    model = build_model(model_config, rng=np.random.default_rng(0), dtype=dtype)
+    model_config = {**numformer_config(folder, hf_config), **overrides}
+    try:
+        model = build_model(model_config, rng=np.random.default_rng(0), dtype=dtype)
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
+        raise ValueError(f"{folder / CONFIG} does not describe a model numformer can build ({type(e).__name__}: "
+                         f"{e}); restore it") from None
     load_init_weights(model, folder)
     return model.eval(), load_tokenizer(folder, hf_config)
 
@@ -485,9 +518,10 @@ def is_run_folder(source):
     if not path.is_file():
         return False
     try:
-        return "model" in json.loads(path.read_text())
-    except json.JSONDecodeError:
+        config = bounded_json(path.read_bytes(), str(path))
+    except (OSError, ValueError):
         return False
+    return isinstance(config, dict) and "model" in config
 
 
 def pretrained_source(source):
@@ -499,7 +533,7 @@ def pretrained_source(source):
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
     tokenizer = load_tokenizer(folder, hf_config)
-    return family(hf_config["model_type"]).to_numformer(hf_config), None if tokenizer is None else tokenizer.to_dict()
+    return numformer_config(folder, hf_config), None if tokenizer is None else tokenizer.to_dict()
 
 
 def merge_init_from(source, model, source_model, from_data):
@@ -575,6 +609,7 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     eos = getattr(tokenizer, "eos_id", None)
     hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None), eos_token_id=eos, pad_token_id=None)
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / CONFIG, hf_config)
     write_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))
     if hf_tok is not None:

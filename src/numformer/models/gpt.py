@@ -126,8 +126,8 @@ class GPT(Module):
         (inference: generation needs the last one; backward is not supported then).
         """
         idx = np.asarray(idx)
-        if idx.ndim != 2:
-            raise ValueError(f"idx must have shape (batch, seq), got {idx.shape}")
+        if idx.ndim != 2 or 0 in idx.shape:
+            raise ValueError(f"idx must have shape (batch, seq) with batch >= 1 and seq >= 1, got {idx.shape}")
         offset = 0 if kv_caches is None else kv_caches[0].length
         padding, positions = self._padding(attention_mask, idx.shape, offset)
         x = self.drop(self.pos_emb(self.tok_emb(idx), offset, positions=positions))

@@ -21,6 +21,8 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     z = logits.reshape(-1, C)
     t = np.asarray(targets).reshape(-1)
+    if not np.issubdtype(t.dtype, np.integer):
+        raise TypeError(f"targets must be integer class ids, got dtype {t.dtype}")
     valid = t != ignore_index
     bad = valid & ((t < 0) | (t >= C))
     if bad.any():

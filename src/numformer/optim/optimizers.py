@@ -53,8 +53,10 @@ class Optimizer:
 
     def _validate(self):
         for g in self.param_groups:
-            if g["lr"] < 0:
-                raise ValueError(f"learning rate must be >= 0, got {g['lr']}")
+            if not (isinstance(g["lr"], (int, float, np.number)) and not isinstance(g["lr"], bool)):
+                raise TypeError(f"learning rate must be a number, got {type(g['lr']).__name__}")
+            if not g["lr"] >= 0 or not math.isfinite(g["lr"]):
+                raise ValueError(f"learning rate must be a finite number >= 0, got {g['lr']}")
 
     @property
     def params(self):
@@ -102,8 +104,13 @@ class Optimizer:
         params = self.params
         if len(meta["groups"]) != len(self.param_groups):
             raise ValueError("optimizer state has a different number of parameter groups")
-        for g, saved in zip(self.param_groups, meta["groups"]):
+        for n, (g, saved) in enumerate(zip(self.param_groups, meta["groups"])):
+            for key, value in saved.items():
+                if key == "params" or key not in g or not _same_kind(value, g[key]):
+                    raise ValueError(f"optimizer state: group {n} option {key!r} = {value!r} is not what "
+                                     f"{type(self).__name__} saves")
             g.update(saved)
+        self._validate()
         self.state = {}
         for i_str, step in meta["steps"].items():
             i = int(i_str)
@@ -118,6 +125,21 @@ class Optimizer:
                                          f"parameter has {params[i].shape}")
                     st[b] = np.array(arrays[key], dtype=params[i].dtype)
             self.state[id(params[i])] = st
+
+
+def _same_kind(saved, current):
+    """Whether a saved group option has the kind of the current one: a flag, a finite number, or a sequence of
+    as many finite numbers (betas)."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if isinstance(current, bool):
+        return isinstance(saved, bool)
+    if isinstance(current, (tuple, list)):
+        return isinstance(saved, (tuple, list)) and len(saved) == len(current) and all(number(v) for v in saved)
+    if current is None:
+        return saved is None or number(saved)
+    return number(saved)
 
 
 class SGD(Optimizer):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._limits import bounded_json
+
 CHECKPOINT = "checkpoint.safetensors"
 MODEL = "model.safetensors"
 FORMAT = "numformer-checkpoint-1"
@@ -30,9 +32,9 @@ def _umask() -> int:
 
 
 def write_atomic(path, data: bytes):
-    """Write bytes to ``path`` atomically (temporary file + fsync + rename)."""
+    """Write bytes to ``path`` atomically (temporary file + fsync + rename). The folder must exist: it is never
+    created here, so that a run folder deleted under a running command is not silently made anew."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file 0600; give it a normal file's mode
@@ -74,6 +76,18 @@ def _load_safetensors(path, what):
     return tensors, meta
 
 
+def load_metadata(path, what):
+    """The metadata of a safetensors file (no tensor is read); ValueError naming a damaged file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            return f.metadata() or {}
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise ValueError(f"{what} {path} is corrupt or truncated ({type(e).__name__}: {e}); "
+                         f"it cannot be loaded — restore a copy or retrain") from None
+
+
 def save_model(path, model, metadata=None):
     """The model's weights (deduplicated names of ``state_dict``) as safetensors, atomically."""
     _save_safetensors(path, dict(model.state_dict()), {"format": "numformer-model-1", **(metadata or {})})
@@ -110,10 +124,15 @@ def load_checkpoint(path, model, optimizer):
     try:
         model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
         optimizer.load_state_dict({k[len("optim/"):]: v for k, v in tensors.items() if k.startswith("optim/")},
-                                  json.loads(meta["optimizer"]))
-        return json.loads(meta["state"])
-    except (KeyError, json.JSONDecodeError) as e:
-        raise ValueError(f"checkpoint {path} is incomplete ({e}); it cannot be resumed") from None
+                                  bounded_json(meta["optimizer"], "its optimizer metadata"))
+        state = bounded_json(meta["state"], "its state metadata")
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        raise ValueError(f"checkpoint {path} is incomplete or damaged ({type(e).__name__}: {e}); it cannot be "
+                         f"resumed") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint {path} is damaged (its state metadata is a JSON {type(state).__name__}, "
+                         f"not an object); it cannot be resumed")
+    return state
 
 
 def rng_state(rng):

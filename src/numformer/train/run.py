@@ -6,11 +6,11 @@ saved with another model config each give one ValueError naming the file.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from .._limits import bounded_json
 from ..config import check_saved_config
 from ..data.base import make_task
 from ..data.tokenizers import tokenizer_from_dict
@@ -30,12 +30,7 @@ def _check_run_dir(run_dir):
 def read_json(path, what):
     """A JSON file's content; ValueError naming the file for unreadable, non-UTF-8 or malformed JSON."""
     path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}); restore it") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {path} is not valid JSON ({e}); restore it or retrain") from None
+    return bounded_json(path.read_bytes(), f"{what} {path}")
 
 
 def load_config_json(run_dir):
@@ -77,7 +72,7 @@ def tokenizer_from_state(state, run_dir):
     """A tokenizer from (part of) a run's tokenizer.json; a damaged file is one ValueError naming it."""
     try:
         return tokenizer_from_dict(state)
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} is damaged "
                          f"({type(e).__name__}: {e}); restore it or retrain") from None
 
@@ -87,6 +82,6 @@ def load_task(run_dir, config=None):
     config = load_config_json(run_dir) if config is None else config
     try:
         return make_task(config["data"], config["train"]["seed"], load_tokenizer_state(run_dir))
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
         raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} does not fit the run's [data] "
                          f"({type(e).__name__}: {e}); restore it or retrain") from None

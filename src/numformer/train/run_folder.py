@@ -10,6 +10,14 @@ may lock a folder again (a Trainer made while another of the same process
 holds it), and the lock goes when the last holder releases it or the process
 ends (a killed process leaves no stale lock behind).
 
+Identity: the lock is taken on the folder that exists when the command starts; its identity (``st_dev``,
+``st_ino``) is recorded, and a writer checks it before each write (``RunLock.check``): a folder deleted or
+replaced meanwhile (``rm -rf RUN``, perhaps followed by another command making a new RUN) stops the writer
+with one line, and the writer never recreates it.
+
+Links: the files numformer writes in a run folder are regular files it created. A symbolic link among them
+(even a dangling one) is refused before anything is written, so that no write can land outside the folder.
+
 Overwriting: ``start_new_run(path, overwrite=True)`` deletes the old run's
 files, weights first and config last, before the new run writes anything, so
 at every instant the folder holds the old run, part of the old run without its
@@ -23,18 +31,19 @@ import json
 import os
 from pathlib import Path
 
+from .._limits import bounded_json
 from .checkpoint import CHECKPOINT, MODEL
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 RUN_FILES = (CHECKPOINT, MODEL, "summary.json", "metrics.jsonl", "tokenizer.json", "config.json")
 
-_HELD: dict[str, list] = {}       # real path -> [fd, exclusive, count] for the folders this process holds
+_HELD: dict[str, list] = {}       # real path -> [fd, exclusive, count, identity] for the folders this process holds
 
 
 def _forget_locks_in_child():
     """A forked child (a data-parallel worker) drops its copies of the lock descriptors without unlocking: the
     lock stays with the parent and goes when the parent ends, even if the parent is killed first."""
-    for fd, _, _ in _HELD.values():
+    for fd, *_ in _HELD.values():
         try:
             os.close(fd)
         except OSError:
@@ -49,6 +58,50 @@ class RunFolderBusy(ValueError):
     """Another process holds the run folder."""
 
 
+class RunFolderGone(ValueError):
+    """The locked run folder was deleted or replaced by another folder of the same name."""
+
+
+def folder_identity(path):
+    """(st_dev, st_ino) of a folder: the same folder keeps it, a folder made anew under the same name gets
+    another (both fields exist on Linux, macOS and Windows); None when ``path`` does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _lock_folder(path, exclusive):
+    """The lock primitive: open ``path`` and lock it exclusively or shared without waiting; returns the open
+    descriptor, or raises BlockingIOError when another process holds a conflicting lock."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _relock_folder(fd, exclusive)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _relock_folder(fd, exclusive):
+    """Change the lock held on ``fd`` (shared -> exclusive) without waiting; BlockingIOError if refused."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise BlockingIOError(e.errno, os.strerror(e.errno)) from None
+        raise
+
+
+def _unlock_folder(fd):
+    """Release the lock on ``fd`` and close it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 class RunLock:
     """An ``flock`` on a run folder, exclusive (writing) or shared (reading); a context manager.
 
@@ -60,21 +113,29 @@ class RunLock:
         self.path = Path(path)
         self.key = os.path.realpath(self.path)
         self.exclusive = exclusive
+        self._released = True
         held = _HELD.get(self.key)
         if held is not None:                      # this process holds it already
+            if folder_identity(self.path) != held[3]:
+                raise RunFolderGone(f"{self.path} was deleted or replaced while this process held it; "
+                                    f"run the command again in a new process")
             if exclusive and not held[1]:
-                _flock(held[0], True, self.path, what)
+                _busy_if_blocked(lambda: _relock_folder(held[0], True), self.path, what)
                 held[1] = True
             held[2] += 1
         else:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                _flock(fd, exclusive, self.path, what)
-            except BaseException:
-                os.close(fd)
-                raise
-            _HELD[self.key] = [fd, exclusive, 1]
+            fd = _busy_if_blocked(lambda: _lock_folder(self.path, exclusive), self.path, what)
+            _HELD[self.key] = [fd, exclusive, 1, folder_identity(self.path)]
+        self.identity = _HELD[self.key][3]
         self._released = False
+
+    def check(self):
+        """Raise RunFolderGone unless ``path`` is still the folder this lock holds (called before each write)."""
+        now = folder_identity(self.path)
+        if now != self.identity:
+            what = "deleted" if now is None else "replaced by another folder"
+            raise RunFolderGone(f"{self.path} was {what} while this command was writing it; stopped without "
+                                f"writing more (nothing is recreated; the files it held are gone)")
 
     def release(self):
         if self._released:
@@ -86,10 +147,7 @@ class RunLock:
         held[2] -= 1
         if held[2] == 0:
             del _HELD[self.key]
-            try:
-                fcntl.flock(held[0], fcntl.LOCK_UN)
-            finally:
-                os.close(held[0])
+            _unlock_folder(held[0])
 
     def __enter__(self):
         return self
@@ -104,20 +162,19 @@ class RunLock:
             pass
 
 
-def _flock(fd, exclusive, path, what):
+def _busy_if_blocked(lock, path, what):
+    """Run ``lock()``; a lock held by another process becomes RunFolderBusy naming that process."""
     try:
-        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise
-        raise RunFolderBusy(f"{path} is in use by another process ({_holder(fd)}); cannot {what} it until that "
+        return lock()
+    except BlockingIOError:
+        raise RunFolderBusy(f"{path} is in use by another process ({_holder(path)}); cannot {what} it until that "
                             f"process ends") from None
 
 
-def _holder(fd):
-    """'pid N: its command line' of a process holding an flock on fd's file (Linux /proc), else a plain word."""
+def _holder(path):
+    """'pid N: its command line' of a process holding an flock on the folder (Linux /proc), else a plain word."""
     try:
-        st = os.fstat(fd)
+        st = os.stat(path)
         dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
         with open("/proc/locks") as f:
             for line in f:
@@ -139,9 +196,39 @@ def _short(cmd, limit=120):
 
 
 def run_files(path):
-    """The run files present in ``path`` (in RUN_FILES order)."""
+    """The run files present in ``path`` (in RUN_FILES order); a link counts, even a dangling one."""
     path = Path(path)
-    return [name for name in RUN_FILES if (path / name).exists()]
+    return [name for name in RUN_FILES if os.path.lexists(path / name)]
+
+
+def refuse_links(path):
+    """ValueError naming the first run file of ``path`` that is not a regular file (a symbolic link, dangling
+    or not, or a folder): numformer writes only regular files it created, never through a link."""
+    path = Path(path)
+    for name in RUN_FILES:
+        f = path / name
+        if f.is_symlink():
+            raise ValueError(f"{f} is a symbolic link (to {os.readlink(f)}); numformer writes only regular files "
+                             f"in a run folder: remove the link, or choose another --out")
+        if f.exists() and not f.is_file():
+            raise ValueError(f"{f} is not a regular file; remove it, or choose another --out")
+
+
+def holds_run(path):
+    """Whether ``path`` holds a numformer run (not merely a Hugging Face folder written by ``export``): a
+    checkpoint, metrics or summary, or a config.json that is not a Hugging Face config (one with model_type)."""
+    path = Path(path)
+    if any(os.path.lexists(path / name) for name in (CHECKPOINT, "summary.json", "metrics.jsonl")):
+        return True
+    config = path / "config.json"
+    if not os.path.lexists(config):
+        return False
+    try:
+        if config.stat().st_size > 1 << 20:
+            return True
+        return "model_type" not in json.loads(config.read_bytes())
+    except (OSError, ValueError, TypeError, RecursionError):
+        return True           # unreadable: it is not one of export's folders, so it may be a damaged run
 
 
 def check_out_folder(path):
@@ -159,7 +246,13 @@ def lock_for_writing(path):
     path = Path(path)
     check_out_folder(path)
     path.mkdir(parents=True, exist_ok=True)
-    return RunLock(path, exclusive=True, what="train into")
+    lock = RunLock(path, exclusive=True, what="train into")
+    try:
+        refuse_links(path)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def lock_for_resuming(path):
@@ -168,7 +261,13 @@ def lock_for_resuming(path):
     if not path.is_dir():
         raise ValueError(f"cannot resume: {path / 'config.json'} does not exist ({path} is "
                          + ("a file, not a run folder)" if path.exists() else "no run folder)"))
-    return RunLock(path, exclusive=True, what="resume")
+    lock = RunLock(path, exclusive=True, what="resume")
+    try:
+        refuse_links(path)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def schedule_change(saved, train):
@@ -210,7 +309,10 @@ def check_weights(path, meta, config):
     saved = meta.get("model_config")
     if saved is None:
         return
-    saved = json.loads(saved)
+    saved = bounded_json(saved, f"the model_config metadata of {path}")
+    if not isinstance(saved, dict):
+        raise ValueError(f"the model_config metadata of {path} is a JSON {type(saved).__name__}, not the [model] "
+                         f"section it was trained with; {path} is damaged: restore it or retrain")
     changed = sorted(k for k in set(saved) | set(config["model"]) if saved.get(k) != config["model"].get(k))
     if changed:
         diffs = ", ".join(f"{k} {saved.get(k)!r} -> {config['model'].get(k)!r}" for k in changed)

@@ -22,8 +22,10 @@ are dropped and re-logged).
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -32,14 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
+from .._limits import bounded_json
 from ..data.base import IGNORE
 from ..models import build_model
 from ..models.pretrained import loader as pretrained_loader
 from ..nn import MultiHeadAttention
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from ..provenance import git_commit
-from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_model_weights, rng_state, save_checkpoint,
-                         save_model, set_rng_state, write_atomic, write_json_atomic)
+from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_metadata, load_model_weights, rng_state,
+                         save_checkpoint, save_model, set_rng_state, write_atomic, write_json_atomic)
 from ..config import apply_overrides, resolve_config
 from . import run_folder
 from .early_stopping import EarlyStopping
@@ -135,7 +138,13 @@ class Trainer:
             saved = config = load_config_json(self.run_dir)
             tokenizer_state = load_tokenizer_state(self.run_dir)
         # A resumed run keeps its saved vocabulary, so that ids mean what they meant.
-        self.config, self.task = resolve_config(apply_overrides(config, overrides), tokenizer_state)
+        try:
+            self.config, self.task = resolve_config(apply_overrides(config, overrides), tokenizer_state)
+        except (KeyError, TypeError, AttributeError, IndexError) as e:
+            if tokenizer_state is None:
+                raise
+            raise ValueError(f"tokenizer file {self.run_dir / 'tokenizer.json'} is damaged or does not fit the "
+                             f"run's [data] ({type(e).__name__}: {e}); restore it or retrain") from None
         if resume and run_folder.schedule_change(saved["train"], self.config["train"]):
             self._print(run_folder.schedule_change(saved["train"], self.config["train"]))
         t = self.train_cfg = self.config["train"]
@@ -159,6 +168,8 @@ class Trainer:
         self.train_seconds = 0.0
         self.resumed = resume
         self._divergence = {"first_loss": None, "steps_above": 0}   # the divergence guard's state
+        self._window = _LogWindow()     # the training losses since the last metrics line
+        self._checkpoint_step = None    # the step of checkpoint.safetensors
         ranks = 1 if world is None else world.size
         self.processes = usable_processes(self.model, max(1, t["batch_size"] // ranks), t["processes"])
         self._dp = None                 # the DataParallel (MPIDataParallel under MPI) of a running train() call
@@ -185,7 +196,8 @@ class Trainer:
         state = {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
                  "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
                  "worker_rngs": self._worker_rngs, "early_stopping": self.early.state_dict(),
-                 "divergence": self._divergence}
+                 "divergence": self._divergence,
+                 "log_window": {"losses": list(self._window.losses), "tokens": self._window.tokens}}
         if self.world is not None:      # collective: every rank's dropout generators, gathered on rank 0
             local = self._dp.rng_states() if self._dp is not None else self._rank_rngs
             state["mpi_rngs"] = self.world.comm.gather(local, root=0)
@@ -195,45 +207,82 @@ class Trainer:
         return state
 
     def _restore(self):
-        state = load_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer)
-        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        self.train_seconds = state["train_seconds"]
-        set_rng_state(self.model_rng, state["model_rng"])
-        set_rng_state(self.data_rng, state["data_rng"])
+        path = self.run_dir / CHECKPOINT
+        state = load_checkpoint(path, self.model, self.optimizer)
+        try:
+            _check_state(state)
+            self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+            self.train_seconds = state["train_seconds"]
+            set_rng_state(self.model_rng, state["model_rng"])
+            set_rng_state(self.data_rng, state["data_rng"])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise ValueError(f"checkpoint {path} is damaged (its state metadata: {type(e).__name__}: {e}); it "
+                             f"cannot be resumed: restore it or train again") from None
         self.early.load_state_dict(state["early_stopping"])
         self._worker_rngs = state.get("worker_rngs")
         self._divergence = state.get("divergence", self._divergence)
+        window = state.get("log_window")          # the next metrics line averages the same steps as without a stop
+        if window is not None:
+            self._window.losses, self._window.tokens = list(window["losses"]), window["tokens"]
+        self._checkpoint_step = self.step
         ranks = state.get("mpi_rngs") or []     # a rank beyond the checkpoint's ranks keeps its fresh seeds
         if self.world is not None and self.world.rank < len(ranks):
             self._rank_rngs = ranks[self.world.rank]
         if self._writer:
             self._truncate_metrics(self.step)
 
+    def _check_folder(self):
+        """Before each write: stop with one line when the run folder was deleted or replaced since it was locked
+        (run_folder.RunLock.check); nothing is recreated."""
+        if self._lock is not None:
+            self._lock.check()
+
     def _truncate_metrics(self, step):
         """Drop metrics lines logged after the checkpoint: they are re-logged as the run continues."""
         path = self.run_dir / "metrics.jsonl"
         if not path.exists():
             return
+        self._check_folder()
+        lines = path.read_bytes().splitlines()
         keep = []
-        for line in path.read_text().splitlines():
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
             try:
-                if json.loads(line)["step"] <= step:
-                    keep.append(line)
-            except (json.JSONDecodeError, KeyError):
-                continue          # a line cut short by a crash
-        write_atomic(path, "".join(k + "\n" for k in keep).encode())     # a full disk keeps the old file
+                record = bounded_json(line, f"metrics file {path}, line {n},")
+            except ValueError:
+                if n == len(lines):
+                    continue          # a line cut short by a crash
+                raise
+            if not (isinstance(record, dict) and type(record.get("step")) is int):
+                raise ValueError(f"metrics file {path}, line {n}: expected a JSON object with an integer step; "
+                                 f"remove the line (or restore the file) and resume again")
+            if record["step"] <= step:
+                keep.append(line)
+        write_atomic(path, b"".join(k + b"\n" for k in keep))     # a full disk keeps the old file
 
     def save_checkpoint(self):
         state = self._state()           # collective under MPI: every rank calls it
         if self._writer:
+            self._check_folder()
             save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, state,
                             run_folder.weights_metadata(self.config))
+            self._checkpoint_step = self.step
 
     # -- logging ----------------------------------------------------------------------------
     def _log(self, record):
         if not self._writer:
             return
-        with (self.run_dir / "metrics.jsonl").open("a") as f:
+        self._check_folder()
+        path = self.run_dir / "metrics.jsonl"
+        try:          # never through a link placed there meanwhile (O_NOFOLLOW where the platform has it)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise ValueError(f"{path} is a symbolic link; numformer writes only regular files in a run folder: "
+                             f"remove the link and continue with --resume") from None
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def _print(self, message):
@@ -358,7 +407,7 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _is_main_thread() else None
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
         bar = self._progress_bar(last_step)
-        self._window = _LogWindow()
+        self._window.start = time.perf_counter()
         stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "diverged": None}
         try:
             self._start_data_parallel()
@@ -372,15 +421,15 @@ class Trainer:
                 self._log_step(last_step, norm, bar)
                 if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
                     stop["stopped_early"] = self._evaluate_step()
-                if self.step % t["checkpoint_every"] == 0 or self.step == last_step or stop["stopped_early"]:
+                # a periodic checkpoint is not written while the loss is above the divergence threshold: the one
+                # kept when the run is stopped as diverged is from before the divergence began
+                periodic = self.step % t["checkpoint_every"] == 0 and not self._divergence["steps_above"]
+                if periodic or self.step == last_step or stop["stopped_early"]:
                     self.save_checkpoint()
                 if self._should_stop(last_step, stop):
                     break
         except TrainingDiverged as e:
-            ckpt = self.run_dir / CHECKPOINT
-            kept = (f"the last good checkpoint is kept in {ckpt}" if ckpt.exists()
-                    else "no checkpoint had been written yet (checkpoint_every), so there is nothing to resume")
-            stop["diverged"] = f"{e}. Training stopped; {kept}. Try a lower lr, warmup or grad_clip."
+            stop["diverged"] = f"{e}. Training stopped; {self._divergence_advice()}"
         finally:
             if bar is not None:
                 bar.close()
@@ -392,12 +441,24 @@ class Trainer:
             raise TrainingDiverged(stop["diverged"])
         return summary
 
+    def _divergence_advice(self):
+        """What a diverged run keeps and how to continue: from the checkpoint written before the divergence
+        began, with a lower learning rate; or, without one, a new run."""
+        ckpt = self.run_dir / CHECKPOINT
+        if self._checkpoint_step is None or not ckpt.exists():
+            return ("no checkpoint had been written yet (checkpoint_every), so there is nothing to resume: train "
+                    "again with a lower lr, more warmup_steps or a grad_clip")
+        return (f"the checkpoint of step {self._checkpoint_step}, written before the loss began to diverge, is kept "
+                f"in {ckpt}; continue from it with a lower learning rate: numformer train --out {self.run_dir} "
+                f"--resume --set train.lr=... (or more warmup_steps, a grad_clip)")
+
     def _start_run(self):
         """Write config.json and tokenizer.json (the folder holds no other run: run_folder.start_new_run) and
         say what trains; returns the number of parameters. Under MPI, rank 0 alone does this."""
         n_params = self.model.num_parameters()
         if not self._writer:
             return n_params
+        self._check_folder()
         write_json_atomic(self.run_dir / "config.json", self.config)
         tok = self.task.tokenizer_state()
         if tok is not None:
@@ -456,6 +517,7 @@ class Trainer:
             self._whole_losses[self.step] = result[key]
         improved = self.early.update(result[key], self.step)
         if improved and self._writer:
+            self._check_folder()
             save_model(self.run_dir / MODEL, self.model, {"step": self.step, key: result[key],
                                                           **run_folder.weights_metadata(self.config)})
         self._print(f"step {self.step}: {key} {result[key]:.4f}"
@@ -508,7 +570,7 @@ class Trainer:
         ranks = 1 if self.world is None else self.world.size
         summary = {
             "steps": self.step, "max_steps": t["max_steps"], "parameters": n_params,
-            **self._weights_figures(stop["diverged"]), "train_seconds": round(self.train_seconds, 2),
+            **self._weights_figures(stop), "train_seconds": round(self.train_seconds, 2),
             "tokens_seen": self.tokens_seen,
             "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
             "wall_seconds": round(wall_seconds, 2), "processes": self.processes * ranks, "mpi_ranks": ranks,
@@ -519,28 +581,34 @@ class Trainer:
         if stop["diverged"]:
             summary["error"] = stop["diverged"]
         if self._writer:
+            self._check_folder()
             write_json_atomic(self.run_dir / "summary.json", summary)
         self.last_summary = summary
         if not stop["diverged"]:          # the caller reports a divergence
             self._print(self._summary_text(summary))
         return summary
 
-    def _weights_figures(self, diverged):
+    def _weights_figures(self, stop):
         """Keep the better weights (rank 0 under MPI, which tells the other ranks the figures); a diverged run's
         last weights are never kept."""
-        figures = self._keep_better_weights(diverged) if self._writer else None
+        resumable = stop["interrupted"] or stop["time_limit"]
+        figures = self._keep_better_weights(stop["diverged"], resumable) if self._writer else None
         if self.world is not None:
             figures = self.world.comm.bcast(figures, root=0)
         return figures
 
-    def _keep_better_weights(self, diverged=False):
+    def _keep_better_weights(self, diverged=False, resumable=False):
         """Save the weights to use in model.safetensors (and leave them in ``self.model``); return their figures.
 
         The rule: the periodic evaluations select a step on one yardstick (the fixed sample, or the whole
         split); then the selected weights (restore_best) and the last weights are both scored on the whole
         validation split, and the better is kept. ``best_val_loss`` is always the whole-split loss of the
         weights in model.safetensors, ``best_step`` their step. After a divergence only the selected weights can
-        be kept (else none: every figure is None).
+        be kept (else none: every figure is None). A run stopped so as to be resumed (Ctrl-C, the time limit)
+        keeps the selected weights in model.safetensors whichever scores better, and ``self.model`` keeps the
+        last weights: the resumed run selects from the same weights as an uninterrupted run would (its last
+        weights are in the checkpoint); without a selection yet, the last weights are saved (never taken for
+        a selection: model.safetensors is the selection only when its step is the evaluations' best step).
         """
         path = self.run_dir / MODEL
         if diverged:
@@ -553,19 +621,31 @@ class Trainer:
         figures = {"last_step": last[0], "last_val_loss": last[1],
                    "selected_on": "val_loss_estimate" if sample else "val_loss", "estimate_examples": sample or None}
         kept = last
-        if self.train_cfg["restore_best"] and path.exists():
+        if self.train_cfg["restore_best"] and self._has_selection(path):
             last_weights = {k: np.array(v, copy=True) for k, v in self.model.state_dict().items()}
             step = int(load_model_weights(path, self.model)["step"])
             selected = (step, self._whole_val_loss(step))
             figures.update(selected_step=selected[0], selected_val_loss=selected[1])
+            if resumable:
+                self.model.load_state_dict(last_weights)
+                return {"best_val_loss": selected[1], "best_step": selected[0], "weights": "best", **figures}
             if selected[1] < last[1]:
                 kept = selected
             else:
                 self.model.load_state_dict(last_weights)
+        self._check_folder()
         save_model(path, self.model, {"step": kept[0], "val_loss": kept[1],
                                       **run_folder.weights_metadata(self.config)})
         return {"best_val_loss": kept[1], "best_step": kept[0], "weights": "last" if kept is last else "best",
                 **figures}
+
+    def _has_selection(self, path):
+        """Whether model.safetensors holds the weights the periodic evaluations selected (its step is the best
+        step), rather than the last weights of a stop or of an earlier finished run."""
+        if self.early.best_step is None or not path.exists():
+            return False
+        step = load_metadata(path, "model file").get("step")
+        return step is not None and step.isdigit() and int(step) == self.early.best_step
 
     def _summary_text(self, s):
         how = f"{s['steps']} steps" + ("" if s["stopped_by"] == "max_steps" else f" ({s['stopped_by']})")
@@ -592,6 +672,37 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=last_step, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _check_state(state):
+    """A checkpoint's trainer state has the fields and types ``Trainer._state`` writes (TypeError or KeyError
+    naming the first that does not)."""
+    def number(v, none=False):
+        return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    def count(v, none=False):
+        return (v is None and none) or (type(v) is int and v >= 0)
+
+    def rng_list(v):
+        return v is None or (isinstance(v, list) and all(isinstance(s, (dict, list)) or s is None for s in v))
+
+    early = state["early_stopping"]
+    checks = {"step": count(state["step"]), "tokens_seen": count(state["tokens_seen"]),
+              "train_seconds": number(state["train_seconds"]),
+              "model_rng": isinstance(state["model_rng"], dict), "data_rng": isinstance(state["data_rng"], dict),
+              "early_stopping": isinstance(early, dict) and number(early["best"], none=True)
+              and count(early["best_step"], none=True) and count(early["bad_evals"]),
+              "worker_rngs": rng_list(state.get("worker_rngs")), "mpi_rngs": rng_list(state.get("mpi_rngs"))}
+    if "divergence" in state:
+        d = state["divergence"]
+        checks["divergence"] = isinstance(d, dict) and number(d["first_loss"], none=True) and count(d["steps_above"])
+    if "log_window" in state:
+        w = state["log_window"]
+        checks["log_window"] = (isinstance(w, dict) and isinstance(w["losses"], list)
+                                and all(number(x) for x in w["losses"]) and count(w["tokens"]))
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        raise TypeError(f"{bad[0]} is not what a checkpoint holds")
 
 
 def _stopped_by(stop):

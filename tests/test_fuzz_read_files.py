@@ -1,0 +1,223 @@
+"""Fuzzing every file numformer reads from a run folder or a Hugging Face folder (issue 27): config.json,
+tokenizer.json, metrics.jsonl, the safetensors files' header and metadata. Each example damages one file of a
+fresh copy (a random truncation, random bytes, a JSON value replaced by one of another type, deep nesting)
+and runs the command that reads it; the only allowed outcomes are success or exit code 2 with exactly one
+line ``numformer COMMAND: error: ...`` and no traceback.
+
+The number of examples per file is modest so that the default suite stays fast; raise it with
+NUMFORMER_FUZZ_EXAMPLES=500 for a longer search."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from numformer.cli import main  # noqa: E402
+
+from conftest import tiny_copy_toml  # noqa: E402
+
+EXAMPLES = int(os.environ.get("NUMFORMER_FUZZ_EXAMPLES", "12"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+                suppress_health_check=list(HealthCheck))
+
+TEXT = """
+[model]
+type = "gpt"
+n_layers = 1
+n_heads = 2
+d_model = 16
+[data]
+task = "text"
+path = "{path}"
+block_size = 16
+[train]
+max_steps = 4
+batch_size = 4
+eval_every = 2
+checkpoint_every = 2
+processes = 1
+"""
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6)
+DEEP = "\u2063deep\u2063"
+
+
+def cli(*args):
+    """(exit code, stderr) of ``numformer ARGS`` run in this process."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main([str(a) for a in args])
+    return rc, err.getvalue()
+
+
+def assert_success_or_one_line(rc, err, command):
+    lines = [line for line in err.splitlines() if line.startswith(f"numformer {command}: error: ")]
+    assert rc == 0 or (rc == 2 and len(lines) == 1 and "Traceback" not in err), f"exit code {rc}, stderr:\n{err}"
+
+
+# -- damage --------------------------------------------------------------------------------------------------
+def _paths(obj, prefix=()):
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:20]):
+            yield from _paths(v, prefix + (i,))
+
+
+def _replace(obj, path, value):
+    if not path:
+        return value
+    obj[path[0]] = _replace(obj[path[0]], path[1:], value)
+    return obj
+
+
+def damage_json(draw, text):
+    """A JSON text with one value replaced by a random one (another type, maybe) or by deep nesting."""
+    obj = json.loads(text)
+    paths = list(_paths(obj))
+    path = paths[draw(st.integers(0, len(paths) - 1))]
+    deep = draw(st.booleans())
+    value = DEEP if deep else draw(JSON_VALUES)
+    out = json.dumps(_replace(obj, path, value))
+    if deep:
+        depth = draw(st.sampled_from([90, 200, 5000, 100_000]))
+        out = out.replace(json.dumps(DEEP), "[" * depth + "]" * depth)
+    return out
+
+
+def damage_bytes(draw, data):
+    """Bytes truncated, overwritten with random bytes somewhere, or prefixed with deep nesting."""
+    kind = draw(st.sampled_from(["truncate", "overwrite", "deep"]))
+    if kind == "truncate":
+        return data[:draw(st.integers(0, max(len(data) - 1, 0)))]
+    if kind == "overwrite":
+        junk = draw(st.binary(min_size=1, max_size=24))
+        at = draw(st.integers(0, len(data)))
+        return data[:at] + junk + data[at + len(junk):]
+    return b"[" * draw(st.sampled_from([200, 100_000])) + data
+
+
+def damage_text_file(draw, data, jsonl=False):
+    """A JSON file (or one line of a JSON-lines file) damaged as bytes or as JSON."""
+    if draw(st.booleans()):
+        return damage_bytes(draw, data)
+    lines = data.decode().splitlines()
+    if jsonl:                                           # metrics.jsonl: one line
+        i = draw(st.integers(0, len(lines) - 1))
+        lines[i] = damage_json(draw, lines[i])
+        return ("\n".join(lines) + "\n").encode()
+    return damage_json(draw, data.decode()).encode()
+
+
+def damage_safetensors(draw, data):
+    """A safetensors file with its header (tensor entries or metadata) or a metadata value damaged."""
+    n = struct.unpack("<Q", data[:8])[0]
+    header, body = data[8:8 + n].decode(), data[8 + n:]
+    kind = draw(st.sampled_from(["bytes", "header", "metadata"]))
+    if kind == "bytes":
+        return damage_bytes(draw, data)
+    obj = json.loads(header)
+    meta = obj.get("__metadata__", {})
+    json_keys = [k for k, v in meta.items() if v[:1] in "{["]
+    if kind == "metadata" and json_keys:
+        key = json_keys[draw(st.integers(0, len(json_keys) - 1))]
+        meta[key] = damage_json(draw, meta[key]) if draw(st.booleans()) else \
+            damage_bytes(draw, meta[key].encode()).decode("utf-8", "replace")
+        new = json.dumps(obj)
+    else:
+        new = damage_json(draw, header)
+    new = new.encode()
+    return struct.pack("<Q", len(new)) + new + body
+
+
+# -- the folders ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A trained character-level text run, a copy-task run, a Hugging Face folder with a byte-level BPE
+    tokenizer.json, and the run folder import-hf makes of it (its tokenizer.json holds the BPE as hf_json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from numformer.data.text import read_corpus
+    from numformer.interop.hf import export_hf
+    from numformer.models import GPT
+
+    root = tmp_path_factory.mktemp("fuzz")
+    text = read_corpus("")[:4000]
+    (root / "small.txt").write_text(text)
+    (root / "text.toml").write_text(TEXT.format(path=root / "small.txt"))
+    (root / "copy.toml").write_text(tiny_copy_toml(max_steps=4, batch_size=4, eval_every=2, checkpoint_every=2,
+                                                   processes=1))
+    for name in ("text", "copy"):
+        assert cli("train", root / f"{name}.toml", "--out", root / name, "--quiet")[0] == 0
+    hf = root / "hf"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([text], trainer=trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    export_hf(GPT(vocab_size=tok.get_vocab_size(), block_size=32, d_model=16, n_heads=2, n_layers=1,
+                  rng=np.random.default_rng(0)), hf)
+    tok.save(str(hf / "tokenizer.json"))
+    assert cli("generate", hf, "--prompt", "The", "--max-new-tokens", "2")[0] == 0
+    assert cli("import-hf", hf, "--out", root / "imported", "--data", root / "small.txt")[0] == 0
+    return root
+
+
+# (folder, file, command): the command that reads the file
+TARGETS = [
+    ("text", "config.json", ["eval", "{dir}"]),
+    ("text", "tokenizer.json", ["generate", "{dir}", "--prompt", "The", "--max-new-tokens", "2"]),
+    ("text", "tokenizer.json", ["train", "--out", "{dir}", "--resume", "--quiet"]),
+    ("text", "metrics.jsonl", ["train", "--out", "{dir}", "--resume", "--quiet", "--set", "train.max_steps=5"]),
+    ("text", "model.safetensors", ["eval", "{dir}"]),
+    ("text", "checkpoint.safetensors", ["train", "--out", "{dir}", "--resume", "--quiet", "--set",
+                                        "train.max_steps=5"]),
+    ("copy", "config.json", ["train", "--out", "{dir}", "--resume", "--quiet"]),
+    ("copy", "tokenizer.json", ["generate", "{dir}", "--prompt", "1 2 <sep>", "--max-new-tokens", "2"]),
+    ("imported", "tokenizer.json", ["generate", "{dir}", "--prompt", "The", "--max-new-tokens", "2"]),
+    ("imported", "config.json", ["eval", "{dir}"]),
+    ("hf", "config.json", ["generate", "{dir}", "--prompt", "The", "--max-new-tokens", "2"]),
+    ("hf", "tokenizer.json", ["import-hf", "{dir}", "--out", "{tmp}/imported"]),
+    ("hf", "model.safetensors", ["generate", "{dir}", "--prompt", "The", "--max-new-tokens", "2"]),
+]
+
+
+@pytest.mark.parametrize("folder, name, command", TARGETS, ids=[f"{f}/{n}:{c[0]}" for f, n, c in TARGETS])
+def test_a_damaged_file_gives_success_or_one_line(folders, folder, name, command):
+    source = folders / folder
+    original = (source / name).read_bytes()
+
+    @FUZZ
+    @given(st.data())
+    def run(data):
+        if name.endswith(".safetensors"):
+            damaged = damage_safetensors(data.draw, original)
+        else:
+            damaged = damage_text_file(data.draw, original, jsonl=name.endswith(".jsonl"))
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp) / folder
+            shutil.copytree(source, d)
+            (d / name).write_bytes(damaged)
+            args = [a.format(dir=d, tmp=tmp) for a in command]
+            rc, err = cli(*args)
+            assert_success_or_one_line(rc, err, args[0])
+            outside = sorted(p.name for p in Path(tmp).iterdir())
+            assert outside in ([folder], [folder, "imported"]), outside      # nothing written elsewhere
+
+    run()

@@ -1,0 +1,261 @@
+"""No traceback from any file or input numformer reads (issue 27, items 7-15): each damaged file is written for
+real into a copy of a trained run (or a Hugging Face folder), the command ends with exit code 2 and one line
+naming the file, and nothing in the folder changes (a snapshot of every file before and after)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numformer.cli import main
+
+from conftest import one_error_line, tiny_copy_toml
+
+TEXT = """
+[model]
+type = "gpt"
+n_layers = 1
+n_heads = 2
+d_model = 16
+[data]
+task = "text"
+path = "small.txt"
+block_size = 16
+[train]
+max_steps = 6
+batch_size = 4
+eval_every = 3
+checkpoint_every = 3
+processes = 1
+"""
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def env():
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    return {**os.environ, "PYTHONPATH": os.path.abspath(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A trained character-level GPT (text run) and a GPT trained on the copy task (symbols run)."""
+    from numformer.data.text import read_corpus
+
+    root = tmp_path_factory.mktemp("runs")
+    (root / "small.txt").write_text(read_corpus("")[:3000])
+    (root / "text.toml").write_text(TEXT.replace("small.txt", str(root / "small.txt")))
+    (root / "copy.toml").write_text(tiny_copy_toml(max_steps=40, batch_size=8, eval_every=20, processes=1))
+    assert main(["train", str(root / "text.toml"), "--out", str(root / "text"), "--quiet"]) == 0
+    assert main(["train", str(root / "copy.toml"), "--out", str(root / "copy"), "--quiet"]) == 0
+    return root
+
+
+@pytest.fixture
+def damaged(runs, tmp_path):
+    """damaged(name) -> a fresh copy of the run ``name`` in tmp_path, to damage."""
+    def copy(name="text"):
+        dest = tmp_path / f"{name}-copy"
+        shutil.copytree(runs / name, dest)
+        return dest
+    return copy
+
+
+def fails(run_cli, *args):
+    """Run a command that must fail; returns its one error line."""
+    rc, _, err = run_cli(*args)
+    return one_error_line(rc, err, str(args[0]))
+
+
+def set_metadata(path, **changes):
+    """Rewrite a safetensors file with some metadata entries changed (None removes one)."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), framework="np") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    for k, v in changes.items():
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+    save_file(tensors, str(path), metadata=meta)
+
+
+# -- 7: tokenizer.json ---------------------------------------------------------------------------------------
+def test_a_damaged_hf_tokenizer_in_a_run_folder(damaged, run_cli):
+    run = damaged()
+    (run / "tokenizer.json").write_text(json.dumps({"type": "hf", "hf_json": "{not json"}))
+    before = snapshot(run)
+    line = fails(run_cli, "generate", run, "--max-new-tokens", "3")
+    assert f"tokenizer file {run / 'tokenizer.json'} is damaged" in line and "hf_json is not a Hugging Face" in line
+    assert snapshot(run) == before
+
+
+def test_a_garbage_tokenizer_in_a_hugging_face_folder(damaged, run_cli, tmp_path):
+    hf = tmp_path / "hf"
+    assert run_cli("export", damaged(), "--out", hf)[0] == 0
+    (hf / "tokenizer.json").write_text('{"model": {"vocab": {"1": 2, 3: 4}}}')       # not JSON (key 3)
+    before = snapshot(hf)
+    line = fails(run_cli, "import-hf", hf, "--out", tmp_path / "imported")
+    assert f"{hf / 'tokenizer.json'} is not a Hugging Face tokenizer" in line
+    assert snapshot(hf) == before and not (tmp_path / "imported").exists()
+
+
+# -- 8: metrics.jsonl ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [b"[1,2,3]", b"null", b'{"step":"x"}', b"\xff\xfe binary"])
+def test_a_damaged_metrics_line_refuses_resume(damaged, run_cli, bad):
+    run = damaged()
+    lines = (run / "metrics.jsonl").read_bytes().splitlines()
+    (run / "metrics.jsonl").write_bytes(b"\n".join(lines[:2] + [bad] + lines[2:]) + b"\n")
+    before = snapshot(run)
+    line = fails(run_cli, "train", "--out", run, "--resume", "--set", "train.max_steps=9", "--quiet")
+    assert f"metrics file {run / 'metrics.jsonl'}, line 3" in line, line
+    assert snapshot(run) == before
+    assert run_cli("eval", run)[0] == 0                      # the run itself is intact
+
+
+# -- 9: non-UTF-8 arguments and files ------------------------------------------------------------------------
+@pytest.mark.parametrize("args", [["generate", "{run}", "--prompt", b"ein \xff mann"],
+                                  ["classify", "{run}", b"ein \xff mann"],
+                                  ["translate", "{run}", b"ein \xff mann"]])
+def test_a_non_utf8_argument(damaged, args):
+    run = damaged()
+    before = snapshot(run)
+    argv = [a if isinstance(a, bytes) else a.format(run=run).encode() for a in args]
+    done = subprocess.run([sys.executable.encode(), b"-m", b"numformer.cli", *argv], capture_output=True, env=env(),
+                          timeout=120)
+    line = one_error_line(done.returncode, done.stderr.decode(), args[0])
+    assert "is not UTF-8 text (byte 0xff at position 4)" in line
+    assert snapshot(run) == before
+
+
+def test_a_latin1_file_to_translate(damaged, run_cli, tmp_path):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("ein Mann fährt\n".encode("latin-1"))
+    line = fails(run_cli, "translate", damaged(), "--file", latin1)
+    assert f"--file {latin1} is not UTF-8 text" in line
+
+
+# -- 10: safetensors metadata --------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["[1]", "null", "x", "[" * 5000])
+def test_damaged_model_config_metadata(damaged, run_cli, value):
+    run = damaged()
+    set_metadata(run / "model.safetensors", model_config=value)
+    before = snapshot(run)
+    line = fails(run_cli, "eval", run)
+    assert f"model_config metadata of {run / 'model.safetensors'}" in line
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("changes", [{"state": "[]"}, {"state": "{}"}, {"optimizer": "[]"}, {"state": None},
+                                     {"optimizer": '{"type": "AdamW", "groups": 5}'}, "no step", "bad rng",
+                                     "bad early stopping"])
+def test_damaged_checkpoint_metadata_refuses_resume(damaged, run_cli, changes):
+    run = damaged()
+    path = run / "checkpoint.safetensors"
+    if isinstance(changes, str):
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="np") as f:
+            state = json.loads(f.metadata()["state"])
+        if changes == "no step":
+            del state["step"]
+        elif changes == "bad rng":
+            state["model_rng"] = {"bit_generator": "MT19937", "state": 5}
+        else:
+            state["early_stopping"]["best"] = "x"
+        changes = {"state": json.dumps(state)}
+    set_metadata(path, **changes)
+    before = snapshot(run)
+    line = fails(run_cli, "train", "--out", run, "--resume", "--set", "train.max_steps=9", "--quiet")
+    assert f"checkpoint {path}" in line and "cannot be resumed" in line, line
+    assert snapshot(run) == before
+
+
+# -- 11: deep nesting and size -------------------------------------------------------------------------------
+def test_a_deeply_nested_config_json_in_a_run_folder(damaged, run_cli):
+    run = damaged()
+    (run / "config.json").write_text("[" * 100_000)
+    before = snapshot(run)
+    for args in (["eval", run], ["train", "--out", run, "--resume"], ["generate", run]):
+        line = fails(run_cli, *args)
+        assert f"{run / 'config.json'} nests 100,000 levels deep" in line
+    assert snapshot(run) == before
+
+
+def test_a_deeply_nested_config_json_in_a_hugging_face_folder(damaged, run_cli, tmp_path):
+    hf = tmp_path / "hf"
+    assert run_cli("export", damaged(), "--out", hf)[0] == 0
+    (hf / "config.json").write_text('{"model_type": "gpt2", "x": ' + "[" * 100_000)
+    before = snapshot(hf)
+    for args in (["import-hf", hf, "--out", tmp_path / "imported"], ["generate", hf]):
+        line = fails(run_cli, *args)
+        assert f"{hf / 'config.json'} nests 100,001 levels deep" in line
+    assert snapshot(hf) == before and not (tmp_path / "imported").exists()
+
+
+def test_a_deeply_nested_toml_value(tmp_path, run_cli, damaged):
+    cfg = tmp_path / "deep.toml"
+    cfg.write_text(tiny_copy_toml(max_steps=2) + "x = " + "[" * 5000 + "]" * 5000 + "\n")
+    line = fails(run_cli, "train", cfg, "--out", tmp_path / "R")
+    assert f"config file {cfg} nests 5,00" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.toml"]
+    run = damaged()
+    before = snapshot(run)
+    line = fails(run_cli, "train", "--out", run, "--resume", "--set", "train.lr=" + "[" * 5000)
+    assert "--set value" in line and "nests 5,000 levels deep" in line
+    assert snapshot(run) == before
+
+
+# -- 12: generate on a symbol-task run -----------------------------------------------------------------------
+def test_generate_on_a_copy_task_run(runs, run_cli):
+    rc, out, err = run_cli("generate", runs / "copy", "--prompt", "1 2 3 0 <sep>", "--max-new-tokens", "4",
+                           "--greedy")
+    assert rc == 0, err
+    assert out.startswith("1 2 3 0 <sep>") and len(out.split()) >= 5
+
+
+# -- 14: library calls ---------------------------------------------------------------------------------------
+def test_library_calls_check_their_inputs():
+    from numformer import ops
+    from numformer.decoding import generate
+    from numformer.models import GPT
+    from numformer.optim import SGD, AdamW
+
+    model = GPT(vocab_size=10, block_size=8, d_model=8, n_heads=2, n_layers=1)
+    for shape in ((0, 3), (2, 0)):
+        with pytest.raises(ValueError, match=r"batch >= 1 and seq >= 1, got \(" + f"{shape[0]}, {shape[1]}"):
+            model(np.zeros(shape, dtype=np.int64))
+    with pytest.raises(ValueError, match="prompt rows have different lengths"):
+        generate(model, [[1, 2], [3]], 2)
+    with pytest.raises(TypeError, match="targets must be integer class ids, got dtype float64"):
+        ops.cross_entropy_forward(np.zeros((2, 3)), np.array([0.0, 1.0]))
+    for opt in (AdamW, SGD):
+        for lr in (float("nan"), float("inf"), -1.0):
+            with pytest.raises(ValueError, match="learning rate must be a finite number >= 0"):
+                opt(model.parameters(), lr=lr)
+        with pytest.raises(TypeError, match="learning rate must be a number"):
+            opt(model.parameters(), lr="0.1")
+
+
+# -- 15: a classification file with one class ----------------------------------------------------------------
+def test_a_classification_file_with_one_class(tmp_path, run_cli):
+    data = tmp_path / "one.csv"
+    data.write_text("text,label\n" + "".join(f"review number {i},pos\n" for i in range(40)))
+    cfg = tmp_path / "cls.toml"
+    cfg.write_text(f'[model]\ntype = "classifier"\nn_layers = 1\nn_heads = 2\nd_model = 16\n'
+                   f'[data]\ntask = "classification"\npath = "{data}"\n[train]\nmax_steps = 2\n')
+    line = fails(run_cli, "train", cfg, "--out", tmp_path / "R")
+    assert f"{data}: the label column 'label' holds 1 class ('pos') in all 40 rows" in line
+    assert not (tmp_path / "R").exists()

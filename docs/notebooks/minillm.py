@@ -97,9 +97,14 @@ print(f"{summary['steps']} steps, validation loss {summary['best_val_loss']:.3f}
       f"{summary['tokens_per_s']:,.0f} tokens/s")
 
 # %%
+from IPython.display import Image
+
 from numformer import analysis as A
 
-A.plot_loss_curves(A.read_metrics("runs/minillm_notebook/metrics.jsonl"))
+# numformer's figures are drawn off-screen (no pyplot): write the PNG, then show it
+A.plot_loss_curves(A.read_metrics("runs/minillm_notebook/metrics.jsonl"),
+                   path="runs/minillm_notebook/loss.png")
+Image("runs/minillm_notebook/loss.png")
 
 # %% [markdown]
 # ## Sample

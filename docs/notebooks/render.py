@@ -5,13 +5,15 @@
 The notebook is kept as text (jupytext percent format, ``minillm.py``); this script runs it in a
 fresh kernel with its own parameters, as a reader would, and writes each cell as Markdown: the
 Markdown cells as they are, each code cell as a Python block followed by what it printed and the
-figures it drew. tests/test_docs_notebook.py checks that the page's code is the notebook's.
+figures it drew (printed lines longer than 88 characters are wrapped to fit the page).
+tests/test_docs_notebook.py checks that the page's code is the notebook's.
 """
 from __future__ import annotations
 
 import base64
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -19,6 +21,7 @@ DOCS = HERE.parent
 NOTEBOOK = HERE / "minillm.py"
 PAGE = DOCS / "notebook.md"
 FIGURE_PREFIX = "minillm_"
+WIDTH = 88          # output lines longer than this are wrapped (tests/test_docs_style.py)
 
 HEADER = """# The MiniLLM notebook
 
@@ -32,7 +35,7 @@ Jupyter, install jupytext and convert it to a notebook file, or let Jupyter open
 
 ```console
 pip install jupytext notebook
-jupytext --to notebook docs/notebooks/minillm.py    # writes docs/notebooks/minillm.ipynb
+jupytext --to notebook docs/notebooks/minillm.py    # writes minillm.ipynb beside it
 jupyter notebook docs/notebooks/minillm.ipynb
 ```
 
@@ -76,7 +79,11 @@ def to_markdown(nb, figures_dir, figure_prefix=FIGURE_PREFIX):
 
         def flush():
             if text:
-                parts.append("```text\n" + "".join(text).rstrip("\n") + "\n```")
+                lines = "".join(text).rstrip("\n").split("\n")
+                wrapped = [piece for line in lines
+                           for piece in (textwrap.wrap(line, WIDTH, drop_whitespace=False)
+                                         or [""])]
+                parts.append("```text\n" + "\n".join(wrapped) + "\n```")
                 text.clear()
 
         for out in cell.get("outputs", []):

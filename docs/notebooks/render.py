@@ -42,7 +42,9 @@ jupyter notebook docs/notebooks/minillm.ipynb
 (With jupytext installed, `jupyter notebook` also opens `minillm.py` itself as a notebook: right
 click, "Open With", "Notebook".) The test suite executes it in a fresh kernel with 2 training
 steps instead of 30 (`tests/test_docs_notebook.py`); this page is written by
-`python docs/notebooks/render.py`, which runs it with the settings shown.
+`python docs/notebooks/render.py`, which runs it with the settings shown. It ran on a shared,
+heavily loaded 2-core machine: the tokens per second it prints are no benchmark
+([results/bench.md](results/bench.md) has the measured speeds).
 
 """
 

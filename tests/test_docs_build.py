@@ -30,3 +30,20 @@ def test_site_builds_strictly(tmp_path):
     ops = (site / "api" / "ops" / "index.html").read_text(encoding="utf-8")
     assert "layer_norm_backward" in ops, "the API page of numformer.ops lists no functions"
     assert (site / "results" / "figures" / "positional.png").is_file(), "results/ figures are not published"
+    check_typeset_math(site)
+    pages = list(site.rglob("*.html"))
+    offline = [p.relative_to(site) for p in pages if "fonts.googleapis" in p.read_text(encoding="utf-8")]
+    assert not offline, f"pages that load Google Fonts (set theme.font: false): {offline[:5]}"
+
+
+def check_typeset_math(site):
+    """The formulas are MathML in the built pages (docs/hooks/mathml.py), none left as LaTeX source."""
+    for page in ("tutorials/backprop/index.html", "tutorials/block-by-block/index.html"):
+        html = (site / page).read_text(encoding="utf-8")
+        assert html.count("<math ") >= 10, f"{page} has no typeset math"
+        assert '<math xmlns="http://www.w3.org/1998/Math/MathML" display="block">' in html, \
+            f"{page} has no displayed equation"
+        assert "<mfrac>" in html, f"{page}: the fractions are not typeset"
+    for page in site.rglob("*.html"):
+        assert 'class="arithmatex"' not in page.read_text(encoding="utf-8"), \
+            f"{page.relative_to(site)} keeps LaTeX source that was not typeset"

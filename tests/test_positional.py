@@ -79,3 +79,18 @@ def test_learned_rows_beyond_L_get_no_gradient_and_evaluate(tmp_path):
     acc = position_accuracy(model, task, 2 * L)
     assert acc.shape == (2 * L + 1,) and np.all((0 <= acc) & (acc <= 1))
     assert not Path(tmp_path / "run" / "model.safetensors").exists()     # nothing trained or written here
+
+
+def test_reading_of_the_committed_full_run():
+    """The reading names the runs that did not learn, and mentions --quick only for a quick run."""
+    from numformer.experiments.positional import reading, runs_from_record
+
+    record = json.loads((Path(__file__).resolve().parents[1] / "results" / "positional.json").read_text())
+    runs = runs_from_record(record)
+    args = (runs, record["L"], record["eval_lengths"], int(record["config"]["data"]["vocab"]))
+    full, quick = reading(*args), reading(*args, quick=True)
+    assert "--quick" not in full and "--quick" in quick
+    unlearned = [f"{t} with {e}" for (t, e), r in runs.items()
+                 if min(r["table"][n]["exact_match"] for n in r["table"] if n <= record["L"]) < 0.9]
+    assert unlearned and all(name in full for name in unlearned)
+    assert f"the {len(runs) - len(unlearned)} models that did learn" in full

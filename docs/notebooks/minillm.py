@@ -18,15 +18,15 @@
 # 256 characters, trained on tiny Shakespeare. This notebook builds it with numformer, counts its
 # parameters component by component, trains it for a few steps and samples from it.
 #
-# Open it in Jupyter with jupytext installed (`pip install jupytext`, then open this .py file as a
-# notebook), or convert it: `jupytext --to notebook docs/notebooks/minillm.py`. The test suite
-# executes it with smaller settings (`tests/test_docs_notebook.py`).
+# Open it in Jupyter with jupytext installed (`pip install jupytext`, then open this .py
+# file as a notebook), or convert it: `jupytext --to notebook docs/notebooks/minillm.py`.
+# The test suite executes it with smaller settings (`tests/test_docs_notebook.py`).
 
 # %% tags=["parameters"]
-train_steps = 30     # a brief demonstration; the full configuration trains for 5,000 steps
+train_steps = 30     # a brief demonstration; the full configuration trains 5,000 steps
 batch_size = 8
 sample_length = 200
-val_fraction = 0.01  # validate on the last 1% of the text (11k characters), so the final evaluation is quick
+val_fraction = 0.01  # the last 1% of the text (11k characters): a quick evaluation
 
 # %%
 import numpy as np
@@ -49,8 +49,9 @@ print(repr("".join(tok.chars)))
 # output layer that shares the token embedding's weights.
 
 # %%
-config = dict(vocab_size=tok.vocab_size, block_size=256, n_layers=6, n_heads=6, d_model=384,
-              dropout=0.2, positional="learned", activation="gelu", norm_first=True, tie_weights=True)
+config = dict(vocab_size=tok.vocab_size, block_size=256, n_layers=6, n_heads=6,
+              d_model=384, dropout=0.2, positional="learned", activation="gelu",
+              norm_first=True, tie_weights=True)
 model = GPT(**config, rng=np.random.default_rng(1337))
 print(model.__class__.__name__, f"with {model.num_parameters():,} parameters")
 
@@ -81,12 +82,14 @@ assert by_hand == model.num_parameters()
 # %%
 from numformer.train import Trainer
 
+sizes = ("vocab_size", "block_size")          # the data task gives these two
 run = {
-    "model": {"type": "gpt", **{k: v for k, v in config.items() if k not in ("vocab_size", "block_size")}},
+    "model": {"type": "gpt", **{k: v for k, v in config.items() if k not in sizes}},
     "data": {"task": "text", "block_size": 256, "val_fraction": val_fraction},
-    "train": {"max_steps": train_steps, "batch_size": batch_size, "lr": 1e-3, "beta2": 0.99,
-              "weight_decay": 0.1, "schedule": "cosine", "warmup_steps": 10, "min_lr": 1e-4,
-              "eval_every": train_steps, "eval_batches": 2, "eval_metrics": False, "seed": 1337},
+    "train": {"max_steps": train_steps, "batch_size": batch_size, "lr": 1e-3,
+              "beta2": 0.99, "weight_decay": 0.1, "schedule": "cosine",
+              "warmup_steps": 10, "min_lr": 1e-4, "eval_every": train_steps,
+              "eval_batches": 2, "eval_metrics": False, "seed": 1337},
 }
 trainer = Trainer(run, "runs/minillm_notebook", overwrite=True, quiet=True)
 summary = trainer.train()
@@ -94,9 +97,14 @@ print(f"{summary['steps']} steps, validation loss {summary['best_val_loss']:.3f}
       f"{summary['tokens_per_s']:,.0f} tokens/s")
 
 # %%
+from IPython.display import Image
+
 from numformer import analysis as A
 
-A.plot_loss_curves(A.read_metrics("runs/minillm_notebook/metrics.jsonl"))
+# numformer's figures are drawn off-screen (no pyplot): write the PNG, then show it
+A.plot_loss_curves(A.read_metrics("runs/minillm_notebook/metrics.jsonl"),
+                   path="runs/minillm_notebook/loss.png")
+Image("runs/minillm_notebook/loss.png")
 
 # %% [markdown]
 # ## Sample
@@ -109,7 +117,8 @@ from numformer.generate import generate
 
 model = trainer.model.eval()
 prompt = tok.encode("ROMEO:")
-for name, options in {"greedy": dict(greedy=True), "temperature 0.8": dict(temperature=0.8),
-                      "top-p 0.9": dict(top_p=0.9)}.items():
+strategies = {"greedy": dict(greedy=True), "temperature 0.8": dict(temperature=0.8),
+              "top-p 0.9": dict(top_p=0.9)}
+for name, options in strategies.items():
     print(f"--- {name}")
     print(tok.decode(generate(model, prompt, sample_length, rng=0, **options)))

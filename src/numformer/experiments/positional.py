@@ -132,6 +132,18 @@ def run_positional(exp, ctx):
     return record, markdown(record, runs, L, lengths, vocab, ctx)
 
 
+def runs_from_record(record):
+    """The per-run tables of a saved ``positional.json``, in the form ``reading`` and ``markdown`` take."""
+    runs = {}
+    for key, r in record["runs"].items():
+        t, e = key.split("/")
+        table = {int(n): {"exact_match": r["exact_match"][n], "token_accuracy": r["token_accuracy"][n]}
+                 for n in r["exact_match"]}
+        positions = np.array(next(v for k, v in r.items() if k.startswith("position_accuracy@")))
+        runs[t, e] = {"table": table, "positions": positions}
+    return runs
+
+
 # -- figures ------------------------------------------------------------------------------------------------------
 def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
     fig = new_figure(4.2 * len(TASKS), 3.4)
@@ -205,7 +217,7 @@ def markdown(record, runs, L, lengths, vocab, ctx):
     for (t, e), r in runs.items():
         s = r["summary"]
         lines.append(f"| {t} | {e} | {s['steps']} | {s['train_seconds']:.0f} s | {s['best_val_loss']:.4f} |")
-    lines += ["", "**Reading**", "", reading(runs, L, lengths, vocab), "",
+    lines += ["", "**Reading**", "", reading(runs, L, lengths, vocab, quick=ctx.quick), "",
               "**Accuracy against the evaluation length**", "", "![accuracy vs length](figures/positional.png)", "",
               f"**Accuracy at each target position, sequences of length {max(lengths)}**", "",
               "![accuracy per position](figures/positional_positions.png)", ""]
@@ -215,14 +227,16 @@ def markdown(record, runs, L, lengths, vocab, ctx):
 def setup_line(record, L, lengths):
     m, t = record["config"]["model"], record["config"]["train"]
     n_dec = m.get("n_decoder_layers") or m["n_layers"]
+    decays = t.get("weight_decay", 0) > 0 and "embedding" not in t.get("no_decay", ())
+    decay = f", shrunk slowly toward zero by the weight decay ({t['weight_decay']:g})" if decays else ""
     return (f"Setup: encoder-decoder Transformer ({m.get('n_encoder_layers') or m['n_layers']}+{n_dec} layers, "
             f"d_model {m['d_model']}, {m['n_heads']} heads, pre-LN, no dropout, max_len {m.get('max_len')}), "
             f"{t['optimizer']} lr {t['lr']:g} ({t['schedule']}), batch {t['batch_size']}, {t['max_steps']} steps; "
             f"training lengths drawn uniformly from 1..{L} in every batch (L = {L}); evaluation at lengths "
             f"{', '.join(map(str, lengths))}. Sinusoidal: the fixed table of Vaswani et al. (2017) added to the "
             f"source and target embeddings; learned: a trained table of max_len rows, of which only the first {L} "
-            f"(source) and {L + 1} (target, after <bos>) are ever used in training; the others keep their random "
-            f"initialization. RoPE: rotary embeddings of queries and keys (base 10000) in the self-attention of "
+            f"(source) and {L + 1} (target, after <bos>) are ever used in training; the others get no gradient and "
+            f"stay near their random initialization{decay}. RoPE: rotary embeddings of queries and keys (base 10000) in the self-attention of "
             f"both stacks; ALiBi: the per-head biases -m_h·|i - j| of Press et al. (2022) on the self-attention "
             f"scores of both stacks (causal in the decoder). Cross-attention has no positions in either.")
 
@@ -237,8 +251,10 @@ def _reach(runs, t, e, lengths, threshold=0.9):
     return best
 
 
-def reading(runs, L, lengths, vocab):
-    """One paragraph, composed from the measured numbers (nothing here is typed by hand)."""
+def reading(runs, L, lengths, vocab, quick=False):
+    """One paragraph, composed from the measured numbers (nothing here is typed by hand).
+
+    ``quick``: the runs are ``--quick`` ones (a few steps), which the paragraph then says."""
     inside = [n for n in lengths if n <= L]
     beyond = [n for n in lengths if n > L]
     chance = 1.0 / vocab
@@ -256,9 +272,11 @@ def reading(runs, L, lengths, vocab):
     unlearned = sorted({f"{t} with {e}" for (t, e) in runs
                         if min(runs[t, e]["table"][n]["exact_match"] for n in inside) < 0.9})
     if unlearned:
+        learned = len(runs) - len(unlearned)
         parts.append(f"Not learned within the trained lengths (below 90% exact match at some length ≤ {L}): "
-                     f"{', '.join(unlearned)}; beyond L their figures say nothing about extrapolation (a --quick "
-                     f"run trains for a few steps only).")
+                     f"{', '.join(unlearned)}; beyond L their figures are no evidence about extrapolation, "
+                     f"while those of the {learned} models that did learn are"
+                     + (" (a --quick run trains for a few steps only)." if quick else "."))
     for t in TASKS:
         reach = ", ".join(f"{e} {_reach(runs, t, e, lengths)}" for e in ENCODINGS)
         acc = ", ".join(f"{e} {_pct(split_acc(t, e)[0])} / {_pct(split_acc(t, e)[1])}" for e in ENCODINGS)

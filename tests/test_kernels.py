@@ -508,15 +508,6 @@ def test_embedding_kernel_equals_reference(vocab, dtype, rng):
     _assert_pairs_close(_pairs("embedding", ids, E), TOLERANCE[dtype], "embedding")
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("bias", [True, False])
-def test_swiglu_kernel_equals_reference(dtype, bias, rng, split_everything):
-    x = rng.standard_normal((2, 5, 8)).astype(dtype)
-    ws = [rng.standard_normal(s).astype(dtype) * 0.3 for s in ((12, 8), (12, 8), (8, 12))]
-    bs = [rng.standard_normal(s).astype(dtype) if bias else None for s in (12, 12, 8)]
-    _assert_pairs_close(_pairs("swiglu", x, *ws, *bs), TOLERANCE[dtype], "swiglu")
-
-
 @pytest.mark.parametrize("kind", MASKS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_attention_kernels_equal_reference_with_every_mask(kind, dtype, rng, split_everything):
@@ -619,3 +610,24 @@ def test_reference_mode_switches_every_op_and_restores(monkeypatch):
     assert not using_reference()
     with pytest.raises(AttributeError, match="no op"):
         F.not_an_op
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_swiglu_module_equals_the_swiglu_op(bias, rng):
+    """SwiGLUFeedForward (three Linear modules and SiLU through the table) computes ops.swiglu_forward/backward."""
+    from numformer.nn import SwiGLUFeedForward
+
+    ff = SwiGLUFeedForward(8, 12, bias=bias, rng=rng, dtype=np.float64)
+    x, dy = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
+    lins = (ff.gate_proj, ff.up_proj, ff.down_proj)
+    biases = [None if lin.bias is None else lin.bias.data for lin in lins]
+    y_ref, cache = ops.swiglu_forward(x, *(lin.weight.data for lin in lins), *biases)
+    dx_ref, *grads = ops.swiglu_backward(dy, cache)
+    for reference in (False, True):
+        ff.zero_grad()
+        with numformer.reference_mode(reference):
+            assert_close(ff(x), y_ref, 1e-12, "out")
+            assert_close(ff.backward(dy), dx_ref, 1e-12, "dx")
+        for lin, dw, db in zip(lins, grads[:3], grads[3:]):
+            assert_close(lin.weight.grad, dw, 1e-12, "dW")
+            assert (lin.bias is None) == (db is None) and (db is None or np.allclose(lin.bias.grad, db, atol=1e-12))

@@ -43,8 +43,6 @@ OPS = {
     "gelu_backward":           (ops.gelu_backward,            kernels.gelu_backward),
     "silu_forward":            (ops.silu_forward,             ops.silu_forward),
     "silu_backward":           (ops.silu_backward,            ops.silu_backward),
-    "swiglu_forward":          (ops.swiglu_forward,           kernels.swiglu_forward),
-    "swiglu_backward":         (ops.swiglu_backward,          kernels.swiglu_backward),
     "dropout_forward":         (ops.dropout_forward,          ops.dropout_forward),
     "dropout_backward":        (ops.dropout_backward,         ops.dropout_backward),
     "rope_forward":            (ops.rope_forward,             ops.rope_forward),

@@ -5,12 +5,13 @@ Each module here mirrors the module of ``numformer.ops`` it speeds up and keeps 
 the reference it computes and is tested against it (tests/test_kernels.py, tests/test_flash_attention.py).
 What makes them fast: rows split across numformer's threads (``_runtime.parallel_for``), products split or
 paired on the BLAS (``_runtime.matmul``, ``matmul_pair``), row sums as BLAS products, chunked float32 GELU,
-in-place softmax, and attention computed fused (``fused_attention``) or block by block (``flash_attention``).
+and attention computed fused with an in-place softmax (``fused_attention``) or block by block
+(``flash_attention``).
 
 Read ``numformer.ops`` first. The modules of ``numformer.nn`` pick one or the other in one table
 (``numformer.nn.dispatch``); ``numformer.reference_mode()`` switches a whole model to the references.
 """
-from .activations import gelu_backward, gelu_forward, relu_backward, relu_forward, softmax_forward
+from .activations import gelu_backward, gelu_forward, relu_backward, relu_forward
 from .embedding import embedding_backward, embedding_forward
 from .fast_gelu import gelu_erf_f32
 from .flash_attention import flash_attention_backward, flash_attention_forward

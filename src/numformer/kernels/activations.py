@@ -1,8 +1,9 @@
-"""Reference: ``numformer.ops.activations`` (softmax, ReLU, GELU exact and tanh).
+"""Reference: ``numformer.ops.activations`` (ReLU, GELU exact and tanh).
 
 The speed path: ReLU and the GELU backward split large arrays into chunks across numformer's threads
 (``parallel_for``), the same operations on each element whatever the split; exact GELU in float32 runs the
-chunked kernel ``kernels/fast_gelu.py``; softmax normalizes in place. Log-softmax has no kernel.
+chunked kernel ``kernels/fast_gelu.py``. Softmax has no kernel of its own: the models only need it inside
+attention, where ``kernels/fused_attention.py`` runs it in place on the scores.
 """
 from __future__ import annotations
 
@@ -14,20 +15,6 @@ from .fast_gelu import gelu_erf_f32
 
 # Elements per pass of the chunked kernels (and per thread at least): a chunk's temporaries stay in L2.
 _CHUNK = 32768
-
-
-def softmax_forward(x, axis=-1):
-    """softmax(x)_i = exp(x_i - max x) / Σ_j exp(x_j - max x), as ``ops.softmax_forward``, normalized in place.
-
-    A row that is entirely -inf (every key masked) gives zeros, never NaN.
-    """
-    m = np.max(x, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0).astype(x.dtype, copy=False)
-    e = np.exp(x - m)
-    s = e.sum(axis=axis, keepdims=True)
-    s[s == 0] = 1.0
-    e /= s
-    return e, (e, axis)
 
 
 def relu_forward(x):

@@ -9,7 +9,7 @@ import pytest
 from numformer import GPT, EncoderClassifier, Transformer, ops
 from numformer.models import build_model
 from numformer.nn import MultiHeadAttention
-from numformer.ops.flash_attention import flash_attention_backward, flash_attention_forward
+from numformer.kernels.flash_attention import flash_attention_backward, flash_attention_forward
 
 from conftest import assert_close, assert_gradcheck, module_gradcheck
 from numformer.gradcheck import check_gradients

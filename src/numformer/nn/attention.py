@@ -31,11 +31,12 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import ops
+from ..kernels.flash_attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention_backward,
+                                       flash_attention_forward)
+from ..kernels.fused_attention import fused_attention_backward, fused_attention_forward
 from ..ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
-from ..ops.flash_attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention_backward,
-                                   flash_attention_forward)
-from ..ops.fused_attention import fused_attention_backward, fused_attention_forward
-from . import init
+from . import dispatch, init
+from .dispatch import F
 from .layers import Linear
 from .module import Module
 
@@ -207,14 +208,14 @@ def _reference_forward(layer, q, k, v, masks, p_drop, out):
 
 
 def _fused_forward(layer, q, k, v, masks, p_drop, out):
-    """ops.fused_attention: the fast version of the reference (no dropout)."""
+    """kernels.fused_attention: the fast version of the reference (no dropout)."""
     mask, causal = masks.additive(q, k)
     _, cache = fused_attention_forward(q, k, v, mask, causal, out=out)
     return (np.swapaxes(cache.weights_t, -1, -2) if layer.record_weights else None), cache
 
 
 def _flash_forward(layer, q, k, v, masks, p_drop, out):
-    """ops.flash_attention: memory linear in the sequence length (no dropout, no weights). The module masks
+    """kernels.flash_attention: memory linear in the sequence length (no dropout, no weights). The module masks
     (bool True = blocked) become functional ones (True = may attend) without building a (Tq, Tk) mask."""
     if p_drop > 0.0:
         raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); set dropout = 0 "
@@ -262,7 +263,7 @@ class MultiHeadAttention(Module):
     (0 ablates a head).
 
     ``attention="flash"`` computes the attention with the memory-efficient kernel
-    (``ops.flash_attention``: block-wise online softmax, recomputation in backward,
+    (``kernels.flash_attention``: block-wise online softmax, recomputation in backward,
     memory linear in the sequence length) instead of the plain one (``"plain"``).
     Results and gradients are the same. The flash kernel has no attention
     dropout: in training mode with ``dropout > 0`` forward raises a ValueError.
@@ -270,9 +271,10 @@ class MultiHeadAttention(Module):
     ``flash_block_q`` / ``flash_block_k`` set its block sizes.
 
     Which kernel of ``KERNELS`` runs (``kernel_name``): "flash" as just said;
-    with ``attention="plain"``, "fused" (``ops.fused_attention``, the fast
+    with ``attention="plain"``, "fused" (``kernels.fused_attention``, the fast
     version of the reference) unless attention dropout is active, then
-    "reference" (``ops.attention``).
+    "reference" (``ops.attention``); always "reference" inside
+    ``numformer.reference_mode()``.
 
     Llama-family options: ``n_kv_heads`` (a divisor of n_heads, default n_heads)
     key/value heads, so ``qkv_proj.weight`` is [W^Q; W^K; W^V] of shape
@@ -329,6 +331,8 @@ class MultiHeadAttention(Module):
 
     def kernel_name(self, p_drop):
         """The entry of ``KERNELS`` used for attention dropout ``p_drop``."""
+        if dispatch.using_reference():
+            return "reference"
         if self.attention == "flash" and not self.record_weights:
             return "flash"
         return "fused" if p_drop == 0.0 else "reference"
@@ -354,14 +358,14 @@ class MultiHeadAttention(Module):
         for x, counts in groups:
             rows = slice(start, start + sum(counts) * dh)
             start = rows.stop
-            y, c = ops.linear_forward(x, W[rows], None if b is None else b[rows])
+            y, c = F.linear_forward(x, W[rows], None if b is None else b[rows])
             heads += _split_groups(y, counts)
             caches.append((c, x.shape[:2] + (counts,)))
         return heads, caches
 
     def _project_backward(self, grad_rows, caches):
         """Input gradients from the (B, T, heads, d_head) gradients of each projection; accumulates dW, db."""
-        results = [ops.linear_backward(g.reshape(g.shape[:2] + (-1,)), c) for g, (c, _) in zip(grad_rows, caches)]
+        results = [F.linear_backward(g.reshape(g.shape[:2] + (-1,)), c) for g, (c, _) in zip(grad_rows, caches)]
         if len(results) == 1:
             _, dW, db = results[0]
         else:
@@ -385,22 +389,22 @@ class MultiHeadAttention(Module):
         its bias -m·|i - j| depends on the distance only, the same for a left-padded row's real tokens."""
         if self.positional != "rope":
             return q, k, None
-        q, cq = ops.rope_forward(q, offset, self.rope_theta, positions)
-        k, ck = ops.rope_forward(k, offset, self.rope_theta, positions)
+        q, cq = F.rope_forward(q, offset, self.rope_theta, positions)
+        k, ck = F.rope_forward(k, offset, self.rope_theta, positions)
         return q, k, (cq, ck)
 
     def _share_kv(self, k, v):
         """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d).
         Returns (k, v, caches of the two repeats)."""
         rep = self.n_heads // self.n_kv_heads
-        (k, ck), (v, cv) = ops.repeat_kv_forward(k, rep), ops.repeat_kv_forward(v, rep)
+        (k, ck), (v, cv) = F.repeat_kv_forward(k, rep), F.repeat_kv_forward(v, rep)
         return k, v, (ck, cv)
 
     def _undo_positions(self, dq, dk, dv, pos_cache, share_cache):
         """Backward of _share_kv and _positions: sum the shared heads' gradients, rotate back."""
-        dk, dv = ops.repeat_kv_backward(dk, share_cache[0]), ops.repeat_kv_backward(dv, share_cache[1])
+        dk, dv = F.repeat_kv_backward(dk, share_cache[0]), F.repeat_kv_backward(dv, share_cache[1])
         if pos_cache is not None:
-            dq, dk = ops.rope_backward(dq, pos_cache[0]), ops.rope_backward(dk, pos_cache[1])
+            dq, dk = F.rope_backward(dq, pos_cache[0]), F.rope_backward(dk, pos_cache[1])
         return dq, dk, dv
 
     def _check_inputs(self, query, key, value):
@@ -486,23 +490,23 @@ class MultiHeadAttention(Module):
         b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
         offset = cache.length
         if cache.static:
-            q, _ = ops.linear_forward(query, W[:E], None if b is None else b[:E])
+            q, _ = F.linear_forward(query, W[:E], None if b is None else b[:E])
             (q,) = _split_heads(q, 1, H)
             if cache.length == 0:
-                kv, _ = ops.linear_forward(key, W[E:], None if b is None else b[E:])
+                kv, _ = F.linear_forward(key, W[E:], None if b is None else b[E:])
                 cache.append(*_split_groups(kv, (Hkv, Hkv)))
             k, v, _ = self._share_kv(*cache.view())
             offset = 0
         else:
             if not (key is query and value is query):
                 raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
-            qkv, _ = ops.linear_forward(query, W, b)
+            qkv, _ = F.linear_forward(query, W, b)
             q, k_new, v_new = _split_groups(qkv, (H, Hkv, Hkv))
             q, k_new, _ = self._positions(q, k_new, offset, positions)       # the cache keeps rotated keys, n_kv_heads heads
             k, v, _ = self._share_kv(*cache.append(k_new, v_new))
         causal = is_causal and not cache.static and query.shape[1] > 1
         masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True)
         ctx, _ = self._attend(self.kernel_name(0.0), q, k, v, masks, 0.0)
-        out, _ = ops.linear_forward(ctx.reshape(query.shape), self.out_proj.weight.data,
+        out, _ = F.linear_forward(ctx.reshape(query.shape), self.out_proj.weight.data,
                                     None if self.out_proj.bias is None else self.out_proj.bias.data)
         return out

@@ -21,16 +21,12 @@ from .layers import Dropout, make_feed_forward, make_norm
 from .module import Module, ModuleList
 
 
-class EncoderBlock(Module):
-    """Self-attention and feed-forward sub-layers, each with a residual connection and a norm.
+class _Block(Module):
+    """What the encoder and decoder blocks share: their arguments and sub-modules. The self-attention
+    (``self_attn``), for a decoder block the cross-attention to the memory (``cross_attn``), the feed-forward
+    (``ff``), and one norm and one dropout per sub-layer (``norm1`` …, ``dropout1`` …)."""
 
-    x: (B, T, d_model) -> (B, T, d_model). Masks follow torch.nn (bool True = blocked).
-    ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately.
-    ``attention``: "plain" or "flash" (memory-efficient kernel, see MultiHeadAttention).
-    ``activation="swiglu"``: Llama's gated feed-forward (SwiGLUFeedForward);
-    ``n_kv_heads``, ``positional`` ("rope" / "alibi", else None) and ``rope_theta``
-    are the self-attention options of MultiHeadAttention.
-    """
+    CROSS_ATTENTION = False
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
                  layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain",
@@ -42,14 +38,30 @@ class EncoderBlock(Module):
         self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
                                             n_kv_heads=n_kv_heads, positional=positional, rope_theta=rope_theta)
+        if self.CROSS_ATTENTION:
+            self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
+                                                 n_kv_heads=n_kv_heads)
         self.ff = make_feed_forward(d_model, d_ff, activation, dropout, bias, rng, dtype)
-        self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
-        self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
-        self.dropout1 = Dropout(dropout, rng)
-        self.dropout2 = Dropout(dropout, rng)
+        n_sublayers = 3 if self.CROSS_ATTENTION else 2
+        for i in range(1, n_sublayers + 1):
+            setattr(self, f"norm{i}", make_norm(norm, d_model, layer_norm_eps, bias, dtype))
+        for i in range(1, n_sublayers + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout, rng))
 
     def extra_repr(self):
         return f"norm_first={self.norm_first}"
+
+
+class EncoderBlock(_Block):
+    """Self-attention and feed-forward sub-layers, each with a residual connection and a norm.
+
+    x: (B, T, d_model) -> (B, T, d_model). Masks follow torch.nn (bool True = blocked).
+    ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately.
+    ``attention``: "plain" or "flash" (memory-efficient kernel, see MultiHeadAttention).
+    ``activation="swiglu"``: Llama's gated feed-forward (SwiGLUFeedForward);
+    ``n_kv_heads``, ``positional`` ("rope" / "alibi", else None) and ``rope_theta``
+    are the self-attention options of MultiHeadAttention.
+    """
 
     def forward(self, x, attn_mask=None, key_padding_mask=None, is_causal=False, kv_cache=None, positions=None):
         """``positions`` (B, T): each row's token positions, for positional='rope' (default: 0 … T-1 after
@@ -76,7 +88,7 @@ class EncoderBlock(Module):
         return dz1 + self.self_attn.backward(self.dropout1.backward(dz1))
 
 
-class DecoderBlock(Module):
+class DecoderBlock(_Block):
     """Masked self-attention, cross-attention to the memory, and feed-forward; each with residual + norm.
 
     x: (B, T, d_model), memory: (B, S, d_model) -> (B, T, d_model).
@@ -85,28 +97,7 @@ class DecoderBlock(Module):
     to the self-attention only (the memory's positions are the encoder's business).
     """
 
-    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
-                 layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain",
-                 n_kv_heads=None, positional=None, rope_theta=10000.0):
-        super().__init__()
-        rng = init.default_rng(rng)
-        attn_bias = bias if attn_bias is None else attn_bias
-        self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
-        self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
-                                            n_kv_heads=n_kv_heads, positional=positional, rope_theta=rope_theta)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
-                                             n_kv_heads=n_kv_heads)
-        self.ff = make_feed_forward(d_model, d_ff, activation, dropout, bias, rng, dtype)
-        self.norm1 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
-        self.norm2 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
-        self.norm3 = make_norm(norm, d_model, layer_norm_eps, bias, dtype)
-        self.dropout1 = Dropout(dropout, rng)
-        self.dropout2 = Dropout(dropout, rng)
-        self.dropout3 = Dropout(dropout, rng)
-
-    def extra_repr(self):
-        return f"norm_first={self.norm_first}"
+    CROSS_ATTENTION = True
 
     def forward(self, x, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, cache=None):

@@ -1,10 +1,14 @@
-"""Stateful layers built on ``numformer.ops``: Linear, Embedding, norms, Dropout, FeedForward, SwiGLUFeedForward."""
+"""Stateful layers: Linear, Embedding, norms, Dropout, FeedForward, SwiGLUFeedForward.
+
+Each calls its op pair through ``dispatch.F``: the kernels of ``numformer.kernels``, or the references of
+``numformer.ops`` inside ``numformer.reference_mode()``.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-from .. import ops
 from . import init
+from .dispatch import F
 from .module import Module, Parameter
 
 
@@ -17,22 +21,23 @@ class Linear(Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(init.linear_default(rng, (out_features, in_features), dtype))
         self.bias = Parameter(init.uniform(rng, (out_features,), 1.0 / np.sqrt(in_features), dtype)) if bias else None
-        self._cache = None
+        self._cache = self._out_shape = None
 
     def forward(self, x):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Linear expects inputs with last dimension {self.in_features}, got shape {x.shape}")
-        y, self._cache = ops.linear_forward(x, self.weight.data, None if self.bias is None else self.bias.data)
+        y, self._cache = F.linear_forward(x, self.weight.data, None if self.bias is None else self.bias.data)
+        self._out_shape = y.shape
         return y
 
     def backward(self, dy):
         if self._cache is None:
             raise RuntimeError("backward called without a forward pass to go back through (call forward first; "
                                "each forward allows one backward)")
-        expected = (*self._cache[3][:-1], self.out_features)
-        if np.shape(dy) != expected:
-            raise ValueError(f"the gradient must have the shape of the forward output {expected}, got {np.shape(dy)}")
-        dx, dW, db = ops.linear_backward(dy, self._cache)
+        if np.shape(dy) != self._out_shape:
+            raise ValueError(f"the gradient must have the shape of the forward output {self._out_shape}, "
+                             f"got {np.shape(dy)}")
+        dx, dW, db = F.linear_backward(dy, self._cache)
         self.weight.accumulate(dW)
         if self.bias is not None:
             self.bias.accumulate(db)
@@ -61,15 +66,15 @@ class Embedding(Module):
             bad = np.unique(ids[(ids < 0) | (ids >= self.num_embeddings)])[:10].tolist()
             raise ValueError(f"token ids {bad} are outside the vocabulary [0, {self.num_embeddings}); "
                              f"check the tokenizer or raise vocab_size")
-        y, self._cache = ops.embedding_forward(ids, self.weight.data)
+        y, self._cache = F.embedding_forward(ids, self.weight.data)
         return y
 
     def backward(self, dy):
         p = self.weight
         if p.grad is None:
-            p.grad = ops.embedding_backward(dy, self._cache)
-        else:
-            ops.embedding_backward(dy, self._cache, out=p.grad)
+            p.grad = F.embedding_backward(dy, self._cache)
+        else:                                                  # tied weights: add into the gradient in place
+            F.embedding_backward_into(dy, self._cache, p.grad)
         self._cache = None
         return None
 
@@ -77,26 +82,24 @@ class Embedding(Module):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
-class LayerNorm(Module):
-    """LayerNorm over the last axis with learnable γ (``weight``) and β (``bias``), eps=1e-5 as torch."""
+class _Norm(Module):
+    """y = x̂ ⊙ γ (+ β) over the last axis, with learnable γ (``weight``, ones) and β (``bias``, zeros; None
+    without): the op pair ``F.<OP>_forward`` / ``F.<OP>_backward``, whose backward returns (dx, dγ[, dβ])."""
 
-    def __init__(self, d, eps=1e-5, bias=True, dtype=np.float32):
+    OP = None
+
+    def __init__(self, d, eps, bias, dtype):
         super().__init__()
         self.d, self.eps = d, eps
         self.weight = Parameter(np.ones(d, dtype=dtype))
         self.bias = Parameter(np.zeros(d, dtype=dtype)) if bias else None
         self._cache = None
 
-    def forward(self, x):
-        y, self._cache = ops.layer_norm_forward(x, self.weight.data, None if self.bias is None else self.bias.data,
-                                                self.eps)
-        return y
-
     def backward(self, dy):
-        dx, dg, db = ops.layer_norm_backward(dy, self._cache)
-        self.weight.accumulate(dg)
+        dx, dgamma, *dbeta = getattr(F, self.OP + "_backward")(dy, self._cache)
+        self.weight.accumulate(dgamma)
         if self.bias is not None:
-            self.bias.accumulate(db)
+            self.bias.accumulate(dbeta[0])
         self._cache = None
         return dx
 
@@ -104,52 +107,44 @@ class LayerNorm(Module):
         return f"{self.d}, eps={self.eps}"
 
 
-class RMSNorm(Module):
+class LayerNorm(_Norm):
+    """LayerNorm over the last axis with learnable γ (``weight``) and β (``bias``), eps=1e-5 as torch."""
+
+    OP = "layer_norm"
+
+    def __init__(self, d, eps=1e-5, bias=True, dtype=np.float32):
+        super().__init__(d, eps, bias, dtype)
+
+    def forward(self, x):
+        beta = None if self.bias is None else self.bias.data
+        y, self._cache = F.layer_norm_forward(x, self.weight.data, beta, self.eps)
+        return y
+
+
+class RMSNorm(_Norm):
     """RMSNorm over the last axis with learnable γ (``weight``)."""
 
+    OP = "rms_norm"
+
     def __init__(self, d, eps=1e-6, dtype=np.float32):
-        super().__init__()
-        self.d, self.eps = d, eps
-        self.weight = Parameter(np.ones(d, dtype=dtype))
-        self._cache = None
+        super().__init__(d, eps, False, dtype)
 
     def forward(self, x):
-        y, self._cache = ops.rms_norm_forward(x, self.weight.data, self.eps)
+        y, self._cache = F.rms_norm_forward(x, self.weight.data, self.eps)
         return y
 
-    def backward(self, dy):
-        dx, dg = ops.rms_norm_backward(dy, self._cache)
-        self.weight.accumulate(dg)
-        self._cache = None
-        return dx
 
-    def extra_repr(self):
-        return f"{self.d}, eps={self.eps}"
-
-
-class BatchStatNorm(Module):
+class BatchStatNorm(_Norm):
     """Batch-statistics norm: per-feature statistics over batch and sequence (see ops.batch_norm_forward)."""
 
+    OP = "batch_norm"
+
     def __init__(self, d, eps=1e-5, dtype=np.float32):
-        super().__init__()
-        self.d, self.eps = d, eps
-        self.weight = Parameter(np.ones(d, dtype=dtype))
-        self.bias = Parameter(np.zeros(d, dtype=dtype))
-        self._cache = None
+        super().__init__(d, eps, True, dtype)
 
     def forward(self, x):
-        y, self._cache = ops.batch_norm_forward(x, self.weight.data, self.bias.data, self.eps)
+        y, self._cache = F.batch_norm_forward(x, self.weight.data, self.bias.data, self.eps)
         return y
-
-    def backward(self, dy):
-        dx, dg, db = ops.batch_norm_backward(dy, self._cache)
-        self.weight.accumulate(dg)
-        self.bias.accumulate(db)
-        self._cache = None
-        return dx
-
-    def extra_repr(self):
-        return f"{self.d}, eps={self.eps}"
 
 
 NORMS = {"layer": LayerNorm, "rms": RMSNorm, "batch": BatchStatNorm}
@@ -176,11 +171,11 @@ class Dropout(Module):
         self._cache = None
 
     def forward(self, x):
-        y, self._cache = ops.dropout_forward(x, self.p, self.rng, self.training)
+        y, self._cache = F.dropout_forward(x, self.p, self.rng, self.training)
         return y
 
     def backward(self, dy):
-        dx = ops.dropout_backward(dy, self._cache)
+        dx = F.dropout_backward(dy, self._cache)
         self._cache = None
         return dx
 
@@ -204,20 +199,20 @@ class Activation(Module):
 
     def forward(self, x):
         if self.kind == "relu":
-            y, self._cache = ops.relu_forward(x)
+            y, self._cache = F.relu_forward(x)
         elif self.kind == "silu":
-            y, self._cache = ops.silu_forward(x)
+            y, self._cache = F.silu_forward(x)
         else:
-            y, self._cache = ops.gelu_forward(x, "tanh" if self.kind == "gelu_tanh" else "none")
+            y, self._cache = F.gelu_forward(x, "tanh" if self.kind == "gelu_tanh" else "none")
         return y
 
     def backward(self, dy):
         if self.kind == "relu":
-            dx = ops.relu_backward(dy, self._cache)
+            dx = F.relu_backward(dy, self._cache)
         elif self.kind == "silu":
-            dx = ops.silu_backward(dy, self._cache)
+            dx = F.silu_backward(dy, self._cache)
         else:
-            dx = ops.gelu_backward(dy, self._cache)
+            dx = F.gelu_backward(dy, self._cache)
         self._cache = None
         return dx
 
@@ -246,9 +241,9 @@ class FeedForward(Module):
 class SwiGLUFeedForward(Module):
     """Llama's gated FFN(x) = down_proj(SiLU(gate_proj(x)) ⊙ up_proj(x)), d_model -> d_ff -> d_model.
 
-    One fused op pair (``ops.swiglu_forward`` / ``swiglu_backward``); the three
-    projections are Linear modules named as Hugging Face's LlamaMLP. There is no
-    dropout inside (as Llama); the block's residual dropout still applies.
+    The computation of ``ops.swiglu_forward`` / ``swiglu_backward`` (where its backward is derived), on three
+    Linear modules named as Hugging Face's LlamaMLP. There is no dropout inside (as Llama); the block's
+    residual dropout still applies.
     """
 
     def __init__(self, d_model, d_ff, bias=True, rng=None, dtype=np.float32):
@@ -259,25 +254,21 @@ class SwiGLUFeedForward(Module):
         self.down_proj = Linear(d_ff, d_model, bias, rng, dtype)
         self._cache = None
 
-    def _linears(self):
-        return self.gate_proj, self.up_proj, self.down_proj
-
     def forward(self, x):
         if x.shape[-1] != self.gate_proj.in_features:
             raise ValueError(f"SwiGLUFeedForward expects inputs with last dimension {self.gate_proj.in_features}, "
                              f"got shape {x.shape}")
-        lins = self._linears()
-        biases = [None if lin.bias is None else lin.bias.data for lin in lins]
-        y, self._cache = ops.swiglu_forward(x, *(lin.weight.data for lin in lins), *biases)
-        return y
+        g, silu_cache = F.silu_forward(self.gate_proj(x))          # g = SiLU(a), a = x W_gateᵀ
+        b = self.up_proj(x)                                         # b = x W_upᵀ
+        self._cache = (g, b, silu_cache)
+        return self.down_proj(g * b)
 
     def backward(self, dy):
-        dx, *grads = ops.swiglu_backward(dy, self._cache)
-        for lin, dw, db in zip(self._linears(), grads[:3], grads[3:]):
-            lin.weight.accumulate(dw)
-            if lin.bias is not None:
-                lin.bias.accumulate(db)
+        g, b, silu_cache = self._cache
         self._cache = None
+        dh = self.down_proj.backward(dy)                            # dh = dy W_down
+        dx = self.gate_proj.backward(F.silu_backward(dh * b, silu_cache))
+        dx += self.up_proj.backward(dh * g)                         # dx = da W_gate + db W_up
         return dx
 
 

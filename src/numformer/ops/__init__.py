@@ -7,13 +7,16 @@ Convention (llm.c / CS231n style)::
 
 No hidden state and no globals: the cache holds exactly what backward needs.
 
-Reference first, fast beside it: ``attention.py`` is the readable scaled
-dot-product attention; ``fused_attention.py`` (speed) and
-``flash_attention.py`` (memory) compute the same thing and are tested against
-it, as ``fast_gelu.py`` is against ``activations.gelu_erf``.
+These are the references: plain NumPy that reads as the formula in each
+docstring, no threads and no preallocated buffers. The speed path sits beside
+them in ``numformer.kernels`` (same module and function names: e.g.
+``kernels.normalization.layer_norm_forward`` is the fast
+``ops.layer_norm_forward``), each kernel tested against its reference here.
+The modules in ``numformer.nn`` run the kernels; ``numformer.reference_mode()``
+runs them on these references instead.
 """
 from .alibi import alibi_backward, alibi_bias, alibi_forward, alibi_slopes
-from .activations import (gelu_backward, gelu_forward, log_softmax_backward, log_softmax_forward,
+from .activations import (gelu_backward, gelu_erf, gelu_forward, gelu_tanh, log_softmax_backward, log_softmax_forward,
                           relu_backward, relu_forward, softmax_backward, softmax_forward)
 from .attention import (causal_mask, scaled_dot_product_attention_backward,
                         scaled_dot_product_attention_forward)

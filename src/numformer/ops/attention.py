@@ -4,9 +4,9 @@
 
 This is the file to read first: every line is the equation. Two faster
 kernels compute the same thing and are tested against this one:
-``ops/fused_attention.py`` (the scores kept transposed, the softmax in place,
+``kernels/fused_attention.py`` (the scores kept transposed, the softmax in place,
 the batch split across threads; what the modules use) and
-``ops/flash_attention.py`` (block by block with an online softmax: memory
+``kernels/flash_attention.py`` (block by block with an online softmax: memory
 linear in the sequence length).
 
 Mask convention of this *functional* op follows ``torch.nn.functional.

@@ -1,4 +1,4 @@
-"""Affine map  y = x Wᵀ + b.
+"""Affine map  y = x Wᵀ + b  (the reference; the speed path is ``numformer.kernels.linear``).
 
 W is stored as (d_out, d_in), the layout of ``torch.nn.Linear``; the paper's
 projection matrices (x W^Q with W^Q of shape d_model x d_k) are our ``W.T``.
@@ -7,23 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._runtime import matmul, matmul_pair
-
 
 def linear_forward(x, W, b=None):
     """y = x Wᵀ + b.
 
     x: (..., d_in)   W: (d_out, d_in)   b: (d_out,) or None   ->   y: (..., d_out)
-
-    The leading axes are flattened so that BLAS sees one large 2-D product
-    (split by rows across threads when numformer owns the BLAS threads, see
-    ``numformer.set_fast_runtime``).
     """
-    x2 = x.reshape(-1, x.shape[-1])
-    y = matmul(x2, W.T)
+    y = x @ W.T                                   # (..., d_out)
     if b is not None:
-        y += b
-    return y.reshape(*x.shape[:-1], W.shape[0]), (x2, W, b is not None, x.shape)
+        y = y + b
+    return y, (x, W, b is not None)
 
 
 def linear_backward(dy, cache):
@@ -33,10 +26,10 @@ def linear_backward(dy, cache):
 
     Returns (dx, dW, db); db is None when the forward had no bias.
     """
-    x2, W, has_bias, x_shape = cache
-    dy2 = dy.reshape(-1, W.shape[0])
-    dx, dW = matmul_pair(dy2, W, dy2.T, x2)     # concurrently when numformer owns the BLAS threads
-    dx = dx.reshape(x_shape)
-    # Σ over rows as a BLAS vector-matrix product: much faster than a reduction over axis 0
-    db = np.matmul(np.ones(dy2.shape[0], dy2.dtype), dy2) if has_bias else None
+    x, W, has_bias = cache
+    x2 = x.reshape(-1, W.shape[1])                # (N, d_in), N = all leading positions
+    dy2 = dy.reshape(-1, W.shape[0])              # (N, d_out)
+    dx = (dy2 @ W).reshape(x.shape)               # (..., d_in)
+    dW = dy2.T @ x2                               # (d_out, d_in)
+    db = dy2.sum(axis=0) if has_bias else None    # (d_out,)
     return dx, dW, db

@@ -1,113 +1,40 @@
 """Normalizations: layer norm, RMS norm, and a batch-statistics norm.
 
-All three share the form  y = x̂ ⊙ γ + β  with a different x̂.
+All three share the form  y = x̂ ⊙ γ + β  with a different x̂. These are the
+references; the speed path of layer norm is ``numformer.kernels.normalization``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .._runtime import parallel_for
-
-
-def _ones(n, dtype):
-    """A read-only vector of ones (row sums as BLAS matrix-vector products, several times faster than
-    a reduction along a short last axis)."""
-    key = (n, np.dtype(dtype).str)
-    v = _ONES.get(key)
-    if v is None:
-        v = np.ones(n, dtype)
-        v.setflags(write=False)
-        if len(_ONES) > 64:
-            _ONES.clear()
-        _ONES[key] = v
-    return v
-
-
-_ONES = {}
-
-
-# Rows per thread below which layer norm is not split (about 32K elements per piece).
-def _row_grain(d):
-    return max(1, 32768 // max(d, 1))
-
 
 def layer_norm_forward(x, gamma, beta, eps=1e-5):
     """LayerNorm(x) = (x - μ) / √(σ² + ε) ⊙ γ + β, statistics over the last axis.
 
-    x: (..., d)   gamma, beta: (d,)   ->   y: (..., d)
+    x: (..., d)   gamma, beta: (d,) (beta may be None)   ->   y: (..., d)
     μ and σ² (biased) are computed per position, as in the paper and torch.
-    Rows are split across threads (``numformer.set_num_threads``).
     """
-    d = x.shape[-1]
-    x2 = x.reshape(-1, d)
-    n = x2.shape[0]
-    dt = np.result_type(x, gamma)
-    ones = _ones(d, dt)
-    inv_d, eps_ = dt.type(1.0 / d), dt.type(eps)
-    xhat = np.empty((n, d), dt)
-    y = np.empty((n, d), dt)
-    rstd = np.empty((n, 1), dt)
-    mu = np.matmul(x2, ones)                                    # BLAS on this thread (see parallel_for)
-    mu *= inv_d
-
-    def piece(lo, hi):
-        xp, xh, yp, rp = x2[lo:hi], xhat[lo:hi], y[lo:hi], rstd[lo:hi, 0]
-        np.subtract(xp, mu[lo:hi, None], out=xh)                # x - μ, then x̂ in place
-        var = np.vecdot(xh, xh)
-        var *= inv_d
-        var += eps_
-        np.sqrt(var, out=var)
-        np.reciprocal(var, out=rp)
-        xh *= rp[:, None]
-        np.multiply(xh, gamma, out=yp)
-        if beta is not None:
-            yp += beta
-
-    parallel_for(n, piece, _row_grain(d))
-    return y.reshape(x.shape), (xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gamma)
+    mu = x.mean(axis=-1, keepdims=True)                         # (..., 1)
+    xc = x - mu                                                 # (..., d)
+    var = (xc * xc).mean(axis=-1, keepdims=True)                # (..., 1), biased
+    rstd = 1.0 / np.sqrt(var + eps)                             # (..., 1) = 1/σ
+    xhat = xc * rstd                                            # (..., d)
+    y = xhat * gamma if beta is None else xhat * gamma + beta
+    return y, (xhat, rstd, gamma)
 
 
 def layer_norm_backward(dy, cache):
     """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ.
 
-    Returns (dx, dgamma, dbeta), the parameter gradients summed over all
-    leading axes. The row means of g and g ⊙ x̂ are matrix-vector products
-    (dy γ and (dy ⊙ x̂) γ), so only dy ⊙ x̂ and dx are full passes.
+    Returns (dx, dgamma, dbeta), the parameter gradients summed over all leading axes.
     """
     xhat, rstd, gamma = cache
     d = xhat.shape[-1]
-    dy2 = dy.reshape(-1, d)
-    xhat2 = xhat.reshape(-1, d)
-    rstd2 = rstd.reshape(-1, 1)
-    n = dy2.shape[0]
-    dt = np.result_type(dy2, xhat2)
-    inv_d = dt.type(1.0 / d)
-    grain = _row_grain(d)
-    p = np.empty((n, d), dt)
-    dx = np.empty((n, d), dt)
-
-    def prod(lo, hi):
-        np.multiply(dy2[lo:hi], xhat2[lo:hi], out=p[lo:hi])   # dy ⊙ x̂
-
-    parallel_for(n, prod, grain)
-    ones_n = _ones(n, dt)
-    dgamma = np.matmul(ones_n, p)                               # BLAS products on this thread (see parallel_for)
-    dbeta = np.matmul(ones_n, dy2)
-    mean_gx = np.matmul(p, gamma)                               # Σ_d g ⊙ x̂
-    mean_gx *= inv_d
-    mean_g = np.matmul(dy2, gamma)                              # Σ_d g
-    mean_g *= inv_d
-
-    def piece(lo, hi):
-        pp, dyp, xh, dxp = p[lo:hi], dy2[lo:hi], xhat2[lo:hi], dx[lo:hi]
-        np.multiply(dyp, gamma, out=dxp)                        # g
-        np.multiply(xh, mean_gx[lo:hi, None], out=pp)
-        dxp -= pp
-        dxp -= mean_g[lo:hi, None]
-        dxp *= rstd2[lo:hi]
-
-    parallel_for(n, piece, grain)
-    return dx.reshape(dy.shape), dgamma, dbeta
+    dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)            # (d,)
+    dbeta = dy.reshape(-1, d).sum(axis=0)                       # (d,)
+    g = dy * gamma                                              # (..., d)
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx, dgamma, dbeta
 
 
 def rms_norm_forward(x, gamma, eps=1e-6):
@@ -124,7 +51,7 @@ def rms_norm_backward(dy, cache):
     """dx = r (g - x̂ · mean(g ⊙ x̂)), with r = 1/rms and g = dy ⊙ γ. Returns (dx, dgamma)."""
     xhat, rrms, gamma = cache
     d = xhat.shape[-1]
-    dgamma = np.einsum("nd,nd->d", dy.reshape(-1, d), xhat.reshape(-1, d))
+    dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)            # (d,)
     g = dy * gamma
     dx = (g - xhat * np.mean(g * xhat, axis=-1, keepdims=True)) * rrms
     return dx, dgamma
@@ -155,7 +82,7 @@ def batch_norm_backward(dy, cache):
     """As layer_norm_backward, with the means taken over the rows. Returns (dx, dgamma, dbeta)."""
     xhat, rstd, gamma, shape = cache
     dy2 = dy.reshape(-1, shape[-1])
-    dgamma = np.einsum("nd,nd->d", dy2, xhat)
+    dgamma = (dy2 * xhat).sum(axis=0)
     dbeta = dy2.sum(axis=0)
     g = dy2 * gamma
     dx = (g - g.mean(axis=0) - xhat * np.mean(g * xhat, axis=0)) * rstd

@@ -10,6 +10,8 @@ b = x W_upᵀ, s = σ(a), g = a s and h = g ⊙ b, the backward pass is
     dh = dy W_down      dW_down = dyᵀ h
     dg = dh ⊙ b         db = dh ⊙ g          da = dg ⊙ (s + a s (1 - s))
     dx = da W_gate + db W_up      dW_gate = daᵀ x      dW_up = dbᵀ x
+
+The reference; ``numformer.kernels.swiglu`` is the same on the linear kernel.
 """
 from __future__ import annotations
 
@@ -55,7 +57,6 @@ def swiglu_backward(dy, cache):
     dh, dw_down, db_down = linear_backward(dy, c_down)
     da = silu_backward(dh * b, c_silu)
     dbv = dh * g
-    dx, dw_gate, db_gate = linear_backward(da, c_gate)
+    dx_gate, dw_gate, db_gate = linear_backward(da, c_gate)
     dx_up, dw_up, db_up = linear_backward(dbv, c_up)
-    dx += dx_up
-    return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
+    return dx_gate + dx_up, dw_gate, dw_up, dw_down, db_gate, db_up, db_down

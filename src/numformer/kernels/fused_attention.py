@@ -1,6 +1,8 @@
-"""The fast version of ``ops/attention.py``'s ``scaled_dot_product_attention_forward/backward`` (without
-dropout): the same softmax(Q Kᵀ · scale + M) V and the same gradients, computed for speed on a CPU. This is
-the kernel ``nn.MultiHeadAttention`` runs whenever attention dropout is off; tests/test_fast_kernels.py
+"""Reference: ``numformer.ops.attention`` (``scaled_dot_product_attention_forward/backward``).
+
+The fast version of that reference (without dropout): the same softmax(Q Kᵀ · scale + M) V and the same
+gradients, computed for speed on a CPU. This is the kernel ``nn.MultiHeadAttention`` runs whenever attention
+dropout is off (and the reference ops are not switched on); tests/test_kernels.py
 checks it against the reference (values, gradients by finite differences, any thread split).
 
 What it does differently from the reference, and why:
@@ -26,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._runtime import parallel_for, products_in_pieces
-from .attention import causal_mask, check_attn_mask, check_qkv
+from ..ops.attention import causal_mask, check_attn_mask, check_qkv
 
 # Causal attention over long sequences is computed in blocks of this many queries: block [q0, q1) only
 # needs the keys [0, q1), so the scores (and their softmax) above the diagonal blocks are never computed.
@@ -254,13 +256,18 @@ def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
     return dq, dk, dv
 
 
+def _rowdot(a, b):
+    """Σ over the last axis of a ⊙ b, without the product's temporary: (..., T, d) -> (..., T)."""
+    return np.einsum("...i,...i->...", a, b)
+
+
 def _backward_in_pieces(dout, cache, grads, ordered, sc, batch):
     """Each thread computes its items' gradients from start to end."""
     def piece(lo, hi):
         qp, kp, vp, op, gp = (batch.part(a, lo, hi) for a in (cache.q, cache.k, cache.v, cache.out, dout))
         dqp, dkp, dvp = (batch.part(g, lo, hi) for g in grads)
         g_t = np.multiply(np.swapaxes(gp, -1, -2), sc, dtype=sc.dtype, order="C")          # (dO·scale)ᵀ
-        r = np.vecdot(gp, op)                                                             # r = dO · O per query
+        r = _rowdot(gp, op)                                                                # r = dO · O per query
         r *= sc
         for n, ((q0, q1, kv), p_block) in enumerate(ordered):
             pb = batch.part(p_block, lo, hi)
@@ -279,7 +286,7 @@ def _backward_whole(dout, cache, grads, ordered, sc, batch):
     q, k, v, out = cache.q, cache.k, cache.v, cache.out
     dq, dk, dv = grads
     g_t = np.multiply(np.swapaxes(dout, -1, -2), sc, dtype=sc.dtype, order="C")            # (dO·scale)ᵀ
-    r = np.vecdot(dout, out)
+    r = _rowdot(dout, out)
     r *= sc
     for n, ((q0, q1, kv), pb) in enumerate(ordered):
         _accumulate(np.matmul(pb, dout[..., q0:q1, :]), dv[..., :kv, :], n == 0)

@@ -1,10 +1,12 @@
-"""The fast version of ``ops.activations.gelu_erf`` (exact GELU and its derivative) for float32.
+"""Reference: ``numformer.ops.activations.gelu_erf`` (exact GELU and its derivative).
+
+The fast version of that reference for float32.
 
 The reference computes Φ through ``ops.special.erf`` and exp(-x²/2) separately, each step a temporary
 the size of the input; this kernel uses one rational approximation of erf accurate to float32 (absolute
 error below 1.5e-7), works over chunks of ``CHUNK`` elements whose temporaries stay in the L2 cache, reuses the same exp(-x²/2)
 for the value and the derivative, and splits the chunks across numformer's threads. Each element is
-computed by the same operations whatever the split. tests/test_fast_kernels.py compares it with the
+computed by the same operations whatever the split. tests/test_kernels.py compares it with the
 reference (within 1e-6, as torch's own float32 GELU) and across thread counts.
 """
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The fast kernel paths: equal to the straightforward computation, gradients by finite differences (float64),
-and results that do not depend on how the work is split across threads."""
+"""The speed path (numformer.kernels): each kernel against the reference op it speeds up (numformer.ops; float64
+to 1e-12, float32 within the stated tolerance, the same masks and shapes), gradients by finite differences
+(float64), results that do not depend on how the work is split across threads, and whole models trained on
+both paths (numformer.reference_mode)."""
 from __future__ import annotations
 
 import math
@@ -8,10 +10,12 @@ import numpy as np
 import pytest
 
 import numformer
-from numformer import _runtime, ops
+from numformer import _runtime, kernels, ops
 from numformer.gradcheck import check_gradients
-from numformer.ops import fused_attention as attn_ops
-from numformer.ops import normalization as norm_ops
+from numformer.kernels import activations as act_kernels
+from numformer.kernels import fast_gelu
+from numformer.kernels import fused_attention as attn_ops
+from numformer.kernels import normalization as norm_ops
 
 from conftest import assert_close, assert_gradcheck
 
@@ -31,8 +35,7 @@ def split_everything(monkeypatch, threads):
     monkeypatch.setattr(attn_ops, "_split_grain", lambda lead, t_q, t_k: 1)
     monkeypatch.setattr(attn_ops, "CAUSAL_BLOCK", 2)              # causal attention in blocks of 2 queries
     monkeypatch.setattr(norm_ops, "_row_grain", lambda d: 1)
-    from numformer.ops import activations, fast_gelu
-    monkeypatch.setattr(activations, "_CHUNK", 7)
+    monkeypatch.setattr(act_kernels, "_CHUNK", 7)
     monkeypatch.setattr(fast_gelu, "CHUNK", 7)
 
 
@@ -64,22 +67,22 @@ def test_products_split_by_numformer_equal_unsplit_ones(rng, threads, native_bla
     dy = rng.standard_normal((3, 50, 40)).astype(np.float32)
     numformer.set_fast_runtime(blas="native")
     assert not _runtime.owns_blas()
-    y0, c0 = ops.linear_forward(x, W)
-    g0 = ops.linear_backward(dy, c0)
+    y0, c0 = kernels.linear_forward(x, W)
+    g0 = kernels.linear_backward(dy, c0)
     numformer.set_fast_runtime(blas="numformer")
     assert _runtime.owns_blas()
     threads(3)
     monkeypatch.setattr(_runtime, "MATMUL_GRAIN", 64)            # split even these small products
-    y1, c1 = ops.linear_forward(x, W)
-    g1 = ops.linear_backward(dy, c1)
+    y1, c1 = kernels.linear_forward(x, W)
+    g1 = kernels.linear_backward(dy, c1)
     close = {"rtol": 1e-5, "atol": 1e-5}                         # entries are sums of 24 to 150 products
     np.testing.assert_allclose(y1, y0, **close)
     np.testing.assert_allclose(g1[0], g0[0], **close)
     np.testing.assert_allclose(g1[1], g0[1], **close)
-    y1_again, _ = ops.linear_forward(x, W)
+    y1_again, _ = kernels.linear_forward(x, W)
     assert np.array_equal(y1, y1_again)                           # the same split gives the same bits
     threads(2)                                                    # dx and dW at the same time, one per thread
-    g2 = ops.linear_backward(dy, c1)
+    g2 = kernels.linear_backward(dy, c1)
     np.testing.assert_allclose(g2[0], g0[0], **close)
     np.testing.assert_allclose(g2[1], g0[1], **close)
     numformer.set_fast_runtime(blas="native")
@@ -118,44 +121,41 @@ def _gelu64(x):
 def test_gelu_float32_kernel_matches_exact_gelu():
     x = np.concatenate([np.linspace(-12, 12, 200_001), [0.0, -0.0, 1e-30, -1e-30, 1e-8, 40.0, -40.0]])
     x = x.astype(np.float32)
-    y, (g, _) = ops.gelu_forward(x)
+    y, (g, _) = kernels.gelu_forward(x)
     y64, g64 = _gelu64(x)
     assert y.dtype == np.float32 and g.dtype == np.float32
     assert np.max(np.abs(y - y64)) < 1e-6         # torch's own float32 GELU is ~1e-6 off here
     assert np.max(np.abs(g - g64)) < 1e-6
-    dx = ops.gelu_backward(np.ones_like(x), (g, "none"))
+    dx = kernels.gelu_backward(np.ones_like(x), (g, "none"))
     assert np.array_equal(dx, g)
 
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (5, 7), (3, 4, 1000)])
 def test_gelu_kernel_any_shape_and_split(shape, rng, split_everything):
     x = rng.standard_normal(shape).astype(np.float32) * 3
-    y, (g, _) = ops.gelu_forward(x)
+    y, (g, _) = kernels.gelu_forward(x)
     _runtime.set_num_threads(1)
-    y1, (g1, _) = ops.gelu_forward(x)
+    y1, (g1, _) = kernels.gelu_forward(x)
     assert y.shape == shape and np.array_equal(y, y1) and np.array_equal(g, g1)
     y64, g64 = _gelu64(x)
     assert_close(y, y64, 1e-6)
     # non-contiguous input
     xt = rng.standard_normal((6, 5)).astype(np.float32).T
-    assert np.array_equal(ops.gelu_forward(xt)[0], ops.gelu_forward(np.ascontiguousarray(xt))[0])
+    assert np.array_equal(kernels.gelu_forward(xt)[0], kernels.gelu_forward(np.ascontiguousarray(xt))[0])
 
 
 def test_gelu_float32_kernel_equals_reference(rng, split_everything):
-    """The fast float32 kernel (ops/fast_gelu.py) against the reference gelu_erf it speeds up."""
-    from numformer.ops.activations import gelu_erf
-    from numformer.ops.fast_gelu import gelu_erf_f32
-
+    """The fast float32 kernel (kernels/fast_gelu.py) against the reference gelu_erf it speeds up."""
     x = (rng.standard_normal((7, 300)) * 4).astype(np.float32)
-    y, g = gelu_erf_f32(x)
-    y_ref, g_ref = gelu_erf(x.astype(np.float64))
+    y, g = kernels.gelu_erf_f32(x)
+    y_ref, g_ref = ops.gelu_erf(x.astype(np.float64))
     assert_close(y, y_ref, 1e-6, "GELU")
     assert_close(g, g_ref, 1e-6, "GELU'")
 
 
 def test_gelu_float64_stays_exact(rng):
     x = rng.standard_normal((4, 9)) * 3
-    y, (g, _) = ops.gelu_forward(x)
+    y, (g, _) = kernels.gelu_forward(x)
     y64, g64 = _gelu64(x)
     np.testing.assert_allclose(y, y64, rtol=1e-15, atol=1e-15)
     np.testing.assert_allclose(g, g64, rtol=1e-14, atol=1e-15)
@@ -236,7 +236,7 @@ def test_fused_attention_equals_naive_and_split(kind, lengths, products_in_piece
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_fused_attention_equals_reference(causal, rng, split_everything):
-    """The fused kernel (ops/fused_attention.py) against the reference it speeds up (ops/attention.py)."""
+    """The fused kernel (kernels/fused_attention.py) against the reference it speeds up (ops/attention.py)."""
     B, H, T, dk = 2, 3, 7, 4
     q, k, v = (rng.standard_normal((B, H, T, dk)) for _ in range(3))
     pad = np.ones((B, 1, 1, T), bool)
@@ -293,25 +293,25 @@ def test_multihead_attention_fast_path_equals_generic_path(rng):
 def test_layer_norm_split_is_identical_and_correct(rng, split_everything):
     x = rng.standard_normal((3, 7, 6)) * 2 + 1
     gamma, beta = rng.standard_normal(6), rng.standard_normal(6)
-    y, cache = ops.layer_norm_forward(x, gamma, beta)
+    y, cache = kernels.layer_norm_forward(x, gamma, beta)
     mu = x.mean(-1, keepdims=True)
     ref = (x - mu) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma + beta
     assert_close(y, ref, 1e-12)
     dy = rng.standard_normal(x.shape)
-    grads = ops.layer_norm_backward(dy, cache)
+    grads = kernels.layer_norm_backward(dy, cache)
     _runtime.set_num_threads(1)
-    y1, cache1 = ops.layer_norm_forward(x, gamma, beta)
-    grads1 = ops.layer_norm_backward(dy, cache1)
+    y1, cache1 = kernels.layer_norm_forward(x, gamma, beta)
+    grads1 = kernels.layer_norm_backward(dy, cache1)
     assert np.array_equal(y, y1)
     for g, g1 in zip(grads, grads1):
         assert np.array_equal(g, g1)
     _runtime.set_num_threads(3)
 
     def fwd():
-        return ops.layer_norm_forward(x, gamma, beta)[0]
+        return kernels.layer_norm_forward(x, gamma, beta)[0]
 
     def bwd(d):
-        return dict(zip(("x", "gamma", "beta"), ops.layer_norm_backward(d, ops.layer_norm_forward(x, gamma, beta)[1])))
+        return dict(zip(("x", "gamma", "beta"), kernels.layer_norm_backward(d, kernels.layer_norm_forward(x, gamma, beta)[1])))
 
     assert_gradcheck(check_gradients(fwd, bwd, {"x": x, "gamma": gamma, "beta": beta}))
 
@@ -319,7 +319,7 @@ def test_layer_norm_split_is_identical_and_correct(rng, split_everything):
 def test_layer_norm_float32_and_no_bias(rng):
     x = rng.standard_normal((4, 16)).astype(np.float32)
     gamma = rng.standard_normal(16).astype(np.float32)
-    y, cache = ops.layer_norm_forward(x, gamma, None)
+    y, cache = kernels.layer_norm_forward(x, gamma, None)
     assert y.dtype == np.float32
     ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma
     assert_close(y, ref, 1e-5)
@@ -334,23 +334,23 @@ def test_embedding_backward_paths_equal_add_at(vocab, rng):
     dy = rng.standard_normal((4, 9, 5))
     ref = np.zeros((vocab, 5))
     np.add.at(ref, ids.reshape(-1), dy.reshape(-1, 5))
-    _, cache = ops.embedding_forward(ids, np.zeros((vocab, 5)))
-    assert_close(ops.embedding_backward(dy, cache), ref, 1e-12)
+    _, cache = kernels.embedding_forward(ids, np.zeros((vocab, 5)))
+    assert_close(kernels.embedding_backward(dy, cache), ref, 1e-12)
     base = rng.standard_normal((vocab, 5))
     out = base.copy()
-    assert ops.embedding_backward(dy, cache, out=out) is out
+    assert kernels.embedding_backward(dy, cache, out=out) is out
     assert_close(out, base + ref, 1e-12)
     empty = np.zeros((0,), dtype=int)
-    _, c0 = ops.embedding_forward(empty, np.zeros((vocab, 5)))
-    assert not ops.embedding_backward(np.zeros((0, 5)), c0).any()
+    _, c0 = kernels.embedding_forward(empty, np.zeros((vocab, 5)))
+    assert not kernels.embedding_backward(np.zeros((0, 5)), c0).any()
 
 
 def test_linear_bias_gradient_is_the_row_sum(rng):
     x = rng.standard_normal((3, 4, 5))
     W, b = rng.standard_normal((6, 5)), rng.standard_normal(6)
-    _, cache = ops.linear_forward(x, W, b)
+    _, cache = kernels.linear_forward(x, W, b)
     dy = rng.standard_normal((3, 4, 6))
-    _, _, db = ops.linear_backward(dy, cache)
+    _, _, db = kernels.linear_backward(dy, cache)
     assert_close(db, dy.reshape(-1, 6).sum(0), 1e-13)
 
 
@@ -361,12 +361,12 @@ def test_relu_kernel_equals_straightforward_and_split(dtype, rng, split_everythi
     x = rng.standard_normal((5, 13)).astype(dtype)
     x[0, :3] = 0.0
     dy = rng.standard_normal(x.shape).astype(dtype)
-    y, cache = ops.relu_forward(x)
-    dx = ops.relu_backward(dy, cache)
+    y, cache = kernels.relu_forward(x)
+    dx = kernels.relu_backward(dy, cache)
     assert np.array_equal(y, np.maximum(x, 0))
     assert np.array_equal(dx, np.where(x > 0, dy, 0))
     _runtime.set_num_threads(1)
-    assert np.array_equal(ops.relu_backward(dy, ops.relu_forward(x)[1]), dx)
+    assert np.array_equal(kernels.relu_backward(dy, kernels.relu_forward(x)[1]), dx)
 
 
 
@@ -418,3 +418,205 @@ def test_openblas_core_is_recorded_with_every_figure():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"}).stdout.strip()
     assert out == "Sandybridge"
+
+
+# -- every kernel against its reference op -------------------------------------------------------------
+# float64: to 1e-12 (the same formulas in another order). float32: 1e-5 relative to the values' scale for
+# the reductions (layer norm, linear: sums of up to a few hundred products), 1e-6 for the elementwise GELU
+# (the float32 kernel's erf approximation, as torch's own float32 GELU).
+
+TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+def _pairs(name, *args, dy_like=0, **kw):
+    """(reference outputs, kernel outputs) of op ``name``: forward on args, backward of a random dy."""
+    rng = np.random.default_rng(7)
+    outs = []
+    for lib in (ops, kernels):
+        y, cache = getattr(lib, name + "_forward")(*args, **kw)
+        y_main = y[dy_like] if isinstance(y, tuple) else y
+        dy = rng.standard_normal(np.shape(y_main)).astype(y_main.dtype)
+        rng = np.random.default_rng(7)
+        grads = getattr(lib, name + "_backward")(dy, cache)
+        outs.append((y, grads if isinstance(grads, tuple) else (grads,)))
+    return outs
+
+
+def _assert_pairs_close(pairs, tol, what):
+    (y_ref, g_ref), (y, g) = pairs
+    assert np.asarray(y).dtype == np.asarray(y_ref).dtype, what
+    assert_close(y, y_ref, tol, what + " forward")
+    for i, (a, b) in enumerate(zip(g, g_ref)):
+        if b is None:
+            assert a is None, what
+        else:
+            assert a.shape == b.shape and a.dtype == b.dtype, (what, i)
+            assert_close(a, b, tol, f"{what} gradient {i}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_kernel_equals_reference(dtype, bias, rng, split_everything):
+    x = rng.standard_normal((3, 5, 24)).astype(dtype)
+    W = rng.standard_normal((40, 24)).astype(dtype)
+    b = rng.standard_normal(40).astype(dtype) if bias else None
+    _assert_pairs_close(_pairs("linear", x, W, b), TOLERANCE[dtype], "linear")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_kernel_equals_reference(dtype, bias, rng, split_everything):
+    x = (rng.standard_normal((3, 7, 16)) * 2 + 1).astype(dtype)
+    gamma = rng.standard_normal(16).astype(dtype)
+    beta = rng.standard_normal(16).astype(dtype) if bias else None
+    _assert_pairs_close(_pairs("layer_norm", x, gamma, beta), TOLERANCE[dtype], "layer norm")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_kernel_equals_reference(dtype, approximate, rng, split_everything):
+    x = (rng.standard_normal((5, 37)) * 3).astype(dtype)
+    tol = 1e-12 if dtype == np.float64 else 1e-6
+    _assert_pairs_close(_pairs("gelu", x, approximate), tol, f"gelu {approximate}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_relu_kernel_equals_reference(dtype, rng, split_everything):
+    x = rng.standard_normal((5, 37)).astype(dtype)
+    x[0, :4] = 0.0
+    (y_ref, (dx_ref,)), (y, (dx,)) = _pairs("relu", x)
+    assert np.array_equal(y, y_ref) and np.array_equal(dx, dx_ref) and dx.dtype == dtype     # exactly
+
+
+@pytest.mark.parametrize("vocab", [7, 5000])                 # one-hot product / flat np.add.at
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_embedding_kernel_equals_reference(vocab, dtype, rng):
+    ids = rng.integers(0, vocab, (4, 9))
+    ids[0, :3] = ids[1, 0]
+    E = rng.standard_normal((vocab, 5)).astype(dtype)
+    _assert_pairs_close(_pairs("embedding", ids, E), TOLERANCE[dtype], "embedding")
+
+
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_attention_kernels_equal_reference_with_every_mask(kind, dtype, rng, split_everything):
+    """The fused and flash kernels against ops.attention with the same masks and shapes."""
+    from numformer.kernels.flash_attention import flash_attention_backward, flash_attention_forward
+
+    B, H, Tq, Tk, dk = 2, 2, 5, 6, 4
+    q = rng.standard_normal((B, H, Tq, dk)).astype(dtype)
+    k, v = (rng.standard_normal((B, H, Tk, dk)).astype(dtype) for _ in range(2))
+    mask, causal, _ = _mask(kind, rng, B, H, Tq, Tk)
+    if mask is not None and mask.dtype != bool:
+        mask = mask.astype(dtype)
+    dout = rng.standard_normal((B, H, Tq, dk)).astype(dtype)
+    ref, _, ref_cache = ops.scaled_dot_product_attention_forward(q, k, v, mask, causal)
+    ref_grads = ops.scaled_dot_product_attention_backward(dout, ref_cache)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    fused, fused_cache = kernels.fused_attention_forward(q, k, v, mask, causal)
+    flash, flash_cache = flash_attention_forward(q, k, v, attn_mask=mask, is_causal=causal, block_q=2, block_k=4)
+    for name, out, grads in (("fused", fused, kernels.fused_attention_backward(dout, fused_cache)),
+                             ("flash", flash, flash_attention_backward(dout, flash_cache))):
+        assert out.dtype == dtype, name
+        assert_close(out, ref, tol, name + " out")
+        for g, g_ref, which in zip(grads, ref_grads, "qkv"):
+            assert_close(g, g_ref, tol, f"{name} d{which}")
+
+
+# -- whole models on both paths -------------------------------------------------------------------------
+
+def _train(build, batch, steps, reference):
+    """``steps`` AdamW steps of a fresh model (float64, fixed seed) on one batch; returns its weights."""
+    from numformer.optim import AdamW
+    from numformer.train.step import loss_and_backward
+
+    model = build()
+    inputs, targets = batch
+    opt = AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    with numformer.reference_mode(reference):
+        for _ in range(steps):
+            opt.zero_grad()
+            loss_and_backward(model, inputs, targets)
+            opt.step()
+    return {name: p.data.copy() for name, p in model.named_parameters()}
+
+
+def _models():
+    r = np.random.default_rng(3)
+    src, tgt = r.integers(1, 30, (3, 7)), r.integers(1, 30, (3, 6))
+    src[0, -2:] = 0                                               # padding in the source
+    ids = r.integers(1, 30, (4, 9))
+    ids[1, -3:] = 0
+    return {
+        "gpt": (lambda: numformer.GPT(30, 16, n_layers=2, n_heads=2, d_model=16, activation="gelu",
+                                      rng=np.random.default_rng(0), dtype=np.float64),
+                ({"idx": ids[:, :-1]}, ids[:, 1:])),
+        "transformer": (lambda: numformer.Transformer(30, 30, d_model=16, n_heads=2, n_layers=2, d_ff=32,
+                                                      dropout=0.0, src_pad_id=0, tgt_pad_id=0,
+                                                      rng=np.random.default_rng(0), dtype=np.float64),
+                        ({"src": src, "tgt": tgt[:, :-1]}, tgt[:, 1:])),
+        "classifier": (lambda: numformer.EncoderClassifier(30, 3, max_len=16, d_model=16, n_heads=2, n_layers=2,
+                                                           dropout=0.0, rng=np.random.default_rng(0),
+                                                           dtype=np.float64),
+                       ({"ids": ids}, r.integers(0, 3, 4))),
+    }
+
+
+@pytest.mark.parametrize("name", ["gpt", "transformer", "classifier"])
+def test_models_train_to_the_same_weights_on_kernels_and_references(name, split_everything):
+    """20 AdamW steps in float64 on the speed path and inside numformer.reference_mode(): the same weights to
+    1e-10 (and the kernels really ran: the two paths are not bit-identical)."""
+    build, batch = _models()[name]
+    fast = _train(build, batch, 20, reference=False)
+    ref = _train(build, batch, 20, reference=True)
+    assert fast.keys() == ref.keys()
+    moved = _train(build, batch, 0, reference=False)
+    assert any(np.abs(fast[n] - moved[n]).max() > 1e-3 for n in fast), "the model did not train"
+    for n in fast:
+        np.testing.assert_allclose(fast[n], ref[n], rtol=0, atol=1e-10, err_msg=n)
+    assert any(not np.array_equal(fast[n], ref[n]) for n in fast), "both paths ran the same code"
+
+
+def test_reference_mode_switches_every_op_and_restores(monkeypatch):
+    """Inside reference_mode every entry of the table is the ops function, outside the kernel one; the
+    attention layer picks the reference kernel; the previous setting returns on leaving (also on error)."""
+    from numformer.nn import MultiHeadAttention
+    from numformer.nn.dispatch import F, OPS, using_reference
+
+    mha = MultiHeadAttention(8, 2)
+    assert not using_reference() and mha.kernel_name(0.0) == "fused"
+    with numformer.reference_mode():
+        assert using_reference() and mha.kernel_name(0.0) == "reference"
+        for name, (reference, _) in OPS.items():
+            assert getattr(F, name) is reference
+            assert reference.__module__.startswith("numformer.ops") or name == "embedding_backward_into"
+        with numformer.reference_mode(False):
+            assert all(getattr(F, n) is kernel for n, (_, kernel) in OPS.items())
+        assert using_reference()
+    with pytest.raises(RuntimeError):
+        with numformer.reference_mode():
+            raise RuntimeError("inside")
+    assert not using_reference()
+    with pytest.raises(AttributeError, match="no op"):
+        F.not_an_op
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_swiglu_module_equals_the_swiglu_op(bias, rng):
+    """SwiGLUFeedForward (three Linear modules and SiLU through the table) computes ops.swiglu_forward/backward."""
+    from numformer.nn import SwiGLUFeedForward
+
+    ff = SwiGLUFeedForward(8, 12, bias=bias, rng=rng, dtype=np.float64)
+    x, dy = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
+    lins = (ff.gate_proj, ff.up_proj, ff.down_proj)
+    biases = [None if lin.bias is None else lin.bias.data for lin in lins]
+    y_ref, cache = ops.swiglu_forward(x, *(lin.weight.data for lin in lins), *biases)
+    dx_ref, *grads = ops.swiglu_backward(dy, cache)
+    for reference in (False, True):
+        ff.zero_grad()
+        with numformer.reference_mode(reference):
+            assert_close(ff(x), y_ref, 1e-12, "out")
+            assert_close(ff.backward(dy), dx_ref, 1e-12, "dx")
+        for lin, dw, db in zip(lins, grads[:3], grads[3:]):
+            assert_close(lin.weight.grad, dw, 1e-12, "dW")
+            assert (lin.bias is None) == (db is None) and (db is None or np.allclose(lin.bias.grad, db, atol=1e-12))

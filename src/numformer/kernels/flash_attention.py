@@ -1,6 +1,7 @@
-"""Memory-efficient attention: the FlashAttention algorithm (Dao et al. 2022; Dao 2023) in NumPy.
+"""Reference: ``numformer.ops.attention`` (``scaled_dot_product_attention_forward/backward``).
 
-The memory-saving version of ``ops/attention.py``'s ``scaled_dot_product_attention_forward/backward``
+Memory-efficient attention: the FlashAttention algorithm (Dao et al. 2022; Dao 2023) in NumPy, the
+memory-saving version of that reference's ``scaled_dot_product_attention_forward/backward``
 (tested against it in tests/test_flash_attention.py): the same result,
 
     O = softmax(Q Kᵀ · scale + M) V,
@@ -36,7 +37,7 @@ means the query **may attend** the key; a float mask is added to the scores):
   keys); applied as (B, 1, …, 1, Tk), sliced per key block.
 - ``attn_mask``: any mask broadcastable to (..., Tq, Tk), sliced per block (a
   (B, 1, 1, Tk) mask stays that small).
-- ``alibi_slopes``: (H,) slopes of ALiBi (``ops.alibi``) for q of shape (..., H, Tq, d):
+- ``alibi_slopes``: (H,) slopes of ALiBi (``numformer.ops.alibi``) for q of shape (..., H, Tq, d):
   the bias -m_h · |(i + causal_offset) - j| is computed per block, so it costs no
   (Tq, Tk) array either.
 
@@ -51,8 +52,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .alibi import alibi_distance
-from .attention import check_attn_mask, check_qkv
+from ..ops.alibi import alibi_distance
+from ..ops.attention import check_attn_mask, check_qkv
 
 # Default rows (queries) and columns (keys) of a score block, (..., block_q, block_k): the memory the kernel
 # holds beyond Q, K, V and O, per batch item and head.

@@ -1,0 +1,73 @@
+"""Reference: ``numformer.ops.activations`` (ReLU, GELU exact and tanh).
+
+The speed path: ReLU and the GELU backward split large arrays into chunks across numformer's threads
+(``parallel_for``), the same operations on each element whatever the split; exact GELU in float32 runs the
+chunked kernel ``kernels/fast_gelu.py``. Softmax has no kernel of its own: the models only need it inside
+attention, where ``kernels/fused_attention.py`` runs it in place on the scores.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._runtime import parallel_for
+from ..ops.activations import gelu_erf, gelu_tanh
+from .fast_gelu import gelu_erf_f32
+
+# Elements per pass of the chunked kernels (and per thread at least): a chunk's temporaries stay in L2.
+_CHUNK = 32768
+
+
+def relu_forward(x):
+    """ReLU(x) = max(0, x), as ``ops.relu_forward``; large float arrays split across threads."""
+    if x.dtype.kind != "f" or x.size < 2 * _CHUNK:
+        y = np.maximum(x, 0)
+        return y, y
+    xf = np.ascontiguousarray(x).reshape(-1)
+    y = np.empty_like(xf)
+    zero = x.dtype.type(0)
+    parallel_for(xf.size, lambda lo, hi: np.maximum(xf[lo:hi], zero, out=y[lo:hi]), _CHUNK)
+    y = y.reshape(x.shape)
+    return y, y
+
+
+def relu_backward(dy, cache):
+    """dx = dy ⊙ 1[x > 0]  (= dy ⊙ sign(y) with y = ReLU(x) >= 0; np.where is several times slower)."""
+    y = cache
+    if dy.dtype != y.dtype or dy.shape != y.shape or dy.dtype.kind != "f":
+        return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
+    yf = np.ascontiguousarray(y).reshape(-1)
+    df = np.ascontiguousarray(dy).reshape(-1)
+    dx = np.empty_like(yf)
+
+    def piece(lo, hi):
+        np.sign(yf[lo:hi], out=dx[lo:hi])
+        np.multiply(dx[lo:hi], df[lo:hi], out=dx[lo:hi])
+
+    parallel_for(dx.size, piece, _CHUNK)
+    return dx.reshape(dy.shape)
+
+
+def gelu_forward(x, approximate="none"):
+    """GELU(x) = x Φ(x), as ``ops.gelu_forward`` (same cache: the derivative and ``approximate``).
+
+    Exact GELU in float32 runs ``gelu_erf_f32`` (within 1e-6 of the reference); every other case the
+    reference formulas.
+    """
+    if approximate == "none":
+        y, grad = gelu_erf_f32(x) if x.dtype == np.float32 else gelu_erf(x)
+        return y, (grad, approximate)
+    if approximate == "tanh":
+        y, grad = gelu_tanh(x)
+        return y, (grad, approximate)
+    raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def gelu_backward(dy, cache):
+    """dx = dy ⊙ GELU'(x), as ``ops.gelu_backward``; large arrays split across threads."""
+    grad, _ = cache
+    if dy.dtype != grad.dtype or dy.shape != grad.shape or dy.size < 2 * _CHUNK:
+        return dy * grad
+    dx = np.empty_like(grad)
+    a, b, o = dy.reshape(-1), grad.reshape(-1), dx.reshape(-1)
+    parallel_for(o.size, lambda lo, hi: np.multiply(a[lo:hi], b[lo:hi], out=o[lo:hi]), _CHUNK)
+    return dx

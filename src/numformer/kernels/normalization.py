@@ -1,0 +1,112 @@
+"""Reference: ``numformer.ops.normalization`` (``layer_norm_forward/backward``).
+
+The speed path of layer norm: rows split across numformer's threads (``parallel_for``), row sums as BLAS
+matrix-vector products with a cached vector of ones, results written into preallocated buffers. RMS norm
+and the batch-statistics norm have no kernel (the models run the reference).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._runtime import parallel_for
+
+
+def _ones(n, dtype):
+    """A read-only vector of ones (row sums as BLAS matrix-vector products, several times faster than
+    a reduction along a short last axis)."""
+    key = (n, np.dtype(dtype).str)
+    v = _ONES.get(key)
+    if v is None:
+        v = np.ones(n, dtype)
+        v.setflags(write=False)
+        if len(_ONES) > 64:
+            _ONES.clear()
+        _ONES[key] = v
+    return v
+
+
+_ONES = {}
+
+
+# Rows per thread below which layer norm is not split (about 32K elements per piece).
+def _row_grain(d):
+    return max(1, 32768 // max(d, 1))
+
+
+def layer_norm_forward(x, gamma, beta, eps=1e-5):
+    """LayerNorm(x) = (x - μ) / √(σ² + ε) ⊙ γ + β, statistics over the last axis (``ops.layer_norm_forward``).
+
+    x: (..., d)   gamma, beta: (d,)   ->   y: (..., d)
+    μ and σ² (biased) are computed per position, as in the paper and torch.
+    Rows are split across threads (``numformer.set_num_threads``).
+    """
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    n = x2.shape[0]
+    dt = np.result_type(x, gamma)
+    ones = _ones(d, dt)
+    inv_d, eps_ = dt.type(1.0 / d), dt.type(eps)
+    xhat = np.empty((n, d), dt)
+    y = np.empty((n, d), dt)
+    rstd = np.empty((n, 1), dt)
+    mu = np.matmul(x2, ones)                                    # BLAS on this thread (see parallel_for)
+    mu *= inv_d
+
+    def piece(lo, hi):
+        xp, xh, yp, rp = x2[lo:hi], xhat[lo:hi], y[lo:hi], rstd[lo:hi, 0]
+        np.subtract(xp, mu[lo:hi, None], out=xh)                # x - μ, then x̂ in place
+        var = np.einsum("nd,nd->n", xh, xh)                     # Σ (x - μ)², no temporary
+        var *= inv_d
+        var += eps_
+        np.sqrt(var, out=var)
+        np.reciprocal(var, out=rp)
+        xh *= rp[:, None]
+        np.multiply(xh, gamma, out=yp)
+        if beta is not None:
+            yp += beta
+
+    parallel_for(n, piece, _row_grain(d))
+    return y.reshape(x.shape), (xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gamma)
+
+
+def layer_norm_backward(dy, cache):
+    """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ (``ops.layer_norm_backward``).
+
+    Returns (dx, dgamma, dbeta), the parameter gradients summed over all
+    leading axes. The row means of g and g ⊙ x̂ are matrix-vector products
+    (dy γ and (dy ⊙ x̂) γ), so only dy ⊙ x̂ and dx are full passes.
+    """
+    xhat, rstd, gamma = cache
+    d = xhat.shape[-1]
+    dy2 = dy.reshape(-1, d)
+    xhat2 = xhat.reshape(-1, d)
+    rstd2 = rstd.reshape(-1, 1)
+    n = dy2.shape[0]
+    dt = np.result_type(dy2, xhat2)
+    inv_d = dt.type(1.0 / d)
+    grain = _row_grain(d)
+    p = np.empty((n, d), dt)
+    dx = np.empty((n, d), dt)
+
+    def prod(lo, hi):
+        np.multiply(dy2[lo:hi], xhat2[lo:hi], out=p[lo:hi])   # dy ⊙ x̂
+
+    parallel_for(n, prod, grain)
+    ones_n = _ones(n, dt)
+    dgamma = np.matmul(ones_n, p)                               # BLAS products on this thread (see parallel_for)
+    dbeta = np.matmul(ones_n, dy2)
+    mean_gx = np.matmul(p, gamma)                               # Σ_d g ⊙ x̂
+    mean_gx *= inv_d
+    mean_g = np.matmul(dy2, gamma)                              # Σ_d g
+    mean_g *= inv_d
+
+    def piece(lo, hi):
+        pp, dyp, xh, dxp = p[lo:hi], dy2[lo:hi], xhat2[lo:hi], dx[lo:hi]
+        np.multiply(dyp, gamma, out=dxp)                        # g
+        np.multiply(xh, mean_gx[lo:hi, None], out=pp)
+        dxp -= pp
+        dxp -= mean_g[lo:hi, None]
+        dxp *= rstd2[lo:hi]
+
+    parallel_for(n, piece, grain)
+    return dx.reshape(dy.shape), dgamma, dbeta

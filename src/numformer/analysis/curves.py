@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import bounded_json
+from ..train.run_folder import metrics_records
 from ._common import new_figure, save_figure
 
 
@@ -19,24 +19,9 @@ def read_metrics(path):
     """The records of a metrics.jsonl file, in order.
 
     Blank lines are skipped; a truncated last line (a run still being written) is dropped;
-    a malformed line elsewhere raises ValueError naming the line.
+    a malformed line elsewhere raises ValueError naming the file and the line.
     """
-    path = Path(path)
-    lines = path.read_bytes().splitlines()
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = bounded_json(line, f"{path}:{n}:")
-        except ValueError as e:
-            if n == len(lines):
-                break
-            raise
-        if not isinstance(rec, dict):
-            raise ValueError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
-        records.append(rec)
-    return records
+    return [record for _, record in metrics_records(path)]
 
 
 def _records(records):

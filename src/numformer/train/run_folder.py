@@ -246,13 +246,7 @@ def lock_for_writing(path):
     path = Path(path)
     check_out_folder(path)
     path.mkdir(parents=True, exist_ok=True)
-    lock = RunLock(path, exclusive=True, what="train into")
-    try:
-        refuse_links(path)
-    except BaseException:
-        lock.release()
-        raise
-    return lock
+    return _exclusive_lock(path, "train into")
 
 
 def lock_for_resuming(path):
@@ -261,13 +255,42 @@ def lock_for_resuming(path):
     if not path.is_dir():
         raise ValueError(f"cannot resume: {path / 'config.json'} does not exist ({path} is "
                          + ("a file, not a run folder)" if path.exists() else "no run folder)"))
-    lock = RunLock(path, exclusive=True, what="resume")
+    return _exclusive_lock(path, "resume")
+
+
+def _exclusive_lock(path, what):
+    """The writer's lock on ``path``, taken only if no file numformer writes there is a link."""
+    lock = RunLock(path, exclusive=True, what=what)
     try:
         refuse_links(path)
     except BaseException:
         lock.release()
         raise
     return lock
+
+
+def metrics_records(path):
+    """(line, record) for each line of a metrics.jsonl file, in order.
+
+    Blank lines are skipped; a last line cut short (a run being written, or a crash) is dropped; any other
+    line that is not a JSON object with an integer ``step`` raises one ValueError naming the file and line."""
+    path = Path(path)
+    lines = path.read_bytes().splitlines()
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = bounded_json(line, f"metrics file {path}, line {n},")
+        except ValueError:
+            if n == len(lines):
+                break
+            raise
+        if not (isinstance(record, dict) and type(record.get("step")) is int):
+            raise ValueError(f"metrics file {path}, line {n}: expected a JSON object with an integer step; "
+                             f"remove the line (or restore the file)")
+        records.append((line, record))
+    return records
 
 
 def schedule_change(saved, train):

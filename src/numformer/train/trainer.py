@@ -243,22 +243,7 @@ class Trainer:
         if not path.exists():
             return
         self._check_folder()
-        lines = path.read_bytes().splitlines()
-        keep = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = bounded_json(line, f"metrics file {path}, line {n},")
-            except ValueError:
-                if n == len(lines):
-                    continue          # a line cut short by a crash
-                raise
-            if not (isinstance(record, dict) and type(record.get("step")) is int):
-                raise ValueError(f"metrics file {path}, line {n}: expected a JSON object with an integer step; "
-                                 f"remove the line (or restore the file) and resume again")
-            if record["step"] <= step:
-                keep.append(line)
+        keep = [line for line, record in run_folder.metrics_records(path) if record["step"] <= step]
         write_atomic(path, b"".join(k + b"\n" for k in keep))     # a full disk keeps the old file
 
     def save_checkpoint(self):

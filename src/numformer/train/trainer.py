@@ -249,8 +249,9 @@ class Trainer:
             print(message, file=sys.stderr, flush=True)
 
     # -- the loop ---------------------------------------------------------------------------
-    def evaluate(self, split="val", full=False):
-        """The loss and the task's metrics on a split.
+    def evaluate(self, split="val", full=False, metrics=None):
+        """The loss and the task's metrics on a split (``metrics``: whether to compute them; None = the
+        ``eval_metrics`` key).
 
         The loss is over the whole split (``val_loss``, with ``val_tokens`` counted targets) when ``full`` or
         when eval_batches = 0; otherwise over the run's fixed sample of eval_batches × eval_batch_size examples
@@ -261,7 +262,7 @@ class Trainer:
         sample = 0 if full else self._eval_sample_size(split)
         loss, count = self._split_loss(split, sample)
         result = {f"{split}_loss_estimate" if sample else f"{split}_loss": loss, f"{split}_tokens": count}
-        if self.train_cfg["eval_metrics"]:
+        if self.train_cfg["eval_metrics"] if metrics is None else metrics:
             was_training = self.model.training
             self.model.eval()
             try:
@@ -528,7 +529,7 @@ class Trainer:
         if stop["diverged"]:
             summary["error"] = stop["diverged"]
         elif self._reports_test(stop):
-            summary["test"] = self.evaluate("test", full=True)
+            summary["test"] = self.evaluate("test", full=True, metrics=True)
         if self._writer:
             write_json_atomic(self.run_dir / "summary.json", summary)
         self.last_summary = summary

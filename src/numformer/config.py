@@ -21,6 +21,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .models import DEFAULT_PRESET, preset_arguments
+
 SECTIONS = ("model", "data", "train")
 
 TRAIN_DEFAULTS = {
@@ -393,8 +395,6 @@ def _apply_preset(kind, model, fine_tuning=False):
     """[model] with its ``preset``'s sizes where it does not set them (``models.MODEL_PRESETS``; the default
     preset, "small", where none is named). A fine-tuned model takes its sizes from the source instead. The
     resolved config records the sizes themselves, not the preset's name."""
-    from .models import DEFAULT_PRESET, preset_arguments
-
     named = "preset" in model
     preset = model.pop("preset", DEFAULT_PRESET)
     if fine_tuning:

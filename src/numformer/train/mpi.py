@@ -140,7 +140,8 @@ class World:
 
     def abort(self, message, code=1):
         """Print ``message`` (one line naming this rank) and stop every rank of the job now."""
-        print(f"{message.rstrip()}", file=sys.stderr, flush=True)
+        sys.stderr.write(message.rstrip() + "\n")     # one write: the ranks share the launcher's stderr
+        sys.stderr.flush()
         self.comm.Abort(code)
 
     def agree_on_errors(self, error):

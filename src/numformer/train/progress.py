@@ -55,7 +55,8 @@ class PlainProgress:
             self.write(f"step {self.n}/{self.total}: {figures}{clock(elapsed)} elapsed, {clock(left)} left")
 
     def write(self, message):
-        print(message, file=self.stream, flush=True)
+        self.stream.write(message + "\n")      # one write, so that another process's line cannot split it
+        self.stream.flush()
 
     def close(self):
         pass

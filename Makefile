@@ -29,6 +29,9 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/numformer train configs/shakespeare_char.toml --out $(RUN_DIR) --overwrite
 	$(BIN)/numformer generate $(RUN_DIR) --prompt "ROMEO:" --max-new-tokens 500 --seed 0
+	@echo
+	@echo "numformer is installed in $(VENV); to type its commands (numformer --help), run:"
+	@echo "    source $(VENV)/bin/activate"
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 -m "not slow" -q

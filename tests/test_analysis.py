@@ -384,3 +384,16 @@ def test_headless_without_pyplot(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert _png_ok(tmp_path / "eye.png")
+
+
+def test_token_ticks_label_every_token_when_they_fit():
+    """A font size chosen to fit n labels shows all n (rounding once thinned such axes to every second one)."""
+    from numformer.analysis._common import label_ticks
+
+    for n in range(2, 80):
+        for length in np.linspace(2.4, 8.0, 29):
+            ticks, fontsize = label_ticks(n, float(length))
+            if fontsize > 5.0:             # above the smallest size every label fits
+                assert len(ticks) == n, (n, length, fontsize)
+    ticks, _ = label_ticks(400, 3.0)       # too many for the axis: thinned, evenly
+    assert 1 < len(ticks) < 400 and len(set(np.diff(ticks))) == 1

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .data.base import check_data_section, import_builtin_tasks, make_task
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, positive
-from .models import MODEL_TYPES, model_arguments, model_keys
+from .models import DEFAULT_PRESET, MODEL_TYPES, model_arguments, model_keys, preset_arguments
 from .models.pretrained import loader as pretrained_loader
 from .optim import OPTIMIZERS, SCHEDULES
 from .optim.optimizers import NO_DECAY_KINDS
@@ -171,6 +171,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
         tokenizer_state = tokenizer_state or source_tokenizer
         model.setdefault("type", source_model["type"])
     kind, model = _resolve_model_kind(model, data, task_cls, written)
+    model = _apply_preset(kind, model, fine_tuning=init_from is not None)
     valid = _model_defaults(kind)
     model = check_section("model", model, model_keys(), valid)
     task = None
@@ -243,6 +244,7 @@ def check_model_section(model):
     kind = model.pop("type", None)
     if not isinstance(kind, str) or kind not in MODEL_TYPES:
         raise ValueError(f"[model] type = {kind!r} is not a model type; choose one of {sorted(MODEL_TYPES)}")
+    model = _apply_preset(kind, model)
     valid = _model_defaults(kind)
     model = check_section("model", model, model_keys(), valid)
     missing = sorted(k for k, d in valid.items() if d is inspect.Parameter.empty and k not in model)
@@ -251,6 +253,20 @@ def check_model_section(model):
     full = {"type": kind, **{k: d for k, d in valid.items() if d is not inspect.Parameter.empty}, **model}
     _check_model_together(full)
     return full
+
+
+def _apply_preset(kind, model, fine_tuning=False):
+    """[model] with its ``preset``'s sizes where it does not set them (``models.MODEL_PRESETS``; the default
+    preset, "small", where none is named). A fine-tuned model takes its sizes from the source instead. The
+    resolved config records the sizes themselves, not the preset's name."""
+    named = "preset" in model
+    preset = model.pop("preset", DEFAULT_PRESET)
+    if fine_tuning:
+        if named:
+            raise ValueError("[model] preset and init_from exclude each other: a fine-tuned model has the "
+                             "source's sizes; remove preset")
+        return model
+    return {**preset_arguments(kind, preset), **model}
 
 
 def _model_defaults(kind):

@@ -158,7 +158,9 @@ def label_ticks(n, length_inches, fontsize=None, min_fontsize=5.0, max_fontsize=
     """
     if fontsize is None:
         fontsize = float(np.clip(length_inches * 72.0 / max(n, 1) / 1.25, min_fontsize, max_fontsize))
-    fit = max(int(length_inches * 72.0 / (fontsize * 1.25)), 1)
+    # the labels that fit; the small margin keeps a size chosen to fit n labels exactly from showing n - 1
+    # after rounding (which would thin the axis to every second label)
+    fit = max(int(length_inches * 72.0 / (fontsize * 1.25) + 1e-6), 1)
     step = int(np.ceil(n / fit)) if n > fit else 1
     return np.arange(0, n, step), fontsize
 

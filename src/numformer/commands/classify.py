@@ -32,8 +32,8 @@ def run(args):
 
 
 def register(sub):
-    p = sub.add_parser("classify", help="classify texts with a trained text classifier run (imdb, agnews): "
-                                        "predicted label and its probability")
+    p = sub.add_parser("classify", help="classify texts with a trained text classifier run (imdb, agnews or "
+                                        "your own classification data): predicted label and its probability")
     p.add_argument("run_dir", help="a classifier run folder (e.g. runs/imdb after `numformer reproduce imdb`)")
     p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more texts (quote each)")
     p.add_argument("--json", action="store_true", help="one JSON object per text (all class probabilities)")

@@ -13,7 +13,10 @@ def run(args):
     model = load_model(args.run_dir, config)
     bs = config["train"]["eval_batch_size"] or config["train"]["batch_size"]
     loss = evaluate_loss(model, task, args.split, bs)
-    result = {"split": args.split, "loss": loss}
+    split = args.split
+    if split == "test" and not getattr(task, "has_test_split", True):
+        split = "val"                 # say what was evaluated: a text task has two splits
+    result = {"split": split, "loss": loss}
     if config["model"]["type"] in ("gpt", "transformer"):
         unit = getattr(task, "unit", "token")
         result["perplexity"] = math.exp(loss) if loss < math.log(float.fromhex("0x1p1023")) else math.inf
@@ -22,7 +25,8 @@ def run(args):
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{args.run_dir} ({args.split} split)")
+    note = f" ({split} split)" if split == args.split else " (val split: a text task has no test split)"
+    print(f"{args.run_dir}{note}")
     for k, v in result.items():
         if k != "split":
             print(f"  {k:<20} {v:.4f}" if isinstance(v, float) else f"  {k:<20} {v}")

@@ -1,6 +1,6 @@
-"""numformer export RUN_DIR --format hf --out DIR: a trained GPT as a Hugging Face GPT-2 folder
-(config.json, model.safetensors, and tokenizer.json when the run's tokenizer has a Hugging Face form),
-which ``transformers.GPT2LMHeadModel.from_pretrained(DIR)`` loads with the same logits."""
+"""numformer export RUN_DIR --format hf --out DIR: a trained GPT as a Hugging Face folder, GPT-2 or (for a RoPE
+model) Llama (config.json, model.safetensors, and tokenizer.json when the run's tokenizer has a Hugging Face
+form), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits."""
 from __future__ import annotations
 
 import os
@@ -36,10 +36,10 @@ def run(args):
 
 
 def register(sub):
-    p = sub.add_parser("export", help="write a trained GPT as a Hugging Face GPT-2 folder (config.json + "
-                                      "model.safetensors)")
+    p = sub.add_parser("export", help="write a trained GPT as a Hugging Face folder (config.json + "
+                                      "model.safetensors): GPT-2, or Llama for a RoPE model")
     p.add_argument("run_dir", help="a run folder (from `numformer train` or `numformer import-hf`)")
-    p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers' GPT-2 (default)")
+    p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, or LlamaForCausalLM for a RoPE model; the default)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
     p.set_defaults(func=run)

@@ -1,5 +1,5 @@
 """numformer import-hf SOURCE --out RUN_DIR [--data TEXT_FILE] [--block-size N]: a run folder from a
-Hugging Face GPT-2 (a folder or a hub id such as gpt2), used by every command: generate, eval (on
+Hugging Face GPT-2, Llama or Mistral model (a folder or a hub id such as gpt2), used by every command: generate, eval (on
 --data, by default the built-in tiny Shakespeare), analyze, export, and fine-tuning with
 ``[model] init_from = "RUN_DIR"``."""
 from __future__ import annotations
@@ -44,9 +44,10 @@ def run(args):
 
 
 def register(sub):
-    p = sub.add_parser("import-hf", help="make a run folder from a Hugging Face GPT-2 (folder or hub id)")
+    p = sub.add_parser("import-hf", help="make a run folder from a Hugging Face GPT-2, Llama or Mistral model "
+                                         "(folder or hub id)")
     p.add_argument("source", help="a Hugging Face model folder (config.json + model.safetensors) or a hub id "
-                                  "such as gpt2 or openai-community/gpt2")
+                                  "such as gpt2 or HuggingFaceTB/SmolLM-135M")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder to write")
     p.add_argument("--data", default="", metavar="TEXT_FILE",
                    help="text file for `numformer eval` and `analyze` (default: the built-in tiny Shakespeare)")

@@ -3,6 +3,9 @@
 Under ``mpiexec -n N`` (or ``srun``) the N processes train one model together (``numformer.train.mpi``)."""
 from __future__ import annotations
 
+import os
+import sys
+
 
 def _build(args, world=None):
     from ..config import load_config
@@ -16,8 +19,17 @@ def _build(args, world=None):
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run, --overwrite replaces it: give one of them")
     config = None if args.resume else load_config(args.config)
-    return Trainer(config, args.out, resume=args.resume, overwrite=args.overwrite, overrides=args.set,
-                   quiet=args.quiet, world=world)
+    return Trainer(config, args.out, resume=args.resume, overwrite=args.overwrite,
+                   overrides=args.set + _env_overrides(world), quiet=args.quiet, world=world)
+
+
+def _env_overrides(world=None):
+    """The --set items of the environment variable NUMFORMER_TRAIN_SET (space-separated, applied after the
+    command's own): the tests shorten documented commands with it. Announced, so it never acts unseen."""
+    items = os.environ.get("NUMFORMER_TRAIN_SET", "").split()
+    if items and (world is None or world.is_writer):
+        print(f"numformer train: NUMFORMER_TRAIN_SET adds --set {' --set '.join(items)}", file=sys.stderr)
+    return items
 
 
 def run(args):

@@ -47,6 +47,7 @@ class TextTask(Task):
 
     model_type = "gpt"
     unit = "character"
+    has_test_split = False      # "test" evaluates the validation text (there is no third split)
     data_keys = {"path": "", "paths": [], "block_size": 64, "val_fraction": 0.1, "encoding": "utf-8"}
 
     def __init__(self, data_config, seed=0, tokenizer_state=None):

@@ -92,6 +92,7 @@ class TextClassificationTask(Task):
 
     model_type = "classifier"
     model_types = ("classifier",)
+    report_test = True              # the trainer scores the saved weights on the test split at the end
     common_keys = {
         "path": "",                 # data location (relative to the current directory; "": data folder, cache, fetch)
         "tokenizer": "word",        # "word" (lowercased words and punctuation) or "bpe" (byte-level BPE)
@@ -295,7 +296,9 @@ class Multi30kTask(Task):
     length) with greedy decoding and with beam search (``beam_size``,
     ``length_penalty``), the target ids are detokenized by the target tokenizer
     and scored with sacrebleu's ``corpus_bleu`` (default settings: 13a
-    tokenization, mixed case) against the raw reference lines. On "test" this
+    tokenization, mixed case) against the raw reference lines; with
+    ``lowercase`` (the tokenizers lowercase the text, so the output is lowercase) the score ignores
+    case (sacrebleu's ``lowercase=True``), so that like is compared with like. On "test" this
     gives ``bleu_greedy`` and ``bleu_beam``; on "val" (the trainer's periodic
     evaluations) only greedy BLEU on the first ``val_bleu_pairs`` pairs, and
     nothing when that is 0 (the default: validation loss only).
@@ -304,6 +307,7 @@ class Multi30kTask(Task):
 
     model_type = "transformer"
     model_types = ("transformer",)
+    report_test = True              # the trainer scores the saved weights on the test split (BLEU) at the end
     data_keys = {
         "path": "",                          # folder with {train,val,test_2016_flickr}.{de,en}.gz ("": fetch)
         "src_lang": "de",
@@ -463,7 +467,7 @@ class Multi30kTask(Task):
             seconds = time.perf_counter() - started
             self.last_translations[name] = hyps
             self.last_translations[f"{name}_seconds"] = seconds
-            out[f"bleu_{name}"] = corpus_bleu(hyps, refs)
+            out[f"bleu_{name}"] = corpus_bleu(hyps, refs, lowercase=self.config["lowercase"])
             if split == "test":
                 out[f"decode_{name}_s"] = round(seconds, 2)
         return out
@@ -551,8 +555,9 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam_size: int =
     return out
 
 
-def corpus_bleu(hypotheses, references) -> float:
-    """sacrebleu's corpus BLEU with its default settings (13a tokenization, mixed case), one reference each.
+def corpus_bleu(hypotheses, references, lowercase=False) -> float:
+    """sacrebleu's corpus BLEU with its default settings (13a tokenization, mixed case), one reference each;
+    ``lowercase=True`` ignores case (for a lowercased model output).
 
     Both sides are detokenized text: the hypotheses as the target tokenizer decodes
     them, the references as the raw lines of the corpus.
@@ -564,13 +569,13 @@ def corpus_bleu(hypotheses, references) -> float:
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    return float(sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score)
 
 
-def bleu_signature(hypotheses, references) -> str:
+def bleu_signature(hypotheses, references, lowercase=False) -> str:
     """sacrebleu's signature of ``corpus_bleu``'s settings (nrefs, case, tokenization, version), for reports."""
     import sacrebleu
 
-    bleu = sacrebleu.BLEU()
+    bleu = sacrebleu.BLEU(lowercase=lowercase)
     bleu.corpus_score(list(hypotheses), [list(references)])
     return str(bleu.get_signature())

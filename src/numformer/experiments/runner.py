@@ -138,6 +138,8 @@ def train_and_evaluate(exp, ctx, config_overrides=()):
         "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else ""),
         "run_dir": str(run_dir), "task": task.describe(),
     }
+    if ctx.quick:
+        record["quick_overrides"] = list(exp.quick_overrides)
     return record, trainer, task, started
 
 
@@ -197,8 +199,12 @@ def figures_table(record):
 def standard_markdown(record, images, extra_md, results_dir):
     limit = record.get("time_limit_minutes")
     wall = record["wall_time_s"]
+    quick = record.get("quick_overrides")
     lines = [
-        f"# {record['name']}", "", record["description"], "",
+        f"# {record['name']}" + (" (quick run)" if quick is not None else ""), "", record["description"], "",
+        *([f"This is the `--quick` version, a check of the pipeline in seconds, not the experiment described "
+           f"above: its settings differ by `{' '.join(quick) or 'nothing'}`, and its data is described below.", ""]
+          if quick is not None else []),
         f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
         f"{record['machine']['cores']} cores). Data: {record['task']}.", "",
         figures_table(record), "",

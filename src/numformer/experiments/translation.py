@@ -90,13 +90,13 @@ def multi30k_extra(trainer, task, results_dir, quick):
     beam = f"beam search (beam {c['beam_size']}, length penalty {c['length_penalty']:g})"
     lines = ["## Translation", "",
              f"BLEU on {c['test_name']} ({len(refs):,} pairs, {c['src_lang']} -> {c['tgt_lang']}): "
-             f"sacrebleu `corpus_bleu` with its default settings (`{bleu_signature(tr[kinds[0]], refs)}`), detokenized "
+             f"sacrebleu `corpus_bleu` with its default settings (`{bleu_signature(tr[kinds[0]], refs, c['lowercase'])}`), detokenized "
              "hypotheses against the raw reference lines. Greedy decoding and " + beam + ", both with the "
              "decoder's key/value cache, batched by source length.", "",
              "| decoding | BLEU | decoding time |", "|---|---|---|"]
     for kind in kinds:
         name = "greedy" if kind == "greedy" else beam
-        lines.append(f"| {name} | {_md_bleu(tr, kind, refs)} | {_decode_time(kind, task)} |")
+        lines.append(f"| {name} | {_md_bleu(tr, kind, refs, c['lowercase'])} | {_decode_time(kind, task)} |")
     lines += ["", "The translations: " + ", ".join(f"[{f.name}]({os.path.relpath(f, results_dir)})" for f in files)
               + f" (re-score with `sacrebleu REFERENCE.{c['tgt_lang']} -i FILE`).", ""]
 
@@ -124,8 +124,8 @@ def multi30k_extra(trainer, task, results_dir, quick):
     return figures, "\n".join(lines)
 
 
-def _md_bleu(tr, kind, refs):
-    return f"{corpus_bleu(tr[kind], refs):.2f}"
+def _md_bleu(tr, kind, refs, lowercase):
+    return f"{corpus_bleu(tr[kind], refs, lowercase=lowercase):.2f}"
 
 
 def _decode_time(kind, task):

@@ -16,6 +16,37 @@ from .transformer import Transformer
 
 MODEL_TYPES = {"gpt": GPT, "classifier": EncoderClassifier, "transformer": Transformer}
 
+# Named sizes for a config's ``[model] preset``: the keys a preset sets, where the config does not set them.
+# "small" (the default) trains in minutes on a laptop CPU; "base" and "big" are the papers' sizes: the
+# Transformer's base and big models ("Attention Is All You Need", table 3), BERT-base for the encoder
+# classifier, GPT-2 small (124M parameters with GPT-2's vocabulary) for the GPT.
+MODEL_PRESETS = {
+    "gpt": {
+        "small": {"n_layers": 4, "n_heads": 4, "d_model": 128, "d_ff": None, "dropout": 0.0},
+        "base": {"n_layers": 12, "n_heads": 12, "d_model": 768, "d_ff": 3072, "dropout": 0.1},
+    },
+    "classifier": {
+        "small": {"n_layers": 1, "n_heads": 1, "d_model": 64, "d_ff": None, "dropout": 0.1},
+        "base": {"n_layers": 12, "n_heads": 12, "d_model": 768, "d_ff": 3072, "dropout": 0.1},
+    },
+    "transformer": {
+        "small": {"n_layers": 2, "n_heads": 4, "d_model": 128, "d_ff": 512, "dropout": 0.1},
+        "base": {"n_layers": 6, "n_heads": 8, "d_model": 512, "d_ff": 2048, "dropout": 0.1},
+        "big": {"n_layers": 6, "n_heads": 16, "d_model": 1024, "d_ff": 4096, "dropout": 0.3},
+    },
+}
+DEFAULT_PRESET = "small"
+
+
+def preset_arguments(kind, preset=DEFAULT_PRESET):
+    """The constructor arguments of a named size of a model type (``MODEL_PRESETS``); ValueError naming the
+    valid presets for an unknown one."""
+    presets = MODEL_PRESETS[kind]
+    if not isinstance(preset, str) or preset not in presets:
+        raise ValueError(f"[model] preset = {preset!r} is not a preset of the {kind} model; choose one of "
+                         f"{sorted(presets)}")
+    return dict(presets[preset])
+
 
 def model_arguments(kind):
     """The config keys a model type accepts (its constructor arguments, minus rng and dtype)."""
@@ -64,5 +95,6 @@ def build_model(config, rng=None, dtype=np.float32):
     return MODEL_TYPES[kind](**config, rng=rng, dtype=dtype)
 
 
-__all__ = ["EncoderClassifier", "GPT", "Transformer", "MODEL_TYPES", "build_model", "model_arguments", "model_keys",
+__all__ = ["EncoderClassifier", "GPT", "Transformer", "MODEL_TYPES", "MODEL_PRESETS", "DEFAULT_PRESET",
+           "preset_arguments", "build_model", "model_arguments", "model_keys",
            "parameter_counts", "parameter_report", "format_parameter_report"]

@@ -149,10 +149,11 @@ class World:
     def abort(self, message, code=1):
         """Print ``message`` (one line naming this rank) and stop every rank of the job now.
 
-        The launcher reads a rank's stderr through a pipe, and ``MPI_Abort`` makes it kill every process,
-        that reader included: a line still in the pipe would be lost. So the abort waits (a few seconds
-        at most) until the launcher has read the line."""
-        print(f"{message.rstrip()}", file=sys.stderr, flush=True)
+        The line is one write (the ranks share the launcher's stderr). The launcher reads a rank's stderr
+        through a pipe, and ``MPI_Abort`` makes it kill every process, that reader included: a line still in
+        the pipe would be lost. So the abort waits (a few seconds at most) until the launcher has read it."""
+        sys.stderr.write(message.rstrip() + "\n")
+        sys.stderr.flush()
         wait_until_read(sys.stderr)
         self.comm.Abort(code)
 

@@ -48,6 +48,7 @@ from . import run_folder
 from .early_stopping import EarlyStopping
 from .mpi import MPIDataParallel
 from .parallel import DataParallel, usable_processes
+from .progress import progress
 from .run import load_config_json, load_tokenizer_state
 from .step import loss_and_backward
 
@@ -271,12 +272,17 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     def _print(self, message):
-        if not self.quiet:
+        if self.quiet:
+            return
+        if getattr(self, "_bar", None) is not None:     # above the progress bar, which stays at the bottom
+            self._bar.write(message)
+        else:
             print(message, file=sys.stderr, flush=True)
 
     # -- the loop ---------------------------------------------------------------------------
-    def evaluate(self, split="val", full=False):
-        """The loss and the task's metrics on a split.
+    def evaluate(self, split="val", full=False, metrics=None):
+        """The loss and the task's metrics on a split (``metrics``: whether to compute them; None = the
+        ``eval_metrics`` key).
 
         The loss is over the whole split (``val_loss``, with ``val_tokens`` counted targets) when ``full`` or
         when eval_batches = 0; otherwise over the run's fixed sample of eval_batches × eval_batch_size examples
@@ -287,7 +293,7 @@ class Trainer:
         sample = 0 if full else self._eval_sample_size(split)
         loss, count = self._split_loss(split, sample)
         result = {f"{split}_loss_estimate" if sample else f"{split}_loss": loss, f"{split}_tokens": count}
-        if self.train_cfg["eval_metrics"]:
+        if self.train_cfg["eval_metrics"] if metrics is None else metrics:
             was_training = self.model.training
             self.model.eval()
             try:
@@ -391,7 +397,7 @@ class Trainer:
         n_params = self._start_run()
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _is_main_thread() else None
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
-        bar = self._progress_bar(last_step)
+        bar = self._bar = self._progress_bar(last_step)
         self._window.start = time.perf_counter()
         stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "diverged": None}
         try:
@@ -418,6 +424,7 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
+                self._bar = None
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
             self._close_data_parallel()
@@ -565,6 +572,8 @@ class Trainer:
         }
         if stop["diverged"]:
             summary["error"] = stop["diverged"]
+        elif self._reports_test(stop):
+            summary["test"] = self.evaluate("test", full=True, metrics=True)
         if self._writer:
             self._check_folder()
             write_json_atomic(self.run_dir / "summary.json", summary)
@@ -572,6 +581,14 @@ class Trainer:
         if not stop["diverged"]:          # the caller reports a divergence
             self._print(self._summary_text(summary))
         return summary
+
+    def _reports_test(self, stop):
+        """Whether this finished run scores its saved weights on the test split: for the tasks that report a
+        test figure (``report_test``: classification and translation), once training has ended (not after
+        Ctrl-C or a partial ``train(stop_after=...)`` call); rank 0 alone under MPI."""
+        ended = self.step >= self.train_cfg["max_steps"] or stop["stopped_early"] or stop["time_limit"]
+        return (self._writer and ended and not stop["interrupted"] and getattr(self.task, "report_test", False)
+                and self.step > 0)
 
     def _weights_figures(self, stop):
         """Keep the better weights (rank 0 under MPI, which tells the other ranks the figures); a diverged run's
@@ -643,20 +660,28 @@ class Trainer:
                 best += (f" (whole split: step {s['selected_step']}, selected by {s['selected_on']}, "
                          f"{s['selected_val_loss']:.4f}; last step {s['last_step']}, {s['last_val_loss']:.4f})")
             best += "."
+        if s.get("test"):
+            test = ", ".join(f"{k[len('test_'):]} {v:.4f}" for k, v in s["test"].items()
+                             if isinstance(v, float) and not k.startswith("test_decode"))
+            best += f" Test split: {test}."
+        steps_time = f"{s['train_seconds']:.1f} s of training steps"
+        wall = f"{s['wall_seconds']:.1f} s wall time"
+        if self.resumed:        # the step time counts every part of the run; the wall time, this call's
+            steps_time += " (all parts of the resumed run)"
+            wall += " of this part"
         return (f"\nTrained {type(self.model).__name__} ({s['parameters']:,} parameters): {how} in "
-                f"{s['train_seconds']:.1f} s of training steps ({s['tokens_per_s']:,.0f} tokens/s; "
-                f"{s['wall_seconds']:.1f} s wall time with evaluations and checkpoints). {best} "
+                f"{steps_time} ({s['tokens_per_s']:,.0f} tokens/s; "
+                f"{wall} with evaluations and checkpoints). {best} "
                 f"Saved to {self.run_dir}: {MODEL} ({s['weights']} weights), {CHECKPOINT} "
                 f"(continue with --resume), metrics.jsonl, config.json.")
 
     def _progress_bar(self, last_step):
-        """A tqdm bar where stderr is a terminal (under MPI: rank 0's, where mpiexec runs in a terminal)."""
-        terminal = sys.stderr.isatty() or (self.world is not None and self.world.launched_from_terminal())
-        if self.quiet or not terminal:
+        """The progress of the run (none when quiet): a tqdm bar updated in place where stderr is a terminal
+        (under MPI: rank 0's, where mpiexec runs in a terminal), else plain periodic lines (train/progress.py)."""
+        if self.quiet:
             return None
-        from tqdm import tqdm
-
-        return tqdm(total=last_step, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        terminal = sys.stderr.isatty() or (self.world is not None and self.world.launched_from_terminal())
+        return progress(last_step, self.step, terminal)
 
 
 def _check_state(state):

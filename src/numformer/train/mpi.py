@@ -44,6 +44,7 @@ import sys
 
 import numpy as np
 
+from .. import _platform
 from ..data.base import IGNORE
 from .parallel import DataParallel, _generators, _shares, _take
 
@@ -53,7 +54,7 @@ SIZE_VARIABLES = ("PMI_SIZE",                 # MPICH's Hydra, Intel MPI, srun -
                   "OMPI_COMM_WORLD_SIZE",     # Open MPI
                   "MV2_COMM_WORLD_SIZE")      # MVAPICH
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+STOP_SIGNALS = _platform.signals("SIGTERM", "SIGHUP", "SIGUSR1")     # those of them this platform has
 
 
 def launcher_size(environ=None):

@@ -1,8 +1,8 @@
 """The run folder: which files make a run, a lock so that one command writes it at a time, and overwrites
 that never pair one run's config with another run's weights.
 
-Locking: a command that writes a run folder holds an exclusive ``flock`` on
-the folder itself for as long as it works (``train``); commands that read it
+Locking: a command that writes a run folder holds an exclusive lock on the folder
+(``_platform``: ``flock`` on POSIX, ``msvcrt`` on Windows) for as long as it works (``train``); commands that read it
 (``eval``, ``generate``, ``analyze`` ...) hold a shared one. A second writer,
 or a reader while a writer works, gets one error naming the folder and the
 process that holds it. Locks are per process and re-entrant: the same process
@@ -17,12 +17,11 @@ weights, nothing, or the new run; never a mix of the two.
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 from pathlib import Path
 
+from .. import _platform
 from .checkpoint import CHECKPOINT, MODEL
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
@@ -42,7 +41,8 @@ def _forget_locks_in_child():
     _HELD.clear()
 
 
-os.register_at_fork(after_in_child=_forget_locks_in_child)
+if hasattr(os, "register_at_fork"):          # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 class RunFolderBusy(ValueError):
@@ -67,11 +67,11 @@ class RunLock:
                 held[1] = True
             held[2] += 1
         else:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = _platform.open_lock(self.path)
             try:
                 _flock(fd, exclusive, self.path, what)
             except BaseException:
-                os.close(fd)
+                _platform.close_lock(fd)
                 raise
             _HELD[self.key] = [fd, exclusive, 1]
         self._released = False
@@ -87,9 +87,9 @@ class RunLock:
         if held[2] == 0:
             del _HELD[self.key]
             try:
-                fcntl.flock(held[0], fcntl.LOCK_UN)
+                _platform.unlock(held[0])
             finally:
-                os.close(held[0])
+                _platform.close_lock(held[0])
 
     def __enter__(self):
         return self
@@ -105,11 +105,7 @@ class RunLock:
 
 
 def _flock(fd, exclusive, path, what):
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise
+    if not _platform.try_lock(fd, exclusive):
         raise RunFolderBusy(f"{path} is in use by another process ({_holder(fd)}); cannot {what} it until that "
                             f"process ends") from None
 
@@ -129,7 +125,7 @@ def _holder(fd):
                     except OSError:
                         cmd = ""
                     return f"pid {pid}" + (f": {_short(cmd)}" if cmd else "")
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, AttributeError):     # AttributeError: no os.major (Windows)
         pass
     return "another numformer command"
 

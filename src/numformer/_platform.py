@@ -80,6 +80,8 @@ def try_lock(fd, exclusive):
             raise
         return True
     held = fd in _reader_slot
+    if held and not exclusive:
+        return True
     if held and exclusive:                  # shared -> exclusive: the whole range, our own byte released first
         slot = _reader_slot.pop(fd)
         _byte_unlock(fd, slot, 1)

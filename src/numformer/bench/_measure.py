@@ -33,7 +33,7 @@ except ImportError:
 def rss_bytes():
     """Current resident set size of this process (Linux /proc), or None elsewhere."""
     try:
-        with open("/proc/self/statm") as f:
+        with open("/proc/self/statm", encoding="utf-8") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -47,7 +47,7 @@ def max_rss_bytes():
     started by a large parent (``numformer bench all`` after the throughput part) would report the
     parent's size. macOS: ``ru_maxrss``. Windows: psutil's peak working set when psutil is installed, else None."""
     try:
-        with open("/proc/self/status") as f:
+        with open("/proc/self/status", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024

@@ -301,7 +301,7 @@ def read_hf_config(folder):
         raise ValueError(f"{folder} has no {CONFIG}: a Hugging Face model folder holds {CONFIG} and {WEIGHTS} "
                          f"(write one with model.save_pretrained(folder))")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
     if "model_type" not in config:
@@ -313,7 +313,7 @@ def _weight_files(folder):
     if (folder / WEIGHTS).is_file():
         return [folder / WEIGHTS]
     if (folder / WEIGHTS_INDEX).is_file():
-        index = json.loads((folder / WEIGHTS_INDEX).read_text())
+        index = json.loads((folder / WEIGHTS_INDEX).read_text(encoding="utf-8"))
         return [folder / name for name in sorted(set(index["weight_map"].values()))]
     if any((folder / p).is_file() for p in PICKLE_WEIGHTS):
         raise ValueError(
@@ -483,7 +483,7 @@ def is_run_folder(source):
     if not path.is_file():
         return False
     try:
-        return "model" in json.loads(path.read_text())
+        return "model" in json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError:
         return False
 

@@ -128,7 +128,7 @@ class World:
             try:
                 if os.readlink(f"/proc/{pid}/fd/2").startswith(("/dev/pts/", "/dev/tty")):
                     return True
-                with open(f"/proc/{pid}/stat") as f:
+                with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
                     pid = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 return False

@@ -115,7 +115,7 @@ def _holder(fd):
     try:
         st = os.fstat(fd)
         dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-        with open("/proc/locks") as f:
+        with open("/proc/locks", encoding="utf-8") as f:
             for line in f:
                 fields = line.split()
                 if "FLOCK" in fields and fields[-3] == dev:

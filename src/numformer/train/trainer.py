@@ -218,7 +218,7 @@ class Trainer:
         if not path.exists():
             return
         keep = []
-        for line in path.read_text().splitlines():
+        for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 if json.loads(line)["step"] <= step:
                     keep.append(line)
@@ -236,7 +236,7 @@ class Trainer:
     def _log(self, record):
         if not self._writer:
             return
-        with (self.run_dir / "metrics.jsonl").open("a") as f:
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def _print(self, message):

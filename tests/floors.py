@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
-REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*(>=|==)\s*([0-9][0-9A-Za-z.+-]*)\s*$")
+REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*(>=|==)\s*([0-9][0-9A-Za-z.+-]*)\s*(;.*)?$")
 
 
 def floors(extras=None):

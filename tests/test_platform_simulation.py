@@ -65,12 +65,17 @@ def test_every_module_imports():
     # torch picks its code by sys.platform ("linux" here) and would need os.register_at_fork: imported first.
     preload = ("torch",) if _has("torch") else ()
     done = simulated(["-c", textwrap.dedent("""
-        import importlib, pkgutil, numformer
+        import importlib, importlib.util, pkgutil, numformer
+        from sitecustomize import HIDDEN_MODULES
         names = ["numformer"] + [m.name for m in pkgutil.walk_packages(numformer.__path__, "numformer.")]
         failed = []
         for name in names:
             try:
                 importlib.import_module(name)
+            except ModuleNotFoundError as e:
+                # an optional library that is not installed here (torch for bench.torch_reference) is no failure
+                if e.name in HIDDEN_MODULES or e.name.startswith("numformer") or importlib.util.find_spec(e.name):
+                    failed.append(f"{name}: {e!r}")
             except Exception as e:
                 failed.append(f"{name}: {e!r}")
         print(len(names), "modules")

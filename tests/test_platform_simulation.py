@@ -139,3 +139,11 @@ def _has(module):
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def test_forked_workers_are_refused_with_one_line(tmp_path):
+    done = cli("train", str(ROOT / "configs" / "shakespeare_char.toml"), "--out", str(tmp_path / "run"), "--quiet",
+               *TINY, "--set", "train.max_steps=2", "--set", "train.processes=2")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no fork" in lines[0] and "MPI" in lines[0], done.stderr

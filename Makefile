@@ -12,7 +12,7 @@ export NUMFORMER_DATA := $(SHARED_DATA)
 endif
 endif
 
-.PHONY: run test test-slow bench docs clean
+.PHONY: run test test-floors test-slow bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,29 @@ run: $(VENV)/.installed-run
 	@echo "numformer is installed in $(VENV); to type its commands (numformer --help), run:"
 	@echo "    source $(VENV)/bin/activate"
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test test-floors
 	$(BIN)/python -m pytest -n 2 -m "not slow" -q
+
+# The declared minimum versions, exactly (pyproject.toml's lower bounds, tests/floors.py), in a venv of their
+# own: the core tests and a short train + generate run there. `make test` runs this first.
+FLOORS := .venv-floors
+FLOOR_TESTS := tests/test_ops.py tests/test_nn.py tests/test_models.py tests/test_optim.py tests/test_generate.py \
+               tests/test_train.py tests/test_data_tokenizers.py tests/test_data_fetch.py
+TINY := --set model.n_layers=1 --set model.d_model=32 --set data.block_size=32 --set train.batch_size=8 \
+        --set train.max_steps=30 --set train.eval_every=15 --set train.eval_batches=1 --set train.warmup_steps=3
+
+$(FLOORS)/.installed: pyproject.toml tests/floors.py
+	rm -rf $(FLOORS)
+	$(PYTHON) -m venv $(FLOORS)
+	$(PYTHON) tests/floors.py constraints > $(FLOORS)/floors.txt
+	$(FLOORS)/bin/python -m pip install -q -c $(FLOORS)/floors.txt -e ".[nlp,data,hf]" torch pytest pytest-xdist
+	$(FLOORS)/bin/python tests/floors.py check nlp data hf torch pytest pytest-xdist
+	touch $@
+
+test-floors: $(FLOORS)/.installed
+	$(FLOORS)/bin/python -m pytest -n 2 -q -p no:cacheprovider -k "not _gradients" $(FLOOR_TESTS)
+	$(FLOORS)/bin/numformer train configs/shakespeare_char.toml --out $(FLOORS)/run --overwrite $(TINY)
+	$(FLOORS)/bin/numformer generate $(FLOORS)/run --prompt "ROMEO:" --max-new-tokens 60 --seed 0
 
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m slow -q
@@ -51,4 +72,4 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) build site src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(FLOORS) build site src/*.egg-info .pytest_cache

@@ -303,7 +303,7 @@ def _find_openblas_function(name):
     if not sys.platform.startswith("linux"):
         return None
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/maps", encoding="utf-8") as f:
             paths = {line.split()[-1] for line in f
                      if len(line.split()) >= 6 and "openblas" in line.split()[-1].lower() and ".so" in line.split()[-1]}
     except OSError:

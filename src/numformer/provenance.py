@@ -36,7 +36,7 @@ def machine_info():
     """What the figures depend on (JSON-able): CPU model, core count, platform, Python, NumPy and its BLAS."""
     cpu = platform.processor() or platform.machine()
     try:
-        with open("/proc/cpuinfo") as f:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()

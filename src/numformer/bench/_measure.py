@@ -20,17 +20,20 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import time
 import tracemalloc
 
+try:                          # POSIX only; Windows' peak working set comes from psutil when it is installed
+    import resource
+except ImportError:
+    resource = None
 
 def rss_bytes():
     """Current resident set size of this process (Linux /proc), or None elsewhere."""
     try:
-        with open("/proc/self/statm") as f:
+        with open("/proc/self/statm", encoding="utf-8") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -42,16 +45,22 @@ def max_rss_bytes():
     Linux: ``VmHWM`` of /proc/self/status, the high-water mark of this process image. Not ``ru_maxrss``:
     Linux carries the parent's resident size at fork over exec into the child's ru_maxrss, so a child
     started by a large parent (``numformer bench all`` after the throughput part) would report the
-    parent's size."""
+    parent's size. macOS: ``ru_maxrss``. Windows: psutil's peak working set when psutil is installed, else None."""
     try:
-        with open("/proc/self/status") as f:
+        with open("/proc/self/status", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r if sys.platform == "darwin" else r * 1024
+    if resource is not None:
+        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return r if sys.platform == "darwin" else r * 1024
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return getattr(psutil.Process().memory_info(), "peak_wset", None)
 
 
 def traced_peak(fn):

@@ -70,7 +70,7 @@ def _serve(trainer, world):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    config = json.loads(open(argv[0]).read())
+    config = json.loads(open(argv[0], encoding="utf-8").read())
     config["train"]["processes"] = int(argv[1])
     set_fast_runtime()
     world = init_world("numformer bench")

@@ -29,7 +29,7 @@ ROUNDS = 3
 
 def cpu_flags():
     try:
-        with open("/proc/cpuinfo") as f:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
             return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     except OSError:
         return set()

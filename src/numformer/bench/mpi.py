@@ -64,7 +64,7 @@ class MPIJob(ClosesOnExit):
     def __init__(self, config, ranks, processes=1):
         self._dir = tempfile.TemporaryDirectory()
         path = Path(self._dir.name) / "config.json"
-        path.write_text(json.dumps(config))
+        path.write_text(json.dumps(config), encoding="utf-8")
         src = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen([mpiexec(), "-n", str(ranks), sys.executable, "-m",
@@ -119,7 +119,7 @@ class ForkedTrainer(ClosesOnExit):
         """CPU seconds used so far by this process and its forked workers (Linux /proc)."""
         total = time.process_time()
         for proc in self.trainer._dp._workers:
-            with open(f"/proc/{proc.pid}/stat") as f:
+            with open(f"/proc/{proc.pid}/stat", encoding="utf-8") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return total

@@ -71,7 +71,7 @@ def load_results(out_dir):
     if not path.exists():
         return {}
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e}); move it away and run the benchmark again") from e

@@ -142,7 +142,7 @@ def seed_study(exp, ctx):
 def _same_run(run_dir, config):
     """Whether run_dir holds a checkpoint of a run with this resolved config (to resume rather than restart)."""
     saved = run_dir / "config.json"
-    return (run_dir / CHECKPOINT).is_file() and saved.is_file() and json.loads(saved.read_text()) == json.loads(
+    return (run_dir / CHECKPOINT).is_file() and saved.is_file() and json.loads(saved.read_text(encoding="utf-8")) == json.loads(
         json.dumps(config))
 
 
@@ -172,7 +172,7 @@ def seeds_markdown(path, name, nanogpt=True):
     if not path.is_file():
         return (f"No seed study yet: `numformer reproduce {name} --seeds 8` trains 8 seeds and adds "
                 f"their spread here ({path.name}).")
-    r = json.loads(path.read_text())
+    r = json.loads(path.read_text(encoding="utf-8"))
     n, e, v, last = len(r["seeds"]), r["nanogpt_estimate"], r["val_loss"], r["last_val_loss"]
     chars = e["batches"] * e["batch_size"] * e["block_size"]
     rows = [f"| {s['seed']} | {s['step']} | {s['val_loss']:.4f} | {s['last_val_loss']:.4f} |" for s in r["seeds"]]
@@ -196,7 +196,7 @@ def comparison_markdown(path, other_path, name, other):
     if not (path.is_file() and other_path.is_file()):
         return (f"No comparison yet: it needs `numformer reproduce {name} --seeds N` and "
                 f"`numformer reproduce {other} --seeds N`.")
-    ours, theirs = (json.loads(p.read_text())["seeds"] for p in (path, other_path))
+    ours, theirs = (json.loads(p.read_text(encoding="utf-8"))["seeds"] for p in (path, other_path))
     common = sorted({r["seed"] for r in ours} & {r["seed"] for r in theirs})
     a = _spread([r["val_loss"] for r in ours if r["seed"] in common])
     b = _spread([r["val_loss"] for r in theirs if r["seed"] in common])

@@ -228,7 +228,7 @@ def write_index(results_dir):
         if path.name == "bench.json":
             continue
         try:
-            r = json.loads(path.read_text())
+            r = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             continue
         if "figures" not in r or "name" not in r:

@@ -37,7 +37,7 @@ def write_atomic(path, data: bytes):
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file 0600; give it a normal file's mode
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file 0600; give it a normal file's mode (os.fchmod: POSIX only)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

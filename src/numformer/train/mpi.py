@@ -52,6 +52,7 @@ try:                          # the unread-bytes count of a pipe (POSIX); elsewh
 except ImportError:
     ioctl = FIONREAD = None
 
+from .. import _platform
 from ..data.base import IGNORE
 from .parallel import ClosesOnExit, DataParallel, _generators, _shares, _take
 
@@ -61,7 +62,7 @@ SIZE_VARIABLES = ("PMI_SIZE",                 # MPICH's Hydra, Intel MPI, srun -
                   "OMPI_COMM_WORLD_SIZE",     # Open MPI
                   "MV2_COMM_WORLD_SIZE")      # MVAPICH
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+STOP_SIGNALS = _platform.signals("SIGTERM", "SIGHUP", "SIGUSR1")     # those of them this platform has
 
 
 def launcher_size(environ=None):
@@ -135,7 +136,7 @@ class World:
             try:
                 if os.readlink(f"/proc/{pid}/fd/2").startswith(("/dev/pts/", "/dev/tty")):
                     return True
-                with open(f"/proc/{pid}/stat") as f:
+                with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
                     pid = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 return False

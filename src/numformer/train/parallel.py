@@ -57,11 +57,11 @@ from __future__ import annotations
 import mmap
 import os
 import signal
-import sys
 import traceback
 
 import numpy as np
 
+from .. import _platform
 from .._runtime import get_num_threads, set_num_threads, single_threaded, single_threaded_blas
 from ..data.base import IGNORE
 from ..nn.layers import BatchStatNorm
@@ -87,9 +87,9 @@ def usable_processes(model, batch_size, requested=0):
 
 def unavailable_reason(model):
     """Why this model cannot be trained data-parallel here, or None."""
-    if not sys.platform.startswith("linux"):
-        return f"data-parallel training forks worker processes, which numformer supports on Linux only " \
-               f"(this is {sys.platform})"
+    reason = _platform.forked_workers_unavailable()
+    if reason:
+        return reason
     if any(isinstance(m, BatchStatNorm) for m in model.modules()):
         return "norm = \"batch\" normalizes over the whole batch, so the batch cannot be split across processes"
     return None

@@ -1,8 +1,8 @@
 """The run folder: which files make a run, a lock so that one command writes it at a time, and overwrites
 that never pair one run's config with another run's weights.
 
-Locking: a command that writes a run folder holds an exclusive ``flock`` on
-the folder itself for as long as it works (``train``); commands that read it
+Locking: a command that writes a run folder holds an exclusive lock on the folder
+(``_platform``: ``flock`` on POSIX, ``msvcrt`` on Windows) for as long as it works (``train``); commands that read it
 (``eval``, ``generate``, ``analyze`` ...) hold a shared one. A second writer,
 or a reader while a writer works, gets one error naming the folder and the
 process that holds it. Locks are per process and re-entrant: the same process
@@ -26,12 +26,12 @@ weights, nothing, or the new run; never a mix of the two.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 from pathlib import Path
 
 from .._limits import bounded_json
+from .. import _platform
 from .checkpoint import CHECKPOINT, MODEL
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
@@ -51,7 +51,8 @@ def _forget_locks_in_child():
     _HELD.clear()
 
 
-os.register_at_fork(after_in_child=_forget_locks_in_child)
+if hasattr(os, "register_at_fork"):          # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 class RunFolderBusy(ValueError):
@@ -73,33 +74,30 @@ def folder_identity(path):
 
 
 def _lock_folder(path, exclusive):
-    """The lock primitive: open ``path`` and lock it exclusively or shared without waiting; returns the open
-    descriptor, or raises BlockingIOError when another process holds a conflicting lock."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """Open ``path``'s lock (``numformer._platform``: flock on POSIX, byte ranges of a lock file on Windows) and
+    take it exclusively or shared without waiting; returns the descriptor, or raises BlockingIOError when
+    another process holds a conflicting lock."""
+    fd = _platform.open_lock(path)
     try:
         _relock_folder(fd, exclusive)
     except BaseException:
-        os.close(fd)
+        _platform.close_lock(fd)
         raise
     return fd
 
 
 def _relock_folder(fd, exclusive):
     """Change the lock held on ``fd`` (shared -> exclusive) without waiting; BlockingIOError if refused."""
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise BlockingIOError(e.errno, os.strerror(e.errno)) from None
-        raise
+    if not _platform.try_lock(fd, exclusive):
+        raise BlockingIOError(errno.EAGAIN, "the folder is locked by another process")
 
 
 def _unlock_folder(fd):
     """Release the lock on ``fd`` and close it."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        _platform.unlock(fd)
     finally:
-        os.close(fd)
+        _platform.close_lock(fd)
 
 
 class RunLock:
@@ -176,7 +174,7 @@ def _holder(path):
     try:
         st = os.stat(path)
         dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-        with open("/proc/locks") as f:
+        with open("/proc/locks", encoding="utf-8") as f:
             for line in f:
                 fields = line.split()
                 if "FLOCK" in fields and fields[-3] == dev:
@@ -186,7 +184,7 @@ def _holder(path):
                     except OSError:
                         cmd = ""
                     return f"pid {pid}" + (f": {_short(cmd)}" if cmd else "")
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, AttributeError):     # AttributeError: no os.major (Windows)
         pass
     return "another numformer command"
 

@@ -1,0 +1,153 @@
+"""What differs between Linux, macOS and Windows, in one place: the run-folder lock, stop signals, forked workers.
+
+Everything else in numformer is portable Python (``pathlib``, text files opened
+as UTF-8). Each function below looks up what the platform has instead of
+assuming it, so importing numformer never fails for want of a POSIX module;
+a feature a platform lacks is refused with one line when it is asked for.
+
+The run-folder lock (``open_lock``, ``try_lock``, ``unlock``, ``close_lock``),
+non-blocking, per process, released by the operating system when the process
+ends (a crashed writer leaves no lock behind):
+
+* POSIX (Linux, macOS): ``flock`` on the folder itself, shared (readers) or
+  exclusive (the writer). Nothing is added to the folder.
+* Windows (no ``fcntl``): ``msvcrt.locking`` byte-range locks on a file
+  ``.numformer.lock`` in the folder (a folder cannot be opened as a file
+  there). ``msvcrt`` has no shared mode, so readers and the writer share out
+  bytes: the writer locks bytes ``0 .. READER_SLOTS``, a reader one byte of its
+  own in ``1 .. READER_SLOTS``. Two readers take different bytes and do not
+  conflict; a reader and the writer always overlap, and so do two writers.
+
+The lock primitive is chosen by what imports (``fcntl``, else ``msvcrt``), not
+by the platform's name, which is what lets the tests run the Windows branch on
+Linux (tests/test_platform_simulation.py hides ``fcntl`` and supplies an
+``msvcrt`` whose ``locking`` keeps the CRT's contract).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+
+try:                                    # POSIX
+    import fcntl
+except ImportError:
+    fcntl = None
+try:                                    # Windows
+    import msvcrt
+except ImportError:
+    msvcrt = None
+
+LOCK_FILE = ".numformer.lock"           # Windows only: the file whose bytes carry a folder's lock
+READER_SLOTS = 64                       # Windows only: readers that may hold one folder at once
+
+_reader_slot: dict[int, int] = {}       # Windows: lock fd -> the byte a shared holder locked (absent: exclusive)
+
+
+def name():
+    """'Linux', 'macOS', 'Windows' or the platform's own name."""
+    return {"linux": "Linux", "darwin": "macOS", "win32": "Windows", "cygwin": "Windows"}.get(sys.platform,
+                                                                                              sys.platform)
+
+
+# -- the run-folder lock -------------------------------------------------------------------------------------
+
+def lock_target(folder):
+    """The path whose file the lock of ``folder`` is held on: the folder itself (POSIX), its lock file (Windows)."""
+    return os.fspath(folder) if fcntl is not None else os.path.join(folder, LOCK_FILE)
+
+
+def open_lock(folder):
+    """A file descriptor to hold ``folder``'s lock on (``folder`` exists); not inherited by child processes."""
+    if fcntl is not None:
+        return os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    if msvcrt is not None:
+        return os.open(lock_target(folder), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOINHERIT", 0), 0o666)
+    raise OSError(errno.ENOSYS, f"this platform ({name()}) has neither fcntl nor msvcrt, so numformer cannot lock "
+                                f"a run folder; run numformer on Linux, macOS or Windows")
+
+
+def try_lock(fd, exclusive):
+    """Take (or convert to) a shared or exclusive lock on ``fd`` without waiting; False when another process holds
+    a conflicting one."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return True
+    held = fd in _reader_slot
+    if held and not exclusive:
+        return True
+    if held and exclusive:                  # shared -> exclusive: the whole range, our own byte released first
+        slot = _reader_slot.pop(fd)
+        _byte_unlock(fd, slot, 1)
+        if _byte_lock(fd, 0, READER_SLOTS + 1):
+            return True
+        if not _byte_lock(fd, slot, 1):     # give the shared lock back (a writer may have slipped in between)
+            raise OSError(errno.EAGAIN, "lost the shared lock of a run folder while converting it")
+        _reader_slot[fd] = slot
+        return False
+    if exclusive:
+        return _byte_lock(fd, 0, READER_SLOTS + 1)
+    for slot in range(1, READER_SLOTS + 1):
+        if _byte_lock(fd, slot, 1):
+            _reader_slot[fd] = slot
+            return True
+    return False
+
+
+def unlock(fd):
+    """Release the lock held on ``fd`` (the descriptor stays open)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return
+    slot = _reader_slot.pop(fd, None)
+    if slot is None:
+        _byte_unlock(fd, 0, READER_SLOTS + 1)
+    else:
+        _byte_unlock(fd, slot, 1)
+
+
+def close_lock(fd):
+    """Close the descriptor of a lock (releasing it, if still held)."""
+    _reader_slot.pop(fd, None)
+    os.close(fd)
+
+
+def _byte_lock(fd, start, count):
+    os.lseek(fd, start, os.SEEK_SET)
+    try:
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, count)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EDEADLK, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
+def _byte_unlock(fd, start, count):
+    os.lseek(fd, start, os.SEEK_SET)
+    msvcrt.locking(fd, msvcrt.LK_UNLCK, count)
+
+
+# -- signals and forked workers ------------------------------------------------------------------------------
+
+def signals(*names):
+    """The signals of ``names`` this platform has (Windows has SIGTERM, not SIGHUP or SIGUSR1), in that order."""
+    return tuple(getattr(signal, n) for n in names if hasattr(signal, n))
+
+
+def forked_workers_unavailable():
+    """Why data-parallel workers (``os.fork``) cannot run here, with what to use instead; None on Linux.
+
+    Linux only: macOS has ``fork``, but forking a process that has started threads (BLAS, numformer's own pool)
+    is unsafe there, and Windows has no ``fork`` at all."""
+    if sys.platform.startswith("linux") and hasattr(os, "fork"):
+        return None
+    return (f"data-parallel training forks worker processes, which numformer supports on Linux only (this is "
+            f"{name()}{'' if hasattr(os, 'fork') else ', which has no fork'}); train in one process "
+            f"(numformer's threads use every core) or across processes with MPI (mpiexec -n N numformer train)")

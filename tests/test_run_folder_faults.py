@@ -329,3 +329,25 @@ def test_divergence_before_any_checkpoint_says_to_train_again(tmp_path):
     line = one_error_line(rc, err, "train")
     assert "no checkpoint had been written yet" in line and "train again with a lower lr" in line
     assert not (out / "checkpoint.safetensors").exists()
+
+
+def test_a_write_between_the_check_and_a_replacement_lands_in_the_locked_folder(tmp_path):
+    """The instant between a writer's identity check and its write: the folder is deleted and made anew there.
+    The file is created relative to the locked folder's descriptor, so it never lands in the new folder: the
+    write stops with one error naming the folder, and so does the next check."""
+    from numformer.train.checkpoint import write_atomic
+    from numformer.train.run_folder import RunFolderGone, lock_for_writing
+
+    out = tmp_path / "R"
+    lock = lock_for_writing(out)
+    try:
+        lock.check()
+        remove(out)
+        out.mkdir()                                        # made anew under the same name (ext4 may reuse the inode
+        with pytest.raises(ValueError, match="was deleted or replaced"):      # number of a freed folder; the
+            write_atomic(out / "config.json", b"{}\n")                        # lock's descriptor pins it)
+        assert list(out.iterdir()) == []
+        with pytest.raises(RunFolderGone, match="replaced"):
+            lock.check()
+    finally:
+        lock.release()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,27 +24,56 @@ MODEL = "model.safetensors"
 FORMAT = "numformer-checkpoint-1"
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+# The folders this process holds locked (train.run_folder registers them): real path -> an open descriptor of the
+# folder itself. A file of such a folder is created relative to that descriptor, so it lands in the folder that
+# was locked even if the path has meanwhile been deleted and made anew (then the writer's next check stops it);
+# it never lands in the new folder. Where the platform has no such descriptors (Windows), by path.
+LOCKED_FOLDERS: dict[str, int] = {}
+
+
+def _locked_folder_fd(path):
+    """The descriptor of ``path``'s folder when this process holds that folder locked (and the platform can
+    open files relative to it), else None."""
+    folder_fd = LOCKED_FOLDERS.get(os.path.realpath(Path(path).parent))
+    return folder_fd if folder_fd is not None and os.open in os.supports_dir_fd else None
+
+
+def open_in_folder(path, flags, mode=0o666):
+    """``os.open(path, flags)``, relative to the locked folder's descriptor where ``path``'s folder is locked:
+    a folder deleted meanwhile (Linux refuses new files in it) is one ValueError, and a folder made anew under
+    the same name never receives the file."""
+    path = Path(path)
+    folder_fd = _locked_folder_fd(path)
+    if folder_fd is None:
+        return os.open(path, flags, mode)
+    try:
+        return os.open(path.name, flags, mode, dir_fd=folder_fd)
+    except FileNotFoundError:
+        raise ValueError(f"{path.parent} was deleted or replaced while this command was writing it; stopped "
+                         f"without writing {path.name} (nothing is recreated)") from None
 
 
 def write_atomic(path, data: bytes):
     """Write bytes to ``path`` atomically (temporary file + fsync + rename). The folder must exist: it is never
-    created here, so that a run folder deleted under a running command is not silently made anew."""
+    created here, so that a run folder deleted under a running command is not silently made anew. In a locked
+    folder, the file goes into the folder that was locked (``LOCKED_FOLDERS``), whatever the path names now."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    folder_fd = _locked_folder_fd(path)
+    where = {} if folder_fd is None else {"src_dir_fd": folder_fd, "dst_dir_fd": folder_fd}
+    tmp_name, name = (tmp, path) if folder_fd is None else (tmp.name, path.name)
+    fd = open_in_folder(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0))
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file 0600; give it a normal file's mode (os.fchmod: POSIX only)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp_name, name, **where)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        try:
+            os.unlink(tmp_name, **({} if folder_fd is None else {"dir_fd": folder_fd}))
+        except OSError:
+            pass
         raise
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .._limits import bounded_json
 from .. import _platform
-from .checkpoint import CHECKPOINT, MODEL
+from .checkpoint import CHECKPOINT, LOCKED_FOLDERS, MODEL
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 RUN_FILES = (CHECKPOINT, MODEL, "summary.json", "metrics.jsonl", "tokenizer.json", "config.json")
@@ -43,6 +43,7 @@ _HELD: dict[str, list] = {}       # real path -> [fd, exclusive, count, identity
 def _forget_locks_in_child():
     """A forked child (a data-parallel worker) drops its copies of the lock descriptors without unlocking: the
     lock stays with the parent and goes when the parent ends, even if the parent is killed first."""
+    LOCKED_FOLDERS.clear()
     for fd, *_ in _HELD.values():
         try:
             os.close(fd)
@@ -124,6 +125,8 @@ class RunLock:
         else:
             fd = _busy_if_blocked(lambda: _lock_folder(self.path, exclusive), self.path, what)
             _HELD[self.key] = [fd, exclusive, 1, folder_identity(self.path)]
+            if _platform.lock_target(self.path) == os.fspath(self.path):     # the descriptor is the folder's
+                LOCKED_FOLDERS[self.key] = fd
         self.identity = _HELD[self.key][3]
         self._released = False
 
@@ -145,6 +148,7 @@ class RunLock:
         held[2] -= 1
         if held[2] == 0:
             del _HELD[self.key]
+            LOCKED_FOLDERS.pop(self.key, None)
             _unlock_folder(held[0])
 
     def __enter__(self):

@@ -41,8 +41,8 @@ from ..models.pretrained import loader as pretrained_loader
 from ..nn import MultiHeadAttention
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from ..provenance import git_commit
-from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_metadata, load_model_weights, rng_state,
-                         save_checkpoint, save_model, set_rng_state, write_atomic, write_json_atomic)
+from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_metadata, load_model_weights, open_in_folder,
+                         rng_state, save_checkpoint, save_model, set_rng_state, write_atomic, write_json_atomic)
 from ..config import apply_overrides, resolve_config
 from . import run_folder
 from .early_stopping import EarlyStopping
@@ -262,7 +262,7 @@ class Trainer:
         self._check_folder()
         path = self.run_dir / "metrics.jsonl"
         try:          # never through a link placed there meanwhile (O_NOFOLLOW where the platform has it)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+            fd = open_in_folder(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0))
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise

@@ -525,5 +525,5 @@ def test_bfloat16_checkpoint_is_read_exactly(tmp_path):
 def test_corrupt_weights_file(tmp_path):
     folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
     (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    with pytest.raises(ValueError, match="model.safetensors cannot be read.*download it again"):
+    with pytest.raises(ValueError, match="model.safetensors is damaged.*download it again"):
         hf.load_pretrained(folder)

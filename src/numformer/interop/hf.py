@@ -39,6 +39,8 @@ from typing import Callable
 
 import numpy as np
 
+from .safetensors_reader import read_safetensors_file, shard_files
+
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -310,11 +312,11 @@ def read_hf_config(folder):
 
 
 def _weight_files(folder):
+    """(weight_map {tensor: shard name} or None, [safetensors files]) of a Hugging Face folder."""
     if (folder / WEIGHTS).is_file():
-        return [folder / WEIGHTS]
+        return None, [folder / WEIGHTS]
     if (folder / WEIGHTS_INDEX).is_file():
-        index = json.loads((folder / WEIGHTS_INDEX).read_text())
-        return [folder / name for name in sorted(set(index["weight_map"].values()))]
+        return shard_files(folder, folder / WEIGHTS_INDEX)
     if any((folder / p).is_file() for p in PICKLE_WEIGHTS):
         raise ValueError(
             f"{folder} has only PyTorch pickle weights (pytorch_model.bin); numformer reads safetensors only, "
@@ -325,43 +327,27 @@ def _weight_files(folder):
                      f"model.save_pretrained(folder)")
 
 
-def _read_bf16_file(path):
-    """A safetensors file read directly (header, then raw bytes): NumPy has no bfloat16, so BF16 tensors
-    become float32 (exactly: a bfloat16 is the upper half of a float32); other dtypes are kept."""
-    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_, "BF16": np.uint16}
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    n = int(data[:8].view("<u8")[0])
-    header = json.loads(bytes(data[8:8 + n]).decode())
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = info["data_offsets"]
-        raw = np.frombuffer(data[8 + n + lo:8 + n + hi], dtype=np.dtype(dtypes[info["dtype"]]).newbyteorder("<"))
-        if info["dtype"] == "BF16":
-            raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        out[name] = np.array(raw.reshape(info["shape"]))
-    return out
-
-
 def read_safetensors(folder):
-    """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32)."""
-    from safetensors import safe_open
-
-    tensors = {}
-    for path in _weight_files(Path(folder)):
+    """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32), each file
+    checked in full by ``safetensors_reader`` before it is read; with shards, every tensor must be in the
+    shard the index names, and in one shard only."""
+    folder = Path(folder)
+    weight_map, files = _weight_files(folder)
+    tensors, where = {}, {}
+    for path in files:
         if not path.is_file():
             raise ValueError(f"{path} is listed in {WEIGHTS_INDEX} but missing; download it again")
-        try:
-            with safe_open(str(path), framework="np") as f:
-                for k in f.keys():
-                    tensors[k] = f.get_tensor(k)
-        except Exception as e:       # safetensors raises several types for a damaged file or an unknown dtype
-            try:
-                tensors.update(_read_bf16_file(path))         # NumPy lacks bfloat16: read it by hand
-            except Exception:
-                raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}); download it again") from None
+        for name, array in read_safetensors_file(path).items():
+            if name in tensors:
+                raise ValueError(f"{path} holds tensor {name!r}, which {where[name]} also holds; download the "
+                                 f"shards again")
+            if weight_map is not None and weight_map.get(name) != path.name:
+                raise ValueError(f"{path} holds tensor {name!r}, but {WEIGHTS_INDEX} places it in "
+                                 f"{weight_map.get(name)!r}; download the shards again")
+            tensors[name], where[name] = array, path.name
+    if weight_map is not None and set(weight_map) - set(tensors):
+        raise ValueError(f"{folder / WEIGHTS_INDEX} lists tensors no shard holds: "
+                         f"{sorted(set(weight_map) - set(tensors))[:5]}; download the shards again")
     return tensors
 
 

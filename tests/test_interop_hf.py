@@ -226,9 +226,10 @@ def test_unsupported_model_type_names_the_supported_ones(tmp_path):
         hf.load_pretrained(folder)
 
 
-@pytest.mark.parametrize("key,value,match", [("scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse"),
-                                             ("scale_attn_weights", False, "unscaled attention"),
-                                             ("activation_function", "silu", "activation_function 'silu'")])
+@pytest.mark.parametrize("key,value,match", [
+    ("scale_attn_by_inverse_layer_idx", True, "field scale_attn_by_inverse_layer_idx = True: "),
+    ("scale_attn_weights", False, "field scale_attn_weights = False: "),
+    ("activation_function", "silu", "field activation_function = 'silu': ")])
 def test_unsupported_gpt2_options_are_refused(tmp_path, key, value, match):
     folder, _ = make_hf(tmp_path, **SHAPES["default_ff"], **{key: value})
     with pytest.raises(ValueError, match=match):

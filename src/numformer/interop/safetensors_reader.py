@@ -100,9 +100,12 @@ def read_header(path):
     return entries, 8 + n, data_len
 
 
-def read_safetensors_file(path):
-    """{name: array} of one safetensors file, checked by ``read_header`` before any tensor is read."""
+def read_safetensors_file(path, select=None):
+    """{name: array} of one safetensors file, checked by ``read_header`` before any tensor is read;
+    ``select(name)`` -> bool reads only some tensors."""
     entries, start, data_len = read_header(path)
+    if select is not None:
+        entries = {k: v for k, v in entries.items() if select(k)}
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(data_len,)) if data_len else \
         np.zeros(0, np.uint8)
     out = {}

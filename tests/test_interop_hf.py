@@ -528,3 +528,15 @@ def test_corrupt_weights_file(tmp_path):
     (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(ValueError, match="model.safetensors is damaged.*download it again"):
         hf.load_pretrained(folder)
+
+
+@pytest.mark.parametrize("positional,beyond", [("learned", "raises an IndexError"), ("rope", "keeps every earlier")])
+def test_export_warns_once_and_records_the_context(tmp_path, capsys, positional, beyond):
+    kw = dict(positional="rope", activation="swiglu", norm="rms") if positional == "rope" else {}
+    model = GPT(VOCAB, 16, n_layers=1, n_heads=2, d_model=8, rng=np.random.default_rng(0), **kw)
+    out = hf.export_hf(model, tmp_path / "out")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: ") and "past the context of 16 tokens" in err[0], err
+    assert beyond in err[0]
+    recorded = json.loads((out / "config.json").read_text())["numformer_context"]
+    assert recorded["block_size"] == 16 and beyond in recorded["note"]

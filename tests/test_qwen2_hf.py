@@ -110,3 +110,12 @@ eval_every = 3
     tuned = GPT.from_pretrained(hf.export_hf(__import__("numformer.train", fromlist=["load_model"]).load_model(
         tmp_path / "run"), tmp_path / "tuned_hf"))
     assert tuned.blocks[0].self_attn.qkv_proj.bias is not None
+
+
+def test_qwen2_generation_benchmark_part_measures_both_libraries(tmp_path):
+    from numformer.bench import qwen2_generate
+
+    result = qwen2_generate.run(quick=True, log=None)
+    assert result["row"]["same_tokens_fraction"] == 1.0 and result["row"]["transformers_tokens_per_s"] > 0
+    assert result["row"]["ratio"] > 0
+    assert "| numformer one_thread |" in qwen2_generate.markdown(result, tmp_path)

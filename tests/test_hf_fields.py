@@ -278,3 +278,12 @@ def test_tied_gpt2_with_a_stored_lm_head_uses_it_as_transformers_does(tmp_path):
     state["lm_head.weight"] = state["transformer.wte.weight"]            # stored and equal: tied
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     assert GPT.from_pretrained(folder).tie_weights
+
+
+def test_docs_hold_the_generated_fields_tables():
+    from pathlib import Path
+
+    from numformer.interop.hf_families import fields_markdown
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "hf-checkpoints.md").read_text()
+    assert fields_markdown() in page, "regenerate the tables of docs/reference/hf-checkpoints.md with fields_markdown()"

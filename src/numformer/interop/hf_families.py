@@ -23,6 +23,7 @@ Tensors: ``LAYOUTS[model_type]`` pairs each numformer module with the Hugging Fa
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -55,14 +56,28 @@ class Field:
     kind: str = ""
     null: object = "keep"
     note: str = ""
+    accepts: str = ""                # the docs' wording of the accepted values, for a rule applied elsewhere
+
+
+def _documented(text):
+    """Attach the docs' wording of what a refusal rule accepts."""
+    def mark(rule):
+        rule.accepts = text
+        return rule
+    return mark
 
 
 def _only(*allowed, why=""):
-    return lambda v, _: None if v in allowed else f"numformer reproduces only {' or '.join(map(repr, allowed))}{why}"
+    shown = " or ".join(map(repr, allowed))
+    return _documented(shown)(lambda v, _: None if v in allowed else f"numformer reproduces only {shown}{why}")
 
 
+@_documented("a positive integer")
 def _positive(v, _):
     return None if type(v) is int and v > 0 else "must be a positive integer"
+
+
+_positive_or_null = _documented("a positive integer or null")(lambda v, r: None if v is None else _positive(v, r))
 
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -78,6 +93,7 @@ def _head_dim_default(r):
     return r["hidden_size"] // r["num_attention_heads"]
 
 
+@_documented("hidden_size / num_attention_heads")
 def _head_dim(v, r):
     if v == r["hidden_size"] // r["num_attention_heads"]:
         return None
@@ -85,12 +101,14 @@ def _head_dim(v, r):
            f"split d_model)"
 
 
+@_documented("null or a token id of the vocabulary")
 def _pad_id(v, r):
     if v is None or (type(v) is int and -r["vocab_size"] <= v < r["vocab_size"]):
         return None
     return f"is not a token id of the vocabulary [0, {r['vocab_size']}) (torch's Embedding refuses it too)"
 
 
+@_documented("rope_type 'default' (also spelled type), partial_rotary_factor 1, one dict for every layer")
 def _rope_refusal(v, r):
     """The standardized rope_parameters (``_standard_rope``): only plain RoPE."""
     if v.get("nested"):
@@ -122,10 +140,12 @@ COMMON_LLAMA = (  # fields every Llama-like config class has, in the class's ord
     Field("eos_token_id", 2, TOKENIZER),
     Field("tie_word_embeddings", False, HONOURED, note="tie_weights (a stored lm_head.weight that differs unties, "
                                                        "as transformers)"),
-    Field("rope_parameters", None, HONOURED, _rope_refusal, note="rope_theta (only rope_type 'default')"),
-    Field("rope_scaling", None, HONOURED, note="the older name of rope_parameters; wins over it when both are set"),
+    Field("rope_parameters", None, HONOURED, _rope_refusal, note="rope_theta (its rope_theta, else the top-level "
+                                                                  "one, else 10000)"),
+    Field("rope_scaling", None, HONOURED, note="the older name of rope_parameters; wins over it when both are set",
+          accepts="as rope_parameters"),
     Field("rope_theta", 10000.0, HONOURED, note="rope_theta when rope_parameters has none"),
-    Field("partial_rotary_factor", None, HONOURED, note="into rope_parameters (only 1.0)"),
+    Field("partial_rotary_factor", None, HONOURED, note="into rope_parameters", accepts="null or 1"),
     Field("attention_dropout", 0.0, TRAINING),
     Field("head_dim", _head_dim_default, HONOURED, _head_dim, null=SAME,
           note="only hidden_size / num_attention_heads"),
@@ -181,7 +201,7 @@ FIELDS = {
                      max_position_embeddings=Field("max_position_embeddings", 4096 * 32, HONOURED, _positive,
                                                    kind="count", note="block_size"),
                      sliding_window=Field("sliding_window", 4096, HONOURED,
-                                          lambda v, r: None if v is None else _positive(v, r),
+                                          _positive_or_null,
                                           note="sliding_window (null: none)")),
     "qwen2": _with(COMMON_LLAMA,
                    vocab_size=Field("vocab_size", 151936, HONOURED, _positive, kind="count", note="vocab_size"),
@@ -196,12 +216,13 @@ FIELDS = {
                    use_sliding_window=Field("use_sliding_window", False, HONOURED,
                                             note="sliding_window when every layer slides"),
                    sliding_window=Field("sliding_window", 4096, HONOURED,
-                                        lambda v, r: None if v is None else _positive(v, r),
+                                        _positive_or_null,
                                         note="sliding_window (when use_sliding_window)"),
-                   max_window_layers=Field("max_window_layers", 28, HONOURED, note="layers from this index slide: "
-                                                                                   "only 0 or >= num_hidden_layers"),
-                   layer_types=Field("layer_types", None, HONOURED, note="all 'full_attention', or all "
-                                                                         "'sliding_attention' with a window"),
+                   max_window_layers=Field("max_window_layers", 28, HONOURED, note="layers from this index slide",
+                                           accepts="with a window: 0 or >= num_hidden_layers (one window for "
+                                                   "every layer)"),
+                   layer_types=Field("layer_types", None, HONOURED, note="which layers slide",
+                                     accepts="all 'full_attention', or all 'sliding_attention'"),
                    head_dim=Field("head_dim", _head_dim_default, HONOURED, _head_dim, null=SAME,
                                   note="read with getattr by the modeling file; only hidden_size / "
                                        "num_attention_heads")),
@@ -535,15 +556,17 @@ def default_export_type(m):
 
 
 def fields_markdown():
-    """The fields table of every family, for the docs: field | transformers' default | numformer."""
+    """The fields table of every family, for the docs: field | transformers' default | numformer | accepted."""
+    derived = {"n_inner": "4 · n_embd", "num_key_value_heads": "num_attention_heads",
+               "head_dim": "hidden_size / num_attention_heads"}
     lines = []
     for model_type, fields in FIELDS.items():
-        lines += [f"### {model_type}", "", "| field | transformers' default | numformer |", "|---|---|---|"]
+        lines += [f"### {model_type}", "", "| field | transformers' default | numformer | accepted (else refused) |",
+                  "|---|---|---|---|"]
         for f in fields:
-            default = "derived" if callable(f.default) else repr(f.default)
+            default = derived.get(f.name, "derived") if callable(f.default) else f"`{json.dumps(f.default)}`"
             what = f.role + (f": {f.note}" if f.note else "")
-            if f.refuse is not None and f.role == HONOURED:
-                what += "; other values refused"
-            lines.append(f"| `{f.name}` | {default} | {what} |")
+            accepted = f.accepts or (getattr(f.refuse, "accepts", "any") if f.refuse is not None else "any")
+            lines.append(f"| `{f.name}` | {default} | {what} | {accepted} |")
         lines.append("")
     return "\n".join(lines)

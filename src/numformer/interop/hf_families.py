@@ -95,6 +95,8 @@ def _head_dim_default(r):
 
 @_documented("hidden_size / num_attention_heads")
 def _head_dim(v, r):
+    if v is None:
+        return "null, which Qwen2's attention (reading head_dim with getattr) cannot use"
     if v == r["hidden_size"] // r["num_attention_heads"]:
         return None
     return f"!= hidden_size / num_attention_heads = {r['hidden_size'] // r['num_attention_heads']} (numformer's heads " \
@@ -223,7 +225,7 @@ FIELDS = {
                                                    "every layer)"),
                    layer_types=Field("layer_types", None, HONOURED, note="which layers slide",
                                      accepts="all 'full_attention', or all 'sliding_attention'"),
-                   head_dim=Field("head_dim", _head_dim_default, HONOURED, _head_dim, null=SAME,
+                   head_dim=Field("head_dim", _head_dim_default, HONOURED, _head_dim,
                                   note="read with getattr by the modeling file; only hidden_size / "
                                        "num_attention_heads")),
 }

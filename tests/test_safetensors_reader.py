@@ -69,7 +69,8 @@ DAMAGE = {
     "truncated data": (dict(data=np.arange(7, dtype="<f4").tobytes()),
                        r"tensor 'ln_f\.bias' ends at byte 32 but the file holds 28 bytes of data"),
     "offsets vs shape": (dict(ln_f__bias={"dtype": "F32", "shape": [3], "data_offsets": [16, 32]}),
-                         r"tensor 'ln_f\.bias' \(F32, shape \[3\]\) needs 12 bytes but data_offsets \[16, 32\] hold 16"),
+                         r"tensor 'ln_f\.bias' \(F32, shape \[3\]\) needs 12 bytes but data_offsets "
+                         r"\[16, 32\] hold 16"),
     "reversed offsets": (dict(ln_f__bias={"dtype": "F32", "shape": [4], "data_offsets": [32, 16]}),
                          r"data_offsets \[32, 16\], not \[begin, end\]"),
     "negative shape": (dict(ln_f__bias={"dtype": "F32", "shape": [-4], "data_offsets": [16, 32]}),

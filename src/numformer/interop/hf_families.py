@@ -99,8 +99,8 @@ def _head_dim(v, r):
         return "null, which Qwen2's attention (reading head_dim with getattr) cannot use"
     if v == r["hidden_size"] // r["num_attention_heads"]:
         return None
-    return f"!= hidden_size / num_attention_heads = {r['hidden_size'] // r['num_attention_heads']} (numformer's heads " \
-           f"split d_model)"
+    split = r["hidden_size"] // r["num_attention_heads"]
+    return f"!= hidden_size / num_attention_heads = {split} (numformer's heads split d_model)"
 
 
 @_documented("null or a token id of the vocabulary")
@@ -116,7 +116,8 @@ def _rope_refusal(v, r):
     if v.get("nested"):
         return f"has per-layer-type entries {v['nested']} (numformer has one RoPE for every layer)"
     if v["rope_type"] != "default":
-        return f"has rope_type {v['rope_type']!r} (scaled RoPE); numformer's RoPE is the plain one (rope_type 'default')"
+        return (f"has rope_type {v['rope_type']!r} (scaled RoPE); numformer's RoPE is the plain one "
+                f"(rope_type 'default')")
     if v.get("partial_rotary_factor") not in (None, 1, 1.0):
         return f"has partial_rotary_factor {v['partial_rotary_factor']} (numformer rotates every feature of a head)"
     if not isinstance(v["rope_theta"], (int, float)) or v["rope_theta"] <= 0:

@@ -226,9 +226,10 @@ def test_unsupported_model_type_names_the_supported_ones(tmp_path):
         hf.load_pretrained(folder)
 
 
-@pytest.mark.parametrize("key,value,match", [("scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse"),
-                                             ("scale_attn_weights", False, "unscaled attention"),
-                                             ("activation_function", "silu", "activation_function 'silu'")])
+@pytest.mark.parametrize("key,value,match", [
+    ("scale_attn_by_inverse_layer_idx", True, "field scale_attn_by_inverse_layer_idx = True: "),
+    ("scale_attn_weights", False, "field scale_attn_weights = False: "),
+    ("activation_function", "silu", "field activation_function = 'silu': ")])
 def test_unsupported_gpt2_options_are_refused(tmp_path, key, value, match):
     folder, _ = make_hf(tmp_path, **SHAPES["default_ff"], **{key: value})
     with pytest.raises(ValueError, match=match):
@@ -525,5 +526,17 @@ def test_bfloat16_checkpoint_is_read_exactly(tmp_path):
 def test_corrupt_weights_file(tmp_path):
     folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
     (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    with pytest.raises(ValueError, match="model.safetensors cannot be read.*download it again"):
+    with pytest.raises(ValueError, match="model.safetensors is damaged.*download it again"):
         hf.load_pretrained(folder)
+
+
+@pytest.mark.parametrize("positional,beyond", [("learned", "raises an IndexError"), ("rope", "keeps every earlier")])
+def test_export_warns_once_and_records_the_context(tmp_path, capsys, positional, beyond):
+    kw = dict(positional="rope", activation="swiglu", norm="rms") if positional == "rope" else {}
+    model = GPT(VOCAB, 16, n_layers=1, n_heads=2, d_model=8, rng=np.random.default_rng(0), **kw)
+    out = hf.export_hf(model, tmp_path / "out")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: ") and "past the context of 16 tokens" in err[0], err
+    assert beyond in err[0]
+    recorded = json.loads((out / "config.json").read_text())["numformer_context"]
+    assert recorded["block_size"] == 16 and beyond in recorded["note"]

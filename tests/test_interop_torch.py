@@ -385,3 +385,13 @@ def test_torch_tutorial_seq2seq_model_into_numformer():
                  F64_TOL, "logits")
     with pytest.raises(ValueError, match="generator has a bias"):
         from_torch_seq2seq(transformer, src_embed, tgt_embed, nn.Linear(d, V_tgt).double())
+
+
+@pytest.mark.parametrize("make", [lambda nn: nn.Linear(4, 4), lambda nn: nn.ReLU(), lambda nn: "not a module",
+                                  lambda nn: type("TorchSeq2Seq", (nn.Module,), {})()])
+def test_from_torch_of_an_unknown_module_is_a_type_error_naming_what_it_converts(make):
+    from numformer.interop.torch import from_torch
+
+    with pytest.raises(TypeError, match=r"MultiheadAttention, TransformerEncoderLayer, .*TorchSeq2Seq") as e:
+        from_torch(make(torch.nn))
+    assert "\n" not in str(e.value)

@@ -196,37 +196,7 @@ def test_export_refuses_what_llama_cannot_express(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-# -- unsupported Hugging Face features: one clear line --------------------------------------------------------
-@pytest.mark.parametrize("edit,match", [
-    (lambda c: c.update(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
-     r"rope scaling of type 'llama3'"),
-    (lambda c: (c.pop("rope_parameters"), c.update(rope_theta=1e4, rope_scaling={"type": "linear", "factor": 2.0})),
-     r"rope scaling of type 'linear'"),
-    (lambda c: c.update(model_type="mistral", sliding_window=16), r"sliding attention window of 16 positions"),
-    (lambda c: c.update(hidden_act="gelu"), r"hidden_act = 'gelu'"),
-    (lambda c: c.update(head_dim=8), r"head_dim = 8"),
-    (lambda c: c.update(attention_bias=True), r"attention_bias != mlp_bias"),
-])
-def test_unsupported_llama_features_are_one_clear_line(tmp_path, edit, match):
-    folder, _ = make_llama(tmp_path, **SHAPES["gqa_untied"])
-    cfg = json.loads((folder / "config.json").read_text())
-    edit(cfg)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=match) as e:
-        hf.load_pretrained(folder)
-    assert "\n" not in str(e.value)
-
-
-def test_mistral_with_a_window_covering_the_context_loads(tmp_path):
-    folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=N_POS)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    idx = np.arange(12)[None] % VOCAB
-    with torch.no_grad():
-        ref = tmodel(torch.from_numpy(idx)).logits.numpy()
-    assert rel_err(GPT.from_pretrained(folder)(idx), ref) < 1e-4
-
+# -- config fields (honoured or refused, field by field): tests/test_hf_fields.py; sliding window: test_sliding_window.py
 
 
 def test_llama_generation_benchmark_part_measures_speed_and_the_cache(tmp_path):

@@ -46,7 +46,7 @@ def kv_cache_bytes(model, n_kv_heads, positions, rng=0):
     other = build_model(config, rng=np.random.default_rng(rng)).eval()
     caches = other.new_kv_caches()
     other(np.zeros((1, positions), dtype=np.int64), kv_caches=caches, logits_to_keep=1)
-    return sum(c.k[:, :, :c.length].nbytes + c.v[:, :, :c.length].nbytes for c in caches)
+    return sum(c.k[:, :, :c.stored].nbytes + c.v[:, :, :c.stored].nbytes for c in caches)
 
 
 def run(quick=False, log=print):

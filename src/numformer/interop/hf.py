@@ -5,22 +5,14 @@
     export_hf(model, "out_dir", tokenizer)              # config.json + model.safetensors (+ tokenizer.json)
 
 A model family is a set of options of the existing ``GPT`` (``positional``,
-``activation``, ``norm`` ...), not a model of its own. ``FAMILIES`` maps a
-Hugging Face ``model_type`` to a ``Family``: how its config.json becomes
-numformer's model config (and back), and a table of ``TensorMap`` rows that
-pair each numformer parameter with the Hugging Face tensor(s) holding it. The
-importer maps names and shapes and nothing else, so a family is added by
-writing one ``Family`` (see ``GPT2``).
-
-Llama (``model_type = "llama"``: LlamaForCausalLM, e.g. SmolLM, TinyLlama, Llama 2; also "mistral"
-when its sliding window covers the context) is ``GPT(positional="rope", activation="swiglu", norm="rms",
-n_kv_heads=num_key_value_heads, bias=attention_bias)``; q_proj, k_proj and v_proj are stacked into
-``qkv_proj``. RoPE scaling and sliding windows are refused with one line naming them.
-
-GPT-2 (``model_type = "gpt2"``: gpt2, gpt2-medium, -large, -xl, distilgpt2) is
-``GPT(positional="learned", activation="gelu_tanh", norm_first=True, bias=True,
-tie_weights=True)``. Its ``Conv1D`` layers store ``W`` as (in, out), so those
-weights are transposed into numformer's (out, in) ``Linear`` layout.
+``activation``, ``norm`` ...), not a model of its own. ``FAMILIES`` (``hf_families``)
+maps a Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2) to a ``Family``: the
+table of every config.json field transformers reads (each honoured with transformers'
+default, or refused by name), and the table of tensors pairing each numformer parameter
+with the Hugging Face tensor(s) holding it. The importer maps names and shapes and
+nothing else. GPT-2's ``Conv1D`` layers store ``W`` as (in, out), so those weights are
+transposed into numformer's (out, in) ``Linear`` layout; Llama's q_proj, k_proj and
+v_proj are stacked into ``qkv_proj``.
 
 Weights are read from safetensors only (``model.safetensors`` or the shards of
 ``model.safetensors.index.json``); a pickle file (``pytorch_model.bin``) is
@@ -34,9 +26,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -48,6 +38,8 @@ from ..nn.positional import SinusoidalPositionalEncoding
 from ..train.checkpoint import CHECKPOINT, MODEL, load_model_weights, write_atomic, write_json_atomic
 from ..train.run import load_config_json, load_tokenizer_state
 from ..config import check_model_section
+from .hf_families import FAMILIES, Family, TensorMap, default_export_type, family  # noqa: F401 (re-exported)
+from .safetensors_reader import read_safetensors_file, shard_files
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -56,216 +48,6 @@ PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
 HUB_FILES = [CONFIG, WEIGHTS, WEIGHTS_INDEX, "model-*.safetensors", "generation_config.json", *TOKENIZER_FILES]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-# -- the family table -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TensorMap:
-    """numformer parameter ``nf`` <- Hugging Face tensor(s) ``hf``.
-
-    transpose: the Hugging Face tensor is stored (in, out) (GPT-2's Conv1D); several ``hf``
-    tensors are concatenated along axis 0 in order (e.g. separate q, k, v projections into
-    numformer's fused ``qkv_proj``), and split back on export at ``sizes`` (rows of each part;
-    equal parts when empty).
-    """
-
-    nf: str
-    hf: tuple
-    transpose: bool = False
-    sizes: tuple = ()
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one Hugging Face ``model_type`` maps onto numformer.
-
-    to_numformer(hf_config) -> numformer model config (``{"type": "gpt", ...}``); raises ValueError for
-                               an option numformer cannot reproduce.
-    to_hf(model_config)     -> config.json dict; raises ValueError naming a feature the family lacks.
-    tensors(model_config)   -> [TensorMap, ...] covering every numformer parameter.
-    canonical(name)         -> a checkpoint tensor name as ``tensors`` spells it (prefix variants).
-    ignored:                 regex of checkpoint tensors that are buffers, not weights.
-    """
-
-    model_type: str
-    to_numformer: Callable
-    to_hf: Callable
-    tensors: Callable
-    canonical: Callable = lambda name: name
-    ignored: str = r"(?!)"
-
-
-# GPT-2 ------------------------------------------------------------------------------------------------
-_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                     "gelu": "gelu", "relu": "relu"}
-_NF_TO_GPT2_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-
-
-def _gpt2_to_numformer(c):
-    refused = [(c.get("scale_attn_by_inverse_layer_idx"), "scale_attn_by_inverse_layer_idx = true (attention "
-                                                          "scores divided by the layer index)"),
-               (c.get("scale_attn_weights", True) is False, "scale_attn_weights = false (unscaled attention)"),
-               (c.get("add_cross_attention"), "add_cross_attention = true (a GPT-2 decoder with cross-attention)")]
-    for bad, what in refused:
-        if bad:
-            raise ValueError(f"this GPT-2 checkpoint uses {what}, which numformer's GPT does not have")
-    act = c.get("activation_function", "gelu_new")
-    if act not in _GPT2_ACTIVATIONS:
-        raise ValueError(f"GPT-2 activation_function {act!r} is not supported; numformer has "
-                         f"{sorted(_GPT2_ACTIVATIONS)}")
-    return {"type": "gpt", "vocab_size": c["vocab_size"], "block_size": c.get("n_positions", 1024),
-            "n_layers": c["n_layer"], "n_heads": c["n_head"], "d_model": c["n_embd"],
-            "d_ff": c.get("n_inner") or 4 * c["n_embd"], "dropout": 0.0, "positional": "learned",
-            "activation": _GPT2_ACTIVATIONS[act], "norm_first": True, "norm": "layer",
-            "tie_weights": c.get("tie_word_embeddings", True), "bias": True,
-            "layer_norm_eps": c.get("layer_norm_epsilon", 1e-5)}
-
-
-def _gpt2_to_hf(m):
-    checks = [(m.get("type") == "gpt", f"a {m.get('type')!r} model (GPT-2 is a decoder-only GPT)"),
-              (m.get("norm_first", True), "post-LN blocks (norm_first = false; GPT-2 is pre-LN with a final norm)"),
-              (m.get("norm", "layer") == "layer", f"norm = {m.get('norm')!r} (GPT-2 uses LayerNorm)"),
-              (m.get("positional") in ("learned", "sinusoidal"),
-               f"positional = {m.get('positional')!r} (GPT-2 has a position table)"),
-              (m.get("activation") in _NF_TO_GPT2_ACTIVATION, f"activation = {m.get('activation')!r}"),
-              (m.get("n_kv_heads") in (None, m.get("n_heads")), "grouped-query attention (n_kv_heads)")]
-    for ok, what in checks:
-        if not ok:
-            raise ValueError(f"GPT-2 cannot express {what}; this model cannot be exported to the gpt2 format")
-    p = m.get("dropout", 0.0)
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m["vocab_size"],
-            "n_positions": m["block_size"], "n_embd": m["d_model"], "n_layer": m["n_layers"], "n_head": m["n_heads"],
-            "n_inner": m["d_ff"], "activation_function": _NF_TO_GPT2_ACTIVATION[m["activation"]],
-            "layer_norm_epsilon": m["layer_norm_eps"], "tie_word_embeddings": m["tie_weights"],
-            "resid_pdrop": p, "embd_pdrop": p, "attn_pdrop": p, "initializer_range": 0.02,
-            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-            "use_cache": True}
-
-
-def _gpt2_tensors(m):
-    rows = [TensorMap("tok_emb.weight", ("transformer.wte.weight",)),
-            TensorMap("pos_emb.weight", ("transformer.wpe.weight",))]
-    for i in range(m["n_layers"]):
-        h, b = f"transformer.h.{i}.", f"blocks.{i}."
-        for nf, hf, t in (("norm1", "ln_1", False), ("self_attn.qkv_proj", "attn.c_attn", True),
-                          ("self_attn.out_proj", "attn.c_proj", True), ("norm2", "ln_2", False),
-                          ("ff.linear1", "mlp.c_fc", True), ("ff.linear2", "mlp.c_proj", True)):
-            rows += [TensorMap(b + nf + ".weight", (h + hf + ".weight",), t), TensorMap(b + nf + ".bias", (h + hf + ".bias",))]
-    rows += [TensorMap("norm_f.weight", ("transformer.ln_f.weight",)),
-             TensorMap("norm_f.bias", ("transformer.ln_f.bias",))]
-    if not m["tie_weights"]:
-        rows.append(TensorMap("lm_head.weight", ("lm_head.weight",)))
-    return rows
-
-
-def _gpt2_canonical(name):
-    """Checkpoints saved from ``GPT2Model`` (the original gpt2 files) have no ``transformer.`` prefix."""
-    return name if name.startswith(("transformer.", "lm_head.")) else "transformer." + name
-
-
-GPT2 = Family("gpt2", _gpt2_to_numformer, _gpt2_to_hf, _gpt2_tensors, _gpt2_canonical,
-              ignored=r"^transformer\.h\.\d+\.attn\.(masked_)?bias$")
-
-# Llama -----------------------------------------------------------------------------------------------
-# LlamaForCausalLM (Llama 1-3 without RoPE scaling, SmolLM, TinyLlama, ...) is GPT(positional="rope",
-# activation="swiglu", norm="rms", norm_first=True, n_kv_heads=num_key_value_heads, bias=attention_bias). Its
-# q_proj and k_proj rows are already in the half-split layout of rotate_half (numformer's RoPE), so the
-# separate q, k, v projections are only stacked into qkv_proj. Mistral's config (model_type "mistral") is
-# the same network plus a sliding attention window; it is read when the window covers the whole context.
-
-def _llama_rope(c):
-    """(rope_theta, rope type) from config.json: ``rope_parameters`` (transformers >= 5), else the older
-    top-level ``rope_theta`` and ``rope_scaling``."""
-    params = c.get("rope_parameters") or {}
-    scaling = c.get("rope_scaling") or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    return float(params.get("rope_theta", c.get("rope_theta", 10000.0))), kind
-
-
-def _llama_to_numformer(c):
-    heads, d = c["num_attention_heads"], c["hidden_size"]
-    theta, kind = _llama_rope(c)
-    window = c.get("sliding_window")
-    refused = [(kind != "default", f"rope scaling of type {kind!r} (numformer's RoPE is the plain one; "
-                                   f"rope_type 'default')"),
-               (window is not None and window < c.get("max_position_embeddings", 0),
-                f"a sliding attention window of {window} positions (numformer attends to the whole context)"),
-               (c.get("hidden_act", "silu") != "silu", f"hidden_act = {c.get('hidden_act')!r} (SwiGLU uses silu)"),
-               (c.get("head_dim") not in (None, d // heads), f"head_dim = {c.get('head_dim')} != hidden_size / "
-                                                             f"num_attention_heads = {d // heads}"),
-               (bool(c.get("attention_bias", False)) != bool(c.get("mlp_bias", False)),
-                "attention_bias != mlp_bias (numformer's bias option covers both)")]
-    for bad, what in refused:
-        if bad:
-            raise ValueError(f"this {c.get('model_type', 'llama')} checkpoint uses {what}, which numformer's GPT "
-                             f"does not have")
-    return {"type": "gpt", "vocab_size": c["vocab_size"], "block_size": c.get("max_position_embeddings", 2048),
-            "n_layers": c["num_hidden_layers"], "n_heads": heads, "n_kv_heads": c.get("num_key_value_heads") or heads,
-            "d_model": d, "d_ff": c["intermediate_size"], "dropout": 0.0, "positional": "rope", "rope_theta": theta,
-            "activation": "swiglu", "norm_first": True, "norm": "rms", "layer_norm_eps": c.get("rms_norm_eps", 1e-6),
-            "tie_weights": bool(c.get("tie_word_embeddings", False)), "bias": bool(c.get("attention_bias", False))}
-
-
-def _llama_to_hf(m):
-    checks = [(m.get("type") == "gpt", f"a {m.get('type')!r} model (Llama is a decoder-only GPT)"),
-              (m.get("norm_first", True), "post-norm blocks (norm_first = false; Llama is pre-norm)"),
-              (m.get("norm") == "rms", f"norm = {m.get('norm')!r} (Llama uses RMSNorm: norm = 'rms')"),
-              (m.get("positional") == "rope", f"positional = {m.get('positional')!r} (Llama uses 'rope')"),
-              (m.get("activation") == "swiglu", f"activation = {m.get('activation')!r} (Llama uses 'swiglu')")]
-    for ok, what in checks:
-        if not ok:
-            raise ValueError(f"Llama cannot express {what}; this model cannot be exported to the llama format")
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": m["vocab_size"],
-            "hidden_size": m["d_model"], "intermediate_size": m["d_ff"], "num_hidden_layers": m["n_layers"],
-            "num_attention_heads": m["n_heads"], "num_key_value_heads": m.get("n_kv_heads") or m["n_heads"],
-            "head_dim": m["d_model"] // m["n_heads"], "hidden_act": "silu",
-            "max_position_embeddings": m["block_size"], "rms_norm_eps": m["layer_norm_eps"],
-            "rope_parameters": {"rope_type": "default", "rope_theta": m.get("rope_theta", 10000.0)},
-            "rope_theta": m.get("rope_theta", 10000.0), "attention_bias": m["bias"], "mlp_bias": m["bias"],
-            "tie_word_embeddings": m["tie_weights"], "attention_dropout": 0.0, "pretraining_tp": 1,
-            "initializer_range": 0.02, "use_cache": True}
-
-
-def _llama_tensors(m):
-    dh = m["d_model"] // m["n_heads"]
-    kv = (m.get("n_kv_heads") or m["n_heads"]) * dh
-    names = (("weight", "bias") if m["bias"] else ("weight",))
-    rows = [TensorMap("tok_emb.weight", ("model.embed_tokens.weight",))]
-    for i in range(m["n_layers"]):
-        h, b = f"model.layers.{i}.", f"blocks.{i}."
-        for t in names:
-            rows.append(TensorMap(f"{b}self_attn.qkv_proj.{t}", tuple(f"{h}self_attn.{p}_proj.{t}" for p in "qkv"),
-                                  sizes=(m["d_model"], kv, kv)))
-            rows += [TensorMap(f"{b}{nf}.{t}", (f"{h}{hf}.{t}",))
-                     for nf, hf in (("self_attn.out_proj", "self_attn.o_proj"), ("ff.gate_proj", "mlp.gate_proj"),
-                                    ("ff.up_proj", "mlp.up_proj"), ("ff.down_proj", "mlp.down_proj"))]
-        rows += [TensorMap(b + "norm1.weight", (h + "input_layernorm.weight",)),
-                 TensorMap(b + "norm2.weight", (h + "post_attention_layernorm.weight",))]
-    rows.append(TensorMap("norm_f.weight", ("model.norm.weight",)))
-    if not m["tie_weights"]:
-        rows.append(TensorMap("lm_head.weight", ("lm_head.weight",)))
-    return rows
-
-
-def _llama_canonical(name):
-    """Checkpoints saved from ``LlamaModel`` (no head) have no ``model.`` prefix."""
-    return name if name.startswith(("model.", "lm_head.")) else "model." + name
-
-
-LLAMA = Family("llama", _llama_to_numformer, _llama_to_hf, _llama_tensors, _llama_canonical,
-               ignored=r"\.rotary_emb\.inv_freq$")
-MISTRAL = Family("mistral", _llama_to_numformer,
-                 lambda m: {**_llama_to_hf(m), "model_type": "mistral", "architectures": ["MistralForCausalLM"],
-                            "sliding_window": None}, _llama_tensors, _llama_canonical,
-                 ignored=r"\.rotary_emb\.inv_freq$")
-
-FAMILIES = {"gpt2": GPT2, "llama": LLAMA, "mistral": MISTRAL}
-
-
-def family(model_type):
-    if model_type not in FAMILIES:
-        raise ValueError(f"model_type {model_type!r} is not supported; numformer imports {sorted(FAMILIES)}")
-    return FAMILIES[model_type]
 
 
 # -- finding the files ---------------------------------------------------------------------------------
@@ -320,17 +102,11 @@ def read_hf_config(folder):
 
 
 def _weight_files(folder):
+    """(weight_map {tensor: shard name} or None, [safetensors files]) of a Hugging Face folder."""
     if (folder / WEIGHTS).is_file():
-        return [folder / WEIGHTS]
+        return None, [folder / WEIGHTS]
     if (folder / WEIGHTS_INDEX).is_file():
-        path = folder / WEIGHTS_INDEX
-        index = bounded_json(path.read_bytes(), str(path))
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not (isinstance(weight_map, dict) and all(isinstance(v, str) and "/" not in v and "\\" not in v
-                                                     and v not in ("", ".", "..") for v in weight_map.values())):
-            raise ValueError(f"{path} has no weight_map of parameter names to file names of the folder; restore "
-                             f"it (model.save_pretrained writes it)")
-        return [folder / name for name in sorted(set(weight_map.values()))]
+        return shard_files(folder, folder / WEIGHTS_INDEX)
     if any((folder / p).is_file() for p in PICKLE_WEIGHTS):
         raise ValueError(
             f"{folder} has only PyTorch pickle weights (pytorch_model.bin); numformer reads safetensors only, "
@@ -341,44 +117,62 @@ def _weight_files(folder):
                      f"model.save_pretrained(folder)")
 
 
-def _read_bf16_file(path):
-    """A safetensors file read directly (header, then raw bytes): NumPy has no bfloat16, so BF16 tensors
-    become float32 (exactly: a bfloat16 is the upper half of a float32); other dtypes are kept."""
-    dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_, "BF16": np.uint16}
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    n = int(data[:8].view("<u8")[0])
-    header = json.loads(bytes(data[8:8 + n]).decode())
+def read_safetensors(folder):
+    """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32), each file
+    checked in full by ``safetensors_reader`` before it is read; with shards, every tensor must be in the
+    shard the index names, and in one shard only."""
+    folder = Path(folder)
+    weight_map, files = _weight_files(folder)
+    tensors, where = {}, {}
+    for path in files:
+        if not path.is_file():
+            raise ValueError(f"{path} is listed in {WEIGHTS_INDEX} but missing; download it again")
+        for name, array in read_safetensors_file(path).items():
+            if name in tensors:
+                raise ValueError(f"{path} holds tensor {name!r}, which {where[name]} also holds; download the "
+                                 f"shards again")
+            if weight_map is not None and weight_map.get(name) != path.name:
+                raise ValueError(f"{path} holds tensor {name!r}, but {WEIGHTS_INDEX} places it in "
+                                 f"{weight_map.get(name)!r}; download the shards again")
+            tensors[name], where[name] = array, path.name
+    if weight_map is not None and set(weight_map) - set(tensors):
+        raise ValueError(f"{folder / WEIGHTS_INDEX} lists tensors no shard holds: "
+                         f"{sorted(set(weight_map) - set(tensors))[:5]}; download the shards again")
+    return tensors
+
+
+def _stored_tensors(folder, fam, names):
+    """{canonical name: array} of the checkpoint tensors of ``folder`` whose canonical names are in ``names``."""
+    _, files = _weight_files(Path(folder))
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = info["data_offsets"]
-        raw = np.frombuffer(data[8 + n + lo:8 + n + hi], dtype=np.dtype(dtypes[info["dtype"]]).newbyteorder("<"))
-        if info["dtype"] == "BF16":
-            raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        out[name] = np.array(raw.reshape(info["shape"]))
+    for path in files:
+        if path.is_file():
+            found = read_safetensors_file(path, select=lambda k: fam.canonical(k) in names)
+            out.update({fam.canonical(k): v for k, v in found.items()})
     return out
 
 
-def read_safetensors(folder):
-    """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32)."""
-    from safetensors import safe_open
-
-    tensors = {}
-    for path in _weight_files(Path(folder)):
-        if not path.is_file():
-            raise ValueError(f"{path} is listed in {WEIGHTS_INDEX} but missing; download it again")
-        try:
-            with safe_open(str(path), framework="np") as f:
-                for k in f.keys():
-                    tensors[k] = f.get_tensor(k)
-        except Exception as e:       # safetensors raises several types for a damaged file or an unknown dtype
-            try:
-                tensors.update(_read_bf16_file(path))         # NumPy lacks bfloat16: read it by hand
-            except Exception:
-                raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}); download it again") from None
-    return tensors
+def hf_model_config(folder, hf_config):
+    """The numformer model config of a Hugging Face folder: its family's field table (``hf_families``), and
+    ``tie_word_embeddings`` as transformers applies it: a stored ``lm_head.weight`` that differs from the
+    embedding is used as an untied head (transformers then does not tie them). A config with values of the
+    wrong types is one ValueError naming the file."""
+    fam = family(hf_config["model_type"])
+    try:
+        model_config = fam.to_numformer(hf_config)
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
+        raise ValueError(f"{Path(folder) / CONFIG} does not describe a model numformer can build "
+                         f"({type(e).__name__}: {e}); restore it") from None
+    try:
+        check_model_section({k: v for k, v in model_config.items() if v is not None})
+    except ValueError as e:
+        raise ValueError(f"{Path(folder) / CONFIG}: {e}") from None
+    if model_config["tie_weights"]:
+        emb = fam.tensors(model_config)[0].hf[0]
+        stored = _stored_tensors(folder, fam, {emb, "lm_head.weight"})
+        if "lm_head.weight" in stored and not np.array_equal(stored["lm_head.weight"], stored.get(emb)):
+            model_config["tie_weights"] = False
+    return model_config
 
 
 # -- names and shapes -------------------------------------------------------------------------------
@@ -388,6 +182,12 @@ def to_numformer_state(fam, model_config, hf_state, expected, where="checkpoint"
     expected: {numformer name: shape}. Raises one ValueError naming missing, unexpected or misshapen tensors.
     """
     state = {fam.canonical(k): v for k, v in hf_state.items() if not re.search(fam.ignored, fam.canonical(k))}
+    emb = fam.tensors(model_config)[0].hf[0]
+    if model_config["tie_weights"] and "lm_head.weight" in state:
+        if not np.array_equal(state["lm_head.weight"], state.get(emb)):
+            raise ValueError(f"{where} stores an lm_head.weight that differs from {emb}, but the model ties them; "
+                             f"build it with tie_weights = false")
+        state.pop("lm_head.weight")              # a tied head saved anyway: the embedding itself
     out, missing, wrong = {}, [], []
     for row in fam.tensors(model_config):
         parts = []
@@ -459,21 +259,6 @@ def load_tokenizer(folder, hf_config=None):
     return PretrainedTokenizer(tok, fit(eos), fit(bos))
 
 
-def numformer_config(folder, hf_config):
-    """The numformer [model] section of a Hugging Face config (read_hf_config); a config with values of the
-    wrong types is one ValueError naming the file."""
-    try:
-        model = family(hf_config["model_type"]).to_numformer(hf_config)
-    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
-        raise ValueError(f"{Path(folder) / CONFIG} does not describe a model numformer can build "
-                         f"({type(e).__name__}: {e}); restore it") from None
-    try:
-        check_model_section({k: v for k, v in model.items() if v is not None})
-    except ValueError as e:
-        raise ValueError(f"{Path(folder) / CONFIG}: {e}") from None
-    return model
-
-
 def load_pretrained(source, dtype=np.float32, **overrides):
     """(GPT, tokenizer or None) from a Hugging Face folder or hub id; weights checked name by name.
 
@@ -483,12 +268,8 @@ def load_pretrained(source, dtype=np.float32, **overrides):
     """
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
-    model_config = {**numformer_config(folder, hf_config), **overrides}
-    try:
-        model = build_model(model_config, rng=np.random.default_rng(0), dtype=dtype)
-    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
-        raise ValueError(f"{folder / CONFIG} does not describe a model numformer can build ({type(e).__name__}: "
-                         f"{e}); restore it") from None
+    model_config = {**hf_model_config(folder, hf_config), **overrides}
+    model = build_model(model_config, rng=np.random.default_rng(0), dtype=dtype)
     load_init_weights(model, folder)
     return model.eval(), load_tokenizer(folder, hf_config)
 
@@ -498,14 +279,22 @@ def model_config_of(model):
     block = model.blocks[0]
     positional = getattr(model, "positional", None) or (
         "sinusoidal" if isinstance(model.pos_emb, SinusoidalPositionalEncoding) else "learned")
+    ff = block.ff
+    bias = (getattr(ff, "linear1", None) or ff.up_proj).bias is not None
+    attn_bias = block.self_attn.out_proj.bias is not None
+    qkv_bias = block.self_attn.qkv_proj.bias is not None
+    window, pad = getattr(model, "sliding_window", None), getattr(model, "padding_idx", None)
     return {"type": "gpt", "vocab_size": model.vocab_size, "block_size": model.block_size,
             "n_layers": model.n_layers, "n_heads": model.n_heads, "d_model": model.d_model, "d_ff": model.d_ff,
             "dropout": model.drop.p, "activation": block.activation, "norm_first": block.norm_first,
-            "norm": block.norm_kind, "tie_weights": model.tie_weights,
-            "bias": block.self_attn.out_proj.bias is not None,
+            "norm": block.norm_kind, "tie_weights": model.tie_weights, "bias": bias,
             "layer_norm_eps": getattr(block.norm1, "eps", 1e-5), "positional": positional,
             **({"rope_theta": model.rope_theta} if positional == "rope" else {}),
-            **({"n_kv_heads": model.n_kv_heads} if getattr(model, "n_kv_heads", None) else {})}
+            **({"n_kv_heads": model.n_kv_heads} if getattr(model, "n_kv_heads", None) else {}),
+            **({"attn_bias": attn_bias} if attn_bias != bias else {}),
+            **({"qkv_bias": qkv_bias} if qkv_bias != attn_bias else {}),
+            **({"sliding_window": window} if window is not None else {}),
+            **({"padding_idx": pad} if pad is not None else {})}
 
 
 # -- fine-tuning: [model] init_from = "RUN_DIR | Hugging Face folder | hub id" -----------------------------
@@ -533,7 +322,7 @@ def pretrained_source(source):
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
     tokenizer = load_tokenizer(folder, hf_config)
-    return numformer_config(folder, hf_config), None if tokenizer is None else tokenizer.to_dict()
+    return hf_model_config(folder, hf_config), None if tokenizer is None else tokenizer.to_dict()
 
 
 def merge_init_from(source, model, source_model, from_data):
@@ -594,20 +383,34 @@ def _full_state(fam, model, model_config):
 def export_hf(model, out_dir, tokenizer=None, model_type=None):
     """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json for a
     tokenizer with a Hugging Face form). ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)``
-    loads it. ``model_type``: "gpt2" or "llama"; by default "llama" for a RoPE model, else "gpt2".
-    Raises ValueError naming a feature the family cannot express. Returns the folder."""
+    loads it. ``model_type``: "gpt2", "llama", "mistral" or "qwen2"; by default ``default_export_type``
+    (gpt2 for a position table; for a RoPE model qwen2 with q/k/v-only biases, mistral with a sliding
+    window, else llama). Raises ValueError naming a feature the family cannot express.
+
+    numformer's ``generate`` continues past the model's context (block_size) by sliding its window over the
+    last block_size tokens; transformers' does not (GPT-2 raises an IndexError past n_positions, a RoPE model
+    keeps attending to every earlier token at positions beyond max_position_embeddings), so generations
+    agree up to block_size tokens only: one warning line on stderr says so, and config.json records it
+    (``numformer_context``). Returns the folder."""
     from safetensors.numpy import save
 
     model_config = model_config_of(model)
     if model_type is None:
-        model_type = "llama" if model_config["positional"] == "rope" else "gpt2"
+        model_type = default_export_type(model_config)
     fam = family(model_type)
     hf_config = fam.to_hf(model_config)
     hf_config["dtype"] = str(model.dtype)
+    n = model_config["block_size"]
+    beyond = ("raises an IndexError" if model_type == "gpt2" else
+              "keeps every earlier token, at positions the model was not trained on")
+    note = (f"numformer generates past the context of {n} tokens by sliding its window over the last {n} tokens; "
+            f"transformers' generate {beyond} past {n} tokens: the two agree on sequences of up to {n} tokens")
+    hf_config["numformer_context"] = {"block_size": n, "note": note}
     tensors = to_hf_state(fam, model_config, _full_state(fam, model, model_config))
     hf_tok = getattr(tokenizer, "hf", None) if type(tokenizer).__name__ == "PretrainedTokenizer" else None
     eos = getattr(tokenizer, "eos_id", None)
-    hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None), eos_token_id=eos, pad_token_id=None)
+    hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None), eos_token_id=eos,
+                     pad_token_id=hf_config.get("pad_token_id"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / CONFIG, hf_config)
@@ -619,6 +422,7 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
                           {"tokenizer_class": "GPT2Tokenizer" if model_type == "gpt2" else "PreTrainedTokenizerFast",
                            "model_max_length": model_config["block_size"], "add_prefix_space": False,
                            "bos_token": eos_tok, "eos_token": eos_tok, "unk_token": eos_tok})
+    print(f"warning: {out}: {note}", file=sys.stderr)
     return out
 
 

@@ -274,9 +274,20 @@ class TransformerAdapter(TorchAdapter):
                           memory_key_padding_mask)
 
 
+_FROM_TORCH_KINDS = ("MultiheadAttention, TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder, "
+                     "TransformerDecoder, Transformer, TorchSeq2Seq (numformer's to_torch of a Transformer; for "
+                     "your own seq2seq model: from_torch_seq2seq)")
+_SEQ2SEQ_ATTRIBUTES = ("transformer", "src_emb", "tgt_emb", "out_proj", "max_len", "learned_positions", "embed_scale",
+                       "src_pad_id", "tgt_pad_id")
+
+
 def from_torch(module):
-    """Build the equivalent numformer module from a torch.nn module, weights copied, in its dtype."""
+    """Build the equivalent numformer module from a torch.nn module, weights copied, in its dtype.
+    Any other module (or object) is a TypeError naming the modules it converts."""
     nn = _torch().nn
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"from_torch converts a torch.nn.Module, got {type(module).__name__}; it converts "
+                        f"{_FROM_TORCH_KINDS}")
     dtype = _np_dtype(module)
     if isinstance(module, nn.MultiheadAttention):
         return MultiheadAttentionAdapter(_mha_from_torch(module, dtype))
@@ -293,15 +304,17 @@ def from_torch(module):
         return TransformerAdapter(EncoderDecoder(_encoder_from_torch(module.encoder, dtype),
                                                  _decoder_from_torch(module.decoder, dtype)))
     if type(module).__name__ == "TorchSeq2Seq":
+        lacking = [a for a in _SEQ2SEQ_ATTRIBUTES if not hasattr(module, a)]
+        if lacking:
+            raise TypeError(f"from_torch does not know this TorchSeq2Seq (it lacks {lacking}); it converts "
+                            f"{_FROM_TORCH_KINDS}")
         pos = {k: (None if module.learned_positions is False else getattr(module, k).weight) for k in
                ("src_pos", "tgt_pos")}
         return from_torch_seq2seq(module.transformer, module.src_emb, module.tgt_emb, module.out_proj,
                                   max_len=module.max_len, src_pos=pos["src_pos"], tgt_pos=pos["tgt_pos"],
                                   scale_embeddings=module.embed_scale != 1.0, src_pad_id=module.src_pad_id,
                                   tgt_pad_id=module.tgt_pad_id)
-    raise TypeError(f"from_torch does not know {type(module).__name__}; supported: MultiheadAttention, "
-                    "TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder, TransformerDecoder, "
-                    "Transformer, TorchSeq2Seq (for your own seq2seq model: from_torch_seq2seq)")
+    raise TypeError(f"from_torch does not know {type(module).__name__}; it converts {_FROM_TORCH_KINDS}")
 
 
 # -- whole encoder-decoder models --------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ def model_keys():
         "pooling": Key(str, choices=POOLINGS), "norm_first": BOOL, "tie_weights": BOOL, "bias": BOOL,
         "scale_embeddings": BOOL, "share_embeddings": BOOL, "tie_output": BOOL, "gradient_checkpointing": BOOL,
         "final_norm": Key(bool, none=True), "attn_bias": Key(bool, none=True),
+        "qkv_bias": Key(bool, none=True), "sliding_window": positive(none=True), "padding_idx": ids,
         "pad_id": ids, "src_pad_id": ids, "tgt_pad_id": ids, "bos_id": ids, "eos_id": ids,
     }
 

@@ -38,7 +38,12 @@ class GPT(Module):
     added table; ``activation="swiglu"`` (gated FFN; d_ff defaults to 8·d_model/3
     rounded up to a multiple of 8, about the parameters of a 4·d_model GELU FFN);
     ``n_kv_heads`` key/value heads (grouped-query attention; 1 = multi-query; the
-    KV cache holds n_kv_heads heads); ``norm="rms"`` (RMSNorm).
+    KV cache holds n_kv_heads heads); ``norm="rms"`` (RMSNorm); ``attn_bias`` (default
+    ``bias``) biases of the attention projections and ``qkv_bias`` (default ``attn_bias``) of the
+    q/k/v projections alone (Qwen2: q/k/v biases only); ``sliding_window=W``: each position
+    attends to the W most recent positions, itself included (Mistral), in training, in every
+    attention kernel and in the KV cache, which then keeps only the last W positions;
+    ``padding_idx``: a token id whose embedding row gets no gradient from the lookup (as torch's).
     """
 
     supports_logits_to_keep = True          # forward(..., logits_to_keep=1): generation computes one row of logits
@@ -46,7 +51,8 @@ class GPT(Module):
     def __init__(self, vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, d_ff=None, dropout=0.0,
                  positional="learned", activation="gelu", norm_first=True, norm="layer", tie_weights=True,
                  bias=True, layer_norm_eps=1e-5, attention="plain", gradient_checkpointing=False, n_kv_heads=None,
-                 rope_theta=10000.0, rng=None, dtype=np.float32):
+                 rope_theta=10000.0, attn_bias=None, qkv_bias=None, sliding_window=None, padding_idx=None, rng=None,
+                 dtype=np.float32):
         super().__init__()
         check_sizes("GPT", vocab_size=vocab_size, block_size=block_size, n_layers=n_layers, n_heads=n_heads,
                     d_model=d_model, d_ff=d_ff)
@@ -57,13 +63,15 @@ class GPT(Module):
         self.positional, self.n_kv_heads, self.rope_theta = positional, n_kv_heads, float(rope_theta)
         self.vocab_size, self.block_size, self.n_layers = vocab_size, block_size, n_layers
         self.n_heads, self.d_model, self.d_ff = n_heads, d_model, d_ff
-        self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=0.02)
+        self.sliding_window, self.padding_idx = sliding_window, padding_idx
+        self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=0.02, padding_idx=padding_idx)
         self.pos_emb = make_positional(positional, d_model, block_size, rng, dtype)
         self.drop = Dropout(dropout, rng)
         in_attention = positional if positional in ("rope", "alibi") else None
         self.blocks = ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout, activation, norm_first, norm,
                                               layer_norm_eps, bias, rng=rng, dtype=dtype, attention=attention,
-                                              n_kv_heads=n_kv_heads, positional=in_attention, rope_theta=rope_theta)
+                                              n_kv_heads=n_kv_heads, positional=in_attention, rope_theta=rope_theta,
+                                              attn_bias=attn_bias, qkv_bias=qkv_bias, sliding_window=sliding_window)
                                  for _ in range(n_layers))
         self.norm_f = make_norm(norm, d_model, layer_norm_eps, bias, dtype) if norm_first else None
         self.lm_head = Linear(d_model, vocab_size, bias=False, rng=rng, dtype=dtype)
@@ -102,7 +110,7 @@ class GPT(Module):
 
     def new_kv_caches(self):
         """One empty KVCache per block, for incremental decoding with forward(idx, kv_caches=...)."""
-        return [KVCache() for _ in self.blocks]
+        return [KVCache(window=self.sliding_window) for _ in self.blocks]
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False, rng=None,
                  **kwargs):

@@ -47,36 +47,54 @@ class KVCache:
     Used for incremental decoding: each call appends the new positions' keys
     and values, so a step costs O(T) instead of recomputing O(T²).
     ``static=True`` (cross-attention) computes them once from the memory.
-    Arrays: (batch, heads, capacity, d_head); ``length`` positions are valid.
+    Arrays: (batch, heads, capacity, d_head); the first ``stored`` rows are valid, the keys and values of the
+    last ``stored`` of the ``length`` positions processed so far.
+
+    ``window=W`` (sliding-window attention: a query attends to the W most recent positions, itself included)
+    keeps only what the next queries can attend to: before new positions are appended into a full array, all
+    but the last W - 1 stored positions are dropped, so the arrays stay at most about 2·(W + new positions)
+    long however long the generation (memory flat beyond W).
     """
 
-    def __init__(self, static=False):
-        self.static = static
+    def __init__(self, static=False, window=None):
+        self.static, self.window = static, window
         self.k = self.v = None
-        self.length = 0
+        self.length = self.stored = 0
+
+    def _drop_outside_window(self):
+        keep = self.window - 1
+        if self.stored > keep:
+            drop = self.stored - keep
+            self.k[:, :, :keep] = self.k[:, :, drop:self.stored].copy()
+            self.v[:, :, :keep] = self.v[:, :, drop:self.stored].copy()
+            self.stored = keep
 
     def append(self, k, v):
         B, H, T, dh = k.shape
-        need = self.length + T
+        if self.window is not None and self.k is not None and self.stored + T > self.k.shape[2]:
+            self._drop_outside_window()
+        need = self.stored + T
         if self.k is None or need > self.k.shape[2]:
             cap = max(need, 2 * (0 if self.k is None else self.k.shape[2]), 16)
+            if self.window is not None:
+                cap = max(need, min(cap, 2 * (self.window + T)))
             new_k = np.empty((B, H, cap, dh), dtype=k.dtype)
             new_v = np.empty((B, H, cap, dh), dtype=v.dtype)
-            if self.length:
-                new_k[:, :, :self.length] = self.k[:, :, :self.length]
-                new_v[:, :, :self.length] = self.v[:, :, :self.length]
+            if self.stored:
+                new_k[:, :, :self.stored] = self.k[:, :, :self.stored]
+                new_v[:, :, :self.stored] = self.v[:, :, :self.stored]
             self.k, self.v = new_k, new_v
-        self.k[:, :, self.length:need] = k
-        self.v[:, :, self.length:need] = v
-        self.length = need
+        self.k[:, :, self.stored:need] = k
+        self.v[:, :, self.stored:need] = v
+        self.stored, self.length = need, self.length + T
         return self.k[:, :, :need], self.v[:, :, :need]
 
     def view(self):
-        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+        return self.k[:, :, :self.stored], self.v[:, :, :self.stored]
 
     def reset(self):
         self.k = self.v = None
-        self.length = 0
+        self.length = self.stored = 0
 
     def reorder(self, indices):
         """Row i continues old row ``indices[i]`` (batch axis; beam search reorders its beams this way)."""
@@ -132,6 +150,22 @@ def check_module_masks(t_q, t_k, attn_mask=None, key_padding_mask=None, batch=No
 def _additive(m, dtype):
     """A module mask (bool True = blocked, or float) as an additive float mask (0 / -inf)."""
     return np.where(m, -np.inf, 0.0).astype(dtype) if m.dtype == bool else m.astype(dtype)
+
+
+def sliding_window_mask(t_q, t_k, window, offset=0):
+    """(Tq, Tk) bool, True = blocked: query i (at key index i + offset) may attend key j only if
+    i + offset - j < window, i.e. to the ``window`` most recent keys, itself included (Mistral's window)."""
+    return (offset + np.arange(t_q))[:, None] - np.arange(t_k)[None, :] >= window
+
+
+def _with_window(attn_mask, t_q, t_k, window, offset):
+    """A checked module attn_mask (None, 2-D or 4-D; bool or float) with the window's blocked keys added."""
+    blocked = sliding_window_mask(t_q, t_k, window, offset)
+    if attn_mask is None:
+        return blocked
+    if attn_mask.dtype == bool:
+        return attn_mask | blocked
+    return attn_mask + np.where(blocked, -np.inf, 0.0).astype(attn_mask.dtype)
 
 
 def build_attention_mask(t_q, t_k, dtype, attn_mask=None, key_padding_mask=None, is_causal=False,
@@ -281,14 +315,21 @@ class MultiHeadAttention(Module):
     ((n_heads + 2·n_kv_heads)·d_head, d_model); ``positional`` (self-attention
     only): None, "rope" (rotary embeddings with base ``rope_theta``; d_head must
     be even) or "alibi" (linear biases with slopes ``alibi_slopes``). Positions
-    count from 0, or continue after a KVCache's cached ones.
+    count from 0, or continue after a KVCache's cached ones. ``qkv_bias`` (default
+    ``bias``): biases on the q/k/v projection alone (Qwen2 has no output-projection bias).
+
+    ``sliding_window=W`` (self-attention): query i attends only keys j with
+    i - W < j (Mistral's window; with ``is_causal`` also j <= i). The window enters every
+    kernel as part of its attention mask (``sliding_window_mask``), so the reference, fused
+    and flash kernels and their backward passes need nothing else; a cached step keeps only
+    the keys the window reaches (``KVCache(window=W)``).
     """
 
     ATTENTION_KINDS = ("plain", "flash")
     POSITIONAL_KINDS = (None, "rope", "alibi")
 
     def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32, attention="plain",
-                 n_kv_heads=None, positional=None, rope_theta=10000.0):
+                 n_kv_heads=None, positional=None, rope_theta=10000.0, qkv_bias=None, sliding_window=None):
         super().__init__()
         if attention not in self.ATTENTION_KINDS:
             raise ValueError(f"unknown attention kernel {attention!r}; choose one of {list(self.ATTENTION_KINDS)}")
@@ -304,16 +345,21 @@ class MultiHeadAttention(Module):
         if positional == "rope" and (d_model // n_heads) % 2:
             raise ValueError(f"positional='rope' needs an even head size, but d_model / n_heads = {d_model} / "
                              f"{n_heads} = {d_model // n_heads}; change d_model or n_heads")
+        if sliding_window is not None and (type(sliding_window) is not int or sliding_window < 1):
+            raise ValueError(f"sliding_window must be a positive integer (keys attended per query) or None, "
+                             f"got {sliding_window!r}")
         rng = init.default_rng(rng)
+        self.sliding_window = sliding_window
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.n_kv_heads, self.positional, self.rope_theta = int(n_kv_heads), positional, float(rope_theta)
         self.alibi_slopes = ops.alibi_slopes(n_heads) if positional == "alibi" else None
         self.dropout_p = dropout
         self.rng = rng
         d_qkv = d_model + 2 * self.n_kv_heads * self.d_head
-        self.qkv_proj = Linear(d_model, d_qkv, bias, rng, dtype)
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.qkv_proj = Linear(d_model, d_qkv, qkv_bias, rng, dtype)
         self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, (d_qkv, d_model), dtype)
-        if bias:
+        if qkv_bias:
             self.qkv_proj.bias.data[...] = 0
         self.out_proj = Linear(d_model, d_model, bias, rng, dtype)
         if bias:
@@ -327,6 +373,7 @@ class MultiHeadAttention(Module):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout_p}"
                 + (f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else "")
                 + (f", positional={self.positional!r}" if self.positional else "")
+                + (f", sliding_window={self.sliding_window}" if self.sliding_window else "")
                 + (f", attention={self.attention!r}" if self.attention != "plain" else ""))
 
     def kernel_name(self, p_drop):
@@ -419,10 +466,13 @@ class MultiHeadAttention(Module):
                              f"(key or value not the query) needs positional=None")
 
     # -- attention ---------------------------------------------------------------
-    def _masks(self, q, k, attn_mask, key_padding_mask, is_causal, causal_offset=0, cached=False):
+    def _masks(self, q, k, attn_mask, key_padding_mask, is_causal, causal_offset=0, cached=False, window=False):
+        """``window``: apply ``sliding_window`` (self-attention; query i is at key index i + causal_offset)."""
         B, H, t_q, _ = q.shape
         t_k = k.shape[2]
         attn_mask, key_padding_mask = check_module_masks(t_q, t_k, attn_mask, key_padding_mask, B, H)
+        if window and self.sliding_window is not None:
+            attn_mask = _with_window(attn_mask, t_q, t_k, self.sliding_window, causal_offset)
         shortcut = (is_causal and attn_mask is None and key_padding_mask is None and t_q == t_k and not cached
                     and self.alibi_slopes is None)
         return Masks(attn_mask, key_padding_mask, is_causal, causal_offset, shortcut, self.alibi_slopes)
@@ -453,7 +503,7 @@ class MultiHeadAttention(Module):
         (q, k, v), proj_cache = self._project(query, key, value)        # q: (B, H, T, d_head), k, v: H_kv heads
         q, k, pos_cache = self._positions(q, k, 0, positions)
         k, v, share_cache = self._share_kv(k, v)
-        masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal)
+        masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal, window=key is query)
         p_drop = self.dropout_p if self.training else 0.0
         name = self.kernel_name(p_drop)
         ctx, attn_cache = self._attend(name, q, k, v, masks, p_drop)   # (B, Tq, H, d_head)
@@ -505,7 +555,11 @@ class MultiHeadAttention(Module):
             q, k_new, _ = self._positions(q, k_new, offset, positions)       # the cache keeps rotated keys, n_kv_heads heads
             k, v, _ = self._share_kv(*cache.append(k_new, v_new))
         causal = is_causal and not cache.static and query.shape[1] > 1
-        masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True)
+        if not cache.static:
+            offset = k.shape[2] - query.shape[1]        # stored keys before the queries (a window drops old ones)
+            if key_padding_mask is not None:           # given for every position processed: keep the stored ones
+                key_padding_mask = np.asarray(key_padding_mask)[:, -k.shape[2]:]
+        masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True, window=not cache.static)
         ctx, _ = self._attend(self.kernel_name(0.0), q, k, v, masks, 0.0)
         out, _ = F.linear_forward(ctx.reshape(query.shape), self.out_proj.weight.data,
                                     None if self.out_proj.bias is None else self.out_proj.bias.data)

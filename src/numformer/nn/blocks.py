@@ -30,14 +30,15 @@ class _Block(Module):
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
                  layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain",
-                 n_kv_heads=None, positional=None, rope_theta=10000.0):
+                 n_kv_heads=None, positional=None, rope_theta=10000.0, qkv_bias=None, sliding_window=None):
         super().__init__()
         rng = init.default_rng(rng)
         attn_bias = bias if attn_bias is None else attn_bias
         self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
         self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
-                                            n_kv_heads=n_kv_heads, positional=positional, rope_theta=rope_theta)
+                                            n_kv_heads=n_kv_heads, positional=positional, rope_theta=rope_theta,
+                                            qkv_bias=qkv_bias, sliding_window=sliding_window)
         if self.CROSS_ATTENTION:
             self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
                                                  n_kv_heads=n_kv_heads)
@@ -59,7 +60,8 @@ class EncoderBlock(_Block):
     ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately.
     ``attention``: "plain" or "flash" (memory-efficient kernel, see MultiHeadAttention).
     ``activation="swiglu"``: Llama's gated feed-forward (SwiGLUFeedForward);
-    ``n_kv_heads``, ``positional`` ("rope" / "alibi", else None) and ``rope_theta``
+    ``n_kv_heads``, ``positional`` ("rope" / "alibi", else None), ``rope_theta``, ``qkv_bias``
+    (default: ``attn_bias``; biases on the q/k/v projections only, as Qwen2) and ``sliding_window``
     are the self-attention options of MultiHeadAttention.
     """
 

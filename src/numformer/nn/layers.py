@@ -49,12 +49,17 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    """Lookup table E: (num_embeddings, dim); forward(ids) = E[ids]. Initialized N(0, 1) as torch."""
+    """Lookup table E: (num_embeddings, dim); forward(ids) = E[ids]. Initialized N(0, 1) as torch.
 
-    def __init__(self, num_embeddings, embedding_dim, rng=None, dtype=np.float32, std=1.0):
+    ``padding_idx``: as torch's, the row E[padding_idx] gets no gradient from the lookup (positions holding
+    that id contribute nothing to dE; a tied output layer still adds its own gradient to the row).
+    """
+
+    def __init__(self, num_embeddings, embedding_dim, rng=None, dtype=np.float32, std=1.0, padding_idx=None):
         super().__init__()
         rng = init.default_rng(rng)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx = padding_idx
         self.weight = Parameter(init.normal(rng, (num_embeddings, embedding_dim), std, dtype))
         self._cache = None
 
@@ -71,6 +76,8 @@ class Embedding(Module):
 
     def backward(self, dy):
         p = self.weight
+        if self.padding_idx is not None:
+            dy = np.where((self._cache[0] == self.padding_idx)[..., None], 0, dy).astype(dy.dtype, copy=False)
         if p.grad is None:
             p.grad = F.embedding_backward(dy, self._cache)
         else:                                                  # tied weights: add into the gradient in place

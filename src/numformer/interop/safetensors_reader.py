@@ -1,0 +1,140 @@
+"""A strict reader of safetensors files: every check before any tensor is read.
+
+A safetensors file is
+
+    [8 bytes: N, little-endian u64] [N bytes: JSON header] [data: the tensors' bytes]
+
+with the header ``{name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}}``,
+offsets counted from the start of the data. ``read_safetensors_file`` accepts a file only when
+
+    8 <= 8 + N <= file size, the header is one JSON object with no repeated names,
+    every dtype is known and every shape a list of non-negative integers,
+    end - begin = prod(shape) · itemsize(dtype) for every tensor,
+    the tensors sorted by begin tile the data exactly: the first begins at 0, each begins where the
+    previous ends (no gap, no overlap, no two tensors on the same bytes), the last ends at the file's end
+    (no trailing bytes).
+
+Anything else raises one ValueError naming the file and what is wrong. bfloat16 (NumPy has none) is read as
+float32 exactly (a bfloat16 is the upper half of a float32); every other dtype is kept.
+
+Sharded checkpoints (``model.safetensors.index.json``): ``shard_files`` returns the shards named by the
+index's ``weight_map``, each a plain file name inside the folder (no absolute path, no ``..``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import numpy as np
+
+from .._limits import bounded_json, check_bounds
+
+DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+          "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
+          "U8": np.uint8, "BOOL": np.bool_}
+MAX_HEADER_BYTES = 100 * 1024 * 1024          # the safetensors library's own limit
+
+
+def _bad(path, what):
+    return ValueError(f"{path} is damaged: {what}; download it again")
+
+
+def _unique_object(pairs):
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise KeyError(f"the header names {repeated} more than once")
+    return dict(pairs)
+
+
+def read_header(path):
+    """(header without __metadata__, data start in bytes, data length) of ``path``, every check of the module
+    docstring applied. Entries: {name: (dtype string, shape tuple, begin, end)}."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise _bad(path, f"{size} bytes, shorter than the 8-byte header length")
+        n = int.from_bytes(head, "little")
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise _bad(path, f"the header length {n} exceeds the {size - 8} bytes after it")
+        raw = f.read(n)
+    try:
+        check_bounds(raw.decode("utf-8"), f"{path}'s header", hint="download it again")
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_object)
+    except KeyError as e:
+        raise _bad(path, e.args[0]) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _bad(path, f"the header is not JSON ({e})") from None
+    except ValueError as e:                  # nested deeper than numformer reads
+        raise _bad(path, str(e)) from None
+    if not isinstance(header, dict):
+        raise _bad(path, "the header is not a JSON object")
+    header.pop("__metadata__", None)
+    entries = {}
+    for name, info in header.items():
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise _bad(path, f"tensor {name!r} is not described by exactly dtype, shape and data_offsets")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in DTYPES:
+            raise _bad(path, f"tensor {name!r} has dtype {dtype!r}; numformer reads {sorted(DTYPES)}")
+        if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+            raise _bad(path, f"tensor {name!r} has shape {shape!r}, not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise _bad(path, f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end] with 0 <= begin <= end")
+        need = math.prod(shape) * np.dtype(DTYPES[dtype]).itemsize
+        if offsets[1] - offsets[0] != need:
+            raise _bad(path, f"tensor {name!r} ({dtype}, shape {shape}) needs {need} bytes but data_offsets "
+                             f"{offsets} hold {offsets[1] - offsets[0]}")
+        entries[name] = (dtype, tuple(shape), offsets[0], offsets[1])
+    data_len = size - 8 - n
+    at, previous = 0, None
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: (e[1][2], e[1][3])):
+        if begin < at:
+            raise _bad(path, f"tensor {name!r} (bytes {begin}..{end}) overlaps tensor {previous!r} (ends at {at})")
+        if begin > at:
+            raise _bad(path, f"a gap of {begin - at} bytes before tensor {name!r} (bytes {begin}..{end})")
+        at, previous = end, name
+    if at > data_len:
+        raise _bad(path, f"tensor {previous!r} ends at byte {at} but the file holds {data_len} bytes of data")
+    if at < data_len:
+        raise _bad(path, f"{data_len - at} trailing bytes after the last tensor")
+    return entries, 8 + n, data_len
+
+
+def read_safetensors_file(path, select=None):
+    """{name: array} of one safetensors file, checked by ``read_header`` before any tensor is read;
+    ``select(name)`` -> bool reads only some tensors."""
+    entries, start, data_len = read_header(path)
+    if select is not None:
+        entries = {k: v for k, v in entries.items() if select(k)}
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(data_len,)) if data_len else \
+        np.zeros(0, np.uint8)
+    out = {}
+    for name, (dtype, shape, begin, end) in entries.items():
+        a = np.frombuffer(data[begin:end], dtype=np.dtype(DTYPES[dtype]).newbyteorder("<")).reshape(shape)
+        if dtype == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        out[name] = np.array(a, dtype=a.dtype.newbyteorder("="))
+    del data
+    return out
+
+
+def shard_files(folder, index_path):
+    """The shard files named by a ``model.safetensors.index.json``, sorted; each must be a plain relative name
+    inside ``folder`` (one ValueError naming the index and the offending name otherwise)."""
+    folder, index_path = Path(folder), Path(index_path)
+    index = bounded_json(index_path.read_bytes(), str(index_path))
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index_path} has no weight_map {{tensor name: shard file}}; download it again")
+    for name in sorted(set(weight_map.values())):
+        parts = PurePosixPath(name).parts
+        if (not name or PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute()
+                or PureWindowsPath(name).drive or ".." in parts or "\\" in name):
+            raise ValueError(f"{index_path} names the shard {name!r}, outside the folder {folder}; a shard must be "
+                             f"a file inside the model folder")
+    return weight_map, [folder / name for name in sorted(set(weight_map.values()))]

@@ -1,0 +1,292 @@
+"""One rule for every config field (numformer.interop.hf_families.FIELDS), per model_type, against transformers.
+
+For each family (gpt2, llama, mistral, qwen2) and each config.json field transformers reads:
+- honoured: a random tiny model whose config.json sets the field (old key spellings included) is built by
+  transformers from that very config.json; numformer's import gives float64 logits and every gradient within
+  1e-9 of transformers' (its float32 rotary/RMSNorm internals given float64 arithmetic, as in
+  test_llama_hf.py), and float32 ones within 1e-4;
+- refused: `numformer import-hf` exits 2 with exactly one stderr line naming the field;
+- absent: numformer resolves the field to the value transformers' config class gives it;
+- the table covers every field of transformers' config class (a new transformers field fails here).
+Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from numformer.interop import hf
+from numformer.interop.hf_families import FIELDS, resolve
+from numformer.models import GPT
+
+from test_interop_hf import loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer
+from test_llama_hf import _float64_arithmetic
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 300
+BASE = {
+    "gpt2": dict(vocab_size=VOCAB, n_positions=48, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0),
+    "llama": dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=24, max_position_embeddings=48, bos_token_id=0, eos_token_id=0),
+    "mistral": dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, intermediate_size=24, max_position_embeddings=16, sliding_window=8,
+                    bos_token_id=0, eos_token_id=0),
+    "qwen2": dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=24, max_position_embeddings=48, rope_theta=1e6, bos_token_id=0, eos_token_id=0),
+}
+CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
+T = 24            # tokens per row: longer than the windows (8) and than mistral's context (16)
+
+DELETE = "<delete>"
+# (family, field): [config.json edits of an honoured case], each a dict (DELETE: remove the key; None: write null)
+HONOURED = {
+    ("gpt2", "vocab_size"): [{}], ("gpt2", "n_positions"): [{"n_positions": 30}],
+    ("gpt2", "n_embd"): [{"n_embd": 24}], ("gpt2", "n_layer"): [{"n_layer": 1}], ("gpt2", "n_head"): [{"n_head": 4}],
+    ("gpt2", "n_inner"): [{"n_inner": 40}, {"n_inner": None}, {"n_inner": DELETE}],
+    ("gpt2", "activation_function"): [{"activation_function": "relu"}, {"activation_function": "gelu"},
+                                      {"activation_function": "gelu_pytorch_tanh"}],
+    ("gpt2", "resid_pdrop"): [{"resid_pdrop": 0.3}], ("gpt2", "embd_pdrop"): [{"embd_pdrop": 0.3}],
+    ("gpt2", "attn_pdrop"): [{"attn_pdrop": 0.3}], ("gpt2", "layer_norm_epsilon"): [{"layer_norm_epsilon": 1e-3}],
+    ("gpt2", "initializer_range"): [{"initializer_range": 0.5}], ("gpt2", "summary_type"): [{"summary_type": "last"}],
+    ("gpt2", "summary_use_proj"): [{"summary_use_proj": False}],
+    ("gpt2", "summary_activation"): [{"summary_activation": "tanh"}],
+    ("gpt2", "summary_proj_to_labels"): [{"summary_proj_to_labels": False}],
+    ("gpt2", "summary_first_dropout"): [{"summary_first_dropout": 0.5}],
+    ("gpt2", "scale_attn_weights"): [{"scale_attn_weights": True}], ("gpt2", "use_cache"): [{"use_cache": False}],
+    ("gpt2", "bos_token_id"): [{"bos_token_id": 3}], ("gpt2", "eos_token_id"): [{"eos_token_id": 3}],
+    ("gpt2", "pad_token_id"): [{"pad_token_id": 5}],
+    ("gpt2", "scale_attn_by_inverse_layer_idx"): [{"scale_attn_by_inverse_layer_idx": False}],
+    ("gpt2", "reorder_and_upcast_attn"): [{"reorder_and_upcast_attn": True}],
+    ("gpt2", "add_cross_attention"): [{"add_cross_attention": False}],
+    ("gpt2", "tie_word_embeddings"): [{"tie_word_embeddings": False}, {"tie_word_embeddings": True}],
+}
+_LLAMA_LIKE = {
+    "vocab_size": [{}], "hidden_size": [{"hidden_size": 24, "num_attention_heads": 6, "num_key_value_heads": 2}],
+    "intermediate_size": [{"intermediate_size": 20}], "num_hidden_layers": [{"num_hidden_layers": 1}],
+    "num_attention_heads": [{"num_attention_heads": 2, "num_key_value_heads": 2}],
+    "num_key_value_heads": [{"num_key_value_heads": 1}, {"num_key_value_heads": None}],
+    "hidden_act": [{"hidden_act": "silu"}], "max_position_embeddings": [{"max_position_embeddings": 20}],
+    "initializer_range": [{"initializer_range": 0.5}], "rms_norm_eps": [{"rms_norm_eps": 1e-3}],
+    "use_cache": [{"use_cache": False}], "pad_token_id": [{"pad_token_id": 5}],
+    "bos_token_id": [{"bos_token_id": 3}], "eos_token_id": [{"eos_token_id": 3}],
+    "tie_word_embeddings": [{"tie_word_embeddings": True}, {"tie_word_embeddings": False}],
+    "rope_parameters": [{"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
+                        {"rope_parameters": {"type": "default", "rope_theta": 700.0}},
+                        {"rope_parameters": {"rope_type": "default"}, "rope_theta": 300.0}],
+    "rope_scaling": [{"rope_scaling": {"rope_type": "default", "rope_theta": 300.0},
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 900.0}},
+                     {"rope_scaling": {"type": "default"}, "rope_parameters": {"rope_theta": 900.0},
+                      "rope_theta": 250.0}],
+    "rope_theta": [{"rope_parameters": DELETE, "rope_theta": 2000.0}, {"rope_parameters": DELETE}],
+    "partial_rotary_factor": [{"partial_rotary_factor": 1.0}],
+    "attention_dropout": [{"attention_dropout": 0.5}], "head_dim": [{"head_dim": 4}, {"head_dim": None}],
+}
+for fam in ("llama", "mistral", "qwen2"):
+    HONOURED.update({(fam, k): v for k, v in _LLAMA_LIKE.items()})
+HONOURED.update({
+    ("mistral", "num_key_value_heads"): [{"num_key_value_heads": 1}],     # MistralConfig refuses a null
+    ("qwen2", "head_dim"): [{"head_dim": 4}, {"head_dim": DELETE}],        # a null crashes Qwen2Attention
+    ("llama", "pretraining_tp"): [{"pretraining_tp": 2}],
+    ("llama", "attention_bias"): [{"attention_bias": True}],
+    ("llama", "mlp_bias"): [{"mlp_bias": True}, {"mlp_bias": True, "attention_bias": True}],
+    ("llama", "sliding_window"): [{"sliding_window": 8}],              # not a Llama field: ignored, as transformers
+    ("mistral", "sliding_window"): [{"sliding_window": 8}, {"sliding_window": 30}, {"sliding_window": None},
+                                    {"sliding_window": 1}],
+    ("qwen2", "use_sliding_window"): [{"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0},
+                                      {"use_sliding_window": False, "sliding_window": 8, "max_window_layers": 0}],
+    ("qwen2", "sliding_window"): [{"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 0}],
+    ("qwen2", "max_window_layers"): [{"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
+                                     {"use_sliding_window": False, "max_window_layers": 1}],
+    ("qwen2", "layer_types"): [{"use_sliding_window": True, "sliding_window": 8,
+                                "layer_types": ["sliding_attention"] * 2},
+                               {"layer_types": ["full_attention"] * 2}],
+})
+REFUSED = {
+    ("gpt2", "activation_function"): {"activation_function": "silu"},
+    ("gpt2", "scale_attn_weights"): {"scale_attn_weights": False},
+    ("gpt2", "scale_attn_by_inverse_layer_idx"): {"scale_attn_by_inverse_layer_idx": True},
+    ("gpt2", "add_cross_attention"): {"add_cross_attention": True},
+    ("gpt2", "n_embd"): {"n_embd": 0},
+    ("llama", "hidden_act"): {"hidden_act": "gelu"},
+    ("llama", "head_dim"): {"head_dim": 8},
+    ("llama", "rope_parameters"): {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+    ("llama", "rope_scaling"): {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+    ("llama", "partial_rotary_factor"): {"partial_rotary_factor": 0.5},
+    ("llama", "pad_token_id"): {"pad_token_id": 300},
+    ("mistral", "hidden_act"): {"hidden_act": "relu"},
+    ("mistral", "sliding_window"): {"sliding_window": 0},
+    ("mistral", "rope_parameters"): {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
+    ("qwen2", "max_window_layers"): {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    ("qwen2", "layer_types"): {"use_sliding_window": True, "sliding_window": 8,
+                               "layer_types": ["full_attention", "sliding_attention"]},
+    ("qwen2", "head_dim"): {"head_dim": 8},
+    ("qwen2", "rope_scaling"): {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+}
+
+
+def edited(config, edits):
+    out = dict(config)
+    for k, v in edits.items():
+        if v == DELETE:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def base_config_json(fam):
+    """The base config as transformers writes it, without the keys its __post_init__ derives (head_dim,
+    layer_types), so that edits of the fields they derive from take effect."""
+    cls = getattr(transformers, CONFIG_CLASSES[fam])
+    return {k: v for k, v in cls(**BASE[fam]).to_dict().items() if k not in ("head_dim", "layer_types")}
+
+
+def make_family_model(tmp_path, fam, edits, seed=0):
+    """A random transformers model built from config.json = base + ``edits`` (as written, old key names
+    included), saved with that config.json; returns the folder."""
+    folder = tmp_path / fam
+    folder.mkdir(exist_ok=True)
+    cfg = edited(base_config_json(fam), edits)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder))
+    with torch.no_grad():                    # norm weights and biases away from 1 and 0: every tensor matters
+        for n, p in model.named_parameters():
+            if "norm" in n or "ln_" in n or n.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(cfg))          # the edited file itself, not its re-save
+    return folder
+
+
+def transformers_model(folder, dtype):
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    if dtype == torch.float64 and model.config.model_type != "gpt2":
+        _float64_arithmetic(model)
+    return model
+
+
+def grads_by_hf_name(model, fam):
+    family = hf.FAMILIES[fam]
+    cfg = hf.model_config_of(model)
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    out = {}
+    for row in family.tensors(cfg):
+        g = grads[row.nf]
+        parts = np.split(g, np.cumsum(row.sizes)[:-1] if row.sizes else len(row.hf), axis=0)
+        out.update({name: (p.T if row.transpose else p) for name, p in zip(row.hf, parts)})
+    return out
+
+
+def assert_parity(folder, fam, tdtype, ndtype, tol):
+    tmodel = transformers_model(folder, tdtype)
+    model = GPT.from_pretrained(folder, dtype=ndtype).train()
+    rng = np.random.default_rng(1)
+    idx, targets = rng.integers(0, VOCAB, (2, T)), rng.integers(0, VOCAB, (2, T))
+    idx[:, 3] = 5                                                   # the pad token of the pad_token_id cases
+    t_logits, t_loss, t_grads = loss_and_grads_torch(tmodel, idx, targets)
+    logits, loss, _ = loss_and_grads_numformer(model, idx, targets)
+    assert rel_err(logits, t_logits) < tol
+    assert abs(loss - t_loss) < tol
+    grads = grads_by_hf_name(model, fam)
+    t_grads = {n: g for n, g in t_grads.items() if not (n == "lm_head.weight" and tmodel.config.tie_word_embeddings
+                                                        and n not in grads)}
+    assert set(grads) == set(t_grads)
+    for name, g in t_grads.items():
+        assert rel_err(grads[name], g) < tol, name
+    return model
+
+
+CASES = [(fam, field, i) for (fam, field), cases in sorted(HONOURED.items()) for i in range(len(cases))]
+
+
+@pytest.mark.parametrize("fam,field,case", CASES, ids=[f"{f}-{k}-{i}" for f, k, i in CASES])
+def test_honoured_field_matches_transformers(tmp_path, fam, field, case):
+    edits = HONOURED[(fam, field)][case]
+    folder = make_family_model(tmp_path, fam, edits)
+    assert_parity(folder, fam, torch.float64, np.float64, 1e-9)
+    assert_parity(folder, fam, torch.float32, np.float32, 1e-4)
+
+
+@pytest.mark.parametrize("fam,field", sorted(REFUSED), ids=[f"{f}-{k}" for f, k in sorted(REFUSED)])
+def test_refused_field_is_one_line_naming_it_and_exit_2(tmp_path, capsys, fam, field):
+    from numformer.cli import main
+
+    folder = make_family_model(tmp_path, fam, {})
+    save_tokenizer(folder)
+    cfg = edited(json.loads((folder / "config.json").read_text()), REFUSED[(fam, field)])
+    (folder / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert main(["import-hf", str(folder), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"{fam} config.json field {field} = " in err[0], err[0]
+
+
+@pytest.mark.parametrize("fam", sorted(FIELDS))
+def test_absent_fields_take_transformers_defaults(fam):
+    """Every field removed from config.json resolves to the value transformers' config class gives it."""
+    cls = getattr(transformers, CONFIG_CLASSES[fam])
+    small = {k: v for k, v in BASE[fam].items() if k in ("vocab_size",)}
+    for f in FIELDS[fam]:
+        if f.name in ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"):
+            continue
+        if fam == "qwen2" and f.name in ("sliding_window", "layer_types"):   # derived by __post_init__: below
+            continue
+        ref = cls(**small)
+        got = resolve(fam, {"model_type": fam, **small})[f.name]
+        want = getattr(ref, f.name, None)
+        if f.name == "head_dim" and not hasattr(ref, "head_dim"):     # Qwen2: the modeling file's getattr default
+            want = ref.hidden_size // ref.num_attention_heads
+        if want is None and f.null != "keep":       # left null by the config class, derived by the model
+            continue
+        assert got == want, (f.name, got, want)
+    ref = cls(**small)
+    if fam == "qwen2":
+        from numformer.interop.hf_families import _qwen2_window
+        assert _qwen2_window(resolve(fam, {"model_type": fam, **small})) is ref.sliding_window is None
+        assert set(ref.layer_types) == {"full_attention"}
+    if fam != "gpt2":                                          # the RoPE base: transformers' standardized value
+        assert resolve(fam, {"model_type": fam})["rope_parameters"]["rope_theta"] == ref.rope_parameters["rope_theta"]
+
+
+@pytest.mark.parametrize("fam", sorted(FIELDS))
+def test_table_covers_every_field_of_the_transformers_config_class(fam):
+    cls = getattr(transformers, CONFIG_CLASSES[fam])
+    base = {f.name for f in dataclasses.fields(transformers.PreTrainedConfig)}
+    own = {f.name for f in dataclasses.fields(cls)} - base
+    table = {f.name for f in FIELDS[fam]}
+    assert own <= table, f"transformers' {cls.__name__} has fields the table lacks: {sorted(own - table)}"
+    kwargs = {"rope_scaling", "rope_theta", "partial_rotary_factor"} if fam != "gpt2" else set()
+    getattr_keys = {"head_dim"} if fam == "qwen2" else set()
+    assert table - own <= kwargs | getattr_keys, sorted(table - own)
+
+
+def test_tied_gpt2_with_a_stored_lm_head_uses_it_as_transformers_does(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = make_family_model(tmp_path, "gpt2", {"tie_word_embeddings": True})
+    state = load_file(folder / "model.safetensors")
+    state["lm_head.weight"] = np.random.default_rng(3).standard_normal(state["transformer.wte.weight"].shape) \
+        .astype(np.float32)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    model = assert_parity(folder, "gpt2", torch.float32, np.float32, 1e-4)
+    assert not model.tie_weights
+    np.testing.assert_array_equal(model.lm_head.weight.data, state["lm_head.weight"])
+    state["lm_head.weight"] = state["transformer.wte.weight"]            # stored and equal: tied
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    assert GPT.from_pretrained(folder).tie_weights
+
+
+def test_docs_hold_the_generated_fields_tables():
+    from pathlib import Path
+
+    from numformer.interop.hf_families import fields_markdown
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "hf-checkpoints.md").read_text()
+    assert fields_markdown() in page, "regenerate the tables of docs/reference/hf-checkpoints.md with fields_markdown()"

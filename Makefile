@@ -14,6 +14,10 @@ endif
 
 .PHONY: run test test-floors test-slow bench docs clean
 
+# Wheels of the run and docs dependencies, for tests/test_documented_commands.py, which runs the pages' commands
+# (make run, make docs, ...) in a new user's shell with pip offline: downloaded once per pyproject.toml change.
+WHEELS ?= $(HOME)/.cache/numformer-test-wheels
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -33,8 +37,12 @@ run: $(VENV)/.installed-run
 	@echo "numformer is installed in $(VENV); to type its commands (numformer --help), run:"
 	@echo "    source $(VENV)/bin/activate"
 
-test: $(VENV)/.installed-test test-floors
-	$(BIN)/python -m pytest -n 2 -m "not slow" -q
+test: $(VENV)/.installed-test test-floors $(WHEELS)/.filled
+	NUMFORMER_WHEELS=$(WHEELS) $(BIN)/python -m pytest -n 2 -m "not slow" -q
+
+$(WHEELS)/.filled: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip download -q -d $(WHEELS) ".[nlp,data,docs]" "setuptools>=77" pip wheel
+	touch $@
 
 # The declared minimum versions, exactly (pyproject.toml's lower bounds, tests/floors.py), in a venv of their
 # own: the core tests and a short train + generate run there. `make test` runs this first.

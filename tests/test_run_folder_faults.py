@@ -344,7 +344,7 @@ def test_a_write_between_the_check_and_a_replacement_lands_in_the_locked_folder(
         lock.check()
         remove(out)
         out.mkdir()                                        # made anew under the same name (ext4 may reuse the inode
-        with pytest.raises(ValueError, match="was deleted or replaced"):      # number of a freed folder; the
+        with pytest.raises(ValueError, match="was replaced by another folder"):  # number of a freed folder; the
             write_atomic(out / "config.json", b"{}\n")                        # lock's descriptor pins it)
         assert list(out.iterdir()) == []
         with pytest.raises(RunFolderGone, match="replaced"):

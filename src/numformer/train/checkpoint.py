@@ -49,8 +49,9 @@ def open_in_folder(path, flags, mode=0o666):
     try:
         return os.open(path.name, flags, mode, dir_fd=folder_fd)
     except FileNotFoundError:
-        raise ValueError(f"{path.parent} was deleted or replaced while this command was writing it; stopped "
-                         f"without writing {path.name} (nothing is recreated)") from None
+        what = "replaced by another folder" if path.parent.exists() else "deleted"
+        raise ValueError(f"{path.parent} was {what} while this command was writing it; stopped without "
+                         f"writing {path.name} (nothing is recreated)") from None
 
 
 def write_atomic(path, data: bytes):

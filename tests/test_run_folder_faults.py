@@ -95,9 +95,13 @@ def test_a_deleted_or_replaced_folder_stops_its_writer(tmp_path, cfgs, fault):
     out = tmp_path / "R"
     first = start("train", long_cfg, "--out", out, "--quiet")
     wait_for_step(first, out / "metrics.jsonl", 5)
-    remove(out)
-    if fault == "replaced":
-        out.mkdir()
+    os.kill(first.pid, signal.SIGSTOP)     # the writer sees the folder only as deleted, or only as replaced
+    try:
+        remove(out)
+        if fault == "replaced":
+            out.mkdir()
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     rc, _, err = finish(first)
     line = one_error_line(rc, err, "train")
     assert str(out) in line and ("was deleted" if fault == "deleted" else "was replaced") in line

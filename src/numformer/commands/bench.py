@@ -14,7 +14,7 @@ def register(sub):
                                      "writes results/bench.json and results/bench.md")
     p.add_argument("parts", nargs="+", metavar="PART",
                    help="a part of numformer.bench (throughput, attention, checkpointing, generate, depth, "
-                        "hf-generate, llama-generate, mpi, mpi-scaling) or 'all'")
+                        "hf-generate, llama-generate, qwen2-generate, blas-kernels, mpi, mpi-scaling) or 'all'")
     p.add_argument("--quick", action="store_true", help="small smoke run (under a minute per part); "
                                                        "figures not for reporting")
     p.add_argument("--out", default="results", help="folder for bench.json, bench.md and figures/ (default results)")

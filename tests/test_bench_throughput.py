@@ -77,7 +77,8 @@ def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch, nat
     monkeypatch.setattr(throughput, "torch_matmul_peak", lambda n=0, repeats=0: 100.0)
     original = throughput.run
     monkeypatch.setattr(throughput, "run", lambda quick=False: original(quick, configs, plan))
-    done = runner.run_parts(["throughput"], quick=True, out_dir=tmp_path, log=lambda *a: None)
+    out = tmp_path / "new" / "bench"                       # --out a folder that does not exist yet
+    done = runner.run_parts(["throughput"], quick=True, out_dir=out, log=lambda *a: None)
     result = done["throughput"]
     for name in configs:
         r = result["configs"][name]
@@ -85,11 +86,11 @@ def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch, nat
         assert 0 < r["numformer_mfu"] and 0 < r["torch_mfu"]
         assert abs(r["first_loss"]["numformer"] - r["first_loss"]["torch"]) < 1e-4
         assert r["single_core"]["numformer_cpu_ms_per_step"] > 0 and r["single_core"]["ratio"] > 0
-    saved = json.loads((tmp_path / "bench.json").read_text())
+    saved = json.loads((out / "bench.json").read_text())
     assert "throughput" in saved and saved["throughput"]["_run"]["quick"] is True
-    md = (tmp_path / "bench.md").read_text()
+    md = (out / "bench.md").read_text()
     assert "Training throughput" in md and "figures/throughput.png" in md and "Per-core efficiency" in md
-    assert (tmp_path / "figures" / "throughput.png").stat().st_size > 0
+    assert (out / "figures" / "throughput.png").stat().st_size > 0
     # another part's entry is kept when this part is run again
     saved["other_part"] = {"x": 1}
     (tmp_path / "bench.json").write_text(json.dumps(saved))

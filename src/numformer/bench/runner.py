@@ -62,6 +62,7 @@ def image_link(path, alt, fig_dir):
 
 
 def _atomic_write(path, text):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)       # --out names a folder that may not exist yet
     write_atomic(path, text.encode())
 
 

@@ -15,7 +15,7 @@ def import_run(source, out, data_path="", block_size=None, dtype="float32", over
     from ..models import build_model
     from ..config import resolve_config
     from ..train import run_folder
-    from ..train.checkpoint import MODEL, save_model, write_json_atomic
+    from ..train.run_files import MODEL, save_model, write_json_atomic
 
     source_model, tokenizer_state = pretrained_source(source)
     if tokenizer_state is None:

@@ -16,7 +16,7 @@ def _model_config(source, overrides):
     from ..config import apply_overrides, check_model_section, load_config, resolve_config
 
     if Path(source).is_dir():
-        from ..train.run import load_config_json
+        from ..train.run_files import load_config_json
 
         if overrides:
             raise ValueError("--set applies to a TOML config, not to a run folder (its config.json is the run's)")

@@ -35,8 +35,8 @@ from ..data.tokenizers import PretrainedTokenizer
 from ..models import build_model
 from ..models.pretrained import register_loader
 from ..nn.positional import SinusoidalPositionalEncoding
-from ..train.checkpoint import CHECKPOINT, MODEL, load_model_weights, write_atomic, write_json_atomic
-from ..train.run import load_config_json, load_tokenizer_state
+from ..train.run_files import (CHECKPOINT, MODEL, load_config_json, load_model_weights, load_tokenizer_state,
+                               write_atomic, write_json_atomic)
 from ..config import check_model_section
 from .hf_families import FAMILIES, Family, TensorMap, default_export_type, family  # noqa: F401 (re-exported)
 from .safetensors_reader import read_safetensors_file, shard_files

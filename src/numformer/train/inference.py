@@ -11,7 +11,8 @@ import numpy as np
 from ..data.text_datasets import AGNEWS_CLASSES
 from ..data.text_tasks import encode_for_classifier
 from ..ops import softmax_forward
-from .run import load_config_json, load_model, load_tokenizer_state, tokenizer_from_state
+from .run import load_model, tokenizer_from_state
+from .run_files import load_config_json, load_tokenizer_state
 
 __all__ = ["load_classifier", "classify_texts", "load_translator", "unknown_words"]
 

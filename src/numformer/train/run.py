@@ -10,37 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import bounded_json
-from ..config import check_saved_config
 from ..data.base import make_task
 from ..data.tokenizers import tokenizer_from_dict
 from ..models import build_model
-from .checkpoint import CHECKPOINT, MODEL, load_model_weights
+from .run_files import CHECKPOINT, MODEL, load_config_json, load_model_weights, load_tokenizer_state, read_json
 from .run_folder import check_weights
-
-
-def _check_run_dir(run_dir):
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise ValueError(f"run folder {run_dir} does not exist")
-    if not run_dir.is_dir():
-        raise ValueError(f"{run_dir} is a file, not a run folder")
-
-
-def read_json(path, what):
-    """A JSON file's content; ValueError naming the file for unreadable, non-UTF-8 or malformed JSON."""
-    path = Path(path)
-    return bounded_json(path.read_bytes(), f"{what} {path}")
-
-
-def load_config_json(run_dir):
-    """The run's config.json, checked like a TOML config (every key's type and range)."""
-    _check_run_dir(run_dir)
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
-                         f"`numformer train CONFIG --out {run_dir}`")
-    return check_saved_config(read_json(path, "config file"), path)
 
 
 def load_model(run_dir, config=None):
@@ -55,11 +29,6 @@ def load_model(run_dir, config=None):
             check_weights(run_dir / name, meta, config)
             return model.eval()
     raise ValueError(f"{run_dir} has no saved weights ({MODEL} or {CHECKPOINT})")
-
-
-def load_tokenizer_state(run_dir):
-    path = Path(run_dir) / "tokenizer.json"
-    return read_json(path, "tokenizer file") if path.is_file() else None
 
 
 def load_tokenizer(run_dir):

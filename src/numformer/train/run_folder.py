@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .._limits import bounded_json
 from .. import _platform
-from .checkpoint import CHECKPOINT, LOCKED_FOLDERS, MODEL
+from .run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 RUN_FILES = (CHECKPOINT, MODEL, "summary.json", "metrics.jsonl", "tokenizer.json", "config.json")

@@ -41,15 +41,15 @@ from ..models.pretrained import loader as pretrained_loader
 from ..nn import MultiHeadAttention
 from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
 from ..provenance import git_commit
-from .checkpoint import (CHECKPOINT, MODEL, load_checkpoint, load_metadata, load_model_weights, open_in_folder,
-                         rng_state, save_checkpoint, save_model, set_rng_state, write_atomic, write_json_atomic)
+from .run_files import (CHECKPOINT, MODEL, load_checkpoint, load_config_json, load_metadata, load_model_weights,
+                        load_tokenizer_state, open_in_folder, rng_state, save_checkpoint, save_model, set_rng_state,
+                        write_atomic, write_json_atomic)
 from ..config import apply_overrides, resolve_config
 from . import run_folder
 from .early_stopping import EarlyStopping
 from .mpi import MPIDataParallel
 from .parallel import DataParallel, usable_processes
 from .progress import progress
-from .run import load_config_json, load_tokenizer_state
 from .step import loss_and_backward
 
 DIVERGENCE_FACTOR = 3.0     # the training loss above this multiple of its first value ...

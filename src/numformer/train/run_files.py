@@ -1,4 +1,10 @@
-"""Atomic files and checkpoints.
+"""The run folder's files: their names, how each is written (atomically) and read back with its checks.
+
+``config.json`` (the resolved config) and ``tokenizer.json`` (the tokenizer's
+state) are JSON; ``model.safetensors`` (the selected weights) and
+``checkpoint.safetensors`` are safetensors. Training (``train.trainer``,
+``train.run``) and the interop layer (``interop.hf``) both read and write a run
+folder through this module only.
 
 Every file is written to a temporary name in the same folder, flushed to
 disk, and renamed over the target (``os.replace`` is atomic on POSIX), so a
@@ -18,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .._limits import bounded_json
+from ..config import check_saved_config
 
 CHECKPOINT = "checkpoint.safetensors"
 MODEL = "model.safetensors"
@@ -171,3 +178,35 @@ def rng_state(rng):
 
 def set_rng_state(rng, state):
     rng.bit_generator.state = state
+
+
+# -- reading a run folder's JSON files ----------------------------------------------------------------
+
+def _check_run_dir(run_dir):
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise ValueError(f"run folder {run_dir} does not exist")
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file, not a run folder")
+
+
+def read_json(path, what):
+    """A JSON file's content; ValueError naming the file for unreadable, non-UTF-8 or malformed JSON."""
+    path = Path(path)
+    return bounded_json(path.read_bytes(), f"{what} {path}")
+
+
+def load_config_json(run_dir):
+    """The run's config.json, checked like a TOML config (every key's type and range)."""
+    _check_run_dir(run_dir)
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
+                         f"`numformer train CONFIG --out {run_dir}`")
+    return check_saved_config(read_json(path, "config file"), path)
+
+
+def load_tokenizer_state(run_dir):
+    """The run's tokenizer.json (a dict), or None when the run has none."""
+    path = Path(run_dir) / "tokenizer.json"
+    return read_json(path, "tokenizer file") if path.is_file() else None

@@ -12,7 +12,7 @@ export NUMFORMER_DATA := $(SHARED_DATA)
 endif
 endif
 
-.PHONY: run test test-floors test-slow bench docs clean
+.PHONY: run test test-floors test-newest test-slow bench docs clean
 
 # Wheels of the run and docs dependencies, for tests/test_documented_commands.py, which runs the pages' commands
 # (make run, make docs, ...) in a new user's shell with pip offline: downloaded once per pyproject.toml change.
@@ -37,7 +37,7 @@ run: $(VENV)/.installed-run
 	@echo "numformer is installed in $(VENV); to type its commands (numformer --help), run:"
 	@echo "    source $(VENV)/bin/activate"
 
-test: $(VENV)/.installed-test test-floors $(WHEELS)/.filled
+test: $(VENV)/.installed-test test-floors test-newest $(WHEELS)/.filled
 	NUMFORMER_WHEELS=$(WHEELS) $(BIN)/python -m pytest -n 2 -m "not slow" -q
 
 $(WHEELS)/.filled: pyproject.toml | $(BIN)/python
@@ -65,6 +65,27 @@ test-floors: $(FLOORS)/.installed
 	$(FLOORS)/bin/numformer train configs/shakespeare_char.toml --out $(FLOORS)/run --overwrite $(TINY)
 	$(FLOORS)/bin/numformer generate $(FLOORS)/run --prompt "ROMEO:" --max-new-tokens 60 --seed 0
 
+# The newest Python the machine has (CPython 3.13: on PATH, or pyenv's) with the newest releases of the
+# dependencies, no torch (the torch parity tests skip): the same core tests, so that requires-python's open upper
+# end is tested too. Skipped, saying so, where no Python 3.13 is found.
+NEWEST := .venv-newest
+NEWEST_PYTHON ?= $(or $(shell python3.13 -c 'import sys; print(sys.executable)' 2>/dev/null),$(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13)))
+
+$(NEWEST)/.installed: pyproject.toml
+	rm -rf $(NEWEST)
+	$(NEWEST_PYTHON) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install -q --upgrade -e ".[nlp,data]" pytest pytest-xdist
+	touch $@
+
+ifeq ($(NEWEST_PYTHON),)
+test-newest:
+	@echo "test-newest: no Python 3.13 found (python3.13 on PATH, or pyenv's); skipped"
+else
+test-newest: $(NEWEST)/.installed
+	$(NEWEST)/bin/python -c "import sys, numpy; print('test-newest: Python', sys.version.split()[0], 'NumPy', numpy.__version__)"
+	$(NEWEST)/bin/python -m pytest -n 2 -q -p no:cacheprovider -k "not _gradients" $(FLOOR_TESTS)
+endif
+
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m slow -q
 
@@ -80,4 +101,4 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) $(FLOORS) build site src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(FLOORS) $(NEWEST) build site src/*.egg-info .pytest_cache

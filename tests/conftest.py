@@ -106,18 +106,35 @@ def cli_error(run_cli):
     return run
 
 
+def _toml_section(name, values):
+    def value(v):
+        return ("true" if v else "false") if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) else repr(v)
+    return [f"[{name}]", *(f"{k} = {value(v)}" for k, v in values.items())]
+
+
+def _tiny_gpt_toml(data, model, train):
+    gpt = {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16, **(model or {})}
+    return "\n".join(["", *_toml_section("model", gpt), *_toml_section("data", data),
+                      *_toml_section("train", train), ""])
+
+
 def tiny_copy_toml(model=None, **train):
     """The TOML text of a 1-layer GPT (d_model 16, 2 heads) on the copy task of length 4 (16 validation and
     16 test problems), with ``model`` added to [model] and ``train`` as [train]: the small runs of the CLI tests."""
-    def section(name, values):
-        def value(v):
-            return ("true" if v else "false") if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) else repr(v)
-        return [f"[{name}]", *(f"{k} = {value(v)}" for k, v in values.items())]
+    return _tiny_gpt_toml({"task": "copy", "length": 4, "n_val": 16, "n_test": 16}, model, train)
 
-    gpt = {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16, **(model or {})}
-    return "\n".join(["", *section("model", gpt),
-                      *section("data", {"task": "copy", "length": 4, "n_val": 16, "n_test": 16}),
-                      *section("train", train), ""])
+
+def tiny_text_toml(path="small.txt", **train):
+    """The same small GPT on a text file (``path``, character level, blocks of 16); [train] is ``train`` over
+    4 steps of batch 4, evaluated every 2, one process."""
+    train = {"max_steps": 4, "batch_size": 4, "eval_every": 2, "processes": 1, **train}
+    return _tiny_gpt_toml({"task": "text", "path": str(path), "block_size": 16}, None, train)
+
+
+def src_env():
+    """The environment of a subprocess that imports this checkout's numformer (src/ first on PYTHONPATH)."""
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    return {**os.environ, "PYTHONPATH": os.path.abspath(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 @contextlib.contextmanager

@@ -15,31 +15,12 @@ import pytest
 from numformer.cli import main
 from numformer.train.run_files import CHECKPOINT, MODEL
 
-from conftest import mounted_tmpfs, one_error_line, tiny_copy_toml
+from conftest import mounted_tmpfs, one_error_line, src_env, tiny_copy_toml, tiny_text_toml
+
+TEXT = tiny_text_toml()
 
 COPY = tiny_copy_toml(max_steps=4, batch_size=4, eval_every=2, processes=1)
 
-TEXT = """
-[model]
-type = "gpt"
-n_layers = 1
-n_heads = 2
-d_model = 16
-[data]
-task = "text"
-path = "small.txt"
-block_size = 16
-[train]
-max_steps = 4
-batch_size = 4
-eval_every = 2
-processes = 1
-"""
-
-
-def env():
-    src = os.path.join(os.path.dirname(__file__), "..", "src")
-    return {**os.environ, "PYTHONPATH": os.path.abspath(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +184,7 @@ def test_nan_stop_prints_only_its_line(tmp_path, cfg, processes):
     proc = subprocess.run([sys.executable, "-W", "default", "-m", "numformer.cli", "train", str(cfg), "--out",
                            str(tmp_path / "r"), "--quiet", "--set", "train.lr=1e6", "--set", "train.max_steps=30",
                            "--set", "model.d_model=64", "--set", f"train.processes={processes}"],
-                          capture_output=True, text=True, env=env(), timeout=300)
+                          capture_output=True, text=True, env=src_env(), timeout=300)
     line = one_error_line(proc.returncode, proc.stderr, "train")
     assert "became nan" in line or "diverged" in line
     assert proc.stderr.strip() == line, proc.stderr
@@ -228,7 +209,7 @@ def test_killed_data_parallel_worker(tmp_path, cfg):
     cfg.write_text(COPY.replace("max_steps = 4", "max_steps = 1000000\ncheckpoint_every = 1000000")
                    .replace("processes = 1", "processes = 2"))
     proc = subprocess.Popen([sys.executable, "-m", "numformer.cli", "train", str(cfg), "--out", str(tmp_path / "r"),
-                             "--quiet"], stderr=subprocess.PIPE, text=True, env=env())
+                             "--quiet"], stderr=subprocess.PIPE, text=True, env=src_env())
     try:
         children, deadline = [], time.monotonic() + 60
         while not children and time.monotonic() < deadline and proc.poll() is None:
@@ -271,7 +252,7 @@ def test_ctrl_c_exits_130_quietly(text_run, run_cli, monkeypatch, command):
 
 def test_ctrl_c_during_generate_for_real(text_run):
     proc = subprocess.Popen([sys.executable, "-m", "numformer.cli", "generate", str(text_run), "--max-new-tokens",
-                             "100000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+                             "100000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=src_env())
     try:
         proc.stdout.read(20)                                   # it is generating
         proc.send_signal(signal.SIGINT)

@@ -11,19 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from test_docs_pages import drawn_figures
+
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
 IMAGE = re.compile(r"!\[[^\]]+\]\((\.\./[\w/.-]+\.png)\)")
-
-
-def drawn_figures():
-    """docs/figures/diagrams.py as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("diagrams", ROOT / "docs" / "figures" / "diagrams.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("page", TUTORIALS, ids=lambda p: p.name)

@@ -25,29 +25,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 from numformer.cli import main  # noqa: E402
 
-from conftest import tiny_copy_toml  # noqa: E402
+from conftest import tiny_copy_toml, tiny_text_toml  # noqa: E402
 
 EXAMPLES = int(os.environ.get("NUMFORMER_FUZZ_EXAMPLES", "12"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
 
-TEXT = """
-[model]
-type = "gpt"
-n_layers = 1
-n_heads = 2
-d_model = 16
-[data]
-task = "text"
-path = "{path}"
-block_size = 16
-[train]
-max_steps = 4
-batch_size = 4
-eval_every = 2
-checkpoint_every = 2
-processes = 1
-"""
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=6),
@@ -160,7 +143,7 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     text = read_corpus("")[:4000]
     (root / "small.txt").write_text(text)
-    (root / "text.toml").write_text(TEXT.format(path=root / "small.txt"))
+    (root / "text.toml").write_text(tiny_text_toml(root / "small.txt", checkpoint_every=2))
     (root / "copy.toml").write_text(tiny_copy_toml(max_steps=4, batch_size=4, eval_every=2, checkpoint_every=2,
                                                    processes=1))
     for name in ("text", "copy"):

@@ -15,35 +15,13 @@ import pytest
 
 from numformer.cli import main
 
-from conftest import one_error_line, tiny_copy_toml
+from conftest import one_error_line, src_env, tiny_copy_toml, tiny_text_toml
 
-TEXT = """
-[model]
-type = "gpt"
-n_layers = 1
-n_heads = 2
-d_model = 16
-[data]
-task = "text"
-path = "small.txt"
-block_size = 16
-[train]
-max_steps = 6
-batch_size = 4
-eval_every = 3
-checkpoint_every = 3
-processes = 1
-"""
 
 
 def snapshot(folder):
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def env():
-    src = os.path.join(os.path.dirname(__file__), "..", "src")
-    return {**os.environ, "PYTHONPATH": os.path.abspath(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +31,7 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     (root / "small.txt").write_text(read_corpus("")[:3000])
-    (root / "text.toml").write_text(TEXT.replace("small.txt", str(root / "small.txt")))
+    (root / "text.toml").write_text(tiny_text_toml(root / "small.txt", max_steps=6, eval_every=3, checkpoint_every=3))
     (root / "copy.toml").write_text(tiny_copy_toml(max_steps=40, batch_size=8, eval_every=20, processes=1))
     assert main(["train", str(root / "text.toml"), "--out", str(root / "text"), "--quiet"]) == 0
     assert main(["train", str(root / "copy.toml"), "--out", str(root / "copy"), "--quiet"]) == 0
@@ -133,7 +111,7 @@ def test_a_non_utf8_argument(damaged, args):
     run = damaged()
     before = snapshot(run)
     argv = [a if isinstance(a, bytes) else a.format(run=run).encode() for a in args]
-    done = subprocess.run([sys.executable.encode(), b"-m", b"numformer.cli", *argv], capture_output=True, env=env(),
+    done = subprocess.run([sys.executable.encode(), b"-m", b"numformer.cli", *argv], capture_output=True, env=src_env(),
                           timeout=120)
     line = one_error_line(done.returncode, done.stderr.decode(), args[0])
     assert "is not UTF-8 text (byte 0xff at position 4)" in line

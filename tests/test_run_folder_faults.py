@@ -335,7 +335,7 @@ def test_divergence_before_any_checkpoint_says_to_train_again(tmp_path):
     assert not (out / "checkpoint.safetensors").exists()
 
 
-def test_a_write_between_the_check_and_a_replacement_lands_in_the_locked_folder(tmp_path):
+def test_a_write_between_the_check_and_a_replacement_never_reaches_the_new_folder(tmp_path):
     """The instant between a writer's identity check and its write: the folder is deleted and made anew there.
     The file is created relative to the locked folder's descriptor, so it never lands in the new folder: the
     write stops with one error naming the folder, and so does the next check."""

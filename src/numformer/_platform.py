@@ -1,4 +1,5 @@
-"""What differs between Linux, macOS and Windows, in one place: the run-folder lock, stop signals, forked workers.
+"""What differs between Linux, macOS and Windows, in one place: the run-folder lock, stop signals, forked workers
+(and how many bytes a pipe still holds, which an MPI rank's abort waits on).
 
 Everything else in numformer is portable Python (``pathlib``, text files opened
 as UTF-8). Each function below looks up what the platform has instead of
@@ -28,6 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import stat
 import sys
 
 try:                                    # POSIX
@@ -38,6 +40,10 @@ try:                                    # Windows
     import msvcrt
 except ImportError:
     msvcrt = None
+try:                                    # POSIX: the unread-bytes count of a pipe
+    from termios import FIONREAD
+except ImportError:
+    FIONREAD = None
 
 LOCK_FILE = ".numformer.lock"           # Windows only: the file whose bytes carry a folder's lock
 READER_SLOTS = 64                       # Windows only: readers that may hold one folder at once
@@ -135,6 +141,16 @@ def _byte_unlock(fd, start, count):
 
 
 # -- signals and forked workers ------------------------------------------------------------------------------
+
+def pipe_unread(fd):
+    """The bytes written to the pipe ``fd`` that its reader has not taken yet; None when ``fd`` is not a pipe
+    (a terminal, a file) or the platform cannot tell."""
+    if fcntl is None or FIONREAD is None or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        return None
+    unread = bytearray(4)
+    fcntl.ioctl(fd, FIONREAD, unread)
+    return int.from_bytes(unread, sys.byteorder)
+
 
 def signals(*names):
     """The signals of ``names`` this platform has (Windows has SIGTERM, not SIGHUP or SIGUSR1), in that order."""

@@ -39,7 +39,7 @@ from ..train.run_files import (CHECKPOINT, MODEL, load_config_json, load_model_w
                                write_atomic, write_json_atomic)
 from ..config import check_model_section
 from .hf_families import FAMILIES, Family, TensorMap, default_export_type, family  # noqa: F401 (re-exported)
-from .safetensors_reader import read_safetensors_file, shard_files
+from .safetensors_reader import read_header, read_safetensors_file, shard_files
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -141,6 +141,12 @@ def read_safetensors(folder):
     return tensors
 
 
+def _stores(folder, fam, name):
+    """Whether a checkpoint file of ``folder`` holds a tensor of canonical name ``name`` (headers only)."""
+    _, files = _weight_files(Path(folder))
+    return any(fam.canonical(k) == name for path in files if path.is_file() for k in read_header(path)[0])
+
+
 def _stored_tensors(folder, fam, names):
     """{canonical name: array} of the checkpoint tensors of ``folder`` whose canonical names are in ``names``."""
     _, files = _weight_files(Path(folder))
@@ -167,7 +173,7 @@ def hf_model_config(folder, hf_config):
         check_model_section({k: v for k, v in model_config.items() if v is not None})
     except ValueError as e:
         raise ValueError(f"{Path(folder) / CONFIG}: {e}") from None
-    if model_config["tie_weights"]:
+    if model_config["tie_weights"] and _stores(folder, fam, "lm_head.weight"):     # read the two only then
         emb = fam.tensors(model_config)[0].hf[0]
         stored = _stored_tensors(folder, fam, {emb, "lm_head.weight"})
         if "lm_head.weight" in stored and not np.array_equal(stored["lm_head.weight"], stored.get(emb)):

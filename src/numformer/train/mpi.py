@@ -40,17 +40,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import stat
 import sys
 import time
 
 import numpy as np
-
-try:                          # the unread-bytes count of a pipe (POSIX); elsewhere abort does not wait
-    from fcntl import ioctl
-    from termios import FIONREAD
-except ImportError:
-    ioctl = FIONREAD = None
 
 from .. import _platform
 from ..data.base import IGNORE
@@ -186,14 +179,8 @@ def wait_until_read(stream, timeout=5.0, poll=0.002):
     seconds; at once when the stream is not a pipe (a terminal, a file) or the platform cannot tell."""
     try:
         fd = stream.fileno()
-        if ioctl is None or not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return
-        unread = bytearray(4)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ioctl(fd, FIONREAD, unread)
-            if int.from_bytes(unread, sys.byteorder) == 0:
-                return
+        while time.monotonic() < deadline and _platform.pipe_unread(fd):
             time.sleep(poll)
     except (OSError, ValueError, AttributeError):      # closed or replaced stream: nothing to wait for
         return

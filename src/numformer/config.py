@@ -45,7 +45,8 @@ TRAIN_DEFAULTS = {
     "no_decay": ["bias", "norm"],  # parameter kinds without weight decay: bias, norm, embedding
     "momentum": 0.0,              # sgd only
     "nesterov": False,            # sgd only
-    "schedule": "constant",       # constant | linear | cosine | noam
+    "schedule": "constant",       # constant | linear | cosine | wsd | noam
+    "cooldown": 0.2,              # wsd only: the fraction of the run (after warmup) spent decaying to min_lr
     "warmup_steps": 0,
     "min_lr": 0.0,                # floor of the linear/cosine decay
     "decay_steps": 0,             # step where the decay reaches min_lr; 0 = max_steps
@@ -60,6 +61,7 @@ TRAIN_DEFAULTS = {
     "restore_best": True,         # keep the best-ranked weights when the whole split scores them better than the last
     "log_every": 10,
     "max_minutes": 0.0,           # stop (with a checkpoint) after this much training time; 0 = no limit
+    "budget_minutes": 0.0,        # plan the run for this wall time, everything included; 0 = count steps
     "dtype": "float32",           # float32 | float64
     "processes": 0,               # data-parallel processes, each on a share of every batch; 0 = one per core, 1 = off
 }
@@ -130,11 +132,12 @@ def _train_keys():
         "eps": positive(float), "weight_decay": NONNEG_FLOAT,
         "no_decay": Key(list, choices=tuple(NO_DECAY_KINDS), item=str),
         "momentum": Key(float, 0, 1, open=(False, True)), "nesterov": BOOL,
-        "schedule": Key(str, choices=tuple(SCHEDULES)), "warmup_steps": NONNEG_INT, "min_lr": NONNEG_FLOAT,
+        "schedule": Key(str, choices=tuple(SCHEDULES)), "cooldown": Key(float, 0, 1, open=(True, False)),
+        "warmup_steps": NONNEG_INT, "min_lr": NONNEG_FLOAT,
         "decay_steps": NONNEG_INT, "grad_clip": NONNEG_FLOAT, "grad_accum": positive(), "label_smoothing": FRACTION,
         "eval_batches": NONNEG_INT, "eval_batch_size": NONNEG_INT, "eval_metrics": BOOL,
         "early_stopping_patience": NONNEG_INT, "early_stopping_min_delta": NONNEG_FLOAT, "restore_best": BOOL,
-        "log_every": positive(), "max_minutes": NONNEG_FLOAT, "dtype": Key(str, choices=("float32", "float64")),
+        "log_every": positive(), "max_minutes": NONNEG_FLOAT, "budget_minutes": NONNEG_FLOAT, "dtype": Key(str, choices=("float32", "float64")),
         "processes": Key(int, 0, max(64, 4 * (os.cpu_count() or 1))),
     }
 
@@ -275,7 +278,7 @@ def _model_defaults(kind):
 
 def _check_train_together(t):
     """Rules between [train] keys."""
-    if t["schedule"] in ("linear", "cosine") and t["min_lr"] > t["lr"]:
+    if t["schedule"] in ("linear", "cosine", "wsd") and t["min_lr"] > t["lr"]:
         raise ValueError(f"[train] min_lr = {t['min_lr']} is above lr = {t['lr']}; the decay goes down to min_lr")
     if t["schedule"] == "noam" and t["warmup_steps"] <= 0:
         raise ValueError("[train] warmup_steps must be > 0 for the noam schedule")

@@ -49,6 +49,6 @@ def register(sub):
     p.add_argument("--overwrite", action="store_true", help="replace existing run folders of these experiments")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
     p.add_argument("--seeds", type=int, default=0, metavar="N",
-                   help="first train the experiment with N seeds and report their spread (shakespeare_char, shakespeare_char_llama)")
+                   help="train the experiment with N seeds and report their spread (shakespeare_char, shakespeare_char_llama, shakespeare_speedrun, shakespeare_speedrun_ablation)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)

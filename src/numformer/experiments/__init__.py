@@ -24,7 +24,7 @@ def register(experiment, group=None):
 
 def load_all():
     for info in pkgutil.iter_modules(__path__):
-        if info.name != "runner":
+        if info.name != "runner" and not info.name.startswith("_"):     # _modules: helpers (e.g. torch's)
             importlib.import_module(f"{__name__}.{info.name}")
 
 

@@ -66,6 +66,7 @@ class Experiment:
     attention_groups: tuple = ()           # attention groups to draw, in this order (e.g. ("cross",)); () = all
     custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record
     seed_study: Callable | None = None     # seed_study(exp, ctx): trains ctx.seeds seeds (reproduce --seeds N)
+    seeds_in_custom: bool = False          # custom() trains ctx.seeds seeds itself
 
     def config_name(self):
         return self.config or self.name
@@ -145,7 +146,7 @@ def train_and_evaluate(exp, ctx, config_overrides=()):
 
 def run_experiment(exp, ctx):
     """Run one experiment and write results/NAME.{json,md}; returns the record."""
-    if ctx.seeds:
+    if ctx.seeds and not exp.seeds_in_custom:
         if exp.seed_study is None:
             raise ValueError(f"--seeds: experiment {exp.name!r} has no seed study (shakespeare_char and shakespeare_char_llama have one)")
         exp.seed_study(exp, ctx)

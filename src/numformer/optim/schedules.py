@@ -1,7 +1,23 @@
-"""Learning-rate schedules (functions of the step) and gradient clipping.
+"""Learning-rate schedules and gradient clipping.
 
-Every schedule is a callable ``lr(step)`` with step = 0, 1, 2 … the index of the
-update about to be taken.
+A schedule is a linear warmup over ``warmup_steps`` steps followed by a decay shape: the factor the
+peak ``lr`` is multiplied by as the run goes from the end of warmup (progress 0) to its end (progress 1),
+with ``min_lr`` the floor:
+
+    lr(progress) = min_lr + shape(progress) · (lr - min_lr)
+
+    constant  shape(p) = 1
+    linear    shape(p) = 1 - p
+    cosine    shape(p) = (1 + cos(π p)) / 2                 (nanoGPT's get_lr)
+    wsd       shape(p) = 1 for p < 1 - c, then (1 - p) / c   (warmup-stable-decay, "trapezoidal":
+                                                              the last fraction c of the run decays)
+
+A run counted in steps has progress (step - warmup_steps) / (decay_steps - warmup_steps); a run under
+a wall-clock budget (``[train] budget_minutes``) has the fraction of its training time spent since
+warmup ended (``Schedule.at``). ``noam`` is the paper's schedule and has no end.
+
+Every schedule is a callable ``lr(step)`` with step = 0, 1, 2 … the index of the update about to be
+taken.
 """
 from __future__ import annotations
 
@@ -10,40 +26,64 @@ import math
 import numpy as np
 
 
-def constant(lr, warmup_steps=0):
-    """lr, after an optional linear warmup."""
-    def schedule(step):
-        return _warmup(lr, step, warmup_steps) if step < warmup_steps else lr
-    return schedule
-
-
 def _warmup(lr, step, warmup_steps):
     # nanoGPT's warmup: lr·(step+1)/(warmup+1), i.e. torch LinearLR(start_factor=1/(warmup+1), total_iters=warmup).
     return lr * (step + 1) / (warmup_steps + 1)
 
 
+def _wsd_shape(cooldown):
+    def shape(p):
+        return 1.0 if p < 1.0 - cooldown else (1.0 - p) / cooldown
+    return shape
+
+
+SHAPES = {
+    "constant": lambda p: 1.0,
+    "linear": lambda p: 1.0 - p,
+    "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+}
+
+
+class Schedule:
+    """Warmup, then ``min_lr + shape(progress) · (lr - min_lr)``; callable by step (``lr(step)``) or, for a
+    run planned for a time budget, by the fraction of it done (``lr.at(step, progress)``)."""
+
+    def __init__(self, name, lr, warmup_steps=0, decay_steps=1, min_lr=0.0, cooldown=0.2):
+        self.name, self.lr, self.warmup_steps, self.decay_steps = name, lr, warmup_steps, decay_steps
+        self.min_lr = lr if name == "constant" else min_lr
+        self.shape = _wsd_shape(cooldown) if name == "wsd" else SHAPES[name]
+
+    def at(self, step, progress):
+        """The learning rate of update ``step`` when ``progress`` (0 … 1) of the decay is done."""
+        if step < self.warmup_steps:
+            return _warmup(self.lr, step, self.warmup_steps)
+        p = min(max(progress, 0.0), 1.0)
+        return self.min_lr + self.shape(p) * (self.lr - self.min_lr)
+
+    def __call__(self, step):
+        progress = (step - self.warmup_steps) / max(self.decay_steps - self.warmup_steps, 1)
+        return self.at(step, progress)
+
+
+def constant(lr, warmup_steps=0):
+    """lr, after an optional linear warmup."""
+    return Schedule("constant", lr, warmup_steps)
+
+
 def warmup_linear(lr, warmup_steps, decay_steps, min_lr=0.0):
     """Linear warmup to lr, then linear decay to min_lr at ``decay_steps``; min_lr afterwards."""
-    def schedule(step):
-        if step < warmup_steps:
-            return _warmup(lr, step, warmup_steps)
-        if step >= decay_steps:
-            return min_lr
-        frac = (step - warmup_steps) / max(decay_steps - warmup_steps, 1)
-        return lr + (min_lr - lr) * frac
-    return schedule
+    return Schedule("linear", lr, warmup_steps, decay_steps, min_lr)
 
 
 def warmup_cosine(lr, warmup_steps, decay_steps, min_lr=0.0):
     """Linear warmup to lr, then half a cosine down to min_lr at ``decay_steps`` (nanoGPT's get_lr)."""
-    def schedule(step):
-        if step < warmup_steps:
-            return _warmup(lr, step, warmup_steps)
-        if step >= decay_steps:
-            return min_lr
-        ratio = (step - warmup_steps) / max(decay_steps - warmup_steps, 1)
-        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
-    return schedule
+    return Schedule("cosine", lr, warmup_steps, decay_steps, min_lr)
+
+
+def warmup_stable_decay(lr, warmup_steps, decay_steps, min_lr=0.0, cooldown=0.2):
+    """Linear warmup to lr, lr held, then a linear decay to min_lr over the last ``cooldown`` fraction of the
+    steps after warmup, reaching it at ``decay_steps`` (the trapezoidal / WSD schedule)."""
+    return Schedule("wsd", lr, warmup_steps, decay_steps, min_lr, cooldown)
 
 
 def noam(d_model, warmup_steps, factor=1.0):
@@ -51,26 +91,27 @@ def noam(d_model, warmup_steps, factor=1.0):
     def schedule(step):
         t = step + 1
         return factor * d_model ** -0.5 * min(t ** -0.5, t * warmup_steps ** -1.5)
+    schedule.at = lambda step, progress: schedule(step)     # no end to plan for
     return schedule
 
 
-SCHEDULES = ("constant", "linear", "cosine", "noam")
+SCHEDULES = ("constant", "linear", "cosine", "wsd", "noam")
 
 
-def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512, decay_steps=None):
-    """Build a schedule by name. For "noam", ``lr`` is the factor that scales the paper's formula."""
+def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512, decay_steps=None,
+                  cooldown=0.2):
+    """Build a schedule by name. For "noam", ``lr`` is the factor that scales the paper's formula; for
+    "wsd", ``cooldown`` is the fraction of the run (after warmup) spent decaying."""
     decay_steps = max_steps if decay_steps is None else decay_steps
-    if name == "constant":
-        return constant(lr, warmup_steps)
-    if name == "linear":
-        return warmup_linear(lr, warmup_steps, decay_steps, min_lr)
-    if name == "cosine":
-        return warmup_cosine(lr, warmup_steps, decay_steps, min_lr)
     if name == "noam":
         if warmup_steps <= 0:
             raise ValueError("the noam schedule needs warmup_steps > 0")
         return noam(d_model, warmup_steps, lr)
-    raise ValueError(f"unknown schedule {name!r}; choose one of {list(SCHEDULES)}")
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {list(SCHEDULES)}")
+    if name == "wsd" and not 0 < cooldown <= 1:
+        raise ValueError(f"the wsd schedule's cooldown must be in (0, 1], got {cooldown}")
+    return Schedule(name, lr, warmup_steps, decay_steps, min_lr, cooldown)
 
 
 def clip_grad_norm(params, max_norm):

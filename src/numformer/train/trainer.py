@@ -46,6 +46,7 @@ from .run_files import (CHECKPOINT, MODEL, load_checkpoint, load_config_json, lo
                         write_atomic, write_json_atomic)
 from ..config import apply_overrides, resolve_config
 from . import run_folder
+from .budget import Budget
 from .early_stopping import EarlyStopping
 from .mpi import MPIDataParallel
 from .parallel import DataParallel, usable_processes
@@ -127,6 +128,7 @@ class Trainer:
     """
 
     def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False, world=None):
+        clock_start = time.perf_counter()       # a time budget counts the setup too
         self.run_dir = Path(run_dir)
         self.world = world
         self._writer = world is None or world.is_writer         # the one process that writes the run folder
@@ -162,7 +164,15 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5
         self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
-                                      d_model=d_model, decay_steps=t["decay_steps"] or None)
+                                      d_model=d_model, decay_steps=t["decay_steps"] or None, cooldown=t["cooldown"])
+        self.budget = None              # the time budget's clock (budget_minutes), else steps are counted
+        if t["budget_minutes"]:
+            if world is not None:
+                raise ValueError("[train] budget_minutes is not available under MPI (the ranks would have to agree "
+                                 "on the clock); use max_steps, or max_minutes for a time limit")
+            self.budget = Budget(60 * t["budget_minutes"])
+            self.budget.start = clock_start
+        self._lr = t["lr"]              # the learning rate of the latest update
         self.early = EarlyStopping(t["early_stopping_patience"], t["early_stopping_min_delta"])
         self.step = 0
         self.tokens_seen = 0
@@ -195,6 +205,8 @@ class Trainer:
     # -- state ------------------------------------------------------------------------------
     def _state(self):
         state = {"step": self.step, "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
+                 "budget": None if self.budget is None else {"used": self.budget.used(),
+                                                             "warmup_end": self.budget.warmup_end},
                  "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
                  "worker_rngs": self._worker_rngs, "early_stopping": self.early.state_dict(),
                  "divergence": self._divergence,
@@ -226,6 +238,9 @@ class Trainer:
         if window is not None:
             self._window.losses, self._window.tokens = list(window["losses"]), window["tokens"]
         self._checkpoint_step = self.step
+        if self.budget is not None and state.get("budget"):    # a resumed run goes on spending the same budget
+            self.budget.used_before = state["budget"]["used"]
+            self.budget.warmup_end = state["budget"]["warmup_end"]
         ranks = state.get("mpi_rngs") or []     # a rank beyond the checkpoint's ranks keeps its fresh seeds
         if self.world is not None and self.world.rank < len(ranks):
             self._rank_rngs = ranks[self.world.rank]
@@ -248,12 +263,15 @@ class Trainer:
         write_atomic(path, b"".join(k + b"\n" for k in keep))     # a full disk keeps the old file
 
     def save_checkpoint(self):
+        started = time.perf_counter()
         state = self._state()           # collective under MPI: every rank calls it
         if self._writer:
             self._check_folder()
             save_checkpoint(self.run_dir / CHECKPOINT, self.model, self.optimizer, state,
                             run_folder.weights_metadata(self.config))
             self._checkpoint_step = self.step
+        if self.budget is not None:
+            self.budget.timed_save(time.perf_counter() - started)
 
     # -- logging ----------------------------------------------------------------------------
     def _log(self, record):
@@ -330,7 +348,8 @@ class Trainer:
         """One optimizer update (grad_accum micro-batches); returns (mean loss, grad norm, tokens)."""
         t = self.train_cfg
         started = time.perf_counter()
-        self.optimizer.set_lr(self.schedule(self.step))
+        self._lr = self._planned_lr()
+        self.optimizer.set_lr(self._lr)
         losses, tokens = [], 0
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # non-finite values are checked here
             for _ in range(t["grad_accum"]):
@@ -347,6 +366,13 @@ class Trainer:
         self.optimizer.zero_grad()
         self._check_divergence(loss)    # the combined loss: the same on every rank
         return loss, norm, tokens
+
+    def _planned_lr(self):
+        """The schedule's learning rate for the update about to be taken: by step, or under a time budget by
+        the fraction of the budget's training time spent (Budget.progress)."""
+        if self.budget is None:
+            return self.schedule(self.step)
+        return self.schedule.at(self.step, self.budget.progress(self.step, self.train_cfg["warmup_steps"]))
 
     def _combine_ranks(self, loss, started):
         """Under MPI, the step's one Allreduce: the ranks' gradients and losses are summed, and so are their stop
@@ -399,18 +425,29 @@ class Trainer:
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
         bar = self._bar = self._progress_bar(last_step)
         self._window.start = time.perf_counter()
-        stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "diverged": None}
+        stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "budget": False,
+                "diverged": None}
         try:
             self._start_data_parallel()
+            self._plan_budget()
             while self.step < last_step:
+                if self.budget is not None and not self.budget.fits(self._next_step_extra()):
+                    stop["budget"] = True
+                    self._print(f"time budget of {t['budget_minutes']:g} minutes: training ends at step {self.step}, "
+                                f"{self.budget.remaining():.1f} s left for the final evaluation and saves")
+                    if self._checkpoint_step != self.step:
+                        self.save_checkpoint()
+                    break
                 started = time.perf_counter()
                 loss, norm, tokens = self._train_step()
                 self.step += 1
                 self.tokens_seen += tokens
                 self.train_seconds += time.perf_counter() - started
+                if self.budget is not None:
+                    self.budget.step_seconds.append(time.perf_counter() - started)
                 self._window.add(loss, tokens)
                 self._log_step(last_step, norm, bar)
-                if self.step % t["eval_every"] == 0 or self.step == t["max_steps"]:
+                if self._evaluates(self.step):
                     stop["stopped_early"] = self._evaluate_step()
                 # a periodic checkpoint is not written while the loss is above the divergence threshold: the one
                 # kept when the run is stopped as diverged is from before the divergence began
@@ -432,6 +469,43 @@ class Trainer:
         if stop["diverged"]:
             raise TrainingDiverged(stop["diverged"])
         return summary
+
+    def _evaluates(self, step):
+        """Whether a periodic evaluation follows update ``step`` (every eval_every steps, and at max_steps)."""
+        return step % self.train_cfg["eval_every"] == 0 or step == self.train_cfg["max_steps"]
+
+    def _next_step_extra(self):
+        """Under a time budget, the seconds the next step adds beyond its update: its evaluation and checkpoint
+        when they are due."""
+        t, step = self.train_cfg, self.step + 1
+        extra = 0.0
+        if self._evaluates(step):       # before the first: as many examples at the whole split's rate
+            extra += (self.budget.periodic_eval_seconds
+                      or self.budget.eval_seconds_per_example * self._eval_examples("val"))
+        if step % t["checkpoint_every"] == 0:
+            extra += self.budget.save_seconds
+        return extra
+
+    def _eval_examples(self, split):
+        """The examples of a periodic evaluation: its fixed sample, or the whole split."""
+        return self._eval_sample_size(split) or self._eval_sizes.setdefault(split, self.task.eval_size(split))
+
+    def _plan_budget(self):
+        """Before the first step under a time budget: measure what the end costs (the seconds per evaluation
+        example, on one batch; a first guess of a save's time) so that the plan keeps time for it."""
+        b = self.budget
+        if b is None:
+            return
+        t = self.train_cfg
+        b.val_examples = self._eval_sizes.setdefault("val", self.task.eval_size("val"))
+        b.final_evaluations = 2 if t["restore_best"] else 1
+        moments = 3 if t["optimizer"] in ("adam", "adamw", "muon") else 2
+        b.guess_save_seconds(self.model.num_parameters() * self.dtype.itemsize * moments)
+        batch = next(iter(self.task.eval_batches("val", t["eval_batch_size"] or t["batch_size"])))
+        mean_loss(self.model, [batch])                  # the first call pays for allocations: not timed
+        started = time.perf_counter()
+        mean_loss(self.model, [batch])
+        b.timed_evaluation(time.perf_counter() - started, len(batch.targets))
 
     def _divergence_advice(self):
         """What a diverged run keeps and how to continue: from the checkpoint written before the divergence
@@ -484,7 +558,7 @@ class Trainer:
         if self.step % self.train_cfg["log_every"] == 0 or self.step == 1 or self.step == last_step:
             w = self._window
             record = {"step": self.step, "train_loss": float(np.mean(w.losses)),
-                      "lr": self.schedule(self.step - 1), "grad_norm": norm,
+                      "lr": self._lr, "grad_norm": norm,
                       "tokens_per_s": w.tokens / max(time.perf_counter() - w.start, 1e-9),
                       "elapsed_s": round(self.train_seconds, 3)}
             self._log(record)
@@ -500,7 +574,10 @@ class Trainer:
         same yardstick at every evaluation: the whole split or the fixed sample) improved, and return whether
         early stopping says to stop."""
         # rank 0 evaluates (the whole split or the fixed sample, see evaluate); every rank takes the same decision
+        started = time.perf_counter()
         result = self.evaluate("val") if self._writer else None
+        if self.budget is not None:
+            self.budget.timed_periodic_evaluation(time.perf_counter() - started)
         if self.world is not None:
             result = self.world.comm.bcast(result, root=0)
         key = "val_loss" if "val_loss" in result else "val_loss_estimate"
@@ -570,10 +647,14 @@ class Trainer:
             "time_limit_reached": stop["time_limit"], "stopped_by": _stopped_by(stop),
             "commit": git_commit(), "run_dir": str(self.run_dir),
         }
+        if self.budget is not None:
+            summary["budget_seconds"] = self.budget.seconds
         if stop["diverged"]:
             summary["error"] = stop["diverged"]
         elif self._reports_test(stop):
             summary["test"] = self.evaluate("test", full=True, metrics=True)
+        if self.budget is not None:      # everything of the run but this summary's own write
+            summary["budget_used_seconds"] = round(self.budget.used(), 2)
         if self._writer:
             self._check_folder()
             write_json_atomic(self.run_dir / "summary.json", summary)
@@ -586,7 +667,8 @@ class Trainer:
         """Whether this finished run scores its saved weights on the test split: for the tasks that report a
         test figure (``report_test``: classification and translation), once training has ended (not after
         Ctrl-C or a partial ``train(stop_after=...)`` call); rank 0 alone under MPI."""
-        ended = self.step >= self.train_cfg["max_steps"] or stop["stopped_early"] or stop["time_limit"]
+        ended = (self.step >= self.train_cfg["max_steps"] or stop["stopped_early"] or stop["time_limit"]
+                 or stop["budget"])
         return (self._writer and ended and not stop["interrupted"] and getattr(self.task, "report_test", False)
                 and self.step > 0)
 
@@ -681,6 +763,8 @@ class Trainer:
         if self.quiet:
             return None
         terminal = sys.stderr.isatty() or (self.world is not None and self.world.launched_from_terminal())
+        if self.budget is not None:           # the steps are not known in advance: the bar counts the time left
+            return progress(None, self.step, terminal, time_left=self.budget.remaining)
         return progress(last_step, self.step, terminal)
 
 
@@ -706,6 +790,10 @@ def _check_state(state):
     if "divergence" in state:
         d = state["divergence"]
         checks["divergence"] = isinstance(d, dict) and number(d["first_loss"], none=True) and count(d["steps_above"])
+    if state.get("budget") is not None:
+        b = state["budget"]
+        checks["budget"] = (isinstance(b, dict) and number(b["used"]) and b["used"] >= 0
+                            and number(b["warmup_end"], none=True))
     if "log_window" in state:
         w = state["log_window"]
         checks["log_window"] = (isinstance(w, dict) and isinstance(w["losses"], list)
@@ -716,9 +804,10 @@ def _check_state(state):
 
 
 def _stopped_by(stop):
-    """Why a run stopped, for summary.json: diverged, interrupted, time limit, stopped early or max_steps."""
+    """Why a run stopped, for summary.json: diverged, interrupted, time limit, time budget, stopped early or
+    max_steps."""
     for key, text in (("diverged", "diverged"), ("interrupted", "interrupted"), ("time_limit", "time limit"),
-                      ("stopped_early", "stopped early")):
+                      ("budget", "time budget"), ("stopped_early", "stopped early")):
         if stop[key]:
             return text
     return "max_steps"

@@ -1,0 +1,405 @@
+"""The tiny-Shakespeare speedrun: the best character-level model 2 cores train in 10 minutes.
+
+    numformer reproduce shakespeare_speedrun --seeds 3        # the recipe at the full budget, 3 seeds
+    numformer reproduce shakespeare_speedrun_ablation          # every recipe change, 3 seeds, proxy budget
+    numformer reproduce shakespeare_speedrun_torch             # the same budget given to PyTorch
+    numformer reproduce shakespeare_speedrun_profile           # where a step's time goes; MFU
+
+``configs/shakespeare_speedrun.toml`` is the recipe. Its ``[train] budget_minutes`` is a wall-clock budget the
+trainer enforces (train/budget.py): it covers the setup, the training steps, the periodic evaluations and
+checkpoints, and the final loss of the saved weights on the whole validation text; the learning-rate schedule
+is planned for the time, not for a step count. Each command writes ``results/<name>.json``; the page
+``results/shakespeare_speedrun.md`` gathers all four (whichever exist).
+
+Model FLOPs utilization (MFU) = the model's training operations per second (models/flops.py: 6 per parameter
+of every matrix product and 12·T·d per attention layer, per token) over this CPU's measured float32
+matrix-product peak on every core (bench/profile.py ``matmul_peak``).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis import plot_loss_curves, read_metrics
+from ..bench.profile import matmul_peak, profile_training_step
+from ..config import apply_overrides, load_config, resolve_config
+from ..decoding import generate
+from ..models import build_model
+from ..models.flops import training_flops_per_token
+from ..provenance import git_commit, machine_info
+from ..train import Trainer
+from ..train.budget import Budget
+from ..train.run_files import write_json_atomic
+from ..train.trainer import mean_loss
+from . import register
+from .runner import Experiment, Target, find_config
+
+NAME = "shakespeare_speedrun"
+TARGET, FLOOR = 1.50, 1.55
+PROMPT, SAMPLE_TOKENS = "ROMEO:", 300
+ABLATION_MINUTES = 2.0        # the proxy budget of the ablation rows
+ABLATION_SEEDS = 3
+
+# The nanoGPT CPU recipe (configs/shakespeare_char.toml's model and optimizer), planned for a time budget:
+# the first row of the ablation, and the second PyTorch anchor.
+NANOGPT_CPU = {
+    "model": {"type": "gpt", "n_layers": 4, "n_heads": 4, "d_model": 128, "dropout": 0.0, "positional": "learned",
+              "activation": "gelu", "norm": "layer", "norm_first": True, "tie_weights": True, "bias": False},
+    "data": {"task": "text", "block_size": 64},
+    "train": {"batch_size": 12, "optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1,
+              "schedule": "cosine", "warmup_steps": 100, "min_lr": 1e-4, "grad_clip": 1.0},
+}
+
+# The ablation: each row changes the previous one (dotted keys, as --set); the last row is the recipe of
+# configs/shakespeare_speedrun.toml (tests/test_speedrun.py checks it).
+LADDER = [
+    ("nanoGPT's CPU recipe (GPT-2 style, 4 x 128, context 64, batch 12, AdamW 1e-3, cosine)", {}),
+    ("Llama-style decoder: RoPE, RMSNorm, SwiGLU (d_ff 344), 2 key/value heads", {
+        "model.positional": "rope", "model.norm": "rms", "model.activation": "swiglu", "model.d_ff": 344,
+        "model.n_kv_heads": 2}),
+]
+
+
+def _set(config, dotted, value):
+    section, key = dotted.split(".", 1)
+    config.setdefault(section, {})[key] = value
+
+
+def ladder_configs(budget_minutes):
+    """[(change, raw config)] of every ablation row, each planned for ``budget_minutes``."""
+    config = json.loads(json.dumps(NANOGPT_CPU))
+    _set(config, "train.budget_minutes", budget_minutes)
+    rows = []
+    for change, overrides in LADDER:
+        for k, v in overrides.items():
+            _set(config, k, v)
+        rows.append((change, json.loads(json.dumps(config))))
+    return rows
+
+
+def speedrun_config():
+    """The recipe, configs/shakespeare_speedrun.toml, as a raw config."""
+    return load_config(find_config(NAME))
+
+
+# -- one budgeted run and its figures ------------------------------------------------------------------------
+def budgeted_run(config, run_dir, seed, overrides=(), quiet=False, peak=None):
+    """Train ``config`` with ``seed`` under its time budget into ``run_dir``; returns its figures."""
+    started = time.perf_counter()
+    trainer = Trainer(config, run_dir, overwrite=True, overrides=list(overrides) + [f"train.seed={seed}"],
+                      quiet=quiet)
+    s = trainer.train()
+    wall = time.perf_counter() - started
+    context = trainer.config["data"]["block_size"]
+    flops = training_flops_per_token(trainer.model, context)
+    row = {"seed": seed, "val_loss": s["best_val_loss"], "steps": s["steps"], "tokens_seen": s["tokens_seen"],
+           "tokens_per_s": s["tokens_per_s"], "train_seconds": s["train_seconds"],
+           "budget_seconds": s.get("budget_seconds"), "budget_used_seconds": s.get("budget_used_seconds"),
+           "wall_seconds": round(wall, 2), "parameters": s["parameters"], "flops_per_token": flops,
+           "run_dir": str(run_dir)}
+    if peak:
+        row["mfu_training_steps"] = flops * s["tokens_per_s"] / peak
+        row["mfu_whole_budget"] = flops * s["tokens_seen"] / wall / peak
+    return row, trainer
+
+
+def spread(values):
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    return {"mean": float(v.mean()) if v.size else math.nan,
+            "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size)}
+
+
+def _record(exp, ctx, **fields):
+    return {"name": exp.name, "description": exp.description, "command": _command(exp, ctx),
+            "commit": git_commit(), "date": datetime.date.today().isoformat(), "machine": machine_info(), **fields}
+
+
+def _command(exp, ctx):
+    parts = [f"numformer reproduce {exp.name}"]
+    if ctx.seeds:
+        parts.append(f"--seeds {ctx.seeds}")
+    if ctx.quick:
+        parts.append("--quick")
+    parts += [f"--set {o}" for o in ctx.overrides]
+    return " ".join(parts)
+
+
+def _peaks():
+    cores = os.cpu_count() or 1
+    return {"cores": cores, "one_thread": matmul_peak(threads=1), "all_cores": matmul_peak(threads=cores)}
+
+
+# -- the experiments -------------------------------------------------------------------------------------------
+def run_speedrun(exp, ctx):
+    """The recipe at its full budget over ``--seeds`` seeds (default 1); the page gathers the other parts."""
+    config = speedrun_config()
+    overrides = (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
+    peaks = _peaks()
+    seeds = list(range(ctx.seeds)) if ctx.seeds else [0]
+    rows, first = [], None
+    for seed in seeds:
+        run_dir = ctx.runs_dir / NAME if seed == seeds[0] else ctx.runs_dir / f"{NAME}_seeds" / f"seed_{seed}"
+        row, trainer = budgeted_run(config, run_dir, seed, overrides, ctx.quiet, peaks["all_cores"])
+        rows.append(row)
+        if first is None:
+            first = trainer
+            sample = _sample(trainer)
+    loss = spread(r["val_loss"] for r in rows)
+    figures = {"val_loss": loss["mean"], "val_loss_sd": loss["sd"], "seeds": loss["n"],
+               "tokens_per_s": spread(r["tokens_per_s"] for r in rows)["mean"],
+               "mfu_training_steps": spread(r["mfu_training_steps"] for r in rows)["mean"],
+               "budget_used_seconds_max": max(r["budget_used_seconds"] for r in rows)}
+    record = _record(exp, ctx, figures=figures, targets={"val_loss": f"<= {TARGET:g}"},
+                     met={"val_loss": figures["val_loss"] <= TARGET}, runs=rows, peaks=peaks,
+                     config=first.config, sample=sample, task=first.task.describe(),
+                     wall_time_s=round(sum(r["wall_seconds"] for r in rows), 1),
+                     best_val_loss=loss["mean"], steps=rows[0]["steps"], seed=seeds[0])
+    if ctx.quick:
+        record["quick_overrides"] = list(exp.quick_overrides)
+    figs = ctx.results_dir / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    metrics = Path(rows[0]["run_dir"]) / "metrics.jsonl"
+    record["curve"] = metrics.is_file()                 # a budget too short for one step logs nothing
+    if record["curve"]:
+        plot_loss_curves(read_metrics(metrics), path=figs / f"{NAME}_loss.png",
+                         title=f"{NAME}: learning curve (seed {seeds[0]})")
+    return record, speedrun_markdown(record, ctx.results_dir)
+
+
+def _sample(trainer):
+    ids = generate(trainer.model.eval(), trainer.task.tokenizer.encode(PROMPT), SAMPLE_TOKENS, temperature=1.0,
+                   rng=0)
+    return trainer.task.tokenizer.decode(ids)
+
+
+def run_ablation(exp, ctx):
+    """Every row of LADDER over ``--seeds`` seeds (default 3) at the proxy budget."""
+    seeds = list(range(ctx.seeds or ABLATION_SEEDS))
+    minutes = ABLATION_MINUTES
+    overrides = list(ctx.overrides)
+    if ctx.quick:
+        minutes, seeds = 0.05, seeds[:2]
+        overrides = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2"] + overrides
+    rows = []
+    for i, (change, config) in enumerate(ladder_configs(minutes)):
+        config = apply_overrides(config, [o for o in overrides if _applies(o, config, i)])
+        runs = []
+        for seed in seeds:
+            row, _ = budgeted_run(config, ctx.runs_dir / f"{exp.name}" / f"row_{i}" / f"seed_{seed}", seed,
+                                  quiet=ctx.quiet)
+            runs.append(row)
+        rows.append({"row": i, "change": change, "config": resolve_config(config, build_task=False)[0],
+                     "val_loss": spread(r["val_loss"] for r in runs), "runs": runs})
+    record = _record(exp, ctx, figures={"last_row_val_loss": rows[-1]["val_loss"]["mean"]}, targets={}, met={},
+                     rows=rows, budget_minutes=minutes, seeds=seeds,
+                     wall_time_s=round(sum(r["wall_seconds"] for row in rows for r in row["runs"]), 1))
+    return record, ablation_markdown(record) + "\n"
+
+
+def _applies(override, config, row):
+    """A --set override of the ablation applies to every row (n_kv_heads only where the row has GQA)."""
+    return not override.startswith("model.n_kv_heads") or "n_kv_heads" in config.get("model", {})
+
+
+def run_profile(exp, ctx):
+    """Where a training step of the recipe's model goes, and the MFU; appends this commit's profile to the
+    earlier ones of results/shakespeare_speedrun_profile.json (the first is the 'before')."""
+    config = speedrun_config()
+    if ctx.quick:
+        config = apply_overrides(config, ["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
+                                          "model.n_kv_heads=1", "model.d_ff=64", "data.block_size=32"])
+    config = apply_overrides(config, ctx.overrides)
+    peaks = _peaks()
+    cores = peaks["cores"]
+    profile = profile_training_step(config, processes=cores, steps=3 if ctx.quick else 20)
+    entry = {"commit": git_commit(), "date": datetime.date.today().isoformat(), **profile,
+             "mfu_one_worker": profile["flops_per_s"] / peaks["one_thread"], "peaks": peaks}
+    path = ctx.results_dir / f"{exp.name}.json"
+    history = []
+    if path.is_file():
+        history = [e for e in json.loads(path.read_text(encoding="utf-8")).get("profiles", [])
+                   if e["commit"] != entry["commit"]]
+    history.append(entry)
+    record = _record(exp, ctx, figures={"mfu_one_worker": entry["mfu_one_worker"]}, targets={}, met={},
+                     profiles=history, wall_time_s=None)
+    return record, profile_markdown(record) + "\n"
+
+
+def run_torch_anchor(exp, ctx):
+    """The recipe and nanoGPT's CPU recipe, each trained by PyTorch under the same budget (one seed each)."""
+    from . import _torch_anchor          # imports torch, a test and benchmark dependency
+
+    seed = 0
+    recipe = speedrun_config()
+    if ctx.quick:
+        recipe = apply_overrides(recipe, list(EXPERIMENTS_QUICK) + ["train.budget_minutes=0.1"])
+    recipe = apply_overrides(recipe, ctx.overrides)
+    minutes = recipe["train"]["budget_minutes"]
+    nanogpt = json.loads(json.dumps(NANOGPT_CPU))
+    _set(nanogpt, "train.budget_minutes", minutes)
+    if ctx.quick:
+        nanogpt = apply_overrides(nanogpt, ["model.n_layers=1", "model.d_model=32", "model.n_heads=2"])
+    runs = {"recipe": _torch_anchor.budgeted_torch_run(recipe, seed),
+            "nanogpt_cpu": _torch_anchor.budgeted_torch_run(nanogpt, seed)}
+    record = _record(exp, ctx, figures={"recipe_val_loss": runs["recipe"]["val_loss"],
+                                        "nanogpt_cpu_val_loss": runs["nanogpt_cpu"]["val_loss"]},
+                     targets={}, met={}, runs=runs, budget_minutes=minutes, seed=seed,
+                     wall_time_s=round(sum(r["wall_seconds"] for r in runs.values()), 1))
+    return record, torch_markdown(record) + "\n"
+
+
+# -- the pages ---------------------------------------------------------------------------------------------------
+def _load(results_dir, name):
+    path = Path(results_dir) / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _pm(s):
+    return f"{s['mean']:.4f} ± {s['sd']:.4f}"
+
+
+def speedrun_markdown(record, results_dir):
+    rows, f = record["runs"], record["figures"]
+    loss = spread(r["val_loss"] for r in rows)
+    t = record["config"]["train"]
+    quick = record.get("quick_overrides")
+    lines = [f"# {NAME}" + (" (quick run)" if quick is not None else ""), "", record["description"], "",
+             f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
+             f"{record['machine']['cores']} cores, {record['machine']['cpu']}). Data: {record['task']}.", ""]
+    if quick is not None:
+        lines += [f"This is the `--quick` check of the pipeline (`{' '.join(quick)}`), not the speedrun.", ""]
+    lines += [
+        f"**Whole-validation loss {_pm(loss)}** (mean ± sd over {loss['n']} seed(s)) in a budget of "
+        f"{t['budget_minutes']:g} minutes of wall time per run; target <= {TARGET:g}: "
+        f"{'reached' if loss['mean'] <= TARGET else 'not reached'}.", "",
+        "| seed | steps | tokens seen | tokens/s | MFU (training steps) | wall time of the run (s) | "
+        "budget used (s) | whole-validation loss |", "|---|---|---|---|---|---|---|---|",
+        *[f"| {r['seed']} | {r['steps']:,} | {r['tokens_seen']:,} | {r['tokens_per_s']:,.0f} | "
+          f"{100 * r['mfu_training_steps']:.1f}% | {r['wall_seconds']:.1f} | {r['budget_used_seconds']:.1f} | "
+          f"{r['val_loss']:.4f} |" for r in rows], "",
+        "The wall time of a run is measured by the command around the trainer, from building the model and "
+        "the data to the saved weights' whole-validation loss; the budget, which the trainer enforces, counts "
+        "the same span. Each run's model has "
+        f"{rows[0]['parameters']:,} parameters and costs {rows[0]['flops_per_token'] / 1e6:.1f} MFLOP per "
+        f"trained token; the CPU's float32 matrix-product peak measured before the runs: "
+        f"{record['peaks']['all_cores'] / 1e9:.1f} GFLOP/s on {record['peaks']['cores']} cores "
+        f"({record['peaks']['one_thread'] / 1e9:.1f} on one).", ""]
+    lines += ["## The recipe", "", "`configs/shakespeare_speedrun.toml`:", "", "```toml",
+              _toml_of(record["config"]), "```", ""]
+    for name, render in ((f"{NAME}_ablation", ablation_markdown), (f"{NAME}_torch", torch_markdown),
+                         (f"{NAME}_profile", profile_markdown)):
+        part = _load(results_dir, name)
+        lines += [render(part, level="##", speedrun=loss) if part else
+                  f"## {name}\n\nNot run yet: `numformer reproduce {name}` writes it.", ""]
+    lines += ["## Sample", "", f"`numformer generate runs/{NAME} --prompt \"{PROMPT}\" --max-new-tokens "
+              f"{SAMPLE_TOKENS} --seed 0`:", "", "```text", record["sample"], "```", "",
+              *(["**Learning curve**", "", f"![Learning curve](figures/{NAME}_loss.png)", ""] if record["curve"]
+                else [])]
+    return "\n".join(lines)
+
+
+def _toml_of(config):
+    out = []
+    for section in ("model", "data", "train"):
+        out.append(f"[{section}]")
+        for k, v in config[section].items():
+            out.append(f"{k} = {json.dumps(v)}")
+    return "\n".join(out)
+
+
+def _beats(a, b):
+    """Whether row a's mean differs from row b's by more than twice the standard error of the difference."""
+    se = math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])
+    return abs(a["mean"] - b["mean"]) > 2 * se
+
+
+def ablation_markdown(record, level="#", speedrun=None):
+    rows = record["rows"]
+    lines = [f"{level} Ablation: every recipe change against the previous row", "",
+             f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}): each row trains "
+             f"{len(record['seeds'])} seeds under a proxy budget of {record['budget_minutes']:g} minutes of wall "
+             f"time (everything included) and scores the whole validation text. A change 'beats the scatter' "
+             f"when its mean moves by more than twice the standard error of the difference of the two means.", "",
+             "| row | change | steps | tokens/s | whole-validation loss | vs previous row | beats the scatter |",
+             "|---|---|---|---|---|---|---|"]
+    for i, row in enumerate(rows):
+        steps = spread(r["steps"] for r in row["runs"])["mean"]
+        tps = spread(r["tokens_per_s"] for r in row["runs"])["mean"]
+        if i == 0:
+            delta, beats = "", ""
+        else:
+            prev = rows[i - 1]["val_loss"]
+            delta = f"{row['val_loss']['mean'] - prev['mean']:+.4f}"
+            beats = "yes" if _beats(row["val_loss"], prev) else "no"
+        lines.append(f"| {row['row']} | {row['change']} | {steps:,.0f} | {tps:,.0f} | {_pm(row['val_loss'])} | "
+                     f"{delta} | {beats} |")
+    return "\n".join(lines)
+
+
+def torch_markdown(record, level="#", speedrun=None):
+    runs = record["runs"]
+    lines = [f"{level} The PyTorch anchor", "",
+             f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}; PyTorch "
+             f"{runs['recipe']['torch']}, {runs['recipe']['threads']} threads): the same {record['budget_minutes']:g}"
+             f"-minute budget, enforced the same way (train/budget.py), given to PyTorch eager with the same "
+             f"initial weights, batches, optimizer and time-planned schedule; seed {record['seed']}. The recipe "
+             f"runs as transformers' model class named below; nanoGPT's CPU recipe as numformer's PyTorch "
+             f"reference of its GPT (bench/torch_reference.py).", "",
+             "| run | model | steps | tokens/s | wall time (s) | whole-validation loss |", "|---|---|---|---|---|---|"]
+    if speedrun is not None:
+        lines.append(f"| numformer, the recipe (mean over {speedrun['n']} seeds) | GPT | | | | {_pm(speedrun)} |")
+    for key, label in (("recipe", "PyTorch, the recipe"), ("nanogpt_cpu", "PyTorch, nanoGPT's CPU recipe")):
+        r = runs[key]
+        lines.append(f"| {label} | {r['model_class']} | {r['steps']:,} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['wall_seconds']:.1f} | {r['val_loss']:.4f} |")
+    if speedrun is not None:
+        lines += ["", f"numformer's loss minus PyTorch's on the same recipe and budget: "
+                      f"{speedrun['mean'] - runs['recipe']['val_loss']:+.4f}."]
+    return "\n".join(lines)
+
+
+def profile_markdown(record, level="#", speedrun=None):
+    profiles = record["profiles"]
+    first, last = profiles[0], profiles[-1]
+    families = list(last["families"])
+    families += [f for f in first["families"] if f not in families]
+    shown = (first, last) if len(profiles) > 1 else (last,)
+    head = "| op family | " + " | ".join(f"ms/step, {p['commit']}" for p in shown) + " |"
+    lines = [f"{level} Where a training step's time goes", "",
+             f"Produced by `{record['command']}` (latest on {record['date']}): training steps of the recipe's "
+             f"model as one of the {last['processes']} data-parallel workers runs them (its share of "
+             f"{last['batch_share']} windows, one thread), every op timed. The first column is the earliest "
+             f"profile kept in the file (before the speed work), the last the latest.", "",
+             head, "|---|" + "---|" * len(shown)]
+    for fam in families:
+        lines.append(f"| {fam} | " + " | ".join(f"{1e3 * p['families'].get(fam, 0.0):.2f}" for p in shown) + " |")
+    lines.append("| **step** | " + " | ".join(f"**{1e3 * p['step_seconds']:.2f}**" for p in shown) + " |")
+    lines.append("| MFU of the worker (one thread's peak) | "
+                 + " | ".join(f"{100 * p['mfu_one_worker']:.1f}%" for p in shown) + " |")
+    return "\n".join(lines)
+
+
+EXPERIMENTS_QUICK = ("model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1",
+                     "model.d_ff=64", "data.block_size=32", "train.batch_size=8", "train.eval_every=20",
+                     "train.log_every=5", "train.budget_minutes=0.25")
+
+register(Experiment(
+    NAME, "The best character-level model of tiny Shakespeare that 2 CPU cores train in 10 minutes of wall "
+    "time, training and the final whole-validation evaluation included.",
+    [Target("val_loss", TARGET, "<=")], quick_overrides=list(EXPERIMENTS_QUICK), custom=run_speedrun,
+    seeds_in_custom=True), group="speedrun")
+register(Experiment(
+    f"{NAME}_ablation", "The speedrun's recipe changes, one at a time, each over 3 seeds at a proxy budget.",
+    custom=run_ablation, seeds_in_custom=True), group="speedrun")
+register(Experiment(
+    f"{NAME}_torch", "The speedrun's budget given to PyTorch: the same recipe, and nanoGPT's CPU recipe.",
+    custom=run_torch_anchor), group="speedrun")
+register(Experiment(
+    f"{NAME}_profile", "Where a training step of the speedrun's model spends its time, op family by op family.",
+    custom=run_profile), group="speedrun")

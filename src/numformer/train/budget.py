@@ -1,0 +1,86 @@
+"""A wall-clock budget for a whole training run (``[train] budget_minutes``).
+
+The budget covers everything from the trainer's construction to the end of ``train()``: setup, training
+steps, periodic evaluations and checkpoints, and the final phase (the whole-validation-split loss of the
+weights kept, the last checkpoint and model.safetensors). The run is planned for it, not for a step count:
+
+    progress = (used - used_at_warmup_end) / (budget - reserve - used_at_warmup_end)
+
+is what the learning-rate schedule decays over (``Schedule.at``), and a step is taken only when it fits:
+
+    used + next step + reserve <= budget
+
+``reserve`` is the final phase's measured cost: the seconds per evaluation example (timed on one batch of the
+validation split at the start) times the split's examples, once per whole-split evaluation the end runs,
+plus the measured time of saving a checkpoint and the weights, with a margin. A periodic evaluation or
+checkpoint due after the next step is counted with its own measured time.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+MARGIN = 1.15            # the reserve's safety factor on measured times ...
+MARGIN_S = 0.5           # ... plus this many seconds
+SAVE_BYTES_PER_S = 100e6  # the guess of a save's speed before one is timed
+
+
+class Budget:
+    """The clock of a run under a time budget of ``seconds``; ``used`` seconds were spent by earlier parts of
+    a resumed run (``warmup_end``: the budget used when warmup ended, if it has)."""
+
+    def __init__(self, seconds, used=0.0, warmup_end=None):
+        self.seconds = float(seconds)
+        self.used_before = float(used)
+        self.warmup_end = warmup_end
+        self.start = time.perf_counter()
+        self.step_seconds = deque(maxlen=20)     # the latest training steps' durations
+        self.eval_seconds_per_example = 0.0      # of a whole-split evaluation
+        self.periodic_eval_seconds = 0.0         # of the latest periodic evaluation
+        self.save_seconds = 0.0
+        self.final_evaluations = 1               # whole-split evaluations the end runs
+        self.val_examples = 0
+
+    def used(self):
+        """Seconds of the budget spent so far (earlier parts of a resumed run included)."""
+        return self.used_before + time.perf_counter() - self.start
+
+    def guess_save_seconds(self, n_bytes):
+        """Before any save is timed: the time of writing ``n_bytes`` (checkpoint: weights and moments)."""
+        self.save_seconds = max(self.save_seconds, n_bytes / SAVE_BYTES_PER_S)
+
+    def timed_save(self, seconds):
+        self.save_seconds = seconds
+
+    def timed_evaluation(self, seconds, examples):
+        """A batch of the whole-split evaluation took ``seconds`` for ``examples`` examples."""
+        if examples:
+            self.eval_seconds_per_example = seconds / examples
+
+    def timed_periodic_evaluation(self, seconds):
+        self.periodic_eval_seconds = seconds
+
+    def reserve(self):
+        """Seconds kept for the final phase: its whole-split evaluations, a checkpoint and the weights."""
+        evaluations = self.final_evaluations * self.val_examples * self.eval_seconds_per_example
+        return MARGIN * (evaluations + 2 * self.save_seconds) + MARGIN_S
+
+    def progress(self, step, warmup_steps):
+        """The fraction (0 … 1) of the run's decay done at update ``step``: 0 during warmup, then the share of
+        the training time left after warmup that has been spent."""
+        if step < warmup_steps:
+            return 0.0
+        used = self.used()
+        if self.warmup_end is None:
+            self.warmup_end = used
+        end = self.seconds - self.reserve()
+        return min(1.0, max(0.0, (used - self.warmup_end) / max(end - self.warmup_end, 1e-9)))
+
+    def fits(self, extra=0.0):
+        """Whether one more training step (and ``extra`` seconds of evaluation or checkpoint after it) ends
+        before the reserve: the step's time is the slowest of the latest steps."""
+        step = max(self.step_seconds) if self.step_seconds else 0.0
+        return self.used() + step + extra + self.reserve() <= self.seconds
+
+    def remaining(self):
+        return max(0.0, self.seconds - self.used())

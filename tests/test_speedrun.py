@@ -1,0 +1,214 @@
+"""The speedrun's pieces: the time budget (on a fake clock), the schedules planned by progress, the FLOP count
+and the profile, and the experiments' pipelines (--quick); the slow test runs the recipe on a 1-minute budget."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numformer.config import apply_overrides, load_config
+from numformer.models import GPT
+from numformer.models.flops import forward_flops_per_token, training_flops_per_token
+from numformer.optim import make_schedule
+from numformer.train import Trainer
+from numformer.train.budget import Budget
+
+from conftest import src_env
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16, "positional": "rope", "norm": "rms",
+              "activation": "swiglu", "bias": False},
+    "data": {"task": "text", "block_size": 16},
+    "train": {"max_steps": 100000, "batch_size": 4, "lr": 1e-2, "schedule": "wsd", "cooldown": 0.5,
+              "warmup_steps": 5, "eval_every": 40, "eval_batches": 1, "eval_batch_size": 8, "checkpoint_every": 50,
+              "restore_best": False, "log_every": 1, "processes": 1, "dtype": "float64", "budget_minutes": 0.2},
+}
+
+
+class FakeClock:
+    """time.perf_counter advancing by ``tick`` seconds at every call: the run's timing is deterministic."""
+
+    def __init__(self, tick=0.002):
+        self.now, self.tick = 1000.0, tick
+
+    def __call__(self):
+        self.now += self.tick
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    return clock
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# -- schedules --------------------------------------------------------------------------------------------------
+def test_wsd_holds_then_decays_linearly_over_the_cooldown():
+    lr, w, total, c, floor = 1.0, 10, 110, 0.25, 0.1
+    s = make_schedule("wsd", lr, warmup_steps=w, max_steps=total, min_lr=floor, cooldown=c)
+
+    def hand(step):
+        if step < w:
+            return lr * (step + 1) / (w + 1)
+        p = min((step - w) / (total - w), 1.0)
+        return lr if p < 1 - c else floor + (1 - p) / c * (lr - floor)
+    got = [s(i) for i in range(130)]
+    np.testing.assert_allclose(got, [hand(i) for i in range(130)], rtol=1e-12)
+    assert got[84] == lr and got[110] == pytest.approx(floor) and got[95] < lr
+
+
+@pytest.mark.parametrize("name", ["constant", "linear", "cosine", "wsd"])
+def test_a_schedule_by_progress_is_the_schedule_by_step(name):
+    s = make_schedule(name, 3e-3, warmup_steps=7, max_steps=57, min_lr=3e-4, cooldown=0.4)
+    for step in range(70):
+        assert s.at(step, (step - 7) / 50) == pytest.approx(s(step), rel=1e-12)
+
+
+def test_bad_wsd_settings_are_one_line(tmp_path):
+    with pytest.raises(ValueError, match="cooldown"):
+        Trainer(apply_overrides(TINY, ["train.cooldown=0"]), tmp_path / "r")
+    with pytest.raises(ValueError, match="min_lr"):
+        Trainer(apply_overrides(TINY, ["train.min_lr=1.0"]), tmp_path / "r")
+
+
+# -- the budget -------------------------------------------------------------------------------------------------
+def test_budget_progress_and_fit():
+    b = Budget(100.0)
+    b.start -= 10.0                  # 10 s spent
+    assert b.progress(0, warmup_steps=5) == 0.0 and b.warmup_end is None
+    assert b.progress(5, warmup_steps=5) == 0.0 and b.warmup_end == pytest.approx(10.0, abs=0.1)
+    b.val_examples, b.eval_seconds_per_example, b.save_seconds = 100, 0.1, 1.0
+    reserve = b.reserve()
+    assert reserve == pytest.approx(1.15 * (10 + 2) + 0.5)
+    b.start -= 40.0
+    assert b.progress(6, 5) == pytest.approx(40 / (100 - reserve - 10), abs=1e-2)
+    b.step_seconds.append(100 - reserve - b.used() - 1.0)
+    assert b.fits() and not b.fits(extra=2.0)
+
+
+def test_a_budgeted_run_ends_within_its_budget_with_the_decay_done(tmp_path, fake_clock):
+    run = tmp_path / "run"
+    s = Trainer(TINY, run, quiet=True).train()
+    assert s["stopped_by"] == "time budget" and s["budget_seconds"] == 12.0
+    assert s["budget_used_seconds"] <= 12.0 and s["steps"] > 100
+    lines = [m for m in _metrics(run) if "lr" in m]
+    lrs = [m["lr"] for m in lines]
+    assert max(lrs) == pytest.approx(1e-2)                  # held at the peak ...
+    assert lrs[-1] < 0.05 * 1e-2                             # ... and decayed to (nearly) min_lr = 0 at the end
+    peak_until = max(i for i, lr in enumerate(lrs) if lr == pytest.approx(1e-2))
+    assert 0.3 < peak_until / len(lrs) < 0.7                 # cooldown 0.5: the decay takes the second half
+    assert math.isfinite(s["best_val_loss"]) and s["best_step"] == s["steps"]
+
+
+def test_a_resumed_budgeted_run_spends_the_same_budget(tmp_path, fake_clock):
+    run = tmp_path / "run"
+    first = Trainer(TINY, run, quiet=True)
+    first.train(stop_after=200)
+    first.save_checkpoint()
+    used = first.budget.used()
+    first.close()
+    resumed = Trainer(None, run, resume=True, quiet=True)
+    assert resumed.budget.used() >= used
+    s = resumed.train()
+    assert s["stopped_by"] == "time budget" and s["budget_used_seconds"] <= 12.0
+    whole = Trainer(TINY, tmp_path / "whole", quiet=True).train()
+    assert abs(s["steps"] - whole["steps"]) < 0.1 * whole["steps"]
+
+
+def test_a_budget_too_small_for_one_step_still_saves_and_scores(tmp_path, fake_clock):
+    fake_clock.tick = 0.5
+    s = Trainer(apply_overrides(TINY, ["train.budget_minutes=0.01"]), tmp_path / "r", quiet=True).train()
+    assert s["steps"] == 0 and s["stopped_by"] == "time budget"
+    assert (tmp_path / "r" / "model.safetensors").is_file() and math.isfinite(s["best_val_loss"])
+
+
+# -- FLOPs and the profile --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kv_heads,activation,tied", [(None, "gelu", True), (2, "swiglu", False)])
+def test_flops_per_token_by_hand(kv_heads, activation, tied):
+    d, L, h, V, T, ff = 24, 3, 4, 30, 10, 40
+    model = GPT(V, T, n_layers=L, n_heads=h, d_model=d, d_ff=ff, n_kv_heads=kv_heads, activation=activation,
+                tie_weights=tied, positional="rope" if kv_heads else "learned", norm="rms" if kv_heads else "layer",
+                rng=np.random.default_rng(0))
+    kv = (kv_heads or h) * d // h
+    per_layer = 2 * d * (d + 2 * kv) + 2 * d * d + 2 * d * ff * (3 if activation == "swiglu" else 2) + 4 * T * d
+    assert forward_flops_per_token(model, T) == L * per_layer + 2 * d * V
+    assert training_flops_per_token(model, T) == 3 * forward_flops_per_token(model, T)
+
+
+def test_the_profile_times_every_family_of_a_step():
+    from numformer.bench.profile import profile_training_step
+    from numformer.nn.dispatch import OPS
+
+    before = dict(OPS)
+    p = profile_training_step(TINY, processes=2, steps=2, warmup=1)
+    assert OPS == before                                     # the timers are removed
+    fam = p["families"]
+    for name in ("linear (matrix products)", "attention", "norm", "activation", "rotary positions",
+                 "cross-entropy", "optimizer and clipping", "embedding", "other"):
+        assert name in fam and fam[name] >= 0
+    assert sum(fam.values()) == pytest.approx(p["step_seconds"], rel=1e-6)
+    assert p["batch_share"] == 2 and p["tokens_per_step"] == 2 * 16
+
+
+def test_matmul_peak_counts_two_n_cubed():
+    from numformer.bench.profile import matmul_peak
+
+    assert 1e8 < matmul_peak(n=128, threads=1, min_seconds=0.01) < 1e13
+
+
+# -- the experiments --------------------------------------------------------------------------------------------
+def test_the_ablation_ends_at_the_recipe():
+    from numformer.experiments.speedrun import ladder_configs, speedrun_config
+
+    recipe = speedrun_config()
+    last = ladder_configs(recipe["train"]["budget_minutes"])[-1][1]
+    for section in ("model", "data", "train"):
+        assert last[section] == recipe[section], section
+
+
+def test_quick_speedrun_pages_are_written(tmp_path):
+    from numformer.experiments import Context, resolve, run_experiment
+
+    ctx = Context(runs_dir=tmp_path / "runs", results_dir=tmp_path / "results", quick=True, quiet=True,
+                  overwrite=True, seeds=2)
+    (main,) = resolve("shakespeare_speedrun")
+    record = run_experiment(main, ctx)
+    assert record["figures"]["seeds"] == 2 and len(record["runs"]) == 2
+    assert all(r["budget_used_seconds"] <= r["budget_seconds"] + 1.0 for r in record["runs"])
+    page = (tmp_path / "results" / "shakespeare_speedrun.md").read_text()
+    assert "quick" in page and "Not run yet" in page and "mean ± sd" in page
+    (profile,) = resolve("shakespeare_speedrun_profile")
+    ctx.seeds = 0
+    run_experiment(profile, ctx)
+    run_experiment(main, ctx)
+    page = (tmp_path / "results" / "shakespeare_speedrun.md").read_text()
+    assert "Where a training step's time goes" in page
+
+
+@pytest.mark.slow
+def test_the_speedrun_honours_a_shortened_budget(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "numformer.cli", "reproduce", "shakespeare_speedrun", "--results",
+                          str(tmp_path / "results"), "--runs", str(tmp_path / "runs"), "--set",
+                          "train.budget_minutes=1", "--quiet"], capture_output=True, text=True, cwd=REPO_ROOT,
+                         env=src_env())
+    assert out.returncode == 0, out.stderr
+    record = json.loads((tmp_path / "results" / "shakespeare_speedrun.json").read_text())
+    (run,) = record["runs"]
+    assert run["budget_seconds"] == 60 and run["budget_used_seconds"] <= 60 and run["wall_seconds"] <= 60
+    assert run["steps"] > 50 and math.isfinite(run["val_loss"]) and run["val_loss"] < 2.6
+    assert 0 < run["mfu_training_steps"] < 1
+    assert (tmp_path / "results" / "shakespeare_speedrun.md").is_file()

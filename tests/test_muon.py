@@ -276,3 +276,14 @@ def test_cli_config_error_is_one_line(tmp_path, cli_error):
     line = cli_error("train", cfg, "--out", tmp_path / "r")
     assert "muon_momentum = 1.5 is out of range" in line
     assert not (tmp_path / "r").exists()
+
+
+# -- the documentation's example ------------------------------------------------------------------------------
+def test_the_training_reference_example_runs(capsys):
+    """docs/reference/training.md's Muon section: its Python block runs and prints what it says."""
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "training.md").read_text(encoding="utf-8")
+    section = page.split("## Muon\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "training.md (Muon)", "exec"), {})
+    assert capsys.readouterr().out == "10 matrices for Muon\n"

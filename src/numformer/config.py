@@ -37,7 +37,7 @@ TRAIN_DEFAULTS = {
     "eval_every": 100,            # steps between evaluations on the validation split
     "checkpoint_every": 500,      # steps between checkpoints (also written at the end and on Ctrl-C)
     "seed": 1337,
-    "optimizer": "adamw",         # adamw | adam | sgd
+    "optimizer": "adamw",         # adamw | adam | sgd | muon (Muon for the blocks' matrices, AdamW for the rest)
     "beta1": 0.9,
     "beta2": 0.999,
     "eps": 1e-8,
@@ -45,6 +45,10 @@ TRAIN_DEFAULTS = {
     "no_decay": ["bias", "norm"],  # parameter kinds without weight decay: bias, norm, embedding
     "momentum": 0.0,              # sgd only
     "nesterov": False,            # sgd only
+    "muon_lr": 0.02,              # muon only: learning rate of the matrices (the schedule scales it like lr)
+    "muon_momentum": 0.95,        # muon only
+    "muon_nesterov": True,        # muon only
+    "muon_ns_steps": 5,           # muon only: Newton-Schulz iterations
     "schedule": "constant",       # constant | linear | cosine | wsd | noam
     "cooldown": 0.2,              # wsd only: the fraction of the run (after warmup) spent decaying to min_lr
     "warmup_steps": 0,
@@ -132,6 +136,8 @@ def _train_keys():
         "eps": positive(float), "weight_decay": NONNEG_FLOAT,
         "no_decay": Key(list, choices=tuple(NO_DECAY_KINDS), item=str),
         "momentum": Key(float, 0, 1, open=(False, True)), "nesterov": BOOL,
+        "muon_lr": positive(float), "muon_momentum": Key(float, 0, 1, open=(False, True)), "muon_nesterov": BOOL,
+        "muon_ns_steps": Key(int, 1, 100),
         "schedule": Key(str, choices=tuple(SCHEDULES)), "cooldown": Key(float, 0, 1, open=(True, False)),
         "warmup_steps": NONNEG_INT, "min_lr": NONNEG_FLOAT,
         "decay_steps": NONNEG_INT, "grad_clip": NONNEG_FLOAT, "grad_accum": positive(), "label_smoothing": FRACTION,
@@ -280,6 +286,9 @@ def _check_train_together(t):
     """Rules between [train] keys."""
     if t["schedule"] in ("linear", "cosine", "wsd") and t["min_lr"] > t["lr"]:
         raise ValueError(f"[train] min_lr = {t['min_lr']} is above lr = {t['lr']}; the decay goes down to min_lr")
+    if t["optimizer"] == "muon" and t["lr"] <= 0:
+        raise ValueError(f"[train] optimizer = \"muon\" needs lr > 0, got {t['lr']}: the schedule scales "
+                         f"muon_lr by its value over lr")
     if t["schedule"] == "noam" and t["warmup_steps"] <= 0:
         raise ValueError("[train] warmup_steps must be > 0 for the noam schedule")
     if t["processes"] > t["batch_size"]:

@@ -1,4 +1,5 @@
-"""SGD, Adam and AdamW, numerically equal to ``torch.optim`` given the same gradients.
+"""SGD, Adam and AdamW, numerically equal to ``torch.optim`` given the same gradients; Muon for the hidden
+layers' matrices (with an AdamW for the other parameters).
 
 Each optimizer takes parameters or parameter groups (dicts with "params" and
 per-group options, as torch), updates ``Parameter.data`` in place from
@@ -12,7 +13,8 @@ import math
 
 import numpy as np
 
-from ..nn.layers import BatchStatNorm, Embedding, LayerNorm, RMSNorm
+from ..nn.blocks import DecoderBlock, EncoderBlock
+from ..nn.layers import BatchStatNorm, Embedding, LayerNorm, Linear, RMSNorm
 from ..nn.module import Parameter
 from ..nn.positional import LearnedPositionalEncoding
 
@@ -60,6 +62,11 @@ class Optimizer:
 
     @property
     def params(self):
+        """Every parameter this optimizer updates (what gradient clipping sees)."""
+        return self._own_params()
+
+    def _own_params(self):
+        """The parameters of this optimizer's own groups, in order (indices of ``state_dict``)."""
         return [p for g in self.param_groups for p in g["params"]]
 
     def zero_grad(self):
@@ -87,7 +94,7 @@ class Optimizer:
     def state_dict(self):
         """(arrays, meta): arrays keyed "<param index>.<buffer>", meta with steps and group options."""
         arrays, steps = {}, {}
-        for i, p in enumerate(self.params):
+        for i, p in enumerate(self._own_params()):
             st = self.state.get(id(p))
             if st is None:
                 continue
@@ -101,7 +108,7 @@ class Optimizer:
     def load_state_dict(self, arrays, meta):
         if meta.get("type") != type(self).__name__:
             raise ValueError(f"optimizer state is for {meta.get('type')}, not {type(self).__name__}")
-        params = self.params
+        params = self._own_params()
         if len(meta["groups"]) != len(self.param_groups):
             raise ValueError("optimizer state has a different number of parameter groups")
         for n, (g, saved) in enumerate(zip(self.param_groups, meta["groups"])):
@@ -248,7 +255,161 @@ class AdamW(Adam):
     decoupled = True
 
 
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)     # (a, b, c) of Muon's quintic Newton-Schulz iteration
+
+
+def newton_schulz(g, steps=5, eps=1e-7):
+    """An approximately orthogonal matrix with the singular vectors of ``g`` (m, n): Muon's quintic iteration.
+
+    X₀ = G / (‖G‖_F + eps);  X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ,  (a, b, c) = NS_COEFFICIENTS,
+    ``steps`` times. On G = U·S·Vᵀ each step maps every singular value σ to φ(σ) = aσ + bσ³ + cσ⁵, so the
+    result is U·φ^steps(S/‖G‖_F)·Vᵀ: the coefficients are tuned for speed, not convergence, and after 5
+    steps every singular value of at least 0.003·‖G‖_F lies in [0.68, 1.21] instead of at exactly 1. The
+    iteration runs on the wide orientation (a tall G is transposed, m > n, so A is the smaller n×n Gram
+    matrix, and the result transposed back) in G's dtype. Returns an (m, n) array.
+    """
+    a, b, c = NS_COEFFICIENTS
+    x = np.asarray(g)
+    if x.ndim != 2:
+        raise ValueError(f"newton_schulz orthogonalizes a matrix, got shape {x.shape}")
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / (np.linalg.norm(x) + eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * (gram @ gram)) @ x
+    return x.T if tall else x
+
+
+class Muon(Optimizer):
+    """Muon (Keller Jordan 2024): momentum orthogonalized by Newton-Schulz, for 2-D weight matrices.
+
+    For each matrix W (rows, cols) = (out, in) with gradient G:
+
+        M ← μ·M + G                                   (momentum buffer, M₀ = 0)
+        U = G + μ·M   (nesterov)   or   U = M
+        O = newton_schulz(U, ns_steps)                singular values ≈ 1 (0.68 … 1.21)
+        W ← W - lr · (√max(1, rows/cols) · O + wd · W)
+
+    The weight decay is decoupled, as AdamW's (lr·wd·W, with Muon's lr), and applied with the W before
+    the step. The factor √max(1, rows/cols) keeps the update's RMS size alike for tall matrices.
+
+    Muon(params, adamw=None, **options): params are 2-D Parameters (or groups of them); ``adamw`` an
+    optional AdamW over the model's other parameters (embeddings, output head, norms, biases), which
+    ``step``, ``zero_grad``, ``params`` and the state dict then include, so that one object serves a
+    training loop. ``set_lr(lr)`` sets the AdamW's learning rate to lr and Muon's to lr · lr_ratio, the
+    ratio of the two learning rates given at construction (a schedule scales both by one factor);
+    without an AdamW, lr_ratio is 1. Options:
+
+    - lr (0.02): learning rate
+    - momentum (0.95): μ, in [0, 1)
+    - nesterov (True): Nesterov momentum (U = G + μ·M) rather than U = M
+    - ns_steps (5): Newton-Schulz iterations
+    - weight_decay (0.0): wd, decoupled
+    """
+
+    defaults = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5, "weight_decay": 0.0}
+    _buffers = ("momentum_buffer",)
+
+    def __init__(self, params, adamw=None, **options):
+        if adamw is not None and not isinstance(adamw, AdamW):
+            raise TypeError(f"Muon's adamw must be an AdamW, got {type(adamw).__name__}")
+        self.adamw = adamw
+        super().__init__(params, **options)
+        if adamw is not None:
+            overlap = {id(p) for p in self._own_params()} & {id(p) for p in adamw.params}
+            if overlap:
+                raise ValueError("a parameter is given to both Muon and its AdamW")
+            base = adamw.param_groups[0]["lr"]
+            if not base > 0:
+                raise ValueError(f"Muon's AdamW learning rate must be > 0 (set_lr scales Muon's learning rate "
+                                 f"by the same factor), got {base}")
+        for g in self.param_groups:
+            g["lr_ratio"] = g["lr"] / base if adamw is not None else 1.0
+
+    def _validate(self):
+        super()._validate()
+        for g in self.param_groups:
+            if not 0.0 <= g["momentum"] < 1.0:
+                raise ValueError(f"Muon momentum must be in [0, 1), got {g['momentum']}")
+            steps = g["ns_steps"]
+            if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+                raise ValueError(f"Muon ns_steps must be an integer >= 1, got {steps!r}")
+            for p in g["params"]:
+                if p.data.ndim != 2:
+                    raise ValueError(f"Muon updates 2-D weight matrices, got a parameter of shape {p.shape}; "
+                                     f"give it to the AdamW instead")
+
+    @property
+    def params(self):
+        return self._own_params() + (self.adamw.params if self.adamw is not None else [])
+
+    def set_lr(self, lr):
+        """Muon's groups get lr · lr_ratio, the AdamW's groups lr."""
+        for g in self.param_groups:
+            g["lr"] = lr * g["lr_ratio"]
+        if self.adamw is not None:
+            self.adamw.set_lr(lr)
+
+    def step(self):
+        super().step()
+        if self.adamw is not None:
+            self.adamw.step()
+
+    def _update(self, p, grad, g, st):
+        st["step"] += 1
+        mu = g["momentum"]
+        if "momentum_buffer" not in st:
+            st["momentum_buffer"] = np.zeros_like(p.data)
+        m = st["momentum_buffer"]
+        m *= mu
+        m += grad
+        u = grad + mu * m if g["nesterov"] else m
+        rows, cols = p.shape
+        scale = math.sqrt(max(1.0, rows / cols))
+        o = newton_schulz(u.astype(p.dtype, copy=False), g["ns_steps"])
+        if g["weight_decay"]:
+            p.data *= 1.0 - g["lr"] * g["weight_decay"]
+        p.data -= (g["lr"] * scale) * o
+
+    def state_dict(self):
+        """(arrays, meta): Muon's momentum buffers keyed "<index>.momentum_buffer", the AdamW's arrays keyed
+        "adamw.<index>.<buffer>", its meta under meta["adamw"] (None without an AdamW)."""
+        arrays, meta = super().state_dict()
+        meta["adamw"] = None
+        if self.adamw is not None:
+            adamw_arrays, meta["adamw"] = self.adamw.state_dict()
+            arrays.update({f"adamw.{k}": v for k, v in adamw_arrays.items()})
+        return arrays, meta
+
+    def load_state_dict(self, arrays, meta):
+        if meta.get("type") == type(self).__name__ and (meta.get("adamw") is None) != (self.adamw is None):
+            raise ValueError("optimizer state is for Muon with an AdamW for the other parameters, this Muon has none"
+                             if self.adamw is None else
+                             "optimizer state is for Muon alone, this Muon has an AdamW for the other parameters")
+        super().load_state_dict({k: v for k, v in arrays.items() if not k.startswith("adamw.")}, meta)
+        if self.adamw is not None:
+            self.adamw.load_state_dict({k[len("adamw."):]: v for k, v in arrays.items() if k.startswith("adamw.")},
+                                       meta["adamw"])
+
+
+def hidden_matrices(model):
+    """The parameters Muon updates: the weights of the Linear layers inside the Transformer blocks (attention
+    q/k/v and output projections, feed-forward layers), in model order. Token embeddings, output heads
+    (tied or not), position tables, norms and biases are not among them."""
+    found, seen = [], set()
+    for _, block in model.named_modules():
+        if not isinstance(block, (EncoderBlock, DecoderBlock)):
+            continue
+        for _, m in block.named_modules():
+            if isinstance(m, Linear) and id(m.weight) not in seen:
+                seen.add(id(m.weight))
+                found.append(m.weight)
+    return found
+
+
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "muon": Muon}
 
 
 NO_DECAY_KINDS = ("bias", "norm", "embedding")

@@ -39,7 +39,7 @@ from ..data.base import IGNORE
 from ..models import build_model
 from ..models.pretrained import loader as pretrained_loader
 from ..nn import MultiHeadAttention
-from ..optim import OPTIMIZERS, clip_grad_norm, make_schedule, param_groups
+from ..optim import OPTIMIZERS, AdamW, Muon, clip_grad_norm, hidden_matrices, make_schedule, param_groups
 from ..provenance import git_commit
 from .run_files import (CHECKPOINT, MODEL, load_checkpoint, load_config_json, load_metadata, load_model_weights,
                         load_tokenizer_state, open_in_folder, rng_state, save_checkpoint, save_model, set_rng_state,
@@ -62,8 +62,23 @@ class TrainingDiverged(RuntimeError):
 
 
 def make_optimizer(model, train):
+    """The [train] optimizer over the model's parameter groups (``param_groups``). "muon": Muon over the
+    hidden layers' matrices (``hidden_matrices``) with the run's weight_decay, and an AdamW with lr, betas
+    and eps over every other parameter, in its groups."""
     groups = param_groups(model, train["weight_decay"], tuple(train["no_decay"]))
     name = train["optimizer"]
+    if name == "muon":
+        matrices = hidden_matrices(model)
+        if not matrices:
+            raise ValueError("[train] optimizer = \"muon\" needs Linear layers inside Transformer blocks, and "
+                             "this model has none; use optimizer = \"adamw\"")
+        taken = {id(p) for p in matrices}
+        rest = [{**g, "params": [p for p in g["params"] if id(p) not in taken]} for g in groups]
+        rest = [g for g in rest if g["params"]]
+        adamw = AdamW(rest, lr=train["lr"], betas=(train["beta1"], train["beta2"]), eps=train["eps"]) if rest else None
+        return Muon(matrices, adamw, lr=train["muon_lr"], momentum=train["muon_momentum"],
+                    nesterov=train["muon_nesterov"], ns_steps=train["muon_ns_steps"],
+                    weight_decay=train["weight_decay"])
     if name == "sgd":
         return OPTIMIZERS[name](groups, lr=train["lr"], momentum=train["momentum"], nesterov=train["nesterov"])
     return OPTIMIZERS[name](groups, lr=train["lr"], betas=(train["beta1"], train["beta2"]), eps=train["eps"])

@@ -473,6 +473,16 @@ def test_layer_norm_kernel_equals_reference(dtype, bias, rng, split_everything):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(3, 7, 16), (5, 33), (2, 3, 4, 1)])
+def test_rms_norm_kernel_equals_reference(dtype, shape, rng, split_everything):
+    x = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
+    gamma = rng.standard_normal(shape[-1]).astype(dtype)
+    _assert_pairs_close(_pairs("rms_norm", x, gamma), TOLERANCE[dtype], "rms norm")
+    strided = x[..., ::-1]                                        # a non-contiguous input
+    _assert_pairs_close(_pairs("rms_norm", strided, gamma, eps=1e-3), TOLERANCE[dtype], "rms norm strided")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_kernel_equals_reference(dtype, approximate, rng, split_everything):
     x = (rng.standard_normal((5, 37)) * 3).astype(dtype)
@@ -551,6 +561,10 @@ def _models():
         "gpt": (lambda: numformer.GPT(30, 16, n_layers=2, n_heads=2, d_model=16, activation="gelu",
                                       rng=np.random.default_rng(0), dtype=np.float64),
                 ({"idx": ids[:, :-1]}, ids[:, 1:])),
+        "llama": (lambda: numformer.GPT(30, 16, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, d_ff=24,
+                                        positional="rope", activation="swiglu", norm="rms", bias=False,
+                                        rng=np.random.default_rng(0), dtype=np.float64),
+                  ({"idx": ids[:, :-1]}, ids[:, 1:])),
         "transformer": (lambda: numformer.Transformer(30, 30, d_model=16, n_heads=2, n_layers=2, d_ff=32,
                                                       dropout=0.0, src_pad_id=0, tgt_pad_id=0,
                                                       rng=np.random.default_rng(0), dtype=np.float64),
@@ -562,7 +576,7 @@ def _models():
     }
 
 
-@pytest.mark.parametrize("name", ["gpt", "transformer", "classifier"])
+@pytest.mark.parametrize("name", ["gpt", "llama", "transformer", "classifier"])
 def test_models_train_to_the_same_weights_on_kernels_and_references(name, split_everything):
     """20 AdamW steps in float64 on the speed path and inside numformer.reference_mode(): the same weights to
     1e-10 (and the kernels really ran: the two paths are not bit-identical)."""

@@ -17,6 +17,6 @@ from .fast_gelu import gelu_erf_f32
 from .flash_attention import flash_attention_backward, flash_attention_forward
 from .fused_attention import fused_attention_backward, fused_attention_forward
 from .linear import linear_backward, linear_forward
-from .normalization import layer_norm_backward, layer_norm_forward
+from .normalization import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -16,6 +16,7 @@ from numformer.kernels import activations as act_kernels
 from numformer.kernels import fast_gelu
 from numformer.kernels import fused_attention as attn_ops
 from numformer.kernels import normalization as norm_ops
+from numformer.kernels import swiglu as swiglu_kernels
 
 from conftest import assert_close, assert_gradcheck
 
@@ -37,6 +38,7 @@ def split_everything(monkeypatch, threads):
     monkeypatch.setattr(norm_ops, "_row_grain", lambda d: 1)
     monkeypatch.setattr(act_kernels, "_CHUNK", 7)
     monkeypatch.setattr(fast_gelu, "CHUNK", 7)
+    monkeypatch.setattr(swiglu_kernels, "CHUNK", 7)
 
 
 # -- runtime ---------------------------------------------------------------------------------------------
@@ -480,6 +482,26 @@ def test_rms_norm_kernel_equals_reference(dtype, shape, rng, split_everything):
     _assert_pairs_close(_pairs("rms_norm", x, gamma), TOLERANCE[dtype], "rms norm")
     strided = x[..., ::-1]                                        # a non-contiguous input
     _assert_pairs_close(_pairs("rms_norm", strided, gamma, eps=1e-3), TOLERANCE[dtype], "rms norm strided")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(5, 37), (2, 3, 64), (1,)])
+def test_silu_and_swiglu_gate_kernels_equal_reference(dtype, shape, rng, split_everything):
+    a = (rng.standard_normal(shape) * 4).astype(dtype)
+    a.reshape(-1)[:2] = (-200.0, 200.0)[:a.size]                 # σ = 0 and 1, no warning
+    b = rng.standard_normal(shape).astype(dtype)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        _assert_pairs_close(_pairs("silu", a), TOLERANCE[dtype], "silu")
+        _assert_pairs_close(_pairs("swiglu_gate", a, b), TOLERANCE[dtype], "swiglu gate")
+        _assert_pairs_close(_pairs("swiglu_gate", a.T, b.T), TOLERANCE[dtype], "swiglu gate strided")
+
+
+def test_swiglu_gate_kernel_runs_the_reference_for_mixed_inputs(rng):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4)).astype(np.float32)
+    for lib in (ops, kernels):
+        h, cache = lib.swiglu_gate_forward(a, b[0])                # broadcast and mixed dtypes
+        assert h.shape == (3, 4) and h.dtype == np.float64
+    _assert_pairs_close(_pairs("silu", np.arange(-3, 4)), 1e-12, "silu of integers")
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

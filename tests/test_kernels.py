@@ -505,6 +505,30 @@ def test_swiglu_gate_kernel_runs_the_reference_for_mixed_inputs(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape, offset, positions", [
+    ((2, 3, 5, 8), 0, None), ((2, 3, 5, 8), 7, None), ((5, 6), 300, None), ((1, 2, 1, 4), 1000, None),
+    ((2, 3, 5, 8), 0, "row"), ((2, 3, 5, 8), 0, "batch"), ((2, 3, 5, 8), -2, None), ((3, 5, 10), 0, "negative")])
+def test_rope_kernel_equals_reference(dtype, shape, offset, positions, rng):
+    """Offsets past the cached table (it grows), explicit positions (T,) and (B, T), negative positions."""
+    x = rng.standard_normal(shape).astype(dtype)
+    t = shape[-2]
+    positions = {None: None, "row": np.arange(3, 3 + t), "batch": rng.integers(0, 600, (shape[0], t)),
+                 "negative": np.arange(-2, t - 2)}[positions]
+    for theta in (10000.0, 500000.0):
+        _assert_pairs_close(_pairs("rope", x, offset, theta, positions), TOLERANCE[dtype], f"rope {shape}")
+    strided = x.swapaxes(-2, -3) if x.ndim > 2 else x          # a non-contiguous input
+    _assert_pairs_close(_pairs("rope", strided, offset), TOLERANCE[dtype], "rope strided")
+
+
+def test_rope_kernel_errors_as_the_reference(rng):
+    for lib in (ops, kernels):
+        with pytest.raises(ValueError, match="even head size"):
+            lib.rope_forward(rng.standard_normal((2, 3, 5)))
+        with pytest.raises(ValueError, match="sequence length"):
+            lib.rope_forward(rng.standard_normal((2, 3, 4)), positions=np.arange(2))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_kernel_equals_reference(dtype, approximate, rng, split_everything):
     x = (rng.standard_normal((5, 37)) * 3).astype(dtype)

@@ -47,8 +47,8 @@ OPS = {
     "swiglu_gate_backward":    (ops.swiglu_gate_backward,     kernels.swiglu_gate_backward),
     "dropout_forward":         (ops.dropout_forward,          ops.dropout_forward),
     "dropout_backward":        (ops.dropout_backward,         ops.dropout_backward),
-    "rope_forward":            (ops.rope_forward,             ops.rope_forward),
-    "rope_backward":           (ops.rope_backward,            ops.rope_backward),
+    "rope_forward":            (ops.rope_forward,             kernels.rope_forward),
+    "rope_backward":           (ops.rope_backward,            kernels.rope_backward),
     "repeat_kv_forward":       (ops.repeat_kv_forward,        ops.repeat_kv_forward),
     "repeat_kv_backward":      (ops.repeat_kv_backward,       ops.repeat_kv_backward),
 }

@@ -486,20 +486,20 @@ def test_rms_norm_kernel_equals_reference(dtype, shape, rng, split_everything):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(5, 37), (2, 3, 64), (1,)])
-def test_silu_and_swiglu_gate_kernels_equal_reference(dtype, shape, rng, split_everything):
+def test_silu_and_silu_gate_kernels_equal_reference(dtype, shape, rng, split_everything):
     a = (rng.standard_normal(shape) * 4).astype(dtype)
     a.reshape(-1)[:2] = (-200.0, 200.0)[:a.size]                 # σ = 0 and 1, no warning
     b = rng.standard_normal(shape).astype(dtype)
     with np.errstate(over="raise", invalid="raise", divide="raise"):
         _assert_pairs_close(_pairs("silu", a), TOLERANCE[dtype], "silu")
-        _assert_pairs_close(_pairs("swiglu_gate", a, b), TOLERANCE[dtype], "swiglu gate")
-        _assert_pairs_close(_pairs("swiglu_gate", a.T, b.T), TOLERANCE[dtype], "swiglu gate strided")
+        _assert_pairs_close(_pairs("silu_gate", a, b), TOLERANCE[dtype], "swiglu gate")
+        _assert_pairs_close(_pairs("silu_gate", a.T, b.T), TOLERANCE[dtype], "swiglu gate strided")
 
 
-def test_swiglu_gate_kernel_runs_the_reference_for_mixed_inputs(rng):
+def test_silu_gate_kernel_runs_the_reference_for_mixed_inputs(rng):
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4)).astype(np.float32)
     for lib in (ops, kernels):
-        h, cache = lib.swiglu_gate_forward(a, b[0])                # broadcast and mixed dtypes
+        h, cache = lib.silu_gate_forward(a, b[0])                # broadcast and mixed dtypes
         assert h.shape == (3, 4) and h.dtype == np.float64
     _assert_pairs_close(_pairs("silu", np.arange(-3, 4)), 1e-12, "silu of integers")
 

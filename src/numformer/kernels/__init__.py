@@ -19,6 +19,6 @@ from .fused_attention import fused_attention_backward, fused_attention_forward
 from .linear import linear_backward, linear_forward
 from .normalization import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 from .rotary import rope_backward, rope_forward
-from .swiglu import silu_backward, silu_forward, swiglu_gate_backward, swiglu_gate_forward
+from .swiglu import silu_backward, silu_forward, silu_gate_backward, silu_gate_forward
 
 __all__ = [name for name in dir() if not name.startswith("_")]

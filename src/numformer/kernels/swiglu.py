@@ -71,13 +71,13 @@ def silu_backward(dy, cache):
     return dx.reshape(cache.shape)
 
 
-def swiglu_gate_forward(a, b):
-    """h = SiLU(a) ⊙ b (``ops.swiglu_gate_forward``); the cache is (SiLU(a), SiLU'(a), b) as the reference's.
+def silu_gate_forward(a, b):
+    """h = SiLU(a) ⊙ b (``ops.silu_gate_forward``); the cache is (SiLU(a), SiLU'(a), b) as the reference's.
 
     a, b: (..., d_ff)   ->   h: (..., d_ff). SiLU, its derivative and the product in one pass per chunk.
     """
     if not _plain(a, b):
-        return reference.swiglu_gate_forward(a, b)
+        return reference.silu_gate_forward(a, b)
     af, bf = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
     h, g, d = np.empty_like(af), np.empty_like(af), np.empty_like(af)
 
@@ -90,12 +90,12 @@ def swiglu_gate_forward(a, b):
     return h.reshape(shape), (g.reshape(shape), d.reshape(shape), bf.reshape(shape))
 
 
-def swiglu_gate_backward(dh, cache):
-    """da = dh ⊙ b ⊙ SiLU'(a), db = dh ⊙ SiLU(a) (``ops.swiglu_gate_backward``), in place.
+def silu_gate_backward(dh, cache):
+    """da = dh ⊙ b ⊙ SiLU'(a), db = dh ⊙ SiLU(a) (``ops.silu_gate_backward``), in place.
     Returns (da, db)."""
     g, d, b = cache
     if not _plain(dh, g, d, b):
-        return reference.swiglu_gate_backward(dh, cache)
+        return reference.silu_gate_backward(dh, cache)
     dhf, gf, df, bf = np.ascontiguousarray(dh).reshape(-1), g.reshape(-1), d.reshape(-1), b.reshape(-1)
     da, db = np.empty_like(dhf), np.empty_like(dhf)
 

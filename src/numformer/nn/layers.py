@@ -250,7 +250,7 @@ class SwiGLUFeedForward(Module):
 
     The computation of ``ops.swiglu_forward`` / ``swiglu_backward`` (where its backward is derived), on three
     Linear modules named as Hugging Face's LlamaMLP, with the gated product SiLU(a) ⊙ b one op of the table
-    (``swiglu_gate_forward/backward``). There is no dropout inside (as Llama); the block's
+    (``silu_gate_forward/backward``). There is no dropout inside (as Llama); the block's
     residual dropout still applies.
     """
 
@@ -268,12 +268,12 @@ class SwiGLUFeedForward(Module):
                              f"got shape {x.shape}")
         a = self.gate_proj(x)                                       # a = x W_gateᵀ
         b = self.up_proj(x)                                         # b = x W_upᵀ
-        h, self._cache = F.swiglu_gate_forward(a, b)                # h = SiLU(a) ⊙ b
+        h, self._cache = F.silu_gate_forward(a, b)                # h = SiLU(a) ⊙ b
         return self.down_proj(h)
 
     def backward(self, dy):
         dh = self.down_proj.backward(dy)                            # dh = dy W_down
-        da, db = F.swiglu_gate_backward(dh, self._cache)
+        da, db = F.silu_gate_backward(dh, self._cache)
         self._cache = None
         dx = self.gate_proj.backward(da)
         dx += self.up_proj.backward(db)                             # dx = da W_gate + db W_up

@@ -16,6 +16,7 @@ from numformer.kernels import activations as act_kernels
 from numformer.kernels import fast_gelu
 from numformer.kernels import fused_attention as attn_ops
 from numformer.kernels import normalization as norm_ops
+from numformer.kernels import swiglu as swiglu_kernels
 
 from conftest import assert_close, assert_gradcheck
 
@@ -37,6 +38,7 @@ def split_everything(monkeypatch, threads):
     monkeypatch.setattr(norm_ops, "_row_grain", lambda d: 1)
     monkeypatch.setattr(act_kernels, "_CHUNK", 7)
     monkeypatch.setattr(fast_gelu, "CHUNK", 7)
+    monkeypatch.setattr(swiglu_kernels, "CHUNK", 7)
 
 
 # -- runtime ---------------------------------------------------------------------------------------------
@@ -473,6 +475,60 @@ def test_layer_norm_kernel_equals_reference(dtype, bias, rng, split_everything):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(3, 7, 16), (5, 33), (2, 3, 4, 1)])
+def test_rms_norm_kernel_equals_reference(dtype, shape, rng, split_everything):
+    x = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
+    gamma = rng.standard_normal(shape[-1]).astype(dtype)
+    _assert_pairs_close(_pairs("rms_norm", x, gamma), TOLERANCE[dtype], "rms norm")
+    strided = x[..., ::-1]                                        # a non-contiguous input
+    _assert_pairs_close(_pairs("rms_norm", strided, gamma, eps=1e-3), TOLERANCE[dtype], "rms norm strided")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(5, 37), (2, 3, 64), (1,)])
+def test_silu_and_silu_gate_kernels_equal_reference(dtype, shape, rng, split_everything):
+    a = (rng.standard_normal(shape) * 4).astype(dtype)
+    a.reshape(-1)[:2] = (-200.0, 200.0)[:a.size]                 # σ = 0 and 1, no warning
+    b = rng.standard_normal(shape).astype(dtype)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        _assert_pairs_close(_pairs("silu", a), TOLERANCE[dtype], "silu")
+        _assert_pairs_close(_pairs("silu_gate", a, b), TOLERANCE[dtype], "swiglu gate")
+        _assert_pairs_close(_pairs("silu_gate", a.T, b.T), TOLERANCE[dtype], "swiglu gate strided")
+
+
+def test_silu_gate_kernel_runs_the_reference_for_mixed_inputs(rng):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4)).astype(np.float32)
+    for lib in (ops, kernels):
+        h, cache = lib.silu_gate_forward(a, b[0])                # broadcast and mixed dtypes
+        assert h.shape == (3, 4) and h.dtype == np.float64
+    _assert_pairs_close(_pairs("silu", np.arange(-3, 4)), 1e-12, "silu of integers")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape, offset, positions", [
+    ((2, 3, 5, 8), 0, None), ((2, 3, 5, 8), 7, None), ((5, 6), 300, None), ((1, 2, 1, 4), 1000, None),
+    ((2, 3, 5, 8), 0, "row"), ((2, 3, 5, 8), 0, "batch"), ((2, 3, 5, 8), -2, None), ((3, 5, 10), 0, "negative")])
+def test_rope_kernel_equals_reference(dtype, shape, offset, positions, rng):
+    """Offsets past the cached table (it grows), explicit positions (T,) and (B, T), negative positions."""
+    x = rng.standard_normal(shape).astype(dtype)
+    t = shape[-2]
+    positions = {None: None, "row": np.arange(3, 3 + t), "batch": rng.integers(0, 600, (shape[0], t)),
+                 "negative": np.arange(-2, t - 2)}[positions]
+    for theta in (10000.0, 500000.0):
+        _assert_pairs_close(_pairs("rope", x, offset, theta, positions), TOLERANCE[dtype], f"rope {shape}")
+    strided = x.swapaxes(-2, -3) if x.ndim > 2 else x          # a non-contiguous input
+    _assert_pairs_close(_pairs("rope", strided, offset), TOLERANCE[dtype], "rope strided")
+
+
+def test_rope_kernel_errors_as_the_reference(rng):
+    for lib in (ops, kernels):
+        with pytest.raises(ValueError, match="even head size"):
+            lib.rope_forward(rng.standard_normal((2, 3, 5)))
+        with pytest.raises(ValueError, match="sequence length"):
+            lib.rope_forward(rng.standard_normal((2, 3, 4)), positions=np.arange(2))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_kernel_equals_reference(dtype, approximate, rng, split_everything):
     x = (rng.standard_normal((5, 37)) * 3).astype(dtype)
@@ -551,6 +607,10 @@ def _models():
         "gpt": (lambda: numformer.GPT(30, 16, n_layers=2, n_heads=2, d_model=16, activation="gelu",
                                       rng=np.random.default_rng(0), dtype=np.float64),
                 ({"idx": ids[:, :-1]}, ids[:, 1:])),
+        "llama": (lambda: numformer.GPT(30, 16, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, d_ff=24,
+                                        positional="rope", activation="swiglu", norm="rms", bias=False,
+                                        rng=np.random.default_rng(0), dtype=np.float64),
+                  ({"idx": ids[:, :-1]}, ids[:, 1:])),
         "transformer": (lambda: numformer.Transformer(30, 30, d_model=16, n_heads=2, n_layers=2, d_ff=32,
                                                       dropout=0.0, src_pad_id=0, tgt_pad_id=0,
                                                       rng=np.random.default_rng(0), dtype=np.float64),
@@ -562,7 +622,7 @@ def _models():
     }
 
 
-@pytest.mark.parametrize("name", ["gpt", "transformer", "classifier"])
+@pytest.mark.parametrize("name", ["gpt", "llama", "transformer", "classifier"])
 def test_models_train_to_the_same_weights_on_kernels_and_references(name, split_everything):
     """20 AdamW steps in float64 on the speed path and inside numformer.reference_mode(): the same weights to
     1e-10 (and the kernels really ran: the two paths are not bit-identical)."""

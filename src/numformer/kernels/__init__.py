@@ -5,8 +5,8 @@ Each module here mirrors the module of ``numformer.ops`` it speeds up and keeps 
 the reference it computes and is tested against it (tests/test_kernels.py, tests/test_flash_attention.py).
 What makes them fast: rows split across numformer's threads (``_runtime.parallel_for``), products split or
 paired on the BLAS (``_runtime.matmul``, ``matmul_pair``), row sums as BLAS products, chunked float32 GELU,
-and attention computed fused with an in-place softmax (``fused_attention``) or block by block
-(``flash_attention``).
+SiLU and the SwiGLU gate in place, rotary tables cached, and attention computed fused with an in-place
+softmax (``fused_attention``) or block by block (``flash_attention``).
 
 Read ``numformer.ops`` first. The modules of ``numformer.nn`` pick one or the other in one table
 (``numformer.nn.dispatch``); ``numformer.reference_mode()`` switches a whole model to the references.
@@ -17,6 +17,8 @@ from .fast_gelu import gelu_erf_f32
 from .flash_attention import flash_attention_backward, flash_attention_forward
 from .fused_attention import fused_attention_backward, fused_attention_forward
 from .linear import linear_backward, linear_forward
-from .normalization import layer_norm_backward, layer_norm_forward
+from .normalization import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
+from .rotary import rope_backward, rope_forward
+from .swiglu import silu_backward, silu_forward, silu_gate_backward, silu_gate_forward
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,8 +1,8 @@
-"""Reference: ``numformer.ops.normalization`` (``layer_norm_forward/backward``).
+"""Reference: ``numformer.ops.normalization`` (``layer_norm_forward/backward``, ``rms_norm_forward/backward``).
 
-The speed path of layer norm: rows split across numformer's threads (``parallel_for``), row sums as BLAS
-matrix-vector products with a cached vector of ones, results written into preallocated buffers. RMS norm
-and the batch-statistics norm have no kernel (the models run the reference).
+The speed path of layer norm and RMS norm: rows split across numformer's threads (``parallel_for``), row
+sums as BLAS matrix-vector products with a cached vector of ones, results written into preallocated
+buffers. The batch-statistics norm has no kernel (the models run the reference).
 """
 from __future__ import annotations
 
@@ -110,3 +110,70 @@ def layer_norm_backward(dy, cache):
 
     parallel_for(n, piece, grain)
     return dx.reshape(dy.shape), dgamma, dbeta
+
+
+def rms_norm_forward(x, gamma, eps=1e-6):
+    """RMSNorm(x) = x / √(mean(x²) + ε) ⊙ γ over the last axis (``ops.rms_norm_forward``).
+
+    x: (..., d)   gamma: (d,)   ->   y: (..., d); the cache is (x̂, 1/rms, γ) as the reference's.
+    mean(x²) is a row dot product (``einsum``, no x² temporary) accumulated in the inputs' dtype, as the
+    reference; x̂ and y are written into preallocated buffers, rows split across threads.
+    """
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    n = x2.shape[0]
+    dt = np.result_type(x, gamma)
+    inv_d, eps_ = dt.type(1.0 / d), dt.type(eps)
+    xhat = np.empty((n, d), dt)
+    y = np.empty((n, d), dt)
+    rrms = np.empty((n, 1), dt)
+
+    def piece(lo, hi):
+        xp, rp = x2[lo:hi], rrms[lo:hi, 0]
+        ms = np.einsum("nd,nd->n", xp, xp)                      # Σ x², no temporary
+        ms *= inv_d
+        ms += eps_
+        np.sqrt(ms, out=ms)
+        np.reciprocal(ms, out=rp)
+        np.multiply(xp, rrms[lo:hi], out=xhat[lo:hi])
+        np.multiply(xhat[lo:hi], gamma, out=y[lo:hi])
+
+    parallel_for(n, piece, _row_grain(d))
+    return y.reshape(x.shape), (xhat.reshape(x.shape), rrms.reshape(*x.shape[:-1], 1), gamma)
+
+
+def rms_norm_backward(dy, cache):
+    """dx = r (g - x̂ · mean(g ⊙ x̂)), r = 1/rms, g = dy ⊙ γ (``ops.rms_norm_backward``).
+
+    Returns (dx, dgamma). With p = dy ⊙ x̂ (the one product both need), dgamma = Σ_rows p and
+    mean(g ⊙ x̂) = (p γ) / d are BLAS matrix-vector products; dx is built in place in its own buffer.
+    """
+    xhat, rrms, gamma = cache
+    d = xhat.shape[-1]
+    dy2 = dy.reshape(-1, d)
+    xhat2 = xhat.reshape(-1, d)
+    rrms2 = rrms.reshape(-1, 1)
+    n = dy2.shape[0]
+    dt = np.result_type(dy2, xhat2)
+    inv_d = dt.type(1.0 / d)
+    grain = _row_grain(d)
+    p = np.empty((n, d), dt)
+    dx = np.empty((n, d), dt)
+
+    def prod(lo, hi):
+        np.multiply(dy2[lo:hi], xhat2[lo:hi], out=p[lo:hi])   # dy ⊙ x̂
+
+    parallel_for(n, prod, grain)
+    dgamma = np.matmul(_ones(n, dt), p)                         # BLAS products on this thread (see parallel_for)
+    mean_gx = np.matmul(p, gamma)                               # Σ_d g ⊙ x̂
+    mean_gx *= inv_d
+
+    def piece(lo, hi):
+        pp, dxp = p[lo:hi], dx[lo:hi]
+        np.multiply(dy2[lo:hi], gamma, out=dxp)                 # g
+        np.multiply(xhat2[lo:hi], mean_gx[lo:hi, None], out=pp)
+        dxp -= pp
+        dxp *= rrms2[lo:hi]
+
+    parallel_for(n, piece, grain)
+    return dx.reshape(dy.shape), dgamma

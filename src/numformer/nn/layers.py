@@ -249,7 +249,8 @@ class SwiGLUFeedForward(Module):
     """Llama's gated FFN(x) = down_proj(SiLU(gate_proj(x)) ⊙ up_proj(x)), d_model -> d_ff -> d_model.
 
     The computation of ``ops.swiglu_forward`` / ``swiglu_backward`` (where its backward is derived), on three
-    Linear modules named as Hugging Face's LlamaMLP. There is no dropout inside (as Llama); the block's
+    Linear modules named as Hugging Face's LlamaMLP, with the gated product SiLU(a) ⊙ b one op of the table
+    (``silu_gate_forward/backward``). There is no dropout inside (as Llama); the block's
     residual dropout still applies.
     """
 
@@ -265,17 +266,17 @@ class SwiGLUFeedForward(Module):
         if x.shape[-1] != self.gate_proj.in_features:
             raise ValueError(f"SwiGLUFeedForward expects inputs with last dimension {self.gate_proj.in_features}, "
                              f"got shape {x.shape}")
-        g, silu_cache = F.silu_forward(self.gate_proj(x))          # g = SiLU(a), a = x W_gateᵀ
+        a = self.gate_proj(x)                                       # a = x W_gateᵀ
         b = self.up_proj(x)                                         # b = x W_upᵀ
-        self._cache = (g, b, silu_cache)
-        return self.down_proj(g * b)
+        h, self._cache = F.silu_gate_forward(a, b)                # h = SiLU(a) ⊙ b
+        return self.down_proj(h)
 
     def backward(self, dy):
-        g, b, silu_cache = self._cache
-        self._cache = None
         dh = self.down_proj.backward(dy)                            # dh = dy W_down
-        dx = self.gate_proj.backward(F.silu_backward(dh * b, silu_cache))
-        dx += self.up_proj.backward(dh * g)                         # dx = da W_gate + db W_up
+        da, db = F.silu_gate_backward(dh, self._cache)
+        self._cache = None
+        dx = self.gate_proj.backward(da)
+        dx += self.up_proj.backward(db)                             # dx = da W_gate + db W_up
         return dx
 
 

@@ -11,7 +11,9 @@ b = x W_upᵀ, s = σ(a), g = a s and h = g ⊙ b, the backward pass is
     dg = dh ⊙ b         db = dh ⊙ g          da = dg ⊙ (s + a s (1 - s))
     dx = da W_gate + db W_up      dW_gate = daᵀ x      dW_up = dbᵀ x
 
-The reference; ``numformer.kernels.swiglu`` is the same on the linear kernel.
+The gated product h = SiLU(a) ⊙ b and its backward are one op pair (``silu_gate_forward/backward``),
+the part of the feed-forward between its three linear maps. These are the references; the speed path of
+SiLU and of the gated product is ``numformer.kernels.swiglu``.
 """
 from __future__ import annotations
 
@@ -38,6 +40,21 @@ def silu_backward(dy, cache):
     return dy * cache
 
 
+def silu_gate_forward(a, b):
+    """h = SiLU(a) ⊙ b, the gated hidden layer of SwiGLU (a = x W_gateᵀ, b = x W_upᵀ); returns (h, cache).
+
+    a, b: (..., d_ff)   ->   h: (..., d_ff); the cache is (g, SiLU'(a), b) with g = SiLU(a).
+    """
+    g, dsilu = silu_forward(a)
+    return g * b, (g, dsilu, b)
+
+
+def silu_gate_backward(dh, cache):
+    """da = dh ⊙ b ⊙ SiLU'(a), db = dh ⊙ SiLU(a). Returns (da, db)."""
+    g, dsilu, b = cache
+    return silu_backward(dh * b, dsilu), dh * g
+
+
 def swiglu_forward(x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None):
     """x: (..., d_model) -> (..., d_model) through the gated hidden layer of size d_ff; returns (y, cache).
 
@@ -45,18 +62,16 @@ def swiglu_forward(x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None)
     """
     a, c_gate = linear_forward(x, w_gate, b_gate)
     b, c_up = linear_forward(x, w_up, b_up)
-    g, c_silu = silu_forward(a)
-    h = g * b
+    h, c_h = silu_gate_forward(a, b)
     y, c_down = linear_forward(h, w_down, b_down)
-    return y, (c_gate, c_up, c_down, c_silu, g, b)
+    return y, (c_gate, c_up, c_down, c_h)
 
 
 def swiglu_backward(dy, cache):
     """Returns (dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down); the bias gradients are None without biases."""
-    c_gate, c_up, c_down, c_silu, g, b = cache
+    c_gate, c_up, c_down, c_h = cache
     dh, dw_down, db_down = linear_backward(dy, c_down)
-    da = silu_backward(dh * b, c_silu)
-    dbv = dh * g
+    da, dbv = silu_gate_backward(dh, c_h)
     dx_gate, dw_gate, db_gate = linear_backward(da, c_gate)
     dx_up, dw_up, db_up = linear_backward(dbv, c_up)
     return dx_gate + dx_up, dw_gate, dw_up, dw_down, db_gate, db_up, db_down

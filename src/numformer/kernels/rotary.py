@@ -1,0 +1,94 @@
+"""Reference: ``numformer.ops.rotary`` (``rope_forward/backward``, rotary position embeddings, half-split layout).
+
+The speed path: cos(p θ_i) and sin(p θ_i) are computed once per (head size, base, dtype) for positions
+0 … L-1 (the reference's ``rope_angles``, so the same values; the table grows when a longer sequence or a
+larger offset comes) and each call slices its rows, a view. The sign of rotate_half is folded into the sine
+tables, and the halves are swapped as two blocks of bytes rather than element by element:
+
+    y = x ⊙ [cos, cos] + [x₂, x₁] ⊙ [-sin, sin]         (backward: dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin])
+
+three full-width passes and the swap, in place in two buffers. Explicit ``positions`` (left-padded prompts)
+take their rows from the tables by index.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.rotary import rope_angles
+
+_TABLES = {}
+
+
+def _signed(cos, sin):
+    """(cos, [-sin₁, sin₂], [sin₁, -sin₂]) from the reference's tables (both halves equal)."""
+    h = cos.shape[-1] // 2
+    forward = sin.copy()
+    forward[..., :h] *= -1
+    return cos, forward, -forward
+
+
+def _tables(length, head_dim, theta, dtype):
+    """Read-only (cos, forward sine, backward sine), each (≥ length, head_dim), for positions 0, 1, …; cached."""
+    key = (int(head_dim), float(theta), np.dtype(dtype).str)
+    tables = _TABLES.get(key)
+    if tables is None or tables[0].shape[0] < length:
+        n = max(length, 256, 0 if tables is None else 2 * tables[0].shape[0])
+        tables = _signed(*rope_angles(np.arange(n), head_dim, theta, dtype))
+        for t in tables:
+            t.setflags(write=False)
+        if len(_TABLES) >= 16:
+            _TABLES.clear()
+        _TABLES[key] = tables
+    return tables
+
+
+def _swap_halves(x):
+    """[x₁, x₂] -> [x₂, x₁] over the last axis, a new array: each half moved as one block (a void item of
+    its bytes), not element by element."""
+    if x.strides[-1] != x.itemsize:
+        x = np.ascontiguousarray(x)
+    block = np.dtype((np.void, x.shape[-1] // 2 * x.itemsize))
+    return np.ascontiguousarray(x.view(block)[..., ::-1]).view(x.dtype)
+
+
+def _rotate(x, cos, sin):
+    """x ⊙ cos + swap_halves(x) ⊙ sin, with the sign of the rotation in ``sin``."""
+    y = np.multiply(x, cos)
+    t = _swap_halves(x)
+    if t.dtype == y.dtype:
+        t *= sin
+    else:
+        t = t * sin
+    y += t
+    return y
+
+
+def rope_forward(x, offset=0, theta=10000.0, positions=None):
+    """Rotate queries or keys x: (..., T, d) by their positions (``ops.rope_forward``); returns (y, cache).
+
+    Positions offset … offset+T-1, or ``positions`` (T,) or (B, T) for x of shape (B, H, T, d).
+    The cache is (cos, backward sine) of the rows used, views of the cached tables.
+    """
+    if x.ndim < 2:
+        raise ValueError(f"rope_forward expects (..., T, head_dim), got shape {x.shape}")
+    t, d = x.shape[-2], x.shape[-1]
+    dtype = x.dtype if x.dtype.kind == "f" else np.float64
+    if positions is None and offset >= 0:
+        cos, sin, sin_back = (table[offset:offset + t] for table in _tables(offset + t, d, theta, dtype))
+    else:
+        positions = np.arange(offset, offset + t) if positions is None else np.asarray(positions)
+        if positions.shape[-1] != t:
+            raise ValueError(f"positions of shape {positions.shape} do not match the sequence length {t}")
+        if positions.size and positions.min() >= 0:
+            cos, sin, sin_back = (table[positions] for table in _tables(int(positions.max()) + 1, d, theta, dtype))
+        else:                                                   # negative positions: outside the tables
+            cos, sin, sin_back = _signed(*rope_angles(positions, d, theta, dtype))
+        if positions.ndim == 2 and x.ndim == 4:                # (B, T, d) -> (B, 1, T, d) for the head axis
+            cos, sin, sin_back = cos[:, None], sin[:, None], sin_back[:, None]
+    return _rotate(x, cos, sin), (cos, sin_back)
+
+
+def rope_backward(dy, cache):
+    """dx = the inverse rotation of dy (``ops.rope_backward``): dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin]."""
+    cos, sin_back = cache
+    return _rotate(dy, cos, sin_back)

@@ -33,7 +33,7 @@ from ..train.run_files import write_atomic
 # ``run`` and ``markdown`` is a part too and comes after these.
 PARTS = ("throughput", "attention", "checkpointing", "generate", "depth")
 # Modules of numformer.bench that are helpers, not parts.
-NOT_PARTS = {"runner", "torch_reference", "common", "timing"}
+NOT_PARTS = {"runner", "torch_reference", "common", "timing", "profile"}
 META_KEY = "_run"
 
 

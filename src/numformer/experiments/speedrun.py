@@ -215,6 +215,7 @@ def run_profile(exp, ctx):
         config = apply_overrides(config, ["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
                                           "model.n_kv_heads=1", "model.d_ff=64", "data.block_size=32"])
     config = apply_overrides(config, ctx.overrides)
+    started = time.perf_counter()
     peaks = _peaks()
     cores = peaks["cores"]
     profile = profile_training_step(config, processes=cores, steps=3 if ctx.quick else 20)
@@ -227,7 +228,7 @@ def run_profile(exp, ctx):
                    if e["commit"] != entry["commit"]]
     history.append(entry)
     record = _record(exp, ctx, figures={"mfu_one_worker": entry["mfu_one_worker"]}, targets={}, met={},
-                     profiles=history, wall_time_s=None)
+                     profiles=history, wall_time_s=round(time.perf_counter() - started, 1))
     return record, profile_markdown(record) + "\n"
 
 

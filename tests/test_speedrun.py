@@ -90,7 +90,7 @@ def test_budget_progress_and_fit():
     assert b.progress(5, warmup_steps=5) == 0.0 and b.warmup_end == pytest.approx(10.0, abs=0.1)
     b.val_examples, b.eval_seconds_per_example, b.save_seconds = 100, 0.1, 1.0
     reserve = b.reserve()
-    assert reserve == pytest.approx(1.15 * (10 + 2) + 0.5)
+    assert reserve == pytest.approx(1.5 * (10 + 2) + 1.0)
     b.start -= 40.0
     assert b.progress(6, 5) == pytest.approx(40 / (100 - reserve - 10), abs=1e-2)
     b.step_seconds.append(100 - reserve - b.used() - 1.0)
@@ -169,12 +169,17 @@ def test_matmul_peak_counts_two_n_cubed():
 
 # -- the experiments --------------------------------------------------------------------------------------------
 def test_the_ablation_ends_at_the_recipe():
-    from numformer.experiments.speedrun import ladder_configs, speedrun_config
-
     from numformer.config import resolve_config
+    from numformer.experiments.speedrun import LADDER, ladder_configs, recipe_of_ladder, speedrun_config
 
     recipe = speedrun_config()
-    last = ladder_configs(recipe["train"]["budget_minutes"])[-1][1]
+    last = recipe_of_ladder(recipe["train"]["budget_minutes"])
+    rows = ladder_configs(1.0)
+    assert len(rows) == len(LADDER) and rows[0][1]["model"]["positional"] == "learned"
+    dropped = [i for i, (change, _) in enumerate(rows) if not change.kept]
+    for i in dropped:                       # a dropped change is not carried into the next row
+        if i + 1 < len(rows):
+            assert rows[i + 1][1]["train"]["optimizer"] == rows[i - 1][1]["train"]["optimizer"]
     resolved = [resolve_config(c, build_task=False)[0] for c in (last, recipe)]
     for section in ("model", "data", "train"):
         assert resolved[0][section] == resolved[1][section], section

@@ -47,22 +47,42 @@ ABLATION_MINUTES = 2.0        # the proxy budget of the ablation rows
 ABLATION_SEEDS = 3
 
 # The nanoGPT CPU recipe (configs/shakespeare_char.toml's model and optimizer), planned for a time budget:
-# the first row of the ablation, and the second PyTorch anchor.
+# the first row of the ablation, and the second PyTorch anchor. The evaluation and logging settings are the
+# recipe's, so that every row pays the same overheads.
 NANOGPT_CPU = {
     "model": {"type": "gpt", "n_layers": 4, "n_heads": 4, "d_model": 128, "dropout": 0.0, "positional": "learned",
               "activation": "gelu", "norm": "layer", "norm_first": True, "tie_weights": True, "bias": False},
     "data": {"task": "text", "block_size": 64},
     "train": {"batch_size": 12, "optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1,
-              "schedule": "cosine", "warmup_steps": 100, "min_lr": 1e-4, "grad_clip": 1.0},
+              "schedule": "cosine", "warmup_steps": 100, "min_lr": 1e-4, "grad_clip": 1.0, "max_steps": 1000000,
+              "eval_every": 500, "eval_batch_size": 64, "eval_batches": 2, "checkpoint_every": 1000000,
+              "restore_best": False, "log_every": 50},
 }
 
-# The ablation: each row changes the previous one (dotted keys, as --set); the last row is the recipe of
-# configs/shakespeare_speedrun.toml (tests/test_speedrun.py checks it).
+
+class Change:
+    """A row of the ablation: ``overrides`` (dotted keys, as --set) applied to the last kept row; a change that
+    is not ``kept`` is measured against that row and then dropped from the ladder."""
+
+    def __init__(self, text, overrides, kept=True):
+        self.text, self.overrides, self.kept = text, overrides, kept
+
+
+# The ablation, from nanoGPT's CPU recipe to configs/shakespeare_speedrun.toml (the last kept row is the
+# recipe: tests/test_speedrun.py checks it).
 LADDER = [
-    ("nanoGPT's CPU recipe (GPT-2 style, 4 x 128, context 64, batch 12, AdamW 1e-3, cosine)", {}),
-    ("Llama-style decoder: RoPE, RMSNorm, SwiGLU (d_ff 344), 2 key/value heads", {
+    Change("nanoGPT's CPU recipe: GPT-2 style, 4 layers x 128, context 64, batch 12, AdamW 1e-3, cosine to 1e-4",
+           {}),
+    Change("Llama-style decoder at the same width: RoPE, RMSNorm, SwiGLU (d_ff 344), 2 key/value heads", {
         "model.positional": "rope", "model.norm": "rms", "model.activation": "swiglu", "model.d_ff": 344,
         "model.n_kv_heads": 2}),
+    Change("warmup-stable-decay schedule (last 30% of the time decays to 0) at lr 2e-3", {
+        "train.schedule": "wsd", "train.cooldown": 0.3, "train.min_lr": 0.0, "train.lr": 2e-3}),
+    Change("bigger: 6 layers x 192 (6 heads, 3 key/value heads, d_ff 512), context 128, batch 16", {
+        "model.n_layers": 6, "model.d_model": 192, "model.n_heads": 6, "model.n_kv_heads": 3, "model.d_ff": 512,
+        "data.block_size": 128, "train.batch_size": 16}),
+    Change("Muon for the blocks' matrices (muon_lr 0.02, momentum 0.95, no weight decay), AdamW for the rest", {
+        "train.optimizer": "muon", "train.weight_decay": 0.0}, kept=False),
 ]
 
 
@@ -73,14 +93,22 @@ def _set(config, dotted, value):
 
 def ladder_configs(budget_minutes):
     """[(change, raw config)] of every ablation row, each planned for ``budget_minutes``."""
-    config = json.loads(json.dumps(NANOGPT_CPU))
-    _set(config, "train.budget_minutes", budget_minutes)
+    kept = json.loads(json.dumps(NANOGPT_CPU))
+    _set(kept, "train.budget_minutes", budget_minutes)
     rows = []
-    for change, overrides in LADDER:
-        for k, v in overrides.items():
+    for change in LADDER:
+        config = json.loads(json.dumps(kept))
+        for k, v in change.overrides.items():
             _set(config, k, v)
-        rows.append((change, json.loads(json.dumps(config))))
+        rows.append((change, config))
+        if change.kept:
+            kept = config
     return rows
+
+
+def recipe_of_ladder(budget_minutes):
+    """The config of the last kept row: the recipe."""
+    return [config for change, config in ladder_configs(budget_minutes) if change.kept][-1]
 
 
 def speedrun_config():
@@ -182,29 +210,31 @@ def run_ablation(exp, ctx):
     """Every row of LADDER over ``--seeds`` seeds (default 3) at the proxy budget."""
     seeds = list(range(ctx.seeds or ABLATION_SEEDS))
     minutes = ABLATION_MINUTES
-    overrides = list(ctx.overrides)
     if ctx.quick:
         minutes, seeds = 0.05, seeds[:2]
-        overrides = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2"] + overrides
     rows = []
     for i, (change, config) in enumerate(ladder_configs(minutes)):
-        config = apply_overrides(config, [o for o in overrides if _applies(o, config, i)])
+        config = apply_overrides(config, (_quick_overrides(config) if ctx.quick else []) + list(ctx.overrides))
         runs = []
         for seed in seeds:
-            row, _ = budgeted_run(config, ctx.runs_dir / f"{exp.name}" / f"row_{i}" / f"seed_{seed}", seed,
-                                  quiet=ctx.quiet)
+            row, trainer = budgeted_run(config, ctx.runs_dir / f"{exp.name}" / f"row_{i}" / f"seed_{seed}", seed,
+                                        quiet=ctx.quiet)
             runs.append(row)
-        rows.append({"row": i, "change": change, "config": resolve_config(config, build_task=False)[0],
+        rows.append({"row": i, "change": change.text, "kept": change.kept, "config": trainer.config,
                      "val_loss": spread(r["val_loss"] for r in runs), "runs": runs})
-    record = _record(exp, ctx, figures={"last_row_val_loss": rows[-1]["val_loss"]["mean"]}, targets={}, met={},
+    figures = {f"row_{r['row']}_val_loss{k}": r["val_loss"][m] for r in rows for k, m in (("", "mean"),
+                                                                                            ("_sd", "sd"))}
+    record = _record(exp, ctx, figures=figures, targets={}, met={},
                      rows=rows, budget_minutes=minutes, seeds=seeds,
                      wall_time_s=round(sum(r["wall_seconds"] for row in rows for r in row["runs"]), 1))
     return record, ablation_markdown(record) + "\n"
 
 
-def _applies(override, config, row):
-    """A --set override of the ablation applies to every row (n_kv_heads only where the row has GQA)."""
-    return not override.startswith("model.n_kv_heads") or "n_kv_heads" in config.get("model", {})
+def _quick_overrides(config):
+    """--quick: a model of one small layer (one key/value head where the row has grouped-query attention)."""
+    quick = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "data.block_size=32",
+             "train.batch_size=8"]
+    return quick + (["model.n_kv_heads=1"] if "n_kv_heads" in config["model"] else [])
 
 
 def run_profile(exp, ctx):
@@ -239,7 +269,7 @@ def run_torch_anchor(exp, ctx):
     seed = 0
     recipe = speedrun_config()
     if ctx.quick:
-        recipe = apply_overrides(recipe, list(EXPERIMENTS_QUICK) + ["train.budget_minutes=0.1"])
+        recipe = apply_overrides(recipe, list(EXPERIMENTS_QUICK))
     recipe = apply_overrides(recipe, ctx.overrides)
     minutes = recipe["train"]["budget_minutes"]
     nanogpt = json.loads(json.dumps(NANOGPT_CPU))
@@ -322,24 +352,30 @@ def _beats(a, b):
 
 def ablation_markdown(record, level="#", speedrun=None):
     rows = record["rows"]
-    lines = [f"{level} Ablation: every recipe change against the previous row", "",
+    lines = [f"{level} Ablation: every recipe change against the row it changes", "",
              f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}): each row trains "
              f"{len(record['seeds'])} seeds under a proxy budget of {record['budget_minutes']:g} minutes of wall "
              f"time (everything included) and scores the whole validation text. A change 'beats the scatter' "
              f"when its mean moves by more than twice the standard error of the difference of the two means.", "",
-             "| row | change | steps | tokens/s | whole-validation loss | vs previous row | beats the scatter |",
+             "| row | change | steps | tokens/s | whole-validation loss | vs the row it changes | beats the scatter |",
              "|---|---|---|---|---|---|---|"]
-    for i, row in enumerate(rows):
+    base = None
+    for row in rows:
         steps = spread(r["steps"] for r in row["runs"])["mean"]
         tps = spread(r["tokens_per_s"] for r in row["runs"])["mean"]
-        if i == 0:
+        if base is None:
             delta, beats = "", ""
         else:
-            prev = rows[i - 1]["val_loss"]
-            delta = f"{row['val_loss']['mean'] - prev['mean']:+.4f}"
-            beats = "yes" if _beats(row["val_loss"], prev) else "no"
-        lines.append(f"| {row['row']} | {row['change']} | {steps:,.0f} | {tps:,.0f} | {_pm(row['val_loss'])} | "
+            delta = f"{row['val_loss']['mean'] - base['val_loss']['mean']:+.4f} (row {base['row']})"
+            beats = "yes" if _beats(row["val_loss"], base["val_loss"]) else "no"
+        change = row["change"] + ("" if row.get("kept", True) else " (not kept)")
+        lines.append(f"| {row['row']} | {change} | {steps:,.0f} | {tps:,.0f} | {_pm(row['val_loss'])} | "
                      f"{delta} | {beats} |")
+        if row.get("kept", True):
+            base = row
+    lines += ["", "Each row changes the last kept row above it; a row marked 'not kept' was measured and dropped, "
+                  "and the next row builds on the row before it. The last kept row is the recipe of "
+                  "`configs/shakespeare_speedrun.toml` at the proxy budget."]
     return "\n".join(lines)
 
 

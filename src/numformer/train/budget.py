@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-MARGIN = 1.15            # the reserve's safety factor on measured times ...
-MARGIN_S = 0.5           # ... plus this many seconds
+MARGIN = 1.5             # the reserve's safety factor on measured times ...
+MARGIN_S = 1.0           # ... plus this many seconds
 SAVE_BYTES_PER_S = 100e6  # the guess of a save's speed before one is timed
 
 

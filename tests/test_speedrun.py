@@ -220,3 +220,13 @@ def test_the_speedrun_honours_a_shortened_budget(tmp_path):
     assert run["steps"] > 50 and math.isfinite(run["val_loss"]) and run["val_loss"] < 2.6
     assert 0 < run["mfu_training_steps"] < 1
     assert (tmp_path / "results" / "shakespeare_speedrun.md").is_file()
+
+
+def test_the_profile_example_of_the_benchmarks_page_runs(capsys, monkeypatch):
+    text = (REPO_ROOT / "docs" / "reference" / "benchmarks.md").read_text(encoding="utf-8")
+    section = text.split("## Where a training step's time goes", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(REPO_ROOT)
+    exec(compile(code, "benchmarks.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "linear (matrix products)" in out and "MFU" in out

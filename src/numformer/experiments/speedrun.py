@@ -35,7 +35,7 @@ from ..models.flops import training_flops_per_token
 from ..provenance import git_commit, machine_info
 from ..train import Trainer
 from ..train.budget import Budget
-from ..train.run_files import write_json_atomic
+from ..train.run_files import write_atomic, write_json_atomic
 from ..train.trainer import mean_loss
 from . import register
 from .runner import Experiment, Target, find_config
@@ -227,6 +227,7 @@ def run_ablation(exp, ctx):
     record = _record(exp, ctx, figures=figures, targets={}, met={},
                      rows=rows, budget_minutes=minutes, seeds=seeds,
                      wall_time_s=round(sum(r["wall_seconds"] for row in rows for r in row["runs"]), 1))
+    refresh_speedrun_page(ctx.results_dir, exp.name, record)
     return record, ablation_markdown(record) + "\n"
 
 
@@ -259,6 +260,7 @@ def run_profile(exp, ctx):
     history.append(entry)
     record = _record(exp, ctx, figures={"mfu_one_worker": entry["mfu_one_worker"]}, targets={}, met={},
                      profiles=history, wall_time_s=round(time.perf_counter() - started, 1))
+    refresh_speedrun_page(ctx.results_dir, exp.name, record)
     return record, profile_markdown(record) + "\n"
 
 
@@ -282,10 +284,21 @@ def run_torch_anchor(exp, ctx):
                                         "nanogpt_cpu_val_loss": runs["nanogpt_cpu"]["val_loss"]},
                      targets={}, met={}, runs=runs, budget_minutes=minutes, seed=seed,
                      wall_time_s=round(sum(r["wall_seconds"] for r in runs.values()), 1))
+    refresh_speedrun_page(ctx.results_dir, exp.name, record)
     return record, torch_markdown(record) + "\n"
 
 
 # -- the pages ---------------------------------------------------------------------------------------------------
+def refresh_speedrun_page(results_dir, name, record):
+    """Write a part's record (results/NAME.json) and, when the speedrun's own record exists, rewrite
+    results/shakespeare_speedrun.md from it so that the page shows the new part."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(results_dir / f"{name}.json", record)
+    main = _load(results_dir, NAME)
+    if main is not None:
+        write_atomic(results_dir / f"{NAME}.md", speedrun_markdown(main, results_dir).encode())
+
+
 def _load(results_dir, name):
     path = Path(results_dir) / f"{name}.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
@@ -321,27 +334,23 @@ def speedrun_markdown(record, results_dir):
         f"trained token; the CPU's float32 matrix-product peak measured before the runs: "
         f"{record['peaks']['all_cores'] / 1e9:.1f} GFLOP/s on {record['peaks']['cores']} cores "
         f"({record['peaks']['one_thread'] / 1e9:.1f} on one).", ""]
-    lines += ["## The recipe", "", "`configs/shakespeare_speedrun.toml`:", "", "```toml",
-              _toml_of(record["config"]), "```", ""]
+    lines += ["## The recipe", "", f"`configs/{NAME}.toml`"
+              + (" (the quick run changes it as said above)" if quick is not None else "")
+              + f"; every resolved key is in `{NAME}.json`:", "", "```toml", _config_text(), "```", ""]
     for name, render in ((f"{NAME}_ablation", ablation_markdown), (f"{NAME}_torch", torch_markdown),
                          (f"{NAME}_profile", profile_markdown)):
         part = _load(results_dir, name)
-        lines += [render(part, level="##", speedrun=loss) if part else
+        lines += [render(part, level="##", main=record) if part else
                   f"## {name}\n\nNot run yet: `numformer reproduce {name}` writes it.", ""]
     lines += ["## Sample", "", f"`numformer generate runs/{NAME} --prompt \"{PROMPT}\" --max-new-tokens "
               f"{SAMPLE_TOKENS} --seed 0`:", "", "```text", record["sample"], "```", "",
-              *(["**Learning curve**", "", f"![Learning curve](figures/{NAME}_loss.png)", ""] if record["curve"]
+              *(["**Learning curve**", "", f"![Learning curve](figures/{NAME}_loss.png)", ""] if record.get("curve")
                 else [])]
     return "\n".join(lines)
 
 
-def _toml_of(config):
-    out = []
-    for section in ("model", "data", "train"):
-        out.append(f"[{section}]")
-        for k, v in config[section].items():
-            out.append(f"{k} = {json.dumps(v)}")
-    return "\n".join(out)
+def _config_text():
+    return find_config(NAME).read_text(encoding="utf-8").strip()
 
 
 def _beats(a, b):
@@ -350,7 +359,7 @@ def _beats(a, b):
     return abs(a["mean"] - b["mean"]) > 2 * se
 
 
-def ablation_markdown(record, level="#", speedrun=None):
+def ablation_markdown(record, level="#", main=None):
     rows = record["rows"]
     lines = [f"{level} Ablation: every recipe change against the row it changes", "",
              f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}): each row trains "
@@ -379,7 +388,7 @@ def ablation_markdown(record, level="#", speedrun=None):
     return "\n".join(lines)
 
 
-def torch_markdown(record, level="#", speedrun=None):
+def torch_markdown(record, level="#", main=None):
     runs = record["runs"]
     lines = [f"{level} The PyTorch anchor", "",
              f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}; PyTorch "
@@ -389,19 +398,23 @@ def torch_markdown(record, level="#", speedrun=None):
              f"runs as transformers' model class named below; nanoGPT's CPU recipe as numformer's PyTorch "
              f"reference of its GPT (bench/torch_reference.py).", "",
              "| run | model | steps | tokens/s | wall time (s) | whole-validation loss |", "|---|---|---|---|---|---|"]
-    if speedrun is not None:
-        lines.append(f"| numformer, the recipe (mean over {speedrun['n']} seeds) | GPT | | | | {_pm(speedrun)} |")
+    if main is not None:
+        ours = {k: spread(r[k] for r in main["runs"]) for k in ("steps", "tokens_per_s", "wall_seconds", "val_loss")}
+        lines.append(f"| numformer, the recipe (mean over {ours['val_loss']['n']} seeds) | GPT | "
+                     f"{ours['steps']['mean']:,.0f} | {ours['tokens_per_s']['mean']:,.0f} | "
+                     f"{ours['wall_seconds']['mean']:.1f} | {_pm(ours['val_loss'])} |")
     for key, label in (("recipe", "PyTorch, the recipe"), ("nanogpt_cpu", "PyTorch, nanoGPT's CPU recipe")):
         r = runs[key]
         lines.append(f"| {label} | {r['model_class']} | {r['steps']:,} | {r['tokens_per_s']:,.0f} | "
                      f"{r['wall_seconds']:.1f} | {r['val_loss']:.4f} |")
-    if speedrun is not None:
+    if main is not None:
         lines += ["", f"numformer's loss minus PyTorch's on the same recipe and budget: "
-                      f"{speedrun['mean'] - runs['recipe']['val_loss']:+.4f}."]
+                      f"{ours['val_loss']['mean'] - runs['recipe']['val_loss']:+.4f}; tokens/s, numformer over "
+                      f"PyTorch: {ours['tokens_per_s']['mean'] / runs['recipe']['tokens_per_s']:.2f}×."]
     return "\n".join(lines)
 
 
-def profile_markdown(record, level="#", speedrun=None):
+def profile_markdown(record, level="#", main=None):
     profiles = record["profiles"]
     first, last = profiles[0], profiles[-1]
     families = list(last["families"])

@@ -18,6 +18,7 @@ matrix-product peak on every core (bench/profile.py ``matmul_peak``).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -34,9 +35,7 @@ from ..models import build_model
 from ..models.flops import training_flops_per_token
 from ..provenance import git_commit, machine_info
 from ..train import Trainer
-from ..train.budget import Budget
 from ..train.run_files import write_atomic, write_json_atomic
-from ..train.trainer import mean_loss
 from . import register
 from .runner import Experiment, Target, find_config
 
@@ -78,9 +77,10 @@ LADDER = [
         "model.n_kv_heads": 2}),
     Change("warmup-stable-decay schedule (last 30% of the time decays to 0) at lr 2e-3", {
         "train.schedule": "wsd", "train.cooldown": 0.3, "train.min_lr": 0.0, "train.lr": 2e-3}),
-    Change("bigger: 6 layers x 192 (6 heads, 3 key/value heads, d_ff 512), context 128, batch 16", {
+    Change("wider: 6 layers x 192 (6 heads, 3 key/value heads, d_ff 512), context 128, batch 16", {
         "model.n_layers": 6, "model.d_model": 192, "model.n_heads": 6, "model.n_kv_heads": 3, "model.d_ff": 512,
-        "data.block_size": 128, "train.batch_size": 16}),
+        "data.block_size": 128, "train.batch_size": 16}, kept=False),
+    Change("deeper, longer context: 6 layers x 128, context 128", {"model.n_layers": 6, "data.block_size": 128}),
     Change("Muon for the blocks' matrices (muon_lr 0.02, momentum 0.95, no weight decay), AdamW for the rest", {
         "train.optimizer": "muon", "train.weight_decay": 0.0}, kept=False),
 ]
@@ -215,12 +215,15 @@ def run_ablation(exp, ctx):
     rows = []
     for i, (change, config) in enumerate(ladder_configs(minutes)):
         config = apply_overrides(config, (_quick_overrides(config) if ctx.quick else []) + list(ctx.overrides))
-        runs = []
+        runs, resolved = [], None
         for seed in seeds:
-            row, trainer = budgeted_run(config, ctx.runs_dir / f"{exp.name}" / f"row_{i}" / f"seed_{seed}", seed,
-                                        quiet=ctx.quiet)
+            resolved = resolve_config(apply_overrides(config, [f"train.seed={seed}"]))[0]
+            row = _finished_row(ctx.runs_dir / exp.name, resolved, seed)
+            if row is None:               # folders named by the config, so that an edited ladder reuses its runs
+                run_dir = ctx.runs_dir / exp.name / _config_key(resolved) / f"seed_{seed}"
+                row, _ = budgeted_run(config, run_dir, seed, quiet=ctx.quiet)
             runs.append(row)
-        rows.append({"row": i, "change": change.text, "kept": change.kept, "config": trainer.config,
+        rows.append({"row": i, "change": change.text, "kept": change.kept, "config": resolved,
                      "val_loss": spread(r["val_loss"] for r in runs), "runs": runs})
     figures = {f"row_{r['row']}_val_loss{k}": r["val_loss"][m] for r in rows for k, m in (("", "mean"),
                                                                                             ("_sd", "sd"))}
@@ -229,6 +232,37 @@ def run_ablation(exp, ctx):
                      wall_time_s=round(sum(r["wall_seconds"] for row in rows for r in row["runs"]), 1))
     refresh_speedrun_page(ctx.results_dir, exp.name, record)
     return record, ablation_markdown(record) + "\n"
+
+
+def _config_key(resolved):
+    """A short name of a resolved config without its seed: the folder of its ablation runs."""
+    train = {k: v for k, v in resolved["train"].items() if k != "seed"}
+    text = json.dumps({**resolved, "train": train}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _finished_row(base, resolved, seed):
+    """The figures of a finished ablation run of exactly this resolved config and seed under ``base`` (a
+    config-named folder, or a row_N folder of an earlier layout), or None: an ablation run again, after an edit
+    of the ladder, trains only the rows it has not trained."""
+    wanted = json.loads(json.dumps(resolved))
+    for run_dir in sorted(base.glob(f"*/seed_{seed}")):
+        summary, saved = run_dir / "summary.json", run_dir / "config.json"
+        if not (summary.is_file() and saved.is_file()):
+            continue
+        if json.loads(saved.read_text(encoding="utf-8")) != wanted:
+            continue
+        s = json.loads(summary.read_text(encoding="utf-8"))
+        if s.get("stopped_by") != "time budget" or s.get("interrupted"):
+            continue
+        model = build_model(dict(resolved["model"]), rng=np.random.default_rng(0))
+        return {"seed": seed, "val_loss": s["best_val_loss"], "steps": s["steps"], "tokens_seen": s["tokens_seen"],
+                "tokens_per_s": s["tokens_per_s"], "train_seconds": s["train_seconds"],
+                "budget_seconds": s["budget_seconds"], "budget_used_seconds": s["budget_used_seconds"],
+                "wall_seconds": s["budget_used_seconds"], "parameters": s["parameters"],
+                "flops_per_token": training_flops_per_token(model, resolved["data"]["block_size"]),
+                "run_dir": str(run_dir), "reused": True}
+    return None
 
 
 def _quick_overrides(config):

@@ -133,6 +133,14 @@ def test_a_budget_too_small_for_one_step_still_saves_and_scores(tmp_path, fake_c
     assert (tmp_path / "r" / "model.safetensors").is_file() and math.isfinite(s["best_val_loss"])
 
 
+def test_a_budget_under_mpi_is_one_clear_error(tmp_path):
+    from types import SimpleNamespace
+
+    world = SimpleNamespace(is_writer=True, size=2, rank=0)
+    with pytest.raises(ValueError, match="budget_minutes is not available under MPI"):
+        Trainer(TINY, tmp_path / "r", world=world)
+
+
 # -- FLOPs and the profile --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kv_heads,activation,tied", [(None, "gelu", True), (2, "swiglu", False)])
 def test_flops_per_token_by_hand(kv_heads, activation, tied):
@@ -180,7 +188,7 @@ def test_the_ablation_ends_at_the_recipe():
     for i in dropped:                       # a dropped change is not carried into the next row
         if i + 1 < len(rows):
             assert rows[i + 1][1]["train"]["optimizer"] == rows[i - 1][1]["train"]["optimizer"]
-    resolved = [resolve_config(c, build_task=False)[0] for c in (last, recipe)]
+    resolved = [resolve_config(c)[0] for c in (last, recipe)]
     for section in ("model", "data", "train"):
         assert resolved[0][section] == resolved[1][section], section
 

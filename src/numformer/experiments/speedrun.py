@@ -418,7 +418,10 @@ def ablation_markdown(record, level="#", main=None):
             base = row
     lines += ["", "Each row changes the last kept row above it; a row marked 'not kept' was measured and dropped, "
                   "and the next row builds on the row before it. The last kept row is the recipe of "
-                  "`configs/shakespeare_speedrun.toml` at the proxy budget."]
+                  "`configs/shakespeare_speedrun.toml` at the proxy budget. A short budget favours the models "
+                  "that take the most steps: a change that costs speed for capacity can lose here and win at the "
+                  "full budget, so such a change was decided by longer probes (docs/experiments.md, \"The "
+                  "tiny-Shakespeare speedrun\"), and the full-budget figures above are the recipe's own."]
     return "\n".join(lines)
 
 

@@ -69,18 +69,12 @@ def layer_norm_forward(x, gamma, beta, eps=1e-5):
     return y.reshape(x.shape), (xhat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gamma)
 
 
-def layer_norm_backward(dy, cache):
-    """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ (``ops.layer_norm_backward``).
-
-    Returns (dx, dgamma, dbeta), the parameter gradients summed over all
-    leading axes. The row means of g and g ⊙ x̂ are matrix-vector products
-    (dy γ and (dy ⊙ x̂) γ), so only dy ⊙ x̂ and dx are full passes.
-    """
-    xhat, rstd, gamma = cache
+def _backward_start(dy, xhat, r, gamma):
+    """What the layer-norm and RMSNorm backward passes share: the rows as 2-D views (dy, x̂, r), the buffers
+    p = dy ⊙ x̂ (filled) and dx (empty), dgamma = Σ_rows p and mean(g ⊙ x̂) = (p γ) / d, with 1/d and the row
+    grain of the threads."""
     d = xhat.shape[-1]
-    dy2 = dy.reshape(-1, d)
-    xhat2 = xhat.reshape(-1, d)
-    rstd2 = rstd.reshape(-1, 1)
+    dy2, xhat2, r2 = dy.reshape(-1, d), xhat.reshape(-1, d), r.reshape(-1, 1)
     n = dy2.shape[0]
     dt = np.result_type(dy2, xhat2)
     inv_d = dt.type(1.0 / d)
@@ -92,11 +86,23 @@ def layer_norm_backward(dy, cache):
         np.multiply(dy2[lo:hi], xhat2[lo:hi], out=p[lo:hi])   # dy ⊙ x̂
 
     parallel_for(n, prod, grain)
-    ones_n = _ones(n, dt)
-    dgamma = np.matmul(ones_n, p)                               # BLAS products on this thread (see parallel_for)
-    dbeta = np.matmul(ones_n, dy2)
+    dgamma = np.matmul(_ones(n, dt), p)                         # BLAS products on this thread (see parallel_for)
     mean_gx = np.matmul(p, gamma)                               # Σ_d g ⊙ x̂
     mean_gx *= inv_d
+    return dy2, xhat2, r2, p, dx, dgamma, mean_gx, inv_d, grain
+
+
+def layer_norm_backward(dy, cache):
+    """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ (``ops.layer_norm_backward``).
+
+    Returns (dx, dgamma, dbeta), the parameter gradients summed over all
+    leading axes. The row means of g and g ⊙ x̂ are matrix-vector products
+    (dy γ and (dy ⊙ x̂) γ), so only dy ⊙ x̂ and dx are full passes.
+    """
+    xhat, rstd, gamma = cache
+    dy2, xhat2, rstd2, p, dx, dgamma, mean_gx, inv_d, grain = _backward_start(dy, xhat, rstd, gamma)
+    n = dy2.shape[0]
+    dbeta = np.matmul(_ones(n, dx.dtype), dy2)
     mean_g = np.matmul(dy2, gamma)                              # Σ_d g
     mean_g *= inv_d
 
@@ -149,24 +155,8 @@ def rms_norm_backward(dy, cache):
     mean(g ⊙ x̂) = (p γ) / d are BLAS matrix-vector products; dx is built in place in its own buffer.
     """
     xhat, rrms, gamma = cache
-    d = xhat.shape[-1]
-    dy2 = dy.reshape(-1, d)
-    xhat2 = xhat.reshape(-1, d)
-    rrms2 = rrms.reshape(-1, 1)
+    dy2, xhat2, rrms2, p, dx, dgamma, mean_gx, inv_d, grain = _backward_start(dy, xhat, rrms, gamma)
     n = dy2.shape[0]
-    dt = np.result_type(dy2, xhat2)
-    inv_d = dt.type(1.0 / d)
-    grain = _row_grain(d)
-    p = np.empty((n, d), dt)
-    dx = np.empty((n, d), dt)
-
-    def prod(lo, hi):
-        np.multiply(dy2[lo:hi], xhat2[lo:hi], out=p[lo:hi])   # dy ⊙ x̂
-
-    parallel_for(n, prod, grain)
-    dgamma = np.matmul(_ones(n, dt), p)                         # BLAS products on this thread (see parallel_for)
-    mean_gx = np.matmul(p, gamma)                               # Σ_d g ⊙ x̂
-    mean_gx *= inv_d
 
     def piece(lo, hi):
         pp, dxp = p[lo:hi], dx[lo:hi]

@@ -328,6 +328,10 @@ def refresh_speedrun_page(results_dir, name, record):
     results/shakespeare_speedrun.md from it so that the page shows the new part."""
     results_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(results_dir / f"{name}.json", record)
+    for part, render in PART_PAGES.items():            # every part's page, with this code's wording
+        saved = _load(results_dir, part)
+        if saved is not None and part != name:
+            write_atomic(results_dir / f"{part}.md", (render(saved) + "\n").encode())
     main = _load(results_dir, NAME)
     if main is not None:
         write_atomic(results_dir / f"{NAME}.md", speedrun_markdown(main, results_dir).encode())
@@ -398,9 +402,10 @@ def ablation_markdown(record, level="#", main=None):
     lines = [f"{level} Ablation: every recipe change against the row it changes", "",
              f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}): each row trains "
              f"{len(record['seeds'])} seeds under a proxy budget of {record['budget_minutes']:g} minutes of wall "
-             f"time (everything included) and scores the whole validation text. A change 'beats the scatter' "
-             f"when its mean moves by more than twice the standard error of the difference of the two means.", "",
-             "| row | change | steps | tokens/s | whole-validation loss | vs the row it changes | beats the scatter |",
+             f"time (everything included) and scores the whole validation text. A change is 'beyond the scatter' "
+             f"when its mean moves by more than twice the standard error of the difference of the two means."
+             + _reused_text(rows), "",
+             "| row | change | steps | tokens/s | whole-validation loss | vs the row it changes | beyond the scatter |",
              "|---|---|---|---|---|---|---|"]
     base = None
     for row in rows:
@@ -410,7 +415,8 @@ def ablation_markdown(record, level="#", main=None):
             delta, beats = "", ""
         else:
             delta = f"{row['val_loss']['mean'] - base['val_loss']['mean']:+.4f} (row {base['row']})"
-            beats = "yes" if _beats(row["val_loss"], base["val_loss"]) else "no"
+            better = row["val_loss"]["mean"] < base["val_loss"]["mean"]
+            beats = ("yes, better" if better else "yes, worse") if _beats(row["val_loss"], base["val_loss"]) else "no"
         change = row["change"] + ("" if row.get("kept", True) else " (not kept)")
         lines.append(f"| {row['row']} | {change} | {steps:,.0f} | {tps:,.0f} | {_pm(row['val_loss'])} | "
                      f"{delta} | {beats} |")
@@ -423,6 +429,15 @@ def ablation_markdown(record, level="#", main=None):
                   "full budget, so such a change was decided by longer probes (docs/experiments.md, \"The "
                   "tiny-Shakespeare speedrun\"), and the full-budget figures above are the recipe's own."]
     return "\n".join(lines)
+
+
+def _reused_text(rows):
+    """Which rows an earlier run of the command trained (identical configs, reused)."""
+    reused = [r["row"] for r in rows if all(run.get("reused") for run in r["runs"])]
+    if not reused:
+        return ""
+    return (f" Rows {', '.join(map(str, reused))} were trained by an earlier run of this command with the same "
+            f"configs and seeds, and reused.")
 
 
 def torch_markdown(record, level="#", main=None):
@@ -471,6 +486,9 @@ def profile_markdown(record, level="#", main=None):
                  + " | ".join(f"{100 * p['mfu_one_worker']:.1f}%" for p in shown) + " |")
     return "\n".join(lines)
 
+
+PART_PAGES = {f"{NAME}_ablation": ablation_markdown, f"{NAME}_torch": torch_markdown,
+              f"{NAME}_profile": profile_markdown}
 
 EXPERIMENTS_QUICK = ("model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1",
                      "model.d_ff=64", "data.block_size=32", "train.batch_size=8", "train.eval_every=20",

@@ -238,3 +238,18 @@ def test_the_profile_example_of_the_benchmarks_page_runs(capsys, monkeypatch):
     exec(compile(code, "benchmarks.md", "exec"), {})
     out = capsys.readouterr().out
     assert "linear (matrix products)" in out and "MFU" in out
+
+
+def test_quick_pytorch_anchor_trains_both_recipes_within_the_budget(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from numformer.experiments import Context, resolve, run_experiment
+
+    ctx = Context(runs_dir=tmp_path / "runs", results_dir=tmp_path / "results", quick=True, quiet=True)
+    (anchor,) = resolve("shakespeare_speedrun_torch")
+    record = run_experiment(anchor, ctx)
+    for key, model_class in (("recipe", "LlamaForCausalLM"), ("nanogpt_cpu", "TorchGPT")):
+        run = record["runs"][key]
+        assert run["model_class"] == model_class and run["wall_seconds"] <= run["budget_seconds"] + 1.0
+        assert math.isfinite(run["val_loss"]) and run["val_loss"] < math.log(65) + 0.5
+    assert "The PyTorch anchor" in (tmp_path / "results" / "shakespeare_speedrun_torch.md").read_text()

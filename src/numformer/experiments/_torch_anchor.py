@@ -57,6 +57,17 @@ def _mean_loss(forward, batches):
     return total / count, count
 
 
+def _time_evaluation(forward, module, task, batch_size, budget):
+    """The seconds per example of the whole-split evaluation, on its first batch, as the trainer times it."""
+    first = next(iter(task.eval_batches("val", batch_size)))
+    module.eval()
+    _mean_loss(forward, [first])                         # the first call pays for allocations: not timed
+    started = time.perf_counter()
+    _mean_loss(forward, [first])
+    budget.timed_evaluation(time.perf_counter() - started, len(first.targets))
+    module.train()
+
+
 def budgeted_torch_run(raw_config, seed):
     """Train ``raw_config`` (its [train] budget_minutes) with PyTorch on every core; returns its figures."""
     cores = os.cpu_count() or 1
@@ -79,13 +90,7 @@ def budgeted_torch_run(raw_config, seed):
     eval_bs = t["eval_batch_size"] or t["batch_size"]
     sample = t["eval_batches"] * eval_bs
     budget.val_examples = task.eval_size("val")
-    first = next(iter(task.eval_batches("val", eval_bs)))     # timed as the trainer times it
-    module.eval()
-    _mean_loss(forward, [first])
-    started = time.perf_counter()
-    _mean_loss(forward, [first])
-    budget.timed_evaluation(time.perf_counter() - started, len(first.targets))
-    module.train()
+    _time_evaluation(forward, module, task, eval_bs, budget)
     params = [p for p in module.parameters() if p.requires_grad]
     step, tokens, train_seconds = 0, 0, 0.0
     while step < t["max_steps"]:

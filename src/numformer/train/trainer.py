@@ -180,13 +180,7 @@ class Trainer:
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5
         self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
                                       d_model=d_model, decay_steps=t["decay_steps"] or None, cooldown=t["cooldown"])
-        self.budget = None              # the time budget's clock (budget_minutes), else steps are counted
-        if t["budget_minutes"]:
-            if world is not None:
-                raise ValueError("[train] budget_minutes is not available under MPI (the ranks would have to agree "
-                                 "on the clock); use max_steps, or max_minutes for a time limit")
-            self.budget = Budget(60 * t["budget_minutes"])
-            self.budget.start = clock_start
+        self.budget = _budget(t, world, clock_start)   # the time budget's clock, else None: steps are counted
         self._lr = t["lr"]              # the learning rate of the latest update
         self.early = EarlyStopping(t["early_stopping_patience"], t["early_stopping_min_delta"])
         self.step = 0
@@ -781,6 +775,18 @@ class Trainer:
         if self.budget is not None:           # the steps are not known in advance: the bar counts the time left
             return progress(None, self.step, terminal, time_left=self.budget.remaining)
         return progress(last_step, self.step, terminal)
+
+
+def _budget(t, world, clock_start):
+    """The clock of a run planned for [train] budget_minutes, started at ``clock_start``; None without one."""
+    if not t["budget_minutes"]:
+        return None
+    if world is not None:
+        raise ValueError("[train] budget_minutes is not available under MPI (the ranks would have to agree on the "
+                         "clock); use max_steps, or max_minutes for a time limit")
+    budget = Budget(60 * t["budget_minutes"])
+    budget.start = clock_start
+    return budget
 
 
 def _check_state(state):

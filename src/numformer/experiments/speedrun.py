@@ -124,17 +124,22 @@ def budgeted_run(config, run_dir, seed, overrides=(), quiet=False, peak=None):
                       quiet=quiet)
     s = trainer.train()
     wall = time.perf_counter() - started
-    context = trainer.config["data"]["block_size"]
-    flops = training_flops_per_token(trainer.model, context)
-    row = {"seed": seed, "val_loss": s["best_val_loss"], "steps": s["steps"], "tokens_seen": s["tokens_seen"],
-           "tokens_per_s": s["tokens_per_s"], "train_seconds": s["train_seconds"],
-           "budget_seconds": s.get("budget_seconds"), "budget_used_seconds": s.get("budget_used_seconds"),
-           "wall_seconds": round(wall, 2), "parameters": s["parameters"], "flops_per_token": flops,
-           "run_dir": str(run_dir)}
+    flops = training_flops_per_token(trainer.model, trainer.config["data"]["block_size"])
+    row = _row(s, seed, round(wall, 2), flops, run_dir)
     if peak:
         row["mfu_training_steps"] = flops * s["tokens_per_s"] / peak
         row["mfu_whole_budget"] = flops * s["tokens_seen"] / wall / peak
     return row, trainer
+
+
+def _row(summary, seed, wall_seconds, flops_per_token, run_dir):
+    """A budgeted run's figures, from its summary.json."""
+    s = summary
+    return {"seed": seed, "val_loss": s["best_val_loss"], "steps": s["steps"], "tokens_seen": s["tokens_seen"],
+            "tokens_per_s": s["tokens_per_s"], "train_seconds": s["train_seconds"],
+            "budget_seconds": s.get("budget_seconds"), "budget_used_seconds": s.get("budget_used_seconds"),
+            "wall_seconds": wall_seconds, "parameters": s["parameters"], "flops_per_token": flops_per_token,
+            "run_dir": str(run_dir)}
 
 
 def spread(values):
@@ -256,12 +261,8 @@ def _finished_row(base, resolved, seed):
         if s.get("stopped_by") != "time budget" or s.get("interrupted"):
             continue
         model = build_model(dict(resolved["model"]), rng=np.random.default_rng(0))
-        return {"seed": seed, "val_loss": s["best_val_loss"], "steps": s["steps"], "tokens_seen": s["tokens_seen"],
-                "tokens_per_s": s["tokens_per_s"], "train_seconds": s["train_seconds"],
-                "budget_seconds": s["budget_seconds"], "budget_used_seconds": s["budget_used_seconds"],
-                "wall_seconds": s["budget_used_seconds"], "parameters": s["parameters"],
-                "flops_per_token": training_flops_per_token(model, resolved["data"]["block_size"]),
-                "run_dir": str(run_dir), "reused": True}
+        flops = training_flops_per_token(model, resolved["data"]["block_size"])
+        return {**_row(s, seed, s["budget_used_seconds"], flops, run_dir), "reused": True}
     return None
 
 

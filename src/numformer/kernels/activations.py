@@ -19,6 +19,7 @@ _CHUNK = 32768
 
 def relu_forward(x):
     """ReLU(x) = max(0, x), as ``ops.relu_forward``; large float arrays split across threads."""
+    x = np.asarray(x)
     if x.dtype.kind != "f" or x.size < 2 * _CHUNK:
         y = np.maximum(x, 0)
         return y, y
@@ -32,7 +33,7 @@ def relu_forward(x):
 
 def relu_backward(dy, cache):
     """dx = dy ⊙ 1[x > 0]  (= dy ⊙ sign(y) with y = ReLU(x) >= 0; np.where is several times slower)."""
-    y = cache
+    y, dy = cache, np.asarray(dy)
     if dy.dtype != y.dtype or dy.shape != y.shape or dy.dtype.kind != "f":
         return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
     yf = np.ascontiguousarray(y).reshape(-1)
@@ -53,6 +54,7 @@ def gelu_forward(x, approximate="none"):
     Exact GELU in float32 runs ``gelu_erf_f32`` (within 1e-6 of the reference); every other case the
     reference formulas.
     """
+    x = np.asarray(x)
     if approximate == "none":
         y, grad = gelu_erf_f32(x) if x.dtype == np.float32 else gelu_erf(x)
         return y, (grad, approximate)
@@ -64,7 +66,7 @@ def gelu_forward(x, approximate="none"):
 
 def gelu_backward(dy, cache):
     """dx = dy ⊙ GELU'(x), as ``ops.gelu_backward``; large arrays split across threads."""
-    grad, _ = cache
+    grad, dy = cache[0], np.asarray(dy)
     if dy.dtype != grad.dtype or dy.shape != grad.shape or dy.size < 2 * _CHUNK:
         return dy * grad
     dx = np.empty_like(grad)

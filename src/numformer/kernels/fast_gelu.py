@@ -41,6 +41,10 @@ def gelu_erf_f32(x):
     q with x's sign bit (integer ops; np.copysign is several times slower).
     Returns (y, dy/dx), both shaped as x.
     """
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise ValueError(f"gelu_erf_f32 is the float32 kernel, got a {x.dtype} array; ops.gelu_erf computes any "
+                         f"dtype")
     c = _coefficients(x.dtype.type)
     xf = np.ascontiguousarray(x).reshape(-1)
     y = np.empty_like(xf)

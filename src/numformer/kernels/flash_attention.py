@@ -170,6 +170,7 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, key_mask=N
 
     Returns (out, cache): out (..., Tq, d_v); the cache keeps O(T) memory.
     """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     _check(q, k, v, block_q, block_k, dropout_p)
     block_q, block_k = int(block_q), int(block_k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -174,6 +174,7 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     the softmax only (the products then use the BLAS's threads). Each item is
     computed the same way whatever the split.
     """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     check_qkv(q, k, v)
     t_q, t_k = q.shape[-2], k.shape[-2]
     dt = np.result_type(q, k, v)

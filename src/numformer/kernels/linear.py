@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._runtime import matmul, matmul_pair
+from ..ops._checks import with_features
 
 
 def linear_forward(x, W, b=None):
@@ -20,6 +21,7 @@ def linear_forward(x, W, b=None):
     (split by rows across threads when numformer owns the BLAS threads, see
     ``numformer.set_fast_runtime``).
     """
+    x = with_features(x, "linear_forward", "(..., d_in)")
     x2 = x.reshape(-1, x.shape[-1])
     y = matmul(x2, W.T)
     if b is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._runtime import parallel_for
+from ..ops._checks import with_features
 
 
 def _ones(n, dtype):
@@ -40,6 +41,7 @@ def layer_norm_forward(x, gamma, beta, eps=1e-5):
     μ and σ² (biased) are computed per position, as in the paper and torch.
     Rows are split across threads (``numformer.set_num_threads``).
     """
+    x = with_features(x, "layer_norm_forward")
     d = x.shape[-1]
     x2 = x.reshape(-1, d)
     n = x2.shape[0]
@@ -125,6 +127,7 @@ def rms_norm_forward(x, gamma, eps=1e-6):
     mean(x²) is a row dot product (``einsum``, no x² temporary) accumulated in the inputs' dtype, as the
     reference; x̂ and y are written into preallocated buffers, rows split across threads.
     """
+    x = with_features(x, "rms_norm_forward")
     d = x.shape[-1]
     x2 = x.reshape(-1, d)
     n = x2.shape[0]

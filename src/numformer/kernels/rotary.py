@@ -69,6 +69,7 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None):
     Positions offset … offset+T-1, or ``positions`` (T,) or (B, T) for x of shape (B, H, T, d).
     The cache is (cos, backward sine) of the rows used, views of the cached tables.
     """
+    x = np.asarray(x)
     if x.ndim < 2:
         raise ValueError(f"rope_forward expects (..., T, head_dim), got shape {x.shape}")
     t, d = x.shape[-2], x.shape[-1]

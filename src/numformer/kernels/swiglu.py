@@ -53,6 +53,7 @@ def _plain(*arrays):
 
 def silu_forward(x):
     """SiLU(x) = x σ(x); the cache holds SiLU'(x) = σ(x) (1 + x (1 - σ(x))) (``ops.silu_forward``)."""
+    x = np.asarray(x)
     if not _plain(x):
         return reference.silu_forward(x)
     xf = np.ascontiguousarray(x).reshape(-1)
@@ -63,6 +64,7 @@ def silu_forward(x):
 
 def silu_backward(dy, cache):
     """dx = dy ⊙ SiLU'(x) (``ops.silu_backward``); large arrays split across threads."""
+    dy = np.asarray(dy)
     if not _plain(dy, cache) or dy.size < 2 * CHUNK:
         return reference.silu_backward(dy, cache)
     a, b = np.ascontiguousarray(dy).reshape(-1), cache.reshape(-1)
@@ -76,6 +78,7 @@ def silu_gate_forward(a, b):
 
     a, b: (..., d_ff)   ->   h: (..., d_ff). SiLU, its derivative and the product in one pass per chunk.
     """
+    a, b = np.asarray(a), np.asarray(b)
     if not _plain(a, b):
         return reference.silu_gate_forward(a, b)
     af, bf = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
@@ -94,6 +97,7 @@ def silu_gate_backward(dh, cache):
     """da = dh ⊙ b ⊙ SiLU'(a), db = dh ⊙ SiLU(a) (``ops.silu_gate_backward``), in place.
     Returns (da, db)."""
     g, d, b = cache
+    dh = np.asarray(dh)
     if not _plain(dh, g, d, b):
         return reference.silu_gate_backward(dh, cache)
     dhf, gf, df, bf = np.ascontiguousarray(dh).reshape(-1), g.reshape(-1), d.reshape(-1), b.reshape(-1)

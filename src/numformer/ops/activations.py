@@ -17,6 +17,7 @@ def softmax_forward(x, axis=-1):
 
     A row that is entirely -inf (every key masked) gives zeros, never NaN.
     """
+    x = np.asarray(x)
     m = np.max(x, axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0).astype(x.dtype, copy=False)      # an all -inf row: shift by 0
     e = np.exp(x - m)
@@ -36,6 +37,7 @@ def log_softmax_forward(x, axis=-1):
 
     A row that is entirely -inf gives -inf (the log of softmax's zeros), never NaN.
     """
+    x = np.asarray(x)
     m = np.max(x, axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0).astype(x.dtype, copy=False)
     shifted = x - m
@@ -58,7 +60,7 @@ def relu_forward(x):
 
 def relu_backward(dy, cache):
     """dx = dy ⊙ 1[x > 0]  (x > 0 exactly where y = ReLU(x) > 0)."""
-    y = cache
+    y, dy = cache, np.asarray(dy)
     return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
 
 
@@ -70,6 +72,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def gelu_erf(x):
     """Exact GELU and its derivative: (x Φ(x), Φ(x) + x φ(x)) with
     Φ(x) = ½ (1 + erf(x / √2)) and φ(x) = exp(-x²/2) / √(2π). Returns (y, dy/dx)."""
+    x = np.asarray(x)
     cdf = 0.5 * (1.0 + erf(x * _SQRT_HALF))
     pdf = np.exp(-0.5 * (x * x)) * _INV_SQRT_2PI
     return x * cdf, cdf + x * pdf
@@ -78,6 +81,7 @@ def gelu_erf(x):
 def gelu_tanh(x):
     """GELU with the tanh approximation and its derivative: with u = √(2/π)(x + 0.044715 x³), t = tanh(u),
     (½ x (1 + t),  ½ (1 + t) + ½ x (1 - t²) du/dx). Returns (y, dy/dx)."""
+    x = np.asarray(x)
     t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x)))
     du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * (x * x))
     return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du

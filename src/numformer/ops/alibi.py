@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from ._checks import with_features
+
 
 def alibi_slopes(n_heads):
     """The n_heads slopes m_h (float64, shape (n_heads,)), largest first; any positive head count."""
@@ -54,12 +56,13 @@ def alibi_distance(t_q, t_k, offset=0, dtype=np.float64, q0=0, k0=0):
 
 def alibi_bias(slopes, t_q, t_k, offset=0, dtype=np.float64):
     """The additive bias -m_h · |(i + offset) - j|: shape (H, t_q, t_k)."""
-    slopes = np.asarray(slopes, dtype=dtype)
+    slopes = with_features(slopes, "alibi_bias", "(heads,)").astype(dtype, copy=False)
     return -slopes[:, None, None] * alibi_distance(t_q, t_k, offset, dtype)
 
 
 def alibi_forward(scores, slopes, offset=0):
     """scores: (..., H, Tq, Tk), slopes: (H,) -> (scores + bias, cache); masks are applied afterwards."""
+    scores = np.asarray(scores)
     if scores.ndim < 3 or scores.shape[-3] != np.shape(slopes)[0]:
         raise ValueError(f"ALiBi scores must have shape (..., heads={np.shape(slopes)[0]}, Tq, Tk), "
                          f"got {scores.shape}")

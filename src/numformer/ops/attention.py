@@ -101,6 +101,7 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     Returns (out, weights, cache): out (..., Tq, d_v); weights (..., Tq, Tk) if
     need_weights else None (after dropout, as torch returns them).
     """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = q @ np.swapaxes(k, -1, -2)                       # S = Q Kᵀ · scale + M

@@ -9,6 +9,7 @@ def dropout_forward(x, p, rng, training=True):
 
     In evaluation (training=False) or with p == 0 this is the identity.
     """
+    x = np.asarray(x)
     if not training or p == 0.0:
         return x, None
     if not 0.0 <= p < 1.0:

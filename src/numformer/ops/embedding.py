@@ -7,6 +7,7 @@ import numpy as np
 
 def embedding_forward(ids, E):
     """ids: integer array (...), E: (V, d)   ->   y: (..., d) with y[...] = E[ids[...]]."""
+    ids = np.asarray(ids)
     return E[ids], (ids, E.shape)
 
 

@@ -26,6 +26,7 @@ def repeat_kv_forward(x, n_rep):
 
     n_rep = 1 returns x itself (no copy).
     """
+    x = np.asarray(x)
     if x.ndim != 4:
         raise ValueError(f"repeat_kv expects (batch, kv_heads, seq, head_dim), got shape {x.shape}")
     if n_rep == 1:

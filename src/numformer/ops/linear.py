@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import with_features
+
 
 def linear_forward(x, W, b=None):
     """y = x Wᵀ + b.
 
     x: (..., d_in)   W: (d_out, d_in)   b: (d_out,) or None   ->   y: (..., d_out)
     """
+    x = with_features(x, "linear_forward", "(..., d_in)")
     y = x @ W.T                                   # (..., d_out)
     if b is not None:
         y = y + b

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import with_features
+
 
 def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.0):
     """Mean cross-entropy of ``logits`` against integer ``targets``, with torch's semantics.
@@ -14,6 +16,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.
 
     When every target is ignored the loss is 0 with zero gradient (torch gives NaN).
     """
+    logits = with_features(logits, "cross_entropy_forward", "(..., C)")
     z = logits.reshape(-1, logits.shape[-1])                   # (N, C), N = all leading positions
     t = _checked_targets(logits, targets, ignore_index, label_smoothing)    # (N,)
     valid = t != ignore_index                                   # (N,) the positions that count

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import with_features
+
 
 def layer_norm_forward(x, gamma, beta, eps=1e-5):
     """LayerNorm(x) = (x - μ) / √(σ² + ε) ⊙ γ + β, statistics over the last axis.
@@ -14,6 +16,7 @@ def layer_norm_forward(x, gamma, beta, eps=1e-5):
     x: (..., d)   gamma, beta: (d,) (beta may be None)   ->   y: (..., d)
     μ and σ² (biased) are computed per position, as in the paper and torch.
     """
+    x = with_features(x, "layer_norm_forward")
     mu = x.mean(axis=-1, keepdims=True)                         # (..., 1)
     xc = x - mu                                                 # (..., d)
     var = (xc * xc).mean(axis=-1, keepdims=True)                # (..., 1), biased
@@ -42,6 +45,7 @@ def rms_norm_forward(x, gamma, eps=1e-6):
 
     x: (..., d)   gamma: (d,)   ->   y: (..., d)
     """
+    x = with_features(x, "rms_norm_forward")
     rrms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     xhat = x * rrms
     return xhat * gamma, (xhat, rrms, gamma)
@@ -67,6 +71,7 @@ def batch_norm_forward(x, gamma, beta, eps=1e-5):
 
     x: (..., d)   gamma, beta: (d,)   ->   y: (..., d)
     """
+    x = with_features(x, "batch_norm_forward")
     d = x.shape[-1]
     x2 = x.reshape(-1, d)
     mu = x2.mean(axis=0)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import with_features
+
 
 def rope_angles(positions, head_dim, theta=10000.0, dtype=np.float64):
     """cos and sin of p·θ_i for each position, repeated over both halves: each (*positions.shape, head_dim).
@@ -35,6 +37,7 @@ def rope_angles(positions, head_dim, theta=10000.0, dtype=np.float64):
 
 def rotate_half(x):
     """[x₁, x₂] -> [-x₂, x₁] over the last axis (Hugging Face's ``rotate_half``)."""
+    x = with_features(x, "rotate_half")
     h = x.shape[-1] // 2
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
@@ -53,6 +56,7 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None):
     (B, H, T, d) (e.g. per-sequence positions of left-padded prompts).
     y = x ⊙ cos(pθ) + rotate_half(x) ⊙ sin(pθ); the cache is (cos, sin).
     """
+    x = np.asarray(x)
     if x.ndim < 2:
         raise ValueError(f"rope_forward expects (..., T, head_dim), got shape {x.shape}")
     t = x.shape[-2]

@@ -25,7 +25,7 @@ def erf(x):
     """Elementwise erf(x) = 2/√π ∫₀ˣ exp(-t²) dt, in the dtype of x."""
     x = np.asarray(x)
     if x.dtype == np.float64:
-        return _erf_scalar(x).astype(np.float64)
+        return np.asarray(_erf_scalar(x), dtype=np.float64)      # (a 0-d x gives a Python float)
     a = np.abs(x)
     t = 1.0 / (1.0 + np.asarray(_AS_P, x.dtype) * a)
     a1, a2, a3, a4, a5 = (np.asarray(c, x.dtype) for c in _AS_A)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import with_features
 from .linear import linear_backward, linear_forward
 
 
@@ -30,6 +31,7 @@ def _sigmoid(a):
 
 def silu_forward(x):
     """SiLU(x) = x σ(x); the cache holds the derivative σ(x) (1 + x (1 - σ(x)))."""
+    x = np.asarray(x)
     s = _sigmoid(x)
     y = x * s
     return y, s * (1.0 + x * (1.0 - s))
@@ -60,6 +62,7 @@ def swiglu_forward(x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None)
 
     Optional biases b_gate, b_up: (d_ff,), b_down: (d_model,) (Llama has none).
     """
+    x = with_features(x, "swiglu_forward", "(..., d_model)")
     a, c_gate = linear_forward(x, w_gate, b_gate)
     b, c_up = linear_forward(x, w_up, b_up)
     h, c_h = silu_gate_forward(a, b)

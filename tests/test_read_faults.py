@@ -237,3 +237,42 @@ def test_a_classification_file_with_one_class(tmp_path, run_cli):
     line = fails(run_cli, "train", cfg, "--out", tmp_path / "R")
     assert f"{data}: the label column 'label' holds 1 class ('pos') in all 40 rows" in line
     assert not (tmp_path / "R").exists()
+
+
+# -- issue 36: a damaged byte-level BPE tokenizer.json of a classification or translation run -----------------
+@pytest.fixture(scope="module")
+def bpe_runs(tmp_path_factory):
+    """A text classifier and a translator trained on the user's own files with tokenizer = "bpe"."""
+    pytest.importorskip("tokenizers")
+    from test_own_data import labelled_rows, reversal_pairs, train, write_csv
+
+    root = tmp_path_factory.mktemp("bpe_runs")
+    write_csv(root / "train.csv", labelled_rows(120))
+    train(root, "classifier", {"task": "classification", "path": str(root / "train.csv"), "text_column": "review",
+                               "label_column": "topic", "tokenizer": "bpe", "vocab_size": 300, "min_freq": 1,
+                               "max_len": 16}, name="classifier")
+    src, tgt = reversal_pairs(120)
+    (root / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(src, tgt)), encoding="utf-8")
+    train(root, "transformer", {"task": "translation", "train": [str(root / "pairs.tsv")], "tokenizer": "bpe",
+                                "vocab_size": 300, "min_freq": 1, "max_len": 10}, name="translator")
+    return root
+
+
+@pytest.mark.parametrize("run, command", [
+    ("classifier", ["classify", "{run}", "the atom"]), ("classifier", ["eval", "{run}"]),
+    ("classifier", ["train", "--out", "{run}", "--resume", "--quiet"]),
+    ("translator", ["translate", "{run}", "1 2 3"]), ("translator", ["eval", "{run}"])])
+@pytest.mark.parametrize("hf_json", ["cut", "[1, 2]"])
+def test_a_damaged_bpe_tokenizer_of_a_classifier_or_translator_is_one_line(bpe_runs, tmp_path, run_cli, run,
+                                                                           command, hf_json):
+    folder = tmp_path / run
+    shutil.copytree(bpe_runs / run, folder)
+    state = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    part = state["src"] if run == "translator" else state
+    assert part["type"] == "bpe"
+    part["hf_json"] = part["hf_json"][:150] if hf_json == "cut" else hf_json
+    (folder / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    before = snapshot(folder)
+    line = fails(run_cli, *[a.format(run=folder) for a in command])
+    assert "tokenizer.json" in line and "damaged" in line and "hf_json is not a Hugging Face tokenizer" in line
+    assert snapshot(folder) == before

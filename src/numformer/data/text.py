@@ -16,7 +16,7 @@ import numpy as np
 
 from .base import Batch, Task, register_task, spread_sample
 from .files import expand_paths, read_text
-from .tokenizers import CharTokenizer, tokenizer_from_dict
+from .tokenizers import CharTokenizer, restore_saved_tokenizer
 
 BUILTIN_CORPUS = "tinyshakespeare.txt"
 
@@ -60,7 +60,7 @@ class TextTask(Task):
         text = read_corpus(c["path"], c["encoding"], c["paths"])
         self.source = ", ".join(filter(None, [c["path"], *c["paths"]])) or "tiny Shakespeare (built in)"
         # a saved or pretrained tokenizer (GPT-2's BPE when fine-tuning it), else the text's characters
-        self.tokenizer = (tokenizer_from_dict(tokenizer_state) if tokenizer_state
+        self.tokenizer = (restore_saved_tokenizer(tokenizer_state) if tokenizer_state
                           else CharTokenizer.from_text(text))
         self.unit = "character" if isinstance(self.tokenizer, CharTokenizer) else "token"
         ids = self.tokenizer.encode_array(text)

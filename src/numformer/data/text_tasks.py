@@ -25,7 +25,7 @@ from .batching import LengthBuckets, eval_mode, eval_order
 from .fetch import locate
 from .files import read_parallel
 from .text_datasets import load_agnews, load_agnews_csv, load_imdb, load_parallel, read_class_names_file
-from .tokenizers import BOS, EOS, build_tokenizer, special_tokens, token_labels, tokenizer_from_dict, truncate
+from .tokenizers import BOS, EOS, build_tokenizer, special_tokens, token_labels, restore_saved_tokenizer, truncate
 
 _VAL_SALT = 0xA11
 
@@ -50,7 +50,7 @@ def _data_error(e: Exception, key: str = "path") -> Exception:
 
 
 def _restore_tokenizer(state: dict, kind: str, what: str):
-    tok = tokenizer_from_dict(state)
+    tok = restore_saved_tokenizer(state)
     if state.get("type") != kind:
         raise ValueError(f"{what}: the saved tokenizer is {state.get('type')!r} but [data] tokenizer = {kind!r}")
     return tok

@@ -345,8 +345,7 @@ class BPETokenizer(SpecialsTokenizer):
 
     @classmethod
     def from_dict(cls, d: dict) -> "BPETokenizer":
-        hf = _hf()
-        return cls(hf.Tokenizer.from_str(d["hf_json"]), d.get("lowercase", True))
+        return cls(_hf_from_json(d["hf_json"]), d.get("lowercase", True))
 
 
 class PretrainedTokenizer(Tokenizer):
@@ -390,14 +389,18 @@ class PretrainedTokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, d: dict) -> "PretrainedTokenizer":
-        hf_json = d["hf_json"]
-        if not isinstance(hf_json, str):
-            raise TypeError(f"hf_json is a {type(hf_json).__name__}, not a string")
-        try:
-            tokenizer = _hf().Tokenizer.from_str(hf_json)
-        except Exception as e:   # noqa: BLE001 -- the tokenizers library raises a bare Exception for bad JSON
-            raise ValueError(f"hf_json is not a Hugging Face tokenizer ({' '.join(str(e).split())})") from None
-        return cls(tokenizer, d.get("eos_id"), d.get("bos_id"))
+        return cls(_hf_from_json(d["hf_json"]), d.get("eos_id"), d.get("bos_id"))
+
+
+def _hf_from_json(hf_json):
+    """A Hugging Face ``tokenizers.Tokenizer`` from its saved JSON text (``to_str()``); ValueError for anything
+    else (the library raises a bare Exception for bad JSON)."""
+    if not isinstance(hf_json, str):
+        raise TypeError(f"hf_json is a {type(hf_json).__name__}, not a string")
+    try:
+        return _hf().Tokenizer.from_str(hf_json)
+    except Exception as e:   # noqa: BLE001 -- the tokenizers library raises a bare Exception for bad JSON
+        raise ValueError(f"hf_json is not a Hugging Face tokenizer ({' '.join(str(e).split())})") from None
 
 
 TOKENIZER_TYPES = {"char": CharTokenizer, "word": WordTokenizer, "bpe": BPETokenizer, "hf": PretrainedTokenizer,
@@ -411,6 +414,16 @@ def tokenizer_from_dict(d: dict):
         raise ValueError(f"unknown tokenizer type {kind!r} in the saved state; expected one of "
                          f"{sorted(TOKENIZER_TYPES)}")
     return TOKENIZER_TYPES[kind].from_dict(d)
+
+
+def restore_saved_tokenizer(state: dict):
+    """``tokenizer_from_dict`` of a run's saved state (its tokenizer.json): a damaged state is one ValueError
+    naming that file, whatever the tokenizer's own parser raised."""
+    try:
+        return tokenizer_from_dict(state)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"the saved tokenizer (the run's tokenizer.json) is damaged ({type(e).__name__}: {e}); "
+                         f"restore it or retrain") from None
 
 
 def build_tokenizer(kind: str, texts: Sequence[str], vocab_size: int, min_freq: int, lowercase: bool = True,

@@ -204,3 +204,128 @@ def test_a_damaged_file_gives_success_or_one_line(folders, folder, name, command
             assert outside in ([folder], [folder, "imported"]), outside      # nothing written elsewhere
 
     run()
+
+
+# -- the experiment records (issue 36) ------------------------------------------------------------------------
+ABLATION, PROFILE = "shakespeare_speedrun_ablation", "shakespeare_speedrun_profile"
+FAKE_PROFILE = {"families": {"linear (matrix products)": 0.002, "other": 0.001}, "step_seconds": 0.003,
+                "processes": 2, "batch_share": 4, "tokens_per_step": 128, "flops_per_s": 1e8}
+
+
+@pytest.fixture
+def experiment_patches(monkeypatch):
+    patch_experiments(monkeypatch)
+
+
+def patch_experiments(monkeypatch):
+    """A fixed git commit, a fake clock for budgeted runs and an instant profile: each example runs the command
+    that reads the damaged record, not a measurement."""
+    import time
+
+    import numformer.experiments.language_model as language_model
+    import numformer.experiments.speedrun as speedrun
+    import numformer.train.trainer as trainer
+
+    for module in (trainer, speedrun, language_model):
+        monkeypatch.setattr(module, "git_commit", lambda: "abc1234")
+    clock = [1000.0]
+
+    def tick():
+        clock[0] += 0.05
+        return clock[0]
+    monkeypatch.setattr(time, "perf_counter", tick)
+    monkeypatch.setattr(speedrun, "matmul_peak", lambda **kw: 1e9)
+    monkeypatch.setattr(speedrun, "profile_training_step", lambda *a, **kw: dict(FAKE_PROFILE))
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """exp/: a quick speedrun, a quick ablation over one seed (its runs reused by the next ablation), a PyTorch
+    anchor record and a profile record, all at commit abc1234."""
+    root = tmp_path_factory.mktemp("records")
+    exp = root / "exp"
+    with pytest.MonkeyPatch.context() as mp:
+        patch_experiments(mp)
+        for name, args in (("shakespeare_speedrun", ()), (ABLATION, ("--seeds", "1")), (PROFILE, ())):
+            rc, err = cli("reproduce", name, "--quick", "--runs", exp / "runs", "--results", exp / "results",
+                          "--quiet", *args)
+            assert rc == 0, err
+    run = {"model_class": "TorchGPT", "steps": 10, "tokens_per_s": 100.0, "wall_seconds": 1.0, "val_loss": 2.0,
+           "torch": "2.13.0", "threads": 2}
+    (exp / "results" / "shakespeare_speedrun_torch.json").write_text(json.dumps({
+        "name": "shakespeare_speedrun_torch", "description": "", "command": "numformer reproduce "
+        "shakespeare_speedrun_torch", "commit": "abc1234", "date": "2026-01-01", "figures": {}, "targets": {},
+        "budget_minutes": 0.25, "seed": 0, "runs": {"recipe": run, "nanogpt_cpu": run}}))
+    return root
+
+
+REPRODUCE = ["--quick", "--runs", "{dir}/runs", "--results", "{dir}/results", "--quiet"]
+RECORD_TARGETS = [
+    (f"runs/{ABLATION}/*/seed_0/summary.json", ["reproduce", ABLATION, "--seeds", "1", *REPRODUCE]),
+    (f"runs/{ABLATION}/*/seed_0/config.json", ["reproduce", ABLATION, "--seeds", "1", *REPRODUCE]),
+    ("results/shakespeare_speedrun.json", ["reproduce", PROFILE, *REPRODUCE]),
+    (f"results/{ABLATION}.json", ["reproduce", PROFILE, *REPRODUCE]),
+    ("results/shakespeare_speedrun_torch.json", ["reproduce", PROFILE, *REPRODUCE]),
+    (f"results/{PROFILE}.json", ["reproduce", PROFILE, *REPRODUCE]),
+]
+
+
+@pytest.mark.parametrize("pattern, command", RECORD_TARGETS, ids=[p.split("/")[-1] if p.startswith("results")
+                                                                   else "ablation " + p.split("/")[-1]
+                                                                   for p, _ in RECORD_TARGETS])
+def test_a_damaged_experiment_record_gives_success_or_one_line(records, experiment_patches, pattern, command):
+    source = records / "exp"
+    name = str(sorted(source.glob(pattern))[0].relative_to(source))
+    original = (source / name).read_bytes()
+
+    @FUZZ
+    @given(st.data())
+    def run(data):
+        damaged = damage_text_file(data.draw, original)
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp) / "exp"
+            shutil.copytree(source, d)
+            (d / name).write_bytes(damaged)
+            args = [a.format(dir=d) for a in command]
+            rc, err = cli(*args)
+            assert_success_or_one_line(rc, err, args[0])
+            assert "Traceback" not in err
+            assert sorted(p.name for p in Path(tmp).iterdir()) == ["exp"]
+
+    run()
+
+
+def test_a_damaged_seed_study_or_benchmark_record_is_text_or_one_error(tmp_path):
+    """The seed study's page section and bench.json's reader, called directly: a page's text (saying the record
+    is damaged) or one ValueError naming the file, for any damage."""
+    from numformer.bench.runner import load_results
+    from numformer.experiments.language_model import seeds_markdown
+
+    seeds = {"command": "numformer reproduce shakespeare_char --seeds 2", "date": "2026-01-01", "commit": "abc",
+             "val_loss": {"mean": 1.9, "sd": 0.01, "n": 2}, "last_val_loss": {"mean": 1.9, "sd": 0.01, "n": 2},
+             "seeds": [{"seed": 0, "step": 10, "val_loss": 1.9, "last_val_loss": 1.9}] * 2,
+             "nanogpt_estimate": {"seed": 0, "whole_val_loss": 1.9, "draws": 4, "batches": 20, "batch_size": 12,
+                                  "block_size": 64, "mean": 1.9, "sd": 0.02, "min": 1.8, "max": 2.0,
+                                  "at_or_below_1.88": 0.5}}
+    bench = {"depth": {"rows": [1, 2], "_meta": {"quick": True}}}
+    originals = {"seeds.json": json.dumps(seeds).encode(), "bench.json": json.dumps(bench).encode()}
+
+    @FUZZ
+    @given(st.data())
+    def run(data):
+        for name, original in originals.items():
+            folder = tmp_path / "d"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            path = folder / ("shakespeare_char_seeds.json" if name == "seeds.json" else name)
+            path.write_bytes(damage_text_file(data.draw, original))
+            with contextlib.redirect_stderr(io.StringIO()):
+                if name == "seeds.json":
+                    assert isinstance(seeds_markdown(path, "shakespeare_char"), str)
+                    continue
+                try:
+                    load_results(folder)
+                except ValueError as e:
+                    assert str(path) in str(e) and "\n" not in str(e)
+
+    run()

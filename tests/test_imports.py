@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "numformer"
 
 # The layers, lowest first; a module may import its own layer or a lower one (and never in a circle).
 LAYERS = [
-    ("numformer._runtime", "numformer._limits", "numformer._platform", "numformer.keys", "numformer.gradcheck", "numformer.provenance", "numformer.ops"),
+    ("numformer._runtime", "numformer._limits", "numformer._platform", "numformer._results", "numformer.keys", "numformer.gradcheck", "numformer.provenance", "numformer.ops"),
     ("numformer.kernels",),
     ("numformer.nn",),
     ("numformer.sampling", "numformer.decoding", "numformer.generate"),   # what models' generate() calls

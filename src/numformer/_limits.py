@@ -6,11 +6,19 @@ the text: the nesting depth is counted over the brackets outside strings (one ve
 least the depth the parser would reach.
 
     data = bounded_json(text, "config file run/config.json")     # ValueError naming it when out of bounds
+
+A record numformer wrote (a run's summary.json, a results/*.json) is read with ``read_json_file`` and its
+shape checked with ``check_record`` against a small schema, so that a damaged one is one line naming the file
+and the key, never a KeyError or an AttributeError deep in the code that uses it:
+
+    summary = check_record(read_json_file(path, "summary"), {"steps": int, "loss": NUMBER}, f"summary {path}")
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -57,3 +65,95 @@ def bounded_json(data, where, max_bytes=MAX_JSON_BYTES):
         return json.loads(data)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where} is not valid JSON ({e}); restore it") from None
+
+
+def read_json_file(path, what, max_bytes=MAX_JSON_BYTES):
+    """The JSON content of the file ``path``, read within the bounds (its size is checked before it is read);
+    a file that cannot be read, is too large, is not UTF-8 or not JSON, or nests too deep is a ValueError
+    naming ``what`` and the path."""
+    path = Path(path)
+    where = f"{what} {path}"
+    try:
+        size = os.stat(path).st_size
+        if size > max_bytes:
+            raise ValueError(f"{where} is {size:,} bytes, more than numformer reads ({max_bytes:,}); it is not a "
+                             f"file numformer wrote: restore it")
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{where} cannot be read ({e.strerror or e})") from None
+    return bounded_json(data, where, max_bytes)
+
+
+# -- the shape of a record ------------------------------------------------------------------------------------
+NUMBER = (int, float)          # a JSON number (never a boolean)
+
+
+def _kind(value):
+    if isinstance(value, bool):
+        return "a boolean"
+    return {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _expected(schema):
+    if isinstance(schema, dict):
+        return "an object"
+    if isinstance(schema, list):
+        return "a list"
+    types = schema if isinstance(schema, tuple) else (schema,)
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
+             dict: "an object", list: "a list"}
+    words = list(dict.fromkeys("a number" if t is int and float in types else names.get(t, t.__name__)
+                               for t in types))
+    return " or ".join(words)
+
+
+def _fits(value, schema):
+    types = schema if isinstance(schema, tuple) else (schema,)
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
+
+
+def check_record(value, schema, where, key=""):
+    """``value`` after checking it against ``schema``; ValueError ``"{where}: key K is ..., expected ..."`` at the
+    first difference. A schema is a type or a tuple of types (``NUMBER``; ``float`` takes integers; a boolean
+    is never a number), a dict of key -> schema (a key written ``"name?"`` may be absent, ``"*"`` stands for
+    every key; other keys may exist), or a list ``[schema]`` (every item) or ``[schema, n]`` (at least n
+    items)."""
+    at = f"key {key!r}" if key else "the file"
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: {at} is {_kind(value)}, expected an object; restore the file or "
+                             f"write it again")
+        if "*" in schema:
+            for name, item in value.items():
+                check_record(item, schema["*"], where, f"{key}.{name}" if key else name)
+        for name, sub in schema.items():
+            if name == "*":
+                continue
+            optional = name.endswith("?")
+            name = name.rstrip("?")
+            path = f"{key}.{name}" if key else name
+            if name not in value:
+                if optional:
+                    continue
+                raise ValueError(f"{where}: key {path!r} is missing; restore the file or write it again")
+            check_record(value[name], sub, where, path)
+        return value
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: {at} is {_kind(value)}, expected a list; restore the file or write it again")
+        if len(value) < (schema[1] if len(schema) > 1 else 0):
+            raise ValueError(f"{where}: {at} has {len(value)} items, expected at least {schema[1]}; restore the "
+                             f"file or write it again")
+        for i, item in enumerate(value):
+            check_record(item, schema[0], where, f"{key}[{i}]")
+        return value
+    types = schema if isinstance(schema, tuple) else (schema,)
+    if float in types and int not in types:
+        types = types + (int,)
+    if not _fits(value, types):
+        raise ValueError(f"{where}: {at} is {_kind(value)}, expected {_expected(types)}; restore the file or "
+                         f"write it again")
+    return value

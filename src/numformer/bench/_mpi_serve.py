@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from .._limits import read_json_file
 from .._runtime import set_fast_runtime, set_num_threads
 from ..train import Trainer
 from ..train.mpi import init_world
@@ -70,7 +71,7 @@ def _serve(trainer, world):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    config = json.loads(open(argv[0], encoding="utf-8").read())
+    config = read_json_file(argv[0], "the benchmark's config")
     config["train"]["processes"] = int(argv[1])
     set_fast_runtime()
     world = init_world("numformer bench")

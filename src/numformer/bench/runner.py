@@ -26,6 +26,8 @@ import pkgutil
 import time
 from pathlib import Path
 
+from .._limits import check_record, read_json_file
+from .._results import BENCH_TITLE, check_results_folder
 from ..provenance import machine_info
 from ..train.run_files import write_atomic
 
@@ -72,13 +74,9 @@ def load_results(out_dir):
     if not path.exists():
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); move it away and run the benchmark again") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} should hold a JSON object keyed by part; move it away and run again")
-    return data
+        return check_record(read_json_file(path, "benchmark record"), {"*": dict}, f"benchmark record {path}")
+    except ValueError as e:
+        raise ValueError(f"{e} (move it away and run the benchmark again)") from None
 
 
 def _jsonable(x):
@@ -102,7 +100,7 @@ def render_markdown(results, out_dir):
     """bench.md text for every part in ``results``; each part's plots go to ``<out_dir>/figures``."""
     fig_dir = Path(out_dir) / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["# numformer benchmarks", "",
+    lines = [BENCH_TITLE, "",
              "Written by `numformer bench PART` (`numformer bench all` runs every part); "
              "the figures come from `bench.json` next to this file. Never edited by hand.", ""]
     order = [p for p in PARTS if p in results] + sorted(p for p in results if p not in PARTS)
@@ -133,6 +131,8 @@ def run_parts(parts, quick=False, out_dir="results", log=print):
     names = available_parts() if "all" in parts else list(dict.fromkeys(p.replace("-", "_") for p in parts))
     modules = {name: load_part(name) for name in names}       # fail early on a bad name
     out_dir = Path(out_dir)
+    check_results_folder(out_dir, "--out")
+    load_results(out_dir)                                      # a damaged bench.json: refused before any part runs
     done = {}
     for name, module in modules.items():
         log(f"numformer bench {name}{' --quick' if quick else ''} ...")

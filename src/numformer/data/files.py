@@ -14,6 +14,8 @@ import json
 import os
 from pathlib import Path
 
+from .._limits import check_bounds
+
 TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
                  ".json": "jsonl"}
 
@@ -142,6 +144,8 @@ def csv_rows(path, lines, fmt="csv"):
 
 
 def _read_jsonl(path, text):
+    # every line's nesting at once (one vectorized pass); a dataset may be larger than the files numformer writes
+    check_bounds(text, str(path), max_bytes=len(text) + 1, hint="a JSONL row is one flat JSON object")
     columns, rows = {}, []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():

@@ -1,0 +1,50 @@
+"""A results folder: where ``numformer reproduce`` and ``numformer bench`` write their records and pages.
+
+Each command rewrites its own files there (results/NAME.json and NAME.md, figures/, the index README.md;
+bench.json and bench.md): regenerating them is what the commands are for. So that they never write among
+someone else's files (``--results .`` in a project of one's own would replace its README.md), a results
+folder must be new, empty, or one that numformer wrote, recognized by the first line of its index or of the
+benchmarks' page.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ._platform import LOCK_FILE
+
+INDEX_TITLE = "# Results"                   # the first line of results/README.md (experiments.runner.write_index)
+BENCH_TITLE = "# numformer benchmarks"      # the first line of bench.md (bench.runner.render_markdown)
+_PAGES = {"README.md": INDEX_TITLE, "bench.md": BENCH_TITLE}
+
+
+def _first_line(path):
+    try:
+        with open(path, "rb") as f:
+            return f.readline(200).decode("utf-8", "replace").rstrip("\r\n")
+    except OSError:
+        return None
+
+
+def is_results_folder(path):
+    """Whether ``path`` is new, empty, or a folder of results numformer wrote."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return True
+    if not path.is_dir():
+        return False
+    if not any(entry.name != LOCK_FILE for entry in path.iterdir()):
+        return True
+    return any(_first_line(path / page) == title for page, title in _PAGES.items() if (path / page).is_file())
+
+
+def check_results_folder(path, option="--results", overwrite=False):
+    """ValueError naming ``path`` unless it is a results folder (``is_results_folder``) or ``overwrite``."""
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ValueError(f"{option} {path} is a file, not a folder; choose another {option}")
+    if overwrite or is_results_folder(path):
+        return
+    raise ValueError(f"{option} {path} holds files that numformer did not write (it has no results index "
+                     f"README.md or bench.md of numformer's): results and their index would be written among "
+                     f"them; choose another {option}" + (", or give --overwrite" if option == "--results" else ""))

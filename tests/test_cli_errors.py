@@ -305,7 +305,7 @@ def test_reproduce_refuses_an_existing_run(tmp_path, cfg, cli_error, run_cli):
     assert run_cli("train", cfg, "--out", runs / "copy", "--quiet")[0] == 0
     before = (runs / "copy" / CHECKPOINT).read_bytes()
     line = cli_error("reproduce", "copy", "--quick", "--runs", runs, "--results", tmp_path / "res")
-    assert f"{runs / 'copy'} already holds a run; give --overwrite" in line
+    assert f"{runs / 'copy'} already holds a run (or other files); give --overwrite" in line
     assert (runs / "copy" / CHECKPOINT).read_bytes() == before and not (tmp_path / "res").exists()
 
 

@@ -93,3 +93,158 @@ def test_export_overwrite_refuses_files_it_did_not_write(two_runs, tmp_path, run
     line = one_error_line(rc, err, "export")
     assert foreign.split("/")[0] in line and "does not write" in line
     assert snapshot(out) == before
+
+
+# -- the run folders of an experiment ------------------------------------------------------------------------
+class FakeClock:
+    """time.perf_counter advancing by ``tick`` seconds at every call: budgeted runs take no real time."""
+
+    def __init__(self, tick=0.05):
+        self.now, self.tick = 1000.0, tick
+
+    def __call__(self):
+        self.now += self.tick
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    import time
+
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    return clock
+
+
+@pytest.fixture
+def commit(monkeypatch):
+    """Set the git commit numformer records and compares (``commit("abc")``), the same in every module."""
+    import numformer.experiments.language_model as language_model
+    import numformer.experiments.speedrun as speedrun
+    import numformer.train.trainer as trainer
+
+    def set_commit(value):
+        for module in (trainer, speedrun, language_model):
+            monkeypatch.setattr(module, "git_commit", lambda: value)
+    set_commit("abc1234")
+    return set_commit
+
+
+def reproduce(tmp_path, name, *args):
+    """(exit code, stderr) of ``numformer reproduce NAME --quick`` into tmp_path/runs and tmp_path/results."""
+    import contextlib
+    import io
+
+    from numformer.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["reproduce", name, "--quick", "--runs", str(tmp_path / "runs"), "--results",
+                   str(tmp_path / "results"), "--quiet", *map(str, args)])
+    return rc, err.getvalue()
+
+
+def run_folders(runs):
+    return {p.parent for p in runs.rglob("config.json")}
+
+
+SHORT = "train.budget_minutes=0.05"      # the quick speedrun's budget, shorter: 3 s on the fake clock
+# One experiment of each way of writing run folders: runs/NAME; a run beside it (parity's baseline); a seed
+# study (runs/NAME_seeds/seed_K); the speedrun's seeds; the ablation's rows (a folder per config and seed);
+# a custom pipeline of eight runs.
+EXPERIMENTS = [("copy", ()), ("parity", ()), ("shakespeare_char", ("--seeds", 2)),
+               ("shakespeare_speedrun", ("--seeds", 2, "--set", SHORT)),
+               ("shakespeare_speedrun_ablation", ("--seeds", 2)),
+               ("positional", ())]
+
+
+@pytest.mark.parametrize("name, args", EXPERIMENTS, ids=[e[0] for e in EXPERIMENTS])
+def test_every_run_folder_of_an_experiment_is_checked_before_anything_trains(tmp_path, fake_clock, commit, name,
+                                                                             args):
+    from numformer.experiments import Context, resolve
+    from numformer.experiments.runner import planned_runs
+
+    runs = tmp_path / "runs"
+    (exp,) = resolve(name)
+    seeds = int(args[1]) if args else 0
+    planned = [folder for folder, _ in planned_runs(exp, Context(runs, tmp_path / "results", quick=True,
+                                                                    seeds=seeds, overrides=list(args[3:])))]
+    rc, err = reproduce(tmp_path, name, *args)
+    assert rc == 0, err
+    assert run_folders(runs) == set(planned)          # the plan names every folder the experiment writes
+    results = snapshot(tmp_path / "results")
+    for folder in planned:                             # any one of them holding a file: nothing trains
+        import shutil
+
+        shutil.rmtree(runs)
+        folder.mkdir(parents=True)
+        (folder / "notes.txt").write_text("the user's")
+        rc, err = reproduce(tmp_path, name, *args)
+        line = one_error_line(rc, err, "reproduce")
+        assert str(folder) in line and "--overwrite" in line
+        assert run_folders(runs) == set() and (folder / "notes.txt").read_text() == "the user's"
+        assert snapshot(tmp_path / "results") == results
+
+
+def test_the_speedrun_refuses_an_existing_seed_folder_without_overwrite(tmp_path, fake_clock, commit):
+    runs = tmp_path / "runs"
+    assert reproduce(tmp_path, "shakespeare_speedrun", "--seeds", 2, "--set", SHORT)[0] == 0
+    seed_1 = runs / "shakespeare_speedrun_seeds" / "seed_1"
+    before = snapshot(seed_1)
+    import shutil
+
+    shutil.rmtree(runs / "shakespeare_speedrun")       # only the experiment's top folder was checked before
+    rc, err = reproduce(tmp_path, "shakespeare_speedrun", "--seeds", 2, "--set", SHORT)
+    assert f"{seed_1} already holds a run" in one_error_line(rc, err, "reproduce")
+    assert snapshot(seed_1) == before and not (runs / "shakespeare_speedrun").exists()
+    assert reproduce(tmp_path, "shakespeare_speedrun", "--seeds", 2, "--overwrite", "--set", SHORT)[0] == 0
+    assert snapshot(seed_1) != before
+
+
+def test_experiments_train_only_through_the_checked_start(tmp_path):
+    """No module of numformer.experiments builds a Trainer but experiments/_runs.py (start_run)."""
+    import ast
+    from pathlib import Path
+
+    import numformer.experiments as package
+
+    for path in Path(package.__file__).parent.glob("*.py"):
+        calls = [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Trainer"]
+        assert not calls or path.name == "_runs.py", f"{path.name} builds a Trainer at lines {calls}: use start_run"
+
+
+def test_every_custom_experiment_says_which_run_folders_it_writes():
+    from numformer.experiments import EXPERIMENTS, load_all
+
+    load_all()
+    assert all(exp.run_dirs is not None for exp in EXPERIMENTS.values() if exp.custom is not None)
+
+
+# -- the results folder --------------------------------------------------------------------------------------
+def test_results_go_only_into_a_results_folder_of_numformer(tmp_path, run_cli):
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "README.md").write_text("# My project\n")
+    before = snapshot(mine)
+    rc, _, err = run_cli("reproduce", "copy", "--quick", "--runs", tmp_path / "runs", "--results", mine, "--quiet")
+    line = one_error_line(rc, err, "reproduce")
+    assert f"--results {mine} holds files that numformer did not write" in line
+    assert snapshot(mine) == before and not (tmp_path / "runs").exists()
+    assert run_cli("reproduce", "copy", "--quick", "--runs", tmp_path / "runs", "--results", tmp_path / "new",
+                   "--quiet")[0] == 0
+    assert (tmp_path / "new" / "README.md").read_text().startswith("# Results\n")
+    (tmp_path / "new" / "notes.txt").write_text("kept")      # numformer's own results folder: written again
+    assert run_cli("reproduce", "copy", "--quick", "--runs", tmp_path / "runs", "--results", tmp_path / "new",
+                   "--quiet", "--overwrite")[0] == 0
+    assert (tmp_path / "new" / "notes.txt").read_text() == "kept"
+
+
+def test_bench_writes_only_into_a_results_folder_of_numformer(tmp_path, run_cli):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "bench.md").write_text("my notes\n")
+    before = snapshot(mine)
+    rc, _, err = run_cli("bench", "depth", "--quick", "--out", mine)
+    assert f"--out {mine} holds files that numformer did not write" in one_error_line(rc, err, "bench")
+    assert snapshot(mine) == before

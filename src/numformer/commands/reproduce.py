@@ -1,8 +1,11 @@
 """numformer reproduce NAME: run an experiment end to end and write results/NAME.{json,md}.
 
-Like ``numformer train``, it refuses to replace an existing run folder unless
-given ``--overwrite``; ``--quick`` runs go to runs/quick (and results/quick), so
-a quick check never touches a full run.
+Like ``numformer train``, it refuses to replace anything in a run folder it would train into (runs/NAME, and
+every per-seed, per-row or baseline folder of the experiment: ``experiments.runner.planned_runs``) unless
+given ``--overwrite``, and to write results into a folder that is not numformer's (``numformer._results``);
+an ablation row or a seed of a seed study whose earlier run passes the checks of
+``experiments._runs.reusable_run`` is reused instead, except with ``--overwrite``, which trains everything
+again. ``--quick`` runs go to runs/quick (and results/quick), so a quick check never touches a full run.
 """
 from __future__ import annotations
 
@@ -11,19 +14,16 @@ from pathlib import Path
 
 def run(args):
     from ..experiments import Context, resolve, run_experiment
-    from ..train.run_folder import run_files
+    from ..experiments.runner import check_before_running, check_context
 
-    experiments = resolve(args.name)
     results = Path(args.results) if args.results else Path("results") / ("quick" if args.quick else "")
     runs = Path(args.runs) if args.runs else Path("runs") / ("quick" if args.quick else "")
-    if not args.overwrite:          # every run folder this command writes, checked before the first one starts
-        taken = [str(runs / exp.name) for exp in experiments if run_files(runs / exp.name)]
-        if taken:
-            raise ValueError(f"{', '.join(taken)} already hold{'s' if len(taken) == 1 else ''} a run; give "
-                             f"--overwrite to replace {'it' if len(taken) == 1 else 'them'}, or --runs DIR for "
-                             f"another folder")
     ctx = Context(runs_dir=runs, results_dir=results, quick=args.quick, overrides=args.set, quiet=args.quiet,
                   overwrite=args.overwrite, seeds=args.seeds)
+    check_context(ctx)
+    experiments = resolve(args.name)
+    for exp in experiments:         # every folder this command writes, checked before the first one starts
+        check_before_running(exp, ctx)
     for exp in experiments:
         record = run_experiment(exp, ctx)
         figures = ", ".join(f"{k} {v:.4f}" for k, v in record["figures"].items() if isinstance(v, float))
@@ -46,7 +46,9 @@ def register(sub):
                         "unless --runs / --results)")
     p.add_argument("--results", default=None, help="folder for the results (default results/)")
     p.add_argument("--runs", default=None, help="folder for the run folders (default runs/)")
-    p.add_argument("--overwrite", action="store_true", help="replace existing run folders of these experiments")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run folders these experiments train into, training every run again (no earlier "
+                        "run is reused); write results into a folder that is not numformer's")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
     p.add_argument("--seeds", type=int, default=0, metavar="N",
                    help="train the experiment with N seeds and report their spread (shakespeare_char, shakespeare_char_llama, shakespeare_speedrun, shakespeare_speedrun_ablation)")

@@ -9,25 +9,29 @@ With ``--seeds N`` it first trains the same model with seeds 0 .. N-1 and
 writes ``results/shakespeare_char_seeds.json``: each seed's whole-validation
 loss, their mean and standard deviation, and the spread of nanoGPT's own
 estimate (the mean over 20 random batches of 12 windows) drawn many times on
-one model. The page of the main run shows that study whenever the file exists.
+one model. The page of the main run shows that study whenever the file exists. A seed whose run folder
+holds a run of the same config trained by this same code (``_runs.reusable_run``) is resumed, or only scored
+again when it finished; any other run there is replaced only with ``--overwrite``, which trains every seed
+afresh.
 """
 from __future__ import annotations
 
 import datetime
-import json
 import math
+import sys
 
 import numpy as np
 
 from ..config import apply_overrides, load_config, resolve_config
 from ..data.base import Batch
 from ..decoding import generate
+from .._limits import NUMBER
 from ..provenance import git_commit, machine_info
-from ..train import Trainer
-from ..train.run_files import CHECKPOINT, write_json_atomic
+from ..train.run_files import write_json_atomic
 from ..train.trainer import mean_loss
 from . import register
-from .runner import Experiment, Target, find_config
+from ._runs import reusable_run, start_run
+from .runner import Experiment, Target, find_config, read_record
 
 PROMPT = "ROMEO:"
 SAMPLE_TOKENS = 300
@@ -52,12 +56,12 @@ def make_extra(name, why, compare_with=None):
     """The extra step of a character-level LM experiment: bits per character, tokens/s, a sample, which weights
     were saved, the seed study (``{name}_seeds.json``) and, with ``compare_with``, a comparison of both seed
     studies."""
-    def extra(trainer, task, results_dir, quick):
+    def extra(trainer, task, ctx):
         figures, md = _sample_and_figures(trainer, task, name, why)
-        seeds = results_dir / SEEDS_FILE.format(name=name)
+        seeds = ctx.results_dir / SEEDS_FILE.format(name=name)
         parts = [md, seeds_markdown(seeds, name, nanogpt=compare_with is None)]
         if compare_with is not None:
-            parts.append(comparison_markdown(seeds, results_dir / SEEDS_FILE.format(name=compare_with), name,
+            parts.append(comparison_markdown(seeds, ctx.results_dir / SEEDS_FILE.format(name=compare_with), name,
                                              compare_with))
         return figures, "\n".join(parts)
     return extra
@@ -100,22 +104,40 @@ def _selection_text(s, name):
 
 
 # -- the seed study ---------------------------------------------------------------------------------------------
-def seed_study(exp, ctx):
-    """Train seeds 0 .. ctx.seeds - 1, score each saved model on the whole validation text, and draw nanoGPT's
-    20-batch estimate many times on the first; writes results/shakespeare_char_seeds.json. A seed whose run
-    folder holds a checkpoint of the same config is resumed (a finished one is only scored again)."""
+def _seed_plan(exp, ctx):
+    """(raw config, [(seed, run folder, --set overrides, summary of a run to resume or None, why the run there
+    is not resumed or None)]) of the seed study."""
     if ctx.seeds < 2:
         raise ValueError(f"--seeds {ctx.seeds}: a spread needs at least 2 seeds")
     config = load_config(find_config(exp.config_name()))
     overrides = (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
-    rows, first = [], None
+    commit = git_commit()
+    plan = []
     for seed in range(ctx.seeds):
         run_dir = ctx.runs_dir / f"{exp.name}_seeds" / f"seed_{seed}"
         seed_overrides = overrides + [f"train.seed={seed}"]
-        if _same_run(run_dir, resolve_config(apply_overrides(config, seed_overrides))[0]):
-            trainer = Trainer(None, run_dir, resume=True, quiet=ctx.quiet)   # an interrupted study goes on
-        else:
-            trainer = Trainer(config, run_dir, overwrite=True, overrides=seed_overrides, quiet=ctx.quiet)
+        resolved = resolve_config(apply_overrides(config, seed_overrides))[0]
+        summary, why = (None, None) if ctx.overwrite else reusable_run(run_dir, resolved, commit, resumable=True)
+        plan.append((seed, run_dir, seed_overrides, summary, why))
+    return config, plan
+
+
+def seed_study_runs(exp, ctx):
+    """The seed study's run folders that will be trained afresh (for ``runner.planned_runs``)."""
+    return [(run_dir, why) for _, run_dir, _, summary, why in _seed_plan(exp, ctx)[1] if summary is None]
+
+
+def seed_study(exp, ctx):
+    """Train seeds 0 .. ctx.seeds - 1, score each saved model on the whole validation text, and draw nanoGPT's
+    20-batch estimate many times on the first; writes results/shakespeare_char_seeds.json. A seed whose run
+    folder holds a run of the same config trained by this code is resumed (a finished one is only scored
+    again); see the module's docstring."""
+    config, plan = _seed_plan(exp, ctx)
+    rows, first = [], None
+    for seed, run_dir, seed_overrides, summary, _ in plan:
+        if summary is not None and not ctx.quiet:
+            print(f"seed {seed}: resuming the run of this config and commit in {run_dir}", file=sys.stderr)
+        trainer = start_run(ctx, config, run_dir, seed_overrides, resume=summary is not None)
         s = trainer.train()
         rows.append({"seed": seed, "val_loss": s["best_val_loss"], "step": s["best_step"],
                      "last_val_loss": s["last_val_loss"], "last_step": s["last_step"],
@@ -137,13 +159,6 @@ def seed_study(exp, ctx):
     ctx.results_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(ctx.results_dir / SEEDS_FILE.format(name=exp.name), record)
     return record
-
-
-def _same_run(run_dir, config):
-    """Whether run_dir holds a checkpoint of a run with this resolved config (to resume rather than restart)."""
-    saved = run_dir / "config.json"
-    return (run_dir / CHECKPOINT).is_file() and saved.is_file() and json.loads(saved.read_text(encoding="utf-8")) == json.loads(
-        json.dumps(config))
 
 
 def nanogpt_estimate(model, task, rng, batches=NANOGPT_BATCHES, batch_size=NANOGPT_BATCH_SIZE):
@@ -172,7 +187,9 @@ def seeds_markdown(path, name, nanogpt=True):
     if not path.is_file():
         return (f"No seed study yet: `numformer reproduce {name} --seeds 8` trains 8 seeds and adds "
                 f"their spread here ({path.name}).")
-    r = json.loads(path.read_text(encoding="utf-8"))
+    r = _seeds_record(path, name)
+    if isinstance(r, str):
+        return r
     n, e, v, last = len(r["seeds"]), r["nanogpt_estimate"], r["val_loss"], r["last_val_loss"]
     chars = e["batches"] * e["batch_size"] * e["block_size"]
     rows = [f"| {s['seed']} | {s['step']} | {s['val_loss']:.4f} | {s['last_val_loss']:.4f} |" for s in r["seeds"]]
@@ -196,7 +213,11 @@ def comparison_markdown(path, other_path, name, other):
     if not (path.is_file() and other_path.is_file()):
         return (f"No comparison yet: it needs `numformer reproduce {name} --seeds N` and "
                 f"`numformer reproduce {other} --seeds N`.")
-    ours, theirs = (json.loads(p.read_text(encoding="utf-8"))["seeds"] for p in (path, other_path))
+    records = [_seeds_record(p, n) for p, n in ((path, name), (other_path, other))]
+    damaged = [r for r in records if isinstance(r, str)]
+    if damaged:
+        return "\n\n".join(damaged)
+    ours, theirs = (r["seeds"] for r in records)
     common = sorted({r["seed"] for r in ours} & {r["seed"] for r in theirs})
     a = _spread([r["val_loss"] for r in ours if r["seed"] in common])
     b = _spread([r["val_loss"] for r in theirs if r["seed"] in common])
@@ -208,6 +229,26 @@ def comparison_markdown(path, other_path, name, other):
         f"| {name} | {a['mean']:.4f} | {a['sd']:.4f} | {a['n']} |",
         f"| {other} | {b['mean']:.4f} | {b['sd']:.4f} | {b['n']} |", "",
         f"Difference ({name} − {other}): {a['mean'] - b['mean']:+.4f}."])
+
+
+SPREAD = {"mean": NUMBER, "sd": NUMBER, "n": int}
+SEEDS_RECORD = {   # results/NAME_seeds.json, as seed_study writes it (the fields the pages read)
+    "command": str, "date": str, "commit": (str, type(None)), "val_loss": SPREAD, "last_val_loss": SPREAD,
+    "seeds": [{"seed": int, "step": (int, type(None)), "val_loss": NUMBER, "last_val_loss": NUMBER}],
+    "nanogpt_estimate": {"seed": int, "whole_val_loss": NUMBER, "draws": int, "batches": int, "batch_size": int,
+                         "block_size": int, "mean": NUMBER, "sd": NUMBER, "min": NUMBER, "max": NUMBER,
+                         "at_or_below_1.88": NUMBER}}
+
+
+def _seeds_record(path, name):
+    """The seed study's record, or the page's line saying it is damaged (and a warning line naming the file
+    and the key): the page of a finished run is still written."""
+    try:
+        return read_record(path, SEEDS_RECORD, "seed study")
+    except ValueError as e:
+        print(f"warning: {e}", file=sys.stderr)
+        return (f"The seed study could not be read: {e}. `numformer reproduce {name} --seeds N` writes it "
+                f"again.")
 
 
 def _verdict(v, e):
@@ -228,7 +269,7 @@ register(Experiment(
     [Target("test_loss", 1.93, "<=")],
     quick_overrides=["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=6", "train.log_every=3",
                      "model.n_layers=1", "data.block_size=16"],
-    extra=make_extra("shakespeare_char", WHY), seed_study=seed_study))
+    extra=make_extra("shakespeare_char", WHY), seed_study=seed_study, seed_study_runs=seed_study_runs))
 
 register(Experiment(
     "shakespeare_char_llama", "Character-level Llama-style decoder on tiny Shakespeare, against `make run`'s "
@@ -236,4 +277,4 @@ register(Experiment(
     [], quick_overrides=["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=6",
                          "train.log_every=3", "model.n_layers=1", "data.block_size=16"],
     extra=make_extra("shakespeare_char_llama", WHY_LLAMA, compare_with="shakespeare_char"),
-    seed_study=seed_study))
+    seed_study=seed_study, seed_study_runs=seed_study_runs))

@@ -32,8 +32,8 @@ from ..analysis import new_figure, save_figure
 from ..config import apply_overrides, load_config
 from ..data.base import IGNORE
 from ..provenance import machine_info
-from ..train import Trainer
 from . import Experiment, register
+from ._runs import start_run
 from .runner import find_config
 
 TASKS = ("copy", "reversal")
@@ -76,12 +76,21 @@ def position_accuracy(model, task, length, split="test"):
     return hits / np.maximum(count, 1)
 
 
+def run_dir_of(ctx, task_name, encoding):
+    return ctx.runs_dir / f"positional_{task_name}_{encoding}"
+
+
+def run_dirs(exp, ctx):
+    """The eight run folders (for ``runner.planned_runs``)."""
+    return [(run_dir_of(ctx, t, e), None) for t in TASKS for e in ENCODINGS]
+
+
 def train_one(exp, ctx, task_name, encoding):
     config = run_config(exp, ctx, task_name, encoding)
-    run_dir = ctx.runs_dir / f"positional_{task_name}_{encoding}"
+    run_dir = run_dir_of(ctx, task_name, encoding)
     if not ctx.quiet:
         print(f"positional: training {task_name} with {encoding} positions -> {run_dir}", file=sys.stderr, flush=True)
-    trainer = Trainer(config, run_dir, overwrite=ctx.overwrite, quiet=ctx.quiet)
+    trainer = start_run(ctx, config, run_dir)
     summary = trainer.train()
     model, task = trainer.model.eval(), trainer.task
     metrics = task.evaluate(model, "test")
@@ -309,4 +318,4 @@ register(Experiment(
     "positional",
     "Sinusoidal, learned, rotary (RoPE) and ALiBi positions on copy and reversal: trained on lengths up to L, "
     "evaluated up to 4L.",
-    config="positional", quick_overrides=QUICK, time_limit_minutes=30, custom=run_positional))
+    config="positional", quick_overrides=QUICK, time_limit_minutes=30, custom=run_positional, run_dirs=run_dirs))

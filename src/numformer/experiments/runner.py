@@ -6,22 +6,30 @@ attention heatmap, and writes ``results/NAME.json`` (figures, resolved config,
 seed, wall time, commit, machine) and ``results/NAME.md`` (a table and its
 figures); ``results/README.md`` is regenerated to index every result. Nothing
 in results/ is typed by hand.
+
+Before anything trains, ``check_before_running`` checks every folder the experiment will write: each run
+folder (``planned_runs``: runs/NAME, the runs beside it, each seed of a seed study, each row of an ablation)
+must be new or empty, or reused after the checks of ``_runs.reusable_run``, unless ``--overwrite``; the
+results folder must be new, empty or numformer's (``_results``).
 """
 from __future__ import annotations
 
 import datetime
-import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .._limits import NUMBER, check_record, read_json_file
+from .._results import INDEX_TITLE, check_results_folder
 from ..analysis import GROUP_TITLES, attention_maps, plot_attention, plot_loss_curves, read_metrics
 from ..config import load_config
 from ..provenance import machine_info
-from ..train import Trainer, evaluate_loss
+from ..train import evaluate_loss
 from ..train.run_files import write_atomic, write_json_atomic
+from ._runs import holds_anything, refuse_taken, start_run
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
 REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/
@@ -62,11 +70,16 @@ class Experiment:
     config: str = ""                       # configs/<config>.toml; defaults to the name
     quick_overrides: list = field(default_factory=list)   # --set items for --quick (seconds, for tests)
     time_limit_minutes: float = 0.0        # the experiment's wall-time budget, shown next to its wall time
-    extra: Callable | None = None          # extra(trainer, task, results_dir, quick) -> (figures dict, markdown)
+    extra: Callable | None = None          # extra(trainer, task, ctx) -> (figures dict, markdown)
     attention_groups: tuple = ()           # attention groups to draw, in this order (e.g. ("cross",)); () = all
     custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record
     seed_study: Callable | None = None     # seed_study(exp, ctx): trains ctx.seeds seeds (reproduce --seeds N)
     seeds_in_custom: bool = False          # custom() trains ctx.seeds seeds itself
+    # The run folders the experiment trains into, checked before it starts (``planned_runs``): each is
+    # (folder, None), or (folder, why an earlier run there cannot be reused); reused folders are left out.
+    run_dirs: Callable | None = None       # run_dirs(exp, ctx), for a custom experiment (required)
+    extra_runs: tuple = ()                 # run folders under --runs that ``extra`` trains (parity's baseline)
+    seed_study_runs: Callable | None = None    # seed_study_runs(exp, ctx): the seed study's
 
     def config_name(self):
         return self.config or self.name
@@ -81,6 +94,45 @@ class Context:
     quiet: bool = False
     overwrite: bool = False       # replace existing run folders (else a folder holding a run is an error)
     seeds: int = 0                # reproduce --seeds N: run the experiment's seed study first
+
+
+def planned_runs(exp, ctx):
+    """[(folder, why not reused or None)]: every run folder ``exp`` will train into under ``ctx`` (folders it
+    will reuse are left out)."""
+    if exp.custom is not None:
+        if exp.run_dirs is None:
+            raise TypeError(f"experiment {exp.name!r} has a custom pipeline but no run_dirs")
+        return exp.run_dirs(exp, ctx)
+    planned = [(ctx.runs_dir / name, None) for name in (exp.name, *exp.extra_runs)]
+    if ctx.seeds and exp.seed_study_runs is not None:
+        planned = exp.seed_study_runs(exp, ctx) + planned
+    return planned
+
+
+def read_record(path, schema, what="results record"):
+    """A record numformer wrote (results/*.json), read within the bounds and checked against ``schema``
+    (``_limits.check_record``): ValueError naming the file and the key."""
+    return check_record(read_json_file(path, what), schema, f"{what} {path}")
+
+
+def check_context(ctx):
+    """One line for a number of seeds that is not a count."""
+    if isinstance(ctx.seeds, bool) or not isinstance(ctx.seeds, int) or ctx.seeds < 0:
+        raise ValueError(f"--seeds {ctx.seeds}: give a positive number of seeds (or leave it out for the "
+                         f"experiment's default)")
+
+
+def check_before_running(exp, ctx):
+    """Refuse, before anything trains, what the experiment would write where it may not (see the module's
+    docstring): one line naming each folder."""
+    check_context(ctx)
+    if ctx.seeds and not exp.seeds_in_custom and exp.seed_study is None:
+        raise ValueError(f"--seeds: experiment {exp.name!r} has no seed study (shakespeare_char and "
+                         f"shakespeare_char_llama have one)")
+    check_results_folder(ctx.results_dir, "--results", ctx.overwrite)
+    taken = [(folder, why) for folder, why in planned_runs(exp, ctx) if holds_anything(folder)]
+    if taken and not ctx.overwrite:
+        refuse_taken(taken)
 
 
 def _figure_dir(ctx):
@@ -121,7 +173,7 @@ def train_and_evaluate(exp, ctx, config_overrides=()):
     overrides = list(config_overrides) + (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
     run_dir = ctx.runs_dir / exp.name
     started = time.time()
-    trainer = Trainer(config, run_dir, overwrite=ctx.overwrite, overrides=overrides, quiet=ctx.quiet)
+    trainer = start_run(ctx, config, run_dir, overrides)
     summary = trainer.train()
     model, task = trainer.model.eval(), trainer.task
     t = trainer.config["train"]
@@ -146,9 +198,8 @@ def train_and_evaluate(exp, ctx, config_overrides=()):
 
 def run_experiment(exp, ctx):
     """Run one experiment and write results/NAME.{json,md}; returns the record."""
+    check_before_running(exp, ctx)
     if ctx.seeds and not exp.seeds_in_custom:
-        if exp.seed_study is None:
-            raise ValueError(f"--seeds: experiment {exp.name!r} has no seed study (shakespeare_char and shakespeare_char_llama have one)")
         exp.seed_study(exp, ctx)
     if exp.custom is not None:
         record, markdown = exp.custom(exp, ctx)
@@ -167,7 +218,7 @@ def run_experiment(exp, ctx):
             images.append((f"{what}: every layer and head on a test example", path))
         extra_md = ""
         if exp.extra is not None:
-            extra_figures, extra_md = exp.extra(trainer, task, ctx.results_dir, ctx.quick)
+            extra_figures, extra_md = exp.extra(trainer, task, ctx)
             record["figures"].update(extra_figures)
             record["met"] = {tg.metric: tg.met(record["figures"]) for tg in exp.targets}
         record["wall_time_s"] = round(time.time() - started, 1)
@@ -226,24 +277,40 @@ def write_index(results_dir):
     """results/README.md: one row per results/*.json, generated."""
     rows = []
     for path in sorted(Path(results_dir).glob("*.json")):
-        if path.name == "bench.json":
+        r = _index_record(path)
+        if r is None:
             continue
-        try:
-            r = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            continue
-        if "figures" not in r or "name" not in r:
-            continue
-        heads = [f"{k} {_fmt(r['figures'][k])} ({r['targets'][k]})" for k in r.get("targets", {})
-                 if k in r["figures"]]
+        heads = [f"{k} {_fmt(r['figures'][k])} ({r['targets'][k]})" for k in r["targets"] if k in r["figures"]]
         wall = r.get("wall_time_s")
         rows.append(f"| [{r['name']}]({r['name']}.md) | {'; '.join(heads) or '-'} | "
                     f"{'' if wall is None else f'{wall / 60:.1f} min'} | {r.get('commit')} | {r.get('date')} |")
     bench = Path(results_dir) / "bench.md"
-    lines = ["# Results", "",
+    lines = [INDEX_TITLE, "",
              "Every file in this folder is written by a command (`numformer reproduce NAME`, "
              "`numformer bench PART`); none is typed by hand. This index is regenerated after each run.", "",
              "| experiment | figures (target) | wall time | commit | date |", "|---|---|---|---|---|", *rows, ""]
     if bench.exists():
         lines += ["Speed and memory benchmarks: [bench.md](bench.md).", ""]
     write_atomic(Path(results_dir) / "README.md", "\n".join(lines).encode())
+
+
+# The fields of a results/NAME.json the index reads (the experiments write more); other JSON files (bench.json,
+# NAME_seeds.json) have no "figures" and are not experiments' records.
+INDEX_RECORD = {"name": str, "figures": dict, "targets?": dict, "wall_time_s?": (NUMBER, type(None)),
+                "commit?": (str, type(None)), "date?": str}
+
+
+def _index_record(path):
+    """The record of results/NAME.json for the index, or None when the file is not an experiment's record; a
+    damaged record is left out with one warning line naming the file and the key."""
+    try:
+        r = check_record(read_json_file(path, "results record"), {}, f"results record {path}")
+        if "figures" not in r:           # bench.json, NAME_seeds.json: records of another kind
+            return None
+        check_record(r, INDEX_RECORD, f"results record {path}")
+        if not all(isinstance(v, str) for v in r.setdefault("targets", {}).values()):
+            raise ValueError(f"results record {path}: key 'targets' holds a value that is not a string")
+    except ValueError as e:
+        print(f"warning: {e}; left out of the index", file=sys.stderr)
+        return None
+    return r

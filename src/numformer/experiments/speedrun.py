@@ -22,11 +22,13 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .._limits import NUMBER
 from ..analysis import plot_loss_curves, read_metrics
 from ..bench.profile import matmul_peak, profile_training_step
 from ..config import apply_overrides, load_config, resolve_config
@@ -34,10 +36,10 @@ from ..decoding import generate
 from ..models import build_model
 from ..models.flops import training_flops_per_token
 from ..provenance import git_commit, machine_info
-from ..train import Trainer
 from ..train.run_files import write_atomic, write_json_atomic
 from . import register
-from .runner import Experiment, Target, find_config
+from ._runs import reusable_run, start_run
+from .runner import Experiment, Target, find_config, read_record
 
 NAME = "shakespeare_speedrun"
 TARGET, FLOOR = 1.50, 1.55
@@ -117,15 +119,15 @@ def speedrun_config():
 
 
 # -- one budgeted run and its figures ------------------------------------------------------------------------
-def budgeted_run(config, run_dir, seed, overrides=(), quiet=False, peak=None):
-    """Train ``config`` with ``seed`` under its time budget into ``run_dir``; returns its figures."""
+def budgeted_run(ctx, config, run_dir, seed, overrides=(), peak=None):
+    """Train ``config`` with ``seed`` under its time budget into ``run_dir`` (``_runs.start_run``: new or
+    empty, or --overwrite); returns its figures and the trainer."""
     started = time.perf_counter()
-    trainer = Trainer(config, run_dir, overwrite=True, overrides=list(overrides) + [f"train.seed={seed}"],
-                      quiet=quiet)
+    trainer = start_run(ctx, config, run_dir, list(overrides) + [f"train.seed={seed}"])
     s = trainer.train()
     wall = time.perf_counter() - started
     flops = training_flops_per_token(trainer.model, trainer.config["data"]["block_size"])
-    row = _row(s, seed, round(wall, 2), flops, run_dir)
+    row = {**_row(s, seed, round(wall, 2), flops, run_dir), "source": "trained"}
     if peak:
         row["mfu_training_steps"] = flops * s["tokens_per_s"] / peak
         row["mfu_whole_budget"] = flops * s["tokens_seen"] / wall / peak
@@ -133,13 +135,13 @@ def budgeted_run(config, run_dir, seed, overrides=(), quiet=False, peak=None):
 
 
 def _row(summary, seed, wall_seconds, flops_per_token, run_dir):
-    """A budgeted run's figures, from its summary.json."""
+    """A budgeted run's figures, from its summary.json (``_runs.SUMMARY``); ``commit``: the code that trained it."""
     s = summary
     return {"seed": seed, "val_loss": s["best_val_loss"], "steps": s["steps"], "tokens_seen": s["tokens_seen"],
             "tokens_per_s": s["tokens_per_s"], "train_seconds": s["train_seconds"],
             "budget_seconds": s.get("budget_seconds"), "budget_used_seconds": s.get("budget_used_seconds"),
             "wall_seconds": wall_seconds, "parameters": s["parameters"], "flops_per_token": flops_per_token,
-            "run_dir": str(run_dir)}
+            "run_dir": str(run_dir), "commit": s["commit"]}
 
 
 def spread(values):
@@ -169,16 +171,21 @@ def _peaks():
 
 
 # -- the experiments -------------------------------------------------------------------------------------------
+def _speedrun_dirs(ctx):
+    """[(seed, run folder)]: the first seed in runs/NAME, the others in runs/NAME_seeds/seed_K."""
+    seeds = list(range(ctx.seeds)) if ctx.seeds else [0]
+    return [(seed, ctx.runs_dir / NAME if seed == seeds[0] else ctx.runs_dir / f"{NAME}_seeds" / f"seed_{seed}")
+            for seed in seeds]
+
+
 def run_speedrun(exp, ctx):
     """The recipe at its full budget over ``--seeds`` seeds (default 1); the page gathers the other parts."""
     config = speedrun_config()
     overrides = (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
     peaks = _peaks()
-    seeds = list(range(ctx.seeds)) if ctx.seeds else [0]
     rows, first = [], None
-    for seed in seeds:
-        run_dir = ctx.runs_dir / NAME if seed == seeds[0] else ctx.runs_dir / f"{NAME}_seeds" / f"seed_{seed}"
-        row, trainer = budgeted_run(config, run_dir, seed, overrides, ctx.quiet, peaks["all_cores"])
+    for seed, run_dir in _speedrun_dirs(ctx):
+        row, trainer = budgeted_run(ctx, config, run_dir, seed, overrides, peaks["all_cores"])
         rows.append(row)
         if first is None:
             first = trainer
@@ -192,7 +199,7 @@ def run_speedrun(exp, ctx):
                      met={"val_loss": figures["val_loss"] <= TARGET}, runs=rows, peaks=peaks,
                      config=first.config, sample=sample, task=first.task.describe(),
                      wall_time_s=round(sum(r["wall_seconds"] for r in rows), 1),
-                     best_val_loss=loss["mean"], steps=rows[0]["steps"], seed=seeds[0])
+                     best_val_loss=loss["mean"], steps=rows[0]["steps"], seed=rows[0]["seed"])
     if ctx.quick:
         record["quick_overrides"] = list(exp.quick_overrides)
     figs = ctx.results_dir / "figures"
@@ -201,8 +208,8 @@ def run_speedrun(exp, ctx):
     record["curve"] = metrics.is_file()                 # a budget too short for one step logs nothing
     if record["curve"]:
         plot_loss_curves(read_metrics(metrics), path=figs / f"{NAME}_loss.png",
-                         title=f"{NAME}: learning curve (seed {seeds[0]})")
-    return record, speedrun_markdown(record, ctx.results_dir)
+                         title=f"{NAME}: learning curve (seed {rows[0]['seed']})")
+    return record, speedrun_markdown(record, saved_parts(ctx.results_dir))
 
 
 def _sample(trainer):
@@ -211,8 +218,9 @@ def _sample(trainer):
     return trainer.task.tokenizer.decode(ids)
 
 
-def run_ablation(exp, ctx):
-    """Every row of LADDER over ``--seeds`` seeds (default 3) at the proxy budget."""
+# -- the ablation: its rows, the runs each trains or reuses ----------------------------------------------------
+def _ablation_rows(ctx):
+    """(seeds, [(row, change, raw config, {seed: resolved config})]) of every LADDER row under ``ctx``."""
     seeds = list(range(ctx.seeds or ABLATION_SEEDS))
     minutes = ABLATION_MINUTES
     if ctx.quick:
@@ -220,21 +228,62 @@ def run_ablation(exp, ctx):
     rows = []
     for i, (change, config) in enumerate(ladder_configs(minutes)):
         config = apply_overrides(config, (_quick_overrides(config) if ctx.quick else []) + list(ctx.overrides))
-        runs, resolved = [], None
+        resolved = {seed: resolve_config(apply_overrides(config, [f"train.seed={seed}"]))[0] for seed in seeds}
+        rows.append((i, change, config, resolved))
+    return seeds, rows
+
+
+def _ablation_plan(exp, ctx, seeds, rows):
+    """{(config key, seed): (run folder, summary of a run to reuse or None, why the run there is not reused)}:
+    one entry per distinct config and seed (rows of equal configs share it). Folders are named by the config,
+    so that an edited ladder reuses the runs of the rows it did not change (``_runs.reusable_run``)."""
+    commit = git_commit()
+    plan = {}
+    for _, _, _, resolved in rows:
         for seed in seeds:
-            resolved = resolve_config(apply_overrides(config, [f"train.seed={seed}"]))[0]
-            row = _finished_row(ctx.runs_dir / exp.name, resolved, seed)
-            if row is None:               # folders named by the config, so that an edited ladder reuses its runs
-                run_dir = ctx.runs_dir / exp.name / _config_key(resolved) / f"seed_{seed}"
-                row, _ = budgeted_run(config, run_dir, seed, quiet=ctx.quiet)
-            runs.append(row)
-        rows.append({"row": i, "change": change.text, "kept": change.kept, "config": resolved,
-                     "val_loss": spread(r["val_loss"] for r in runs), "runs": runs})
-    figures = {f"row_{r['row']}_val_loss{k}": r["val_loss"][m] for r in rows for k, m in (("", "mean"),
-                                                                                            ("_sd", "sd"))}
-    record = _record(exp, ctx, figures=figures, targets={}, met={},
-                     rows=rows, budget_minutes=minutes, seeds=seeds,
-                     wall_time_s=round(sum(r["wall_seconds"] for row in rows for r in row["runs"]), 1))
+            key = (_config_key(resolved[seed]), seed)
+            if key not in plan:
+                run_dir = ctx.runs_dir / exp.name / key[0] / f"seed_{seed}"
+                summary, why = (None, None) if ctx.overwrite else reusable_run(run_dir, resolved[seed], commit)
+                plan[key] = (run_dir, summary, why)
+    return plan
+
+
+def ablation_run_dirs(exp, ctx):
+    """The ablation's run folders that will be trained (for ``runner.planned_runs``)."""
+    seeds, rows = _ablation_rows(ctx)
+    return [(run_dir, why) for run_dir, summary, why in _ablation_plan(exp, ctx, seeds, rows).values()
+            if summary is None]
+
+
+def run_ablation(exp, ctx):
+    """Every row of LADDER over ``--seeds`` seeds (default 3) at the proxy budget; a run of a config and seed
+    that an earlier row of this command trained is shared, a finished run of this code is reused."""
+    seeds, rows = _ablation_rows(ctx)
+    plan = _ablation_plan(exp, ctx, seeds, rows)
+    done, records = {}, []
+    for i, change, config, resolved in rows:
+        runs = []
+        for seed in seeds:
+            key = (_config_key(resolved[seed]), seed)
+            run_dir, summary, _ = plan[key]
+            if key in done:
+                run = {**done[key], "source": "shared", "shared_with_row": done[key]["row"]}
+            elif summary is not None:
+                run = {**_reused_row(summary, resolved[seed], seed, run_dir), "row": i}
+            else:
+                run = {**budgeted_run(ctx, config, run_dir, seed)[0], "row": i}
+            done.setdefault(key, run)
+            runs.append(run)
+        records.append({"row": i, "change": change.text, "kept": change.kept, "config": resolved[seeds[-1]],
+                        "val_loss": spread(r["val_loss"] for r in runs), "runs": runs})
+    figures = {f"row_{r['row']}_val_loss{k}": r["val_loss"][m] for r in records for k, m in (("", "mean"),
+                                                                                               ("_sd", "sd"))}
+    budgets = sorted({r["config"]["train"]["budget_minutes"] for r in records})
+    record = _record(exp, ctx, figures=figures, targets={}, met={}, rows=records,
+                     budget_minutes=budgets[0] if len(budgets) == 1 else budgets, seeds=seeds,
+                     wall_time_s=round(sum(r["wall_seconds"] for row in records for r in row["runs"]
+                                           if r["source"] == "trained"), 1))
     refresh_speedrun_page(ctx.results_dir, exp.name, record)
     return record, ablation_markdown(record) + "\n"
 
@@ -246,24 +295,12 @@ def _config_key(resolved):
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _finished_row(base, resolved, seed):
-    """The figures of a finished ablation run of exactly this resolved config and seed under ``base`` (a
-    config-named folder, or a row_N folder of an earlier layout), or None: an ablation run again, after an edit
-    of the ladder, trains only the rows it has not trained."""
-    wanted = json.loads(json.dumps(resolved))
-    for run_dir in sorted(base.glob(f"*/seed_{seed}")):
-        summary, saved = run_dir / "summary.json", run_dir / "config.json"
-        if not (summary.is_file() and saved.is_file()):
-            continue
-        if json.loads(saved.read_text(encoding="utf-8")) != wanted:
-            continue
-        s = json.loads(summary.read_text(encoding="utf-8"))
-        if s.get("stopped_by") != "time budget" or s.get("interrupted"):
-            continue
-        model = build_model(dict(resolved["model"]), rng=np.random.default_rng(0))
-        flops = training_flops_per_token(model, resolved["data"]["block_size"])
-        return {**_row(s, seed, s["budget_used_seconds"], flops, run_dir), "reused": True}
-    return None
+def _reused_row(summary, resolved, seed, run_dir):
+    """The figures of a finished run of this config, seed and code, from its (checked) summary.json."""
+    model = build_model(dict(resolved["model"]), rng=np.random.default_rng(0))
+    flops = training_flops_per_token(model, resolved["data"]["block_size"])
+    wall = summary.get("budget_used_seconds", summary["train_seconds"])
+    return {**_row(summary, seed, wall, flops, run_dir), "source": "reused"}
 
 
 def _quick_overrides(config):
@@ -275,24 +312,22 @@ def _quick_overrides(config):
 
 def run_profile(exp, ctx):
     """Where a training step of the recipe's model goes, and the MFU; appends this commit's profile to the
-    earlier ones of results/shakespeare_speedrun_profile.json (the first is the 'before')."""
+    earlier ones of results/shakespeare_speedrun_profile.json (the first is the 'before'). A damaged file is
+    refused before the profile runs: its history would be lost."""
     config = speedrun_config()
     if ctx.quick:
         config = apply_overrides(config, ["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
                                           "model.n_kv_heads=1", "model.d_ff=64", "data.block_size=32"])
     config = apply_overrides(config, ctx.overrides)
+    path = ctx.results_dir / f"{exp.name}.json"
+    earlier = read_record(path, PROFILE_RECORD)["profiles"] if path.is_file() else []
     started = time.perf_counter()
     peaks = _peaks()
     cores = peaks["cores"]
     profile = profile_training_step(config, processes=cores, steps=3 if ctx.quick else 20)
     entry = {"commit": git_commit(), "date": datetime.date.today().isoformat(), **profile,
              "mfu_one_worker": profile["flops_per_s"] / peaks["one_thread"], "peaks": peaks}
-    path = ctx.results_dir / f"{exp.name}.json"
-    history = []
-    if path.is_file():
-        history = [e for e in json.loads(path.read_text(encoding="utf-8")).get("profiles", [])
-                   if e["commit"] != entry["commit"]]
-    history.append(entry)
+    history = [e for e in earlier if e["commit"] != entry["commit"]] + [entry]
     record = _record(exp, ctx, figures={"mfu_one_worker": entry["mfu_one_worker"]}, targets={}, met={},
                      profiles=history, wall_time_s=round(time.perf_counter() - started, 1))
     refresh_speedrun_page(ctx.results_dir, exp.name, record)
@@ -326,29 +361,41 @@ def run_torch_anchor(exp, ctx):
 # -- the pages ---------------------------------------------------------------------------------------------------
 def refresh_speedrun_page(results_dir, name, record):
     """Write a part's record (results/NAME.json) and, when the speedrun's own record exists, rewrite
-    results/shakespeare_speedrun.md from it so that the page shows the new part."""
+    results/shakespeare_speedrun.md from it so that the page shows the new part. Another part's damaged record
+    is a warning line naming the file and the key, and the page says so: the new record is kept."""
     results_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(results_dir / f"{name}.json", record)
+    parts = saved_parts(results_dir)
     for part, render in PART_PAGES.items():            # every part's page, with this code's wording
-        saved = _load(results_dir, part)
+        saved, _ = parts[part]
         if saved is not None and part != name:
             write_atomic(results_dir / f"{part}.md", (render(saved) + "\n").encode())
-    main = _load(results_dir, NAME)
+    main, _ = parts[NAME]
     if main is not None:
-        write_atomic(results_dir / f"{NAME}.md", speedrun_markdown(main, results_dir).encode())
+        write_atomic(results_dir / f"{NAME}.md", speedrun_markdown(main, parts).encode())
 
 
-def _load(results_dir, name):
-    path = Path(results_dir) / f"{name}.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+def saved_parts(results_dir):
+    """{name: (record, None) | (None, why it cannot be shown) | (None, None) when absent} of the four parts'
+    records in ``results_dir``, each checked against its schema; one warning line per damaged record."""
+    parts = {}
+    for name, schema in RECORDS.items():
+        path = Path(results_dir) / f"{name}.json"
+        try:
+            parts[name] = (read_record(path, schema), None) if path.is_file() else (None, None)
+        except ValueError as e:
+            print(f"warning: {e}", file=sys.stderr)
+            parts[name] = (None, f"{e}; `numformer reproduce {name}` writes it again.")
+    return parts
 
 
 def _pm(s):
     return f"{s['mean']:.4f} ± {s['sd']:.4f}"
 
 
-def speedrun_markdown(record, results_dir):
-    rows, f = record["runs"], record["figures"]
+def speedrun_markdown(record, parts):
+    """The speedrun's page: ``record`` and the other parts (``saved_parts``)."""
+    rows = record["runs"]
     loss = spread(r["val_loss"] for r in rows)
     t = record["config"]["train"]
     quick = record.get("quick_overrides")
@@ -378,9 +425,9 @@ def speedrun_markdown(record, results_dir):
               + f"; every resolved key is in `{NAME}.json`:", "", "```toml", _config_text(), "```", ""]
     for name, render in ((f"{NAME}_ablation", ablation_markdown), (f"{NAME}_torch", torch_markdown),
                          (f"{NAME}_profile", profile_markdown)):
-        part = _load(results_dir, name)
-        lines += [render(part, level="##", main=record) if part else
-                  f"## {name}\n\nNot run yet: `numformer reproduce {name}` writes it.", ""]
+        part, damaged = parts[name]
+        lines += [render(part, level="##", main=record) if part else f"## {name}\n\n" + (
+            damaged or f"Not run yet: `numformer reproduce {name}` writes it."), ""]
     lines += ["## Sample", "", f"`numformer generate runs/{NAME} --prompt \"{PROMPT}\" --max-new-tokens "
               f"{SAMPLE_TOKENS} --seed 0`:", "", "```text", record["sample"], "```", "",
               *(["**Learning curve**", "", f"![Learning curve](figures/{NAME}_loss.png)", ""] if record.get("curve")
@@ -393,19 +440,28 @@ def _config_text():
 
 
 def _beats(a, b):
-    """Whether row a's mean differs from row b's by more than twice the standard error of the difference."""
+    """Whether row a's mean differs from row b's by more than twice the standard error of the difference; None
+    with fewer than 2 seeds a side (no scatter to compare with)."""
+    if a["n"] < 2 or b["n"] < 2:
+        return None
     se = math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])
     return abs(a["mean"] - b["mean"]) > 2 * se
+
+
+def _budget_text(minutes):
+    if isinstance(minutes, list):
+        return f"proxy budgets of {', '.join(map(str, minutes))} minutes (each row's is in its config)"
+    return f"a proxy budget of {minutes:g} minutes"
 
 
 def ablation_markdown(record, level="#", main=None):
     rows = record["rows"]
     lines = [f"{level} Ablation: every recipe change against the row it changes", "",
              f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}): each row trains "
-             f"{len(record['seeds'])} seeds under a proxy budget of {record['budget_minutes']:g} minutes of wall "
+             f"{len(record['seeds'])} seeds under {_budget_text(record['budget_minutes'])} of wall "
              f"time (everything included) and scores the whole validation text. A change is 'beyond the scatter' "
              f"when its mean moves by more than twice the standard error of the difference of the two means."
-             + _reused_text(rows), "",
+             + _provenance_text(record), "",
              "| row | change | steps | tokens/s | whole-validation loss | vs the row it changes | beyond the scatter |",
              "|---|---|---|---|---|---|---|"]
     base = None
@@ -417,7 +473,8 @@ def ablation_markdown(record, level="#", main=None):
         else:
             delta = f"{row['val_loss']['mean'] - base['val_loss']['mean']:+.4f} (row {base['row']})"
             better = row["val_loss"]["mean"] < base["val_loss"]["mean"]
-            beats = ("yes, better" if better else "yes, worse") if _beats(row["val_loss"], base["val_loss"]) else "no"
+            beats = {None: "n/a (one seed)", False: "no", True: "yes, better" if better else "yes, worse"}[
+                _beats(row["val_loss"], base["val_loss"])]
         change = row["change"] + ("" if row.get("kept", True) else " (not kept)")
         lines.append(f"| {row['row']} | {change} | {steps:,.0f} | {tps:,.0f} | {_pm(row['val_loss'])} | "
                      f"{delta} | {beats} |")
@@ -432,13 +489,42 @@ def ablation_markdown(record, level="#", main=None):
     return "\n".join(lines)
 
 
-def _reused_text(rows):
-    """Which rows an earlier run of the command trained (identical configs, reused)."""
-    reused = [r["row"] for r in rows if all(run.get("reused") for run in r["runs"])]
-    if not reused:
-        return ""
-    return (f" Rows {', '.join(map(str, reused))} were trained by an earlier run of this command with the same "
-            f"configs and seeds, and reused.")
+def _source(run):
+    """trained, reused or shared (records written before the runs said so mark a reused run ``reused``)."""
+    return run.get("source") or ("reused" if run.get("reused") else "trained")
+
+
+def _provenance_text(record):
+    """What the rows' runs are: which rows share another row's runs (the same config under this command's
+    settings), which reuse an earlier command's runs, and the commits that trained them."""
+    text, rows = [], record["rows"]
+    shared = {}
+    for r in rows:
+        if r["runs"] and all(_source(run) == "shared" for run in r["runs"]):
+            shared.setdefault(r["runs"][0].get("shared_with_row"), []).append(r["row"])
+    for origin, same in shared.items():
+        one = len(same) == 1
+        text.append(f"{_rows(same)} {'has' if one else 'have'} the same config as row {origin} under this "
+                    f"command's settings (its --quick model or --set values leave out {'its' if one else 'their'} "
+                    f"change), so {'it shows' if one else 'they show'} row {origin}'s runs, not runs of "
+                    f"{'its' if one else 'their'} own.")
+    reused = [r["row"] for r in rows if any(_source(run) == "reused" for run in r["runs"])]
+    if reused:
+        whole = all(_source(run) == "reused" for r in rows if r["row"] in reused for run in r["runs"])
+        commits = sorted({str(run["commit"]) for r in rows for run in r["runs"] if "commit" in run
+                          and _source(run) == "reused"})
+        by = f"at commit {', '.join(commits)}" if commits else "(this record does not say by which commit)"
+        text.append(f"{_rows(reused)} {'reuse' if whole else 'reuse some of'} the runs that an earlier "
+                    f"`numformer reproduce` of this ablation trained with the same configs and seeds {by}.")
+    others = sorted({str(run["commit"]) for r in rows for run in r["runs"] if "commit" in run}
+                    - {str(record["commit"])})
+    if others:
+        text.append(f"Runs trained by another commit than this record's: {', '.join(others)}.")
+    return "".join(f" {t}" for t in text)
+
+
+def _rows(numbers):
+    return f"Row {numbers[0]}" if len(numbers) == 1 else f"Rows {', '.join(map(str, numbers))}"
 
 
 def torch_markdown(record, level="#", main=None):
@@ -467,6 +553,29 @@ def torch_markdown(record, level="#", main=None):
     return "\n".join(lines)
 
 
+SPREAD = {"mean": NUMBER, "sd": NUMBER, "n": int}
+# What each part's page reads of its record (the records hold more); a damaged record is refused by these.
+SPEEDRUN_RECORD = {
+    "description": str, "command": str, "date": str, "commit": (str, type(None)), "task": str, "sample": str,
+    "machine": {"cores": int, "cpu": str}, "config": {"train": {"budget_minutes": NUMBER}},
+    "peaks": {"cores": int, "one_thread": NUMBER, "all_cores": NUMBER}, "quick_overrides?": [str], "curve?": bool,
+    "runs": [{"seed": int, "steps": int, "tokens_seen": int, "tokens_per_s": NUMBER, "mfu_training_steps": NUMBER,
+              "wall_seconds": NUMBER, "budget_used_seconds": NUMBER, "val_loss": NUMBER, "parameters": int,
+              "flops_per_token": int}, 1]}
+ABLATION_RECORD = {
+    "command": str, "date": str, "commit": (str, type(None)), "seeds": [int, 1], "budget_minutes": (NUMBER, list),
+    "rows": [{"row": int, "change": str, "kept?": bool, "val_loss": SPREAD,
+              "runs": [{"steps": int, "tokens_per_s": NUMBER, "source?": str, "reused?": bool,
+                        "commit?": (str, type(None)), "shared_with_row?": int}, 1]}, 1]}
+TORCH_RUN = {"model_class": str, "steps": int, "tokens_per_s": NUMBER, "wall_seconds": NUMBER, "val_loss": NUMBER,
+             "torch": str, "threads": int}
+TORCH_RECORD = {"command": str, "date": str, "commit": (str, type(None)), "budget_minutes": NUMBER, "seed": int,
+                "runs": {"recipe": TORCH_RUN, "nanogpt_cpu": TORCH_RUN}}
+PROFILE_RECORD = {"command": str, "date": str,
+                  "profiles": [{"commit": (str, type(None)), "families": {"*": NUMBER}, "step_seconds": NUMBER,
+                                "mfu_one_worker": NUMBER, "processes": int, "batch_share": int}, 1]}
+
+
 def profile_markdown(record, level="#", main=None):
     profiles = record["profiles"]
     first, last = profiles[0], profiles[-1]
@@ -490,6 +599,8 @@ def profile_markdown(record, level="#", main=None):
 
 PART_PAGES = {f"{NAME}_ablation": ablation_markdown, f"{NAME}_torch": torch_markdown,
               f"{NAME}_profile": profile_markdown}
+RECORDS = {NAME: SPEEDRUN_RECORD, f"{NAME}_ablation": ABLATION_RECORD, f"{NAME}_torch": TORCH_RECORD,
+           f"{NAME}_profile": PROFILE_RECORD}
 
 EXPERIMENTS_QUICK = ("model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.n_kv_heads=1",
                      "model.d_ff=64", "data.block_size=32", "train.batch_size=8", "train.eval_every=20",
@@ -499,13 +610,13 @@ register(Experiment(
     NAME, "The best character-level model of tiny Shakespeare that 2 CPU cores train in 10 minutes of wall "
     "time, training and the final whole-validation evaluation included.",
     [Target("val_loss", TARGET, "<=")], quick_overrides=list(EXPERIMENTS_QUICK), custom=run_speedrun,
-    seeds_in_custom=True), group="speedrun")
+    seeds_in_custom=True, run_dirs=lambda exp, ctx: [(d, None) for _, d in _speedrun_dirs(ctx)]), group="speedrun")
 register(Experiment(
     f"{NAME}_ablation", "The speedrun's recipe changes, one at a time, each over 3 seeds at a proxy budget.",
-    custom=run_ablation, seeds_in_custom=True), group="speedrun")
+    custom=run_ablation, seeds_in_custom=True, run_dirs=ablation_run_dirs), group="speedrun")
 register(Experiment(
     f"{NAME}_torch", "The speedrun's budget given to PyTorch: the same recipe, and nanoGPT's CPU recipe.",
-    custom=run_torch_anchor), group="speedrun")
+    custom=run_torch_anchor, run_dirs=lambda exp, ctx: []), group="speedrun")
 register(Experiment(
     f"{NAME}_profile", "Where a training step of the speedrun's model spends its time, op family by op family.",
-    custom=run_profile), group="speedrun")
+    custom=run_profile, run_dirs=lambda exp, ctx: []), group="speedrun")

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from ..analysis import plot_eval_metrics, read_metrics
-from ..train import Trainer
 from . import Experiment, Target, register
+from ._runs import start_run
 
 QUICK = ["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=12", "train.warmup_steps=2",
          "data.n_val=40", "data.n_test=40", "model.n_layers=1", "model.d_model=16", "model.n_heads=2"]
@@ -50,11 +50,11 @@ def synthetic_extra(name, metrics, why):
     """An ``extra`` hook: the model and why it was chosen, and the validation ``metrics`` against the step
     (figures/NAME_metrics.png)."""
 
-    def extra(trainer, task, results_dir, quick):
+    def extra(trainer, task, ctx):
         md = [model_line(trainer) + " " + why]
         records = read_metrics(trainer.run_dir / "metrics.jsonl")
         names = [m for m in metrics if any(m in r for r in records)]
-        path = _figure(results_dir, f"{name}_metrics.png")
+        path = _figure(ctx.results_dir, f"{name}_metrics.png")
         if names and plot_eval_metrics(records, path=path, names=names) is not None:
             md += ["**Validation metrics during training**", f"![Validation metrics](figures/{path.name})"]
         return {}, "\n\n".join(md)
@@ -64,6 +64,7 @@ def synthetic_extra(name, metrics, why):
 
 # The classifier for parity: an encoder that reads the bits and classifies. Trained on lengths
 # 1..64 (short strings first carry a signal), as a baseline for the scratchpad model of configs/parity.toml.
+PARITY_BASELINE = "parity_classifier"        # its run folder, beside runs/parity
 PARITY_CLASSIFIER = {
     "model": {"type": "classifier", "n_layers": 4, "n_heads": 4, "d_model": 64, "dropout": 0.0,
               "norm_first": True, "activation": "gelu", "pooling": "first", "positional": "learned"},
@@ -87,13 +88,13 @@ PARITY_WHY = (
     "its own outputs, as at inference; `exact_match` counts strings whose whole scratchpad is right.")
 
 
-def parity_extra(trainer, task, results_dir, quick):
+def parity_extra(trainer, task, ctx):
     """Setup and validation curves, then the EncoderClassifier baseline trained and tested on parity too."""
     figures, md = synthetic_extra("parity", ["accuracy", "exact_match", "token_accuracy"], PARITY_WHY)(
-        trainer, task, results_dir, quick)
+        trainer, task, ctx)
     print("parity: training the EncoderClassifier baseline", file=sys.stderr, flush=True)
-    base = Trainer(PARITY_CLASSIFIER, trainer.run_dir.parent / "parity_classifier", overwrite=True,
-                   overrides=PARITY_CLASSIFIER_QUICK if quick else [], quiet=True)
+    base = start_run(ctx, PARITY_CLASSIFIER, ctx.runs_dir / PARITY_BASELINE,
+                     PARITY_CLASSIFIER_QUICK if ctx.quick else [])
     summary = base.train()
     acc = base.task.evaluate(base.model.eval(), "test")["accuracy"]
     m, d, t = base.config["model"], base.config["data"], base.config["train"]
@@ -142,7 +143,7 @@ register(Experiment(
 register(Experiment(
     "parity", "Parity of 64-bit strings (1,000 held-out test strings).",
     [Target("accuracy", 0.95)], quick_overrides=QUICK + ["data.length=8"], time_limit_minutes=30,
-    extra=parity_extra, attention_groups=ENC_DEC), group="synthetic")
+    extra=parity_extra, extra_runs=(PARITY_BASELINE,), attention_groups=ENC_DEC), group="synthetic")
 register(Experiment(
     "addition", "Addition of two numbers of up to 8 digits (1,000 held-out test pairs).",
     [Target("exact_match", 0.99)], quick_overrides=QUICK + ["data.length=3"], time_limit_minutes=30,

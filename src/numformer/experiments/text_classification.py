@@ -183,7 +183,7 @@ def _top_words(words, values, k=6, sign=1):
 def saliency_extra(name):
     """The ``extra`` step of an experiment: figures/NAME_saliency.png and a markdown section."""
 
-    def extra(trainer, task, results_dir, quick):
+    def extra(trainer, task, ctx):
         model = trainer.model
         names = task.label_names
         examples, rows = [], []
@@ -199,7 +199,7 @@ def saliency_extra(name):
                         f"{', '.join(_top_words(words, sal)) or '-'} | "
                         f"{', '.join(_top_words(words, -sal)) or '-'} | "
                         f"{', '.join(_top_words(words, attn - attn.mean())) or '-'} |")
-        path = Path(results_dir) / "figures" / f"{name}_saliency.png"
+        path = Path(ctx.results_dir) / "figures" / f"{name}_saliency.png"
         plot_word_saliency(examples, path=path, title=f"{name}: which words drive the prediction "
                                                       f"({len(examples)} test texts)")
         md = "\n".join([
@@ -226,9 +226,9 @@ def training_set_note(task) -> tuple[dict, str]:
     return {"train_rows": rows}, f"**Training set**: {task.train_source}: {which}."
 
 
-def agnews_extra(trainer, task, results_dir, quick):
+def agnews_extra(trainer, task, ctx):
     """The saliency figure, and which training set was used (the full 120,000 rows or the subset)."""
-    figures, md = saliency_extra("agnews")(trainer, task, results_dir, quick)
+    figures, md = saliency_extra("agnews")(trainer, task, ctx)
     rows, note = training_set_note(task)
     return {**figures, **rows}, note + "\n\n" + md
 

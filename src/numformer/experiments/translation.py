@@ -66,10 +66,10 @@ def cross_attention_figure(model, task, src_text, path, title):
     return [mean_path, path], task.decode_target(hyp)
 
 
-def multi30k_extra(trainer, task, results_dir, quick):
+def multi30k_extra(trainer, task, ctx):
     """Examples, translated test sets and the cross-attention heatmap (after ``task.evaluate(model, 'test')``)."""
     model = trainer.model.eval()
-    results_dir = Path(results_dir)
+    results_dir = Path(ctx.results_dir)
     c, t = task.config, trainer.config["train"]
     figures = {"epochs": round(trainer.step * t["batch_size"] * t["grad_accum"] / len(task.sources("train")), 2)}
     tr = task.last_translations

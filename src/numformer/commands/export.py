@@ -69,8 +69,9 @@ def clear_export_folder(out, overwrite):
 
 
 def register(sub):
-    p = sub.add_parser("export", help="write a trained GPT as a Hugging Face folder (config.json + "
-                                      "model.safetensors): GPT-2, or Llama, Mistral or Qwen2 for a RoPE model")
+    what = ("write a trained GPT as a Hugging Face folder (config.json + model.safetensors): GPT-2, or Llama, "
+            "Mistral or Qwen2 for a RoPE model")
+    p = sub.add_parser("export", help=what, description=what[0].upper() + what[1:] + ".")
     p.add_argument("run_dir", help="a run folder (from `numformer train` or `numformer import-hf`)")
     p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, "
                    "or LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM for a RoPE model; the default)")

@@ -1,0 +1,181 @@
+"""numformer chat SOURCE [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--greedy]
+[--seed S] [--template-var KEY=VALUE ...] [--chat-template FILE]: talk with a chat model in the terminal.
+
+SOURCE: a Hugging Face model folder (``hf download ... --local-dir FOLDER``), a hub id written ``hf:ID``, or a
+run folder. Each line you type is a message; the reply streams as it is generated (the key/value cache) and
+ends at the model's end-of-turn or eos tokens. The conversation is rendered with the model's own chat
+template (``numformer.data.chat``); a model without one (a run folder trained here) gets numformer's plain
+default format (``User: ...`` / ``Assistant:``), and a note says so. The oldest turns are dropped when the
+conversation no longer fits the model's context; the system prompt stays. ``/reset`` starts over, ``/quit``
+(or end of input) ends. When stdin is not a terminal, lines are read from it one by one and each reply is
+printed on stdout (notes go to stderr), so a chat can be scripted: ``printf 'Hi\\n' | numformer chat DIR``.
+
+Sampling: the flags you give, else the settings of the folder's generation_config.json (do_sample,
+temperature, top_k, top_p, as transformers uses them: without do_sample it picks the most likely token),
+else those of ``numformer generate``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COMMANDS = {"/reset": "clears the conversation (the system prompt stays)", "/quit": "ends the chat"}
+
+
+def load_chat_model(source):
+    """(model, tokenizer, folder) of SOURCE: the one place ``numformer chat`` loads a model (through the
+    loading of ``numformer generate``)."""
+    from ..interop.hf import is_run_folder, resolve_source
+    from .generate import load_generator
+
+    model, tokenizer = load_generator(source)
+    return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)
+
+
+def _json(path):
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8")) if Path(path).is_file() else {}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} cannot be read ({e}); restore it") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _ids(value):
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else \
+        [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
+
+
+def stop_token_ids(folder, tokenizer, chat_format):
+    """The ids that end a reply: ``eos_token_id`` of config.json and of generation_config.json (an id or a
+    list: Llama 3's <|eot_id|>, Gemma's <end_of_turn>, ...), the tokenizer's eos token, and the template's
+    ``eos_token``, each as far as the vocabulary has it."""
+    ids = set()
+    for name in ("config.json", "generation_config.json"):
+        ids.update(_ids(_json(Path(folder) / name).get("eos_token_id")))
+    ids.update(_ids(getattr(tokenizer, "special_ids", {}).get("<eos>")))
+    token = chat_format.special_tokens.get("eos_token")
+    hf = getattr(tokenizer, "hf", None)
+    if token is not None and hf is not None and hf.token_to_id(token) is not None:
+        ids.add(hf.token_to_id(token))
+    return sorted(i for i in ids if 0 <= i < tokenizer.vocab_size)
+
+
+def sampling_settings(args, folder):
+    """{temperature, top_k, top_p, greedy}: the flags given, else generation_config.json's, else the defaults."""
+    path = Path(folder) / "generation_config.json"
+    gen = _json(path)
+    given = args.greedy or args.temperature is not None
+    settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
+    if path.is_file() and not given:
+        settings["greedy"] = gen.get("do_sample") is not True
+        for key in ("temperature", "top_k", "top_p"):
+            if settings[key] is None and gen.get(key) is not None:
+                settings[key] = gen[key]
+    if settings["temperature"] is None:
+        settings["temperature"] = 1.0
+    return settings
+
+
+def template_variables(pairs):
+    """{name: value} of ``--template-var KEY=VALUE`` (a JSON value, else the text itself)."""
+    out = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--template-var {pair!r}: write KEY=VALUE, e.g. enable_thinking=false")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def make_session(args):
+    """The ``ChatSession`` of the command line, and the note to show when the model has no chat template."""
+    from ..data.chat import ChatFormat, ChatSession
+
+    model, tokenizer, folder = load_chat_model(args.run_dir)
+    variables = template_variables(args.template_var)
+    fmt = ChatFormat.from_folder(folder, variables)
+    if args.chat_template is not None:
+        fmt = ChatFormat(Path(args.chat_template).read_text(encoding="utf-8"), fmt.special_tokens, variables)
+    note = None
+    if fmt.is_default:
+        note = (f"{args.run_dir} has no chat template: using numformer's plain format (\"User: ...\" / "
+                f"\"Assistant:\"); give one with --chat-template FILE")
+    session = ChatSession(model, tokenizer, fmt, system=args.system, max_new_tokens=args.max_new_tokens,
+                          stop_tokens=stop_token_ids(folder, tokenizer, fmt), rng=args.seed,
+                          **sampling_settings(args, folder))
+    return session, note
+
+
+def run(args):
+    session, note = make_session(args)
+    interactive = sys.stdin.isatty()
+    say = (lambda text: print(text, file=sys.stderr))
+    if note:
+        say(note)
+    if interactive:
+        say(f"chatting with {args.run_dir}; " + "; ".join(f"{c} {what}" for c, what in COMMANDS.items()))
+    failed = False
+    for line in _lines(interactive):
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/quit", "/exit"):
+            break
+        if text == "/reset":
+            session.reset()
+            say("(the conversation is cleared)")
+            continue
+        failed |= not _reply(session, text, say)
+    return 2 if failed and not interactive else 0
+
+
+def _lines(interactive):
+    """The user's lines: prompted with "> " in a terminal, else read from stdin one by one."""
+    while True:
+        try:
+            line = input("> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            return
+        if not interactive and not line:
+            return
+        yield line
+
+
+def _reply(session, text, say):
+    """Send one message and stream the reply to stdout; a message that cannot be sent is one line on stderr."""
+    out = sys.stdout
+
+    def stream(piece):
+        out.write(piece)
+        out.flush()
+
+    try:
+        session.send(text, stream=stream)
+    except ValueError as e:
+        say(f"numformer chat: error: {' '.join(str(e).split())}")
+        return False
+    out.write("\n")
+    out.flush()
+    if session.dropped:
+        say(f"(dropped the {session.dropped} oldest turn(s) to fit the model's context)")
+    return True
+
+
+def register(sub):
+    from .generate import add_sampling_arguments
+
+    p = sub.add_parser("chat", help="talk with a chat model (streams; reads stdin line by line when piped)")
+    p.add_argument("run_dir", metavar="SOURCE", help="a Hugging Face model folder, a hub id written hf:ID, or a "
+                                                     "run folder")
+    p.add_argument("--system", default=None, help="system prompt (kept when old turns are dropped)")
+    add_sampling_arguments(p, max_new_tokens=512, temperature=None,
+                           temperature_default="generation_config.json's, else 1.0")
+    p.add_argument("--template-var", action="append", metavar="KEY=VALUE",
+                   help="a chat-template variable, e.g. enable_thinking=false (Qwen3); repeatable")
+    p.add_argument("--chat-template", metavar="FILE", default=None,
+                   help="a Jinja chat template to use instead of the model's")
+    p.set_defaults(func=run)

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from numformer.commands.chat import load_chat_model, sampling_settings, stop_token_ids
-from numformer.data.chat import ChatFormat, ChatSession, _Reply
+from numformer.commands.chat import load_chat_model, sampling_settings
+from numformer.data.chat import ChatFormat, ChatSession, _Reply, stop_token_ids
 from numformer.data.tokenizers import CharTokenizer
 from numformer.decoding import generate
 
@@ -162,6 +162,8 @@ def test_sampling_follows_the_flags_then_generation_config(tmp_path):
                                                                  "top_p": 0.9, "top_k": 20}))
     assert sampling_settings(_args(), tmp_path) == {"temperature": 0.6, "top_k": 20, "top_p": 0.9, "greedy": False}
     assert sampling_settings(_args(temperature=0.8), tmp_path)["top_p"] is None
+    assert sampling_settings(_args(top_k=5), tmp_path) == {"temperature": 1.0, "top_k": 5, "top_p": None,
+                                                           "greedy": False}
     assert sampling_settings(_args(greedy=True), tmp_path)["greedy"]
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))       # no do_sample
     assert sampling_settings(_args(), tmp_path)["greedy"]

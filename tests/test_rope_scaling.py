@@ -312,3 +312,15 @@ def test_plain_rope_is_unchanged_by_the_scaling_argument(rng):
     assert np.array_equal(ops.rope_forward(x, offset=4)[0], ops.rope_forward(x, offset=4, scaling=None)[0])
     assert np.array_equal(kernels.rope_forward(x, offset=4)[0], ops.rope_forward(x, offset=4)[0]) or \
         np.allclose(kernels.rope_forward(x, offset=4)[0], ops.rope_forward(x, offset=4)[0], rtol=1e-15)
+
+
+def test_the_engine_page_example_prints_what_it_shows(capsys):
+    """The "Scaled RoPE" example of docs/reference/engine.md: its code runs and prints the output shown."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "engine.md").read_text(encoding="utf-8")
+    section = page.split("## Scaled RoPE", 1)[1].split("\n## ", 1)[0]
+    code, shown = re.search(r"```python\n(.*?)```\n\n```text\n(.*?)```", section, re.S).groups()
+    exec(compile(code, "engine.md", "exec"), {})
+    assert capsys.readouterr().out == shown

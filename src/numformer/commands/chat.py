@@ -33,45 +33,16 @@ def load_chat_model(source):
     return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)
 
 
-def _json(path):
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8")) if Path(path).is_file() else {}
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path} cannot be read ({e}); restore it") from None
-    return data if isinstance(data, dict) else {}
-
-
-def _ids(value):
-    return [value] if isinstance(value, int) and not isinstance(value, bool) else \
-        [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
-
-
-def stop_token_ids(folder, tokenizer, chat_format):
-    """The ids that end a reply: ``eos_token_id`` of config.json and of generation_config.json (an id or a
-    list: Llama 3's <|eot_id|>, Gemma's <end_of_turn>, ...), the tokenizer's eos token, and the template's
-    ``eos_token``, each as far as the vocabulary has it."""
-    ids = set()
-    for name in ("config.json", "generation_config.json"):
-        ids.update(_ids(_json(Path(folder) / name).get("eos_token_id")))
-    ids.update(_ids(getattr(tokenizer, "special_ids", {}).get("<eos>")))
-    token = chat_format.special_tokens.get("eos_token")
-    hf = getattr(tokenizer, "hf", None)
-    if token is not None and hf is not None and hf.token_to_id(token) is not None:
-        ids.add(hf.token_to_id(token))
-    return sorted(i for i in ids if 0 <= i < tokenizer.vocab_size)
-
-
 def sampling_settings(args, folder):
-    """{temperature, top_k, top_p, greedy}: the flags given, else generation_config.json's, else the defaults."""
-    path = Path(folder) / "generation_config.json"
-    gen = _json(path)
-    given = args.greedy or args.temperature is not None
+    """{temperature, top_k, top_p, greedy}: the flags given (any of them replaces the file), else the
+    folder's generation_config.json read as transformers reads it (no do_sample: greedy), else generate's."""
+    from ..data.chat import read_json_object
+
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
-    if path.is_file() and not given:
-        settings["greedy"] = gen.get("do_sample") is not True
-        for key in ("temperature", "top_k", "top_p"):
-            if settings[key] is None and gen.get(key) is not None:
-                settings[key] = gen[key]
+    path = Path(folder) / "generation_config.json"
+    if path.is_file() and not args.greedy and all(v is None for k, v in settings.items() if k != "greedy"):
+        gen = read_json_object(path)
+        settings = {"greedy": gen.get("do_sample") is not True, **{k: gen.get(k) for k in settings if k != "greedy"}}
     if settings["temperature"] is None:
         settings["temperature"] = 1.0
     return settings
@@ -93,7 +64,7 @@ def template_variables(pairs):
 
 def make_session(args):
     """The ``ChatSession`` of the command line, and the note to show when the model has no chat template."""
-    from ..data.chat import ChatFormat, ChatSession
+    from ..data.chat import ChatFormat, ChatSession, stop_token_ids
 
     model, tokenizer, folder = load_chat_model(args.run_dir)
     variables = template_variables(args.template_var)

@@ -274,10 +274,10 @@ def read_chat_template(folder):
     ``AutoTokenizer.from_pretrained`` reads them (see the module docstring); the template is a string, or a
     dict of named templates."""
     folder = Path(folder)
-    config = _json_file(folder / "tokenizer_config.json")
+    config = read_json_object(folder / "tokenizer_config.json")
     tokens = {k: _token_text(config.get(k)) for k in NAMED_SPECIAL_TOKENS}
     if "added_tokens_decoder" not in config and (folder / "special_tokens_map.json").is_file():
-        legacy = _json_file(folder / "special_tokens_map.json")     # older folders: overrides, as transformers
+        legacy = read_json_object(folder / "special_tokens_map.json")     # older folders: overrides, as transformers
         tokens.update({k: _token_text(legacy[k]) for k in NAMED_SPECIAL_TOKENS if k in legacy})
     templates = {}
     if (folder / "chat_template.jinja").is_file():
@@ -294,7 +294,9 @@ def read_chat_template(folder):
     return template, {k: v for k, v in tokens.items() if v is not None}
 
 
-def _json_file(path):
+def read_json_object(path):
+    """The JSON object in ``path`` ({} when there is no such file); one ValueError naming a bad file."""
+    path = Path(path)
     if not path.is_file():
         return {}
     data = bounded_json(path.read_bytes(), str(path))
@@ -434,3 +436,24 @@ class ChatSession:
         answer = reply.finish()
         self.history.append({"role": "assistant", "content": answer})
         return answer
+
+
+def _ids(value):
+    """The token ids of an ``eos_token_id`` field: an id or a list of ids."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+
+
+def stop_token_ids(folder, tokenizer, chat_format):
+    """The ids that end a reply of the model in ``folder``: ``eos_token_id`` of config.json and of
+    generation_config.json (an id or a list: Llama 3's <|eot_id|>, Gemma's <end_of_turn>, ...), the
+    tokenizer's eos, and the template's ``eos_token``, each as far as the vocabulary has it."""
+    ids = set()
+    for name in ("config.json", "generation_config.json"):
+        ids.update(_ids(read_json_object(Path(folder) / name).get("eos_token_id")))
+    ids.update(_ids(getattr(tokenizer, "special_ids", {}).get("<eos>")))
+    token, hf = chat_format.special_tokens.get("eos_token"), getattr(tokenizer, "hf", None)
+    if token is not None and hf is not None and hf.token_to_id(token) is not None:
+        ids.add(hf.token_to_id(token))
+    return sorted(i for i in ids if 0 <= i < tokenizer.vocab_size)

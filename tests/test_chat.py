@@ -151,6 +151,25 @@ def test_a_model_without_a_template_gets_the_default_format(tmp_path, run_cli, m
     assert fmt.is_default and stop_token_ids(run, tokenizer, fmt) == [tokenizer.eos_id]
 
 
+def test_a_character_level_run_trained_here_chats_in_the_default_format(tmp_path, run_cli, monkeypatch):
+    from conftest import tiny_text_toml
+    from numformer.data.text import read_corpus
+
+    (tmp_path / "small.txt").write_text(read_corpus("")[:3000])
+    (tmp_path / "text.toml").write_text(tiny_text_toml(str(tmp_path / "small.txt")))
+    assert run_cli("train", tmp_path / "text.toml", "--out", tmp_path / "run", "--quiet",
+                   "--set", "data.block_size=64")[0] == 0
+    rc, out, err = chat(run_cli, monkeypatch, tmp_path / "run", "Speak, hear me.\n", "--max-new-tokens", "20",
+                        "--seed", "0", system=None)
+    assert rc == 0 and "no chat template" in err and len(out) > 1, err
+    model, tokenizer, run = load_chat_model(tmp_path / "run")
+    session = ChatSession(model, tokenizer, ChatFormat.from_folder(run), max_new_tokens=20, rng=0)
+    assert session.send("Speak, hear me.") + "\n" == out
+    with pytest.raises(ValueError, match="written in the chat format, cannot be encoded: 1 character.*'G'"):
+        session.send("Good morrow")
+    assert len(session.history) == 2                    # the failed message is not kept
+
+
 def _args(**kw):
     return argparse.Namespace(**{"temperature": None, "top_k": None, "top_p": None, "greedy": False, **kw})
 

@@ -412,13 +412,19 @@ class ChatSession:
         context = int(self.model.block_size)
         limit = context - min(self.max_new_tokens, context // 2)
         while True:
-            ids = self.format.encode(self.tokenizer, self.messages(), add_generation_prompt=True)
+            try:
+                ids = self.format.encode(self.tokenizer, self.messages(), add_generation_prompt=True)
+            except ValueError as e:
+                if "chat template" in str(e):
+                    raise
+                raise ValueError(f"the conversation, written in the chat format, cannot be encoded: {e}") from None
             if len(ids) <= limit or len(self.history) <= 1:
                 break
             self.history, self.dropped = self.history[2:], self.dropped + 1
         if len(ids) > context:
-            raise ValueError(f"the message makes a prompt of {len(ids)} tokens (with the system prompt and the "
-                             f"chat format), more than the model's context of {context}; shorten it")
+            with_system = " and the system prompt" if self.system is not None else ""
+            raise ValueError(f"the message makes a prompt of {len(ids)} tokens (with the chat format{with_system}), "
+                             f"more than the model's context of {context}; shorten it")
         return ids
 
     def send(self, text, stream=None):

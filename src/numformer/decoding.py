@@ -85,12 +85,9 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
 
     Sampling: see ``sample_next`` (greedy, temperature, top-k, top-p; rng a Generator or seed).
     stream: called after each step with the new token id (an int for a single sequence,
-    a (B,) array for a batch), e.g. to print characters as they come; if it returns True,
-    generation stops after that token.
-
-    stop_tokens: a token id or ids (Hugging Face's ``eos_token_id``, which may be a list): a row
-    that produces one is finished (the stop token is kept, and repeated in its later columns);
-    generation ends when every row is finished, so fewer than max_new_tokens columns may come back.
+    a (B,) array for a batch), e.g. to print characters as they come; returning True stops.
+    stop_tokens: an id or ids (Hugging Face's ``eos_token_id``): a row that produces one is
+    finished (the stop token kept, then repeated); generation ends when every row is.
 
     Context window. The model sees at most ``model.block_size`` tokens, at positions
     0 … block_size-1 counted from the start of its window. A prompt longer than that is

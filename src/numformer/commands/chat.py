@@ -65,6 +65,7 @@ def template_variables(pairs):
 def make_session(args):
     """The ``ChatSession`` of the command line, and the note to show when the model has no chat template."""
     from ..data.chat import ChatFormat, ChatSession, stop_token_ids
+    from ..decoding import generate
 
     model, tokenizer, folder = load_chat_model(args.run_dir)
     variables = template_variables(args.template_var)
@@ -75,10 +76,17 @@ def make_session(args):
     if fmt.is_default:
         note = (f"{args.run_dir} has no chat template: using numformer's plain format (\"User: ...\" / "
                 f"\"Assistant:\"); give one with --chat-template FILE")
+    sampling = sampling_settings(args, folder)
+    generate(model, [0], 0, **sampling)          # checks the sampling flags once, before the first message
+    _check_count(args.max_new_tokens, "--max-new-tokens", 1)
     session = ChatSession(model, tokenizer, fmt, system=args.system, max_new_tokens=args.max_new_tokens,
-                          stop_tokens=stop_token_ids(folder, tokenizer, fmt), rng=args.seed,
-                          **sampling_settings(args, folder))
+                          stop_tokens=stop_token_ids(folder, tokenizer, fmt), rng=args.seed, **sampling)
     return session, note
+
+
+def _check_count(value, name, minimum):
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
 
 
 def run(args):

@@ -45,7 +45,7 @@ from ..decoding import generate
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
-# The template of a model that has none (numformer's own runs): plain text that any tokenizer can encode.
+# The template of a model that has none (numformer's own runs): plain text, without special tokens.
 # A reply ends where the model starts a new turn (DEFAULT_STOP_STRINGS) or at the tokenizer's eos token.
 DEFAULT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] | trim }}\n\n"

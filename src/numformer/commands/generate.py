@@ -62,10 +62,17 @@ def register(sub):
     p.add_argument("run_dir", metavar="SOURCE", help="a run folder written by `numformer train` or `import-hf`, or "
                                                      "a Hugging Face GPT-2 folder or hub id (hf:gpt2)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate (default 500)")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0; 0 = greedy)")
+    add_sampling_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_sampling_arguments(p, max_new_tokens=500, temperature=1.0, temperature_default="1.0"):
+    """The sampling flags of ``generate`` (``numformer chat`` has them too)."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help=f"tokens to generate (default {max_new_tokens})")
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help=f"softmax temperature (default {temperature_default}; 0 = greedy)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable sample")
-    p.set_defaults(func=run)

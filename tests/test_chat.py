@@ -25,7 +25,7 @@ SYSTEM = "You are a helpful assistant."
 
 def chat_folder(tmp_path, max_positions=256, seed=0):
     """A random Llama (SmolLM2's architecture, tiny) with SmolLM2's tokenizer files and chat template."""
-    folder, hf_tok = model_folder(tmp_path, "smollm2")
+    folder, hf_tok = model_folder(tmp_path, "chatml")
     config = transformers.LlamaConfig(vocab_size=len(hf_tok), hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=max_positions, tie_word_embeddings=True,
@@ -204,8 +204,8 @@ def test_template_flags(folder, tmp_path, run_cli, monkeypatch, cli_error):
 
 
 def test_stop_tokens_of_a_folder(tmp_path):
-    _, hf_tok = model_folder(tmp_path, "qwen3")
-    folder = tmp_path / "qwen3"
+    _, hf_tok = model_folder(tmp_path, "chatml-thinking")
+    folder = tmp_path / "chatml-thinking"
     end = hf_tok.convert_tokens_to_ids("<|im_end|>")
     (folder / "config.json").write_text(json.dumps({"eos_token_id": [end, 10**9]}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))

@@ -1,8 +1,10 @@
-"""Chat templates (``numformer.data.chat``): the real templates of today's small chat models rendered as
-transformers' ``apply_chat_template`` renders them, same string and same token ids.
+"""Chat templates (``numformer.data.chat``): templates in the prompt formats of today's small chat models
+rendered as transformers' ``apply_chat_template`` renders them, same string and same token ids.
 
-The templates are the models' own, verbatim, in tests/chat_templates/ (SOURCES.md says where each comes
-from). Each test model folder holds a small byte-level BPE tokenizer (the tokenizers library) with the
+The templates in tests/chat_templates/ are written for these tests (README.md there): each follows one
+family's prompt format and uses the Jinja features the families' own templates use (macros, namespaces,
+loop controls, tojson with indent, strftime_now, raise_exception, string methods, default variables).
+Each test model folder holds a small byte-level BPE tokenizer (the tokenizers library) with the
 template's special tokens, wrapped in transformers' ``PreTrainedTokenizerFast`` and saved with
 ``save_pretrained``: transformers reads it back with ``AutoTokenizer``, numformer with its own loaders.
 """
@@ -30,18 +32,15 @@ LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
 CHATML = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # name: (template file, named special tokens, special tokens, added non-special tokens)
 MODELS = {
-    "llama-3.1": ("llama-3.1-instruct.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
-                  LLAMA_SPECIALS, []),
-    "llama-3.2": ("llama-3.2-instruct.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
-                  LLAMA_SPECIALS, []),
-    "qwen2.5": ("qwen2.5-instruct.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, CHATML,
-                ["<tool_call>", "</tool_call>"]),
-    "qwen3": ("qwen3.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, CHATML,
-              ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]),
-    "gemma-3": ("gemma-3-it.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"},
-                ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"], []),
-    "smollm2": ("smollm2-instruct.jinja", {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
-                                           "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>"}, CHATML, []),
+    "llama-3": ("llama3.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, LLAMA_SPECIALS, []),
+    "chatml-tools": ("chatml-tools.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, CHATML,
+                     ["<tool_call>", "</tool_call>"]),
+    "chatml-thinking": ("chatml-thinking.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, CHATML,
+                        ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]),
+    "gemma": ("gemma.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"},
+              ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"], []),
+    "chatml": ("chatml-default-system.jinja", {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+                                               "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>"}, CHATML, []),
 }
 CORPUS = ["You are a helpful assistant. Answer briefly.", "What is the capital of France? Paris is.",
           "Hello! How are you today? I am fine, thank you.", "Tell me a joke about numbers: 2 + 2 = 4.",
@@ -94,17 +93,17 @@ CASES = [  # (model, conversation, add_generation_prompt, extra template variabl
     *[(m, SYSTEM_CHAT, True, {}, None) for m in MODELS],
     *[(m, NO_SYSTEM, False, {}, None) for m in MODELS],
     *[(m, SYSTEM_CHAT[:2], False, {}, None) for m in MODELS],
-    ("llama-3.2", SYSTEM_CHAT, True, {"date_string": "01 Feb 2025"}, None),
-    ("llama-3.1", SYSTEM_CHAT, True, {"date_string": "01 Feb 2025"}, TOOLS),
-    ("llama-3.2", SYSTEM_CHAT, True, {"tools_in_user_message": False}, TOOLS),
-    ("qwen2.5", SYSTEM_CHAT, True, {}, TOOLS),
-    ("qwen2.5", NO_SYSTEM[:1], True, {}, None),
-    ("qwen3", THINKING, True, {}, None),
-    ("qwen3", THINKING, True, {"enable_thinking": False}, None),
-    ("qwen3", THINKING, True, {"enable_thinking": True}, None),
-    ("qwen3", [SYSTEM_CHAT[0], *THINKING], False, {"enable_thinking": False}, TOOLS),
-    ("gemma-3", SYSTEM_CHAT[:1] + NO_SYSTEM, True, {}, None),
-    ("smollm2", NO_SYSTEM[:3], True, {}, None),
+    ("llama-3", SYSTEM_CHAT, True, {"date_string": "01 Feb 2025"}, None),
+    ("llama-3", SYSTEM_CHAT, True, {"date_string": "01 Feb 2025"}, TOOLS),
+    ("llama-3", SYSTEM_CHAT, True, {"tools_in_user_message": False}, TOOLS),
+    ("chatml-tools", SYSTEM_CHAT, True, {}, TOOLS),
+    ("chatml-tools", NO_SYSTEM[:1], True, {}, None),
+    ("chatml-thinking", THINKING, True, {}, None),
+    ("chatml-thinking", THINKING, True, {"enable_thinking": False}, None),
+    ("chatml-thinking", THINKING, True, {"enable_thinking": True}, None),
+    ("chatml-thinking", [SYSTEM_CHAT[0], *THINKING], False, {"enable_thinking": False}, TOOLS),
+    ("gemma", SYSTEM_CHAT[:1] + NO_SYSTEM, True, {}, None),
+    ("chatml", NO_SYSTEM[:3], True, {}, None),
 ]
 
 
@@ -131,19 +130,19 @@ def test_the_conversations_exercise_the_templates(tmp_path):
         folder, hf = model_folder(tmp_path / f"{model}-{len(kw)}", model)
         return hf.apply_chat_template(conversation, tokenize=False, **kw)
 
-    assert render("gemma-3", SYSTEM_CHAT, add_generation_prompt=True).startswith(
+    assert render("gemma", SYSTEM_CHAT, add_generation_prompt=True).startswith(
         "<bos><start_of_turn>user\nYou are a helpful assistant. Answer briefly.\n\nHello!")
-    assert "<start_of_turn>model\nI am fine, thank you.<end_of_turn>" in render("gemma-3", SYSTEM_CHAT)
-    assert "You are Qwen, created by Alibaba Cloud" in render("qwen2.5", NO_SYSTEM)
-    assert "named SmolLM" in render("smollm2", NO_SYSTEM)
-    assert render("qwen3", THINKING, add_generation_prompt=True, enable_thinking=False).endswith(
+    assert "<start_of_turn>model\nI am fine, thank you.<end_of_turn>" in render("gemma", SYSTEM_CHAT)
+    assert render("chatml-tools", NO_SYSTEM).startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+    assert "You are a small helpful assistant." in render("chatml", NO_SYSTEM)
+    assert render("chatml-thinking", THINKING, add_generation_prompt=True, enable_thinking=False).endswith(
         "<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert render("qwen3", THINKING, add_generation_prompt=True).endswith("<|im_start|>assistant\n")
-    assert "Today Date: 01 Feb 2025" in render("llama-3.2", SYSTEM_CHAT, date_string="01 Feb 2025")
+    assert render("chatml-thinking", THINKING, add_generation_prompt=True).endswith("<|im_start|>assistant\n")
+    assert "Today Date: 01 Feb 2025" in render("llama-3", SYSTEM_CHAT, date_string="01 Feb 2025")
 
 
 def test_strftime_now_is_the_date_of_the_day(tmp_path, monkeypatch):
-    """Llama 3.2 dates its system prompt with strftime_now: both renderers on the same fixed clock."""
+    """The Llama 3 format dates its system prompt with strftime_now: both renderers on the same fixed clock."""
     class Clock(datetime):
         @classmethod
         def now(cls, tz=None):
@@ -154,14 +153,14 @@ def test_strftime_now_is_the_date_of_the_day(tmp_path, monkeypatch):
     monkeypatch.setattr(tu, "datetime", Clock)
     monkeypatch.setattr(chat, "datetime", Clock)
     tu._compile_jinja_template.cache_clear()
-    folder, hf = model_folder(tmp_path, "llama-3.2")
+    folder, hf = model_folder(tmp_path, "llama-3")
     expected = hf.apply_chat_template(SYSTEM_CHAT, tokenize=False, add_generation_prompt=True)
     assert "Today Date: 09 Mar 2025" in expected
     assert ChatFormat.from_folder(folder).render(SYSTEM_CHAT, True) == expected
 
 
 def test_gemma_refuses_roles_that_do_not_alternate_as_transformers(tmp_path):
-    folder, hf = model_folder(tmp_path, "gemma-3")
+    folder, hf = model_folder(tmp_path, "gemma")
     bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     with pytest.raises(Exception, match="must alternate"):
         hf.apply_chat_template(bad, tokenize=False)
@@ -181,7 +180,7 @@ TOY = ("{% for m in messages %}{{ m.role }}:{{ m.content }}|{% if m.thinking is 
 def test_environment_features_equal_transformers(tmp_path):
     """tojson (non-ASCII kept, indent), loop controls, namespace, dict, None values dropped, reasoning aliases,
     {% generation %} spans, kwargs over special tokens."""
-    folder, hf = model_folder(tmp_path, "smollm2")
+    folder, hf = model_folder(tmp_path, "chatml")
     conversation = [{"role": "user", "content": "x", "name": None},
                     {"role": "assistant", "content": "yz", "reasoning": "r"},
                     {"role": "assistant", "content": "w"}]
@@ -204,7 +203,7 @@ def test_namespace_refuses_underscore_names():
 def test_folder_forms_equal_transformers(tmp_path):
     """tokenizer_config.json with a template string or a list of named templates, chat_template.jinja plus
     additional_chat_templates/ (which win over tokenizer_config.json), special_tokens_map.json (legacy)."""
-    folder, _ = model_folder(tmp_path, "smollm2")
+    folder, _ = model_folder(tmp_path, "chatml")
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     source = (folder / "chat_template.jinja").read_text()

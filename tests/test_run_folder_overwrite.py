@@ -91,7 +91,7 @@ def test_a_folder_with_only_metrics_is_a_run(tmp_path, cli_error):
 
 def test_overwrite_removes_every_file_of_the_old_run_first(old_run, run_cli):
     cfg, out = old_run
-    (out / f".{CHECKPOINT}.abc.tmp").write_bytes(b"half a checkpoint")       # a write cut short
+    (out / f".{CHECKPOINT}.123.0abc1234.tmp").write_bytes(b"half a checkpoint")  # a write cut short (write_atomic)
     (out / "notes.txt").write_text("mine")                                      # not a run file: kept
     old_metrics = (out / "metrics.jsonl").read_text()
     assert run_cli("train", cfg, "--out", out, "--overwrite", "--quiet", "--set", "train.seed=2",

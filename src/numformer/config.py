@@ -148,6 +148,56 @@ def _train_keys():
     }
 
 
+# -- what --resume may change ----------------------------------------------------------------------------------
+# `--resume --set train.KEY=VALUE` on a [train] key: every key not listed here takes effect from the resumed step on
+# (and is recorded in config.json); those listed are refused, for the reason given. budget_minutes may change, but
+# not between 0 and a budget (a run counted in steps and one planned for a time budget are different plans).
+# tests/test_resume_overrides.py sets every key on a resumed run and checks that it is in effect or refused.
+RESUME_REFUSED = {
+    "optimizer": "the checkpoint holds the moments of the run's optimizer",
+    "no_decay": "it decides the parameter groups whose optimizer state the checkpoint holds",
+    "dtype": "the checkpoint holds the weights and moments in the run's dtype",
+    "seed": "the seed drew the run's held-out data and evaluation sample, and the random generators go on from "
+            "the checkpoint",
+}
+
+
+def resume_changes(saved, train):
+    """The lines to print about a resumed run's changed [train] values (``saved``: config.json's section, ``train``:
+    with the --set values): a note naming the changes that move the learning-rate schedule, and one naming the
+    others; ValueError naming the keys that cannot change (``RESUME_REFUSED``)."""
+    changed = [k for k in train if saved.get(k) != train[k]]
+    refused = [k for k in changed if k in RESUME_REFUSED]
+    if "budget_minutes" in changed and not (saved.get("budget_minutes") and train["budget_minutes"]):
+        refused.append("budget_minutes")
+    if refused:
+        reasons = "; ".join(f"{k} {saved.get(k)!r} -> {train[k]!r} ("
+                            + RESUME_REFUSED.get(k, "a run counted in steps cannot become one planned for a time "
+                                                    "budget, nor the reverse") + ")" for k in refused)
+        raise ValueError(f"--resume cannot change [train] {reasons}; remove the --set, or start a new run with "
+                         f"`numformer train CONFIG --out NEW_DIR`")
+    moving = _schedule_keys(saved) | _schedule_keys(train)
+    notes = []
+    for keys, effect in (([k for k in changed if k in moving], "changes the learning-rate schedule of the resumed "
+                                                               "run from this step on"),
+                         ([k for k in changed if k not in moving], "in effect from this step on")):
+        if keys:
+            notes.append("note: " + ", ".join(f"{k} {saved.get(k)} -> {train[k]}" for k in keys) + " " + effect)
+    return notes
+
+
+def _schedule_keys(t):
+    """The [train] keys the learning-rate schedule of the [train] section ``t`` depends on."""
+    keys = {"schedule", "lr", "warmup_steps"}
+    if t.get("schedule") in ("linear", "cosine", "wsd"):
+        keys |= {"min_lr", "cooldown"} if t["schedule"] == "wsd" else {"min_lr"}
+        if t.get("budget_minutes"):
+            keys.add("budget_minutes")          # a budget plans the decay over its time
+        else:
+            keys |= {"decay_steps"} if t.get("decay_steps") else {"decay_steps", "max_steps"}
+    return keys
+
+
 # -- resolving a whole config ---------------------------------------------------------------------------------
 def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=False):
     """Validate a raw config and fill in every default; returns (resolved config, task).

@@ -188,7 +188,9 @@ def save_checkpoint(path, model, optimizer, state, metadata=None):
 
 
 def load_checkpoint(path, model, optimizer):
-    """Restore model and optimizer from a checkpoint; returns the trainer state dict."""
+    """Restore model and optimizer from a checkpoint; returns the trainer state dict. The optimizer takes the
+    checkpoint's state (moments, step counts) and keeps the options it was built with (the resumed run's config,
+    which ``--resume --set`` may have changed); the saved options are checked all the same."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no checkpoint at {path}: nothing to resume (the run saved none yet); "
@@ -199,7 +201,7 @@ def load_checkpoint(path, model, optimizer):
     try:
         model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
         optimizer.load_state_dict({k[len("optim/"):]: v for k, v in tensors.items() if k.startswith("optim/")},
-                                  bounded_json(meta["optimizer"], "its optimizer metadata"))
+                                  bounded_json(meta["optimizer"], "its optimizer metadata"), keep_options=True)
         state = bounded_json(meta["state"], "its state metadata")
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
         raise ValueError(f"checkpoint {path} is incomplete or damaged ({type(e).__name__}: {e}); it cannot be "

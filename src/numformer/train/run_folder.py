@@ -336,17 +336,6 @@ def metrics_records(path):
     return records
 
 
-def schedule_change(saved, train):
-    """One line when a resumed run's new [train] values change its learning-rate schedule, else None."""
-    keys = ("max_steps", "decay_steps") if train["schedule"] in ("linear", "cosine") else ()
-    keys += ("schedule", "lr", "warmup_steps", "min_lr")
-    changed = [k for k in keys if saved.get(k) != train[k] and not (k == "max_steps" and train["decay_steps"])]
-    if not changed:
-        return None
-    return ("note: " + ", ".join(f"{k} {saved.get(k)} -> {train[k]}" for k in changed)
-            + " changes the learning-rate schedule of the resumed run from this step on")
-
-
 def start_new_run(path, overwrite=False):
     """Make ``path`` ready for a new run (the caller holds its lock): refuse a folder that holds any run file
     unless ``overwrite``, which deletes the old run's files (weights first, config last, leftovers of an

@@ -44,7 +44,7 @@ from ..provenance import git_commit
 from .run_files import (CHECKPOINT, MODEL, load_checkpoint, load_config_json, load_metadata, load_model_weights,
                         load_tokenizer_state, open_in_folder, rng_state, save_checkpoint, save_model, set_rng_state,
                         write_atomic, write_json_atomic)
-from ..config import apply_overrides, resolve_config
+from ..config import apply_overrides, resolve_config, resume_changes
 from . import run_folder
 from .budget import Budget
 from .early_stopping import EarlyStopping
@@ -163,8 +163,8 @@ class Trainer:
                 raise
             raise ValueError(f"tokenizer file {self.run_dir / 'tokenizer.json'} is damaged or does not fit the "
                              f"run's [data] ({type(e).__name__}: {e}); restore it or retrain") from None
-        if resume and run_folder.schedule_change(saved["train"], self.config["train"]):
-            self._print(run_folder.schedule_change(saved["train"], self.config["train"]))
+        for note in resume_changes(saved["train"], self.config["train"]) if resume else ():
+            self._print(note)
         t = self.train_cfg = self.config["train"]
         self.dtype = np.dtype(t["dtype"])
         seeds = np.random.SeedSequence(t["seed"]).spawn(2)
@@ -234,7 +234,7 @@ class Trainer:
             self.train_seconds = state["train_seconds"]
             set_rng_state(self.model_rng, state["model_rng"])
             set_rng_state(self.data_rng, state["data_rng"])
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
             raise ValueError(f"checkpoint {path} is damaged (its state metadata: {type(e).__name__}: {e}); it "
                              f"cannot be resumed: restore it or train again") from None
         self.early.load_state_dict(state["early_stopping"])
@@ -787,10 +787,11 @@ def _budget(t, world, clock_start):
 
 
 def _check_state(state):
-    """A checkpoint's trainer state has the fields and types ``Trainer._state`` writes (TypeError or KeyError
-    naming the first that does not)."""
-    def number(v, none=False):
-        return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+    """A checkpoint's trainer state has the fields, types and ranges ``Trainer._state`` writes: counts are
+    integers >= 0, times and losses finite numbers (TypeError or KeyError naming the first that is not)."""
+    def number(v, none=False, lo=-math.inf):
+        return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                        and math.isfinite(v) and v >= lo)
 
     def count(v, none=False):
         return (v is None and none) or (type(v) is int and v >= 0)
@@ -800,7 +801,7 @@ def _check_state(state):
 
     early = state["early_stopping"]
     checks = {"step": count(state["step"]), "tokens_seen": count(state["tokens_seen"]),
-              "train_seconds": number(state["train_seconds"]),
+              "train_seconds": number(state["train_seconds"], lo=0),
               "model_rng": isinstance(state["model_rng"], dict), "data_rng": isinstance(state["data_rng"], dict),
               "early_stopping": isinstance(early, dict) and number(early["best"], none=True)
               and count(early["best_step"], none=True) and count(early["bad_evals"]),
@@ -810,8 +811,8 @@ def _check_state(state):
         checks["divergence"] = isinstance(d, dict) and number(d["first_loss"], none=True) and count(d["steps_above"])
     if state.get("budget") is not None:
         b = state["budget"]
-        checks["budget"] = (isinstance(b, dict) and number(b["used"]) and b["used"] >= 0
-                            and number(b["warmup_end"], none=True))
+        checks["budget"] = (isinstance(b, dict) and number(b["used"], lo=0)
+                            and number(b["warmup_end"], none=True, lo=0))
     if "log_window" in state:
         w = state["log_window"]
         checks["log_window"] = (isinstance(w, dict) and isinstance(w["losses"], list)

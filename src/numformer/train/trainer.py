@@ -149,6 +149,7 @@ class Trainer:
         self._writer = world is None or world.is_writer         # the one process that writes the run folder
         self.quiet = quiet or not self._writer
         self._lock = None
+        self._bar = None                # the progress of a running train() call (none when quiet)
         saved, tokenizer_state = None, None
         if resume:
             if self._writer:             # under MPI, rank 0 alone holds the folder
@@ -298,7 +299,7 @@ class Trainer:
     def _print(self, message):
         if self.quiet:
             return
-        if getattr(self, "_bar", None) is not None:     # above the progress bar, which stays at the bottom
+        if self._bar is not None:       # above the progress bar, which stays at the bottom
             self._bar.write(message)
         else:
             print(message, file=sys.stderr, flush=True)
@@ -320,6 +321,7 @@ class Trainer:
         if self.train_cfg["eval_metrics"] if metrics is None else metrics:
             was_training = self.model.training
             self.model.eval()
+            started = time.perf_counter()
             try:
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # a diverging run's metrics
                     metrics = self.task.evaluate(self.model, split)
@@ -327,6 +329,8 @@ class Trainer:
             finally:
                 self.model.train(was_training)
                 self.model.clear_cache()
+            if self.budget is not None and split == "val":     # the end's test scoring is planned at this rate
+                self.budget.timed_metrics(time.perf_counter() - started, self._eval_examples("val", whole=True))
         return result
 
     def _split_loss(self, split, sample=0):
@@ -452,7 +456,7 @@ class Trainer:
                 if self.budget is not None:
                     self.budget.step_seconds.append(time.perf_counter() - started)
                 self._window.add(loss, tokens)
-                self._log_step(last_step, norm, bar)
+                self._log_step(last_step, loss, norm, bar)
                 if self._evaluates(self.step):
                     stop["stopped_early"] = self._evaluate_step()
                 # a periodic checkpoint is not written while the loss is above the divergence threshold: the one
@@ -492,9 +496,10 @@ class Trainer:
             extra += self.budget.save_seconds
         return extra
 
-    def _eval_examples(self, split):
-        """The examples of a periodic evaluation: its fixed sample, or the whole split."""
-        return self._eval_sample_size(split) or self._eval_sizes.setdefault(split, self.task.eval_size(split))
+    def _eval_examples(self, split, whole=False):
+        """The examples of a periodic evaluation (its fixed sample, or the whole split), or of the whole split."""
+        return (not whole and self._eval_sample_size(split)) or self._eval_sizes.setdefault(split,
+                                                                                            self.task.eval_size(split))
 
     def _plan_budget(self):
         """Before the first step under a time budget: measure what the end costs (the seconds per evaluation
@@ -503,8 +508,9 @@ class Trainer:
         if b is None:
             return
         t = self.train_cfg
-        b.val_examples = self._eval_sizes.setdefault("val", self.task.eval_size("val"))
+        b.val_examples = self._eval_examples("val", whole=True)
         b.final_evaluations = 2 if t["restore_best"] else 1
+        b.test_examples = self._eval_examples("test", whole=True) if getattr(self.task, "report_test", False) else 0
         moments = 3 if t["optimizer"] in ("adam", "adamw", "muon") else 2
         b.guess_save_seconds(self.model.num_parameters() * self.dtype.itemsize * moments)
         batch = next(iter(self.task.eval_batches("val", t["eval_batch_size"] or t["batch_size"])))
@@ -558,9 +564,9 @@ class Trainer:
         if self._worker_rngs is not None and len(self._worker_rngs) == self.processes - 1:
             self._dp.set_rng_states(self._worker_rngs)
 
-    def _log_step(self, last_step, norm, bar):
+    def _log_step(self, last_step, loss, norm, bar):
         """Every log_every steps (and the first and last): a training line in metrics.jsonl (the mean loss and
-        the tokens/s since the previous line) and the progress bar's figures."""
+        the tokens/s since the previous line); every step: the progress bar's figures (this step's loss)."""
         if self.step % self.train_cfg["log_every"] == 0 or self.step == 1 or self.step == last_step:
             w = self._window
             record = {"step": self.step, "train_loss": float(np.mean(w.losses)),
@@ -569,10 +575,10 @@ class Trainer:
                       "elapsed_s": round(self.train_seconds, 3)}
             self._log(record)
             if bar is not None:
-                bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
-                                tok_s=f"{record['tokens_per_s']:,.0f}")
+                bar.set_postfix(lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:,.0f}")
             self._window = _LogWindow()
         if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}")
             bar.update(1)
 
     def _evaluate_step(self):
@@ -595,10 +601,11 @@ class Trainer:
             self._check_folder()
             save_model(self.run_dir / MODEL, self.model, {"step": self.step, key: result[key],
                                                           **run_folder.weights_metadata(self.config)})
-        self._print(f"step {self.step}: {key} {result[key]:.4f}"
-                    + (f" ({result['val_tokens']:,} tokens)" if key != "val_loss" else "")
-                    + "".join(f", {k} {v:.4f}" for k, v in result.items() if k != key and isinstance(v, float))
-                    + (" (best)" if improved else ""))
+        text = (f"{key} {result[key]:.4f}" + (f" ({result['val_tokens']:,} tokens)" if key != "val_loss" else "")
+                + "".join(f", {k} {v:.4f}" for k, v in result.items() if k != key and isinstance(v, float))
+                + (" (best)" if improved else ""))
+        if self._bar is not None:       # shown in the next progress line: one line per interval, not per evaluation
+            self._bar.evaluation(self.step, text)
         if self.early.should_stop:
             self._print(f"early stopping: no improvement for {self.early.patience} evaluations")
             return True
@@ -760,8 +767,14 @@ class Trainer:
         return (f"\nTrained {type(self.model).__name__} ({s['parameters']:,} parameters): {how} in "
                 f"{steps_time} ({s['tokens_per_s']:,.0f} tokens/s; "
                 f"{wall} with evaluations and checkpoints). {best} "
-                f"Saved to {self.run_dir}: {MODEL} ({s['weights']} weights), {CHECKPOINT} "
-                f"(continue with --resume), metrics.jsonl, config.json.")
+                f"Saved to {self.run_dir}: {self._saved_files(s)}.")
+
+    def _saved_files(self, s):
+        """The run files the folder holds now, each with what it is for (a run stopped before its first step
+        has no metrics.jsonl)."""
+        files = {MODEL: f"{MODEL} ({s['weights']} weights)", CHECKPOINT: f"{CHECKPOINT} (continue with --resume)",
+                 "metrics.jsonl": "metrics.jsonl", "config.json": "config.json"}
+        return ", ".join(text for name, text in files.items() if (self.run_dir / name).is_file())
 
     def _progress_bar(self, last_step):
         """The progress of the run (none when quiet): a tqdm bar updated in place where stderr is a terminal

@@ -20,7 +20,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from .data.base import check_data_section, import_builtin_tasks, make_task
+from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, positive
 from .models import DEFAULT_PRESET, MODEL_TYPES, model_arguments, model_keys, preset_arguments
 from .models.pretrained import loader as pretrained_loader
@@ -270,17 +270,18 @@ def _add_data_sizes(model, data, task_cls, seed, tokenizer_state, sizes_only, in
 
 
 def _resolve_data(data):
-    tasks = import_builtin_tasks()
+    """([data] with every default filled in, the task class, the values written). A task of the user's own is
+    recorded with ``task_module``, the module that registers it, so that reading the run imports it again."""
     if "task" not in data:
-        raise ValueError(f"[data] needs a task; one of {sorted(tasks)}")
+        raise ValueError(f"[data] needs a task; one of {sorted(import_builtin_tasks())}")
     name = data["task"]
-    if not isinstance(name, str) or name not in tasks:
-        raise ValueError(f"[data] task = {name!r} is not a known task; choose one of {sorted(tasks)}")
-    task_cls = tasks[name]
-    values = check_data_section({k: v for k, v in data.items() if k != "task"}, task_cls)
+    task_cls = find_task(name, data.get("task_module"))
+    module = data.get("task_module") or task_module_of(task_cls)
+    values = check_data_section({k: v for k, v in data.items() if k not in ("task", "task_module")}, task_cls)
     if values.get("path"):        # read relative to where the config is used; stored resolved
         values["path"] = str(Path(values["path"]).expanduser().resolve())
-    return {"task": name, **task_cls.data_keys, **values}, task_cls, values
+    return ({"task": name, **({"task_module": module} if module else {}), **task_cls.data_keys, **values},
+            task_cls, values)
 
 
 def _resolve_model_kind(model, data, task_cls, written):

@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 
 from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
-from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, positive
+from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
 from .models import DEFAULT_PRESET, MODEL_TYPES, model_arguments, model_keys, preset_arguments
 from .models.pretrained import loader as pretrained_loader
 from .optim import OPTIMIZERS, SCHEDULES
@@ -219,7 +219,8 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
         raise ValueError("a config is a table of sections [model], [data] and [train]")
     unknown = sorted(set(config) - set(SECTIONS))
     if unknown:
-        raise ValueError(f"unknown section(s) {unknown}; a config has [model], [data] and [train]")
+        raise ValueError(f"unknown section(s) {unknown}{did_you_mean(unknown, SECTIONS)}; a config has [model], "
+                         f"[data] and [train]")
     train = {**TRAIN_DEFAULTS, **check_section("train", config.get("train", {}), _train_keys())}
     _check_train_together(train)
     data, task_cls, written = _resolve_data(dict(config.get("data", {})))
@@ -289,7 +290,8 @@ def _resolve_model_kind(model, data, task_cls, written):
     data_kind = written.get("model_type")                 # only a value the user wrote
     kind = model.pop("type", data_kind or data.get("model_type", task_cls.model_type))
     if not isinstance(kind, str) or kind not in MODEL_TYPES:
-        raise ValueError(f"[model] type = {kind!r} is not a model type; choose one of {sorted(MODEL_TYPES)}")
+        raise ValueError(f"[model] type = {kind!r} is not a model type{did_you_mean(kind, MODEL_TYPES)}; choose one "
+                         f"of {sorted(MODEL_TYPES)}")
     if data_kind is not None and data_kind != kind:
         raise ValueError(f"[data] model_type = {data_kind!r} contradicts [model] type = {kind!r}; "
                          f"remove [data] model_type (it follows [model] type)")
@@ -307,7 +309,8 @@ def check_model_section(model):
     model = dict(model)
     kind = model.pop("type", None)
     if not isinstance(kind, str) or kind not in MODEL_TYPES:
-        raise ValueError(f"[model] type = {kind!r} is not a model type; choose one of {sorted(MODEL_TYPES)}")
+        raise ValueError(f"[model] type = {kind!r} is not a model type{did_you_mean(kind, MODEL_TYPES)}; choose one "
+                         f"of {sorted(MODEL_TYPES)}")
     model = _apply_preset(kind, model)
     valid = _model_defaults(kind)
     model = check_section("model", model, model_keys(), valid)

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..keys import FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, positive
+from ..keys import FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
 
 IGNORE = -100   # target id left out of the loss (torch's default ignore_index)
 EVAL_SAMPLE_KEY = 0x5A3E   # the stream of a run's seed that draws its evaluation sample (see spread_sample)
@@ -193,8 +193,9 @@ def find_task(name, module=None):
     if module is not None:
         raise ValueError(f"[data] task = {name!r}: the module {module!r} ([data] task_module) registers no task of "
                          f"that name; known tasks: {sorted(TASKS)}")
-    raise ValueError(f"[data] task = {name!r} is not a known task; choose one of {sorted(TASKS)}, or name the "
-                     f"module that registers your own task (@register_task) in [data] task_module")
+    raise ValueError(f"[data] task = {name!r} is not a known task{did_you_mean(name, TASKS)}; choose one of "
+                     f"{sorted(TASKS)}, or name the module that registers your own task (@register_task) in "
+                     f"[data] task_module")
 
 
 def _import_task_module(module):

@@ -194,7 +194,8 @@ def test_every_unknown_key_of_every_section_gets_the_closest_valid_one():
     ({"train": {"optimizer": "adamq"}, "data": {"task": "copy"}}, "is not allowed (did you mean 'adam'?)"),
     ({"train": {"no_decay": ["bias", "norms"]}, "data": {"task": "copy"}}, "is not allowed (did you mean 'norm'?)"),
     ({"train": {"schedule": "cosin"}, "data": {"task": "copy"}}, "(did you mean 'cosine'?)"),
-    ({"data": {"task": "copy", "lenght": 4, "n_vall": 3}}, "(did you mean 'length' for 'lenght', 'n_val' for 'n_vall'?)"),
+    ({"data": {"task": "copy", "lenght": 4, "n_vall": 3}},
+     "(did you mean 'length' for 'lenght', 'n_val' for 'n_vall'?)"),
 ])
 def test_misspelt_sections_tasks_types_and_choices_get_the_closest_name(config, says):
     from numformer.config import resolve_config

@@ -76,7 +76,8 @@ CASES = {
     "warmup_steps": ("cosine", 6, _lrs_follow_the_new_schedule),
     "min_lr": ("cosine", 5e-3, _lrs_follow_the_new_schedule),
     "decay_steps": ("cosine", 8, _lrs_follow_the_new_schedule),
-    "grad_clip": ("adamw", 1e-3, lambda r, t, spy, s: spy["grad_norms"] and max(spy["grad_norms"]) <= 1e-3 * (1 + 1e-9)),
+    "grad_clip": ("adamw", 1e-3, lambda r, t, spy, s: spy["grad_norms"]
+                  and max(spy["grad_norms"]) <= 1e-3 * (1 + 1e-9)),
     "grad_accum": ("adamw", 3, lambda r, t, spy, s: len(spy["batch_sizes"]) == 3 * (RESUMED_TO - 4)),
     "label_smoothing": ("adamw", 0.9, lambda r, t, spy, s: spy["first_loss"] != spy["first_loss_unsmoothed"]),
     "eval_batches": ("adamw", 0, lambda r, t, spy, s: all("val_loss" in m for m in _lines(r, "val_tokens").values())),

@@ -133,19 +133,19 @@ def test_a_link_to_another_run_swapped_in_while_a_checkpoint_is_written(tmp_path
     others = snapshot(other)
     quiet_steps = {**TINY, "train": {**TINY["train"], "log_every": 100, "eval_every": 100}}
     trainer = Trainer(quiet_steps, out, quiet=True)
-    check = trainer._lock.check
+    check = trainer.folder.lock.check
 
     def check_then_swap():                    # at step 5 the only write is the checkpoint: the swap lands between
         check()                               # its check and its write
         if trainer.step == 5:
-            trainer._lock.check = check
+            trainer.folder.lock.check = check
             swap(out, "link to another run", other)
-    trainer._lock.check = check_then_swap
+    trainer.folder.lock.check = check_then_swap
     moved = tmp_path / "R.moved"
     with pytest.raises(RunFolderGone, match=f"replaced by a link .*now in {moved}"):
         trainer.train(stop_after=6)           # step 5: the checkpoint; step 6: a metrics line, refused
     trainer.close()
-    assert trainer._lock.check is check and trainer._checkpoint_step == 5
+    assert trainer.folder.lock.check is check and trainer._checkpoint_step == 5
     assert snapshot(other) == others
     Trainer(None, moved, resume=True, quiet=True).train()
     straight = tmp_path / "straight"

@@ -147,7 +147,8 @@ def _train_keys():
         "decay_steps": NONNEG_INT, "grad_clip": NONNEG_FLOAT, "grad_accum": positive(), "label_smoothing": FRACTION,
         "eval_batches": NONNEG_INT, "eval_batch_size": NONNEG_INT, "eval_metrics": BOOL,
         "early_stopping_patience": NONNEG_INT, "early_stopping_min_delta": NONNEG_FLOAT, "restore_best": BOOL,
-        "log_every": positive(), "max_minutes": MINUTES, "budget_minutes": MINUTES, "dtype": Key(str, choices=("float32", "float64")),
+        "log_every": positive(), "max_minutes": MINUTES, "budget_minutes": MINUTES,
+        "dtype": Key(str, choices=("float32", "float64")),
         "processes": Key(int, 0, max(64, 4 * (os.cpu_count() or 1))),
     }
 

@@ -98,3 +98,32 @@ class Budget:
 
     def remaining(self):
         return max(0.0, self.seconds - self.used())
+
+    def plan(self, evaluation, restore_best, save_bytes):
+        """Before the first step: measure what the end costs (``evaluation``: the run's ``Evaluation``): the
+        seconds per evaluation example, on one batch; the whole-split evaluations the end runs (two with
+        ``restore_best``, which scores two sets of weights), the test split it scores; a first guess of a
+        save's time (``save_bytes``: the checkpoint's weights and moments)."""
+        self.val_examples = evaluation.examples("val", whole=True)
+        self.final_evaluations = 2 if restore_best else 1
+        self.test_examples = evaluation.examples("test", whole=True) if evaluation.reports_test else 0
+        self.guess_save_seconds(save_bytes)
+        self.timed_evaluation(*evaluation.time_one_batch())
+
+    def after_step(self, evaluates, examples, checkpoints):
+        """The seconds the next step adds beyond its update: its evaluation (``evaluates``, of ``examples``
+        examples: before the first, at the whole split's rate) and its checkpoint (``checkpoints``) when due."""
+        extra = (self.periodic_eval_seconds or self.eval_seconds_per_example * examples) if evaluates else 0.0
+        return extra + (self.save_seconds if checkpoints else 0.0)
+
+
+def budget_for(train, world, clock_start):
+    """The clock of a run planned for [train] budget_minutes, started at ``clock_start``; None without one."""
+    if not train["budget_minutes"]:
+        return None
+    if world is not None:
+        raise ValueError("[train] budget_minutes is not available under MPI (the ranks would have to agree on the "
+                         "clock); use max_steps, or max_minutes for a time limit")
+    budget = Budget(60 * train["budget_minutes"])
+    budget.start = clock_start
+    return budget

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINING = ROOT / "docs" / "reference" / "training.md"
 RUN_FOLDER = ROOT / "docs" / "reference" / "run-folder.md"
 ERRORS = re.compile(r"```text\n(\$ numformer train .*?)```", re.S)
+WIDTH = 88                  # the longest code line of a page (tests/test_docs_style.py)
 
 
 def example_errors(page):
@@ -86,7 +87,7 @@ def write():
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for command, _ in example_errors(page):
-            lines += [f"$ {command}", *textwrap.wrap(printed_error(command, tmp), 100, break_long_words=False,
+            lines += [f"$ {command}", *textwrap.wrap(printed_error(command, tmp), WIDTH, break_long_words=False,
                                                      break_on_hyphens=False)]
     old = ERRORS.search(page)[1]
     TRAINING.write_text(page.replace(old, "\n".join(lines) + "\n"), encoding="utf-8")

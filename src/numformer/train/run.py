@@ -1,4 +1,5 @@
-"""Loading a finished (or running) run folder for evaluation, generation and analysis.
+"""Loading a finished (or running) run folder for evaluation, generation and analysis, and the config of a run
+to resume.
 
 Every file is checked as it is read: a missing folder or file, bad JSON, a
 config.json that fails the config checks (``numformer.config``) or weights
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import apply_overrides, resolve_config, resume_changes
 from ..data.base import make_task
 from ..data.tokenizers import tokenizer_from_dict
 from ..models import build_model
@@ -54,3 +56,18 @@ def load_task(run_dir, config=None):
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} does not fit the run's [data] "
                          f"({type(e).__name__}: {e}); restore it or retrain") from None
+
+
+def resumed_config(run_dir, overrides=None):
+    """(resolved config, task, notes) of a run to resume: its config.json with ``overrides`` (--set) applied, the
+    task with the saved vocabulary (so that ids mean what they meant), and a note line on each change the
+    overrides make (``config.resume_changes``, which refuses in one line a change that cannot be made)."""
+    saved, tokenizer_state = load_config_json(run_dir), load_tokenizer_state(run_dir)
+    try:
+        config, task = resolve_config(apply_overrides(saved, overrides), tokenizer_state)
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        if tokenizer_state is None:
+            raise
+        raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} is damaged or does not fit the run's "
+                         f"[data] ({type(e).__name__}: {e}); restore it or retrain") from None
+    return config, task, resume_changes(saved["train"], config["train"])

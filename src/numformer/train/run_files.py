@@ -31,58 +31,97 @@ MODEL = "model.safetensors"
 FORMAT = "numformer-checkpoint-1"
 
 
-# The folders this process holds locked (train.run_folder registers them): real path -> an open descriptor of the
+# The folders this process holds locked (train.run_folder registers them): the folder's absolute path as the lock
+# was taken (not resolved: a link put at that path later must not redirect a write) -> an open descriptor of the
 # folder itself. A file of such a folder is created relative to that descriptor, so it lands in the folder that
-# was locked even if the path has meanwhile been deleted and made anew (then the writer's next check stops it);
-# it never lands in the new folder. Where the platform has no such descriptors (Windows), by path.
+# was locked whatever the path names now (deleted and made anew, replaced by a link to another run, moved); the
+# writer's next check (RunLock.check) then stops it. Where the platform has no such descriptors (Windows), by path,
+# after that check.
 LOCKED_FOLDERS: dict[str, int] = {}
 
 
 def _locked_folder_fd(path):
     """The descriptor of ``path``'s folder when this process holds that folder locked (and the platform can
-    open files relative to it), else None."""
-    folder_fd = LOCKED_FOLDERS.get(os.path.realpath(Path(path).parent))
+    open files relative to it), else None. The path is made absolute but never resolved."""
+    folder_fd = LOCKED_FOLDERS.get(os.path.abspath(Path(path).parent))
     return folder_fd if folder_fd is not None and os.open in os.supports_dir_fd else None
 
 
 def open_in_folder(path, flags, mode=0o666):
     """``os.open(path, flags)``, relative to the locked folder's descriptor where ``path``'s folder is locked:
     a folder deleted meanwhile (Linux refuses new files in it) is one ValueError, and a folder made anew under
-    the same name never receives the file."""
-    path = Path(path)
-    folder_fd = _locked_folder_fd(path)
+    the same name (or a link put there) never receives the file."""
+    return _open_at(_locked_folder_fd(path), Path(path), flags, mode)
+
+
+def _open_at(folder_fd, path, flags, mode=0o666):
     if folder_fd is None:
         return os.open(path, flags, mode)
     try:
         return os.open(path.name, flags, mode, dir_fd=folder_fd)
     except FileNotFoundError:
-        what = "replaced by another folder" if path.parent.exists() else "deleted"
-        raise ValueError(f"{path.parent} was {what} while this command was writing it; stopped without "
-                         f"writing {path.name} (nothing is recreated)") from None
+        what = "replaced by another folder" if os.path.lexists(path.parent) else "deleted"
+        raise ValueError(f"{path.parent} was {what} while this command was writing it; stopped without writing "
+                         f"{path.name} (nothing is recreated)") from None
+
+
+TEMP_SUFFIX = ".tmp"
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)    # never through a link
+
+
+def temp_name(name):
+    """The temporary name ``write_atomic`` writes ``name`` under: ``.NAME.PID.RANDOM.tmp``."""
+    return f".{name}.{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}"
+
+
+def is_temp_of(file_name, name):
+    """Whether ``file_name`` is one of ``write_atomic``'s temporary names for ``name`` (``temp_name``)."""
+    prefix = f".{name}."
+    if not (file_name.startswith(prefix) and file_name.endswith(TEMP_SUFFIX)):
+        return False
+    pid, _, rand = file_name[len(prefix):-len(TEMP_SUFFIX)].partition(".")
+    return pid.isdigit() and len(rand) == 8 and all(c in "0123456789abcdef" for c in rand)
 
 
 def write_atomic(path, data: bytes):
     """Write bytes to ``path`` atomically (temporary file + fsync + rename). The folder must exist: it is never
     created here, so that a run folder deleted under a running command is not silently made anew. In a locked
-    folder, the file goes into the folder that was locked (``LOCKED_FOLDERS``), whatever the path names now."""
+    folder, the file goes into the folder that was locked (``LOCKED_FOLDERS``), whatever the path names now:
+    the temporary file, the rename and any clean-up all go through the one descriptor looked up here."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp = path.with_name(temp_name(path.name))
     folder_fd = _locked_folder_fd(path)
-    where = {} if folder_fd is None else {"src_dir_fd": folder_fd, "dst_dir_fd": folder_fd}
+    fd = _open_at(folder_fd, tmp, _CREATE_NEW)
     tmp_name, name = (tmp, path) if folder_fd is None else (tmp.name, path.name)
-    fd = open_in_folder(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0))
+    at = {} if folder_fd is None else {"dir_fd": folder_fd}
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp_name, name, **where)
+        os.replace(tmp_name, name, **({} if folder_fd is None else {"src_dir_fd": folder_fd,
+                                                                     "dst_dir_fd": folder_fd}))
     except BaseException:
         try:
-            os.unlink(tmp_name, **({} if folder_fd is None else {"dir_fd": folder_fd}))
+            os.unlink(tmp_name, **at)
         except OSError:
             pass
         raise
+
+
+def remove_temp_files(folder, names):
+    """Delete ``write_atomic``'s temporary files of ``names`` left in ``folder`` by a write cut short (a killed
+    process); through the locked folder's descriptor where it is locked. The caller holds the folder's exclusive
+    lock, so no other numformer command is writing them. Returns the names removed."""
+    folder_fd = _locked_folder_fd(Path(folder) / "x")
+    listing = os.listdir(folder_fd if folder_fd is not None and os.listdir in os.supports_fd else folder)
+    removed = sorted(f for f in listing if any(is_temp_of(f, name) for name in names))
+    for f in removed:
+        try:
+            os.unlink(f, dir_fd=folder_fd) if folder_fd is not None else os.unlink(Path(folder) / f)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def write_json_atomic(path, obj):
@@ -149,7 +188,9 @@ def save_checkpoint(path, model, optimizer, state, metadata=None):
 
 
 def load_checkpoint(path, model, optimizer):
-    """Restore model and optimizer from a checkpoint; returns the trainer state dict."""
+    """Restore model and optimizer from a checkpoint; returns the trainer state dict. The optimizer takes the
+    checkpoint's state (moments, step counts) and keeps the options it was built with (the resumed run's config,
+    which ``--resume --set`` may have changed); the saved options are checked all the same."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no checkpoint at {path}: nothing to resume (the run saved none yet); "
@@ -160,7 +201,7 @@ def load_checkpoint(path, model, optimizer):
     try:
         model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
         optimizer.load_state_dict({k[len("optim/"):]: v for k, v in tensors.items() if k.startswith("optim/")},
-                                  bounded_json(meta["optimizer"], "its optimizer metadata"))
+                                  bounded_json(meta["optimizer"], "its optimizer metadata"), keep_options=True)
         state = bounded_json(meta["state"], "its state metadata")
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
         raise ValueError(f"checkpoint {path} is incomplete or damaged ({type(e).__name__}: {e}); it cannot be "

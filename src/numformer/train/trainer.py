@@ -36,15 +36,15 @@ import numpy as np
 from .. import ops
 from .._limits import bounded_json
 from ..data.base import IGNORE
+from ..interop.sources import load_weights
 from ..models import build_model
-from ..models.pretrained import loader as pretrained_loader
 from ..nn import MultiHeadAttention
 from ..optim import OPTIMIZERS, AdamW, Muon, clip_grad_norm, hidden_matrices, make_schedule, param_groups
 from ..provenance import git_commit
-from .run_files import (CHECKPOINT, MODEL, load_checkpoint, load_config_json, load_metadata, load_model_weights,
-                        load_tokenizer_state, open_in_folder, rng_state, save_checkpoint, save_model, set_rng_state,
-                        write_atomic, write_json_atomic)
-from ..config import apply_overrides, resolve_config
+from ..run_files import (CHECKPOINT, MODEL, load_checkpoint, load_metadata, load_model_weights, load_tokenizer_state,
+                         open_in_folder, rng_state, save_checkpoint, save_model, set_rng_state, write_atomic,
+                         write_json_atomic)
+from ..config import apply_overrides, load_config_json, resolve_config
 from . import run_folder
 from .budget import Budget
 from .early_stopping import EarlyStopping
@@ -174,7 +174,7 @@ class Trainer:
         init_from = model_cfg.pop("init_from", None)
         self.model = build_model(model_cfg, rng=self.model_rng, dtype=self.dtype)
         if init_from is not None and not resume:         # fine-tuning starts from the source's weights
-            pretrained_loader().load_init_weights(self.model, init_from)
+            load_weights(self.model, init_from)
         _check_trainable(self.model)
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5

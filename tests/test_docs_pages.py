@@ -30,7 +30,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", "docs/index.md", "docs/exercises.md", "docs/examples.md",
-         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md"))]
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md")),
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "how-to").glob("*.md"))]
 
 # (page, text on the page, what the test runs instead)
 TINY = {

@@ -26,7 +26,7 @@ SHAPES = {"tied": {"tie_word_embeddings": True}, "untied": {"tie_word_embeddings
 def test_qwen2_logits_and_every_gradient_match_transformers(tmp_path, shape, tdtype, ndtype, tol):
     folder = make_family_model(tmp_path, "qwen2", SHAPES[shape])
     model = assert_parity(folder, "qwen2", tdtype, ndtype, tol)
-    cfg = hf.model_config_of(model)
+    cfg = model.config.to_dict()
     assert (cfg["bias"], cfg.get("attn_bias", False), cfg["qkv_bias"], cfg["rope_theta"]) == (False, False, True, 1e6)
     assert model.tie_weights == SHAPES[shape]["tie_word_embeddings"]
     tmodel = transformers.AutoModelForCausalLM.from_pretrained(folder)
@@ -36,10 +36,10 @@ def test_qwen2_logits_and_every_gradient_match_transformers(tmp_path, shape, tdt
 def test_qwen2_generation_equals_transformers_and_cached_equals_uncached(tmp_path):
     folder = make_family_model(tmp_path, "qwen2", SHAPES["untied"])
     tmodel = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     prompt = np.array([[5, 17, 3, 44, 9]])
     np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), transformers_greedy(tmodel, prompt, 20))
-    m64 = GPT.from_pretrained(folder, dtype=np.float64)
+    m64 = hf.load_pretrained(folder, dtype=np.float64)[0]
     a, la = m64.generate(prompt, 20, rng=1, return_logits=True)
     b, lb = m64.generate(prompt, 20, rng=1, use_cache=False, return_logits=True)
     np.testing.assert_array_equal(a, b)
@@ -52,7 +52,7 @@ def test_qwen2_import_export_round_trip(tmp_path, window):
 
     edits = {"use_sliding_window": True, "sliding_window": window, "max_window_layers": 0} if window else {}
     folder = make_family_model(tmp_path, "qwen2", {**SHAPES["tied"], **edits})
-    model = GPT.from_pretrained(folder, dtype=np.float64)
+    model = hf.load_pretrained(folder, dtype=np.float64)[0]
     assert model.sliding_window == window
     out = hf.export_hf(model, tmp_path / "out")
     cfg = json.loads((out / "config.json").read_text())
@@ -107,8 +107,8 @@ eval_every = 3
     assert main(["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "run")]) == 0
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
     assert (cfg["qkv_bias"], cfg["bias"], cfg["rope_theta"]) == (True, False, 1e6)
-    tuned = GPT.from_pretrained(hf.export_hf(__import__("numformer.train", fromlist=["load_model"]).load_model(
-        tmp_path / "run"), tmp_path / "tuned_hf"))
+    tuned = hf.load_pretrained(hf.export_hf(__import__("numformer.train", fromlist=["load_model"]).load_model(
+        tmp_path / "run"), tmp_path / "tuned_hf"))[0]
     assert tuned.blocks[0].self_attn.qkv_proj.bias is not None
 
 

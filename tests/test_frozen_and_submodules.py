@@ -153,3 +153,27 @@ def test_cross_attention_needs_the_projection_that_splits_its_rows():
                         Doubled(model.decoder.layers[0].cross_attn.qkv_proj))
     with pytest.raises(ValueError, match="cross-attention projects the query and the memory with different rows"):
         model(np.array([[1, 2, 3]]), np.array([[1, 2]]))
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="data parallelism forks (Linux only)")
+def test_data_parallel_workers_leave_a_frozen_parameter_without_gradient():
+    from numformer.train.parallel import DataParallel
+    from numformer.train.step import loss_and_backward
+
+    def make():
+        model = small()
+        model.blocks[0].self_attn.requires_grad_(False)
+        return model
+
+    rng = np.random.default_rng(2)
+    inputs, targets = {"idx": rng.integers(0, 17, (4, 6))}, rng.integers(0, 17, (4, 6))
+    single = make()
+    loss_and_backward(single, inputs, targets)
+    model = make()
+    with DataParallel(model, 2, seed=0) as dp:
+        dp.forward_backward(inputs, targets)
+    for (name, a), (_, b) in zip(single.named_parameters(), model.named_parameters()):
+        if a.requires_grad:
+            np.testing.assert_allclose(b.grad, a.grad, rtol=1e-10, atol=1e-13, err_msg=name)
+        else:
+            assert a.grad is None and b.grad is None, name

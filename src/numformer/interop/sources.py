@@ -22,7 +22,7 @@ from ..data.tokenizers import tokenizer_from_dict
 from ..keys import Key
 from ..models import build_model, check_model_section, model_arguments
 from ..run_files import CHECKPOINT, MODEL, check_run_dir, load_model_weights, load_tokenizer_state, read_json
-from . import hf
+from .hf import checkpoints as hf
 
 FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
 

@@ -197,8 +197,19 @@ def _keywords_of(block):
 
 
 # -- the encoder classifier and the seq2seq Transformer: one keyword per field -------------------------------
+class _KeywordFields:
+    """to_dict / from_dict of a config whose fields are its keyword form."""
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**_known(cls, d))
+
+
 @dataclass(frozen=True)
-class EncoderClassifierConfig:
+class EncoderClassifierConfig(_KeywordFields):
     """Every choice of an ``EncoderClassifier`` (its keyword form, field for field; identical layers)."""
 
     vocab_size: int
@@ -233,16 +244,9 @@ class EncoderClassifierConfig:
                            if self.d_ff is None else self.d_ff, activation=self.activation, bias=self.bias,
                            norm_placement="pre" if self.norm_first else "post", rope_theta=self.rope_theta)
 
-    def to_dict(self):
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d):
-        return cls(**_known(cls, d))
-
 
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(_KeywordFields):
     """Every choice of the encoder-decoder ``Transformer`` (its keyword form, field for field)."""
 
     src_vocab_size: int
@@ -294,13 +298,6 @@ class TransformerConfig:
         return BlockConfig(n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_ff=self.d_ff,
                            activation=self.activation, bias=self.bias, attn_bias=self.attn_bias,
                            norm_placement="pre" if self.norm_first else "post", rope_theta=self.rope_theta)
-
-    def to_dict(self):
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d):
-        return cls(**_known(cls, d))
 
 
 def _known(cls, d):

@@ -315,3 +315,34 @@ def test_the_engine_page_holds_the_generated_fields_tables():
     page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "engine.md").read_text(encoding="utf-8")
     assert config_fields_markdown() in page, "regenerate the GPTConfig tables of docs/reference/engine.md with " \
                                              "numformer.models.config.config_fields_markdown()"
+
+
+def test_a_toml_config_sets_layers_that_differ_and_the_run_resumes(tmp_path, run_cli):
+    """[[model.layers]] tables override the block keywords layer by layer; config.json keeps them, and the
+    run resumes from it."""
+    import json
+
+    toml = tmp_path / "c.toml"
+    toml.write_text('[model]\ntype = "gpt"\nn_layers = 2\nn_heads = 2\nd_model = 16\npositional = "rope"\n'
+                    'sliding_window = 3\n[[model.layers]]\nqk_norm = true\nrope_theta = 100.0\n[[model.layers]]\n'
+                    'sliding_window = 5\nactivation = "geglu"\n'
+                    '[data]\ntask = "copy"\nlength = 4\nn_val = 16\nn_test = 16\n'
+                    '[train]\nmax_steps = 2\nbatch_size = 4\nprocesses = 1\neval_every = 2\n')
+    run = tmp_path / "run"
+    assert run_cli("train", toml, "--out", run, "--quiet")[0] == 0
+    saved = json.loads((run / "config.json").read_text())["model"]
+    config = GPTConfig.from_dict(saved)
+    assert [b.sliding_window for b in config.layers] == [3, 5] and config.layers[0].qk_norm
+    assert config.layers[1].activation == "geglu" and config.layers[0].rope_theta == 100.0
+    rc, _, err = run_cli("train", "--resume", "--out", run, "--set", "train.max_steps=3", "--quiet")
+    assert rc == 0, err
+    model = numformer.load(run)[0]
+    assert model.config == config
+
+
+def test_a_bad_layer_in_a_toml_config_is_one_line_naming_it(tmp_path, cli_error):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[model]\ntype = "gpt"\nn_layers = 2\nn_heads = 2\nd_model = 16\n[[model.layers]]\n'
+                    'n_kv_heads = 3\n[[model.layers]]\n[data]\ntask = "copy"\nlength = 4\n')
+    assert "[model] GPT layer 0: n_kv_heads=3 must divide n_heads=2" in cli_error("train", toml, "--out",
+                                                                                   tmp_path / "run")

@@ -119,3 +119,23 @@ def test_qwen2_generation_benchmark_part_measures_both_libraries(tmp_path):
     assert result["row"]["same_tokens_fraction"] == 1.0 and result["row"]["transformers_tokens_per_s"] > 0
     assert result["row"]["ratio"] > 0
     assert "| numformer one_thread |" in qwen2_generate.markdown(result, tmp_path)
+
+
+@pytest.mark.parametrize("layer_types", [["full_attention", "sliding_attention"],
+                                         ["sliding_attention", "full_attention"]])
+def test_layers_with_their_own_windows_import_and_export_as_transformers_runs_them(tmp_path, layer_types):
+    """Qwen2's layer_types: one window per layer (a GPTConfig whose layers differ), both ways, float64 logits
+    within 1e-9 of transformers (windows shorter than the sequence)."""
+    edits = {"use_sliding_window": True, "sliding_window": 5, "layer_types": layer_types}
+    folder = make_family_model(tmp_path, "qwen2", {**SHAPES["tied"], **edits})
+    model = hf.load_pretrained(folder, dtype=np.float64)[0]
+    assert [b.sliding_window for b in model.config.layers] == [5 if t == "sliding_attention" else None
+                                                              for t in layer_types]
+    out = hf.export_hf(model, tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["layer_types"] == layer_types
+    idx = np.random.default_rng(2).integers(0, 300, (2, 16))
+    for path in (folder, out):
+        tmodel = _float64_arithmetic(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+                                     .eval())
+        with torch.no_grad():
+            assert rel_err(model(idx), tmodel(torch.from_numpy(idx)).logits.numpy()) < 1e-9

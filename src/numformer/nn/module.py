@@ -68,14 +68,15 @@ class Module:
         if params is None:
             raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() before assigning {name}")
         # A replaced parameter or module keeps its place in the order (named_parameters, ModuleList order).
-        if not (isinstance(value, Parameter) and name in params):
-            params.pop(name, None)
-        if not (isinstance(value, Module) and name in self._modules):
-            self._modules.pop(name, None)
         if isinstance(value, Parameter):
+            self._modules.pop(name, None)
             params[name] = value
         elif isinstance(value, Module):
+            params.pop(name, None)
             self._modules[name] = value
+        elif name in params or name in self._modules:
+            params.pop(name, None)
+            self._modules.pop(name, None)
         object.__setattr__(self, name, value)
 
     # -- calling ---------------------------------------------------------------

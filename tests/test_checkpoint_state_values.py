@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from numformer.train import Trainer
-from numformer.train.run_files import CHECKPOINT
+from numformer.run_files import CHECKPOINT
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from numformer.cli import main
-from numformer.train.run_files import CHECKPOINT, MODEL
+from numformer.run_files import CHECKPOINT, MODEL
 
 from conftest import mounted_tmpfs, one_error_line, src_env, tiny_copy_toml, tiny_text_toml
 

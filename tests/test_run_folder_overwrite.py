@@ -7,7 +7,7 @@ import json
 import pytest
 
 from numformer.train import run_writer, workers
-from numformer.train.run_files import CHECKPOINT, MODEL
+from numformer.run_files import CHECKPOINT, MODEL
 from numformer.train.run_folder import RUN_FILES
 
 from conftest import tiny_copy_toml

@@ -14,7 +14,7 @@ import pytest
 
 from numformer.train import Trainer
 from numformer.train import run_files
-from numformer.train.run_files import CHECKPOINT, MODEL, is_temp_of, temp_name
+from numformer.run_files import CHECKPOINT, MODEL, is_temp_of, temp_name
 from numformer.train.run_folder import RUN_FILES, RunFolderBusy, RunFolderGone, lock_for_resuming, lock_for_writing
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="links, moves and /proc/self/fd are made on Linux")

@@ -15,7 +15,7 @@ from numformer.cli import main
 from numformer.data import Batch, Task, register_task
 from numformer.train import EarlyStopping, Trainer, TrainingDiverged, resolve_config, write_atomic
 from numformer.train import evaluation as evaluation_module
-from numformer.train.run_files import CHECKPOINT, MODEL
+from numformer.run_files import CHECKPOINT, MODEL
 
 
 @register_task("test_counting")
@@ -417,7 +417,7 @@ def test_atomic_writes_get_a_normal_file_mode(tmp_path):
     import os
     import stat
 
-    from numformer.train.run_files import write_atomic
+    from numformer.run_files import write_atomic
 
     path = tmp_path / "results.md"
     write_atomic(path, b"table\n")

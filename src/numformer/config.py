@@ -21,11 +21,12 @@ import tomllib
 from pathlib import Path
 
 from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
+from .interop.sources import read_source
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
-from .models import DEFAULT_PRESET, MODEL_TYPES, model_arguments, model_keys, preset_arguments
-from .models.pretrained import loader as pretrained_loader
+from .models import MODEL_TYPES, apply_preset, check_model_together, model_arguments, model_keys
 from .optim import OPTIMIZERS, SCHEDULES
 from .optim.optimizers import NO_DECAY_KINDS
+from .run_files import check_run_dir, read_json
 from ._limits import check_bounds
 
 SECTIONS = ("model", "data", "train")
@@ -232,11 +233,11 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
                          f"folder or a hub id")
     source_model = None
     if init_from is not None and build_task:
-        source_model, source_tokenizer = pretrained_loader().pretrained_source(init_from)
-        tokenizer_state = tokenizer_state or source_tokenizer
+        source = read_source(init_from)
+        source_model, tokenizer_state = source.model, tokenizer_state or source.tokenizer_state
         model.setdefault("type", source_model["type"])
     kind, model = _resolve_model_kind(model, data, task_cls, written)
-    model = _apply_preset(kind, model, fine_tuning=init_from is not None)
+    model = apply_preset(kind, model, fine_tuning=init_from is not None)
     valid = _model_defaults(kind)
     model = check_section("model", model, model_keys(), valid)
     task = None
@@ -248,7 +249,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
         raise ValueError(f"[model] needs {missing}")
     full_model = {"type": kind, **{k: (None if d is inspect.Parameter.empty else d) for k, d in valid.items()},
                   **model, **({"init_from": init_from} if init_from is not None else {})}
-    _check_model_together(full_model)
+    check_model_together(full_model)
     return {"model": full_model, "data": data, "train": train}, task
 
 
@@ -263,7 +264,7 @@ def _add_data_sizes(model, data, task_cls, seed, tokenizer_state, sizes_only, in
         task = make_task(data, seed=seed, tokenizer_state=tokenizer_state)
         from_data = task.model_config()
     if source_model is not None:
-        model, from_data = pretrained_loader().merge_init_from(init_from, model, source_model, from_data), {}
+        model, from_data = merge_init_from(init_from, model, source_model, from_data), {}
     clash = sorted(k for k in from_data if k in model and model[k] != from_data[k])
     if clash:
         raise ValueError(f"[model] {clash} are set by the data ({ {k: from_data[k] for k in clash} }); "
@@ -304,37 +305,26 @@ def _resolve_model_kind(model, data, task_cls, written):
     return kind, model
 
 
-def check_model_section(model):
-    """A [model] section on its own (no [data]: every size written in it), checked like a whole config's;
-    returns it with every default filled in."""
-    model = dict(model)
-    kind = model.pop("type", None)
-    if not isinstance(kind, str) or kind not in MODEL_TYPES:
-        raise ValueError(f"[model] type = {kind!r} is not a model type{did_you_mean(kind, MODEL_TYPES)}; choose one "
-                         f"of {sorted(MODEL_TYPES)}")
-    model = _apply_preset(kind, model)
-    valid = _model_defaults(kind)
-    model = check_section("model", model, model_keys(), valid)
-    missing = sorted(k for k, d in valid.items() if d is inspect.Parameter.empty and k not in model)
-    if missing:
-        raise ValueError(f"[model] needs {missing} (or a [data] section, which sets the sizes)")
-    full = {"type": kind, **{k: d for k, d in valid.items() if d is not inspect.Parameter.empty}, **model}
-    _check_model_together(full)
-    return full
+FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
 
 
-def _apply_preset(kind, model, fine_tuning=False):
-    """[model] with its ``preset``'s sizes where it does not set them (``models.MODEL_PRESETS``; the default
-    preset, "small", where none is named). A fine-tuned model takes its sizes from the source instead. The
-    resolved config records the sizes themselves, not the preset's name."""
-    named = "preset" in model
-    preset = model.pop("preset", DEFAULT_PRESET)
-    if fine_tuning:
-        if named:
-            raise ValueError("[model] preset and init_from exclude each other: a fine-tuned model has the "
-                             "source's sizes; remove preset")
-        return model
-    return {**preset_arguments(kind, preset), **model}
+def merge_init_from(source, model, source_model, from_data):
+    """The [model] section of a run fine-tuned from ``source``: the source's architecture, with the
+    ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabulary, context length)."""
+    changed = sorted(k for k, v in model.items() if k not in FINE_TUNING_OPTIONS and k != "type"
+                     and source_model.get(k) != v)
+    if changed:
+        raise ValueError(f"[model] {changed} differ from the init_from model {source!r} "
+                         f"({ {k: source_model.get(k) for k in changed} }); a fine-tuned model keeps its "
+                         f"architecture: remove them (only {list(FINE_TUNING_OPTIONS)} may change)")
+    if model.get("type", source_model["type"]) != source_model["type"]:
+        raise ValueError(f"[model] type = {model['type']!r} but init_from {source!r} is a {source_model['type']!r}")
+    for key, what in (("vocab_size", "the tokenizer's vocabulary"), ("block_size", "[data] block_size")):
+        if key in from_data and from_data[key] > source_model.get(key, from_data[key]):
+            raise ValueError(f"{what} ({from_data[key]}) exceeds the {key} of the init_from model {source!r} "
+                             f"({source_model[key]}); " + ("use the model's own tokenizer" if key == "vocab_size"
+                                                            else f"set [data] block_size <= {source_model[key]}"))
+    return {**{k: v for k, v in source_model.items() if k != "type"}, **model}
 
 
 def _model_defaults(kind):
@@ -355,13 +345,6 @@ def _check_train_together(t):
                          f"each process needs at least one example of a batch")
 
 
-def _check_model_together(m):
-    """Rules between [model] keys."""
-    d_model, n_heads = m.get("d_model"), m.get("n_heads")
-    if d_model and n_heads and d_model % n_heads:
-        raise ValueError(f"[model] d_model = {d_model} must be divisible by n_heads = {n_heads}")
-
-
 def check_saved_config(config, where):
     """A run's config.json, checked like a TOML config (without reading its data); returns it resolved.
     ``where`` names the file in the message."""
@@ -372,3 +355,13 @@ def check_saved_config(config, where):
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return resolved
+
+
+def load_config_json(run_dir):
+    """The run's config.json, checked like a TOML config (every key's type and range)."""
+    check_run_dir(run_dir)
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
+                         f"`numformer train CONFIG --out {run_dir}`")
+    return check_saved_config(read_json(path, "config file"), path)

@@ -26,7 +26,8 @@ COMMANDS = {"/reset": "clears the conversation (the system prompt stays)", "/qui
 def load_chat_model(source):
     """(model, tokenizer, folder) of SOURCE: the one place ``numformer chat`` loads a model (through the
     loading of ``numformer generate``)."""
-    from ..interop.hf import is_run_folder, resolve_source
+    from ..interop.hf import resolve_source
+    from ..interop.sources import is_run_folder
     from .generate import load_generator
 
     model, tokenizer = load_generator(source)

@@ -12,7 +12,7 @@ FORMATS = ("hf",)
 def run(args):
     from ..interop.hf import export_hf
     from ..train import load_config_json, load_model, load_tokenizer_state, run_folder
-    from ..train.run import tokenizer_from_state
+    from ..interop.sources import tokenizer_from_state
 
     config = load_config_json(args.run_dir)
     out = Path(args.out)

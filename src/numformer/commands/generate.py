@@ -10,24 +10,22 @@ from pathlib import Path
 
 def load_generator(source):
     """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``."""
-    from ..interop.hf import is_run_folder, load_pretrained
-    from ..train import load_config_json, load_model
-    from ..train.run import load_tokenizer
+    from ..interop.sources import is_run_folder, load
+    from ..train import load_config_json
 
-    if str(source).startswith("hf:") or (Path(source, "config.json").is_file() and not is_run_folder(source)):
-        model, tokenizer = load_pretrained(source)
-        if tokenizer is None:
-            raise ValueError(f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text "
-                             f"cannot be encoded")
-        return model, tokenizer
-    config = load_config_json(source)
-    if config["model"]["type"] != "gpt":
-        raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
-                         f"text with a GPT (use `numformer translate` or `classify` for the others)")
-    tokenizer = load_tokenizer(source)
+    run = not str(source).startswith("hf:") and not (Path(source, "config.json").is_file()
+                                                    and not is_run_folder(source))
+    if run:
+        config = load_config_json(source)          # the whole config.json checked, as every command does
+        if config["model"]["type"] != "gpt":
+            raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
+                             f"text with a GPT (use `numformer translate` or `classify` for the others)")
+    model, tokenizer = load(source)
     if tokenizer is None:
-        raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded")
-    return load_model(source, config), tokenizer
+        raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded" if run else
+                         f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text cannot "
+                         f"be encoded")
+    return model, tokenizer
 
 
 def run(args):

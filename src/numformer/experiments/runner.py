@@ -21,7 +21,7 @@ from ..analysis import GROUP_TITLES, attention_maps, plot_attention, plot_loss_c
 from ..config import load_config
 from ..provenance import machine_info
 from ..train import Trainer, evaluate_loss
-from ..train.run_files import write_atomic, write_json_atomic
+from ..run_files import write_atomic, write_json_atomic
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
 REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/

@@ -13,10 +13,7 @@ import math
 
 import numpy as np
 
-from ..nn.blocks import DecoderBlock, EncoderBlock
-from ..nn.layers import BatchStatNorm, Embedding, LayerNorm, Linear, RMSNorm
 from ..nn.module import Parameter
-from ..nn.positional import LearnedPositionalEncoding
 
 
 class Optimizer:
@@ -417,18 +414,11 @@ class Muon(Optimizer):
 
 
 def hidden_matrices(model):
-    """The parameters Muon updates: the weights of the Linear layers inside the Transformer blocks (attention
-    q/k/v and output projections, feed-forward layers), in model order. Token embeddings, output heads
-    (tied or not), position tables, norms and biases are not among them."""
-    found, seen = [], set()
-    for _, block in model.named_modules():
-        if not isinstance(block, (EncoderBlock, DecoderBlock)):
-            continue
-        for _, m in block.named_modules():
-            if isinstance(m, Linear) and id(m.weight) not in seen:
-                seen.add(id(m.weight))
-                found.append(m.weight)
-    return found
+    """The parameters Muon updates: the trainable weight matrices of the hidden layers, in model order, as the
+    model's modules answer ``Module.hidden_matrices()`` (a Transformer block: its attention and feed-forward
+    matrices). Token embeddings, output heads (tied or not), position tables, norms, biases and frozen
+    parameters are not among them."""
+    return [p for p in model.hidden_matrices() if p.requires_grad]
 
 
 OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "muon": Muon}
@@ -442,9 +432,11 @@ def param_groups(model, weight_decay, no_decay=("bias", "norm")):
 
     no_decay lists kinds to exclude: "bias" (every ``bias``), "norm" (LayerNorm,
     RMSNorm and batch-statistics norm parameters), "embedding" (token and
-    learned position tables; a tied output layer shares the token table).
+    learned position tables; a tied output layer shares the token table); each
+    module says which kind its parameters are (``Module.parameter_kind``).
     nanoGPT's rule (decay matrices and embeddings, not biases or norms) is
-    ``no_decay=("bias", "norm")``.
+    ``no_decay=("bias", "norm")``. Frozen parameters (``requires_grad`` False)
+    are in no group: no optimizer updates them or keeps state for them.
     """
     bad = set(no_decay) - set(NO_DECAY_KINDS)
     if bad:
@@ -454,12 +446,11 @@ def param_groups(model, weight_decay, no_decay=("bias", "norm")):
         for name, p in m._parameters.items():
             if p is None:
                 continue
-            if ("bias" in no_decay and name == "bias") or \
-               ("norm" in no_decay and isinstance(m, (LayerNorm, RMSNorm, BatchStatNorm))) or \
-               ("embedding" in no_decay and isinstance(m, (Embedding, LearnedPositionalEncoding))):
+            if ("bias" in no_decay and name == "bias") or m.parameter_kind in no_decay:
                 excluded.add(id(p))
-    decay = [p for _, p in model.named_parameters() if id(p) not in excluded]
-    keep = [p for _, p in model.named_parameters() if id(p) in excluded]
+    trainable = [p for _, p in model.named_parameters() if p.requires_grad]     # frozen ones: no optimizer at all
+    decay = [p for p in trainable if id(p) not in excluded]
+    keep = [p for p in trainable if id(p) in excluded]
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if keep:
         groups.append({"params": keep, "weight_decay": 0.0})

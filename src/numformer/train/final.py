@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .run_files import CHECKPOINT, MODEL, load_metadata, load_model_weights
+from ..run_files import CHECKPOINT, MODEL, load_metadata, load_model_weights
 
 
 def keep_better_weights(model, folder, evaluation, early, step, config, diverged=False, resumable=False):

@@ -9,43 +9,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from ..config import apply_overrides, resolve_config, resume_changes
+from ..config import apply_overrides, load_config_json, resolve_config, resume_changes
 from ..data.base import make_task
-from ..data.tokenizers import tokenizer_from_dict
-from ..models import build_model
-from .run_files import CHECKPOINT, MODEL, load_config_json, load_model_weights, load_tokenizer_state, read_json
-from .run_folder import check_weights
+from ..interop.sources import load_run_model, tokenizer_from_state
+from ..run_files import load_tokenizer_state
 
 
 def load_model(run_dir, config=None):
     """The run's model with its saved weights (model.safetensors, else the checkpoint), in eval mode."""
-    run_dir = Path(run_dir)
     config = load_config_json(run_dir) if config is None else config
-    model_cfg = {k: v for k, v in config["model"].items() if k != "init_from"}
-    model = build_model(model_cfg, rng=np.random.default_rng(0), dtype=np.dtype(config["train"]["dtype"]))
-    for name in (MODEL, CHECKPOINT):
-        if (run_dir / name).is_file():
-            meta = load_model_weights(run_dir / name, model)
-            check_weights(run_dir / name, meta, config)
-            return model.eval()
-    raise ValueError(f"{run_dir} has no saved weights ({MODEL} or {CHECKPOINT})")
+    return load_run_model(run_dir, config["model"], config["train"]["dtype"])
 
 
 def load_tokenizer(run_dir):
     """The run's tokenizer (tokenizer.json), or None when the run has none."""
     state = load_tokenizer_state(run_dir)
     return None if state is None else tokenizer_from_state(state, run_dir)
-
-
-def tokenizer_from_state(state, run_dir):
-    """A tokenizer from (part of) a run's tokenizer.json; a damaged file is one ValueError naming it."""
-    try:
-        return tokenizer_from_dict(state)
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} is damaged "
-                         f"({type(e).__name__}: {e}); restore it or retrain") from None
 
 
 def load_task(run_dir, config=None):

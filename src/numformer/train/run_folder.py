@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .._limits import bounded_json
 from .. import _platform
-from .run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL, remove_temp_files
+from ..run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL, remove_temp_files
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 RUN_FILES = (CHECKPOINT, MODEL, "summary.json", "metrics.jsonl", "tokenizer.json", "config.json")
@@ -351,26 +351,6 @@ def start_new_run(path, overwrite=False):
 
 
 def weights_metadata(config):
-    """Metadata saved with a run's weights: the model section they were trained with (``check_weights``
-    compares it with config.json when the weights are loaded)."""
+    """Metadata saved with a run's weights: the model section they were trained with
+    (``interop.sources.check_weights`` compares it with config.json when the weights are loaded)."""
     return {"model_config": json.dumps(config["model"], sort_keys=True), "dtype": config["train"]["dtype"]}
-
-
-def check_weights(path, meta, config):
-    """Weights saved with ``weights_metadata`` must match the run's config.json (an edited n_heads keeps every
-    shape but changes the model)."""
-    saved = meta.get("model_config")
-    if saved is None:
-        return
-    saved = bounded_json(saved, f"the model_config metadata of {path}")
-    if not isinstance(saved, dict):
-        raise ValueError(f"the model_config metadata of {path} is a JSON {type(saved).__name__}, not the [model] "
-                         f"section it was trained with; {path} is damaged: restore it or retrain")
-    changed = sorted(k for k in set(saved) | set(config["model"]) if saved.get(k) != config["model"].get(k))
-    if changed:
-        diffs = ", ".join(f"{k} {saved.get(k)!r} -> {config['model'].get(k)!r}" for k in changed)
-        raise ValueError(f"{path} was trained with another [model] config than config.json ({diffs}); "
-                         f"restore config.json or retrain")
-    if meta.get("dtype") not in (None, config["train"]["dtype"]):
-        raise ValueError(f"{path} was trained in {meta['dtype']}, but config.json says dtype = "
-                         f"{config['train']['dtype']!r}; restore config.json")

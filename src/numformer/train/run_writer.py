@@ -1,5 +1,5 @@
 """The writing of a run folder while it trains: config.json and tokenizer.json at the start, metrics.jsonl
-lines, checkpoint.safetensors, model.safetensors and summary.json (``train/run_files.py`` writes each file
+lines, checkpoint.safetensors, model.safetensors and summary.json (``numformer/run_files.py`` writes each file
 atomically, ``train/run_folder.py`` locks the folder).
 
     folder = RunWriter.for_new_run(run_dir, overwrite)    # or RunWriter.for_resuming(run_dir)
@@ -17,7 +17,7 @@ import json
 import os
 
 from . import run_folder
-from .run_files import CHECKPOINT, MODEL, open_in_folder, save_checkpoint, save_model, write_atomic, write_json_atomic
+from ..run_files import CHECKPOINT, MODEL, open_in_folder, save_checkpoint, save_model, write_atomic, write_json_atomic
 
 METRICS = "metrics.jsonl"
 

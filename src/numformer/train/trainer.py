@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..interop.sources import load_weights
 from ..models import build_model
-from ..models.pretrained import loader as pretrained_loader
 from ..optim import clip_grad_norm, make_schedule
 from ..provenance import git_commit
-from .run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state
+from ..run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state
 from ..config import apply_overrides, resolve_config
 from .budget import budget_for
 from .build import check_trainable, make_optimizer
@@ -82,7 +82,7 @@ class Trainer:
         init_from = model_cfg.pop("init_from", None)
         self.model = build_model(model_cfg, rng=self.model_rng, dtype=self.dtype)
         if init_from is not None and not resume:         # fine-tuning starts from the source's weights
-            pretrained_loader().load_init_weights(self.model, init_from)
+            load_weights(self.model, init_from)
         check_trainable(self.model)
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5

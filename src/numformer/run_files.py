@@ -2,9 +2,11 @@
 
 ``config.json`` (the resolved config) and ``tokenizer.json`` (the tokenizer's
 state) are JSON; ``model.safetensors`` (the selected weights) and
-``checkpoint.safetensors`` are safetensors. Training (``train.trainer``,
-``train.run``) and the interop layer (``interop.hf``) both read and write a run
-folder through this module only.
+``checkpoint.safetensors`` are safetensors. This module sits below the models,
+the configs, the interop layer and training (it imports nothing of numformer's
+but the bounded readers): all of them read and write a run folder through it.
+The checks of what a config.json says are ``numformer.config``'s
+(``load_config_json``); this module reads the bytes.
 
 Every file is written to a temporary name in the same folder, flushed to
 disk, and renamed over the target (``os.replace`` is atomic on POSIX), so a
@@ -13,7 +15,9 @@ crash leaves either the old file or the new one, never half of one.
 ``checkpoint.safetensors`` holds all a resumed run needs in one file: the
 model weights (``model/<name>``), the optimizer's moment buffers
 (``optim/<index>.<buffer>``) and, in the metadata, the optimizer's counters,
-the random generators' states and the trainer's state as JSON.
+the random generators' states, the trainer's state as JSON and the names of
+the frozen parameters (``requires_grad = False``), which must be the same when
+the run resumes.
 """
 from __future__ import annotations
 
@@ -23,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import bounded_json
-from ..config import check_saved_config
+from ._limits import bounded_json
 
 CHECKPOINT = "checkpoint.safetensors"
 MODEL = "model.safetensors"
@@ -177,14 +180,19 @@ def load_model_weights(path, model):
     return meta
 
 
+def frozen_parameters(model):
+    """The names of the model's frozen parameters (``requires_grad`` False), in model order."""
+    return [name for name, p in model.named_parameters() if not p.requires_grad]
+
+
 def save_checkpoint(path, model, optimizer, state, metadata=None):
     """Model, optimizer and trainer state (JSON-able dict) in one atomic file; ``metadata``: more string
-    entries for the file's metadata."""
+    entries for the file's metadata. The names of the frozen parameters are recorded (``frozen``)."""
     tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
     opt_arrays, opt_meta = optimizer.state_dict()
     tensors.update({f"optim/{k}": v for k, v in opt_arrays.items()})
     _save_safetensors(path, tensors, {**(metadata or {}), "format": FORMAT, "optimizer": json.dumps(opt_meta),
-                                      "state": json.dumps(state)})
+                                      "state": json.dumps(state), "frozen": json.dumps(frozen_parameters(model))})
 
 
 def load_checkpoint(path, model, optimizer):
@@ -198,6 +206,7 @@ def load_checkpoint(path, model, optimizer):
     tensors, meta = _load_safetensors(path, "checkpoint")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a numformer checkpoint (format {meta.get('format')!r})")
+    _check_frozen(path, meta, model)
     try:
         model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
         optimizer.load_state_dict({k[len("optim/"):]: v for k, v in tensors.items() if k.startswith("optim/")},
@@ -212,6 +221,16 @@ def load_checkpoint(path, model, optimizer):
     return state
 
 
+def _check_frozen(path, meta, model):
+    """The model must freeze what the checkpoint's run froze (a checkpoint from before frozen parameters
+    existed froze nothing): the optimizer state belongs to the trainable parameters."""
+    saved = bounded_json(meta.get("frozen", "[]"), f"the frozen-parameter list of {path}")
+    now = frozen_parameters(model)
+    if saved != now:
+        raise ValueError(f"checkpoint {path} was trained with the parameters {saved or 'none'} frozen, but this "
+                         f"model freezes {now or 'none'}; freeze the same parameters to resume it")
+
+
 def rng_state(rng):
     """A JSON-able copy of a numpy Generator's state."""
     return rng.bit_generator.state
@@ -223,7 +242,7 @@ def set_rng_state(rng, state):
 
 # -- reading a run folder's JSON files ----------------------------------------------------------------
 
-def _check_run_dir(run_dir):
+def check_run_dir(run_dir):
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise ValueError(f"run folder {run_dir} does not exist")
@@ -235,16 +254,6 @@ def read_json(path, what):
     """A JSON file's content; ValueError naming the file for unreadable, non-UTF-8 or malformed JSON."""
     path = Path(path)
     return bounded_json(path.read_bytes(), f"{what} {path}")
-
-
-def load_config_json(run_dir):
-    """The run's config.json, checked like a TOML config (every key's type and range)."""
-    _check_run_dir(run_dir)
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
-                         f"`numformer train CONFIG --out {run_dir}`")
-    return check_saved_config(read_json(path, "config file"), path)
 
 
 def load_tokenizer_state(run_dir):

@@ -94,14 +94,21 @@ def run_imdb_lm(exp, ctx):
     return record, imdb_markdown(record)
 
 
-def imdb_markdown(r):
-    f, t = r["figures"], r["config"]["train"]
+def page_head(r, data):
+    """The first lines of a results page: title, description, the command and machine, ``data`` (a sentence),
+    and what a quick run is."""
     quick = r.get("quick_overrides")
     lines = [f"# {r['name']}" + (" (quick run)" if quick is not None else ""), "", r["description"], "",
              f"Produced by `{r['command']}` on {r['date']} (commit {r['commit']}, {r['machine']['cores']} cores, "
-             f"{r['machine']['cpu']}). Data: {r['task']}.", ""]
+             f"{r['machine']['cpu']}). {data}", ""]
     if quick is not None:
         lines += [f"This is the `--quick` check of the pipeline (`{' '.join(quick)}`), not the experiment.", ""]
+    return lines
+
+
+def imdb_markdown(r):
+    f, t = r["figures"], r["config"]["train"]
+    lines = page_head(r, f"Data: {r['task']}.")
     lines += [
         f"**Bits per byte {f['val_bpb']:.4f}** on the whole validation split ({f['val_bytes']:,} bytes of "
         f"held-out training reviews; loss {f['val_loss']:.4f} nats per token, {f['bytes_per_token']:.2f} bytes "
@@ -123,7 +130,7 @@ def imdb_markdown(r):
 
 def _fmt(v):
     if isinstance(v, float):
-        return f"{v:,.4f}" if abs(v) < 100 else f"{v:,.0f}"
+        return f"{v:,.4f}" if abs(v) < 10 else f"{v:,.1f}" if abs(v) < 1000 else f"{v:,.0f}"
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
@@ -162,16 +169,10 @@ def run_comparison(exp, ctx):
 
 
 def comparison_markdown(r):
-    quick = r.get("quick_overrides")
-    minutes = r["budget_minutes"]
-    lines = [f"# {r['name']}" + (" (quick run)" if quick is not None else ""), "", r["description"], "",
-             f"Produced by `{r['command']}` on {r['date']} (commit {r['commit']}, {r['machine']['cores']} cores, "
-             f"{r['machine']['cpu']}). Each run trains `configs/shakespeare_speedrun.toml` with its tokenizer for "
-             f"{minutes:g} minutes of wall time, everything included (learning the BPE and encoding the text "
-             f"when they are not cached); the validation text is the same for every row (the last 10% of "
-             f"tiny Shakespeare, {r['rows'][0]['val_bytes']:,} bytes).", ""]
-    if quick is not None:
-        lines += [f"This is the `--quick` check of the pipeline (`{' '.join(quick)}`), not the experiment.", ""]
+    lines = page_head(r, f"Each run trains `configs/shakespeare_speedrun.toml` with its tokenizer for "
+                         f"{r['budget_minutes']:g} minutes of wall time, everything included (learning the BPE and "
+                         f"encoding the text when they are not cached); the validation text is the same for every "
+                         f"row (the last 10% of tiny Shakespeare, {r['rows'][0]['val_bytes']:,} bytes).")
     lines += ["| tokenizer | seed | vocabulary | parameters | steps | tokens/s | bytes per token | "
               "validation loss (nats per token) | **bits per byte** |", "|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:

@@ -56,11 +56,13 @@ class PretrainedTokenizer(Tokenizer):
 
     def token_bytes(self) -> np.ndarray | None:
         """UTF-8 bytes per id when the tokenizer is byte-level BPE (GPT-2's); else None (no bits per byte)."""
-        try:
-            table = ByteLevelBPE.from_dict(json.loads(self.hf.to_str())).token_bytes()
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
-        return np.pad(table, (0, max(0, self.vocab_size - len(table))))
+        if not hasattr(self, "_token_bytes"):
+            try:
+                table = ByteLevelBPE.from_dict(json.loads(self.hf.to_str())).token_bytes()
+                self._token_bytes = np.pad(table, (0, max(0, self.vocab_size - len(table))))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                self._token_bytes = None
+        return self._token_bytes
 
     def piece_label(self, i: int) -> str:
         piece = self.hf.id_to_token(i) or "?"

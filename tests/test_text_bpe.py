@@ -102,6 +102,30 @@ def test_language_model_tokenizer_choices(tmp_path):
                                                                                   "block_size": 64}
 
 
+def test_files_are_read_in_chunks_with_the_checks_of_a_whole_read(tmp_path):
+    import gzip
+
+    from numformer.data.files import iter_text, read_text
+
+    text = "\ufeffFirst line, é and 🙂\n" + "a longer line of words " * 40 + "\n\nend"
+    plain, packed = tmp_path / "t.txt", tmp_path / "t.txt.gz"
+    plain.write_text(text, encoding="utf-8")
+    packed.write_bytes(gzip.compress(text.encode("utf-8")))
+    for path in (plain, packed):
+        for block in (1, 5, 64, 1 << 20):
+            chunks = list(iter_text(path, block_bytes=block))
+            assert "".join(chunks) == read_text(path) == text[1:]
+            if block >= 64:             # lines shorter than 16 blocks: chunks end at line breaks
+                assert all(c.endswith("\n") for c in chunks[:-1])
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\nfine\n\xff here")
+    with pytest.raises(ValueError) as whole:
+        read_text(bad)
+    with pytest.raises(ValueError) as chunked:
+        list(iter_text(bad, block_bytes=3))
+    assert str(whole.value) == str(chunked.value) and "byte offset 8 (line 3)" in str(chunked.value)
+
+
 # -- bits per byte ---------------------------------------------------------------------------------------------
 def test_bits_per_byte_counts_the_texts_bytes_and_leaves_out_special_tokens(tmp_path):
     from numformer.models import GPT

@@ -126,8 +126,7 @@ class ByteLevelBPE(Tokenizer):
             if token_id is not None:
                 ids.append(token_id)
             else:
-                for piece in self.pre_tokenizer.pieces(self._normalize(segment)):
-                    ids.extend(self._encode_piece(piece))
+                self._encode_pieces(self.pre_tokenizer.pieces(self._normalize(segment)), ids)
         return ids
 
     def encode_batch(self, texts: Iterable[str], allowed_special="all") -> list[list[int]]:
@@ -150,8 +149,7 @@ class ByteLevelBPE(Tokenizer):
                 pieces = self.pre_tokenizer.pieces(self._normalize(segment))
                 if k == len(segments) - 1:          # the end of the chunk: split again with the next one
                     pieces, carry = hold_back(pieces, longest - 1)
-                for piece in pieces:
-                    ids.extend(self._encode_piece(piece))
+                self._encode_pieces(pieces, ids)
             yield ids
         if carry:
             yield self.encode(carry, allowed_special)
@@ -197,14 +195,17 @@ class ByteLevelBPE(Tokenizer):
             text = step(text)
         return text
 
-    def _encode_piece(self, piece: str) -> list[int]:
-        ids = self._cache.get(piece)
-        if ids is None:
-            ids = self.bpe(to_byte_chars(piece))
-            if len(self._cache) >= CACHE_SIZE:
-                self._cache.clear()
-            self._cache[piece] = ids
-        return ids
+    def _encode_pieces(self, pieces, out: list):
+        """Append the ids of each piece to ``out``: from the cache, or merged (``bpe``) and remembered."""
+        cache = self._cache
+        for piece in pieces:
+            ids = cache.get(piece)
+            if ids is None:
+                ids = self.bpe(to_byte_chars(piece))
+                if len(cache) >= CACHE_SIZE:
+                    cache.clear()
+                cache[piece] = ids
+            out.extend(ids)
 
     def bpe(self, word: str) -> list[int]:
         """The ids of one piece written with byte characters: start from one id per byte, then merge the

@@ -250,7 +250,6 @@ class ImdbLMTask(LanguageModelTask):
             rest, held = _split_train(len(train), self.config["val_size"], 0, self.seed, self.name,
                                       salt=_IMDB_VAL_SALT)
             self._reviews = {"train": [train[i] for i in rest] + extra, "val": [train[i] for i in held]}
-            self.unlabelled_reviews = len(extra)
         return (Document(clean_review(t)) for t in self._reviews[split])
 
     @classmethod

@@ -46,6 +46,7 @@ def budgeted_run(config, run_dir, overrides, quiet):
     val_bytes = int(task.token_bytes()[task.splits["val"][:]].sum())
     figures = {"val_loss": s["best_val_loss"], "val_bpb": s.get("best_val_bpb"), "steps": s["steps"],
                "tokens_seen": s["tokens_seen"], "tokens_per_s": s["tokens_per_s"], "parameters": s["parameters"],
+               "train_seconds": s["train_seconds"],
                "vocab_size": task.tokenizer.vocab_size, "train_tokens": len(task.splits["train"]),
                "val_tokens": len(task.splits["val"]), "val_bytes": val_bytes,
                "bytes_per_token": val_bytes / len(task.splits["val"]),
@@ -155,8 +156,8 @@ def run_comparison(exp, ctx):
             rows.append({"tokenizer": label, "seed": seed, **figures})
     figs = ctx.results_dir / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    plot_runs_against_time({f"{r['tokenizer']} (seed {r['seed']})": Path(r["run_dir"]) / "metrics.jsonl"
-                            for r in rows}, "val_bpb", figs / f"{exp.name}.png", ylabel="validation bits per byte",
+    plot_runs_against_time({f"{r['tokenizer']} (seed {r['seed']})": curve_with_final_score(r) for r in rows},
+                           "val_bpb", figs / f"{exp.name}.png", ylabel="validation bits per byte",
                            title="tiny Shakespeare: characters against byte-level BPE")
     best = min(rows, key=lambda r: r["val_bpb"])
     record = _record(exp, ctx, figures={"best_val_bpb": best["val_bpb"], "char_val_bpb": rows[0]["val_bpb"]},
@@ -166,6 +167,14 @@ def run_comparison(exp, ctx):
     if ctx.quick:
         record["quick_overrides"] = quick
     return record, comparison_markdown(record)
+
+
+def curve_with_final_score(row):
+    """A run's metrics records, and the whole-split bits per byte of its saved weights at its last step."""
+    path = Path(row["run_dir"]) / "metrics.jsonl"
+    records = read_metrics(path) if path.is_file() else []
+    return records + [{"step": row["steps"], "elapsed_s": row["train_seconds"]},
+                      {"step": row["steps"], "val_bpb": row["val_bpb"]}]
 
 
 def comparison_markdown(r):

@@ -16,6 +16,7 @@ MB/s = megabytes of UTF-8 text per second of wall time; each encoding figure is 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from ..data.fetch import dataset, find_local
@@ -93,9 +94,19 @@ def run(quick=False, log=print):
     import tokenizers   # the reference: a test and benchmark dependency
 
     vocab = QUICK_VOCAB if quick else VOCAB
+    load = [_load_average()]
     rows = [measure(name, texts, vocab, quick, log) for name, texts in corpora(quick).items()]
+    load.append(_load_average())
     return {"rows": rows, "tokenizers": tokenizers.__version__, "reference_bytes": REFERENCE_BYTES,
-            "repeats": 1 if quick else REPEATS}
+            "repeats": 1 if quick else REPEATS, "load_average": load}
+
+
+def _load_average():
+    """The machine's 1-minute load average (None where the platform has none): how busy the cores were."""
+    try:
+        return round(os.getloadavg()[0], 1)
+    except (AttributeError, OSError):
+        return None
 
 
 def markdown(result, fig_dir):
@@ -115,6 +126,12 @@ def markdown(result, fig_dir):
                      f"{r['train_tokenizers_s']:.2f} | {r['train_tokenizers_s'] / r['train_numformer_s']:.2f}x | "
                      f"{'yes' if r['same_merges'] else 'no'} | {cold:.2f} / {warm:.2f} | {loop:.2f} / {batch:.2f} | "
                      f"{cold / loop:.2f}x | {'yes' if r['same_ids'] else 'no'} |")
+    load = result.get("load_average") or []
+    if any(x is not None for x in load):
+        lines += ["", f"Load average of the machine (1 minute) at the start and the end: "
+                      f"{' and '.join(str(x) for x in load)} (its cores are in the line below): the ratios compare "
+                      f"the two libraries under the same load; on a busier machine than its cores the absolute "
+                      f"speeds are lower than on a quiet one."]
     ref = result["rows"][0]
     lines += ["", f"The reference trainer (`train_reference`: every pair recounted after each merge) takes "
                   f"{ref['train_reference_s']:.1f} s for {min(ref['vocab_size'], 1024):,} tokens from the first "

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 from ..data.fetch import dataset, find_local
 from ..data.text import builtin_corpus_path
 from ..data.text_datasets import load_imdb
 from ..data.tokenizers import END_OF_TEXT, ByteLevelBPE
+from ._measure import best_of
 
 VOCAB, QUICK_VOCAB = 8192, 512
 REFERENCE_BYTES, QUICK_BYTES = 100_000, 150_000     # the reference trainer's text; --quick's corpus
@@ -41,15 +41,6 @@ def corpora(quick):
     return out
 
 
-def _timed(fn, repeats=1):
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, result
-
-
 def _hf_trained(texts, vocab_size):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -65,22 +56,22 @@ def _hf_trained(texts, vocab_size):
 def measure(name, texts, vocab_size, quick, log):
     megabytes = sum(len(t.encode("utf-8")) for t in texts) / 1e6
     row = {"corpus": name, "documents": len(texts), "megabytes": megabytes, "vocab_size": vocab_size}
-    seconds, ours = _timed(lambda: ByteLevelBPE.train(texts, vocab_size))
+    seconds, ours = best_of(lambda: ByteLevelBPE.train(texts, vocab_size))
     row["train_numformer_s"] = seconds
     head = "".join(texts)[:REFERENCE_BYTES // (4 if quick else 1)]
-    seconds, _ = _timed(lambda: ByteLevelBPE.train(head, min(vocab_size, 1024), trainer="reference"))
+    seconds, _ = best_of(lambda: ByteLevelBPE.train(head, min(vocab_size, 1024), trainer="reference"))
     row["train_reference_s"], row["reference_megabytes"] = seconds, len(head.encode("utf-8")) / 1e6
-    seconds, hf = _timed(lambda: _hf_trained(texts, vocab_size))
+    seconds, hf = best_of(lambda: _hf_trained(texts, vocab_size))
     row["train_tokenizers_s"] = seconds
     merges = json.loads(hf.to_str())["model"]["merges"]
     row["same_merges"] = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges] == ours.merges
     repeats = 1 if quick else REPEATS
     fresh = [ByteLevelBPE.from_dict(ours.to_dict()) for _ in range(repeats)]     # each with an empty cache
-    row["encode_cold_s"], ids = _timed(lambda: fresh.pop().encode_batch(texts), repeats)
-    row["encode_warm_s"], _ = _timed(lambda: ours.encode_batch(texts), repeats + 1)   # the first run fills it
-    row["encode_tokenizers_loop_s"], hf_ids = _timed(
+    row["encode_cold_s"], ids = best_of(lambda: fresh.pop().encode_batch(texts), repeats)
+    row["encode_warm_s"], _ = best_of(lambda: ours.encode_batch(texts), repeats + 1)   # the first run fills it
+    row["encode_tokenizers_loop_s"], hf_ids = best_of(
         lambda: [e.ids for e in map(lambda t: hf.encode(t, add_special_tokens=False), texts)], repeats)
-    row["encode_tokenizers_batch_s"], _ = _timed(lambda: hf.encode_batch(texts, add_special_tokens=False), repeats)
+    row["encode_tokenizers_batch_s"], _ = best_of(lambda: hf.encode_batch(texts, add_special_tokens=False), repeats)
     row["same_ids"] = ids == hf_ids if row["same_merges"] else None
     row["tokens"] = sum(map(len, ids))
     if log:

@@ -26,7 +26,7 @@ from ..decoding import generate
 from ..provenance import git_commit, machine_info
 from ..train import Trainer
 from . import register
-from .runner import Experiment, find_config
+from .runner import Experiment, find_config, page_head
 
 IMDB_PROMPTS = ("This movie", "I have to say that", "The acting was")
 SAMPLE_TOKENS = 120
@@ -93,18 +93,6 @@ def run_imdb_lm(exp, ctx):
     if ctx.quick:
         record["quick_overrides"] = list(exp.quick_overrides)
     return record, imdb_markdown(record)
-
-
-def page_head(r, data):
-    """The first lines of a results page: title, description, the command and machine, ``data`` (a sentence),
-    and what a quick run is."""
-    quick = r.get("quick_overrides")
-    lines = [f"# {r['name']}" + (" (quick run)" if quick is not None else ""), "", r["description"], "",
-             f"Produced by `{r['command']}` on {r['date']} (commit {r['commit']}, {r['machine']['cores']} cores, "
-             f"{r['machine']['cpu']}). {data}", ""]
-    if quick is not None:
-        lines += [f"This is the `--quick` check of the pipeline (`{' '.join(quick)}`), not the experiment.", ""]
-    return lines
 
 
 def imdb_markdown(r):

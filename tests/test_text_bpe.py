@@ -17,7 +17,7 @@ from numformer.data.token_files import TokenFile, read_tokens_dir, token_dtype, 
 from numformer.data.tokenizers import END_OF_TEXT, ByteLevelBPE
 from numformer.train import Trainer
 from numformer.train.bits_per_byte import ByteCount
-from numformer.train.trainer import mean_loss
+from numformer.train.evaluation import mean_loss
 
 from conftest import src_env
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from .._limits import check_record, read_json_file
 from .._results import BENCH_TITLE, check_results_folder
 from ..provenance import machine_info
-from ..train.run_files import write_atomic
+from ..run_files import write_atomic
 
 # The parts in the order bench.md lists them; any other module found in numformer.bench with
 # ``run`` and ``markdown`` is a part too and comes after these.

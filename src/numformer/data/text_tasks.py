@@ -25,7 +25,7 @@ from .batching import LengthBuckets, eval_mode, eval_order
 from .fetch import locate
 from .files import read_parallel
 from .text_datasets import load_agnews, load_agnews_csv, load_imdb, load_parallel, read_class_names_file
-from .tokenizers import BOS, EOS, build_tokenizer, special_tokens, token_labels, restore_saved_tokenizer, truncate
+from .tokenizers import BOS, EOS, build_tokenizer, restore_saved_tokenizer, special_tokens, token_labels, truncate
 
 _VAL_SALT = 0xA11
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from .._limits import NUMBER, check_record, read_json_file
 from .._platform import LOCK_FILE
 from ..train import Trainer
-from ..train.run_files import CHECKPOINT
+from ..run_files import CHECKPOINT
 
 # What a reused run's summary.json must hold (train/trainer.py writes more).
 SUMMARY = {"steps": int, "best_val_loss": (NUMBER, type(None)), "tokens_seen": int, "tokens_per_s": NUMBER,

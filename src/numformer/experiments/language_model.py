@@ -27,7 +27,7 @@ from ..data.base import Batch
 from ..decoding import generate
 from .._limits import NUMBER
 from ..provenance import git_commit, machine_info
-from ..train.run_files import write_json_atomic
+from ..run_files import write_json_atomic
 from ..train.trainer import mean_loss
 from . import register
 from ._runs import reusable_run, start_run

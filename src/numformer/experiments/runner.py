@@ -27,8 +27,8 @@ from .._results import INDEX_TITLE, check_results_folder
 from ..analysis import GROUP_TITLES, attention_maps, plot_attention, plot_loss_curves, read_metrics
 from ..config import load_config
 from ..provenance import machine_info
+from ..run_files import write_atomic, write_json_atomic
 from ..train import evaluate_loss
-from ..train.run_files import write_atomic, write_json_atomic
 from ._runs import holds_anything, refuse_taken, start_run
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
@@ -314,3 +314,15 @@ def _index_record(path):
         print(f"warning: {e}; left out of the index", file=sys.stderr)
         return None
     return r
+
+
+def page_head(r, data):
+    """The first lines of a results page: title, description, the command and machine, ``data`` (a sentence),
+    and what a quick run is."""
+    quick = r.get("quick_overrides")
+    lines = [f"# {r['name']}" + (" (quick run)" if quick is not None else ""), "", r["description"], "",
+             f"Produced by `{r['command']}` on {r['date']} (commit {r['commit']}, {r['machine']['cores']} cores, "
+             f"{r['machine']['cpu']}). {data}", ""]
+    if quick is not None:
+        lines += [f"This is the `--quick` check of the pipeline (`{' '.join(quick)}`), not the experiment.", ""]
+    return lines

@@ -36,7 +36,7 @@ from ..decoding import generate
 from ..models import build_model
 from ..models.flops import training_flops_per_token
 from ..provenance import git_commit, machine_info
-from ..train.run_files import write_atomic, write_json_atomic
+from ..run_files import write_atomic, write_json_atomic
 from . import register
 from ._runs import reusable_run, start_run
 from .runner import Experiment, Target, find_config, read_record

@@ -24,8 +24,8 @@ from ..analysis import plot_loss_curves, plot_runs_against_time, read_metrics
 from ..config import load_config
 from ..decoding import generate
 from ..provenance import git_commit, machine_info
-from ..train import Trainer
 from . import register
+from ._runs import start_run
 from .runner import Experiment, find_config, page_head
 
 IMDB_PROMPTS = ("This movie", "I have to say that", "The acting was")
@@ -37,10 +37,11 @@ QUICK_MODEL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model
                "train.warmup_steps=5"]
 
 
-def budgeted_run(config, run_dir, overrides, quiet):
-    """Train ``config`` with ``overrides`` under its time budget into ``run_dir``; returns (trainer, figures)."""
+def budgeted_run(ctx, config, run_dir, overrides):
+    """Train ``config`` with ``overrides`` under its time budget into ``run_dir`` (new, empty, or replaced with
+    --overwrite); returns (trainer, figures)."""
     started = time.perf_counter()
-    trainer = Trainer(config, run_dir, overwrite=True, overrides=overrides, quiet=quiet)
+    trainer = start_run(ctx, config, run_dir, overrides)
     s = trainer.train()
     task = trainer.task
     val_bytes = int(task.token_bytes()[task.splits["val"][:]].sum())
@@ -78,7 +79,7 @@ def run_imdb_lm(exp, ctx):
     config = load_config(find_config(exp.name))
     overrides = (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
     run_dir = ctx.runs_dir / exp.name
-    trainer, figures = budgeted_run(config, run_dir, overrides, ctx.quiet)
+    trainer, figures = budgeted_run(ctx, config, run_dir, overrides)
     task = trainer.task
     figures["epochs"] = figures["tokens_seen"] / figures["train_tokens"]
     figs = ctx.results_dir / "figures"
@@ -131,17 +132,21 @@ def comparison_rows(quick):
         (f"BPE {n:,}", f"bpe_{n}", ["data.tokenizer=bpe", f"data.vocab_size={n}"]) for n in sizes]
 
 
+def comparison_runs(exp, ctx):
+    """[((label, name, overrides), (seed, run folder))] of every run the comparison trains, in order."""
+    return [(row, (seed, ctx.runs_dir / exp.name / f"{row[1]}_seed_{seed}"))
+            for row in comparison_rows(ctx.quick) for seed in range(ctx.seeds or 1)]
+
+
 def run_comparison(exp, ctx):
     config = load_config(find_config("shakespeare_speedrun"))
     quick = QUICK_MODEL + ["train.budget_minutes=0.05"] if ctx.quick else []
     seeds = list(range(ctx.seeds or 1))
     rows, started = [], time.perf_counter()
-    for label, name, overrides in comparison_rows(ctx.quick):
-        for seed in seeds:
-            run_dir = ctx.runs_dir / exp.name / f"{name}_seed_{seed}"
-            trainer, figures = budgeted_run(config, run_dir, overrides + quick + list(ctx.overrides)
-                                            + [f"train.seed={seed}"], ctx.quiet)
-            rows.append({"tokenizer": label, "seed": seed, **figures})
+    for (label, _, overrides), (seed, run_dir) in comparison_runs(exp, ctx):
+        trainer, figures = budgeted_run(ctx, config, run_dir, overrides + quick + list(ctx.overrides)
+                                        + [f"train.seed={seed}"])
+        rows.append({"tokenizer": label, "seed": seed, **figures})
     figs = ctx.results_dir / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     plot_runs_against_time({f"{r['tokenizer']} (seed {r['seed']})": curve_with_final_score(r) for r in rows},
@@ -191,8 +196,9 @@ register(Experiment(
     [], time_limit_minutes=30.0,
     quick_overrides=QUICK_MODEL + ["train.budget_minutes=0.1", "data.vocab_size=300", "data.val_size=100",
                                    "data.unlabelled=false"],
-    custom=run_imdb_lm), group="bpe_lm")
+    custom=run_imdb_lm, run_dirs=lambda exp, ctx: [(ctx.runs_dir / exp.name, None)]), group="bpe_lm")
 register(Experiment(
     COMPARISON, "Tiny Shakespeare: a character-level model against byte-level BPE of 512, 1,024 and 2,048 tokens, "
     "each trained with the speedrun's recipe for 10 minutes, compared in bits per byte.",
-    custom=run_comparison, seeds_in_custom=True), group="bpe_lm")
+    custom=run_comparison, seeds_in_custom=True,
+    run_dirs=lambda exp, ctx: [(run_dir, None) for _, (_, run_dir) in comparison_runs(exp, ctx)]), group="bpe_lm")

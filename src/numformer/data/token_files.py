@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._limits import read_json_file
 from .fetch import cache_dir
 
 SPLIT_FILES = {"train": "train.bin", "val": "val.bin"}
@@ -127,10 +128,7 @@ def _dtype_of(document):
 
 
 def _read_json(path):
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not valid UTF-8 JSON ({e})") from None
+    return read_json_file(path, "file")
 
 
 def token_cache(*parts) -> Path:

@@ -17,10 +17,10 @@ fallback, a continuing-subword prefix, ...) are refused by name.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import _limits
 from .byte_level import PreTokenizer, normalizer_from_hf, normalizer_to_hf, unicode_to_bytes
 
 MAX_FILE_BYTES = 64 << 20            # a tokenizer.json larger than this is not one (Qwen2's is 7 MB)
@@ -118,16 +118,12 @@ def _added_token(t) -> AddedToken:
 
 
 def read_json_file(path, what="tokenizer file"):
-    """A JSON file's object; one ValueError for a missing, oversized, non-UTF-8 or malformed file."""
+    """A JSON file's object; one ValueError naming the file for a missing, oversized, non-UTF-8, too deeply
+    nested or malformed file (``_limits.read_json_file``)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"{what} {path} is {path.stat().st_size:,} bytes, more than a tokenizer holds")
-    try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{what} {path} is not valid UTF-8 JSON ({e})") from None
+    return _limits.read_json_file(path, what, max_bytes=MAX_FILE_BYTES)
 
 
 def read_vocab_merges(vocab_path, merges_path) -> tuple[dict, list]:

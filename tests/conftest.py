@@ -131,6 +131,36 @@ def tiny_text_toml(path="small.txt", **train):
     return _tiny_gpt_toml({"task": "text", "path": str(path), "block_size": 16}, None, train)
 
 
+def hf_bpe_folder(folder, text, vocab_size=300):
+    """A Hugging Face folder at ``folder``: a one-layer GPT-2 (``export_hf``) and a byte-level BPE tokenizer.json
+    that the ``tokenizers`` library trained on ``text`` (the tests' reference of a downloaded checkpoint)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from numformer.interop.hf import export_hf
+    from numformer.models import GPT
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([text], trainer=trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    export_hf(GPT(vocab_size=tok.get_vocab_size(), block_size=32, d_model=16, n_heads=2, n_layers=1,
+                  rng=np.random.default_rng(0)), folder)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def set_commit(monkeypatch, value):
+    """Make ``value`` the git commit numformer records in a run's summary and an experiment's record, and
+    compares before reusing a run (the same in every module that asks)."""
+    import numformer.experiments.language_model as language_model
+    import numformer.experiments.speedrun as speedrun
+    import numformer.train.trainer as trainer
+
+    for module in (trainer, speedrun, language_model):
+        monkeypatch.setattr(module, "git_commit", lambda: value)
+
+
 def src_env():
     """The environment of a subprocess that imports this checkout's numformer (src/ first on PYTHONPATH)."""
     src = os.path.join(os.path.dirname(__file__), "..", "src")

@@ -15,32 +15,14 @@ import pytest
 
 from numformer.cli import main
 
-from conftest import one_error_line
+from conftest import FakeClock, one_error_line, set_commit
 
 ABLATION = "shakespeare_speedrun_ablation"
 
 
-class FakeClock:
-    def __init__(self, tick=0.05):
-        self.now, self.tick = 1000.0, tick
-
-    def __call__(self):
-        self.now += self.tick
-        return self.now
-
-
-def set_commit(monkeypatch, value):
-    import numformer.experiments.language_model as language_model
-    import numformer.experiments.speedrun as speedrun
-    import numformer.train.trainer as trainer
-
-    for module in (trainer, speedrun, language_model):
-        monkeypatch.setattr(module, "git_commit", lambda: value)
-
-
 @pytest.fixture
 def commit(monkeypatch):
-    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    monkeypatch.setattr(time, "perf_counter", FakeClock(tick=0.05))
     set_commit(monkeypatch, "abc1234")
     return lambda value: set_commit(monkeypatch, value)
 
@@ -63,7 +45,7 @@ def trained(tmp_path_factory):
     """A quick ablation over 2 seeds, trained once at commit abc1234: copy it before changing it."""
     root = tmp_path_factory.mktemp("ablation")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(time, "perf_counter", FakeClock())
+        mp.setattr(time, "perf_counter", FakeClock(tick=0.05))
         set_commit(mp, "abc1234")
         rc, err = reproduce(root, ABLATION, "--seeds", 2)
     assert rc == 0, err

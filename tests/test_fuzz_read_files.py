@@ -17,7 +17,6 @@ import struct
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -25,7 +24,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 from numformer.cli import main  # noqa: E402
 
-from conftest import tiny_copy_toml, tiny_text_toml  # noqa: E402
+from conftest import hf_bpe_folder, set_commit, tiny_copy_toml, tiny_text_toml  # noqa: E402
 
 EXAMPLES = int(os.environ.get("NUMFORMER_FUZZ_EXAMPLES", "12"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
@@ -134,11 +133,7 @@ def damage_safetensors(draw, data):
 def folders(tmp_path_factory):
     """A trained character-level text run, a copy-task run, a Hugging Face folder with a byte-level BPE
     tokenizer.json, and the run folder import-hf makes of it (its tokenizer.json holds the BPE as hf_json)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     from numformer.data.text import read_corpus
-    from numformer.interop.hf import export_hf
-    from numformer.models import GPT
 
     root = tmp_path_factory.mktemp("fuzz")
     text = read_corpus("")[:4000]
@@ -149,14 +144,7 @@ def folders(tmp_path_factory):
     for name in ("text", "copy"):
         assert cli("train", root / f"{name}.toml", "--out", root / name, "--quiet")[0] == 0
     hf = root / "hf"
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([text], trainer=trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    export_hf(GPT(vocab_size=tok.get_vocab_size(), block_size=32, d_model=16, n_heads=2, n_layers=1,
-                  rng=np.random.default_rng(0)), hf)
-    tok.save(str(hf / "tokenizer.json"))
+    hf_bpe_folder(hf, text)
     assert cli("generate", hf, "--prompt", "The", "--max-new-tokens", "2")[0] == 0
     assert cli("import-hf", hf, "--out", root / "imported", "--data", root / "small.txt")[0] == 0
     return root
@@ -222,12 +210,7 @@ def patch_experiments(monkeypatch):
     that reads the damaged record, not a measurement."""
     import time
 
-    import numformer.experiments.language_model as language_model
-    import numformer.experiments.speedrun as speedrun
-    import numformer.train.trainer as trainer
-
-    for module in (trainer, speedrun, language_model):
-        monkeypatch.setattr(module, "git_commit", lambda: "abc1234")
+    set_commit(monkeypatch, "abc1234")
     clock = [1000.0]
 
     def tick():

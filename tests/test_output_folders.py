@@ -6,10 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-import numpy as np
 import pytest
 
-from conftest import one_error_line, tiny_text_toml
+from conftest import hf_bpe_folder, one_error_line, set_commit, tiny_text_toml
 
 
 def snapshot(folder):
@@ -23,25 +22,14 @@ def two_runs(tmp_path_factory):
     """An imported run whose tokenizer has a Hugging Face form (its export writes tokenizer.json and
     tokenizer_config.json) and a character-level run (its export writes neither)."""
     pytest.importorskip("tokenizers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     from numformer.cli import main
     from numformer.data.text import read_corpus
-    from numformer.interop.hf import export_hf
-    from numformer.models import GPT
 
     root = tmp_path_factory.mktemp("export")
     text = read_corpus("")[:3000]
     (root / "small.txt").write_text(text)
     hf = root / "hf"
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([text], trainer=trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    export_hf(GPT(vocab_size=tok.get_vocab_size(), block_size=32, d_model=16, n_heads=2, n_layers=1,
-                  rng=np.random.default_rng(0)), hf)
-    tok.save(str(hf / "tokenizer.json"))
+    hf_bpe_folder(hf, text)
     assert main(["import-hf", str(hf), "--out", str(root / "bpe"), "--data", str(root / "small.txt")]) == 0
     (root / "char.toml").write_text(tiny_text_toml(root / "small.txt", max_steps=2))
     assert main(["train", str(root / "char.toml"), "--out", str(root / "char"), "--quiet"]) == 0
@@ -96,38 +84,18 @@ def test_export_overwrite_refuses_files_it_did_not_write(two_runs, tmp_path, run
 
 
 # -- the run folders of an experiment ------------------------------------------------------------------------
-class FakeClock:
-    """time.perf_counter advancing by ``tick`` seconds at every call: budgeted runs take no real time."""
-
-    def __init__(self, tick=0.05):
-        self.now, self.tick = 1000.0, tick
-
-    def __call__(self):
-        self.now += self.tick
-        return self.now
-
-
 @pytest.fixture
-def fake_clock(monkeypatch):
-    import time
-
-    clock = FakeClock()
-    monkeypatch.setattr(time, "perf_counter", clock)
-    return clock
+def fake_clock(fake_clock):
+    """conftest's fake clock, ticking 50 ms a call: the quick speedrun's budget passes in few steps."""
+    fake_clock.tick = 0.05
+    return fake_clock
 
 
 @pytest.fixture
 def commit(monkeypatch):
     """Set the git commit numformer records and compares (``commit("abc")``), the same in every module."""
-    import numformer.experiments.language_model as language_model
-    import numformer.experiments.speedrun as speedrun
-    import numformer.train.trainer as trainer
-
-    def set_commit(value):
-        for module in (trainer, speedrun, language_model):
-            monkeypatch.setattr(module, "git_commit", lambda: value)
-    set_commit("abc1234")
-    return set_commit
+    set_commit(monkeypatch, "abc1234")
+    return lambda value: set_commit(monkeypatch, value)
 
 
 def reproduce(tmp_path, name, *args):

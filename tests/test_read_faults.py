@@ -274,5 +274,5 @@ def test_a_damaged_bpe_tokenizer_of_a_classifier_or_translator_is_one_line(bpe_r
     (folder / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
     before = snapshot(folder)
     line = fails(run_cli, *[a.format(run=folder) for a in command])
-    assert "tokenizer.json" in line and "damaged" in line and "hf_json is not a Hugging Face tokenizer" in line
+    assert "tokenizer.json" in line and "damaged" in line and "hf_json" in line
     assert snapshot(folder) == before

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
+from ..._limits import bounded_json
 from .base import OPTIONAL_SPECIALS, PAD, UNK, SpecialsTokenizer, normalize_text, special_tokens
 from .bpe import ByteLevelBPE
 
@@ -69,4 +70,7 @@ class NormalizedBPE(SpecialsTokenizer):
         hf_json = d["hf_json"]
         if not isinstance(hf_json, str):
             raise TypeError(f"hf_json is a {type(hf_json).__name__}, not a string")
-        return cls(ByteLevelBPE.from_dict(json.loads(hf_json)), d.get("lowercase", True))
+        document = bounded_json(hf_json, "hf_json (the BPE's Hugging Face tokenizer.json)")
+        if not isinstance(document, dict):
+            raise ValueError(f"hf_json holds a JSON {type(document).__name__}, not a Hugging Face tokenizer.json")
+        return cls(ByteLevelBPE.from_dict(document), d.get("lowercase", True))

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 from numformer.cli import main  # noqa: E402
 
-from conftest import hf_bpe_folder, set_commit, tiny_copy_toml, tiny_text_toml  # noqa: E402
+from conftest import FakeClock, hf_bpe_folder, set_commit, tiny_copy_toml, tiny_text_toml  # noqa: E402
 
 EXAMPLES = int(os.environ.get("NUMFORMER_FUZZ_EXAMPLES", "12"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
@@ -210,13 +210,10 @@ def patch_experiments(monkeypatch):
     that reads the damaged record, not a measurement."""
     import time
 
-    set_commit(monkeypatch, "abc1234")
-    clock = [1000.0]
+    import numformer.experiments.speedrun as speedrun
 
-    def tick():
-        clock[0] += 0.05
-        return clock[0]
-    monkeypatch.setattr(time, "perf_counter", tick)
+    set_commit(monkeypatch, "abc1234")
+    monkeypatch.setattr(time, "perf_counter", FakeClock(tick=0.05))
     monkeypatch.setattr(speedrun, "matmul_peak", lambda **kw: 1e9)
     monkeypatch.setattr(speedrun, "profile_training_step", lambda *a, **kw: dict(FAKE_PROFILE))
 

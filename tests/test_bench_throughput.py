@@ -93,9 +93,9 @@ def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch, nat
     assert (out / "figures" / "throughput.png").stat().st_size > 0
     # another part's entry is kept when this part is run again
     saved["other_part"] = {"x": 1}
-    (tmp_path / "bench.json").write_text(json.dumps(saved))
-    runner.run_parts(["throughput"], quick=True, out_dir=tmp_path, log=lambda *a: None)
-    assert "other_part" in json.loads((tmp_path / "bench.json").read_text())
+    (out / "bench.json").write_text(json.dumps(saved))
+    runner.run_parts(["throughput"], quick=True, out_dir=out, log=lambda *a: None)
+    assert "other_part" in json.loads((out / "bench.json").read_text())
 
 
 def test_unknown_part_is_a_clear_error(tmp_path):

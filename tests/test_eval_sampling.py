@@ -2,6 +2,7 @@
 validation split, the best checkpoint is chosen on one yardstick, and the summary reports the whole-split loss of
 the weights it saves (what `numformer eval` prints)."""
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from numformer.data.base import spread_sample
 from numformer.train import Trainer, evaluate_loss
 from numformer.train import evaluation as evaluation_module
 from numformer.train.evaluation import mean_loss
+
+from conftest import set_commit
 
 BLOCK, EVAL_BS, EVAL_BATCHES = 16, 16, 4
 
@@ -159,7 +162,8 @@ def test_reproduce_seeds_writes_the_seed_study(tmp_path, capsys):
     assert "has no seed study" in capsys.readouterr().err
 
 
-def test_reproduce_seeds_resumes_a_seed_run_instead_of_restarting_it(tmp_path):
+def test_reproduce_seeds_resumes_a_seed_run_instead_of_restarting_it(tmp_path, monkeypatch):
+    set_commit(monkeypatch, "abc1234")                 # a clean commit: runs of the same code may be reused
     results, runs = tmp_path / "results", tmp_path / "runs"
     args = ["reproduce", "shakespeare_char", "--quick", "--seeds", "2", "--results", str(results), "--runs",
             str(runs), "--quiet"]
@@ -167,7 +171,8 @@ def test_reproduce_seeds_resumes_a_seed_run_instead_of_restarting_it(tmp_path):
     first = json.loads((results / "shakespeare_char_seeds.json").read_text())
     checkpoint = runs / "shakespeare_char_seeds" / "seed_0" / "checkpoint.safetensors"
     written = checkpoint.stat().st_mtime_ns
-    assert main(args + ["--overwrite"]) == 0           # the main run is replaced; the finished seed runs are resumed
+    shutil.rmtree(runs / "shakespeare_char")          # the main run is gone; the finished seed runs stay
+    assert main(args) == 0                             # the seed runs are reused, not trained again
     assert checkpoint.stat().st_mtime_ns == written   # not trained again
     again = json.loads((results / "shakespeare_char_seeds.json").read_text())
     assert [r["val_loss"] for r in again["seeds"]] == [r["val_loss"] for r in first["seeds"]]

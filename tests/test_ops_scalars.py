@@ -29,12 +29,15 @@ ELEMENTWISE = {
     "gelu(tanh)": lambda m, x: m.gelu_forward(x, "tanh"),
     "silu": lambda m, x: m.silu_forward(x),
     "silu_gate": lambda m, x: m.silu_gate_forward(x, x),
+    "gelu_gate": lambda m, x: m.gelu_gate_forward(x, x),
+    "softcap": lambda m, x: m.softcap_forward(x, 2.0),
     "dropout": lambda m, x: m.dropout_forward(x, 0.5, _rng()),
     "softmax": lambda m, x: m.softmax_forward(x),
     "log_softmax": lambda m, x: m.log_softmax_forward(x),
 }
 BACKWARD = {"relu": "relu_backward", "gelu": "gelu_backward", "gelu(tanh)": "gelu_backward",
-            "silu": "silu_backward", "silu_gate": "silu_gate_backward", "dropout": "dropout_backward",
+            "silu": "silu_backward", "silu_gate": "silu_gate_backward",
+            "gelu_gate": "gelu_gate_backward", "softcap": "softcap_backward", "dropout": "dropout_backward",
             "softmax": "softmax_backward", "log_softmax": "log_softmax_backward"}
 FUNCTIONS = {"erf": lambda m, x: m.erf(x), "gelu_erf": lambda m, x: m.gelu_erf(x),
              "gelu_tanh": lambda m, x: m.gelu_tanh(x)}
@@ -61,7 +64,8 @@ WORKS = {"embedding_forward": lambda m, x: m.embedding_forward(np.asarray(x).ast
 NOT_ARRAY_OPS = {"causal_mask", "check_kv_heads", "alibi_slopes", "alibi_backward", "batch_norm_backward",
                  "cross_entropy_backward", "embedding_backward", "layer_norm_backward", "linear_backward",
                  "repeat_kv_backward", "rms_norm_backward", "rope_backward", "scaled_dot_product_attention_backward",
-                 "swiglu_backward", "flash_attention_backward", "fused_attention_backward", "gelu_erf_f32"}
+                 "swiglu_backward", "flash_attention_backward", "fused_attention_backward", "gelu_erf_f32",
+                 "rope_inverse_frequencies"}
 INPUTS = {"0-d float64": np.array(0.7), "0-d float32": np.array(0.7, np.float32), "Python float": 0.7,
           "negative 0-d": np.array(-1.3)}
 
@@ -71,8 +75,9 @@ def _functions(package):
 
 
 def test_every_op_has_a_decision():
-    decided = ({BACKWARD[k] for k in BACKWARD} | {f"{k}_forward" for k in ("relu", "gelu", "silu", "silu_gate",
-                                                                            "dropout", "softmax", "log_softmax")}
+    forwards = {f"{k}_forward" for k in ("relu", "gelu", "silu", "silu_gate", "gelu_gate", "softcap", "dropout",
+                                         "softmax", "log_softmax")}
+    decided = (set(BACKWARD.values()) | forwards
                | set(FUNCTIONS) | set(REFUSED) | set(WORKS) | NOT_ARRAY_OPS)
     for package in (ops, kernels):
         missing = _functions(package) - decided

@@ -18,6 +18,7 @@ def softcap_forward(x, cap):
 
     -inf (a masked score) maps to -cap; apply the mask after the cap, as Gemma 2 does.
     """
+    x = np.asarray(x)
     c = np.asarray(cap, dtype=x.dtype)
     t = np.tanh(x / c)
     return c * t, t

@@ -18,6 +18,7 @@ LAYERS = [
     ("numformer._runtime", "numformer._limits", "numformer._platform", "numformer.keys", "numformer.gradcheck", "numformer.provenance", "numformer.ops"),
     ("numformer.kernels",),
     ("numformer.nn",),
+    ("numformer.quantize",),                                             # int8 layers, built on nn's Linear
     ("numformer.sampling", "numformer.decoding", "numformer.generate"),   # what models' generate() calls
     ("numformer.models",),
     ("numformer.data", "numformer.optim"),

@@ -1,5 +1,6 @@
 """numformer generate SOURCE --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K] [--top-p P]
-[--greedy] [--seed S]: continue a prompt with a GPT, printing the text as it comes.
+[--greedy] [--seed S] [--quantize int8 [--group-size G]]: continue a prompt with a GPT, printing the text as it
+comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``).
 
 SOURCE: a run folder, or a Hugging Face GPT-2 (a folder, or a hub id written ``hf:gpt2``)."""
 from __future__ import annotations
@@ -33,7 +34,13 @@ def load_generator(source):
 def run(args):
     from ..generate import generate
 
+    if args.group_size is not None and args.quantize is None:
+        raise ValueError("--group-size sets the groups of --quantize int8; add --quantize int8")
     model, tokenizer = load_generator(args.run_dir)
+    if args.quantize:
+        from ..quantize import quantize_model
+
+        print(quantize_model(model, bits=8, group_size=args.group_size), file=sys.stderr)
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
@@ -68,4 +75,8 @@ def register(sub):
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable sample")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="generate from int8 weights (symmetric absmax; embeddings and norms stay float)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="with --quantize: one scale per G inputs of each output row (default: one per row)")
     p.set_defaults(func=run)

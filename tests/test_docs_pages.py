@@ -54,6 +54,9 @@ TINY = {
         ("T = 2048", "T = 256"),
         ("n_layers=8", "n_layers=2"),
     ],
+    "docs/tutorials/quantization.md": [
+        ('"max_steps": 300', '"max_steps": 30'),
+    ],
     "docs/examples.md": [
         ("block_size, batch_size, max_steps = 64, 12, 300", "block_size, batch_size, max_steps = 64, 12, 6"),
         ('"max_steps": 300', '"max_steps": 6'),

@@ -4,7 +4,9 @@ A *part* is a module ``numformer.bench.<part>`` that defines
 
     run(quick: bool) -> dict
         Measure and return the figures (JSON-able: numbers, strings, lists, dicts).
-        ``quick=True`` is a smoke run that must finish in under a minute.
+        ``quick=True`` is a smoke run that must finish in under a minute. A part may take
+        more keyword arguments (``quantize``: ``run_dir``, ``group_size``); ``run_parts``
+        passes each part the ``options`` its ``run`` names.
 
     markdown(result: dict, fig_dir: pathlib.Path) -> str
         A markdown section (starting with a ``## `` heading) describing ``result``.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import inspect
 import json
 import os
 import pkgutil
@@ -126,23 +129,38 @@ def render_markdown(results, out_dir):
     return "\n".join(lines).rstrip() + "\n"
 
 
-def run_parts(parts, quick=False, out_dir="results", log=print):
-    """Run each part, merge its result into bench.json, and rewrite bench.md. Returns {part: result}."""
+def _part_options(modules, options):
+    """{part: the options its run() takes}; one error for an option no selected part takes."""
+    taken = {name: {k: v for k, v in options.items() if k in inspect.signature(m.run).parameters}
+             for name, m in modules.items()}
+    unused = [k for k in options if not any(k in t for t in taken.values())]
+    if unused:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unused)
+        raise ValueError(f"{flags} is not an option of {', '.join(modules)}; it applies to the quantize part")
+    return taken
+
+
+def run_parts(parts, quick=False, out_dir="results", log=print, options=None):
+    """Run each part, merge its result into bench.json, and rewrite bench.md. Returns {part: result}.
+    ``options``: keyword arguments ({name: value}) for the parts whose run() takes them."""
     if isinstance(parts, str):
         parts = [parts]
     names = available_parts() if "all" in parts else list(dict.fromkeys(p.replace("-", "_") for p in parts))
     modules = {name: load_part(name) for name in names}       # fail early on a bad name
+    taken = _part_options(modules, {k: v for k, v in (options or {}).items() if v is not None})
     out_dir = Path(out_dir)
     done = {}
     for name, module in modules.items():
-        log(f"numformer bench {name}{' --quick' if quick else ''} ...")
+        flags = (" --quick" if quick else "") + "".join(
+            f" --{k.replace('_', '-')} {v}" for k, v in taken[name].items())
+        log(f"numformer bench {name}{flags} ...")
         t0 = time.perf_counter()
-        result = _jsonable(module.run(quick=quick))
+        result = _jsonable(module.run(quick=quick, **taken[name]))
         if not isinstance(result, dict):
             raise TypeError(f"numformer.bench.{name}.run() must return a dict, got {type(result).__name__}")
         result[META_KEY] = {"quick": bool(quick), "seconds": round(time.perf_counter() - t0, 1),
                             "date": _dt.datetime.now().isoformat(timespec="seconds"),
-                            "command": f"numformer bench {name}{' --quick' if quick else ''}",
+                            "command": f"numformer bench {name}{flags}",
                             "machine": machine_info()}
         json.dumps(result)                                     # fail here, not after merging
         results = load_results(out_dir)                        # re-read: another part may have written meanwhile

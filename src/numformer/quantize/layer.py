@@ -14,7 +14,7 @@ A layer is replaced only where the replacement takes effect. Before quantizing, 
 two-token input (once without and once with the key/value cache, in evaluation mode) with each
 candidate ``Linear`` watched: a layer whose parent reads its ``weight`` array directly instead of calling
 it would ignore a swapped-in module, so it is kept float, and the report names it with the reason. The
-swap itself goes through ``_set_submodule`` (a parent's child replaced by its dotted name).
+swap itself goes through ``set_submodule`` (a parent's child replaced by its dotted name).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
 from . import kernel, reference
 
-__all__ = ["QuantizedLinear", "quantize_model", "QuantizationReport", "weight_bytes"]
+__all__ = ["QuantizedLinear", "quantize_model", "QuantizationReport", "weight_bytes", "set_submodule"]
 
 
 class QuantizedLinear(Module):
@@ -147,7 +147,7 @@ def quantize_model(model, bits=8, group_size=None, skip=(), probe=None):
         if name not in called:
             report.kept_float[name] = NOT_CALLED
             continue
-        _set_submodule(model, name, QuantizedLinear.from_linear(layer, bits, group_size).train(layer.training))
+        set_submodule(model, name, QuantizedLinear.from_linear(layer, bits, group_size).train(layer.training))
         report.quantized.append(name)
     report.bytes_after = weight_bytes(model)
     return report
@@ -196,9 +196,9 @@ def _called_in_every_pass(model, layers, passes):
     return {name for name, n in counts.items() if n == len(passes)}
 
 
-def _set_submodule(model, name, module):
-    """Replace the sub-module at dotted ``name`` (``blocks.0.ff.linear1``) by ``module`` on its parent.
-    (``Module.set_submodule`` once issue 37's restructuring gives it.)"""
+def set_submodule(model, name, module):
+    """Replace the sub-module at dotted ``name`` (``blocks.0.ff.linear1``) by ``module`` on its parent: what
+    ``Module.set_submodule`` does once issue 37's restructuring gives it (then this function goes)."""
     *path, last = name.split(".")
     parent = model
     for part in path:

@@ -1,0 +1,265 @@
+"""int8 weight-only quantization: generation speed against float32, and what it costs in loss.
+
+Speed (``speedup_b1``, ``speedup_b8``): a GPT of Qwen3-0.6B's kind and shape (hidden 1024, 28 layers, 16
+query and 8 key/value heads, SwiGLU 3072, vocabulary 151936, RoPE θ 10⁶, RMSNorm, no biases, tied
+embeddings) with random float32 weights, continuing a random prompt of 8 tokens by 32 greedy tokens at
+batch 1 and 8. The same model object runs both ways: its float ``Linear`` layers and their
+``QuantizedLinear`` replacements (``numformer.quantize.quantize_model``) are swapped in turn, the two
+alternating round by round (best of the rounds), under the threading of ``numformer generate`` (the BLAS's
+own threads; the int8 kernel shares its blocks among numformer's threads). tokens/s = generated tokens /
+wall time of the whole call, prefill included. Qwen3-0.6B's head size is 128 (queries 2048 wide); until
+numformer's GPT takes an explicit head size (issue 37) this model uses hidden / heads = 64, and no q/k norm.
+
+Bytes per token: the bytes of every linear layer's weights (and scales), which one decoding step reads
+once (the batch shares the read; norms, the one embedding row and the short KV cache are left out), and
+the bandwidth bound batch × bandwidth / bytes, the bandwidth measured as in ``hf_generate``.
+
+Accuracy (``val_loss_increase``): the speedrun's model (configs/shakespeare_speedrun.toml), a run folder
+given with ``--run-dir`` or trained here for the budget (``runs/bench_quantize_speedrun``); the loss on the
+whole validation split, float32 and quantized at each bits × group size of the sweep; the headline is
+int8 at the group size of the speed measurement. ``logits_error``: max |Δlogits| / max |logits| on the
+first validation batch (and on the random-weight model's 64-token prompt).
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .._runtime import get_num_threads
+from ..config import load_config
+from ..experiments.runner import find_config
+from ..models import GPT
+from ..nn import Linear
+from ..quantize import QuantizedLinear, quantize_model
+from ..quantize.layer import set_submodule
+from ..train import Trainer, evaluate_loss, load_config_json, load_model, load_task
+from . import _measure
+from .hf_generate import _load_text, _mode, memory_bandwidth
+from .runner import image_link
+
+QWEN3_06B = {"vocab_size": 151936, "d_model": 1024, "n_layers": 28, "n_heads": 16, "n_kv_heads": 8, "d_ff": 3072,
+             "head_dim": 128}
+QUICK_SHAPE = {"vocab_size": 2048, "d_model": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_ff": 768,
+               "head_dim": 64}
+PROMPT, NEW_TOKENS, BATCHES = 8, 32, (1, 8)
+SWEEP = [(8, None), (8, 128), (8, 64), (8, 32), (4, None), (4, 128), (4, 64), (4, 32), (3, None), (3, 64), (3, 32)]
+QUICK_SWEEP = [(8, None), (8, 32), (4, 32)]
+TARGETS = {"speedup_b1": 1.8, "val_loss_increase": 0.005}
+RUN_DIR = Path("runs") / "bench_quantize_speedrun"
+
+
+def build_model(shape, seed=0):
+    """(GPT of Qwen3's kind at ``shape``, the head size it has): random float32 weights, evaluation mode."""
+    model = GPT(vocab_size=shape["vocab_size"], block_size=PROMPT + NEW_TOKENS, n_layers=shape["n_layers"],
+                n_heads=shape["n_heads"], n_kv_heads=shape["n_kv_heads"], d_model=shape["d_model"],
+                d_ff=shape["d_ff"], positional="rope", rope_theta=1e6, activation="swiglu", norm="rms", bias=False,
+                tie_weights=True, rng=np.random.default_rng(seed))
+    return model.eval(), shape["d_model"] // shape["n_heads"]
+
+
+def bytes_per_token(model):
+    """Bytes one decoding step reads from the weights: every linear layer's weights, scales and biases."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            total += m.nbytes
+        elif isinstance(m, Linear):
+            total += m.weight.data.nbytes + (0 if m.bias is None else m.bias.data.nbytes)
+    return total
+
+
+def _use(model, layers):
+    for name, layer in layers.items():
+        set_submodule(model, name, layer)
+
+
+def logits_error(model, float_layers, int8_layers, ids):
+    """(max |Δlogits| / max |logits|, fraction of positions whose top token agrees) of int8 against float32."""
+    _use(model, float_layers)
+    ref = model(ids)
+    _use(model, int8_layers)
+    got = model(ids)
+    model.clear_cache()
+    return (float(np.abs(got - ref).max() / np.abs(ref).max()),
+            float((got.argmax(-1) == ref.argmax(-1)).mean()))
+
+
+def generation_speed(model, variants, batch, new_tokens, rounds, log=None):
+    """{variant: tokens/s} of greedy generation at ``batch``, the variants ({name: layers}) alternating round by
+    round (best of ``rounds``), and the fraction of generated tokens int8 shares with float32."""
+    prompt = np.random.default_rng(batch).integers(0, model.vocab_size, (batch, PROMPT))
+    best, tokens = dict.fromkeys(variants, float("inf")), {}
+    for r in range(rounds):
+        for name, layers in variants.items():
+            _use(model, layers)
+            if r == 0:
+                model.generate(prompt, 2, greedy=True)                 # warm-up: allocations, thread pools
+            t0 = time.perf_counter()
+            tokens[name] = model.generate(prompt, new_tokens, greedy=True)[:, PROMPT:]
+            best[name] = min(best[name], time.perf_counter() - t0)
+    speed = {name: batch * new_tokens / s for name, s in best.items()}
+    if log:
+        log(f"  batch {batch}: " + ", ".join(f"{k} {v:,.2f} tokens/s" for k, v in speed.items()))
+    return speed, float((tokens["int8"] == tokens["float32"]).mean())
+
+
+def speed(shape, group_size, quick, log):
+    """The speed part (see the module docstring)."""
+    model, head_dim = build_model(shape)
+    float_layers = {n: m for n, m in model.named_modules() if isinstance(m, Linear)}
+    float_bytes = bytes_per_token(model)
+    report = quantize_model(model, 8, group_size)
+    int8_layers = {n: m for n, m in model.named_modules() if n in float_layers}
+    int8_bytes = bytes_per_token(model)
+    log(f"  {report}")
+    ids = np.random.default_rng(7).integers(0, model.vocab_size, (1, 64 if not quick else 16))
+    err, agree = logits_error(model, float_layers, int8_layers, ids)
+    threads = get_num_threads()
+    rows = []
+    with _mode("blas", threads):
+        bandwidth = memory_bandwidth(32 if quick else 256)
+        for batch in BATCHES:
+            tps, same = generation_speed(model, {"float32": float_layers, "int8": int8_layers}, batch,
+                                         4 if quick else NEW_TOKENS, 1 if quick else 3, log)
+            rows.append({"batch": batch, "float32_tokens_per_s": tps["float32"], "int8_tokens_per_s": tps["int8"],
+                         "speedup": tps["int8"] / tps["float32"], "same_tokens_fraction": same,
+                         "float32_bound_tokens_per_s": batch * bandwidth["bytes_per_s"] / float_bytes,
+                         "int8_bound_tokens_per_s": batch * bandwidth["bytes_per_s"] / int8_bytes})
+    return {"shape": {**shape, "head_dim_used": head_dim}, "parameters": model.num_parameters(),
+            "group_size": group_size, "quantized": str(report), "layers_quantized": len(report.quantized),
+            "layers_kept_float": len(report.kept_float), "bytes_per_token": {"float32": float_bytes, "int8": int8_bytes},
+            "bandwidth": bandwidth, "threads": threads, "rows": rows,
+            "logits_error": {"max_relative": err, "top1_agreement": agree}}
+
+
+def trained_run(run_dir, quick, log):
+    """(the speedrun's run folder to measure, whether it was trained here)."""
+    if run_dir is not None:
+        return Path(run_dir), False
+    budget = 0.25 if quick else 10.0
+    log(f"  training the speedrun's model for {budget} minutes into {RUN_DIR} (give --run-dir RUN_DIR to reuse one)")
+    Trainer(load_config(find_config("shakespeare_speedrun")), RUN_DIR, overwrite=True,
+            overrides=[f"train.budget_minutes={budget}"], quiet=True).train()
+    return RUN_DIR, True
+
+
+def accuracy(run_dir, sweep, log, max_batches=0):
+    """The whole-validation loss of the run's model in float32 and quantized at each (bits, group size)
+    (``max_batches``: a fixed sample of that many batches instead, for a quick run)."""
+    config = load_config_json(run_dir)
+    task = load_task(run_dir, config)
+    batch_size = config["train"]["eval_batch_size"] or config["train"]["batch_size"]
+    model = load_model(run_dir, config).eval()
+    base = evaluate_loss(model, task, "val", batch_size, max_batches)
+    ids = next(iter(task.eval_batches("val", batch_size))).inputs["idx"]
+    ref = model(ids)
+    log(f"  float32: validation loss {base:.4f}")
+    rows = []
+    for bits, group_size in sweep:
+        model = load_model(run_dir, config).eval()
+        report = quantize_model(model, bits, group_size)
+        loss = evaluate_loss(model, task, "val", batch_size, max_batches)
+        err = float(np.abs(model(ids) - ref).max() / np.abs(ref).max())
+        rows.append({"bits": bits, "group_size": group_size, "val_loss": loss, "increase": loss / base - 1,
+                     "logits_error": err, "quantized": str(report)})
+        log(f"  int{bits} group {group_size or 'row'}: {loss:.4f} ({100 * (loss / base - 1):+.3f}%)")
+    return {"run_dir": str(run_dir), "model": {k: config["model"][k] for k in ("n_layers", "d_model", "n_heads")},
+            "val_loss_float32": base, "rows": rows,
+            "val_tokens": (max_batches * batch_size or task.eval_size("val")) * config["data"]["block_size"]}
+
+
+def run(quick=False, run_dir=None, group_size=None, shape=None, sweep=None, log=print):
+    """The speed part at ``shape`` (default Qwen3-0.6B's) and the accuracy part on the run folder ``run_dir``
+    (default: the speedrun's model trained here) over ``sweep`` ([(bits, group size)]); see the module
+    docstring. ``group_size``: of the speed measurement and the headline ``val_loss_increase``."""
+    load = (lambda: os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+    load_start = load()
+    shape = shape or (QUICK_SHAPE if quick else QWEN3_06B)
+    result = {"speed": speed(shape, group_size, quick, log)}
+    folder, trained = trained_run(run_dir, quick, log)
+    sweep = list(sweep or (QUICK_SWEEP if quick else SWEEP))
+    sweep = sweep if (8, group_size) in sweep else [(8, group_size), *sweep]
+    result["accuracy"] = {**accuracy(folder, sweep, log, 2 if quick else 0), "trained_here": trained}
+    headline = next(r for r in result["accuracy"]["rows"] if r["bits"] == 8 and r["group_size"] == group_size)
+    rows = {r["batch"]: r for r in result["speed"]["rows"]}
+    result.update(speedup_b1=rows[1]["speedup"], speedup_b8=rows[8]["speedup"],
+                  val_loss_increase=headline["increase"], logits_error=headline["logits_error"],
+                  quantized=headline["quantized"], targets=TARGETS,
+                  load_average={"start": load_start, "end": load()})
+    return result
+
+def _group_label(group_size):
+    return "row" if group_size is None else str(group_size)
+
+
+def plot_loss_against_group_size(rows, path, title):
+    """One panel per bit width: the relative increase of the loss (%) against the group size ("row": one
+    scale per output channel). Returns ``path``."""
+    plt = _measure.plt()
+    widths = sorted({r["bits"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(widths), figsize=(4.2 * len(widths), 3.4), squeeze=False)
+    for ax, bits in zip(axes[0], widths):
+        mine = sorted((r for r in rows if r["bits"] == bits), key=lambda r: r["group_size"] or 1 << 30)
+        labels = [_group_label(r["group_size"]) for r in mine]
+        ax.plot(labels, [100 * r["increase"] for r in mine], "o-", color="#3b6fb6")
+        ax.axhline(0, color="#999999", lw=0.8)
+        ax.set(xlabel="group size (inputs per scale)", ylabel="validation loss increase (%)", title=f"int{bits}")
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _speed_lines(s):
+    sh = s["shape"]
+    b = s["bytes_per_token"]
+    lines = [f"A GPT of Qwen3-0.6B's kind ({s['parameters'] / 1e6:.0f}M parameters: hidden {sh['d_model']}, "
+             f"{sh['n_layers']} layers, {sh['n_heads']} query and {sh['n_kv_heads']} key/value heads of "
+             f"{sh['head_dim_used']} (Qwen3: {sh['head_dim']}, which needs issue 37's explicit head size), SwiGLU "
+             f"{sh['d_ff']}, vocabulary {sh['vocab_size']:,}, tied embeddings), random float32 weights, against the "
+             f"same model with int8 weights ({'per output channel' if s['group_size'] is None else 'groups of ' + str(s['group_size'])}): "
+             f"a prompt of {PROMPT} tokens continued greedily, the two alternating round by round (best of the "
+             f"rounds), on {s['threads']} threads as `numformer generate` runs. {s['quantized']}.", "",
+             "| batch | float32 tokens/s | int8 tokens/s | speedup | float32 bound | int8 bound | int8 / its bound "
+             "| same tokens |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in s["rows"]:
+        lines.append(f"| {r['batch']} | {r['float32_tokens_per_s']:,.2f} | {r['int8_tokens_per_s']:,.2f} | "
+                     f"{r['speedup']:.2f}x | {r['float32_bound_tokens_per_s']:,.1f} | {r['int8_bound_tokens_per_s']:,.1f}"
+                     f" | {100 * r['int8_tokens_per_s'] / r['int8_bound_tokens_per_s']:.0f}% | "
+                     f"{100 * r['same_tokens_fraction']:.0f}% |")
+    bw = s["bandwidth"]
+    lines += ["", f"Bytes read per token: {b['float32'] / 1e6:,.0f} MB in float32, {b['int8'] / 1e6:,.0f} MB with "
+                  f"int8 weights ({b['float32'] / b['int8']:.2f}x fewer); bound = batch × {bw['bytes_per_s'] / 1e9:.1f}"
+                  f" GB/s (measured: best of a matrix-vector product and a copy) / bytes per token. Logits of a "
+                  f"random prompt, int8 against float32: max |Δ| / max |logits| = "
+                  f"{s['logits_error']['max_relative']:.4f}, top token the same at "
+                  f"{100 * s['logits_error']['top1_agreement']:.0f}% of the positions."]
+    return lines
+
+
+def markdown(result, fig_dir):
+    s, a, t = result["speed"], result["accuracy"], result["targets"]
+    path = plot_loss_against_group_size(a["rows"], Path(fig_dir) / "quantize_group_size.png",
+                                        f"speedrun model (float32 whole-validation loss {a['val_loss_float32']:.4f})")
+    lines = ["## quantize: int8 weights for generation", "", *_speed_lines(s), "",
+             f"Accuracy: the speedrun's model ({a['model']['n_layers']} layers, d_model {a['model']['d_model']}; "
+             f"{'trained here' if a['trained_here'] else 'the run folder ' + a['run_dir']}), loss on the "
+             f"validation split ({a['val_tokens']:,} characters): {a['val_loss_float32']:.4f} in float32. "
+             f"{result['quantized']}.", "",
+             "| bits | group size | validation loss | increase | logits error |", "|---:|---:|---:|---:|---:|"]
+    for r in a["rows"]:
+        lines.append(f"| {r['bits']} | {_group_label(r['group_size'])} | {r['val_loss']:.4f} | "
+                     f"{100 * r['increase']:+.3f}% | {r['logits_error']:.4f} |")
+    met = lambda ok: "met" if ok else "NOT met"                               # noqa: E731
+    lines += ["", f"`speedup_b1` = {result['speedup_b1']:.2f}x (target >= {t['speedup_b1']}x: "
+                  f"{met(result['speedup_b1'] >= t['speedup_b1'])}), `speedup_b8` = {result['speedup_b8']:.2f}x, "
+                  f"`val_loss_increase` = {100 * result['val_loss_increase']:+.3f}% (target <= "
+                  f"{100 * t['val_loss_increase']:.1f}%: {met(result['val_loss_increase'] <= t['val_loss_increase'])}). "
+                  f"{_load_text(result.get('load_average'))}", "",
+              image_link(path, "validation loss increase against group size, int8 and int4", fig_dir)]
+    return "\n".join(lines)

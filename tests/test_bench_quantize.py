@@ -29,24 +29,31 @@ def speedrun_like_run(tmp_path_factory):
     return root / "run"
 
 
-def test_quantize_part_figures_and_markdown(speedrun_like_run, tmp_path):
+def test_quantize_part_figures_and_markdown(speedrun_like_run, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "MODES", ("one_thread", "numformer"))     # not OpenBLAS's threads under xdist
     result = bench.run(quick=True, run_dir=speedrun_like_run, group_size=16, shape=TINY_SHAPE,
                        sweep=[(8, None), (4, 8)], log=lambda *a: None)
     speed, acc = result["speed"], result["accuracy"]
-    assert [r["batch"] for r in speed["rows"]] == [1, 8]
+    assert [(r["mode"], r["batch"]) for r in speed["rows"]] == [(m, b) for m in ("one_thread", "numformer")
+                                                                for b in (1, 8)]
+    assert [r["batch"] for r in speed["best"]] == [1, 8]
+    assert result["speedup_b1"] == max(r["int8_tokens_per_s"] for r in speed["rows"] if r["batch"] == 1) / max(
+        r["float32_tokens_per_s"] for r in speed["rows"] if r["batch"] == 1)
+    assert all(r["cpu_speedup"] > 0 and r["int8_bound_tokens_per_s"] > r["float32_bound_tokens_per_s"]
+               for r in speed["rows"])
     assert speed["bytes_per_token"]["int8"] < speed["bytes_per_token"]["float32"]
     assert speed["shape"]["head_dim_used"] == 8 and speed["layers_quantized"] > 0
     assert [(r["bits"], r["group_size"]) for r in acc["rows"]] == [(8, 16), (8, None), (4, 8)]
     assert result["val_loss_increase"] == acc["rows"][0]["increase"] and not acc["trained_here"]
     assert 0 <= speed["logits_error"]["max_relative"] < 0.05 and 0 < result["logits_error"] < 0.05
-    for key in ("speedup_b1", "speedup_b8"):
+    for key in ("speedup_b1", "speedup_b8", "speedup_b1_one_thread_cpu"):
         assert result[key] > 0
     fig_dir = tmp_path / "figures"
     fig_dir.mkdir()
     text = bench.markdown(json.loads(json.dumps(result)), fig_dir)
     assert text.startswith("## quantize") and "figures/quantize_group_size.png" in text
     assert (fig_dir / "quantize_group_size.png").stat().st_size > 10_000
-    assert "| 4 | 8 |" in text and "`speedup_b1`" in text
+    assert "| 4 | 8 |" in text and "`speedup_b1`" in text and "| one_thread | 8 |" in text
 
 
 def test_the_runner_passes_options_only_to_the_parts_that_take_them(tmp_path):

@@ -4,13 +4,16 @@ The speed path. Generating a token multiplies a handful of rows x by every weigh
 its time is the time to read the weights from memory: int8 weights are a quarter of the bytes of float32.
 The reference would undo that, writing the whole float Ŵ to memory and reading it back; this kernel never
 holds it. For a batch of up to ``SMALL_BATCH`` rows it walks the output rows in blocks small enough to stay
-in the core's cache (``BLOCK_BYTES`` of float), and for each block:
+in the cache (``BLOCK_BYTES`` of float), and for each block:
 
-    B = float(q[rows])                       int8 -> float, laid out (G, R, g): group j's columns together
-    P = B @ x_j                              one product per group: P[j] = q[rows, group j] x[group j]ᵀ
-    y[rows] = Σ_j s[rows, j] · P[j]          the scales applied to R × m sums instead of R × K weights
+    B = float(q[rows])                       int8 -> float, written to the cache
+    B *= s[rows, group]                      per group (one scale per row: applied to y instead, below)
+    y[rows] = B @ xᵀ                         the BLAS, reading B from the cache
+    y[rows] *= s[rows]                       one scale per row: R × m products instead of R × K
 
-so every weight byte comes from memory once per call, and the float block is read from cache. The blocks
+so every weight byte comes from memory once per call, and the float block is read from cache. What is
+left per weight is the conversion and the product: int8 is faster than float32 where reading four bytes
+from memory takes longer than those two passes in the cache (``numformer bench quantize`` measures it). The blocks
 are shared among numformer's threads (``_runtime.parallel_for``), with the BLAS on one thread inside
 them. A larger batch (a prompt's prefill, an evaluation) dequantizes the matrix once and makes one
 product (``_runtime.matmul``). Summation order differs from the reference's, so results agree to rounding
@@ -28,7 +31,7 @@ from .reference import group_width
 __all__ = ["quantized_linear_forward", "dequantize", "SMALL_BATCH", "BLOCK_BYTES"]
 
 SMALL_BATCH = 16                 # rows of x up to which the weight is dequantized block by block
-BLOCK_BYTES = 512 * 1024         # bytes of one dequantized float block (a share of a core's L2 cache)
+BLOCK_BYTES = 2 << 20           # bytes of one dequantized float block (in the cache; larger: fewer calls)
 
 
 def _block_rows(K, itemsize):
@@ -64,70 +67,52 @@ def quantized_linear_forward(x, q, scales, group_size=None, b=None):
     return y.reshape(*x.shape[:-1], N)
 
 
-def _grouped(a, g):
-    """a: (n, K) -> (G, n, g): group j's columns of every row together; zeros past K in the last group."""
-    n, K = a.shape
-    G = -(-K // g)
-    out = np.zeros((G, n, g), a.dtype)
-    return _copy_grouped(out, a, g)
-
-
-def _copy_grouped(out, a, g):
-    """Write a: (n, K) into out: (G, ≥n, g) as ``_grouped`` lays it out (converting the dtype); returns out[:, :n].
-    The last group's columns past K are left as they are (zeros from ``_grouped`` or the caller)."""
-    n, K = a.shape
-    full = K // g * g
-    dst = out[:, :n]
-    if full:
-        np.copyto(dst[:full // g], a[:, :full].reshape(n, full // g, g).transpose(1, 0, 2), casting="unsafe")
-    if full < K:
-        np.copyto(dst[-1, :, :K - full], a[:, full:], casting="unsafe")
-    return dst
-
-
 def _small_batch(x2, q, scales, g):
-    """x2 Ŵᵀ for x2: (m, K), m small, block by block of output rows (see the module docstring)."""
+    """x2 Ŵᵀ for x2: (m, K), m small, block by block of R output rows (see the module docstring)."""
     m, K = x2.shape
     N, G = scales.shape
-    xg = _grouped(x2, g).transpose(0, 2, 1).copy()              # group j of x: xg[j] (g, m)
-    sT = np.ascontiguousarray(scales.T)                         # (G, N)
+    xT = np.ascontiguousarray(x2.T)                             # (K, m)
     yT = np.empty((N, m), x2.dtype)
-    R = _block_rows(G * g, x2.dtype.itemsize)
+    R = _block_rows(K, x2.dtype.itemsize)
 
     def rows(b0, b1):
-        block = np.zeros((G, R, g), x2.dtype)                  # the last group's padding stays zero
-        sums = np.empty((G, R, m), x2.dtype)
-        for r0 in range(b0 * R, min(b1 * R, N), R):
+        block = np.empty((R, K), x2.dtype)
+        lo, hi = b0 * R, min(b1 * R, N)
+        for r0 in range(lo, hi, R):
             r1 = min(r0 + R, N)
-            B, P = _copy_grouped(block, q[r0:r1], g), sums[:, :r1 - r0]
-            np.matmul(B, xg, out=P)                             # P[j] = q[rows, group j] · x[group j]ᵀ
-            if G == 1:
-                np.multiply(P[0], sT[0, r0:r1, None], out=yT[r0:r1])
-            else:
-                np.einsum("grm,gr->rm", P, sT[:, r0:r1], out=yT[r0:r1])
+            B = block[:r1 - r0]
+            np.copyto(B, q[r0:r1], casting="unsafe")           # int8 -> float, in cache
+            if G > 1:
+                _scale_groups(B, scales[r0:r1], g)
+            np.matmul(B, xT, out=yT[r0:r1])
+        if G == 1:
+            yT[lo:hi] *= scales[lo:hi]                          # one scale per row: on N × m sums, not N × K
 
     with _one_blas_thread():
         parallel_for(-(-N // R), rows, 1)
     return np.ascontiguousarray(yT.T) if m > 1 else yT.reshape(1, N)
 
 
+def _scale_groups(B, scales, g):
+    """B (n, K) *= each group of g columns' scale (scales (n, G)), in place; the last group may be shorter."""
+    n, K = B.shape
+    full = K // g * g
+    if full:
+        B[:, :full].reshape(n, full // g, g)[...] *= scales[:, :full // g, None]
+    if full < K:
+        B[:, full:] *= scales[:, -1:]
+
+
 def dequantize(q, scales, group_size=None, dtype=None):
     """Ŵ = s · q as ``reference.dequantize``, in ``dtype`` (default the scales'), rows split across threads."""
     N, K = q.shape
     g = group_width(group_size, K)
-    full = K // g * g
-    dtype = np.dtype(dtype or scales.dtype)
-    out = np.empty((N, K), dtype)
-    scales = scales.astype(dtype, copy=False)
+    out = np.empty((N, K), np.dtype(dtype or scales.dtype))
+    scales = scales.astype(out.dtype, copy=False)
 
     def rows(r0, r1):
-        n = r1 - r0
-        if full:
-            blk = out[r0:r1, :full].reshape(n, full // g, g)
-            np.copyto(blk, q[r0:r1, :full].reshape(n, full // g, g), casting="unsafe")
-            blk *= scales[r0:r1, :full // g, None]
-        if full < K:
-            np.multiply(q[r0:r1, full:], scales[r0:r1, -1:], out=out[r0:r1, full:])
+        np.copyto(out[r0:r1], q[r0:r1], casting="unsafe")
+        _scale_groups(out[r0:r1], scales[r0:r1], g)
 
     parallel_for(N, rows, max(1, (1 << 20) // K))
     return out

@@ -125,7 +125,7 @@ def speed(shape, group_size, quick, log):
     """The speed part (see the module docstring)."""
     model, head_dim = build_model(shape)
     float_layers = {n: m for n, m in model.named_modules() if isinstance(m, Linear)}
-    bytes_read = {"float32": bytes_per_token(model)}
+    bytes_read, parameters = {"float32": bytes_per_token(model)}, model.num_parameters()
     report = quantize_model(model, 8, group_size)
     int8_layers = {n: m for n, m in model.named_modules() if n in float_layers}
     bytes_read["int8"] = bytes_per_token(model)
@@ -143,7 +143,7 @@ def speed(shape, group_size, quick, log):
                 rows.append({"mode": mode, **row})
                 log(f"  {mode}, batch {batch}: float32 {row['float32_tokens_per_s']:,.2f} tokens/s, int8 "
                     f"{row['int8_tokens_per_s']:,.2f} ({row['speedup']:.2f}x; in CPU time {row['cpu_speedup']:.2f}x)")
-    return {"shape": {**shape, "head_dim_used": head_dim}, "parameters": model.num_parameters(),
+    return {"shape": {**shape, "head_dim_used": head_dim}, "parameters": parameters,
             "group_size": group_size, "quantized": str(report), "layers_quantized": len(report.quantized),
             "layers_kept_float": len(report.kept_float), "bytes_per_token": bytes_read,
             "bandwidth": bandwidth, "threads": threads, "rows": rows, "best": best_of_modes(rows),
@@ -303,5 +303,5 @@ def markdown(result, fig_dir):
                   f"`val_loss_increase` = {100 * result['val_loss_increase']:+.3f}% (target <= "
                   f"{100 * t['val_loss_increase']:.1f}%: {'met' if close else 'NOT met'}). "
                   f"{_load_text(result.get('load_average'))}", "",
-              image_link(path, "validation loss increase against group size, int8 and int4", fig_dir)]
+              image_link(path, "validation loss increase against group size at each bit width", fig_dir)]
     return "\n".join(lines)

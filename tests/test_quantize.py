@@ -204,9 +204,13 @@ def test_a_layer_read_by_its_weight_is_kept_float():
             return self.used(x) @ self.read.weight.data.T
 
     model = ReadsWeight()
-    report = quantize_model(model, probe=lambda m: m(np.ones((1, 4), np.float32)))
+    x = np.ones((1, 4), np.float32)
+    report = quantize_model(model, probe=[lambda m: m(x), lambda m: m.used(x)])     # "read" is in neither pass
     assert report.quantized == ["used"] and report.kept_float == {"read": NOT_CALLED}
     assert isinstance(model.used, QuantizedLinear) and type(model.read) is Linear
+    other = ReadsWeight()                                # each layer called by one pass only: neither in every one
+    report = quantize_model(other, probe=[lambda m: m.read(x), lambda m: m(x)])
+    assert report.quantized == [] and set(report.kept_float) == {"used", "read"}
     with pytest.raises(ValueError, match="pass probe=lambda model"):
         quantize_model(ReadsWeight())
 

@@ -118,7 +118,8 @@ def weight_bytes(model):
     """Bytes of a model's weights in memory: every Parameter once (a tied one counted once) plus the int8
     weights and scales of its QuantizedLinear layers."""
     total = sum(p.data.nbytes for p in model.parameters())
-    return total + sum(m.qweight.nbytes + m.scales.nbytes for m in model.modules() if isinstance(m, QuantizedLinear))
+    quantized = {id(m): m for m in model.modules() if isinstance(m, QuantizedLinear)}
+    return total + sum(m.qweight.nbytes + m.scales.nbytes for m in quantized.values())
 
 
 NOT_CALLED = ("read through its weight array by its parent, not called: a swapped-in layer would be ignored "
@@ -138,7 +139,10 @@ def quantize_model(model, bits=8, group_size=None, skip=(), probe=None):
     reference.qmax(bits)
     reference.group_width(group_size, 1)
     report = QuantizationReport(int(bits), group_size, bytes_before=weight_bytes(model))
-    candidates = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    candidates = {}
+    for name, m in model.named_modules():
+        if isinstance(m, Linear) and all(m is not c for c in candidates.values()):   # a shared layer: once
+            candidates[name] = m
     for name in [n for n in candidates if any(fnmatch.fnmatchcase(n, p) for p in skip)]:
         report.kept_float[name] = "skip"
         del candidates[name]
@@ -156,7 +160,7 @@ def quantize_model(model, bits=8, group_size=None, skip=(), probe=None):
 def _probes(model, probe):
     """The forward passes that show which layers a model calls: ``probe`` or the GPT default."""
     if probe is not None:
-        return [lambda: p(model) for p in (probe if isinstance(probe, (list, tuple)) else [probe])]
+        return [lambda p=p: p(model) for p in (probe if isinstance(probe, (list, tuple)) else [probe])]
     if not callable(getattr(model, "new_kv_caches", None)):
         raise ValueError(f"quantize_model does not know how to run a {type(model).__name__}: pass "
                          f"probe=lambda model: model(example inputs)")

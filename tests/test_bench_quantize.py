@@ -71,3 +71,13 @@ def test_bench_command_takes_the_quantize_options(monkeypatch, run_cli, tmp_path
     assert rc == 0 and json.loads((tmp_path / "bench.json").read_text())["quantize"]["_run"]["command"] == \
         "numformer bench quantize --quick --run-dir runs/x --group-size 64"
     assert seen == {"quick": True, "run_dir": "runs/x", "group_size": 64}
+
+
+@pytest.mark.slow
+def test_quick_mode_through_the_runner_trains_its_model(tmp_path, monkeypatch):
+    """`numformer bench quantize --quick` without --run-dir trains the speedrun's model (briefly) in ./runs."""
+    monkeypatch.chdir(tmp_path)
+    done = run_parts(["quantize"], quick=True, out_dir=tmp_path / "out", log=lambda *a: None)
+    assert done["quantize"]["accuracy"]["trained_here"]
+    assert (tmp_path / bench.RUN_DIR / "model.safetensors").is_file()
+    assert "## quantize" in (tmp_path / "out" / "bench.md").read_text()

@@ -11,36 +11,30 @@ from pathlib import Path
 
 def load_generator(source):
     """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``."""
-    from ..interop.hf import is_run_folder, load_pretrained
-    from ..train import load_config_json, load_model
-    from ..train.run import load_tokenizer
+    from ..interop.sources import is_run_folder, load
+    from ..train import load_config_json
 
-    if str(source).startswith("hf:") or (Path(source, "config.json").is_file() and not is_run_folder(source)):
-        model, tokenizer = load_pretrained(source)
-        if tokenizer is None:
-            raise ValueError(f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text "
-                             f"cannot be encoded")
-        return model, tokenizer
-    config = load_config_json(source)
-    if config["model"]["type"] != "gpt":
-        raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
-                         f"text with a GPT (use `numformer translate` or `classify` for the others)")
-    tokenizer = load_tokenizer(source)
+    run = not str(source).startswith("hf:") and not (Path(source, "config.json").is_file()
+                                                    and not is_run_folder(source))
+    if run:
+        config = load_config_json(source)          # the whole config.json checked, as every command does
+        if config["model"]["type"] != "gpt":
+            raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
+                             f"text with a GPT (use `numformer translate` or `classify` for the others)")
+    model, tokenizer = load(source)
     if tokenizer is None:
-        raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded")
-    return load_model(source, config), tokenizer
+        raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded" if run else
+                         f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text cannot "
+                         f"be encoded")
+    return model, tokenizer
 
 
 def run(args):
     from ..generate import generate
 
-    if args.group_size is not None and args.quantize is None:
-        raise ValueError("--group-size sets the groups of --quantize int8; add --quantize int8")
+    check_quantize_arguments(args)
     model, tokenizer = load_generator(args.run_dir)
-    if args.quantize:
-        from ..quantize import quantize_model
-
-        print(quantize_model(model, bits=8, group_size=args.group_size), file=sys.stderr)
+    quantize_if_asked(model, args)
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
@@ -69,14 +63,41 @@ def register(sub):
     p.add_argument("run_dir", metavar="SOURCE", help="a run folder written by `numformer train` or `import-hf`, or "
                                                      "a Hugging Face GPT-2 folder or hub id (hf:gpt2)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate (default 500)")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0; 0 = greedy)")
+    add_sampling_arguments(p)
+    add_quantize_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_sampling_arguments(p, max_new_tokens=500, temperature=1.0, temperature_default="1.0"):
+    """The sampling flags of ``generate`` (``numformer chat`` has them too)."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help=f"tokens to generate (default {max_new_tokens})")
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help=f"softmax temperature (default {temperature_default}; 0 = greedy)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable sample")
+
+
+def add_quantize_arguments(p):
+    """``--quantize int8 [--group-size G]`` (``generate`` and ``chat``)."""
     p.add_argument("--quantize", choices=["int8"], default=None,
                    help="generate from int8 weights (symmetric absmax; embeddings and norms stay float)")
     p.add_argument("--group-size", type=int, default=None,
                    help="with --quantize: one scale per G inputs of each output row (default: one per row)")
-    p.set_defaults(func=run)
+
+
+def check_quantize_arguments(args):
+    """The one error of the quantize flags, raised before any model is loaded."""
+    if args.group_size is not None and args.quantize is None:
+        raise ValueError("--group-size sets the groups of --quantize int8; add --quantize int8")
+
+
+def quantize_if_asked(model, args):
+    """Swap the model's linear layers for int8 ones when ``--quantize int8`` was given; the report goes to stderr."""
+    if args.quantize:
+        from ..quantize import quantize_model
+
+        print(quantize_model(model, bits=8, group_size=args.group_size), file=sys.stderr)
+    return model

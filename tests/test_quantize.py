@@ -1,15 +1,15 @@
 """numformer.quantize: absmax int8 quantization, its fast kernel against the reference, QuantizedLinear and
-quantize_model on GPTs (logits, generation with the KV cache, bytes in memory, layers that take effect)."""
+quantize_model on every model (logits against the float model with the dequantized weights, generation with
+the KV cache, cross-attention, bytes in memory, every layer taking effect)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from numformer import GPT, _runtime, reference_mode
-from numformer.nn import Linear, Module
-from numformer.quantize import (QuantizedLinear, dequantize, kernel, quantize, quantize_model,
-                                quantized_linear_forward, weight_bytes)
-from numformer.quantize.layer import NOT_CALLED
+from numformer import GPT, EncoderClassifier, Transformer, _runtime, reference_mode
+from numformer.nn import Linear, Module, Parameter
+from numformer.quantize import (QuantizedLinear, QuantizedQKVProjection, dequantize, kernel, quantize,
+                                quantize_model, quantized_linear_forward, weight_bytes)
 
 TOL = {np.float32: 1e-5, np.float64: 1e-12}
 
@@ -170,18 +170,87 @@ def test_quantized_logits_stay_close_to_float(build, group_size, bound):
     np.testing.assert_allclose(after[1], after[0], rtol=1e-4, atol=1e-5)     # the cache changes nothing
 
 
+def with_dequantized_weights(model, quantized):
+    """``model`` (a float copy of ``quantized`` before quantizing) with each Linear's weight replaced by the
+    weight its int8 twin multiplies by (Ŵ = s · q): the reference the int8 model must equal to rounding. A tied
+    output layer gets a weight of its own, as its int8 twin has: the embedding keeps the float table."""
+    layers = dict(quantized.named_modules())
+    for name, m in model.named_modules():
+        if isinstance(m, Linear):
+            m.weight = Parameter(layers[name].dequantized_weight())
+    return model
+
+
+GQA_TIED = dict(n_layers=2, n_heads=6, n_kv_heads=2, d_model=48)      # 3 query heads share each key/value head
+
+
+@pytest.mark.parametrize("build,group_size", [(speedrun_like, None), (speedrun_like, 16), (gpt2_like, None),
+                                              (lambda seed=0: speedrun_like(seed, **GQA_TIED), 8)])
+def test_gpt_logits_equal_the_dequantized_reference(build, group_size):
+    """Every linear layer, the attention's qkv_proj and out_proj included, is int8, and the int8 GPT's logits
+    (the fast kernel, with the KV cache and without) equal the float GPT's with Ŵ = s · q in its layers."""
+    model = build().eval()
+    report = quantize_model(model, group_size=group_size)
+    names = {n for n, m in build().named_modules() if isinstance(m, Linear)}
+    assert sorted(report.quantized) == sorted(names) and not report.kept_float
+    assert isinstance(model.blocks[0].self_attn.qkv_proj, QuantizedQKVProjection)
+    assert isinstance(model.blocks[0].self_attn.out_proj, QuantizedLinear)
+    reference = with_dequantized_weights(build().eval(), model)
+    ids = np.random.default_rng(5).integers(0, model.vocab_size, (2, 10))
+    for got, want in zip(logits_both_ways(model, ids), logits_both_ways(reference, ids)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_tied_output_layer_gets_its_own_int8_table():
+    """A tied lm_head is quantized; the embedding lookup keeps reading the float table."""
+    model = speedrun_like()
+    table = model.tok_emb.weight.data.copy()
+    assert model.lm_head.weight is model.tok_emb.weight
+    quantize_model(model)
+    assert isinstance(model.lm_head, QuantizedLinear) and model.tok_emb.weight.data.dtype == np.float32
+    np.testing.assert_array_equal(model.tok_emb.weight.data, table)
+    np.testing.assert_allclose(model.lm_head.dequantized_weight(), table, atol=np.abs(table).max() / 254 * 1.0001)
+
+
+def test_encoder_decoder_and_classifier_are_quantized_whole():
+    """Cross-attention projects the query and the memory with different rows of its int8 QKV projection (and
+    the cached decoder reuses the memory's keys); a classifier's layers are all int8 too: both equal their
+    float models with the dequantized weights."""
+    def translator():
+        return Transformer(12, 12, d_model=16, n_heads=4, n_layers=2, d_ff=24, dropout=0.0,
+                           rng=np.random.default_rng(0)).eval()
+
+    model = translator()
+    report = quantize_model(model, group_size=8)
+    assert not report.kept_float and isinstance(model.decoder.layers[0].cross_attn.qkv_proj, QuantizedQKVProjection)
+    reference = with_dequantized_weights(translator(), model)
+    src, tgt = np.array([[3, 4, 5, 6, 7]]), np.array([[1, 5, 6, 7, 2]])
+    np.testing.assert_allclose(model(src, tgt), reference(src, tgt), rtol=1e-4, atol=1e-5)
+    memory, caches = model.encode(src), model.new_caches()
+    steps = np.concatenate([model.decode(tgt[:, t:t + 1], memory, caches=caches) for t in range(5)], axis=1)
+    np.testing.assert_allclose(steps, reference(src, tgt), rtol=1e-4, atol=1e-5)
+    with pytest.raises(RuntimeError, match="inference only"):
+        model.backward(np.ones_like(steps))
+
+    def classifier():
+        return EncoderClassifier(20, 3, max_len=9, d_model=16, n_heads=2, n_layers=2, dropout=0.0,
+                                 rng=np.random.default_rng(1)).eval()
+
+    model = classifier()
+    assert quantize_model(model).quantized
+    ids = np.array([[2, 3, 4, 5, 0, 0]])
+    np.testing.assert_allclose(model(ids), with_dequantized_weights(classifier(), model)(ids), rtol=1e-4, atol=1e-5)
+
+
 def test_every_quantized_layer_takes_effect():
     """Swapped but not used: corrupting one quantized layer's weights must change the logits, with the cache
-    and without it; each linear layer is either quantized or kept float with its reason."""
+    and without it."""
     model = speedrun_like().eval()
-    names = {n for n, m in model.named_modules() if isinstance(m, Linear)}
     report = quantize_model(model)
-    assert set(report.quantized) | set(report.kept_float) == names and report.quantized
     ids = np.random.default_rng(2).integers(0, 65, (1, 6))
     base = logits_both_ways(model, ids)
-    layers = dict(model.named_modules())
     for name in report.quantized:
-        q = layers[name].qweight
+        q = model.get_submodule(name).qweight
         saved = q.copy()
         q[...] = np.random.default_rng(3).integers(-127, 128, q.shape)
         changed = logits_both_ways(model, ids)
@@ -190,29 +259,19 @@ def test_every_quantized_layer_takes_effect():
             assert rel_err(a, b) > 1e-3, f"{name} was swapped but the model does not use it"
 
 
-def test_a_layer_read_by_its_weight_is_kept_float():
-    """A parent that reads its child's ``weight`` (numformer's attention reads ``qkv_proj.weight`` until issue 37)
-    would ignore a swapped-in layer: quantize_model keeps it float and says why."""
-
-    class ReadsWeight(Module):
+def test_a_shared_layer_is_quantized_once():
+    class Shared(Module):
         def __init__(self):
             super().__init__()
-            self.used = Linear(4, 4, rng=np.random.default_rng(0))
-            self.read = Linear(4, 4, rng=np.random.default_rng(1))
+            self.a = Linear(4, 4, rng=np.random.default_rng(0))
+            self.b = self.a
 
         def forward(self, x):
-            return self.used(x) @ self.read.weight.data.T
+            return self.b(self.a(x))
 
-    model = ReadsWeight()
-    x = np.ones((1, 4), np.float32)
-    report = quantize_model(model, probe=[lambda m: m(x), lambda m: m.used(x)])     # "read" is in neither pass
-    assert report.quantized == ["used"] and report.kept_float == {"read": NOT_CALLED}
-    assert isinstance(model.used, QuantizedLinear) and type(model.read) is Linear
-    other = ReadsWeight()                                # each layer called by one pass only: neither in every one
-    report = quantize_model(other, probe=[lambda m: m.read(x), lambda m: m(x)])
-    assert report.quantized == [] and set(report.kept_float) == {"used", "read"}
-    with pytest.raises(ValueError, match="pass probe=lambda model"):
-        quantize_model(ReadsWeight())
+    model = Shared()
+    report = quantize_model(model)
+    assert report.quantized == ["a"] and model.a is model.b and isinstance(model.a, QuantizedLinear)
 
 
 def test_weights_are_int8_in_memory():
@@ -255,7 +314,7 @@ def test_skip_and_modes_are_kept():
     report = quantize_model(model, skip=("lm_head", "blocks.1.*"))
     assert report.kept_float["lm_head"] == "skip" and "blocks.1.ff.linear1" in report.kept_float
     assert "blocks.0.ff.linear1" in report.quantized and isinstance(model.lm_head, Linear)
-    assert all(m.training for m in model.modules())                 # the probe ran in eval mode, then restored
+    assert all(m.training for m in model.modules())
     assert "int8 (per channel)" in str(report) and "kept float" in str(report)
 
 

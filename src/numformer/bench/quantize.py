@@ -36,7 +36,6 @@ from ..experiments.runner import find_config
 from ..models import GPT
 from ..nn import Linear
 from ..quantize import QuantizedLinear, quantize_model
-from ..quantize.layer import set_submodule
 from ..train import Trainer, evaluate_loss, load_config_json, load_model, load_task
 from . import _measure
 from .hf_generate import MODES, _load_text, _mode, memory_bandwidth
@@ -75,7 +74,7 @@ def bytes_per_token(model):
 
 def _use(model, layers):
     for name, layer in layers.items():
-        set_submodule(model, name, layer)
+        model.set_submodule(name, layer)
 
 
 def logits_error(model, float_layers, int8_layers, ids):

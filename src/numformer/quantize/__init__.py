@@ -10,7 +10,7 @@
     from numformer.quantize import quantize_model
     print(quantize_model(model, bits=8, group_size=None))       # then model.generate(...) as before
 """
-from .layer import QuantizationReport, QuantizedLinear, quantize_model, weight_bytes
+from .layer import QuantizationReport, QuantizedLinear, QuantizedQKVProjection, quantize_model, weight_bytes
 from .reference import dequantize, quantize, quantized_linear_forward
 
 __all__ = ["quantize", "dequantize", "quantized_linear_forward", "QuantizedLinear", "quantize_model",

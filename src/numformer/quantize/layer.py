@@ -10,11 +10,11 @@ token embedding gets its own int8 copy of the table: the lookup keeps reading th
 per token), the output product reads the int8 copy (the whole table per token) -- memory grows by a
 quarter of the table, the bytes read per token shrink by three quarters. ``skip`` keeps named layers float.
 
-A layer is replaced only where the replacement takes effect. Before quantizing, the model is run on a
-two-token input (once without and once with the key/value cache, in evaluation mode) with each
-candidate ``Linear`` watched: a layer whose parent reads its ``weight`` array directly instead of calling
-it would ignore a swapped-in module, so it is kept float, and the report names it with the reason. The
-swap itself goes through ``set_submodule`` (a parent's child replaced by its dotted name).
+Every parent in numformer calls its linear sub-modules and never reads their weights (the attention
+calls ``qkv_proj`` and ``out_proj``, the feed-forward its projections, the GPT ``lm_head``), so each layer is
+swapped by name with ``Module.set_submodule`` and the int8 one is what runs. Cross-attention projects the
+query and the memory with different rows of its ``QKVProjection`` (``project_parts``): its int8
+replacement, ``QuantizedQKVProjection``, slices the rows of its int8 weights and their scales the same way.
 """
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..nn.attention import QKVProjection
 from ..nn.dispatch import using_reference
 from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
 from . import kernel, reference
 
-__all__ = ["QuantizedLinear", "quantize_model", "QuantizationReport", "weight_bytes", "set_submodule"]
+__all__ = ["QuantizedLinear", "QuantizedQKVProjection", "quantize_model", "QuantizationReport", "weight_bytes"]
 
 
 class QuantizedLinear(Module):
@@ -56,17 +57,23 @@ class QuantizedLinear(Module):
 
     @classmethod
     def from_linear(cls, linear, bits=8, group_size=None):
-        """The quantized copy of a ``Linear`` (its weight quantized, its bias copied)."""
+        """The quantized copy of a ``Linear`` (its weight quantized, its bias copied); a ``QKVProjection``
+        becomes a ``QuantizedQKVProjection``."""
+        if cls is QuantizedLinear and isinstance(linear, QKVProjection):
+            return QuantizedQKVProjection.from_linear(linear, bits, group_size)
         q, scales = reference.quantize(linear.weight.data, bits, group_size)
         bias = None if linear.bias is None else linear.bias.data.copy()
         return cls(q, scales, bias, bits, group_size)
 
     def forward(self, x):
         if x.shape[-1] != self.in_features:
-            raise ValueError(f"QuantizedLinear expects inputs with last dimension {self.in_features}, "
+            raise ValueError(f"{type(self).__name__} expects inputs with last dimension {self.in_features}, "
                              f"got shape {x.shape}")
+        return self._product(x, self.qweight, self.scales, None if self.bias is None else self.bias.data)
+
+    def _product(self, x, q, scales, b):
         fn = reference.quantized_linear_forward if using_reference() else kernel.quantized_linear_forward
-        return fn(x, self.qweight, self.scales, self.group_size, None if self.bias is None else self.bias.data)
+        return fn(x, q, scales, self.group_size, b)
 
     def backward(self, dy):
         raise RuntimeError("QuantizedLinear is for inference only (int8 weights have no gradient): train or "
@@ -87,6 +94,38 @@ class QuantizedLinear(Module):
     def extra_repr(self):
         per = "per channel" if self.group_size is None else f"group_size={self.group_size}"
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}, int{self.bits}, {per}"
+
+
+class QuantizedQKVProjection(QuantizedLinear):
+    """The int8 ``QKVProjection``: rows [W^Q; W^K; W^V], each row with its own scales, so a slice of rows is
+    the int8 form of that slice. Self-attention calls it as any layer; cross-attention calls
+    ``project_parts`` (the query with W^Q, the memory with [W^K; W^V]), as ``QKVProjection.project_parts``."""
+
+    n_heads = n_kv_heads = head_dim = None
+
+    @classmethod
+    def from_linear(cls, linear, bits=8, group_size=None):
+        layer = super().from_linear(linear, bits, group_size)
+        layer.n_heads, layer.n_kv_heads, layer.head_dim = linear.n_heads, linear.n_kv_heads, linear.head_dim
+        return layer
+
+    def project_parts(self, parts, first_head=0):
+        """[(x, (head counts)), ...] -> one (B, T, Σcounts·head_dim) array per part, from the next rows, from
+        head ``first_head`` on (see ``QKVProjection.project_parts``)."""
+        outs, start = [], first_head * self.head_dim
+        for x, counts in parts:
+            rows = slice(start, start + sum(counts) * self.head_dim)
+            start = rows.stop
+            outs.append(self._product(x, self.qweight[rows], self.scales[rows],
+                                      None if self.bias is None else self.bias.data[rows]))
+        return outs
+
+    def backward_parts(self, grads):
+        return self.backward(None)
+
+    def extra_repr(self):
+        return (f"{super().extra_repr()}, q/k/v heads {self.n_heads}/{self.n_kv_heads}/{self.n_kv_heads} x "
+                f"{self.head_dim}")
 
 
 @dataclass
@@ -122,91 +161,25 @@ def weight_bytes(model):
     return total + sum(m.qweight.nbytes + m.scales.nbytes for m in quantized.values())
 
 
-NOT_CALLED = ("read through its weight array by its parent, not called: a swapped-in layer would be ignored "
-              "(numformer's attention reads qkv_proj.weight until issue 37's restructuring)")
-
-
-def quantize_model(model, bits=8, group_size=None, skip=(), probe=None):
-    """Replace the model's linear layers by ``QuantizedLinear`` in place (see the module docstring); returns
-    a ``QuantizationReport``.
+def quantize_model(model, bits=8, group_size=None, skip=()):
+    """Replace the model's linear layers by ``QuantizedLinear`` in place, by name (see the module docstring);
+    returns a ``QuantizationReport``.
 
     bits: 2 to 8 (the values are stored as int8 whatever the bits). group_size: inputs per scale, or None
     for one scale per output channel. skip: names (or fnmatch patterns, ``"blocks.0.*"``) of layers to keep
-    float. probe: callables, each running the model once (``lambda m: m(ids)``), that show which layers
-    its forward pass calls; default for a decoder with ``new_kv_caches`` (GPT): a two-token input without
-    and with the key/value cache. A layer not called by every probe is kept float.
+    float. A layer registered under two names (shared) is quantized once and put under both.
     """
     reference.qmax(bits)
     reference.group_width(group_size, 1)
     report = QuantizationReport(int(bits), group_size, bytes_before=weight_bytes(model))
-    candidates = {}
-    for name, m in model.named_modules():
-        if isinstance(m, Linear) and all(m is not c for c in candidates.values()):   # a shared layer: once
-            candidates[name] = m
-    for name in [n for n in candidates if any(fnmatch.fnmatchcase(n, p) for p in skip)]:
-        report.kept_float[name] = "skip"
-        del candidates[name]
-    called = _called_in_every_pass(model, candidates, _probes(model, probe))
-    for name, layer in candidates.items():
-        if name not in called:
-            report.kept_float[name] = NOT_CALLED
+    done = {}                                                   # id(float layer) -> its int8 replacement
+    for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in skip):
+            report.kept_float[name] = "skip"
             continue
-        set_submodule(model, name, QuantizedLinear.from_linear(layer, bits, group_size).train(layer.training))
-        report.quantized.append(name)
+        if id(layer) not in done:
+            done[id(layer)] = QuantizedLinear.from_linear(layer, bits, group_size).train(layer.training)
+            report.quantized.append(name)
+        model.set_submodule(name, done[id(layer)])
     report.bytes_after = weight_bytes(model)
     return report
-
-
-def _probes(model, probe):
-    """The forward passes that show which layers a model calls: ``probe`` or the GPT default."""
-    if probe is not None:
-        return [lambda p=p: p(model) for p in (probe if isinstance(probe, (list, tuple)) else [probe])]
-    if not callable(getattr(model, "new_kv_caches", None)):
-        raise ValueError(f"quantize_model does not know how to run a {type(model).__name__}: pass "
-                         f"probe=lambda model: model(example inputs)")
-    ids = np.zeros((1, 2), dtype=np.int64)
-
-    def cached():
-        caches = model.new_kv_caches()
-        model(ids[:, :1], kv_caches=caches)
-        model(ids[:, 1:], kv_caches=caches)
-
-    return [lambda: model(ids), cached]
-
-
-def _called_in_every_pass(model, layers, passes):
-    """Names of ``layers`` ({name: module}) whose forward runs in every one of ``passes`` (model in eval mode,
-    modes and stored activations restored afterwards)."""
-    modes = [(m, m.training) for m in model.modules()]
-    counts, seen = dict.fromkeys(layers, 0), set()
-    for name, layer in layers.items():
-        def watched(*args, _name=name, _forward=layer.forward, **kwargs):
-            seen.add(_name)
-            return _forward(*args, **kwargs)
-        object.__setattr__(layer, "forward", watched)
-    model.eval()
-    try:
-        for run in passes:
-            seen.clear()
-            run()
-            for name in seen:
-                counts[name] += 1
-    finally:
-        for layer in layers.values():
-            object.__delattr__(layer, "forward")
-        for m, mode in modes:
-            object.__setattr__(m, "training", mode)
-        model.clear_cache()
-    return {name for name, n in counts.items() if n == len(passes)}
-
-
-def set_submodule(model, name, module):
-    """Replace the sub-module at dotted ``name`` (``blocks.0.ff.linear1``) by ``module`` on its parent: what
-    ``Module.set_submodule`` does once issue 37's restructuring gives it (then this function goes)."""
-    *path, last = name.split(".")
-    parent = model
-    for part in path:
-        parent = getattr(parent, part)
-    if not isinstance(getattr(parent, last, None), Module):
-        raise ValueError(f"{name} is not a sub-module of this {type(model).__name__}")
-    setattr(parent, last, module)

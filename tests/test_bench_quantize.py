@@ -43,6 +43,9 @@ def test_quantize_part_figures_and_markdown(speedrun_like_run, tmp_path, monkeyp
                for r in speed["rows"])
     assert speed["bytes_per_token"]["int8"] < speed["bytes_per_token"]["float32"]
     assert speed["shape"]["head_dim_used"] == 8 and speed["layers_quantized"] > 0
+    ns = speed["kernel"]["ns_per_weight"]
+    assert {"float32", "int8", "conversion", "product"} <= set(ns) and all(v > 0 for v in ns.values())
+    assert f"int8 block {bench.kernel.BLOCK_BYTES >> 10} KiB" in ns                  # restored after the sizes
     assert [(r["bits"], r["group_size"]) for r in acc["rows"]] == [(8, 16), (8, None), (4, 8)]
     assert result["val_loss_increase"] == acc["rows"][0]["increase"] and not acc["trained_here"]
     assert 0 <= speed["logits_error"]["max_relative"] < 0.05 and 0 < result["logits_error"] < 0.05
@@ -54,6 +57,7 @@ def test_quantize_part_figures_and_markdown(speedrun_like_run, tmp_path, monkeyp
     assert text.startswith("## quantize") and "figures/quantize_group_size.png" in text
     assert (fig_dir / "quantize_group_size.png").stat().st_size > 10_000
     assert "| 4 | 8 |" in text and "`speedup_b1`" in text and "| one_thread | 8 |" in text
+    assert "Where the time goes" in text and "conversion alone" in text
 
 
 def test_the_runner_passes_options_only_to_the_parts_that_take_them(tmp_path):

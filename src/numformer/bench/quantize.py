@@ -9,8 +9,7 @@ alternating round by round (best of the rounds), in each of numformer's threadin
 (``hf_generate.MODES``); the speedups compare each variant at its fastest mode. tokens/s = generated
 tokens / wall time of the whole call, prefill included; the process's CPU time is recorded too (on one
 thread it is what a machine loaded by other processes disturbs least: ``speedup_b1_one_thread_cpu``).
-Qwen3-0.6B's head size is 128 (queries 2048 wide); until numformer's GPT takes an explicit head size
-(issue 37) this model uses hidden / heads = 64, and no q/k norm.
+Its head size is Qwen3's 128 (queries 2048 wide, not hidden / heads = 64), with Qwen3's q/k RMSNorm.
 
 Bytes per token: the bytes of every linear layer's weights (and scales), which one decoding step reads
 once (the batch shares the read; norms, the one embedding row and the short KV cache are left out), and
@@ -35,7 +34,7 @@ from ..config import load_config
 from ..experiments.runner import find_config
 from ..models import GPT
 from ..nn import Linear
-from ..quantize import QuantizedLinear, quantize_model
+from ..quantize import QuantizedLinear, kernel, quantize_model
 from ..train import Trainer, evaluate_loss, load_config_json, load_model, load_task
 from . import _measure
 from .hf_generate import MODES, _load_text, _mode, memory_bandwidth
@@ -53,12 +52,12 @@ RUN_DIR = Path("runs") / "bench_quantize_speedrun"
 
 
 def build_model(shape, seed=0):
-    """(GPT of Qwen3's kind at ``shape``, the head size it has): random float32 weights, evaluation mode."""
+    """(GPT of Qwen3's kind at ``shape``, its head size): random float32 weights, evaluation mode."""
     model = GPT(vocab_size=shape["vocab_size"], block_size=PROMPT + NEW_TOKENS, n_layers=shape["n_layers"],
                 n_heads=shape["n_heads"], n_kv_heads=shape["n_kv_heads"], d_model=shape["d_model"],
-                d_ff=shape["d_ff"], positional="rope", rope_theta=1e6, activation="swiglu", norm="rms", bias=False,
-                tie_weights=True, rng=np.random.default_rng(seed))
-    return model.eval(), shape["d_model"] // shape["n_heads"]
+                d_ff=shape["d_ff"], head_dim=shape["head_dim"], qk_norm=True, positional="rope", rope_theta=1e6,
+                activation="swiglu", norm="rms", bias=False, tie_weights=True, rng=np.random.default_rng(seed))
+    return model.eval(), shape["head_dim"]
 
 
 def bytes_per_token(model):
@@ -132,6 +131,7 @@ def speed(shape, group_size, quick, log):
     ids = np.random.default_rng(7).integers(0, model.vocab_size, (1, 64 if not quick else 16))
     err, agree = logits_error(model, float_layers, int8_layers, ids)
     variants = {"float32": float_layers, "int8": int8_layers}
+    costs = kernel_costs(model, float_layers, int8_layers, 2 if quick else 5, log)
     threads, rows, bandwidth = get_num_threads(), [], {}
     for mode in MODES:
         with _mode(mode, threads):
@@ -146,7 +146,7 @@ def speed(shape, group_size, quick, log):
             "group_size": group_size, "quantized": str(report), "layers_quantized": len(report.quantized),
             "layers_kept_float": len(report.kept_float), "bytes_per_token": bytes_read,
             "bandwidth": bandwidth, "threads": threads, "rows": rows, "best": best_of_modes(rows),
-            "logits_error": {"max_relative": err, "top1_agreement": agree}}
+            "logits_error": {"max_relative": err, "top1_agreement": agree}, "kernel": costs}
 
 
 def best_of_modes(rows):
@@ -160,6 +160,59 @@ def best_of_modes(rows):
                      "int8_tokens_per_s": q["int8_tokens_per_s"], "int8_mode": q["mode"],
                      "speedup": q["int8_tokens_per_s"] / f["float32_tokens_per_s"]})
     return best
+
+
+def kernel_costs(model, float_layers, int8_layers, rounds, log):
+    """Nanoseconds of one-thread CPU time per weight of a batch-1 product through every linear layer of the
+    model: float32 (``Linear``, the BLAS reading float32 from memory), int8 (``QuantizedLinear``: the kernel),
+    and the two passes of the kernel apart: the int8 -> float conversion of each block alone, and the
+    product of a float block already in the cache alone; then the int8 kernel at other block sizes than
+    ``kernel.BLOCK_BYTES``. Float32 and int8 alternate round by round; best of the rounds."""
+    weights = sum(m.weight.data.size for m in float_layers.values())
+    xs = {K: np.random.default_rng(K).standard_normal((1, K)).astype(np.float32)
+          for K in {m.in_features for m in float_layers.values()}}
+    pairs = [(float_layers[n], int8_layers[n]) for n in float_layers]
+
+    def conversion():
+        for _, q in pairs:
+            R = kernel._block_rows(q.in_features, 4)
+            B = kernel._block(R, q.in_features, np.float32)
+            for r0 in range(0, q.out_features, R):
+                np.copyto(B[:min(R, q.out_features - r0)], q.qweight[r0:r0 + R], casting="unsafe")
+
+    def product():
+        for _, q in pairs:
+            R = kernel._block_rows(q.in_features, 4)
+            B, x = kernel._block(R, q.in_features, np.float32), xs[q.in_features][0]
+            for r0 in range(0, q.out_features, R):
+                np.matmul(B[:min(R, q.out_features - r0)], x)
+
+    passes = {"float32": lambda: [f(xs[f.in_features]) for f, _ in pairs],
+              "int8": lambda: [q(xs[q.in_features]) for _, q in pairs], "conversion": conversion, "product": product}
+    chosen, l2 = kernel.BLOCK_BYTES, kernel.l2_cache_bytes()
+    sizes = sorted({l2 // 4, l2, chosen, 4 * chosen})
+    best = dict.fromkeys([*passes, *(f"int8 block {b >> 10} KiB" for b in sizes)], float("inf"))
+    with _mode("one_thread", 1):
+        for _ in range(rounds):
+            for name, fn in passes.items():
+                best[name] = min(best[name], _cpu_seconds(fn))
+            for b in sizes:
+                kernel.BLOCK_BYTES = b
+                try:
+                    best[f"int8 block {b >> 10} KiB"] = min(best[f"int8 block {b >> 10} KiB"],
+                                                            _cpu_seconds(passes["int8"]))
+                finally:
+                    kernel.BLOCK_BYTES = chosen
+    ns = {name: 1e9 * t / weights for name, t in best.items()}
+    log("  ns per weight, one thread: " + ", ".join(f"{k} {v:.3f}" for k, v in ns.items()))
+    return {"ns_per_weight": ns, "block_bytes": chosen, "l2_bytes": l2, "weights": weights,
+            "speedup": ns["float32"] / ns["int8"]}
+
+
+def _cpu_seconds(fn):
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
 
 
 def trained_run(run_dir, quick, log):
@@ -250,8 +303,8 @@ def _speed_lines(s):
     groups = "per output channel" if s["group_size"] is None else f"groups of {s['group_size']}"
     lines = [f"A GPT of Qwen3-0.6B's kind ({s['parameters'] / 1e6:.0f}M parameters: hidden {sh['d_model']}, "
              f"{sh['n_layers']} layers, {sh['n_heads']} query and {sh['n_kv_heads']} key/value heads of "
-             f"{sh['head_dim_used']} (Qwen3: {sh['head_dim']}, which needs issue 37's explicit head size), SwiGLU "
-             f"{sh['d_ff']}, vocabulary {sh['vocab_size']:,}, tied embeddings), random float32 weights, against the "
+             f"{sh['head_dim_used']} with q/k RMSNorm, SwiGLU {sh['d_ff']}, vocabulary {sh['vocab_size']:,}, tied "
+             f"embeddings), random float32 weights, against the "
              f"same model with int8 weights ({groups}): a prompt of {PROMPT} tokens continued greedily, the two "
              f"alternating round by round (best of the rounds), in each of numformer's threading modes on "
              f"{s['threads']} threads (one_thread: everything on the calling thread; numformer: OpenBLAS on one "
@@ -279,7 +332,23 @@ def _speed_lines(s):
                   f"Logits of a random prompt, int8 against float32: max |Δ| / max |logits| = "
                   f"{s['logits_error']['max_relative']:.4f}, top token the same at "
                   f"{100 * s['logits_error']['top1_agreement']:.0f}% of the positions."]
-    return lines
+    return lines + ["", *_kernel_lines(s["kernel"])]
+
+
+def _kernel_lines(k):
+    ns = k["ns_per_weight"]
+    blocks = [name for name in ns if name.startswith("int8 block")]
+    return [f"Where the time goes (one thread, process CPU time per weight of a batch-1 product through all "
+            f"{k['weights'] / 1e6:,.0f}M linear weights; float32 and int8 alternating, best of the rounds): the "
+            f"int8 kernel converts each block of {k['block_bytes'] >> 10} KiB of float (this CPU's L2: "
+            f"{k['l2_bytes'] >> 10} KiB a core) and multiplies it; the conversion and the product are also timed "
+            f"apart, and the kernel at other block sizes.", "",
+            "| float32 (BLAS from memory) | int8 kernel | conversion alone | product from the cache alone | "
+            + " | ".join(name.replace("int8 block", "int8, blocks of") for name in blocks) + " |",
+            "|" + "---:|" * (4 + len(blocks)),
+            "| " + " | ".join(f"{ns[name]:.3f} ns" for name in ("float32", "int8", "conversion", "product", *blocks))
+            + " |", "",
+            f"int8 over float32 in this table: {k['speedup']:.2f}x (one thread, CPU time)."]
 
 
 def markdown(result, fig_dir):

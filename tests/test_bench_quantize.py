@@ -85,3 +85,22 @@ def test_quick_mode_through_the_runner_trains_its_model(tmp_path, monkeypatch):
     assert done["quantize"]["accuracy"]["trained_here"]
     assert (tmp_path / bench.RUN_DIR / "model.safetensors").is_file()
     assert "## quantize" in (tmp_path / "out" / "bench.md").read_text()
+
+
+def test_bench_generate_quantize_int8_writes_its_own_section(monkeypatch, tmp_path):
+    """`numformer bench generate --quantize int8` measures the int8 model and keeps the float32 section."""
+    from numformer.bench import generate as bench_generate
+
+    monkeypatch.setattr(bench_generate, "CONFIG", {"vocab_size": 17, "block_size": 16, "n_layers": 1, "n_heads": 2,
+                                                   "d_model": 16})
+    (tmp_path / "bench.json").write_text(json.dumps({"generate": {"kept": True}}))
+    done = run_parts(["generate"], quick=True, out_dir=tmp_path, log=lambda *a: None,
+                     options={"quantize": "int8", "group_size": 8})
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert list(done) == ["generate_int8"] and saved["generate"] == {"kept": True}
+    assert saved["generate_int8"]["quantized"].startswith("int8 (groups of 8): 5 linear layers quantized")
+    assert saved["generate_int8"]["_run"]["command"] == "numformer bench generate --quick --quantize int8 --group-size 8"
+    assert "## generate_int8" in (tmp_path / "bench.md").read_text()
+    assert (tmp_path / "figures" / "generate_int8_latency.png").is_file()
+    with pytest.raises(ValueError, match="takes int8"):
+        bench_generate.run(quick=True, quantize="int4")

@@ -5,8 +5,8 @@ A *part* is a module ``numformer.bench.<part>`` that defines
     run(quick: bool) -> dict
         Measure and return the figures (JSON-able: numbers, strings, lists, dicts).
         ``quick=True`` is a smoke run that must finish in under a minute. A part may take
-        more keyword arguments (``quantize``: ``run_dir``, ``group_size``); ``run_parts``
-        passes each part the ``options`` its ``run`` names.
+        more keyword arguments (the part ``quantize``: ``run_dir``, ``group_size``; ``generate``:
+        ``quantize``, ``group_size``); ``run_parts`` passes each part the ``options`` its ``run`` names.
 
     markdown(result: dict, fig_dir: pathlib.Path) -> str
         A markdown section (starting with a ``## `` heading) describing ``result``.
@@ -15,7 +15,8 @@ A *part* is a module ``numformer.bench.<part>`` that defines
         ``image_link(path, alt)`` below builds that link.
 
 ``run_parts`` merges each part's result into ``bench.json`` under the part's
-name (other parts' entries are kept, so parts can be run one at a time) and
+name (other parts' entries are kept, so parts can be run one at a time; a part
+run with ``quantize="int8"`` under ``<part>_int8``, beside its float32 section) and
 regenerates ``bench.md`` from every part present in the JSON.
 """
 from __future__ import annotations
@@ -113,7 +114,7 @@ def render_markdown(results, out_dir):
         result = results[name]
         meta = result.get(META_KEY, {}) if isinstance(result, dict) else {}
         try:
-            module = load_part(name)
+            module = load_part(meta.get("part", name))
             section = module.markdown(result, fig_dir).rstrip()
         except Exception as e:  # one broken part must not hide the others
             section = f"## {name}\n\nmarkdown() of this part failed: `{type(e).__name__}: {e}`"
@@ -136,7 +137,8 @@ def _part_options(modules, options):
     unused = [k for k in options if not any(k in t for t in taken.values())]
     if unused:
         flags = ", ".join("--" + k.replace("_", "-") for k in unused)
-        raise ValueError(f"{flags} is not an option of {', '.join(modules)}; it applies to the quantize part")
+        raise ValueError(f"{flags} is not an option of {', '.join(modules)}; `numformer bench --help` says which "
+                         f"parts take it")
     return taken
 
 
@@ -158,17 +160,18 @@ def run_parts(parts, quick=False, out_dir="results", log=print, options=None):
         result = _jsonable(module.run(quick=quick, **taken[name]))
         if not isinstance(result, dict):
             raise TypeError(f"numformer.bench.{name}.run() must return a dict, got {type(result).__name__}")
-        result[META_KEY] = {"quick": bool(quick), "seconds": round(time.perf_counter() - t0, 1),
+        section = name + (f"_{taken[name]['quantize']}" if taken[name].get("quantize") else "")
+        result[META_KEY] = {"quick": bool(quick), "seconds": round(time.perf_counter() - t0, 1), "part": name,
                             "date": _dt.datetime.now().isoformat(timespec="seconds"),
                             "command": f"numformer bench {name}{flags}",
                             "machine": machine_info()}
         json.dumps(result)                                     # fail here, not after merging
         results = load_results(out_dir)                        # re-read: another part may have written meanwhile
-        results[name] = result
+        results[section] = result                             # generate --quantize int8: generate_int8
         _atomic_write(out_dir / "bench.json", json.dumps(results, indent=1) + "\n")
         _atomic_write(out_dir / "bench.md", render_markdown(results, out_dir))
-        done[name] = result
-        log(f"  {name}: {result[META_KEY]['seconds']:.0f} s -> {out_dir / 'bench.json'}, {out_dir / 'bench.md'}")
+        done[section] = result
+        log(f"  {section}: {result[META_KEY]['seconds']:.0f} s -> {out_dir / 'bench.json'}, {out_dir / 'bench.md'}")
     return done
 
 

@@ -2,11 +2,11 @@
 
 Speed (``speedup_b1``, ``speedup_b8``): a GPT of Qwen3-0.6B's kind and shape (hidden 1024, 28 layers, 16
 query and 8 key/value heads, SwiGLU 3072, vocabulary 151936, RoPE θ 10⁶, RMSNorm, no biases, tied
-embeddings) with random float32 weights, continuing a random prompt of 8 tokens by 32 greedy tokens at
+embeddings) with random float32 weights, continuing a random prompt of 8 tokens by 16 greedy tokens at
 batch 1 and 8. The same model object runs both ways: its float ``Linear`` layers and their
 ``QuantizedLinear`` replacements (``numformer.quantize.quantize_model``) are swapped in turn, the two
 alternating round by round (best of the rounds), in each of numformer's threading modes
-(``hf_generate.MODES``); the speedups compare each variant at its fastest mode. tokens/s = generated
+(``MODES``); the speedups compare each variant at its fastest mode. tokens/s = generated
 tokens / wall time of the whole call, prefill included; the process's CPU time is recorded too (on one
 thread it is what a machine loaded by other processes disturbs least: ``speedup_b1_one_thread_cpu``).
 Its head size is Qwen3's 128 (queries 2048 wide, not hidden / heads = 64), with Qwen3's q/k RMSNorm.
@@ -37,14 +37,18 @@ from ..nn import Linear
 from ..quantize import QuantizedLinear, kernel, quantize_model
 from ..train import Trainer, evaluate_loss, load_config_json, load_model, load_task
 from . import _measure
-from .hf_generate import MODES, _load_text, _mode, memory_bandwidth
+from .hf_generate import _load_text, _mode, memory_bandwidth
 from .runner import image_link
 
 QWEN3_06B = {"vocab_size": 151936, "d_model": 1024, "n_layers": 28, "n_heads": 16, "n_kv_heads": 8, "d_ff": 3072,
              "head_dim": 128}
 QUICK_SHAPE = {"vocab_size": 2048, "d_model": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_ff": 768,
                "head_dim": 64}
-PROMPT, NEW_TOKENS, BATCHES = 8, 32, (1, 8)
+PROMPT, NEW_TOKENS, BATCHES = 8, 16, (1, 8)
+# numformer's threading modes measured (of ``hf_generate.MODES``): "blas" (OpenBLAS's own threads for float32)
+# is left out: on a machine loaded by other processes its spinning threads made float32 five times slower than
+# either mode here (results/bench.md, 2026-11-25), which measures the load, not int8.
+MODES = ("one_thread", "numformer")
 SWEEP = [(8, None), (8, 128), (8, 64), (8, 32), (4, None), (4, 128), (4, 64), (4, 32), (3, None), (3, 64), (3, 32)]
 QUICK_SWEEP = [(8, None), (8, 32), (4, 32)]
 TARGETS = {"speedup_b1": 1.8, "val_loss_increase": 0.005}
@@ -308,8 +312,8 @@ def _speed_lines(s):
              f"same model with int8 weights ({groups}): a prompt of {PROMPT} tokens continued greedily, the two "
              f"alternating round by round (best of the rounds), in each of numformer's threading modes on "
              f"{s['threads']} threads (one_thread: everything on the calling thread; numformer: OpenBLAS on one "
-             f"thread, numformer's threads split the products and share the int8 blocks; blas: OpenBLAS's own "
-             f"threads, what `numformer generate` uses, the int8 blocks on numformer's). CPU time: the process's, "
+             f"thread, numformer's threads split the products and share the int8 blocks; OpenBLAS's own threads "
+             f"are left out, their spinning measures the machine's load). CPU time: the process's, "
              f"which other processes sharing the cores disturb less than the wall time (on one thread, where no "
              f"thread spins waiting for another). {s['quantized']}.", "",
              "| threading | batch | float32 tokens/s | int8 tokens/s | speedup | speedup in CPU time "

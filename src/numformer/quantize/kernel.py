@@ -4,8 +4,8 @@ The speed path. Generating a token multiplies a handful of rows x by every weigh
 its time is the time to read the weights from memory: int8 weights are a quarter of the bytes of float32.
 The reference would undo that, writing the whole float Ŵ to memory and reading it back; this kernel never
 holds it. For a batch of up to ``SMALL_BATCH`` rows it walks the output rows in blocks small enough to stay
-in the cache (``BLOCK_BYTES`` of float, four times a core's L2, in the L3; one buffer per thread, reused), and for
-each block:
+in the cache (``BLOCK_BYTES`` of float: four times a core's L2, in the L3; one buffer per thread, reused),
+and for each block:
 
     B = float(q[rows])                       int8 -> float, written to the cache
     B *= s[rows, group]                      per group (one scale per row: applied to y instead, below)
@@ -14,8 +14,8 @@ each block:
 
 so every weight byte comes from memory once per call, and the float block is read from cache. What is
 left per weight is the conversion and the product: int8 is faster than float32 where reading four bytes
-from memory takes longer than those two passes in the cache (``numformer bench quantize`` measures it). The blocks
-are shared among numformer's threads (``_runtime.parallel_for``), with the BLAS on one thread inside
+from memory takes longer than those two passes in the cache (``numformer bench quantize`` measures it). The
+blocks are shared among numformer's threads (``_runtime.parallel_for``), with the BLAS on one thread inside
 them. A larger batch (a prompt's prefill, an evaluation) dequantizes the matrix once and makes one
 product (``_runtime.matmul``). Summation order differs from the reference's, so results agree to rounding
 (tests/test_quantize.py: float32 1e-5, float64 1e-12).

@@ -40,8 +40,8 @@ def l2_cache_bytes(default=1 << 20):
     """The L2 cache of one core in bytes (Linux: sysfs; elsewhere, or unreadable: ``default``)."""
     try:
         for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-            if (index / "level").read_text().strip() == "2":
-                size = (index / "size").read_text().strip().upper()
+            if (index / "level").read_text(encoding="utf-8").strip() == "2":
+                size = (index / "size").read_text(encoding="utf-8").strip().upper()
                 unit = {"K": 1 << 10, "M": 1 << 20}.get(size[-1], 1)
                 return int(size.rstrip("KM")) * unit
     except (OSError, ValueError):

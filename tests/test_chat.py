@@ -85,6 +85,21 @@ def test_reply_is_the_greedy_generation_up_to_the_stop_token(folder, run_cli, mo
         (folder / "generation_config.json").unlink()
 
 
+def test_chat_quantized_to_int8(folder, run_cli, monkeypatch, cli_error):
+    """`--quantize int8` replies from int8 weights: the same replies as a session over the quantized model, and
+    the report of what was quantized on stderr; --group-size alone is refused."""
+    from numformer.quantize import QuantizedLinear, quantize_model
+
+    rc, out, err = chat(run_cli, monkeypatch, folder, "Hello there!\n", "--greedy", "--max-new-tokens", "6",
+                        "--quantize", "int8", "--group-size", "16")
+    session = session_for(folder)
+    quantize_model(session.model, group_size=16)
+    assert isinstance(session.model.blocks[0].self_attn.qkv_proj, QuantizedLinear)
+    assert rc == 0 and out == session.send("Hello there!") + "\n" and "int8 (groups of 16)" in err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
+    assert "add --quantize int8" in cli_error("chat", folder, "--group-size", "16")
+
+
 def test_reset_and_quit(folder, run_cli, monkeypatch):
     rc, out, err = chat(run_cli, monkeypatch, folder, "Hello\n/reset\nHello\n/quit\nnever answered\n", "--greedy")
     fresh = session_for(folder, max_new_tokens=512).send("Hello")

@@ -57,6 +57,11 @@ TINY = {
         ("T = 2048", "T = 256"),
         ("n_layers=8", "n_layers=2"),
     ],
+    "docs/tutorials/quantization.md": [
+        ('"max_steps": 300', '"max_steps": 30'),
+        ('"data": {"task": "text", "block_size": 64},', '"data": {"task": "text", "block_size": 64, "val_fraction": 0.01},'),
+        ("max_batches=8", "max_batches=1"),
+    ],
     "docs/examples.md": [
         ("block_size, batch_size, max_steps = 64, 12, 300", "block_size, batch_size, max_steps = 64, 12, 6"),
         ('"max_steps": 300', '"max_steps": 6'),

@@ -19,6 +19,7 @@ LAYERS = [
      "numformer.run_files"),                                             # the run folder's files, read and written
     ("numformer.kernels",),
     ("numformer.nn",),
+    ("numformer.quantize",),                                             # int8 layers, built on nn's Linear
     ("numformer.sampling", "numformer.decoding", "numformer.generate"),   # what models' generate() calls
     ("numformer.models",),
     ("numformer.data", "numformer.optim"),

@@ -16,6 +16,10 @@ For a context of L tokens, the latency of the next token is
 Each figure is the best of several runs. ``generation`` also times producing a
 whole sequence token by token (greedy) from a one-token prompt up to the full
 context, the mean per token, both ways.
+
+``--quantize int8`` (``--group-size G``) measures the same model with int8 weights
+(``numformer.quantize.quantize_model``), written as its own section ``generate_int8``
+beside the float32 one.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import time
 import numpy as np
 
 from ..models import GPT
+from ..quantize import quantize_model
 from . import _measure
 from .runner import image_link
 
@@ -85,11 +90,19 @@ def generation_latency(model, n_tokens, use_cache, seed=0):
     return (time.perf_counter() - t0) / n_tokens, idx[0].tolist()
 
 
-def run(quick=False, config=None, lengths=None, repeats=None, generation_tokens=None, log=None):
+def run(quick=False, config=None, lengths=None, repeats=None, generation_tokens=None, log=None, quantize=None,
+        group_size=None):
     config = dict(config or CONFIG)
     lengths = [L for L in (lengths or (QUICK_LENGTHS if quick else LENGTHS)) if L <= config["block_size"]]
     repeats = repeats or (3 if quick else 7)
     model = _model(config)
+    quantized = None
+    if quantize is not None:
+        if quantize != "int8":
+            raise ValueError(f"bench generate --quantize takes int8, got {quantize!r}")
+        quantized = str(quantize_model(model, 8, group_size))
+        if log:
+            log(f"  {quantized}")
     with_cache, without = [], []
     for L in lengths:
         a, b = token_latency(model, L, repeats)
@@ -102,7 +115,7 @@ def run(quick=False, config=None, lengths=None, repeats=None, generation_tokens=
               "seconds_with_cache": with_cache, "seconds_without_cache": without,
               "speedup": [b / a for a, b in zip(with_cache, without)],
               "time_exponent_with_cache": _measure.fit_exponent(lengths, with_cache),
-              "time_exponent_without_cache": _measure.fit_exponent(lengths, without)}
+              "time_exponent_without_cache": _measure.fit_exponent(lengths, without), "quantized": quantized}
     L = max(lengths)
     result["at_longest"] = {"L": L, "speedup": result["speedup"][-1],
                             "reached_target": result["speedup"][-1] >= TARGET_SPEEDUP, "target": TARGET_SPEEDUP}
@@ -128,14 +141,16 @@ def markdown(result, fig_dir):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = Path(fig_dir) / "generate_latency.png"
+    int8 = result.get("quantized")
+    path = Path(fig_dir) / ("generate_int8_latency.png" if int8 else "generate_latency.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     c = result["config"]
-    lines = ["## generate: per-token latency with and without the key/value cache", "",
+    lines = [f"## generate{'_int8' if int8 else ''}: per-token latency with and without the key/value cache"
+             f"{' (int8 weights)' if int8 else ''}", "",
              f"MiniLLM configuration: GPT, {c['n_layers']} layers, {c['n_heads']} heads, d_model {c['d_model']}, "
              f"context {c['block_size']}, vocabulary {c['vocab_size']}, {result['dtype']}, batch {result['batch']}, "
-             "evaluation mode. Latency of the next token given a context of L tokens: with the cache one "
+             + (f"weights quantized: {int8}; " if int8 else "") + "evaluation mode. Latency of the next token given a context of L tokens: with the cache one "
              "forward of the new token (the caches hold the L - 1 earlier positions); without it a forward of all "
              "L tokens. Best of several runs.", "",
              "| context L | with cache ms | without cache ms | speedup |", "|---:|---:|---:|---:|"]

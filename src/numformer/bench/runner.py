@@ -4,7 +4,9 @@ A *part* is a module ``numformer.bench.<part>`` that defines
 
     run(quick: bool) -> dict
         Measure and return the figures (JSON-able: numbers, strings, lists, dicts).
-        ``quick=True`` is a smoke run that must finish in under a minute.
+        ``quick=True`` is a smoke run that must finish in under a minute. A part may take
+        more keyword arguments (the part ``quantize``: ``run_dir``, ``group_size``; ``generate``:
+        ``quantize``, ``group_size``); ``run_parts`` passes each part the ``options`` its ``run`` names.
 
     markdown(result: dict, fig_dir: pathlib.Path) -> str
         A markdown section (starting with a ``## `` heading) describing ``result``.
@@ -13,13 +15,15 @@ A *part* is a module ``numformer.bench.<part>`` that defines
         ``image_link(path, alt)`` below builds that link.
 
 ``run_parts`` merges each part's result into ``bench.json`` under the part's
-name (other parts' entries are kept, so parts can be run one at a time) and
+name (other parts' entries are kept, so parts can be run one at a time; a part
+run with ``quantize="int8"`` under ``<part>_int8``, beside its float32 section) and
 regenerates ``bench.md`` from every part present in the JSON.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import inspect
 import json
 import os
 import pkgutil
@@ -108,7 +112,7 @@ def render_markdown(results, out_dir):
         result = results[name]
         meta = result.get(META_KEY, {}) if isinstance(result, dict) else {}
         try:
-            module = load_part(name)
+            module = load_part(meta.get("part", name))
             section = module.markdown(result, fig_dir).rstrip()
         except Exception as e:  # one broken part must not hide the others
             section = f"## {name}\n\nmarkdown() of this part failed: `{type(e).__name__}: {e}`"
@@ -124,33 +128,50 @@ def render_markdown(results, out_dir):
     return "\n".join(lines).rstrip() + "\n"
 
 
-def run_parts(parts, quick=False, out_dir="results", log=print):
-    """Run each part, merge its result into bench.json, and rewrite bench.md. Returns {part: result}."""
+def _part_options(modules, options):
+    """{part: the options its run() takes}; one error for an option no selected part takes."""
+    taken = {name: {k: v for k, v in options.items() if k in inspect.signature(m.run).parameters}
+             for name, m in modules.items()}
+    unused = [k for k in options if not any(k in t for t in taken.values())]
+    if unused:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unused)
+        raise ValueError(f"{flags} is not an option of {', '.join(modules)}; `numformer bench --help` says which "
+                         f"parts take it")
+    return taken
+
+
+def run_parts(parts, quick=False, out_dir="results", log=print, options=None):
+    """Run each part, merge its result into bench.json, and rewrite bench.md. Returns {part: result}.
+    ``options``: keyword arguments ({name: value}) for the parts whose run() takes them."""
     if isinstance(parts, str):
         parts = [parts]
     names = available_parts() if "all" in parts else list(dict.fromkeys(p.replace("-", "_") for p in parts))
     modules = {name: load_part(name) for name in names}       # fail early on a bad name
+    taken = _part_options(modules, {k: v for k, v in (options or {}).items() if v is not None})
     out_dir = Path(out_dir)
     check_results_folder(out_dir, "--out")
     load_results(out_dir)                                      # a damaged bench.json: refused before any part runs
     done = {}
     for name, module in modules.items():
-        log(f"numformer bench {name}{' --quick' if quick else ''} ...")
+        flags = (" --quick" if quick else "") + "".join(
+            f" --{k.replace('_', '-')} {v}" for k, v in taken[name].items())
+        log(f"numformer bench {name}{flags} ...")
         t0 = time.perf_counter()
-        result = _jsonable(module.run(quick=quick))
+        result = _jsonable(module.run(quick=quick, **taken[name]))
         if not isinstance(result, dict):
             raise TypeError(f"numformer.bench.{name}.run() must return a dict, got {type(result).__name__}")
-        result[META_KEY] = {"quick": bool(quick), "seconds": round(time.perf_counter() - t0, 1),
+        section = name + (f"_{taken[name]['quantize']}" if taken[name].get("quantize") else "")
+        result[META_KEY] = {"quick": bool(quick), "seconds": round(time.perf_counter() - t0, 1), "part": name,
                             "date": _dt.datetime.now().isoformat(timespec="seconds"),
-                            "command": f"numformer bench {name}{' --quick' if quick else ''}",
+                            "command": f"numformer bench {name}{flags}",
                             "machine": machine_info()}
         json.dumps(result)                                     # fail here, not after merging
         results = load_results(out_dir)                        # re-read: another part may have written meanwhile
-        results[name] = result
+        results[section] = result                             # generate --quantize int8: generate_int8
         _atomic_write(out_dir / "bench.json", json.dumps(results, indent=1) + "\n")
         _atomic_write(out_dir / "bench.md", render_markdown(results, out_dir))
-        done[name] = result
-        log(f"  {name}: {result[META_KEY]['seconds']:.0f} s -> {out_dir / 'bench.json'}, {out_dir / 'bench.md'}")
+        done[section] = result
+        log(f"  {section}: {result[META_KEY]['seconds']:.0f} s -> {out_dir / 'bench.json'}, {out_dir / 'bench.md'}")
     return done
 
 

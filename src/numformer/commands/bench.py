@@ -6,7 +6,8 @@ def run(args):
     from ..bench.runner import run_parts
 
     parts = [p.replace("-", "_") for p in args.parts]     # hf-generate names the part hf_generate
-    run_parts(parts, quick=args.quick, out_dir=args.out)
+    run_parts(parts, quick=args.quick, out_dir=args.out,
+              options={"run_dir": args.run_dir, "group_size": args.group_size, "quantize": args.quantize})
 
 
 def register(sub):
@@ -14,8 +15,14 @@ def register(sub):
                                      "writes results/bench.json and results/bench.md")
     p.add_argument("parts", nargs="+", metavar="PART",
                    help="a part of numformer.bench (throughput, attention, checkpointing, generate, depth, "
-                        "hf-generate, llama-generate, qwen2-generate, blas-kernels, mpi, mpi-scaling) or 'all'")
+                        "hf-generate, llama-generate, qwen2-generate, blas-kernels, tokenizer, mpi, mpi-scaling, quantize) or 'all'")
     p.add_argument("--quick", action="store_true", help="small smoke run (under a minute per part); "
                                                        "figures not for reporting")
     p.add_argument("--out", default="results", help="folder for bench.json, bench.md and figures/ (default results)")
+    p.add_argument("--run-dir", default=None, metavar="RUN_DIR",
+                   help="quantize: a trained speedrun run folder to measure the loss on (default: train one)")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="generate: measure the model with int8 weights (written as the section generate_int8)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="quantize, and generate with --quantize: inputs per scale (default: one scale per row)")
     p.set_defaults(func=run)

@@ -1,5 +1,6 @@
 """numformer chat SOURCE [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--greedy]
-[--seed S] [--template-var KEY=VALUE ...] [--chat-template FILE]: talk with a chat model in the terminal.
+[--seed S] [--template-var KEY=VALUE ...] [--chat-template FILE] [--quantize int8 [--group-size G]]: talk with a
+chat model in the terminal.
 
 SOURCE: a Hugging Face model folder (``hf download ... --local-dir FOLDER``), a hub id written ``hf:ID``, or a
 run folder. Each line you type is a message; the reply streams as it is generated (the key/value cache) and
@@ -12,7 +13,8 @@ printed on stdout (notes go to stderr), so a chat can be scripted: ``printf 'Hi\
 
 Sampling: the flags you give, else the settings of the folder's generation_config.json (do_sample,
 temperature, top_k, top_p, as transformers uses them: without do_sample it picks the most likely token),
-else those of ``numformer generate``.
+else those of ``numformer generate``. ``--quantize int8`` replies from int8 weights, as ``numformer generate``
+(``numformer.quantize.quantize_model``; what it quantized goes to stderr).
 """
 from __future__ import annotations
 
@@ -23,14 +25,18 @@ from pathlib import Path
 COMMANDS = {"/reset": "clears the conversation (the system prompt stays)", "/quit": "ends the chat"}
 
 
-def load_chat_model(source):
+def load_chat_model(source, args=None):
     """(model, tokenizer, folder) of SOURCE: the one place ``numformer chat`` loads a model (through the
-    loading of ``numformer generate``)."""
+    loading of ``numformer generate``; quantized when ``args`` asks for it with ``--quantize``)."""
     from ..interop.hf import resolve_source
     from ..interop.sources import is_run_folder
-    from .generate import load_generator
+    from .generate import check_quantize_arguments, load_generator, quantize_if_asked
 
+    if args is not None:
+        check_quantize_arguments(args)
     model, tokenizer = load_generator(source)
+    if args is not None:
+        quantize_if_asked(model, args)
     return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)
 
 
@@ -68,7 +74,7 @@ def make_session(args):
     from ..data.chat import ChatFormat, ChatSession, stop_token_ids
     from ..decoding import generate
 
-    model, tokenizer, folder = load_chat_model(args.run_dir)
+    model, tokenizer, folder = load_chat_model(args.run_dir, args)
     variables = template_variables(args.template_var)
     fmt = ChatFormat.from_folder(folder, variables)
     if args.chat_template is not None:
@@ -146,7 +152,7 @@ def _reply(session, text, say):
 
 
 def register(sub):
-    from .generate import add_sampling_arguments
+    from .generate import add_quantize_arguments, add_sampling_arguments
 
     p = sub.add_parser("chat", help="talk with a chat model (streams; reads stdin line by line when piped)")
     p.add_argument("run_dir", metavar="SOURCE", help="a Hugging Face model folder, a hub id written hf:ID, or a "
@@ -158,4 +164,5 @@ def register(sub):
                    help="a chat-template variable, e.g. enable_thinking=false (Qwen3); repeatable")
     p.add_argument("--chat-template", metavar="FILE", default=None,
                    help="a Jinja chat template to use instead of the model's")
+    add_quantize_arguments(p)
     p.set_defaults(func=run)

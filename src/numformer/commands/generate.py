@@ -1,5 +1,6 @@
 """numformer generate SOURCE --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K] [--top-p P]
-[--greedy] [--seed S]: continue a prompt with a GPT, printing the text as it comes.
+[--greedy] [--seed S] [--quantize int8 [--group-size G]]: continue a prompt with a GPT, printing the text as it
+comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``).
 
 SOURCE: a run folder, or a Hugging Face GPT-2 (a folder, or a hub id written ``hf:gpt2``)."""
 from __future__ import annotations
@@ -31,7 +32,9 @@ def load_generator(source):
 def run(args):
     from ..generate import generate
 
+    check_quantize_arguments(args)
     model, tokenizer = load_generator(args.run_dir)
+    quantize_if_asked(model, args)
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
@@ -61,6 +64,7 @@ def register(sub):
                                                      "a Hugging Face GPT-2 folder or hub id (hf:gpt2)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     add_sampling_arguments(p)
+    add_quantize_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -74,3 +78,26 @@ def add_sampling_arguments(p, max_new_tokens=500, temperature=1.0, temperature_d
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable sample")
+
+
+def add_quantize_arguments(p):
+    """``--quantize int8 [--group-size G]`` (``generate`` and ``chat``)."""
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="generate from int8 weights (symmetric absmax; embeddings and norms stay float)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="with --quantize: one scale per G inputs of each output row (default: one per row)")
+
+
+def check_quantize_arguments(args):
+    """The one error of the quantize flags, raised before any model is loaded."""
+    if args.group_size is not None and args.quantize is None:
+        raise ValueError("--group-size sets the groups of --quantize int8; add --quantize int8")
+
+
+def quantize_if_asked(model, args):
+    """Swap the model's linear layers for int8 ones when ``--quantize int8`` was given; the report goes to stderr."""
+    if args.quantize:
+        from ..quantize import quantize_model
+
+        print(quantize_model(model, bits=8, group_size=args.group_size), file=sys.stderr)
+    return model

@@ -1,0 +1,17 @@
+"""int8 weight-only quantization for generation: the reference in plain sight, the fast kernel beside it.
+
+- ``reference``: symmetric absmax quantization per output channel or per group of inputs (``quantize``),
+  ``dequantize``, and the quantized linear layer as dequantize-then-matmul (``quantized_linear_forward``).
+- ``kernel``: the same product for generation's few rows, dequantizing one cache-sized block of weights at a
+  time across numformer's threads, so that each int8 weight is read from memory once per token.
+- ``layer``: ``QuantizedLinear`` (inference only) and ``quantize_model``, which swaps a model's linear layers
+  for it by name and reports what it changed.
+
+    from numformer.quantize import quantize_model
+    print(quantize_model(model, bits=8, group_size=None))       # then model.generate(...) as before
+"""
+from .layer import QuantizationReport, QuantizedLinear, QuantizedQKVProjection, quantize_model, weight_bytes
+from .reference import dequantize, quantize, quantized_linear_forward
+
+__all__ = ["quantize", "dequantize", "quantized_linear_forward", "QuantizedLinear", "quantize_model",
+           "QuantizationReport", "weight_bytes"]

@@ -1,0 +1,156 @@
+"""Reference: ``numformer.quantize.reference.quantized_linear_forward`` (y = x Ŵᵀ + b, Ŵ = s · q).
+
+The speed path. Generating a token multiplies a handful of rows x by every weight matrix of the model, so
+its time is the time to read the weights from memory: int8 weights are a quarter of the bytes of float32.
+The reference would undo that, writing the whole float Ŵ to memory and reading it back; this kernel never
+holds it. For a batch of up to ``SMALL_BATCH`` rows it walks the output rows in blocks small enough to stay
+in the cache (``BLOCK_BYTES`` of float: four times a core's L2, in the L3; one buffer per thread, reused),
+and for each block:
+
+    B = float(q[rows])                       int8 -> float, written to the cache
+    B *= s[rows, group]                      per group (one scale per row: applied to y instead, below)
+    y[rows] = B @ xᵀ                         the BLAS, reading B from the cache
+    y[rows] *= s[rows]                       one scale per row: R × m products instead of R × K
+
+so every weight byte comes from memory once per call, and the float block is read from cache. What is
+left per weight is the conversion and the product: int8 is faster than float32 where reading four bytes
+from memory takes longer than those two passes in the cache (``numformer bench quantize`` measures it). The
+blocks are shared among numformer's threads (``_runtime.parallel_for``), with the BLAS on one thread inside
+them. A larger batch (a prompt's prefill, an evaluation) dequantizes the matrix once and makes one
+product (``_runtime.matmul``). Summation order differs from the reference's, so results agree to rounding
+(tests/test_quantize.py: float32 1e-5, float64 1e-12).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from .._runtime import blas_threads, get_num_threads, matmul, owns_blas, parallel_for
+from .reference import group_width
+
+__all__ = ["quantized_linear_forward", "dequantize", "SMALL_BATCH", "BLOCK_BYTES", "l2_cache_bytes"]
+
+SMALL_BATCH = 16                 # rows of x up to which the weight is dequantized block by block
+
+
+def l2_cache_bytes(default=1 << 20):
+    """The L2 cache of one core in bytes (Linux: sysfs; elsewhere, or unreadable: ``default``)."""
+    try:
+        for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+            if (index / "level").read_text(encoding="utf-8").strip() == "2":
+                size = (index / "size").read_text(encoding="utf-8").strip().upper()
+                unit = {"K": 1 << 10, "M": 1 << 20}.get(size[-1], 1)
+                return int(size.rstrip("KM")) * unit
+    except (OSError, ValueError):
+        pass
+    return default
+
+
+# One float block: four times a core's L2 (4 MiB on a 1 MiB-L2 core), so it lives in the L3. Measured on an AMD
+# EPYC (Zen 5, L2 1 MiB/core; ``numformer bench quantize``'s kernel table): with blocks of 1/4 to 1 L2 the
+# conversion ran at ~0.14 ns a weight, with 2-8 MiB blocks at ~0.08 (the int8 rows are read in longer
+# sequential runs, which the hardware prefetcher streams), and the product reads a block from the L3 as fast
+# as from the L2 (~0.04 ns a weight). Larger blocks than the L3's share of a core fall out of it.
+BLOCK_BYTES = 4 * l2_cache_bytes()
+
+_buffers = threading.local()         # each thread's float block, reused across calls (grown when too small)
+
+
+def _block(rows, K, dtype):
+    """This thread's (rows, K) float buffer of ``dtype``: one allocation per thread, not one per call."""
+    key = np.dtype(dtype).str
+    buf = getattr(_buffers, key, None)
+    if buf is None or buf.size < rows * K:
+        buf = np.empty(rows * K, dtype)
+        setattr(_buffers, key, buf)
+    return buf[:rows * K].reshape(rows, K)
+
+
+def _block_rows(K, itemsize):
+    """Output rows per block: BLOCK_BYTES of dequantized weight, a multiple of 8, at least 8."""
+    return max(8, BLOCK_BYTES // (K * itemsize) // 8 * 8)
+
+
+def _one_blas_thread():
+    """The BLAS on one thread for the blocks' products (unless numformer owns it already, see
+    ``numformer.set_fast_runtime``): the kernel splits the rows over numformer's threads itself, and a
+    multithreaded BLAS waking its threads for each block's small product costs more than the product."""
+    if owns_blas():
+        return contextlib.nullcontext()
+    return blas_threads(1)
+
+
+def quantized_linear_forward(x, q, scales, group_size=None, b=None):
+    """y = x Ŵᵀ + b with Ŵ = s · q, as ``reference.quantized_linear_forward``, without materializing Ŵ
+    for a small batch.
+
+    x: (..., K)   q: (N, K) int8   scales: (N, G)   b: (N,) or None   ->   y: (..., N)
+    """
+    N, K = q.shape
+    g = group_width(group_size, K)
+    x2 = x.reshape(-1, K)
+    dtype = np.result_type(x2.dtype, scales.dtype)
+    scales = scales.astype(dtype, copy=False)
+    if x2.shape[0] <= SMALL_BATCH:
+        y = _small_batch(x2.astype(dtype, copy=False), q, scales, g)
+    else:
+        y = matmul(x2.astype(dtype, copy=False), dequantize(q, scales, g).T)
+    if b is not None:
+        y += b
+    return y.reshape(*x.shape[:-1], N)
+
+
+def _small_batch(x2, q, scales, g):
+    """x2 Ŵᵀ for x2: (m, K), m small, block by block of R output rows (see the module docstring). One row
+    (batch-1 decoding) is a matrix-vector product per block, straight into its slice of y."""
+    m, K = x2.shape
+    N, G = scales.shape
+    xT = x2[0] if m == 1 else np.ascontiguousarray(x2.T)       # (K,) or (K, m)
+    yT = np.empty((N,) if m == 1 else (N, m), x2.dtype)
+    per_row = scales[:, 0] if m == 1 else scales                # the one-scale-per-row case: (N,) or (N, 1)
+    R = _block_rows(K, x2.dtype.itemsize)
+
+    def rows(b0, b1):
+        lo, hi = b0 * R, min(b1 * R, N)
+        block = _block(min(R, hi - lo), K, x2.dtype)
+        for r0 in range(lo, hi, R):
+            r1 = min(r0 + R, N)
+            B = block[:r1 - r0]
+            np.copyto(B, q[r0:r1], casting="unsafe")           # int8 -> float, into the L2-resident block
+            if G > 1:
+                _scale_groups(B, scales[r0:r1], g)
+            np.matmul(B, xT, out=yT[r0:r1])                     # the BLAS reads B from the cache
+        if G == 1:
+            yT[lo:hi] *= per_row[lo:hi]                         # one scale per row: on N × m sums, not N × K
+
+    with _one_blas_thread():
+        parallel_for(-(-N // R), rows, 1)
+    return yT.reshape(1, N) if m == 1 else np.ascontiguousarray(yT.T)
+
+
+def _scale_groups(B, scales, g):
+    """B (n, K) *= each group of g columns' scale (scales (n, G)), in place; the last group may be shorter."""
+    n, K = B.shape
+    full = K // g * g
+    if full:
+        B[:, :full].reshape(n, full // g, g)[...] *= scales[:, :full // g, None]
+    if full < K:
+        B[:, full:] *= scales[:, -1:]
+
+
+def dequantize(q, scales, group_size=None, dtype=None):
+    """Ŵ = s · q as ``reference.dequantize``, in ``dtype`` (default the scales'), rows split across threads."""
+    N, K = q.shape
+    g = group_width(group_size, K)
+    out = np.empty((N, K), np.dtype(dtype or scales.dtype))
+    scales = scales.astype(out.dtype, copy=False)
+
+    def rows(r0, r1):
+        np.copyto(out[r0:r1], q[r0:r1], casting="unsafe")
+        _scale_groups(out[r0:r1], scales[r0:r1], g)
+
+    parallel_for(N, rows, max(1, (1 << 20) // K))
+    return out

@@ -35,19 +35,21 @@ from .. import ops
 from ..analysis import head_scores, in_context_score, new_figure, per_position_loss, plot_layer_head, save_figure
 from ..config import apply_overrides
 from ..data.text import read_corpus
+from ..data.tokenizers import ByteLevelBPE
 from ..models import GPT
 from ..optim import AdamW, clip_grad_norm, make_schedule
 from ..provenance import git_commit, machine_info
 from . import Experiment, Target, register
 
 SETTINGS = {
-    "model": {"d_model": 64, "n_heads": 4, "positional": "learned"},
-    "train": {"steps": 2000, "one_layer_steps": 2000, "batch_size": 16, "lr": 3e-3, "warmup_steps": 100,
+    "data": {"corpus": "bpe", "vocab_size": 512},
+    "model": {"d_model": 64, "n_heads": 4, "positional": "rope"},
+    "train": {"steps": 12000, "one_layer_steps": 12000, "batch_size": 4, "lr": 3e-3, "warmup_steps": 200,
               "min_lr": 3e-4, "seed": 0},
-    "eval": {"context": 256, "early": 50, "late_from": 200, "eval_every": 100, "windows": 128,
+    "eval": {"context": 256, "early": 50, "late_from": 200, "eval_every": 500, "windows": 128,
              "score_seq_len": 40, "score_batch": 4},
 }
-QUICK = ["train.steps=6", "train.one_layer_steps=6", "train.batch_size=2", "train.warmup_steps=1",
+QUICK = ["data.corpus=char", "train.steps=6", "train.one_layer_steps=6", "train.batch_size=2", "train.warmup_steps=1",
          "eval.context=48", "eval.early=12", "eval.late_from=30", "eval.eval_every=3", "eval.windows=4",
          "eval.score_seq_len=8", "eval.score_batch=2", "model.d_model=16"]
 EARLY_HALF_WIDTH = 10
@@ -78,6 +80,27 @@ def shakespeare_characters():
     ids = np.fromiter((index[c] for c in text), dtype=np.int64, count=len(text))
     split = int(0.9 * len(ids))
     return ids[:split], ids[split:], vocab
+
+
+def shakespeare_bpe(vocab_size):
+    """(train ids, validation ids, vocabulary): tiny Shakespeare in byte-level BPE tokens, the tokenizer learnt
+    from the first 90% of the text (the training split) alone; the vocabulary as token strings."""
+    text = read_corpus()
+    split = int(0.9 * len(text))
+    tokenizer = ByteLevelBPE.train([text[:split]], vocab_size)
+    train, val = (np.array(tokenizer.encode(part), dtype=np.int64) for part in (text[:split], text[split:]))
+    return train, val, [tokenizer.token(i) for i in range(tokenizer.vocab_size)]
+
+
+def corpus(data):
+    """The corpus of the ``data`` settings: (train ids, validation ids, vocabulary, its description)."""
+    if data["corpus"] == "char":
+        train, val, vocab = shakespeare_characters()
+        return train, val, vocab, f"tiny Shakespeare characters ({len(vocab)} symbols)"
+    if data["corpus"] == "bpe":
+        train, val, vocab = shakespeare_bpe(data["vocab_size"])
+        return train, val, vocab, f"tiny Shakespeare in byte-level BPE tokens ({len(vocab)}, learnt on the training split)"
+    raise ValueError(f"induction_heads: data.corpus must be \"char\" or \"bpe\", got {data['corpus']!r}")
 
 
 def windows(ids, n, length, rng):
@@ -166,7 +189,7 @@ def run_induction_heads(exp, ctx):
     started = time.time()
     settings = resolved_settings((exp.quick_overrides if ctx.quick else []) + list(ctx.overrides))
     t, e = settings["train"], settings["eval"]
-    train_ids, val_ids, vocab = shakespeare_characters()
+    train_ids, val_ids, vocab, described = corpus(settings["data"])
     held_out = windows(val_ids, e["windows"], e["context"] + 1, np.random.default_rng(t["seed"] + 2))
     data = (train_ids, held_out, len(vocab))
     two, two_history = train_model(2, t["steps"], settings, data, ctx.quiet)
@@ -202,7 +225,7 @@ def run_induction_heads(exp, ctx):
         "date": datetime.date.today().isoformat(), "machine": machine_info(),
         "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else "")
                    + "".join(f" --set {o}" for o in ctx.overrides),
-        "task": f"tiny Shakespeare characters ({len(vocab)} symbols), {len(train_ids):,} for training; "
+        "task": f"{described}, {len(train_ids):,} for training; "
                 f"{e['windows']} held-out windows of {e['context'] + 1} from the last 10%",
     }
     if ctx.quick:
@@ -271,7 +294,7 @@ def draw_pattern(model, head, e, path):
     im = ax.imshow(cache["pattern", layer][0, h], cmap="viridis", vmin=0, vmax=1)
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
-    ax.set_title(f"head {layer}.{h} on {n} random characters repeated:\nthe stripe after the first copy", fontsize=9)
+    ax.set_title(f"head {layer}.{h} on {n} random tokens repeated:\nthe stripe after the first copy", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     save_figure(fig, path)
 
@@ -307,7 +330,7 @@ def markdown(record, paths, results_dir):
                           "change)",
                 "positions": "Loss at each position of held-out windows, with and without the induction heads",
                 "scores": "Induction score of each head of the 2-layer model",
-                "pattern": "The best induction head on repeated random characters"}
+                "pattern": "The best induction head on repeated random tokens"}
     for key, caption in captions.items():
         rel = os.path.relpath(paths[key], results_dir)
         lines += [f"**{caption}**", "", f"![{caption}]({rel})", ""]

@@ -387,3 +387,29 @@ def test_hooks_blocks_nest_and_remove_only_their_own():
     assert len(model.hook_dict["blocks.1.hook_resid_pre"].fwd_hooks) == 1      # the one added with add_hook
     model.reset_hooks()
     assert no_hooks_left(model)
+
+
+def test_an_imported_hugging_face_llama_caches_what_transformers_computes(tmp_path):
+    """A random grouped-query Llama saved by transformers and loaded by numformer: the cache's residual streams
+    are transformers' hidden states and its patterns transformers' attention weights (eager attention)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from numformer.interop import hf
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=50, max_position_embeddings=32, hidden_size=16, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=24,
+                                      tie_word_embeddings=False, attn_implementation="eager")
+    reference = transformers.LlamaForCausalLM(config).eval()
+    reference.save_pretrained(tmp_path / "llama")
+    model = hf.load_pretrained(tmp_path / "llama")[0].eval()
+    x = np.random.default_rng(0).integers(0, 50, (2, 9))
+    logits, cache = model.run_with_cache(x)
+    with torch.no_grad():
+        out = reference(torch.tensor(x), output_hidden_states=True, output_attentions=True)
+    np.testing.assert_allclose(logits, out.logits.numpy(), atol=1e-5)
+    for layer in range(2):
+        np.testing.assert_allclose(cache["resid_pre", layer], out.hidden_states[layer].numpy(), atol=1e-5)
+        np.testing.assert_allclose(cache["pattern", layer], out.attentions[layer].numpy(), atol=1e-6)
+    np.testing.assert_allclose(cache["ln_final.hook_normalized"], out.hidden_states[2].numpy(), atol=1e-5)
+    assert cache["k", 0].shape == (2, 9, 2, 4)                # the key/value heads, as TransformerLens's GQA

@@ -12,7 +12,7 @@ from numformer.experiments.induction_heads import ablation, phase_change, resolv
 from numformer.models import GPT
 
 FIGURES = ("in_context_score_before", "in_context_score_after", "one_layer_in_context_score_after",
-           "induction_score_max", "ablation_loss_increase", "phase_change_step")
+           "induction_score_max", "phase_change_step")
 
 
 def test_quick_reproduce_writes_the_record_the_page_and_the_figures(tmp_path):
@@ -24,13 +24,16 @@ def test_quick_reproduce_writes_the_record_the_page_and_the_figures(tmp_path):
     assert set(record["targets"]) == {"in_context_score_rise", "in_context_score_gap", "induction_score_max",
                                       "ablation_loss_increase"}
     assert 0.0 <= record["figures"]["induction_score_max"] <= 1.0
+    # an ablation only of heads that are induction heads (none after 6 steps): no figure, the target unmet
+    assert record["induction_heads"] == [] and "ablation_loss_increase" not in record["figures"]
+    assert record["met"]["ablation_loss_increase"] is None
     two = record["history"]["two_layers"]
     assert [h["step"] for h in two] == [0, 3, 6]
     assert np.array(two[-1]["induction"]).shape == (2, 4)            # every head of both layers, every evaluation
     assert np.array(record["history"]["one_layer"][-1]["induction"]).shape == (1, 4)
     assert record["command"] == "numformer reproduce induction_heads --quick"
     md = (results / "induction_heads.md").read_text()
-    assert "| induction_score_max |" in md and "Verdict:" in md
+    assert "| induction_score_max |" in md and "Verdict: not reproduced" in md and "nothing to ablate" in md
     for name in ("curves", "positions", "scores", "pattern"):
         assert f"figures/induction_heads_{name}.png" in md
         assert (results / "figures" / f"induction_heads_{name}.png").stat().st_size > 1000

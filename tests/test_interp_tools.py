@@ -202,3 +202,4 @@ def test_repeated_random_tokens_and_the_in_context_score():
     model = gpt()
     per_position = A.per_position_loss(model, np.random.default_rng(0).integers(0, V, (5, 9)), batch_size=2)
     assert per_position.shape == (8,) and np.all(per_position > 0)
+

@@ -53,6 +53,9 @@ TINY = {
         ('"max_steps": 400', '"max_steps": 8'),
         ('"n_val": 200', '"n_val": 16'),
     ],
+    "docs/tutorials/researcher.md": [
+        ("steps = 1500", "steps = 6"),
+    ],
     "docs/tutorials/fast-numpy.md": [
         ("T = 2048", "T = 256"),
         ("n_layers=8", "n_layers=2"),

@@ -78,7 +78,7 @@ def model_keys():
         "final_norm": Key(bool, none=True), "attn_bias": Key(bool, none=True),
         "qkv_bias": Key(bool, none=True), "sliding_window": positive(none=True), "padding_idx": ids,
         "pad_id": ids, "src_pad_id": ids, "tgt_pad_id": ids, "bos_id": ids, "eos_id": ids,
-        "head_dim": positive(none=True), "qk_norm": BOOL,
+        "head_dim": positive(none=True), "qk_norm": BOOL, "feed_forward": BOOL,
         "norm_placement": Key(str, choices=NORM_PLACEMENTS, none=True),
         "attn_scale": positive(float, none=True), "attn_logit_softcap": positive(float, none=True),
         "final_logit_softcap": positive(float, none=True), "layers": Key(list, none=True),

@@ -3,6 +3,11 @@
     h = Encoder(E[ids]·s + PE)          padding positions are masked out of attention
     z = mean of h over non-padding positions   (pooling="mean")   or  h[:, 0]  (pooling="first")
     logits = Linear(Dropout(z))
+
+Hook points (``nn.hooks``, TransformerLens's names): ``hook_embed`` (the scaled token embeddings),
+``hook_pos_embed`` (with a learned or sinusoidal table), each encoder layer's as ``blocks.{l}.…``
+(``blocks.0.hook_resid_pre``, ``blocks.0.attn.hook_pattern`` …) and, with pre-norm blocks,
+``ln_final.hook_normalized``; ``model.run_with_cache(ids)``, ``model.run_with_hooks(ids, fwd_hooks=...)``.
 """
 from __future__ import annotations
 
@@ -12,12 +17,13 @@ import numpy as np
 
 from ..nn import Dropout, Embedding, Encoder, EncoderBlock, Linear, Module, make_norm, make_positional
 from ..nn import init
+from ..nn.hooks import HookedModel, HookPoint, add_through_hook, add_through_hook_backward
 from .config import EncoderClassifierConfig, config_from
 
 POOLINGS = ("mean", "first")
 
 
-class EncoderClassifier(Module):
+class EncoderClassifier(HookedModel, Module):
     """forward(ids (B, T), key_padding_mask=None) -> logits (B, n_classes).
 
     Built from an ``EncoderClassifierConfig`` or its keyword form (the same arguments); ``model.config``.
@@ -50,7 +56,13 @@ class EncoderClassifier(Module):
                                else None, gradient_checkpointing=c.gradient_checkpointing)
         self.head_drop = Dropout(c.dropout, rng)
         self.head = Linear(d_model, c.n_classes, rng=rng, dtype=dtype)
+        self.hook_embed = HookPoint()
+        if c.positional not in ("rope", "alibi"):
+            self.hook_pos_embed = HookPoint()
         self._cache = None
+        self._positions_apart = False
+
+    HOOK_PREFIXES = (("encoder.layers.", "blocks."), ("encoder.norm.", "ln_final."))
 
     def padding_mask(self, ids):
         """(B, T) bool, True at padding positions (None when pad_id is None)."""
@@ -58,8 +70,9 @@ class EncoderClassifier(Module):
 
     def encode(self, ids, key_padding_mask=None):
         """Token ids (B, T) -> contextual vectors (B, T, d_model)."""
-        x = self.tok_emb(ids) * np.asarray(self.embed_scale, self.dtype)
-        return self.encoder(self.drop(self.pos_emb(x)), key_padding_mask=key_padding_mask)
+        x = self.hook_embed(self.tok_emb(ids) * np.asarray(self.embed_scale, self.dtype))
+        x, self._positions_apart = add_through_hook(self.pos_emb, getattr(self, "hook_pos_embed", None), x)
+        return self.encoder(self.drop(x), key_padding_mask=key_padding_mask)
 
     def forward(self, ids, key_padding_mask=None):
         ids = np.asarray(ids)
@@ -89,6 +102,8 @@ class EncoderClassifier(Module):
         else:
             dh = np.zeros(h_shape, dtype=dpooled.dtype)
             dh[:, 0] = dpooled
-        dx = self.pos_emb.backward(self.drop.backward(self.encoder.backward(dh)))
+        dx = add_through_hook_backward(self.pos_emb, getattr(self, "hook_pos_embed", None),
+                                       self.drop.backward(self.encoder.backward(dh)), self._positions_apart)
+        dx = self.hook_embed.backward(dx)
         self.tok_emb.backward(dx * np.asarray(self.embed_scale, dx.dtype))
         self._cache = None

@@ -30,7 +30,7 @@ from ._checks import check_sizes
 # the keyword form's (torch's) name for a "pre" or "post" norm_placement.
 BLOCK_KEYWORDS = ("n_heads", "d_ff", "activation", "norm_first", "bias", "n_kv_heads", "rope_theta", "attn_bias",
                   "qkv_bias", "sliding_window", "head_dim", "qk_norm", "norm_placement", "attn_scale",
-                  "attn_logit_softcap")
+                  "attn_logit_softcap", "feed_forward")
 ATTENTION_KINDS = ("plain", "flash")
 
 
@@ -107,7 +107,7 @@ class GPTConfig:
                       n_kv_heads=None, rope_theta=10000.0, attn_bias=None, qkv_bias=None, sliding_window=None,
                       padding_idx=None, head_dim=None, qk_norm=False, norm_placement=None, attn_scale=None,
                       attn_logit_softcap=None, final_norm=None, scale_embeddings=False, final_logit_softcap=None,
-                      layers=None):
+                      feed_forward=True, layers=None):
         """The config of the keyword form: n_layers identical blocks of the block keywords (``BLOCK_KEYWORDS``),
         each overridden by its entry of ``layers`` (a list of n_layers dicts of block keywords) when given.
         ``norm_placement`` (None: "pre" with ``norm_first``, else "post") may also be "sandwich"."""
@@ -116,7 +116,8 @@ class GPTConfig:
         top = dict(n_heads=n_heads, d_ff=d_ff, activation=activation, norm_first=norm_first, bias=bias,
                    n_kv_heads=n_kv_heads, rope_theta=rope_theta, attn_bias=attn_bias, qkv_bias=qkv_bias,
                    sliding_window=sliding_window, head_dim=head_dim, qk_norm=qk_norm,
-                   norm_placement=norm_placement, attn_scale=attn_scale, attn_logit_softcap=attn_logit_softcap)
+                   norm_placement=norm_placement, attn_scale=attn_scale, attn_logit_softcap=attn_logit_softcap,
+                   feed_forward=feed_forward)
         overrides = _layer_overrides(layers, n_layers)
         blocks = tuple(_block(f"GPT layer {i}" if overrides[i] else "GPT", {**top, **overrides[i]}, overrides[i])
                        for i in range(n_layers))

@@ -9,6 +9,11 @@ The same class is a Llama-family decoder with ``positional="rope"`` (or "alibi")
 or Gemma decoder with their options (``qk_norm``, ``head_dim``, ``norm_placement="sandwich"``, per-layer
 windows and RoPE bases, ``attn_scale``, soft-capping); ``numformer.interop.hf`` maps each Hugging Face family
 onto a ``GPTConfig``.
+
+Hook points (``nn.hooks``, TransformerLens's names): ``hook_embed`` (the token embeddings, scaled where the
+config scales them), ``hook_pos_embed`` (the position table's rows, with a learned or sinusoidal table),
+each block's (``blocks.{l}.hook_resid_pre`` …, ``blocks.{l}.attn.hook_pattern`` …) and
+``ln_final.hook_normalized``; ``model.run_with_cache(idx)`` and ``model.run_with_hooks(idx, fwd_hooks=...)``.
 """
 from __future__ import annotations
 
@@ -20,10 +25,11 @@ from ..decoding import generate
 from ..nn import Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, make_norm, make_positional
 from ..nn import checkpoint, init
 from ..nn.dispatch import F
+from ..nn.hooks import HookedModel, HookPoint, add_through_hook, add_through_hook_backward, has_forward_hooks
 from .config import GPTConfig, config_from
 
 
-class GPT(Module):
+class GPT(HookedModel, Module):
     """Decoder-only Transformer LM. forward(idx (B, T) ints) -> logits (B, T, vocab_size).
 
     Built from a config, ``GPT(config, rng=..., dtype=...)``, or from the keyword form
@@ -74,7 +80,11 @@ class GPT(Module):
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
         self._init_weights(rng, dtype)
+        self.hook_embed = HookPoint()
+        if c.positional not in ("rope", "alibi"):
+            self.hook_pos_embed = HookPoint()
         self._cache = None
+        self._positions_apart = False        # the last forward added hook_pos_embed's array itself
 
     def _init_weights(self, rng, dtype):
         """nanoGPT's initialization: every matrix of the blocks N(0, 0.02), those writing into the residual
@@ -154,9 +164,13 @@ class GPT(Module):
         x = self.tok_emb(idx)
         if self.config.scale_embeddings:
             x = x * np.asarray(math.sqrt(self.d_model), x.dtype)
-        x = self.drop(self.pos_emb(x, offset, positions=positions))
+        x, self._positions_apart = add_through_hook(self.pos_emb, getattr(self, "hook_pos_embed", None),
+                                                    self.hook_embed(x), offset, positions=positions)
+        x = self.drop(x)
+        # a hooked forward keeps every block's activations: a recomputation in backward could not rerun its hooks
+        recompute = self.gradient_checkpointing and kv_caches is None and not has_forward_hooks(self)
         for i, block in enumerate(self.blocks):
-            x = checkpoint.run(block, self.gradient_checkpointing and kv_caches is None, x, is_causal=True,
+            x = checkpoint.run(block, recompute, x, is_causal=True,
                                key_padding_mask=padding, kv_cache=None if kv_caches is None else kv_caches[i],
                                positions=positions)
         if logits_to_keep:
@@ -192,7 +206,9 @@ class GPT(Module):
             dx = self.norm_f.backward(dx)
         for block in reversed(list(self.blocks)):
             dx = checkpoint.checkpoint_backward(block, dx)
-        dx = self.pos_emb.backward(self.drop.backward(dx))
+        dx = add_through_hook_backward(self.pos_emb, getattr(self, "hook_pos_embed", None),
+                                       self.drop.backward(dx), self._positions_apart)
+        dx = self.hook_embed.backward(dx)
         if self.config.scale_embeddings:
             dx = dx * np.asarray(math.sqrt(self.d_model), dx.dtype)
         self.tok_emb.backward(dx)

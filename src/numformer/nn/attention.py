@@ -13,7 +13,15 @@ each a module or an op pair with its own backward:
    the mask, softmax, the weighted sum of v; chosen in ``nn.dispatch.ATTENTION``;
 5. ``out_proj`` maps the merged heads (n_heads · head_dim) back to d_model.
 
-Backward runs them in reverse. The attention calls its sub-modules (``qkv_proj``, ``q_norm``, ``k_norm``,
+Backward runs them in reverse. Hook points (``nn.hooks``; TransformerLens's names and layouts) sit between
+the steps: ``hook_q``, ``hook_k``, ``hook_v`` after step 1, (B, T, heads, d_head), the keys and values with
+their n_kv_heads heads (TransformerLens's grouped-query attention); ``hook_rot_q``, ``hook_rot_k`` after RoPE;
+``hook_attn_scores`` (scaled, soft-capped and masked scores) and ``hook_pattern`` (the softmax), (B, heads,
+Tq, Tk), inside step 4; ``hook_z`` (the weighted sums of the values, (B, T, heads, d_head)) before step 5.
+A hook on the scores or the pattern runs step 4 as its visible steps (``STEPWISE_ATTENTION``, the
+reference's arithmetic) instead of a fused kernel.
+
+The attention calls its sub-modules (``qkv_proj``, ``q_norm``, ``k_norm``,
 ``out_proj``) and never reads their weights, so a module put in their place with ``set_submodule`` (a LoRA
 wrapper, an int8 linear layer) is the one that runs, in training and in cached generation.
 
@@ -35,9 +43,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import ops
+from ..ops.attention import apply_mask
 from ..kernels.flash_attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from . import dispatch, init
 from .dispatch import F
+from .hooks import HookPoint
 from .layers import Linear, RMSNorm
 from .module import Module
 
@@ -220,6 +230,49 @@ class Masks(NamedTuple):
         return mask, False
 
 
+# -- step 4 in its steps, with the hook points of the scores and the pattern ----------------------------------
+def _stepwise_forward(layer, q, k, v, masks, p_drop, out):
+    """The reference attention (``ops.attention``'s arithmetic) one step at a time, through ``layer``'s hook
+    points: S = q kᵀ · scale, soft-capped, masked -> ``hook_attn_scores``; P = softmax(S) -> ``hook_pattern``;
+    attention dropout; out = P v. The interface of ``dispatch.ATTENTION``'s kernels."""
+    scale = 1.0 / np.sqrt(q.shape[-1]) if layer.scale is None else layer.scale
+    scores = (q @ np.swapaxes(k, -1, -2)) * np.asarray(scale, q.dtype)
+    capped = None
+    if layer.attn_logit_softcap is not None:
+        scores, capped = ops.softcap_forward(scores, layer.attn_logit_softcap)
+    mask, causal = masks.additive(q, k)
+    scores = layer.hook_attn_scores(apply_mask(scores, mask, causal))
+    softmax, _ = ops.softmax_forward(scores, axis=-1)
+    pattern = layer.hook_pattern(softmax)
+    drop = None
+    if p_drop > 0.0:
+        keep = 1.0 - p_drop
+        drop = ((layer.rng.random(pattern.shape, dtype=np.float32) < keep) / keep).astype(pattern.dtype)
+    used = pattern if drop is None else pattern * drop
+    out[...] = used @ v
+    return (used if layer.record_weights else None), (layer, q, k, v, softmax, pattern, drop, scale, capped)
+
+
+def _stepwise_backward(dctx, cache, dq, dk, dv):
+    """Backward of ``_stepwise_forward``, through the hook points in reverse; writes dq, dk, dv."""
+    layer, q, k, v, softmax, pattern, drop, scale, capped = cache
+    used = pattern if drop is None else pattern * drop
+    dv[...] = np.swapaxes(used, -1, -2) @ dctx
+    dpattern = dctx @ np.swapaxes(v, -1, -2)
+    if drop is not None:
+        dpattern *= drop
+    dscores = layer.hook_attn_scores.backward(ops.softmax_backward(layer.hook_pattern.backward(dpattern),
+                                                                   (softmax, -1)))
+    if capped is not None:
+        dscores = ops.softcap_backward(dscores, capped)
+    dscores = dscores * np.asarray(scale, dscores.dtype)
+    dq[...] = dscores @ k
+    dk[...] = np.swapaxes(dscores, -1, -2) @ q
+
+
+STEPWISE_ATTENTION = dispatch.AttentionKernel(_stepwise_forward, _stepwise_backward, True, True, True)
+
+
 # -- the q/k/v projection -------------------------------------------------------------------------------------
 class QKVProjection(Linear):
     """The query, key and value projections as one Linear: ``weight`` = [W^Q; W^K; W^V] of shape
@@ -344,6 +397,10 @@ class MultiHeadAttention(Module):
         self.record_weights = False
         self.last_weights = None
         self.head_mask = None
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        if positional == "rope":
+            self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern, self.hook_z = HookPoint(), HookPoint(), HookPoint()
         self._cache = None
 
     @staticmethod
@@ -385,8 +442,15 @@ class MultiHeadAttention(Module):
                 + (f", attention={self.attention!r}" if self.attention != "plain" else ""))
 
     def kernel_name(self, p_drop):
-        """The entry of ``nn.dispatch.ATTENTION`` that runs a call with attention dropout ``p_drop``."""
+        """The entry of ``nn.dispatch.ATTENTION`` that runs a call with attention dropout ``p_drop``, or
+        "stepwise" (``STEPWISE_ATTENTION``) while a hook is attached to the scores or the pattern."""
+        if any(p.fwd_hooks or p.bwd_hooks for p in (self.hook_attn_scores, self.hook_pattern)):
+            return "stepwise"
         return dispatch.attention_kernel(self.attention, p_drop, self.record_weights, self.attn_logit_softcap)
+
+    @staticmethod
+    def _kernel(name):
+        return STEPWISE_ATTENTION if name == "stepwise" else dispatch.ATTENTION[name]
 
     def residual_weights(self):
         return [self.out_proj.weight]
@@ -439,7 +503,7 @@ class MultiHeadAttention(Module):
             return q, k, None
         q, cq = F.rope_forward(q, offset, self.rope_theta, positions)
         k, ck = F.rope_forward(k, offset, self.rope_theta, positions)
-        return q, k, (cq, ck)
+        return self.hook_rot_q.seq_first(q), self.hook_rot_k.seq_first(k), (cq, ck)
 
     def _share_kv(self, k, v):
         """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d).
@@ -453,6 +517,7 @@ class MultiHeadAttention(Module):
         through the q/k norms."""
         dk, dv = F.repeat_kv_backward(dk, share_cache[0]), F.repeat_kv_backward(dv, share_cache[1])
         if rope_cache is not None:
+            dq, dk = self.hook_rot_q.backward_seq_first(dq), self.hook_rot_k.backward_seq_first(dk)
             dq, dk = F.rope_backward(dq, rope_cache[0]), F.rope_backward(dk, rope_cache[1])
         if self.q_norm is not None:
             dq, dk = self.q_norm.backward(dq), self.k_norm.backward(dk)
@@ -483,15 +548,19 @@ class MultiHeadAttention(Module):
 
     def _attend(self, name, q, k, v, masks, p_drop):
         """The kernel ``name`` on the per-head q, k, v: the context in the merged-heads layout (B, Tq, H, d_head)
-        and the kernel's cache. Records the weights and applies the head mask."""
+        and the kernel's cache. Records the weights and applies the head mask, then ``hook_z``."""
         B, H, t_q, dh = q.shape
         merged = np.empty((B, t_q, H, dh), dtype=q.dtype)
-        weights, cache = dispatch.ATTENTION[name].forward(self, q, k, v, masks, p_drop, _as_heads(merged))
+        weights, cache = self._kernel(name).forward(self, q, k, v, masks, p_drop, _as_heads(merged))
         if self.record_weights:
             self.last_weights = weights
         if self.head_mask is not None:          # a new array: the fused kernel's cache holds ``merged``
             merged = merged * np.asarray(self.head_mask, dtype=merged.dtype)[None, None, :, None]
-        return merged, cache
+        return self.hook_z(merged), cache
+
+    def _hook_qkv(self, q, k, v):
+        """hook_q, hook_k, hook_v on the projected heads (B, H, T, d_head), seen as (B, T, H, d_head)."""
+        return self.hook_q.seq_first(q), self.hook_k.seq_first(k), self.hook_v.seq_first(v)
 
     # -- forward / backward ------------------------------------------------------------------------------
     def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
@@ -505,6 +574,7 @@ class MultiHeadAttention(Module):
             return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache,
                                         positions)
         (q, k, v), counts = self._project(query, key, value)            # 1. q: (B, H, T, d_head); k, v: H_kv
+        q, k, v = self._hook_qkv(q, k, v)
         q, k, rope_cache = self._transform_qk(q, k, 0, positions)       # 2. q/k norm, RoPE
         k, v, share_cache = self._share_kv(k, v)                        # 3. shared key/value heads
         masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal, window=key is query)
@@ -521,20 +591,24 @@ class MultiHeadAttention(Module):
         self._cache = None
         B, Tq, _ = dout.shape
         H, dh = self.n_heads, self.d_head
-        dctx = _as_heads(self.out_proj.backward(dout).reshape(B, Tq, H, dh))
+        dctx = _as_heads(self.hook_z.backward(self.out_proj.backward(dout).reshape(B, Tq, H, dh)))
         if self.head_mask is not None:
             dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
         grad_rows = [np.empty((b, t, sum(c), dh), dtype=dctx.dtype) for (b, t), c in zip(shapes, counts)]
         views = tuple(v for g, c in zip(grad_rows, counts)
                       for v in _split_groups(g.reshape(g.shape[:2] + (-1,)), c))     # dq, dk, dv
-        backward = dispatch.ATTENTION[name].backward
+        backward = self._kernel(name).backward
         if self._plain_heads:
             backward(dctx, attn_cache, *views)                          # writes into grad_rows
+            grads = views
         else:
             Tk = views[1].shape[2]
             grads = (np.empty(dctx.shape, dctx.dtype),) + tuple(np.empty((B, H, Tk, dh), dctx.dtype) for _ in "kv")
             backward(dctx, attn_cache, *grads)
-            for view, g in zip(views, self._undo_transforms(*grads, rope_cache, share_cache)):
+            grads = self._undo_transforms(*grads, rope_cache, share_cache)
+        for view, g, hook in zip(views, grads, (self.hook_q, self.hook_k, self.hook_v)):
+            g = hook.backward_seq_first(g)
+            if g is not view:
                 view[...] = g
         return self._project_backward(grad_rows)
 
@@ -546,15 +620,17 @@ class MultiHeadAttention(Module):
         if cache.static:
             self._check_parts()
             (q,) = _split_groups(self.qkv_proj.project_parts(((query, (H,)),))[0], (H,))
+            q = self.hook_q.seq_first(q)
             if cache.length == 0:
                 (kv,) = self.qkv_proj.project_parts(((key, (Hkv, Hkv)),), first_head=H)
-                cache.append(*_split_groups(kv, (Hkv, Hkv)))
+                k_mem, v_mem = _split_groups(kv, (Hkv, Hkv))
+                cache.append(self.hook_k.seq_first(k_mem), self.hook_v.seq_first(v_mem))
             k, v, _ = self._share_kv(*cache.view())
             offset = 0
         else:
             if not (key is query and value is query):
                 raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
-            q, k_new, v_new = _split_groups(self.qkv_proj(query), (H, Hkv, Hkv))
+            q, k_new, v_new = self._hook_qkv(*_split_groups(self.qkv_proj(query), (H, Hkv, Hkv)))
             q, k_new, _ = self._transform_qk(q, k_new, offset, positions)  # the cache keeps rotated keys, H_kv heads
             k, v, _ = self._share_kv(*cache.append(k_new, v_new))
         causal = is_causal and not cache.static and query.shape[1] > 1

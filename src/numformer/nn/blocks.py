@@ -12,6 +12,13 @@ Where the norms sit (``norm_placement``), for the self-attention sub-layer (the 
 grouped as ``ff`` (``ff.linear1`` / ``ff.linear2``, or ``ff.gate_proj`` / ``up_proj`` / ``down_proj``), the
 sandwich's norms after each sub-layer are ``post_norm1`` …. A decoder-only model (GPT) uses ``EncoderBlock``
 with a causal mask.
+
+Hook points (``nn.hooks``; TransformerLens's names): ``hook_resid_pre`` (the block's input), then for each
+sub-layer its output as added to the residual stream (``hook_attn_out``, ``hook_cross_attn_out``,
+``hook_mlp_out``: after the sandwich's norm and the dropout) and the residual stream after it
+(``hook_resid_mid``, ``hook_resid_mid_cross``; the last one is ``hook_resid_post``, the block's output). With
+"pre" and "sandwich" norms resid_mid = resid_pre + attn_out and resid_post = resid_mid + mlp_out; with "post"
+norms the residual hook points hold the normed sums, norm(resid_pre + attn_out) ….
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import numpy as np
 from .. import ops
 from . import checkpoint, init
 from .attention import MultiHeadAttention
+from .hooks import HookPoint, has_forward_hooks
 from .layers import FEED_FORWARD_ACTIVATIONS, GATED, Dropout, make_feed_forward, make_norm
 from .module import Module, ModuleList
 
@@ -61,6 +69,8 @@ class BlockConfig:
     bias: bool = _doc(True, "biases of the feed-forward and of the block's norms")
     attn_bias: bool | None = _doc(None, "bias of the attention output projection (None: bias)")
     qkv_bias: bool | None = _doc(None, "biases of the q/k/v projection (None: attn_bias; Qwen2: true alone)")
+    feed_forward: bool = _doc(True, "a feed-forward sub-layer after the attention (false: an attention-only "
+                                    "block, as Olsson et al.'s induction-head models)")
 
     def __post_init__(self):
         self.check()
@@ -113,8 +123,8 @@ def _checked(where, name, value):
         if (value is not None or name == "n_heads") and (type(value) is not int or value < 1):
             raise ValueError(f"{where}: {name} must be a positive integer{'' if name == 'n_heads' else ' or None'}, "
                              f"got {value!r}")
-    elif name in ("qk_norm", "bias", "attn_bias", "qkv_bias"):
-        if type(value) is not bool and (value is not None or name in ("qk_norm", "bias")):
+    elif name in ("qk_norm", "bias", "attn_bias", "qkv_bias", "feed_forward"):
+        if type(value) is not bool and (value is not None or name in ("qk_norm", "bias", "feed_forward")):
             raise ValueError(f"{where}: {name} must be true or false, got {value!r}")
     elif value is not None or name == "rope_theta":            # rope_theta, attn_scale, attn_logit_softcap
         if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
@@ -168,8 +178,9 @@ class _Block(Module):
         if self.CROSS_ATTENTION:
             self.cross_attn = MultiHeadAttention(d_model, c.n_heads, dropout, c.attn_bias, rng, dtype, attention,
                                                  n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
-        self.ff = make_feed_forward(d_model, c.d_ff, c.activation, dropout, c.bias, rng, dtype)
-        n_sublayers = 3 if self.CROSS_ATTENTION else 2
+        self.ff = make_feed_forward(d_model, c.d_ff, c.activation, dropout, c.bias, rng, dtype) if c.feed_forward \
+            else None
+        n_sublayers = (2 if self.CROSS_ATTENTION else 1) + c.feed_forward
         for i in range(1, n_sublayers + 1):
             setattr(self, f"norm{i}", make_norm(norm, d_model, layer_norm_eps, c.bias, dtype))
         if c.norm_placement == "sandwich":
@@ -177,6 +188,20 @@ class _Block(Module):
                 setattr(self, f"post_norm{i}", make_norm(norm, d_model, layer_norm_eps, c.bias, dtype))
         for i in range(1, n_sublayers + 1):
             setattr(self, f"dropout{i}", Dropout(dropout, rng))
+        self._add_hook_points()
+
+    def _add_hook_points(self):
+        """hook_resid_pre, and per sub-layer (its output's hook point, the residual's after it): see the module
+        docstring."""
+        outputs = ["attn_out"] + (["cross_attn_out"] if self.CROSS_ATTENTION else []) + \
+            (["mlp_out"] if self.ff is not None else [])
+        residuals = ["resid_mid", "resid_mid_cross"][:len(outputs) - 1] + ["resid_post"]
+        self.hook_resid_pre = HookPoint()
+        self._sublayer_hooks = {}
+        for i, (out, resid) in enumerate(zip(outputs, residuals), start=1):
+            setattr(self, f"hook_{out}", HookPoint())
+            setattr(self, f"hook_{resid}", HookPoint())
+            self._sublayer_hooks[i] = (getattr(self, f"hook_{out}"), getattr(self, f"hook_{resid}"))
 
     def extra_repr(self):
         return f"norm_placement={self.config.norm_placement!r}"
@@ -186,22 +211,26 @@ class _Block(Module):
         return [p for _, p in self.named_parameters() if p.data.ndim == 2]
 
     def _sublayer(self, i, x, f):
-        """One residual sub-layer (number i) around ``f``, its norms placed as ``config.norm_placement`` says."""
+        """One residual sub-layer (number i) around ``f``, its norms placed as ``config.norm_placement`` says,
+        through its two hook points (the output added to the residual stream, the residual stream after it)."""
         norm, drop = getattr(self, f"norm{i}"), getattr(self, f"dropout{i}")
+        hook_out, hook_resid = self._sublayer_hooks[i]
         if self.config.norm_placement == "post":
-            return norm(x + drop(f(x)))
+            return hook_resid(norm(x + hook_out(drop(f(x)))))
         z = f(norm(x))
         if self.config.norm_placement == "sandwich":
             z = getattr(self, f"post_norm{i}")(z)
-        return x + drop(z)
+        return hook_resid(x + hook_out(drop(z)))
 
     def _sublayer_backward(self, i, dy, f_backward):
         """Backward of ``_sublayer``: the input's gradient from the output's, through ``f_backward``."""
         norm, drop = getattr(self, f"norm{i}"), getattr(self, f"dropout{i}")
+        hook_out, hook_resid = self._sublayer_hooks[i]
+        dy = hook_resid.backward(dy)
         if self.config.norm_placement == "post":
-            dz = norm.backward(dy)
-            return dz + f_backward(drop.backward(dz))
-        dz = drop.backward(dy)
+            dsum = norm.backward(dy)
+            return dsum + f_backward(drop.backward(hook_out.backward(dsum)))
+        dz = drop.backward(hook_out.backward(dy))
         if self.config.norm_placement == "sandwich":
             dz = getattr(self, f"post_norm{i}").backward(dz)
         return dy + norm.backward(f_backward(dz))
@@ -229,12 +258,12 @@ class EncoderBlock(_Block):
             return self.self_attn(z, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                                   kv_cache=kv_cache, **where)
 
-        h = self._sublayer(1, x, attend)
-        return self._sublayer(2, h, self.ff)
+        h = self._sublayer(1, self.hook_resid_pre(x), attend)
+        return h if self.ff is None else self._sublayer(2, h, self.ff)
 
     def backward(self, dy):
-        dh = self._sublayer_backward(2, dy, self.ff.backward)
-        return self._sublayer_backward(1, dh, self.self_attn.backward)
+        dh = dy if self.ff is None else self._sublayer_backward(2, dy, self.ff.backward)
+        return self.hook_resid_pre.backward(self._sublayer_backward(1, dh, self.self_attn.backward))
 
 
 class DecoderBlock(_Block):
@@ -261,9 +290,9 @@ class DecoderBlock(_Block):
             return self.cross_attn(z, memory, attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask,
                                    kv_cache=cross_cache)
 
-        h1 = self._sublayer(1, x, self_attend)
+        h1 = self._sublayer(1, self.hook_resid_pre(x), self_attend)
         h2 = self._sublayer(2, h1, cross_attend)
-        return self._sublayer(3, h2, self.ff)
+        return h2 if self.ff is None else self._sublayer(3, h2, self.ff)
 
     def backward(self, dy):
         dmemory = []
@@ -273,9 +302,9 @@ class DecoderBlock(_Block):
             dmemory.append(dm)
             return dq
 
-        dh2 = self._sublayer_backward(3, dy, self.ff.backward)
+        dh2 = dy if self.ff is None else self._sublayer_backward(3, dy, self.ff.backward)
         dh1 = self._sublayer_backward(2, dh2, cross_backward)
-        return self._sublayer_backward(1, dh1, self.self_attn.backward), dmemory[0]
+        return self.hook_resid_pre.backward(self._sublayer_backward(1, dh1, self.self_attn.backward)), dmemory[0]
 
 
 class Encoder(Module):
@@ -292,8 +321,10 @@ class Encoder(Module):
         self.gradient_checkpointing = gradient_checkpointing
 
     def forward(self, x, mask=None, key_padding_mask=None, is_causal=False, kv_caches=None):
+        # a hooked forward keeps every block's activations: a recomputation in backward could not rerun its hooks
+        recompute = self.gradient_checkpointing and kv_caches is None and not has_forward_hooks(self)
         for i, layer in enumerate(self.layers):
-            x = checkpoint.run(layer, self.gradient_checkpointing and kv_caches is None, x, attn_mask=mask,
+            x = checkpoint.run(layer, recompute, x, attn_mask=mask,
                                key_padding_mask=key_padding_mask, is_causal=is_causal,
                                kv_cache=None if kv_caches is None else kv_caches[i])
         return x if self.norm is None else self.norm(x)

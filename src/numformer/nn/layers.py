@@ -9,6 +9,7 @@ import numpy as np
 
 from . import init
 from .dispatch import F
+from .hooks import HookPoint
 from .module import Module, Parameter
 
 
@@ -97,7 +98,8 @@ class Embedding(Module):
 
 class _Norm(Module):
     """y = x̂ ⊙ γ (+ β) over the last axis, with learnable γ (``weight``, ones) and β (``bias``, zeros; None
-    without): the op pair ``F.<OP>_forward`` / ``F.<OP>_backward``, whose backward returns (dx, dγ[, dβ])."""
+    without): the op pair ``F.<OP>_forward`` / ``F.<OP>_backward``, whose backward returns (dx, dγ[, dβ]).
+    The output is the hook point ``hook_normalized`` (TransformerLens's ``ln1.hook_normalized`` …)."""
 
     OP = None
     parameter_kind = "norm"
@@ -107,9 +109,11 @@ class _Norm(Module):
         self.d, self.eps = d, eps
         self.weight = Parameter(np.ones(d, dtype=dtype))
         self.bias = Parameter(np.zeros(d, dtype=dtype)) if bias else None
+        self.hook_normalized = HookPoint()
         self._cache = None
 
     def backward(self, dy):
+        dy = self.hook_normalized.backward(dy)
         dx, dgamma, *dbeta = getattr(F, self.OP + "_backward")(dy, self._cache)
         self.weight.accumulate(dgamma)
         if self.bias is not None:
@@ -132,7 +136,7 @@ class LayerNorm(_Norm):
     def forward(self, x):
         beta = None if self.bias is None else self.bias.data
         y, self._cache = F.layer_norm_forward(x, self.weight.data, beta, self.eps)
-        return y
+        return self.hook_normalized(y)
 
 
 class RMSNorm(_Norm):
@@ -145,7 +149,7 @@ class RMSNorm(_Norm):
 
     def forward(self, x):
         y, self._cache = F.rms_norm_forward(x, self.weight.data, self.eps)
-        return y
+        return self.hook_normalized(y)
 
 
 class BatchStatNorm(_Norm):
@@ -158,7 +162,7 @@ class BatchStatNorm(_Norm):
 
     def forward(self, x):
         y, self._cache = F.batch_norm_forward(x, self.weight.data, self.bias.data, self.eps)
-        return y
+        return self.hook_normalized(y)
 
 
 NORMS = {"layer": LayerNorm, "rms": RMSNorm, "batch": BatchStatNorm}
@@ -237,7 +241,8 @@ class Activation(Module):
 
 
 class FeedForward(Module):
-    """Position-wise FFN(x) = W₂ · dropout(act(W₁ x + b₁)) + b₂, d_model -> d_ff -> d_model."""
+    """Position-wise FFN(x) = W₂ · dropout(act(W₁ x + b₁)) + b₂, d_model -> d_ff -> d_model. Hook points
+    (TransformerLens's ``mlp.hook_pre`` / ``hook_post``): the hidden layer before and after the activation."""
 
     def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, bias=True, rng=None, dtype=np.float32):
         super().__init__()
@@ -246,12 +251,14 @@ class FeedForward(Module):
         self.act = Activation(activation)
         self.dropout = Dropout(dropout, rng)
         self.linear2 = Linear(d_ff, d_model, bias, rng, dtype)
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
 
     def forward(self, x):
-        return self.linear2(self.dropout(self.act(self.linear1(x))))
+        return self.linear2(self.dropout(self.hook_post(self.act(self.hook_pre(self.linear1(x))))))
 
     def backward(self, dy):
-        return self.linear1.backward(self.act.backward(self.dropout.backward(self.linear2.backward(dy))))
+        dh = self.hook_post.backward(self.dropout.backward(self.linear2.backward(dy)))
+        return self.linear1.backward(self.hook_pre.backward(self.act.backward(dh)))
 
     def residual_weights(self):
         return [self.linear2.weight]
@@ -264,7 +271,8 @@ class GatedFeedForward(Module):
     The computation of ``ops.swiglu_forward`` / ``swiglu_backward`` (where its backward is derived), on three
     Linear modules named as Hugging Face's LlamaMLP, with the gated product act(a) ⊙ b one op of the table
     (``silu_gate_forward/backward``, ``gelu_gate_forward/backward``). There is no dropout inside (as Llama);
-    the block's residual dropout still applies.
+    the block's residual dropout still applies. Hook points, as TransformerLens's gated MLP: ``hook_pre`` (the
+    gate's input a), ``hook_pre_linear`` (b) and ``hook_post`` (act(a) ⊙ b).
     """
 
     def __init__(self, d_model, d_ff, bias=True, rng=None, dtype=np.float32, kind="swiglu"):
@@ -276,20 +284,22 @@ class GatedFeedForward(Module):
         self.gate_proj = Linear(d_model, d_ff, bias, rng, dtype)
         self.up_proj = Linear(d_model, d_ff, bias, rng, dtype)
         self.down_proj = Linear(d_ff, d_model, bias, rng, dtype)
+        self.hook_pre, self.hook_pre_linear, self.hook_post = HookPoint(), HookPoint(), HookPoint()
         self._cache = None
 
     def forward(self, x):
         if x.shape[-1] != self.gate_proj.in_features:
             raise ValueError(f"{type(self).__name__} expects inputs with last dimension "
                              f"{self.gate_proj.in_features}, got shape {x.shape}")
-        a = self.gate_proj(x)                                       # a = x W_gateᵀ
-        b = self.up_proj(x)                                         # b = x W_upᵀ
+        a = self.hook_pre(self.gate_proj(x))                        # a = x W_gateᵀ
+        b = self.hook_pre_linear(self.up_proj(x))                   # b = x W_upᵀ
         h, self._cache = getattr(F, GATED[self.kind] + "_forward")(a, b)      # h = act(a) ⊙ b
-        return self.down_proj(h)
+        return self.down_proj(self.hook_post(h))
 
     def backward(self, dy):
-        dh = self.down_proj.backward(dy)                            # dh = dy W_down
+        dh = self.hook_post.backward(self.down_proj.backward(dy))   # dh = dy W_down
         da, db = getattr(F, GATED[self.kind] + "_backward")(dh, self._cache)
+        da, db = self.hook_pre.backward(da), self.hook_pre_linear.backward(db)
         self._cache = None
         dx = self.gate_proj.backward(da)
         dx += self.up_proj.backward(db)                             # dx = da W_gate + db W_up

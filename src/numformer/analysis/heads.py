@@ -1,0 +1,115 @@
+"""What each attention head of a GPT does, scored on repeated random tokens (Olsson et al. 2022).
+
+    scores = head_scores(model, seq_len=50, batch=8, rng=0)
+    scores.induction            # (L, H): attention from a token's second occurrence to the token after its first
+    scores.plot(path="heads.png")
+
+A sequence of ``seq_len`` random tokens followed by the same tokens again, x = [r, r]: in the second half the
+token at position i appeared before at i - seq_len. Each score is an average attention weight, 0 to 1:
+
+- previous-token: from every position i ≥ 1 to i - 1 (the first half and the second);
+- duplicate-token: from i in the second half to i - seq_len (the earlier copy of the same token);
+- induction (prefix matching): from i in the second half to i - seq_len + 1 (the token that followed the
+  earlier copy: what an induction head attends to, to predict it comes next again).
+
+Random tokens carry no meaning the model could use otherwise, so a head that attends there does it by
+matching. ``in_context_score`` is Olsson et al.'s measure of in-context learning on real text, turned so that
+positive is good: the loss at an early position minus the mean loss at late positions (nats).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._common import eval_mode
+from .lens import plot_layer_head
+from ..models import GPT
+
+SCORES = ("previous_token", "duplicate_token", "induction")
+
+
+def repeated_random_tokens(vocab_size, seq_len, batch=1, rng=None, low=0):
+    """(batch, 2·seq_len) int64: random tokens in [low, vocab_size), then the same tokens again."""
+    rng = np.random.default_rng(rng)
+    first = rng.integers(low, vocab_size, (batch, seq_len))
+    return np.concatenate([first, first], axis=1)
+
+
+@dataclass
+class HeadScores:
+    """previous_token, duplicate_token, induction: (L, H) each, mean attention weights in [0, 1]."""
+    previous_token: np.ndarray
+    duplicate_token: np.ndarray
+    induction: np.ndarray
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in SCORES}
+
+    def top(self, score="induction", k=3):
+        """The k (layer, head) pairs with the highest ``score``, best first."""
+        v = getattr(self, score)
+        order = np.argsort(-v, axis=None, kind="stable")[:k]
+        return [tuple(int(i) for i in np.unravel_index(j, v.shape)) for j in order]
+
+    def plot(self, score="induction", path=None, title=None, dpi=100):
+        return plot_layer_head(getattr(self, score), f"{score.replace('_', '-')} score", path,
+                               title or f"{score.replace('_', '-')} score of each head", dpi, vmin=0.0, vmax=1.0)
+
+
+def scores_from_patterns(patterns, seq_len):
+    """``HeadScores`` from attention patterns (L, B, H, 2·seq_len, 2·seq_len) on repeated tokens [r, r]."""
+    p = np.asarray(patterns, dtype=np.float64)
+    if p.shape[-1] != 2 * seq_len or p.shape[-2] != 2 * seq_len:
+        raise ValueError(f"patterns over 2 x seq_len = {2 * seq_len} positions expected, got shape {p.shape}")
+
+    def mean_diagonal(offset, rows):          # mean of p[..., i, i - offset] over the query positions ``rows``
+        return p[..., rows, rows - offset].mean(axis=(1, 3))
+
+    second = np.arange(seq_len, 2 * seq_len)
+    return HeadScores(previous_token=mean_diagonal(1, np.arange(1, 2 * seq_len)),
+                      duplicate_token=mean_diagonal(seq_len, second),
+                      induction=mean_diagonal(seq_len - 1, second))
+
+
+def head_scores(model, seq_len=50, batch=8, rng=0, low=0):
+    """The ``HeadScores`` of a GPT on ``batch`` sequences of ``seq_len`` repeated random tokens in
+    [low, vocab_size) (``low`` skips special tokens at the start of the vocabulary)."""
+    if not isinstance(model, GPT):
+        raise ValueError(f"head scores read a decoder's attention on repeated tokens; got a {type(model).__name__}")
+    ids = repeated_random_tokens(model.vocab_size, seq_len, batch, rng, low)
+    with eval_mode(model):
+        _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith("attn.hook_pattern"))
+        model.clear_cache()
+    return scores_from_patterns(np.stack([cache["pattern", layer] for layer in range(model.n_layers)]), seq_len)
+
+
+def per_position_loss(model, ids, batch_size=16):
+    """(T - 1,) mean cross-entropy (nats) of predicting ids[:, t + 1] at each position t, over the rows of ids
+    (B, T), in batches of ``batch_size``."""
+    ids = np.asarray(ids)
+    total = np.zeros(ids.shape[1] - 1)
+    with eval_mode(model):
+        for start in range(0, len(ids), batch_size):
+            x = ids[start:start + batch_size]
+            logits = np.asarray(model(x[:, :-1]), dtype=np.float64)
+            model.clear_cache()
+            top = logits.max(axis=-1, keepdims=True)
+            log_z = top[..., 0] + np.log(np.exp(logits - top).sum(axis=-1))
+            total += np.sum(log_z - np.take_along_axis(logits, x[:, 1:, None], axis=-1)[..., 0], axis=0)
+    return total / len(ids)
+
+
+def in_context_score(losses, early=50, late=(200, 256)):
+    """loss at position ``early`` minus the mean loss over positions [late[0], late[1]) (nats; positive when
+    the context helps), from ``per_position_loss``'s (T - 1,) losses; the negative of Olsson et al.'s
+    in-context learning score."""
+    losses = np.asarray(losses)
+    if late[1] > len(losses):
+        raise ValueError(f"late positions up to {late[1]} need a context of at least {late[1] + 1} tokens, "
+                         f"got losses for {len(losses)} positions")
+    return float(losses[early] - losses[late[0]:late[1]].mean())
+
+
+__all__ = ["HeadScores", "SCORES", "head_scores", "repeated_random_tokens", "scores_from_patterns",
+           "per_position_loss", "in_context_score"]

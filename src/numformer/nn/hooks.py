@@ -1,0 +1,310 @@
+"""Hook points: the named activations of a forward pass, to read (a cache) or to replace (patching), with
+TransformerLens's names and calling conventions, so that its users' habits carry over.
+
+    logits, cache = model.run_with_cache(ids)               # cache["blocks.0.attn.hook_pattern"]: (B, H, T, T)
+    logits = model.run_with_hooks(ids, fwd_hooks=[("blocks.1.hook_resid_pre", fn)])
+    def fn(activation, hook):                               # hook.name is the hook point's name
+        return replacement                                  # or None: the activation is left as it is
+
+A module marks a place in its forward pass with a ``HookPoint``: ``x = self.hook_resid_pre(x)``, and its
+backward passes the gradient back through it: ``dx = self.hook_resid_pre.backward(dx)``. With no hook
+attached the call returns its input and keeps nothing (one attribute test); training never pays for more.
+
+What backward means under patching. A hook function is not differentiated (it is any Python code): its
+result is taken as values written into the activation. Every element a hook changed is a constant of the
+patched computation, so no gradient flows through it to what produced the original value; every element it
+left equal passes its gradient through unchanged. So zero and mean ablation, and patching with another
+run's activations (whole, or a slice: a position, a head) give exactly the gradients of the patched
+computation: what torch's autograd gives for ``act[...] = value``, and what finite differences of the
+patched forward give (tests/test_hooks.py checks both). A hook that computes a function of the activation
+(``act * 2``, ``act + v``) is treated the same way (its changed elements count as constants), which is not
+that function's derivative. The decision is made in the forward pass and kept with the hook point until
+backward, so ``model.backward`` after ``run_with_hooks`` (whose hooks are removed at its end) still
+computes the patched computation's gradients.
+
+Backward hooks (``bwd_hooks``, or ``dir="bwd"``) receive the gradient of the loss with respect to the hook
+point's activation (of its output: after any replacement) while ``model.backward`` runs; like forward hooks
+they may return a replacement. They fire only while attached, so attach them around both passes::
+
+    with model.hooks(bwd_hooks=[("blocks.0.hook_resid_post", save_grad)]):
+        logits = model(ids); model.backward(dlogits)
+
+Hook functions receive copies: keeping or changing the array they are given never changes the model's own.
+"""
+from __future__ import annotations
+
+import contextlib
+import difflib
+
+import numpy as np
+
+DIRECTIONS = ("fwd", "bwd")
+_SEQ_FIRST = (0, 2, 1, 3)      # (B, H, T, d) <-> (B, T, H, d): its own inverse
+
+
+class HookPoint:
+    """One named activation. ``hook_point(x)`` runs the forward hooks on x (returns x itself when there are
+    none); ``hook_point.backward(dy)`` runs the backward hooks and cuts the gradient of the elements a
+    forward hook replaced (see the module docstring). ``name`` is set by the model that owns it
+    (``HookedModel.hook_dict``)."""
+
+    __slots__ = ("name", "fwd_hooks", "bwd_hooks", "_written")
+
+    def __init__(self, name=None):
+        self.name = name
+        self.fwd_hooks, self.bwd_hooks = [], []
+        self._written = None           # what the last hooked forward replaced: None, True (all) or a bool mask
+
+    def __repr__(self):
+        return f"HookPoint({self.name!r}, fwd={len(self.fwd_hooks)}, bwd={len(self.bwd_hooks)})"
+
+    def add_hook(self, fn, dir="fwd"):
+        """Attach ``fn(activation, hook)``: a forward hook (``dir="fwd"``) or a backward hook (``"bwd"``)."""
+        if dir not in DIRECTIONS:
+            raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
+        if not callable(fn):
+            raise TypeError(f"a hook must be a function fn(activation, hook), got {type(fn).__name__}")
+        (self.fwd_hooks if dir == "fwd" else self.bwd_hooks).append(fn)
+
+    def remove_hook(self, fn, dir="fwd"):
+        """Detach one hook ``fn`` attached with ``add_hook(fn, dir)`` (its last attachment)."""
+        hooks = self.fwd_hooks if dir == "fwd" else self.bwd_hooks
+        for i in range(len(hooks) - 1, -1, -1):
+            if hooks[i] is fn:
+                del hooks[i]
+                return
+
+    def remove_hooks(self, dir="both"):
+        if dir in ("fwd", "both"):
+            self.fwd_hooks = []
+        if dir in ("bwd", "both"):
+            self.bwd_hooks = []
+
+    def forget(self):
+        """Forget what the last hooked forward replaced (a forward that skips this hook point)."""
+        self._written = None
+
+    # -- forward ------------------------------------------------------------------------------------------
+    def __call__(self, x):
+        if not self.fwd_hooks:
+            self._written = None
+            return x
+        return self._run_forward(x)
+
+    def seq_first(self, x):
+        """The hook point of a per-head array held as (B, H, T, d): the hooks see it as (B, T, H, d), the
+        layout TransformerLens gives hook_q, hook_k, hook_v (a transposed view both ways, no copy)."""
+        if not self.fwd_hooks:
+            self._written = None
+            return x
+        return self._run_forward(x.transpose(_SEQ_FIRST)).transpose(_SEQ_FIRST)
+
+    def _run_forward(self, x):
+        written = None
+        for fn in list(self.fwd_hooks):
+            given = np.array(x, copy=True)
+            out = fn(given, self)
+            new = given if out is None else self._checked(out, x, "activation")
+            changed = ~((new == x) | (np.isnan(new) & np.isnan(x)))
+            written = changed if written is None else (written | changed)
+            x = new
+        self._written = None if not written.any() else (True if written.all() else written)
+        return x
+
+    def _checked(self, out, like, what):
+        out = np.asarray(out)
+        if out.shape != like.shape:
+            raise ValueError(f"the hook on {self.name} returned an array of shape {out.shape}; a replacement "
+                             f"{what} must have the shape {like.shape} of the one it replaces")
+        return out.astype(like.dtype, copy=False)
+
+    # -- backward -----------------------------------------------------------------------------------------
+    @property
+    def acts_in_backward(self):
+        """Whether ``backward`` does anything: backward hooks attached, or elements replaced in forward."""
+        return bool(self.bwd_hooks) or self._written is not None
+
+    def backward(self, dy):
+        """The gradient of the hook point's input from that of its output: the backward hooks see (and may
+        replace) dy; the elements a forward hook replaced get zero."""
+        for fn in list(self.bwd_hooks):
+            out = fn(np.array(dy, copy=True), self)
+            if out is not None:
+                dy = self._checked(out, dy, "gradient")
+        written, self._written = self._written, None
+        if written is None:
+            return dy
+        return np.zeros_like(dy) if written is True else np.where(written, np.zeros((), dy.dtype), dy)
+
+    def backward_seq_first(self, dy):
+        """``backward`` of ``seq_first``: dy held as (B, H, T, d), the hooks see (B, T, H, d)."""
+        if not self.acts_in_backward:
+            return dy
+        return self.backward(dy.transpose(_SEQ_FIRST)).transpose(_SEQ_FIRST)
+
+
+def add_through_hook(module, point, x, *args, **kwargs):
+    """``module(x, ...)`` for a module that adds an array to x (a position table), with that array through the
+    hook point ``point`` (None: the module has none): (output, whether the array was computed apart, which
+    happens only while ``point`` has a forward hook)."""
+    if point is None or not point.fwd_hooks:
+        if point is not None:
+            point.forget()
+        return module(x, *args, **kwargs), False
+    return x + point(module(np.zeros_like(x), *args, **kwargs)), True
+
+
+def add_through_hook_backward(module, point, dy, apart):
+    """Backward of ``add_through_hook``: the gradient of x (the module's parameters' accumulate)."""
+    if apart:
+        module.backward(point.backward(dy))
+        return dy
+    return module.backward(dy)
+
+
+def has_forward_hooks(module):
+    """Whether a forward hook is attached to a hook point of ``module`` or of its sub-modules."""
+    return any(isinstance(value, HookPoint) and value.fwd_hooks
+               for m in module.modules() for value in vars(m).values())
+
+
+class ActivationCache(dict):
+    """{hook name: activation} of ``run_with_cache``, in the order of the forward pass. As TransformerLens's,
+    ``cache["pattern", 1]`` is ``cache["blocks.1.attn.hook_pattern"]`` and ``cache["embed"]`` is
+    ``cache["hook_embed"]`` (``act_name``)."""
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple) or (isinstance(key, str) and key not in self and "." not in key):
+            key = act_name(*key) if isinstance(key, tuple) else act_name(key)
+        try:
+            return dict.__getitem__(self, key)
+        except KeyError:
+            close = difflib.get_close_matches(str(key), list(self), n=3)
+            raise KeyError(f"no activation {key!r} in the cache" + (f"; did you mean {close}?" if close else
+                                                                     "")) from None
+
+
+_ATTN = ("q", "k", "v", "z", "rot_q", "rot_k", "attn_scores", "pattern")
+_MLP = ("pre", "post", "pre_linear")
+
+
+def act_name(name, layer=None):
+    """A hook's full name from TransformerLens's short form: ("pattern", 0) -> "blocks.0.attn.hook_pattern",
+    ("resid_pre", 2) -> "blocks.2.hook_resid_pre", "embed" -> "hook_embed", ("normalized", 1, "ln2")
+    is not supported: give the full name ("blocks.1.ln2.hook_normalized")."""
+    if layer is None:
+        return name if name.startswith("hook_") or "." in name else f"hook_{name}"
+    if name in _ATTN:
+        return f"blocks.{layer}.attn.hook_{name}"
+    if name in _MLP:
+        return f"blocks.{layer}.mlp.hook_{name}"
+    return f"blocks.{layer}.hook_{name}"
+
+
+# Module attribute names -> TransformerLens's names, one dotted part at a time (the classifier's
+# "encoder.layers" prefix is its own: HookedModel.HOOK_PREFIXES).
+HOOK_PARTS = {"self_attn": "attn", "ff": "mlp", "norm1": "ln1", "norm2": "ln2", "post_norm1": "ln1_post",
+              "post_norm2": "ln2_post", "norm_f": "ln_final"}
+
+
+class HookedModel:
+    """What a model with hook points offers (a mixin of ``Module`` subclasses: ``GPT``, ``EncoderClassifier``):
+    ``hook_dict``, ``add_hook``, ``reset_hooks``, ``hooks(...)``, ``run_with_hooks``, ``run_with_cache``.
+
+    A hook point is any ``HookPoint`` attribute of the model or of one of its sub-modules; its name is the
+    module's dotted path with TransformerLens's names (``HOOK_PARTS``: ``self_attn`` is ``attn``, ``ff`` is
+    ``mlp``, ``norm_f`` is ``ln_final``) followed by the attribute's name."""
+
+    HOOK_PREFIXES = ()          # (path prefix, its name): e.g. ("encoder.layers.", "blocks.")
+
+    def _hook_name(self, path, attribute):
+        path = f"{path}." if path else ""
+        for prefix, replacement in self.HOOK_PREFIXES:
+            if path.startswith(prefix):
+                path = replacement + path[len(prefix):]
+                break
+        parts = [HOOK_PARTS.get(p, p) for p in path.split(".") if p]
+        return ".".join(parts + [attribute])
+
+    @property
+    def hook_dict(self):
+        """{name: HookPoint} of every hook point of the model, in module order (read afresh at each call, so a
+        module put in place with ``set_submodule`` brings its own)."""
+        points = {}
+        for path, module in self.named_modules():
+            for attribute, value in vars(module).items():
+                if isinstance(value, HookPoint):
+                    value.name = self._hook_name(path, attribute)
+                    points[value.name] = value
+        return points
+
+    def _matching(self, name, points):
+        """The hook points a name, or a filter function of the name, selects."""
+        if callable(name):
+            return [p for n, p in points.items() if name(n)]
+        if isinstance(name, str) and name in points:
+            return [points[name]]
+        close = difflib.get_close_matches(str(name), list(points), n=3)
+        raise ValueError(f"{type(self).__name__} has no hook point {name!r}"
+                         + (f"; did you mean {', '.join(close)}?" if close else "")
+                         + " (model.hook_dict lists them)")
+
+    def add_hook(self, name, fn, dir="fwd"):
+        """Attach ``fn(activation, hook)`` at the hook point ``name`` (or at every hook point whose name a
+        function ``name(hook_name)`` accepts); stays until ``reset_hooks``."""
+        for point in self._matching(name, self.hook_dict):
+            point.add_hook(fn, dir)
+
+    def reset_hooks(self):
+        """Remove every hook of every hook point."""
+        for point in self.hook_dict.values():
+            point.remove_hooks()
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True):
+        """Attach [(name, fn), ...] for the ``with`` block (forward and backward passes run inside it); the
+        hooks it attached are removed on leaving it, also on an exception (``reset_hooks_end=False`` keeps
+        them). Hooks attached before, or by an enclosing ``hooks`` block, stay: the blocks nest."""
+        points = self.hook_dict
+        added = []
+        try:
+            for hooks, direction in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
+                for name, fn in hooks:
+                    for point in self._matching(name, points):
+                        point.add_hook(fn, direction)
+                        added.append((point, fn, direction))
+            yield self
+        finally:
+            if reset_hooks_end:
+                for point, fn, direction in added:
+                    point.remove_hook(fn, direction)
+
+    def run_with_hooks(self, *args, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True, **kwargs):
+        """The model's output on ``*args, **kwargs`` with the hooks attached for this call (removed at its end,
+        also on an exception). ``model.backward`` afterwards gives the gradients of the patched computation."""
+        with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end):
+            return self(*args, **kwargs)
+
+    def run_with_cache(self, *args, names_filter=None, **kwargs):
+        """(output, ``ActivationCache``) of every hook point (or those ``names_filter`` selects: a name, a list
+        of names, or a function of the name), copies taken in forward order."""
+        points = self.hook_dict
+        if names_filter is None:
+            selected = list(points)
+        elif isinstance(names_filter, str):
+            selected = [names_filter]
+        elif callable(names_filter):
+            selected = [n for n in points if names_filter(n)]
+        else:
+            selected = list(names_filter)
+        cache = ActivationCache()
+
+        def keep(activation, hook):
+            cache[hook.name] = activation
+
+        output = self.run_with_hooks(*args, fwd_hooks=[(n, keep) for n in selected], **kwargs)
+        return output, cache
+
+
+__all__ = ["HookPoint", "HookedModel", "ActivationCache", "act_name", "has_forward_hooks", "add_through_hook",
+           "add_through_hook_backward", "HOOK_PARTS"]

@@ -348,8 +348,9 @@ def markdown(record, paths, results_dir):
 register(Experiment(
     "induction_heads",
     "The induction-head phase change (Olsson et al. 2022): attention-only Transformers of 1 and 2 layers on tiny "
-    "Shakespeare (byte-level BPE tokens, or characters); the in-context score and every head's induction score through training, and the "
-    "in-context gain erased by ablating the induction heads.",
+    "Shakespeare (byte-level BPE tokens, or characters); the in-context score and every head's induction score "
+    "through training, and the in-context gain erased by ablating the induction heads.",
     targets=[Target("in_context_score_rise", 0.1), Target("in_context_score_gap", 0.1),
              Target("induction_score_max", 0.5), Target("ablation_loss_increase", 0.1)],
-    quick_overrides=QUICK, time_limit_minutes=15, custom=run_induction_heads))
+    quick_overrides=QUICK, time_limit_minutes=15, custom=run_induction_heads,
+    run_dirs=lambda exp, ctx: []))      # the models train in memory: no run folder is written

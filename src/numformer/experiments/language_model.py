@@ -23,7 +23,7 @@ from ..config import apply_overrides, load_config, resolve_config
 from ..data.base import Batch
 from ..decoding import generate
 from ..provenance import git_commit, machine_info
-from ..train import Trainer
+from ..train import Trainer, load_model
 from ..train.run_files import CHECKPOINT, write_json_atomic
 from ..train.trainer import mean_loss
 from . import register
@@ -31,6 +31,10 @@ from .runner import Experiment, Target, find_config
 
 PROMPT = "ROMEO:"
 SAMPLE_TOKENS = 300
+# the sampling strategies of docs/tutorials/first-gpt.md, which prints their samples (checked against the results)
+STRATEGIES = {"greedy": {"greedy": True}, "temperature 0.8": {"temperature": 0.8},
+              "temperature 1.5": {"temperature": 1.5}, "top-k 5": {"top_k": 5}, "top-p 0.9": {"top_p": 0.9}}
+STRATEGY_TOKENS = 80
 SEEDS_FILE = "{name}_seeds.json"          # the seed study of experiment {name}
 # nanoGPT's estimate_loss for this configuration: eval_iters = 20 batches of batch_size = 12 random windows
 NANOGPT_BATCHES, NANOGPT_BATCH_SIZE, ESTIMATE_DRAWS, QUICK_DRAWS = 20, 12, 100, 4
@@ -70,7 +74,7 @@ def _sample_and_figures(trainer, task, name, why):
     ids = generate(model, task.tokenizer.encode(PROMPT), SAMPLE_TOKENS, temperature=1.0, rng=0)
     sample = task.tokenizer.decode(ids)                  # the prompt and what follows
     figures = {"bits_per_character": loss / math.log(2), "train_tokens_per_s": summary["tokens_per_s"],
-               "processes": summary["processes"]}
+               "processes": summary["processes"], "samples": strategy_samples(trainer.run_dir, task.tokenizer)}
     md = "\n".join([
         f"Model: {why}", "",
         _selection_text(summary, name), "",
@@ -80,6 +84,14 @@ def _sample_and_figures(trainer, task, name, why):
         f"Sample (`numformer generate runs/{name} --prompt \"{PROMPT}\" --max-new-tokens "
         f"{SAMPLE_TOKENS} --seed 0`):", "", "```text", sample, "```", ""])
     return figures, md
+
+
+def strategy_samples(run_dir, tokenizer):
+    """{strategy: text}: the saved weights continue PROMPT for STRATEGY_TOKENS characters with each strategy of
+    STRATEGIES, seed 0 (what "Train your first GPT" runs on its model)."""
+    model, prompt = load_model(run_dir), tokenizer.encode(PROMPT)
+    return {name: tokenizer.decode(generate(model, prompt, STRATEGY_TOKENS, rng=0, **options))
+            for name, options in STRATEGIES.items()}
 
 
 def _selection_text(s, name):

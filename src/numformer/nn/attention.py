@@ -34,7 +34,6 @@ from .. import ops
 from ..kernels.flash_attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention_backward,
                                        flash_attention_forward)
 from ..kernels.fused_attention import fused_attention_backward, fused_attention_forward
-from ..ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
 from . import dispatch, init
 from .dispatch import F
 from .layers import Linear
@@ -234,7 +233,7 @@ class Masks(NamedTuple):
 def _reference_forward(layer, q, k, v, masks, p_drop, out):
     """ops.attention: the reference kernel, the only one with attention dropout."""
     mask, causal = masks.additive(q, k)
-    ctx, weights, cache = scaled_dot_product_attention_forward(
+    ctx, weights, cache = F.scaled_dot_product_attention_forward(
         q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p_drop, rng=layer.rng,
         need_weights=layer.record_weights)
     out[...] = ctx
@@ -274,7 +273,7 @@ def _writing(backward):
 
 
 KERNELS = {
-    "reference": (_reference_forward, _writing(scaled_dot_product_attention_backward)),
+    "reference": (_reference_forward, _writing(lambda dctx, c: F.scaled_dot_product_attention_backward(dctx, c))),
     "fused": (_fused_forward, fused_attention_backward),
     "flash": (_flash_forward, _writing(flash_attention_backward)),
 }

@@ -10,6 +10,10 @@ tests/test_kernels.py checks each kernel against its reference and whole models 
         loss = train_step(model, batch)         # every op of the model is the plain NumPy reference
 
 Switch between steps, not between a forward pass and its backward (each path's cache is its own).
+
+``using_ops({name: function, ...})`` puts other functions in the table for the length of a block, whichever
+path is selected (``numformer exercises train`` runs a learner's own ops this way). Attention's reference
+kernel calls ``F.scaled_dot_product_attention_forward/backward``, so it is one of them.
 """
 from __future__ import annotations
 
@@ -51,9 +55,15 @@ OPS = {
     "rope_backward":           (ops.rope_backward,            kernels.rope_backward),
     "repeat_kv_forward":       (ops.repeat_kv_forward,        ops.repeat_kv_forward),
     "repeat_kv_backward":      (ops.repeat_kv_backward,       ops.repeat_kv_backward),
+    # the reference attention kernel (nn.attention.KERNELS["reference"]); its fast kernels are chosen there
+    "scaled_dot_product_attention_forward":  (ops.scaled_dot_product_attention_forward,
+                                              ops.scaled_dot_product_attention_forward),
+    "scaled_dot_product_attention_backward": (ops.scaled_dot_product_attention_backward,
+                                              ops.scaled_dot_product_attention_backward),
 }
 
 _use_reference = False
+_installed = {}         # name -> function, put in the table by using_ops()
 
 
 def using_reference():
@@ -74,10 +84,29 @@ def reference_mode(enabled=True):
         _use_reference = before
 
 
+@contextlib.contextmanager
+def using_ops(functions):
+    """Inside the block, ``F.name`` is ``functions[name]`` for each name given (the other names as before);
+    the table is restored on leaving. Every name must be a name of ``OPS``."""
+    global _installed
+    unknown = sorted(set(functions) - set(OPS))
+    if unknown:
+        raise ValueError(f"no op {unknown[0]!r} in numformer.nn.dispatch.OPS; choose among {sorted(OPS)}")
+    before = _installed
+    _installed = {**before, **functions}
+    try:
+        yield
+    finally:
+        _installed = before
+
+
 class _Table:
-    """``F.name`` is ``OPS[name]``'s reference or kernel, whichever the switch selects at the call."""
+    """``F.name`` is the function ``using_ops`` installed under that name, else ``OPS[name]``'s reference or
+    kernel, whichever the switch selects at the call."""
 
     def __getattr__(self, name):
+        if name in _installed:
+            return _installed[name]
         try:
             pair = OPS[name]
         except KeyError:
@@ -87,4 +116,4 @@ class _Table:
 
 F = _Table()
 
-__all__ = ["OPS", "F", "reference_mode", "using_reference"]
+__all__ = ["OPS", "F", "reference_mode", "using_ops", "using_reference"]

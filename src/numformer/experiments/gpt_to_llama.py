@@ -1,0 +1,123 @@
+"""``numformer reproduce gpt_to_llama``: from the GPT-2-style model to the Llama-style one, one change at a time.
+
+``shakespeare_char`` (learned positions, LayerNorm, a GELU feed-forward, one key/value head per query head)
+reaches a whole-validation loss of 1.906 over seeds 0-2 and ``shakespeare_char_llama`` (RoPE, RMSNorm, SwiGLU,
+grouped-query attention) 1.678, with the same data, width, steps and optimizer. This experiment trains the
+rungs between them, each the previous one with one more change (the order of the tutorial "From GPT to Llama
+by hand"), over the same seeds, so that each change's share of the difference is measured:
+
+    GPT-2 style  ->  + RMSNorm  ->  + SwiGLU (d_ff 389)  ->  + RoPE  ->  + grouped-query attention (= Llama)
+
+The first rung is ``configs/shakespeare_char.toml`` and the last ``configs/shakespeare_char_llama.toml``, config
+for config (tests/test_gpt_to_llama.py). Each run's loss is that of its saved weights on the whole validation
+text. Writes results/gpt_to_llama.{json,md}; ``--seeds N`` (default 3) seeds per rung; ``--quick``: a tiny
+model, 12 steps, one seed.
+"""
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+
+import numpy as np
+
+from ..config import apply_overrides, load_config, resolve_config
+from ..models import build_model
+from ..provenance import git_commit, machine_info
+from ..train import Trainer
+from . import Experiment, register
+from .runner import find_config
+
+BASE = "shakespeare_char"
+# (rung, what changes, the overrides of configs/shakespeare_char.toml up to and including this rung)
+RUNGS = (
+    ("GPT-2 style", "configs/shakespeare_char.toml: learned positions, LayerNorm, GELU, 4 key/value heads", ()),
+    ("+ RMSNorm", 'norm = "rms"', ("model.norm=rms",)),
+    ("+ SwiGLU", 'activation = "swiglu", d_ff = 389', ("model.activation=swiglu", "model.d_ff=389")),
+    ("+ RoPE", 'positional = "rope" (no position table)', ("model.positional=rope",)),
+    ("+ grouped-query attention", "n_kv_heads = 2 (= configs/shakespeare_char_llama.toml)", ("model.n_kv_heads=2",)),
+)
+DEFAULT_SEEDS = 3
+QUICK = ["train.max_steps=12", "train.eval_every=6", "train.checkpoint_every=12", "train.log_every=3",
+         "train.warmup_steps=2", "model.n_layers=1", "data.block_size=16"]
+
+
+def rung_overrides(n):
+    """The overrides of configs/shakespeare_char.toml that make rung n (0 = the GPT-2-style model)."""
+    return [o for _, _, changes in RUNGS[:n + 1] for o in changes]
+
+
+def rung_config(n, extra=()):
+    """The raw config of rung n, with ``extra`` overrides (quick settings, --set) applied last."""
+    return apply_overrides(load_config(find_config(BASE)), rung_overrides(n) + list(extra))
+
+
+def parameters(config):
+    resolved, _ = resolve_config(config, sizes_only=True)
+    return build_model(resolved["model"], rng=np.random.default_rng(0)).num_parameters()
+
+
+def run_ladder(exp, ctx):
+    """Train every rung with seeds 0 .. N-1; the record holds each run's whole-validation loss and their mean."""
+    started = time.time()
+    seeds = 1 if ctx.quick else (ctx.seeds or DEFAULT_SEEDS)
+    extra = (QUICK if ctx.quick else []) + list(ctx.overrides)
+    rungs = []
+    for n, (name, change, _) in enumerate(RUNGS):
+        config = rung_config(n, extra)
+        losses = []
+        for seed in range(seeds):
+            run_dir = ctx.runs_dir / exp.name / f"rung_{n}_seed_{seed}"
+            if not ctx.quiet:
+                print(f"gpt_to_llama: {name}, seed {seed} -> {run_dir}", file=sys.stderr, flush=True)
+            trainer = Trainer(config, run_dir, overwrite=ctx.overwrite, overrides=[f"train.seed={seed}"],
+                              quiet=ctx.quiet)
+            summary = trainer.train()
+            losses.append({"seed": seed, "val_loss": summary["best_val_loss"], "step": summary["best_step"],
+                           "train_seconds": round(summary["train_seconds"], 1)})
+        values = np.array([r["val_loss"] for r in losses])
+        rungs.append({"rung": name, "change": change, "overrides": rung_overrides(n), "parameters": parameters(config),
+                      "runs": losses, "mean": float(values.mean()),
+                      "sd": float(values.std(ddof=1)) if len(values) > 1 else 0.0})
+    figures = {f"rung_{n}_mean": r["mean"] for n, r in enumerate(rungs)}
+    figures |= {f"rung_{n}_step": (rungs[n - 1]["mean"] - r["mean"]) if n else 0.0 for n, r in enumerate(rungs)}
+    record = {
+        "name": exp.name, "description": exp.description, "figures": figures, "rungs": rungs,
+        "targets": {}, "met": {}, "seeds": seeds, "steps": None, "stopped_early": False,
+        "wall_time_s": round(time.time() - started, 1), "time_limit_minutes": None, "commit": git_commit(),
+        "date": datetime.date.today().isoformat(), "machine": machine_info(),
+        "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else "")
+                   + (f" --seeds {ctx.seeds}" if ctx.seeds else ""),
+    }
+    return record, markdown(record)
+
+
+def markdown(record):
+    rows = [f"| {n} | {r['rung']} | {r['change']} | {r['parameters']:,} | {r['mean']:.4f} | {r['sd']:.4f} | "
+            f"{_gain(record, n)} |" for n, r in enumerate(record["rungs"])]
+    first, last = record["rungs"][0]["mean"], record["rungs"][-1]["mean"]
+    seeds = ", ".join(str(r["seed"]) for r in record["rungs"][0]["runs"])
+    per_seed = ["| rung | " + " | ".join(f"seed {r['seed']}" for r in record["rungs"][0]["runs"]) + " |",
+                "|---|" + "---|" * record["seeds"]]
+    per_seed += [f"| {r['rung']} | " + " | ".join(f"{x['val_loss']:.4f}" for x in r["runs"]) + " |"
+                 for r in record["rungs"]]
+    return "\n".join([
+        f"# {record['name']}" + (" (quick run)" if "--quick" in record["command"] else ""), "",
+        record["description"], "",
+        f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
+        f"{record['machine']['cores']} cores) in {record['wall_time_s'] / 60:.1f} minutes. Each rung is the one "
+        f"above with one more change, trained with seeds {seeds}; the loss is that of the saved weights on the "
+        f"whole validation text (mean and sd over the seeds); the last column is what the rung's change gained.",
+        "", "| # | rung | change | parameters | loss | sd | gain |", "|---|---|---|---|---|---|---|", *rows, "",
+        f"From {first:.4f} to {last:.4f}: {first - last:.4f} in all.", "", "Each seed:", "", *per_seed, ""])
+
+
+def _gain(record, n):
+    return "" if n == 0 else f"{record['rungs'][n - 1]['mean'] - record['rungs'][n]['mean']:+.4f}"
+
+
+register(Experiment(
+    "gpt_to_llama",
+    "From the GPT-2-style character model to the Llama-style one, one change at a time: RMSNorm, SwiGLU, RoPE, "
+    "grouped-query attention.",
+    config=BASE, quick_overrides=QUICK, custom=run_ladder, seeds_in_custom=True))

@@ -1,0 +1,338 @@
+"""numformer exercises: every stub fails as shipped, every solution passes, and typical mistakes fail at the step
+that catches them, with a message that says what and where; ``exercises train`` reproduces the library's curve.
+
+The solutions in tests/exercise_solutions/ are written as a learner writes them (not copied from numformer.ops);
+each mistake below is one of them with one change, as learners make it.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numformer import exercises as E
+from numformer import ops
+from numformer.exercises import training
+from numformer.nn import dispatch
+
+SOLUTIONS = Path(__file__).resolve().parent / "exercise_solutions"
+
+SIGNATURE, SHAPES, FORWARD, BACKWARD, FD, EDGE, KEYWORDS = (s.title for s in E.checker.STANDARD_STEPS)
+
+# (exercise, the mistake, [(text of the solution, what the learner wrote instead)], failing step, in the message)
+MISTAKES = [
+    ("softmax", "no max subtracted", [("e = np.exp(x - m)", "e = np.exp(x)")], EDGE,
+     "edge case 'large entries'"),
+    ("softmax", "backward recomputes the softmax from x without the max",
+     [("return y, (y, axis)", "return y, (x, axis)"),
+      ("    y, axis = cache\n", "    x, axis = cache\n    y = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)\n")],
+     EDGE, "not finite"),
+    ("softmax", "backward sums over the last axis whatever axis is",
+     [("np.sum(y * dy, axis=axis, keepdims=True)", "np.sum(y * dy, axis=-1, keepdims=True)")], KEYWORDS,
+     "keyword case 'axis=0'"),
+    ("softmax", "no guard for a fully masked slice", [("    m = np.where(np.isfinite(m), m, 0.0)\n", "")], EDGE,
+     "edge case 'masked entries'"),
+    ("log_softmax", "the log of a softmax", [("y = x - lse", "y = np.log(np.exp(x - m) / total)")], EDGE,
+     "edge case 'widely spread entries'"),
+    ("log_softmax", "backward without exp", [("dy - np.exp(y) *", "dy - y *")], BACKWARD, "dx differs"),
+    ("linear", "dW transposed", [("dW = rows_dy.T @ rows_x", "dW = rows_x.T @ rows_dy")], SHAPES,
+     "dW of shape (4, 3)"),
+    ("linear", "dW for 2-D inputs only", [("dW = rows_dy.T @ rows_x", "dW = dy.T @ x")], EDGE,
+     "edge case 'batch axes'"),
+    ("linear", "db not summed over positions", [("db = rows_dy.sum(axis=0) if has_bias", "db = dy if has_bias")],
+     SHAPES, "db of shape (5, 3)"),
+    ("linear", "db of zeros without a bias", [("if has_bias else None", "if has_bias else np.zeros(d_out)")],
+     KEYWORDS, "db should be None"),
+    ("embedding", "+= at repeated indices", [("np.add.at(dE, ids.ravel(), dy.reshape(-1, shape[1]))",
+                                              "dE[ids.ravel()] += dy.reshape(-1, shape[1])")],
+     EDGE, "edge case 'repeated ids'"),
+    ("embedding", "assignment instead of a sum", [("np.add.at(dE, ids.ravel(), dy.reshape(-1, shape[1]))",
+                                                   "dE[ids] = dy")], EDGE, "dE differs"),
+    ("embedding", "ids not flattened", [("ids.ravel()", "ids")], SHAPES, "raised"),
+    ("gelu", "GELU' = Φ", [("dydx = cdf + x * pdf", "dydx = cdf")], BACKWARD, "dx differs"),
+    ("gelu", "tanh derivative without du/dx", [(" * c * (1 + 3 * 0.044715 * x ** 2)", "")], KEYWORDS,
+     "keyword case 'approximate=\"tanh\"'"),
+    ("gelu", "tanh from exponentials", [("t = np.tanh(c * (x + 0.044715 * x ** 3))",
+                                         "u = c * (x + 0.044715 * x ** 3)\n"
+                                         "        t = (np.exp(u) - np.exp(-u)) / (np.exp(u) + np.exp(-u))")],
+     KEYWORDS, "large inputs"),
+    ("gelu", "approximate ignored", [('if approximate == "tanh":', "if False:")], KEYWORDS, "y differs"),
+    ("layer_norm", "eps outside the square root", [("r = 1 / np.sqrt(var + eps)", "r = 1 / (np.sqrt(var) + eps)")],
+     FORWARD, "y differs"),
+    ("layer_norm", "unbiased variance", [("x.var(axis=-1, keepdims=True)", "x.var(axis=-1, keepdims=True, ddof=1)")],
+     FORWARD, "y differs"),
+    ("layer_norm", "backward without the x̂ term",
+     [(" - xhat * (g * xhat).mean(axis=-1, keepdims=True)", "")], BACKWARD, "dgamma, dbeta match"),
+    ("layer_norm", "dgamma summed over the first axis only",
+     [("dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)", "dgamma = (dy * xhat).sum(axis=0)")], SHAPES,
+     "dgamma of shape (3, 8)"),
+    ("layer_norm", "x centred in place", [("xhat = (x - mean) * r", "x -= mean\n    xhat = x * r")], SHAPES,
+     "changed its argument x in place"),
+    ("layer_norm", "γ forgotten in the backward", [("g = dy * gamma", "g = dy")], BACKWARD, "dx differs"),
+    ("rms_norm", "the mean subtracted", [("xhat = x * r", "xhat = (x - x.mean(axis=-1, keepdims=True)) * r")],
+     FORWARD, "y differs"),
+    ("rms_norm", "eps outside the square root",
+     [("np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps)", "(np.sqrt((x ** 2).mean(axis=-1, keepdims=True)) + eps)")],
+     FORWARD, "y differs"),
+    ("rms_norm", "backward without the r term", [(" - xhat * (g * xhat).mean(axis=-1, keepdims=True)", "")],
+     BACKWARD, "dx differs"),
+    ("dropout", "kept entries not rescaled", [(") / (1 - p)", ")")], "forward: zeroed with probability p, the "
+     "rest scaled", "either 0 or x / (1 - p)"),
+    ("dropout", "keeps with probability p", [(">= p", "< p")], "forward: zeroed with probability p, the rest scaled",
+     "% of the entries are zeroed; each one is zeroed with probability p = 0.3"),
+    ("dropout", "np.random instead of rng", [("rng.random(x.shape)", "np.random.random(x.shape)"),
+                                             ("def dropout_forward", "import numpy as np\n\n\ndef dropout_forward")],
+     "forward: zeroed with probability p, the rest scaled", "draw the mask from the rng argument"),
+    ("dropout", "backward ignores the mask", [("return dy * cache", "return dy")], "backward: the forward's mask",
+     "at a dropped entry"),
+    ("cross_entropy", "no max subtracted", [("logp = z - m - np.log(np.exp(z - m)", "logp = z - np.log(np.exp(z)")],
+     EDGE, "edge case 'large logits'"),
+    ("cross_entropy", "ignored positions counted", [("max(n, 1)", "len(t)")], EDGE, "edge case 'ignored targets'"),
+    ("cross_entropy", "0 / 0 when every target is ignored", [("max(n, 1)", "n")], EDGE,
+     "edge case 'every target ignored'"),
+    ("cross_entropy", "smoothing target set, not added", [("q[np.arange(len(t)), t] += 1 - eps",
+                                                           "q[np.arange(len(t)), t] = 1 - eps")],
+     KEYWORDS, "(the forward matches)"),
+    ("cross_entropy", "ignore_index fixed at -100", [("keep = t != ignore_index", "keep = t != -100")], KEYWORDS,
+     "keyword case 'ignore_index=0'"),
+    ("scaled_dot_product_attention", "the mask forgotten in the backward",
+     [("    q, k, v, p, keep, scale = cache\n",
+       "    q, k, v, p, keep, scale = cache\n    s = (q @ np.swapaxes(k, -1, -2)) * scale\n"
+       "    p = np.exp(s - s.max(axis=-1, keepdims=True))\n    p = p / p.sum(axis=-1, keepdims=True)\n")],
+     EDGE, "edge case 'a padding mask'"),
+    ("scaled_dot_product_attention", "k.T on batched keys", [("kt = np.swapaxes(k, -1, -2)", "kt = k.T")], SHAPES,
+     "raised ValueError"),
+    ("scaled_dot_product_attention", "no guard for a fully masked row", [("    m[~np.isfinite(m)] = 0\n", "")], EDGE,
+     "edge case 'a fully masked row'"),
+    ("scaled_dot_product_attention", "the scale forgotten in the backward",
+     [("(dp * p).sum(axis=-1, keepdims=True)) * scale", "(dp * p).sum(axis=-1, keepdims=True))")], BACKWARD,
+     "dv matches"),
+    ("scaled_dot_product_attention", "causal mask aligned bottom-right",
+     [("np.tril(np.ones((t_q, t_k), dtype=bool))", "np.tril(np.ones((t_q, t_k), dtype=bool), k=t_k - t_q)")],
+     KEYWORDS, "keyword case 'is_causal=True with more keys'"),
+    ("scaled_dot_product_attention", "dropout forgotten in the backward", [("dp = dp * keep", "dp = dp")], KEYWORDS,
+     "keyword case 'dropout_p=0.5'"),
+    ("split_heads", "reshape without the transpose", [("return np.moveaxis(y, -2, -3), x.shape",
+                                                       "return y.reshape(*lead, n_heads, T, E // n_heads), x.shape")],
+     FORWARD, "y differs"),
+    ("split_heads", "backward reshapes without moving the axes back",
+     [("np.moveaxis(dy, -3, -2).reshape(cache)", "dy.reshape(cache)")], BACKWARD, "dx differs"),
+    ("split_heads", "(B, T, E) only", [("*lead, T, E = x.shape", "B, T, E = x.shape"), ("*lead, T, n_heads", "B, T, n_heads")],
+     EDGE, "edge case 'batch axes'"),
+    ("merge_heads", "reshape without the transpose", [("np.moveaxis(x, -3, -2).reshape(*lead, T, h * d)",
+                                                       "x.reshape(*lead, T, h * d)")], FORWARD, "y differs"),
+    ("merge_heads", "backward reshapes without moving the axes back",
+     [("np.moveaxis(dy.reshape(*lead, T, h, d), -2, -3)", "dy.reshape(*lead, h, T, d)")], BACKWARD, "dx differs"),
+    ("repeat_kv", "tiled heads", [("np.repeat(x, n_rep, axis=1)", "np.tile(x, (1, n_rep, 1, 1))")], FORWARD,
+     "y differs"),
+    ("repeat_kv", "gradient of one copy only", [(".sum(axis=2)", "[:, :, 0]")], BACKWARD, "dx differs"),
+    ("repeat_kv", "copies averaged", [(".sum(axis=2)", ".mean(axis=2)")], BACKWARD, "dx differs"),
+    ("rope", "backward rotates by +θ", [("_rotate(dy * sin, -1)", "_rotate(dy * sin, 1)")], BACKWARD, "dx differs"),
+    ("rope", "exponent 2i/d with i counting by twos",
+     [("theta ** (-np.arange(0, d, 2) / d)", "theta ** (-2 * np.arange(0, d, 2) / d)")], FORWARD, "y differs"),
+    ("rope", "offset ignored", [("np.arange(offset, offset + T)", "np.arange(T)")], KEYWORDS,
+     "keyword case 'offset=3'"),
+    ("rope", "positions (B, T) not broadcast over the heads", [("if cos.ndim == 3 and x.ndim == 4:", "if False:")],
+     KEYWORDS, "keyword case 'positions (B, T)'"),
+    ("swiglu", "SiLU' = σ", [("(s + a * s * (1 - s))", "s")], BACKWARD, "(dw_up, dw_down"),
+    ("swiglu", "gate on the up projection", [("s = 1 / (1 + np.exp(-a))", "s = 1 / (1 + np.exp(-b))"),
+                                             ("h = a * s * b", "h = b * s * a")], FORWARD, "y differs"),
+    ("swiglu", "σ as exp(a) / (1 + exp(a))", [("s = 1 / (1 + np.exp(-a))", "s = np.exp(a) / (1 + np.exp(a))")],
+     EDGE, "edge case 'large pre-activations'"),
+    ("swiglu", "dx through the gate only", [("dx = da @ w_gate + db @ w_up", "dx = da @ w_gate")], BACKWARD,
+     "dx differs"),
+    ("adamw", "no bias corrections", [("m_hat = exp_avg / (1 - beta1 ** step)", "m_hat = exp_avg"),
+                                      ("v_hat = exp_avg_sq / (1 - beta2 ** step)", "v_hat = exp_avg_sq")],
+     "one step against the reference", "param differs"),
+    ("adamw", "L2 weight decay (Adam's)", [("param *= 1 - lr * weight_decay", "grad = grad + weight_decay * param")],
+     "one step against the reference", "param differs"),
+    ("adamw", "arrays rebound, not updated in place",
+     [("param *= 1 - lr * weight_decay", "param = param * (1 - lr * weight_decay)"),
+      ("exp_avg *= beta1\n    exp_avg += (1 - beta1) * grad", "exp_avg = beta1 * exp_avg + (1 - beta1) * grad"),
+      ("exp_avg_sq *= beta2\n    exp_avg_sq += (1 - beta2) * grad ** 2",
+       "exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad ** 2"),
+      ("param -= lr", "param = param - lr")], "in place, shapes and dtype", "left param unchanged"),
+    ("adamw", "eps inside the square root", [("np.sqrt(v_hat) + eps", "np.sqrt(v_hat + eps)")],
+     "one step against the reference", "param differs"),
+    ("adamw", "weight decay after the update", [("    param *= 1 - lr * weight_decay\n", ""),
+                                                ("param -= lr * m_hat / (np.sqrt(v_hat) + eps)",
+                                                 "param -= lr * m_hat / (np.sqrt(v_hat) + eps)\n"
+                                                 "    param *= 1 - lr * weight_decay")],
+     "one step against the reference", "param differs"),
+]
+
+
+def solution(name):
+    return (SOLUTIONS / f"{name}.py").read_text(encoding="utf-8")
+
+
+def write_mistake(tmp_path, name, patches):
+    text = solution(name)
+    for old, new in patches:
+        assert old in text, f"the solution of {name} no longer contains {old!r}: update MISTAKES"
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.py"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", list(E.EXERCISES))
+def test_numformer_ops_pass_their_exercise(name):
+    exercise = E.EXERCISES[name]
+    report = E.check(exercise, vars(exercise.reference))
+    assert report.ok, report.message
+
+
+@pytest.mark.parametrize("name", list(E.EXERCISES))
+def test_a_learners_solution_passes(name):
+    report = E.check_file(name, SOLUTIONS / f"{name}.py")
+    assert report.ok, E.format_report(report, name)
+
+
+@pytest.mark.parametrize("name", list(E.EXERCISES))
+def test_the_stub_fails_as_shipped(name, tmp_path):
+    path = E.write_stub(name, tmp_path)
+    text = path.read_text(encoding="utf-8")
+    assert "TODO" in text and "NotImplementedError" in text
+    for function in E.EXERCISES[name].functions:        # the signature and the docstring, never the solution
+        assert f"def {function.name}(" in text and function.doc.splitlines()[0] in text
+    report = E.check_file(name, path)
+    assert not report.ok
+    assert report.passed == [SIGNATURE] and "not written yet" in report.message
+
+
+@pytest.mark.parametrize("name, mistake, patches, step, fragment", MISTAKES,
+                         ids=[f"{m[0]}: {m[1]}" for m in MISTAKES])
+def test_a_typical_mistake_fails_where_it_should(name, mistake, patches, step, fragment, tmp_path):
+    report = E.check_file(name, write_mistake(tmp_path, name, patches))
+    assert report.failed == step, f"{mistake}: failed at {report.failed!r}, not {step!r}:\n{report.message}"
+    assert fragment in report.message, f"{mistake}: {fragment!r} is not in the message:\n{report.message}"
+
+
+def test_every_exercise_has_two_typical_mistakes():
+    counts = {name: sum(m[0] == name for m in MISTAKES) for name in E.EXERCISES}
+    assert min(counts.values()) >= 2, counts
+
+
+def test_a_failure_says_where_without_the_code(tmp_path):
+    report = E.check_file("layer_norm", write_mistake(tmp_path, "layer_norm", MISTAKES[17][2]))
+    text = E.format_report(report, "layer_norm.py")
+    assert "3. forward against the reference" in text and "FAILED" in text
+    assert "most at y[" in text and "relative to its largest entry" in text
+    assert "hint layer_norm" in text and "np.sqrt" not in text
+
+
+def test_a_file_that_does_not_run_fails_the_first_step(tmp_path):
+    (tmp_path / "bad.py").write_text("import numpy as np\n\ndef layer_norm_forward(x:\n", encoding="utf-8")
+    report = E.check_file("layer_norm", tmp_path / "bad.py")
+    assert report.failed == SIGNATURE and "line 3" in report.message
+    (tmp_path / "bad.py").write_text("def layer_norm_forward(x, gamma, beta, eps=1e-6):\n    pass\n"
+                                     "def layer_norm_backward(dy, cache):\n    pass\n", encoding="utf-8")
+    report = E.check_file("layer_norm", tmp_path / "bad.py")
+    assert report.failed == SIGNATURE and "eps=1e-05" in report.message
+
+
+def test_hints_come_one_at_a_time_and_are_remembered(tmp_path):
+    seen = [E.next_hint("rope", tmp_path)[0] for _ in range(len(E.EXERCISES["rope"].hints) + 1)]
+    assert seen == [1, 2, 3, 4, 4]
+    assert json.loads((tmp_path / E.HINTS_FILE).read_text())["hints_seen"] == {"rope": 4}
+    assert E.next_hint("softmax", tmp_path)[:2] == (1, len(E.EXERCISES["softmax"].hints))
+
+
+def test_every_exercise_is_documented_and_hinted():
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for exercise in E.EXERCISES.values():
+        assert exercise.hints and exercise.summary and exercise.page
+        page, anchor = exercise.page.split("#")
+        assert (docs / page).is_file(), f"{exercise.name}: no docs/{page}"
+        assert f"numformer exercises start {exercise.name}" in (docs / "exercises.md").read_text(encoding="utf-8")
+
+
+def test_using_ops_installs_and_restores():
+    mine = lambda x, W, b=None: (np.zeros(1), None)      # noqa: E731
+    with dispatch.using_ops({"linear_forward": mine}):
+        assert dispatch.F.linear_forward is mine
+        with dispatch.reference_mode():
+            assert dispatch.F.linear_forward is mine and dispatch.F.linear_backward is ops.linear_backward
+    assert dispatch.F.linear_forward is not mine
+    with pytest.raises(ValueError, match="no op 'linear_forwards'"):
+        with dispatch.using_ops({"linear_forwards": mine}):
+            pass
+
+
+def test_the_exercise_loop_is_the_trainers_step(tmp_path):
+    """With the reference ops, ``exercises train``'s loop gives the Trainer's losses (float64, one process)."""
+    from numformer import reference_mode
+    from numformer.train import Trainer
+
+    overrides = ["train.max_steps=4", "train.log_every=1", "train.eval_every=100", "train.processes=1",
+                 "model.n_layers=1"]
+    config, task = training.configure("gpt", overrides)
+    run = training.Run(config, task)
+    ours = [run.step() for _ in range(4)]
+    with reference_mode():
+        Trainer(config, tmp_path / "run", quiet=True).train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    theirs = [r["train_loss"] for r in lines if "train_loss" in r]
+    assert np.allclose(ours, theirs, rtol=0, atol=1e-12), (ours, theirs)
+
+
+def test_train_on_a_learners_ops_follows_the_library(capsys):
+    files = [SOLUTIONS / f"{n}.py" for n in ("linear", "layer_norm", "embedding", "gelu", "cross_entropy",
+                                             "scaled_dot_product_attention", "adamw", "softmax")]
+    assert training.train(files, steps=3, every=1) == 0
+    out = capsys.readouterr().out
+    assert "Your ops in the model: adamw, cross_entropy, embedding, gelu, layer_norm, linear, " \
+           "scaled_dot_product_attention; not called by this model: softmax" in out
+    assert "equals the library's" in out
+
+
+def test_train_refuses_an_op_that_fails_its_check(tmp_path, capsys):
+    path = write_mistake(tmp_path, "layer_norm", MISTAKES[17][2])
+    assert training.train([path], steps=2) == 1
+    assert "Fix layer_norm first" in capsys.readouterr().out
+
+
+def test_train_finds_where_the_curves_part(tmp_path, capsys):
+    """An op right on the check's inputs (d = 8) and wrong at the model's width (d = 128) parts the curves."""
+    text = solution("layer_norm").replace("    return y, (xhat, r, gamma)",
+                                          "    if x.shape[-1] == 128:\n        y = y + 1e-7\n"
+                                          "    return y, (xhat, r, gamma)")
+    (tmp_path / "layer_norm.py").write_text(text, encoding="utf-8")
+    assert training.train([tmp_path / "layer_norm.py"], steps=2, every=1) == 1
+    assert "The curves part at step 1" in capsys.readouterr().out
+
+
+def test_train_with_the_llama_model_uses_rope_and_rms_norm(capsys):
+    files = [SOLUTIONS / f"{n}.py" for n in ("rope", "rms_norm", "repeat_kv", "swiglu")]
+    assert training.train(files, steps=2, model="llama", every=1) == 0
+    assert "Your ops in the model: repeat_kv, rms_norm, rope; not called by this model: swiglu" in \
+        capsys.readouterr().out
+
+
+def numformer(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "numformer.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_the_command_line_session(tmp_path):
+    """list, start, check (failing, then passing), hint, and the errors of bad input."""
+    listed = numformer("exercises", "list", cwd=tmp_path)
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(E.EXERCISES)
+    assert numformer("exercises", "start", "rms_norm", "--dir", "ex", cwd=tmp_path).returncode == 0
+    failing = numformer("exercises", "check", "rms_norm", "ex/rms_norm.py", cwd=tmp_path)
+    assert failing.returncode == 1 and "FAILED" in failing.stdout
+    hint = numformer("exercises", "hint", "rms_norm", cwd=tmp_path)
+    assert hint.returncode == 0 and hint.stdout.startswith("Hint 1 of")
+    again = numformer("exercises", "start", "rms_norm", "--dir", "ex", cwd=tmp_path)
+    assert again.returncode == 2 and "exists (your work so far?)" in again.stderr
+    (tmp_path / "ex" / "rms_norm.py").write_text(solution("rms_norm"), encoding="utf-8")
+    passing = numformer("exercises", "check", "rms_norm", "ex/rms_norm.py", cwd=tmp_path)
+    assert passing.returncode == 0 and passing.stdout.count(" ok") == 7
+    unknown = numformer("exercises", "check", "layernorm", "ex/rms_norm.py", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no exercise 'layernorm'" in unknown.stderr
+    missing = numformer("exercises", "check", "rms_norm", "ex/nothing.py", cwd=tmp_path)
+    assert missing.returncode == 2 and "no such file" in missing.stderr

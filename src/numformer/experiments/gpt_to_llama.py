@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from ..analysis import new_figure, save_figure
 from ..config import apply_overrides, load_config, resolve_config
 from ..models import build_model
 from ..provenance import git_commit, machine_info
@@ -83,13 +84,36 @@ def run_ladder(exp, ctx):
     figures |= {f"rung_{n}_step": (rungs[n - 1]["mean"] - r["mean"]) if n else 0.0 for n, r in enumerate(rungs)}
     record = {
         "name": exp.name, "description": exp.description, "figures": figures, "rungs": rungs,
-        "targets": {}, "met": {}, "seeds": seeds, "steps": None, "stopped_early": False,
+        "targets": {}, "met": {}, "seeds": seeds, "steps": int(config["train"]["max_steps"]), "stopped_early": False,
         "wall_time_s": round(time.time() - started, 1), "time_limit_minutes": None, "commit": git_commit(),
         "date": datetime.date.today().isoformat(), "machine": machine_info(),
         "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else "")
                    + (f" --seeds {ctx.seeds}" if ctx.seeds else ""),
     }
+    plot_ladder(record, ctx.results_dir / "figures" / f"{exp.name}.png")
     return record, markdown(record)
+
+
+def plot_ladder(record, path):
+    """The loss of every rung: each seed a dot, the mean a line."""
+    fig = new_figure(7.0, 3.4)
+    ax = fig.subplots()
+    rungs = record["rungs"]
+    x = np.arange(len(rungs))
+    for n, r in enumerate(rungs):
+        ax.plot([n] * len(r["runs"]), [s["val_loss"] for s in r["runs"]], "o", color="0.6", ms=4,
+                label="one seed" if n == 0 else None)
+    ax.plot(x, [r["mean"] for r in rungs], "s-", color="tab:blue", label=f"mean over {record['seeds']} seed(s)")
+    for n, r in enumerate(rungs):
+        ax.annotate(f"{r['mean']:.3f}", (n, r["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xticks(x, [r["rung"].replace("grouped-query attention", "GQA") for r in rungs], fontsize=8)
+    ax.set_ylabel("validation loss (whole text)")
+    ax.set_title(f"From GPT to Llama, one change at a time (tiny Shakespeare, {record['steps']:,} steps)",
+                 fontsize=10)
+    ax.margins(y=0.15)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
 
 
 def markdown(record):
@@ -109,7 +133,8 @@ def markdown(record):
         f"above with one more change, trained with seeds {seeds}; the loss is that of the saved weights on the "
         f"whole validation text (mean and sd over the seeds); the last column is what the rung's change gained.",
         "", "| # | rung | change | parameters | loss | sd | gain |", "|---|---|---|---|---|---|---|", *rows, "",
-        f"From {first:.4f} to {last:.4f}: {first - last:.4f} in all.", "", "Each seed:", "", *per_seed, ""])
+        f"From {first:.4f} to {last:.4f}: {first - last:.4f} in all.", "", "Each seed:", "", *per_seed, "",
+        f"![The loss of every rung](figures/{record['name']}.png)", ""])
 
 
 def _gain(record, n):

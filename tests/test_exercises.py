@@ -7,6 +7,7 @@ each mistake below is one of them with one change, as learners make it.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -220,7 +221,7 @@ def test_every_exercise_has_two_typical_mistakes():
 
 def test_a_failure_says_where_without_the_code(tmp_path):
     report = E.check_file("layer_norm", write_mistake(tmp_path, "layer_norm", MISTAKES[17][2]))
-    text = E.format_report(report, "layer_norm.py")
+    text = " ".join(E.format_report(report, "layer_norm.py").split())
     assert "3. forward against the reference" in text and "FAILED" in text
     assert "most at y[" in text and "relative to its largest entry" in text
     assert "hint layer_norm" in text and "np.sqrt" not in text
@@ -249,7 +250,7 @@ def test_every_exercise_is_documented_and_hinted():
         assert exercise.hints and exercise.summary and exercise.page
         page, anchor = exercise.page.split("#")
         assert (docs / page).is_file(), f"{exercise.name}: no docs/{page}"
-        assert f"numformer exercises start {exercise.name}" in (docs / "exercises.md").read_text(encoding="utf-8")
+        assert f"| `{exercise.name}` |" in (docs / "exercises.md").read_text(encoding="utf-8"), exercise.name
 
 
 def test_using_ops_installs_and_restores():
@@ -285,7 +286,7 @@ def test_train_on_a_learners_ops_follows_the_library(capsys):
     files = [SOLUTIONS / f"{n}.py" for n in ("linear", "layer_norm", "embedding", "gelu", "cross_entropy",
                                              "scaled_dot_product_attention", "adamw", "softmax")]
     assert training.train(files, steps=3, every=1) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "Your ops in the model: adamw, cross_entropy, embedding, gelu, layer_norm, linear, " \
            "scaled_dot_product_attention; not called by this model: softmax" in out
     assert "equals the library's" in out
@@ -294,7 +295,7 @@ def test_train_on_a_learners_ops_follows_the_library(capsys):
 def test_train_refuses_an_op_that_fails_its_check(tmp_path, capsys):
     path = write_mistake(tmp_path, "layer_norm", MISTAKES[17][2])
     assert training.train([path], steps=2) == 1
-    assert "Fix layer_norm first" in capsys.readouterr().out
+    assert "Fix layer_norm first" in " ".join(capsys.readouterr().out.split())
 
 
 def test_train_finds_where_the_curves_part(tmp_path, capsys):
@@ -304,14 +305,14 @@ def test_train_finds_where_the_curves_part(tmp_path, capsys):
                                           "    return y, (xhat, r, gamma)")
     (tmp_path / "layer_norm.py").write_text(text, encoding="utf-8")
     assert training.train([tmp_path / "layer_norm.py"], steps=2, every=1) == 1
-    assert "The curves part at step 1" in capsys.readouterr().out
+    assert "The curves part at step 1" in " ".join(capsys.readouterr().out.split())
 
 
 def test_train_with_the_llama_model_uses_rope_and_rms_norm(capsys):
     files = [SOLUTIONS / f"{n}.py" for n in ("rope", "rms_norm", "repeat_kv", "swiglu")]
     assert training.train(files, steps=2, model="llama", every=1) == 0
     assert "Your ops in the model: repeat_kv, rms_norm, rope; not called by this model: swiglu" in \
-        capsys.readouterr().out
+        " ".join(capsys.readouterr().out.split())
 
 
 def numformer(*args, cwd):
@@ -321,7 +322,9 @@ def numformer(*args, cwd):
 def test_the_command_line_session(tmp_path):
     """list, start, check (failing, then passing), hint, and the errors of bad input."""
     listed = numformer("exercises", "list", cwd=tmp_path)
-    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(E.EXERCISES)
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert listed.returncode == 0 and names == list(E.EXERCISES)
+    assert max(map(len, listed.stdout.splitlines())) <= E.WIDTH
     assert numformer("exercises", "start", "rms_norm", "--dir", "ex", cwd=tmp_path).returncode == 0
     failing = numformer("exercises", "check", "rms_norm", "ex/rms_norm.py", cwd=tmp_path)
     assert failing.returncode == 1 and "FAILED" in failing.stdout
@@ -336,3 +339,65 @@ def test_the_command_line_session(tmp_path):
     assert unknown.returncode == 2 and "no exercise 'layernorm'" in unknown.stderr
     missing = numformer("exercises", "check", "rms_norm", "ex/nothing.py", cwd=tmp_path)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+# -- the session of docs/exercises.md, replayed -----------------------------------------------------------------
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "exercises.md"
+BLOCK = re.compile(r"^( *)```(console|python)\n(.*?)^\1```", re.S | re.M)
+
+
+def session_steps():
+    """[("file", text) | ("run", command, expected output)] of the page's session, in order: each python block is
+    the learner's ex/layer_norm.py from there on; each console block, its commands and what they print."""
+    text = PAGE.read_text(encoding="utf-8")
+    text = text[text.index("### A session"):text.index("### Adding an exercise")]
+    steps = []
+    for indent, kind, body in BLOCK.findall(text):
+        body = "\n".join(line[len(indent):] for line in body.splitlines())
+        if kind == "python":
+            steps.append(("file", body + "\n"))
+            continue
+        for chunk in re.split(r"^\$ ", body, flags=re.M)[1:]:
+            command, _, output = chunk.partition("\n")
+            steps.append(("run", command, output.rstrip("\n")))
+    return steps
+
+
+def replay(tmp_path, steps=None):
+    """Run the session in tmp_path; ``steps`` replaces the training's 300 steps (its output is then compared up to
+    the first step's line, whitespace normalized)."""
+    ran = 0
+    for step in session_steps():
+        if step[0] == "file":
+            (tmp_path / "ex").mkdir(exist_ok=True)
+            (tmp_path / "ex" / "layer_norm.py").write_text(step[1], encoding="utf-8")
+            continue
+        _, command, expected = step
+        args = command.split()[1:]
+        done = numformer(*args, *(["--steps", str(steps)] if args[:2] == ["exercises", "train"] and steps else []),
+                         cwd=tmp_path)
+        got = done.stdout.rstrip("\n")
+        if args[:2] == ["exercises", "train"] and steps:
+            got, expected = (_to_first_step(text) for text in (got, expected))
+            got = got.replace(f"for {steps} steps", "for 300 steps")
+        assert got == expected, f"`{command}` printed:\n{got}\n\nthe page shows:\n{expected}"
+        ran += 1
+    return ran
+
+
+def _to_first_step(text):
+    """The training's output up to its first step's line, whitespace normalized."""
+    lines = text.splitlines()
+    first = next(n for n, line in enumerate(lines) if line.startswith("     1 "))
+    return " ".join(" ".join(lines[:first + 1]).split())
+
+
+def test_the_session_on_the_exercises_page(tmp_path):
+    """Every command of the page's session prints what the page shows (the training's first step only)."""
+    assert replay(tmp_path, steps=1) == 5
+
+
+@pytest.mark.slow
+def test_the_whole_session_on_the_exercises_page(tmp_path):
+    """The same with the 300 training steps the page shows."""
+    assert replay(tmp_path) == 5

@@ -12,19 +12,19 @@ from __future__ import annotations
 def _list(args):
     from ..exercises import EXERCISES
 
-    width = max(map(len, EXERCISES))
+    width = max(map(len, EXERCISES)) + 2
     for exercise in EXERCISES.values():
-        print(f"{exercise.name:<{width}}  {exercise.summary}")
+        print(f"{exercise.name:<{width}}{exercise.summary}")
 
 
 def _start(args):
-    from ..exercises import get, write_stub
+    from ..exercises import get, wrap, write_stub
 
     path = write_stub(args.name, args.dir, overwrite=args.overwrite)
     print(f"wrote {path}: fill in its TODOs, then grade it with\n"
-          f"    numformer exercises check {args.name} {path}\n"
-          f"(`numformer exercises hint {args.name}` gives a hint at a time; the derivation is in "
-          f"docs/{get(args.name).page})")
+          f"    numformer exercises check {args.name} {path}")
+    print(wrap(f"(`numformer exercises hint {args.name}` gives a hint at a time; the derivation is in "
+               f"docs/{get(args.name).page})"))
 
 
 def _check(args):
@@ -36,10 +36,10 @@ def _check(args):
 
 
 def _hint(args):
-    from ..exercises import next_hint
+    from ..exercises import next_hint, wrap
 
     number, count, text = next_hint(args.name, args.dir)
-    print(f"Hint {number} of {count} for {args.name}:\n  {text}")
+    print(f"Hint {number} of {count} for {args.name}:\n" + wrap(text, "  "))
     if number < count:
         print(f"(`numformer exercises hint {args.name}` again for the next one)")
 

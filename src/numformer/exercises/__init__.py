@@ -22,6 +22,14 @@ from .catalog import EXERCISES
 from .checker import STANDARD_STEPS, Exercise, Failure, Report, check
 
 HINTS_FILE = ".numformer-exercises.json"      # which hints were shown, in the learner's folder
+WIDTH = 88                                     # the commands' output is wrapped at this width
+
+
+def wrap(text, indent=""):
+    """``text`` wrapped at WIDTH, paragraph by paragraph (its lines), continuation lines indented 2 more."""
+    return "\n".join(textwrap.fill(line, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                                    break_on_hyphens=False, break_long_words=False)
+                      for line in text.splitlines())
 
 
 def get(name):
@@ -79,40 +87,55 @@ def format_report(report, path):
             lines.append(f"  {n}. {step.title} ".ljust(width + 6, ".") + " ok")
         elif step.title == report.failed:
             lines.append(f"  {n}. {step.title} ".ljust(width + 6, ".") + " FAILED")
-            lines += ["     " + line for line in report.message.splitlines()]
+            lines.append(wrap(report.message, "     "))
             break
     if report.ok:
-        lines.append(f"{exercise.name} passes every step: it equals numformer's reference to 1e-10. Plug it into "
-                     f"a GPT: numformer exercises train {path}")
+        lines.append(wrap(f"{exercise.name} passes every step: it equals numformer's reference to 1e-10. Plug it "
+                          f"into a GPT: numformer exercises train {path}"))
     else:
-        lines.append(f"Stuck? `numformer exercises hint {exercise.name}` gives a hint at a time; the derivation is "
-                     f"in docs/{exercise.page}.")
+        lines.append(wrap(f"Stuck? `numformer exercises hint {exercise.name}` gives a hint at a time; the "
+                          f"derivation is in docs/{exercise.page}."))
     return "\n".join(lines)
 
 
 def stub_text(exercise):
     """The file ``start`` writes: the signatures, the docstrings with shapes and equations, and TODOs."""
     header = textwrap.dedent(f'''\
-        """numformer exercise {exercise.name}: {exercise.summary}.
+        """numformer exercise {exercise.name}:
+        {exercise.summary}.
 
         Write the functions below from their docstrings, then grade them:
 
             numformer exercises check {exercise.name} {exercise.name}.py
 
-        `numformer exercises hint {exercise.name}` gives a hint at a time. The derivation is in the docs,
-        docs/{exercise.page}. Your file may import NumPy and anything else; the check compares your
-        functions' outputs and gradients with numformer's, in float64.
+        `numformer exercises hint {exercise.name}` gives a hint at a time. The derivation is in
+        the docs: docs/{exercise.page}.
+        Your file may import NumPy and anything else; the check compares your functions'
+        outputs and gradients with numformer's, in float64.
         """
         import numpy as np
         ''')
     parts = [header]
     references = exercise.reference_functions()
     for function in exercise.functions:
-        signature = inspect.signature(references[function.name])
-        body = [f'"""{function.doc}\n"""'] + [f"# TODO: {todo}" for todo in function.todos]
+        body = [f'"""{function.doc}\n"""'] + [wrap(f"# TODO: {todo}").replace("\n  ", "\n#   ") for todo in function.todos]
         body.append(f'raise NotImplementedError("{function.name}")')
-        parts.append(f"\n\ndef {function.name}{signature}:\n" + textwrap.indent("\n".join(body), "    ") + "\n")
+        parts.append(f"\n\n{_def_line(function.name, inspect.signature(references[function.name]))}\n"
+                     + textwrap.indent("\n".join(body), "    ") + "\n")
     return "".join(parts)
+
+
+def _def_line(name, signature):
+    """``def name(parameters):``, the parameters wrapped under the first one at WIDTH columns."""
+    head, params = f"def {name}(", [str(p) for p in signature.parameters.values()]
+    lines, line = [], head
+    for n, param in enumerate(params):
+        piece = param + ("," if n < len(params) - 1 else "):")
+        if len(line) + len(piece) + 1 > WIDTH and line.strip() != head.strip():
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += piece + " "
+    return "\n".join(lines + [line.rstrip()])
 
 
 def write_stub(name, folder, overwrite=False):
@@ -146,5 +169,5 @@ def next_hint(name, folder="."):
     return number, len(exercise.hints), exercise.hints[number - 1]
 
 
-__all__ = ["EXERCISES", "Exercise", "Report", "check", "check_file", "format_report", "get", "load_functions",
+__all__ = ["EXERCISES", "wrap", "Exercise", "Report", "check", "check_file", "format_report", "get", "load_functions",
            "next_hint", "stub_text", "write_stub"]

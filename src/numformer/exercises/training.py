@@ -23,7 +23,7 @@ from ..models import build_model
 from ..nn.dispatch import OPS, reference_mode, using_ops
 from ..optim import clip_grad_norm, make_schedule
 from ..train.trainer import make_optimizer
-from . import EXERCISES, check, format_report, load_functions
+from . import EXERCISES, check, format_report, load_functions, wrap
 
 MODELS = {"gpt": "shakespeare_char", "llama": "shakespeare_char_llama"}     # configs/NAME.toml
 CURVE_TOL = 1e-10          # |your loss - the library's| at every step, float64
@@ -146,14 +146,14 @@ def train(paths, steps=300, model="gpt", every=25, out=print):
         report = check(EXERCISES[name], learner.functions[name])
         if not report.ok:
             out(format_report(report, path))
-            out(f"Fix {name} first: `numformer exercises train` runs ops that pass their check.")
+            out(wrap(f"Fix {name} first: `numformer exercises train` runs ops that pass their check."))
             return 1
     config, task = configure(model)
     used, unused = used_by(config["model"], learner)
-    out(f"Your ops in the model: {', '.join(used) or 'none'}" + (f"; not called by this model: {', '.join(unused)}"
-                                                                 if unused else ""))
-    out(f"Training {MODELS[model]} (configs/{MODELS[model]}.toml) in float64 for {steps} steps, your ops against "
-        f"numformer's references, from the same seed on the same batches:")
+    out(wrap(f"Your ops in the model: {', '.join(used) or 'none'}"
+             + (f"; not called by this model: {', '.join(unused)}" if unused else "")))
+    out(wrap(f"Training {MODELS[model]} (configs/{MODELS[model]}.toml) in float64 for {steps} steps, your ops "
+             f"against numformer's references, from the same seed on the same batches:"))
     yours, library = Run(config, task, learner), Run(config, task)
     out(f"{'step':>6}  {'your loss':>18}  {'library loss':>18}  {'difference':>10}")
     first_bad, worst = None, 0.0
@@ -166,9 +166,9 @@ def train(paths, steps=300, model="gpt", every=25, out=print):
         if n == 1 or n % every == 0 or n == steps or n == first_bad:
             out(f"{n:>6}  {a:>18.12f}  {b:>18.12f}  {diff:>10.1e}")
     if first_bad is None:
-        out(f"Your ops trained the GPT: its loss equals the library's to {worst:.1e} at every one of the {steps} "
-            f"steps (tolerance {CURVE_TOL:g}).")
+        out(wrap(f"Your ops trained the GPT: its loss equals the library's to {worst:.1e} at every one of the "
+                 f"{steps} steps (tolerance {CURVE_TOL:g})."))
         return 0
-    out(f"The curves part at step {first_bad} (difference above {CURVE_TOL:g}): one of your ops differs from "
-        f"numformer's on inputs the checks did not try. Train with each file alone to find which.")
+    out(wrap(f"The curves part at step {first_bad} (difference above {CURVE_TOL:g}): one of your ops differs from "
+             f"numformer's on inputs the checks did not try. Train with each file alone to find which."))
     return 1

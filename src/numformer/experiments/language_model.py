@@ -58,6 +58,7 @@ def make_extra(name, why, compare_with=None):
     studies."""
     def extra(trainer, task, results_dir, quick):
         figures, md = _sample_and_figures(trainer, task, name, why)
+        write_strategy_samples(trainer.run_dir, task.tokenizer, results_dir, name, quick)
         seeds = results_dir / SEEDS_FILE.format(name=name)
         parts = [md, seeds_markdown(seeds, name, nanogpt=compare_with is None)]
         if compare_with is not None:
@@ -74,7 +75,7 @@ def _sample_and_figures(trainer, task, name, why):
     ids = generate(model, task.tokenizer.encode(PROMPT), SAMPLE_TOKENS, temperature=1.0, rng=0)
     sample = task.tokenizer.decode(ids)                  # the prompt and what follows
     figures = {"bits_per_character": loss / math.log(2), "train_tokens_per_s": summary["tokens_per_s"],
-               "processes": summary["processes"], "samples": strategy_samples(trainer.run_dir, task.tokenizer)}
+               "processes": summary["processes"]}
     md = "\n".join([
         f"Model: {why}", "",
         _selection_text(summary, name), "",
@@ -92,6 +93,20 @@ def strategy_samples(run_dir, tokenizer):
     model, prompt = load_model(run_dir), tokenizer.encode(PROMPT)
     return {name: tokenizer.decode(generate(model, prompt, STRATEGY_TOKENS, rng=0, **options))
             for name, options in STRATEGIES.items()}
+
+
+def write_strategy_samples(run_dir, tokenizer, results_dir, name, quick=False):
+    """results/{name}_samples.json: the samples of ``strategy_samples`` of the run's saved weights, with the
+    whole-validation loss of those weights (the page that prints the samples is checked against this file)."""
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    record = {"command": f"numformer reproduce {name}" + (" --quick" if quick else ""), "commit": git_commit(),
+              "date": datetime.date.today().isoformat(), "run_dir": str(run_dir),
+              "val_loss": summary["best_val_loss"], "step": summary["best_step"], "prompt": PROMPT,
+              "new_tokens": STRATEGY_TOKENS, "seed": 0, "strategies": STRATEGIES,
+              "samples": strategy_samples(run_dir, tokenizer)}
+    results_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(results_dir / f"{name}_samples.json", record)
+    return record
 
 
 def _selection_text(s, name):

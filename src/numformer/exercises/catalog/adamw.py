@@ -102,15 +102,16 @@ def step_keywords(exercise, learner, reference):
 
 EXERCISE = Exercise(
     name="adamw",
-    summary="one AdamW update in place: decoupled weight decay, moments, bias corrections (torch's arithmetic)",
+    summary="one AdamW update in place, as torch.optim.AdamW",
     functions=(
         Function("adamw_step", """\
-One AdamW update of ``param``, in place (Loshchilov & Hutter 2019), as torch.optim.AdamW computes it.
+One AdamW update of ``param``, in place (Loshchilov & Hutter 2019), as
+torch.optim.AdamW computes it.
 
-param, grad, exp_avg (m), exp_avg_sq (v): float arrays of one shape; m and v start at zero before the first
-update and are updated in place, like param; grad is only read. step: t, the number of this update (1 for
-the first).
-    θ ← θ (1 - lr·λ)                                    (λ = weight_decay: decoupled, applied first)
+param, grad, exp_avg (m), exp_avg_sq (v): float arrays of one shape. m and v start
+at zero before the first update and are updated in place, like param; grad is only
+read. step: t, the number of this update (1 for the first).
+    θ ← θ (1 - lr·λ)            λ = weight_decay: decoupled, applied first
     m ← β₁ m + (1 - β₁) g,      v ← β₂ v + (1 - β₂) g²
     θ ← θ - lr · m̂ / (√v̂ + ε),  m̂ = m / (1 - β₁ᵗ),  v̂ = v / (1 - β₂ᵗ)
 Returns nothing: the caller's arrays hold the result.""",

@@ -17,26 +17,28 @@ def _inputs(targets, scale=2.0, shift=0.0, **options):
 
 EXERCISE = Exercise(
     name="cross_entropy",
-    summary="mean cross-entropy of logits against class ids (ignore_index, label smoothing) and its backward",
+    summary="cross-entropy with ignore_index and label smoothing",
     functions=(
         Function("cross_entropy_forward", """\
-Mean cross-entropy of ``logits`` against integer ``targets``, torch.nn.functional.cross_entropy's semantics.
-Returns (loss, cache), loss a float.
+Mean cross-entropy of ``logits`` against integer ``targets``, with the semantics of
+torch.nn.functional.cross_entropy. Returns (loss, cache), loss a float.
 
-logits: (..., C)   targets: (...) integers in [0, C), or ignore_index
-
-loss_n = (1 - ε) · (-log p_n[y_n]) + ε · mean_c(-log p_n[c]),   p_n = softmax(logits_n), ε = label_smoothing
-loss   = Σ_n loss_n / N, over the N positions whose target is not ignore_index.
-
-Stable for large logits (log-sum-exp). When every target is ignored the loss is 0 (torch gives NaN).""",
+logits: (..., C)   targets: (...), integers in [0, C) or ignore_index
+    loss_n = (1 - ε) · (-log p_n[y_n]) + ε · mean_c(-log p_n[c])
+    p_n = softmax(logits_n),  ε = label_smoothing
+    loss = Σ_n loss_n / N, over the N positions whose target is not ignore_index
+Stable for large logits (log-sum-exp). When every target is ignored the loss is 0
+(torch gives NaN).""",
                  todos=("flatten to (N, C) and (N,)", "log p_n[c] by log-sum-exp",
                         "the per-position loss, with label smoothing", "the mean over the positions that count",
                         "return (loss, cache)")),
         Function("cross_entropy_backward", """\
-dlogits = ∂(dloss · loss)/∂logits: note the order of the arguments, (cache, dloss), the scalar last.
+dlogits = ∂(dloss · loss)/∂logits. Note the order of the arguments: (cache, dloss),
+the scalar last.
 
-->   dlogits: the shape of logits; zero on the ignored positions. Differentiate -log softmax(z)_y with
-respect to z_j; label smoothing replaces the one-hot target by a mixture with the uniform one.""",
+->   dlogits: the shape of logits; zero at the ignored positions. Differentiate
+-log softmax(z)_y with respect to z_j; label smoothing replaces the one-hot target
+by a mixture with the uniform one.""",
                  todos=("the gradient of each counted position", "zero on ignored positions",
                         "divide by the number of counted positions and multiply by dloss", "return dlogits")),
     ),

@@ -66,14 +66,15 @@ def step_keywords_and_rates(exercise, learner, reference):
 
 EXERCISE = Exercise(
     name="dropout",
-    summary="inverted dropout: zero each entry with probability p, scale the rest by 1/(1-p); and its backward",
+    summary="inverted dropout with your own mask, and its backward",
     functions=(
         Function("dropout_forward", """\
-y = x ⊙ m / (1 - p), with m_i = 0 with probability p and 1 otherwise, drawn from the generator ``rng``
-(numpy.random.Generator). Returns (y, cache).
+y = x ⊙ m / (1 - p), with m_i = 0 with probability p and 1 otherwise, drawn from
+the generator ``rng`` (a numpy.random.Generator). Returns (y, cache).
 
-x: any shape   p: in [0, 1)   ->   y: the shape of x. In evaluation (training=False), or with p = 0, y = x.
-The expected value of y is x, so nothing changes at evaluation time.""",
+x: any shape   p: in [0, 1)   ->   y: the shape of x.
+In evaluation (training=False), or with p = 0, y = x. The expected value of y is
+x, so nothing changes at evaluation time.""",
                  todos=("the identity case", "draw the mask from rng", "scale the kept entries",
                         "return y and your cache (what the backward needs)")),
         Function("dropout_backward", """\

@@ -28,18 +28,20 @@ def _plug(functions):
 
 EXERCISE = Exercise(
     name="embedding",
-    summary="the lookup y = E[ids] and its backward, where a repeated id gets every gradient",
+    summary="y = E[ids], whose backward sums over repeated ids",
     functions=(
         Function("embedding_forward", """\
-y[...] = E[ids[...]]: row ids[p] of the table for every position p. Returns (y, cache).
+y[...] = E[ids[...]]: row ids[p] of the table for every position p.
+Returns (y, cache).
 
 ids: integer array of any shape (...)   E: (V, d)   ->   y: (..., d).""",
                  todos=("the lookup", "return y and your cache")),
         Function("embedding_backward", """\
-dE from dy = ∂L/∂y of shape (..., d): dE[v] = Σ over the positions p with ids[p] = v of dy[p].
+dE from dy = ∂L/∂y of shape (..., d):
+    dE[v] = Σ over the positions p with ids[p] = v of dy[p].
 
-->   dE: (V, d), zero in the rows of ids that do not occur. A token that occurs at several positions gets
-the sum of their gradients.""",
+->   dE: (V, d), zero in the rows of ids that do not occur. A token that occurs
+at several positions gets the sum of their gradients.""",
                  todos=("start from a zero table of E's shape", "add every position's gradient into its row",
                         "return dE")),
     ),

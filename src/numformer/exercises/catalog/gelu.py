@@ -12,19 +12,21 @@ def _x(rng, shape=(4, 7)):
 
 EXERCISE = Exercise(
     name="gelu",
-    summary="GELU(x) = x Φ(x), exact (erf) and GPT-2's tanh approximation, and its derivative",
+    summary="GELU, exact and tanh-approximated, and its derivative",
     functions=(
         Function("gelu_forward", """\
 GELU(x) = x Φ(x), Φ the standard normal CDF, elementwise. Returns (y, cache).
 
-approximate="none":  Φ(x) = ½ (1 + erf(x / √2))                       (torch.nn.GELU())
-approximate="tanh":  Φ(x) ≈ ½ (1 + tanh(√(2/π) (x + 0.044715 x³)))     (GPT-2's)
-NumPy has no erf: use numformer.ops.erf (or math.erf through np.vectorize). x: any shape -> y: the same.""",
+approximate="none":  Φ(x) = ½ (1 + erf(x / √2))                    (torch's default)
+approximate="tanh":  Φ(x) ≈ ½ (1 + tanh(√(2/π) (x + 0.044715 x³)))  (GPT-2's)
+NumPy has no erf: use numformer.ops.erf (or math.erf through np.vectorize).
+x: any shape   ->   y: the shape of x.""",
                  todos=("Φ(x) for each value of approximate", "y = x Φ(x)",
                         "keep what the backward needs (the derivative itself is fine)")),
         Function("gelu_backward", """\
-dx = dy ⊙ GELU'(x), with GELU'(x) = Φ(x) + x φ(x), φ(x) = exp(-x²/2) / √(2π); for approximate="tanh",
-the derivative of the approximation (product rule, then the chain rule through tanh).""",
+dx = dy ⊙ GELU'(x), with GELU'(x) = Φ(x) + x φ(x), φ(x) = exp(-x²/2) / √(2π);
+for approximate="tanh", the derivative of the approximation (product rule, then
+the chain rule through tanh).""",
                  todos=("GELU'(x) for the forward's approximate", "return dy times it")),
     ),
     grads=("x",),

@@ -24,20 +24,22 @@ def _constant_row(rng):
 
 EXERCISE = Exercise(
     name="layer_norm",
-    summary="LayerNorm over the last axis (biased variance, ε inside the root) and its backward",
+    summary="LayerNorm over the last axis, and its backward",
     functions=(
         Function("layer_norm_forward", """\
-LayerNorm(x) = (x - μ) / √(σ² + ε) ⊙ γ + β, with μ and σ² the mean and the biased variance (divide by d)
-of each position's d features. Returns (y, cache).
+LayerNorm(x) = (x - μ) / √(σ² + ε) ⊙ γ + β, with μ and σ² the mean and the
+biased variance (divide by d) of each position's d features. Returns (y, cache).
 
-x: (..., d), any number of leading axes   gamma: (d,)   beta: (d,) or None (no shift)   ->   y: (..., d).""",
+x: (..., d), any number of leading axes   gamma: (d,)
+beta: (d,), or None (no shift)   ->   y: (..., d).""",
                  todos=("μ and σ² over the last axis (keepdims=True)", "x̂ = (x - μ) / √(σ² + ε)",
                         "y = x̂ ⊙ γ + β (β may be None)", "return y and your cache")),
         Function("layer_norm_backward", """\
 Gradients of LayerNorm from dy of shape (..., d). Returns (dx, dgamma, dbeta).
 
-dgamma = Σ dy ⊙ x̂ and dbeta = Σ dy, summed over every leading axis: shape (d,) (dbeta even when the
-forward had beta=None). For dx: every x_i moves every x̂_j, directly and through μ and σ².""",
+dgamma = Σ dy ⊙ x̂ and dbeta = Σ dy, summed over every leading axis: shape (d,)
+(dbeta even when the forward had beta=None). For dx: every x_i moves every x̂_j,
+directly and through μ and σ².""",
                  todos=("dgamma and dbeta, summed over all leading axes", "g = ∂L/∂x̂",
                         "dx, with the two terms that come from μ and σ²", "return (dx, dgamma, dbeta)")),
     ),

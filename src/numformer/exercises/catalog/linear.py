@@ -15,20 +15,24 @@ def _inputs(lead=(5,), bias=True):
 
 EXERCISE = Exercise(
     name="linear",
-    summary="the affine map y = x Wᵀ + b (torch.nn.Linear's layout), and its three gradients",
+    summary="y = x Wᵀ + b (torch.nn.Linear) and its three gradients",
     functions=(
         Function("linear_forward", """\
 y = x Wᵀ + b. Returns (y, cache).
 
-x: (..., d_in), any number of leading axes (batch, time)   W: (d_out, d_in), torch.nn.Linear's layout
-b: (d_out,) or None   ->   y: (..., d_out).""",
+x: (..., d_in), any number of leading axes (batch, time)
+W: (d_out, d_in), torch.nn.Linear's layout      b: (d_out,) or None
+->   y: (..., d_out).""",
                  todos=("the product with the transposed weight", "the bias, when there is one",
                         "return y and your cache")),
         Function("linear_backward", """\
-Gradients of y = x Wᵀ + b, from dy = ∂L/∂y of shape (..., d_out). Returns (dx, dW, db).
+Gradients of y = x Wᵀ + b, from dy = ∂L/∂y of shape (..., d_out).
+Returns (dx, dW, db).
 
-dx: (..., d_in)   dW: (d_out, d_in), summed over every leading position   db: (d_out,), or None when the
-forward had no bias. Since y_nk = Σ_i x_ni W_ki + b_k, each partial derivative is one factor of a product.""",
+dx: (..., d_in)   dW: (d_out, d_in), summed over every leading position
+db: (d_out,), or None when the forward had no bias.
+Since y_nk = Σ_i x_ni W_ki + b_k, each partial derivative is one factor of a
+product.""",
                  todos=("dx", "dW, summed over all leading axes (flatten them first)", "db, or None without bias",
                         "return (dx, dW, db)")),
     ),

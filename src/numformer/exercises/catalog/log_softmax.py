@@ -24,14 +24,14 @@ def _masked_row(rng):
 
 EXERCISE = Exercise(
     name="log_softmax",
-    summary="log softmax(x) along an axis by log-sum-exp, and its backward",
+    summary="log-softmax by log-sum-exp, and its backward",
     functions=(
         Function("log_softmax_forward", """\
 log softmax(x)_i = x_i - log Σ_j exp(x_j), along ``axis``. Returns (y, cache).
 
-x: any shape   ->   y: the shape of x (every entry <= 0). It must stay finite where softmax underflows to
-0 (an entry 1000 below the others has log softmax about -1000, not -inf), and a slice that is entirely -inf
-gives -inf, never NaN.""",
+x: any shape   ->   y: the shape of x (every entry <= 0). It must stay finite
+where softmax underflows to 0 (an entry 1000 below the others has a log softmax
+near -1000, not -inf), and a slice that is entirely -inf gives -inf, never NaN.""",
                  todos=("compute log Σ_j exp(x_j) along axis without overflow or underflow",
                         "subtract it", "return y and your cache")),
         Function("log_softmax_backward", """\

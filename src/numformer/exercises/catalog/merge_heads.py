@@ -12,17 +12,18 @@ def _x(shape):
 
 EXERCISE = Exercise(
     name="merge_heads",
-    summary="put the heads back side by side, (B, h, T, d_h) -> (B, T, h·d_h), and its backward (the split)",
+    summary="(B, h, T, d_h) -> (B, T, h·d_h), and its backward",
     functions=(
         Function("merge_heads_forward", """\
-y[..., t, j·d_h + i] = x[..., j, t, i]: the inverse of split_heads, the heads concatenated along the
-features of every position. Returns (y, cache).
+y[..., t, j·d_h + i] = x[..., j, t, i]: the inverse of split_heads, the heads
+side by side along the features of every position. Returns (y, cache).
 
 x: (..., h, T, d_h)   ->   y: (..., T, h·d_h).""",
                  todos=("move the head axis after the time axis", "read the last two axes as one",
                         "return y and your cache")),
         Function("merge_heads_backward", """\
-dx from dy of shape (..., T, h·d_h): every entry moves back where it came from.   ->   dx: (..., h, T, d_h).""",
+dx from dy of shape (..., T, h·d_h): every entry moves back where it came from.
+->   dx: (..., h, T, d_h).""",
                  todos=("undo the moves in reverse order", "return dx")),
     ),
     grads=("x",),

@@ -12,18 +12,18 @@ def _x(shape, n_rep):
 
 EXERCISE = Exercise(
     name="repeat_kv",
-    summary="grouped-query attention: each key/value head serves n_rep query heads; its gradient sums theirs",
+    summary="grouped-query heads; the backward sums the shared ones",
     functions=(
         Function("repeat_kv_forward", """\
-y[b, g·n_rep + t] = x[b, g] for t = 0 … n_rep - 1: each of the H_kv key (or value) heads repeated n_rep
-times in place, so that query head h reads key/value head h // n_rep (Hugging Face's repeat_kv).
-Returns (y, cache).
+y[b, g·n_rep + t] = x[b, g] for t = 0 … n_rep - 1: each of the H_kv key (or value)
+heads repeated n_rep times in place, so that query head h reads key/value head
+h // n_rep (Hugging Face's repeat_kv). Returns (y, cache).
 
 x: (B, H_kv, T, d)   ->   y: (B, H_kv·n_rep, T, d). n_rep = 1 may return x itself.""",
                  todos=("repeat every head n_rep times, next to itself", "return y and your cache")),
         Function("repeat_kv_backward", """\
-dx from dy of shape (B, H_kv·n_rep, T, d): a head used by n_rep query heads receives the gradients of all
-of them.   ->   dx: (B, H_kv, T, d).""",
+dx from dy of shape (B, H_kv·n_rep, T, d): a head used by n_rep query heads
+receives the gradients of all of them.   ->   dx: (B, H_kv, T, d).""",
                  todos=("group the n_rep copies of each head", "combine their gradients", "return dx")),
     ),
     grads=("x",),

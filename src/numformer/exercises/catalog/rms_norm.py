@@ -20,19 +20,21 @@ def _zero_row(rng):
 
 EXERCISE = Exercise(
     name="rms_norm",
-    summary="RMSNorm x / √(mean(x²) + ε) ⊙ γ (Llama's normalization) and its backward",
+    summary="RMSNorm (Llama's normalization), and its backward",
     functions=(
         Function("rms_norm_forward", """\
-RMSNorm(x) = x / √(mean(x²) + ε) ⊙ γ, the mean over the last axis (Zhang & Sennrich 2019). Returns (y, cache).
+RMSNorm(x) = x / √(mean(x²) + ε) ⊙ γ, the mean over the last axis
+(Zhang & Sennrich 2019). Returns (y, cache).
 
-x: (..., d)   gamma: (d,)   ->   y: (..., d). No mean is subtracted and there is no shift.""",
+x: (..., d)   gamma: (d,)   ->   y: (..., d). No mean is subtracted, no shift.""",
                  todos=("r = 1 / √(mean(x²) + ε) per position", "x̂ = x r, y = x̂ ⊙ γ",
                         "return y and your cache")),
         Function("rms_norm_backward", """\
 Gradients of RMSNorm from dy of shape (..., d). Returns (dx, dgamma).
 
-dgamma = Σ dy ⊙ x̂ over every leading axis: shape (d,). For dx: every x_i moves every x̂_j, directly and
-through r (layer norm's derivation, with one term fewer).""",
+dgamma = Σ dy ⊙ x̂ over every leading axis: shape (d,). For dx: every x_i moves
+every x̂_j, directly and through r = 1/√(mean(x²) + ε) (layer norm's derivation,
+with one term fewer).""",
                  todos=("dgamma, summed over all leading axes", "g = ∂L/∂x̂", "dx, with the term that comes from r",
                         "return (dx, dgamma)")),
     ),

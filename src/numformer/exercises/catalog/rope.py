@@ -14,21 +14,24 @@ def _x(shape=(2, 2, 5, 8), **options):
 
 EXERCISE = Exercise(
     name="rope",
-    summary="rotary position embeddings (Llama's half-split layout), whose backward rotates by -θ",
+    summary="rotary position embeddings; the backward rotates by -θ",
     functions=(
         Function("rope_forward", """\
-Rotate each head vector x (last axis, size d even) by its position p. Returns (y, cache).
+Rotate each head vector x (last axis, of even size d) by its position p.
+Returns (y, cache).
 
-Split x = [x₁, x₂] into halves; the pair (x₁[i], x₂[i]) turns by the angle p·θ_i, θ_i = theta^(-2i/d),
-i = 0 … d/2 - 1 (Hugging Face's rotate_half layout, as Llama):
-    y = x ⊙ cos(pθ) + rotate_half(x) ⊙ sin(pθ),   rotate_half([x₁, x₂]) = [-x₂, x₁],
-cos and sin repeated over both halves.
-x: (..., T, d)   ->   y: the shape of x. The positions are offset … offset + T - 1, or ``positions``
-given explicitly: (T,), or (B, T) for x of shape (B, H, T, d) (one row of positions per sequence).""",
+Split x = [x₁, x₂] into halves; the pair (x₁[i], x₂[i]) turns by the angle p·θ_i,
+θ_i = theta^(-2i/d), i = 0 … d/2 - 1 (the rotate_half layout of Llama):
+    y = x ⊙ cos(pθ) + rotate_half(x) ⊙ sin(pθ),   rotate_half([x₁, x₂]) = [-x₂, x₁]
+with cos and sin repeated over both halves.
+x: (..., T, d)   ->   y: the shape of x. The positions are offset … offset + T - 1,
+or ``positions`` given explicitly: (T,), or (B, T) for x of shape (B, H, T, d)
+(one row of positions per sequence).""",
                  todos=("the positions (offset, or positions)", "the angles p·θ_i, their cos and sin over both "
                         "halves", "y; return y and your cache")),
         Function("rope_backward", """\
-dx from dy (the shape of x). The rotation is orthogonal, so its transpose is its inverse.""",
+dx from dy (the shape of x). The rotation is orthogonal: its transpose is its
+inverse.""",
                  todos=("apply the transpose of the forward's linear map to dy", "return dx")),
     ),
     grads=("x",),

@@ -87,28 +87,32 @@ def _dropout_gradients(exercise, learner, case, where):
 
 EXERCISE = Exercise(
     name="scaled_dot_product_attention",
-    summary="softmax(Q Kᵀ · scale + M) V with boolean, float and causal masks and dropout, and its backward",
+    summary="softmax(Q Kᵀ · scale + M) V with masks, and its backward",
     functions=(
         Function("scaled_dot_product_attention_forward", """\
-Attention(Q, K, V) = softmax(Q Kᵀ · scale + M) V, batched over every leading axis (batch, heads).
-Returns (out, weights, cache).
+Attention(Q, K, V) = softmax(Q Kᵀ · scale + M) V, batched over every leading axis
+(batch, heads). Returns (out, weights, cache).
 
 q: (..., Tq, d_k)   k: (..., Tk, d_k)   v: (..., Tk, d_v)   ->   out: (..., Tq, d_v)
-attn_mask: broadcastable to (..., Tq, Tk); boolean: True where a query MAY attend (as
-  torch.nn.functional.scaled_dot_product_attention); float: added to the scores.
-is_causal: query i attends to keys j <= i (top-left aligned).   scale: 1/√d_k when None.
-dropout_p > 0: each weight is dropped with probability dropout_p and the rest scaled by 1/(1 - dropout_p),
-  the keep-mask drawn from ``rng``.
-weights: the weights (after dropout) of shape (..., Tq, Tk) when need_weights, else None.
-A query that may attend to no key gets all-zero weights, hence a zero output and zero gradients, never NaN.""",
+attn_mask: broadcastable to (..., Tq, Tk). Boolean: True where a query MAY attend
+    (as torch.nn.functional.scaled_dot_product_attention); float: added to S.
+is_causal: query i attends to keys j <= i (top-left aligned).
+scale: 1/√d_k when None.
+dropout_p > 0: each weight dropped with probability dropout_p and the others
+    scaled by 1/(1 - dropout_p), the keep-mask drawn from ``rng``.
+weights: the weights (after dropout), (..., Tq, Tk), when need_weights, else None.
+A query that may attend to no key gets all-zero weights, hence a zero output and
+zero gradients, never NaN.""",
                  todos=("the scores S = Q Kᵀ · scale", "the masks: is_causal, then attn_mask (bool or float)",
                         "P = softmax(S) over the keys (a fully masked row gives zeros)",
                         "dropout on P when dropout_p > 0", "out = P V; return (out, weights or None, cache)")),
         Function("scaled_dot_product_attention_backward", """\
-Gradients of out from dout of shape (..., Tq, d_v). Returns (dq, dk, dv) shaped as q, k, v.
+Gradients of out from dout of shape (..., Tq, d_v). Returns (dq, dk, dv), shaped
+as q, k, v.
 
-Go back through out = P V, P = softmax(S) (row by row) and S = Q Kᵀ · scale + M: a matrix product, a
-softmax, a matrix product. The mask M is a constant; dropout multiplies P by a constant mask.""",
+Go back through out = P V, P = softmax(S) row by row, and S = Q Kᵀ · scale + M:
+a matrix product, a softmax, a matrix product. The mask M is a constant; dropout
+multiplies P by a constant mask.""",
                  todos=("dV and dP from out = P V", "dS from dP, row by row through the softmax",
                         "dQ and dK from S = Q Kᵀ · scale", "return (dq, dk, dv)")),
     ),

@@ -19,22 +19,24 @@ def _masked_row(rng):
 
 EXERCISE = Exercise(
     name="softmax",
-    summary="softmax along an axis, computed stably, and its backward without building the Jacobian",
+    summary="softmax along an axis, stable, and its backward",
     functions=(
         Function("softmax_forward", """\
 softmax(x)_i = exp(x_i) / Σ_j exp(x_j), along ``axis``. Returns (y, cache).
 
-x: any shape; the sums run along ``axis``   ->   y: the shape of x, every slice along ``axis`` summing to 1.
-Large entries must not overflow, and a slice that is entirely -inf (a query whose keys are all masked)
-gives zeros, never NaN. The cache is yours: whatever your backward needs.""",
+x: any shape; the sums run along ``axis``   ->   y: the shape of x, every slice
+along ``axis`` summing to 1. Large entries must not overflow, and a slice that is
+entirely -inf (a query whose keys are all masked) gives zeros, never NaN. The cache
+is yours: whatever your backward needs.""",
                  todos=("make exp safe for large entries (softmax does not change when a constant is added to "
                         "the slice)", "exponentiate and normalise along axis", "guard the all -inf slice",
                         "return y and your cache")),
         Function("softmax_backward", """\
 dx = ∂L/∂x from dy = ∂L/∂y, for y = softmax(x) along the axis of the forward.
 
-∂y_i/∂x_j = y_i (δ_ij - y_j), so dx_j = Σ_i dy_i y_i (δ_ij - y_j). dy: the shape of y   ->   dx: the
-shape of x. Do not build the (C, C) Jacobian: one product, one sum along the axis, one subtraction.""",
+∂y_i/∂x_j = y_i (δ_ij - y_j), so dx_j = Σ_i dy_i y_i (δ_ij - y_j).
+dy: the shape of y   ->   dx: the shape of x. Do not build the (C, C) Jacobian:
+one product, one sum along the axis, one subtraction.""",
                  todos=("take what you need from the cache", "sum the chain rule over i along the axis",
                         "return dx")),
     ),

@@ -12,19 +12,21 @@ def _x(shape, n_heads):
 
 EXERCISE = Exercise(
     name="split_heads",
-    summary="split the width into heads, (B, T, E) -> (B, h, T, E/h), and its backward (the merge)",
+    summary="(B, T, E) -> (B, h, T, E/h), and its backward",
     functions=(
         Function("split_heads_forward", """\
-y[..., j, t, i] = x[..., t, j·d_h + i]: the E features of every position cut into n_heads heads of
-d_h = E / n_heads consecutive features, the head axis moved before the time axis. Returns (y, cache).
+y[..., j, t, i] = x[..., t, j·d_h + i]: the E features of every position cut into
+n_heads heads of d_h = E / n_heads consecutive features, the head axis moved
+before the time axis. Returns (y, cache).
 
-x: (..., T, E)   ->   y: (..., n_heads, T, d_h). Attention then runs on every head's (T, d_h) matrix at
-once.""",
+x: (..., T, E)   ->   y: (..., n_heads, T, d_h). Attention then runs on every
+head's (T, d_h) matrix at once.""",
                  todos=("read the last axis as (n_heads, d_h)", "move the head axis before the time axis",
                         "return y and your cache")),
         Function("split_heads_backward", """\
-dx from dy of shape (..., n_heads, T, d_h): every entry of y is one entry of x, moved, so dx puts every
-entry of dy back where its entry of x came from.   ->   dx: (..., T, E).""",
+dx from dy of shape (..., n_heads, T, d_h). Every entry of y is one entry of x,
+moved: dx puts every entry of dy back where its entry of x came from.
+->   dx: (..., T, E).""",
                  todos=("undo the moves in reverse order", "return dx")),
     ),
     grads=("x",),

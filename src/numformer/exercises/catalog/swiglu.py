@@ -19,19 +19,21 @@ def _inputs(lead=(2, 3), scale=1.0, biases=False):
 
 EXERCISE = Exercise(
     name="swiglu",
-    summary="Llama's gated feed-forward (SiLU(x W_gateᵀ) ⊙ x W_upᵀ) W_downᵀ and its seven gradients",
+    summary="Llama's gated feed-forward and its seven gradients",
     functions=(
         Function("swiglu_forward", """\
-FFN_SwiGLU(x) = (SiLU(x W_gateᵀ + b_gate) ⊙ (x W_upᵀ + b_up)) W_downᵀ + b_down, SiLU(a) = a σ(a)
-(Shazeer 2020). Returns (y, cache).
+FFN(x) = (SiLU(x W_gateᵀ + b_gate) ⊙ (x W_upᵀ + b_up)) W_downᵀ + b_down,
+SiLU(a) = a σ(a) (Shazeer 2020). Returns (y, cache).
 
-x: (..., d_model)   w_gate, w_up: (d_ff, d_model)   w_down: (d_model, d_ff) (torch.nn.Linear's layout)
-b_gate, b_up: (d_ff,) or None   b_down: (d_model,) or None (Llama has no biases)   ->   y: (..., d_model).""",
+x: (..., d_model)   w_gate, w_up: (d_ff, d_model)   w_down: (d_model, d_ff)
+(torch.nn.Linear's layout)   b_gate, b_up: (d_ff,) or None
+b_down: (d_model,) or None (Llama has no biases)   ->   y: (..., d_model).""",
                  todos=("a = x W_gateᵀ (+ b_gate), b = x W_upᵀ (+ b_up)", "h = SiLU(a) ⊙ b",
                         "y = h W_downᵀ (+ b_down); return y and your cache")),
         Function("swiglu_backward", """\
-Gradients from dy of shape (..., d_model). Returns (dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down),
-each bias gradient None when the forward had no such bias; the weight and bias gradients are summed over
+Gradients from dy of shape (..., d_model).
+Returns (dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down): each bias gradient
+None when the forward had no such bias; the weight and bias gradients summed over
 every leading axis. SiLU'(a) = σ(a) (1 + a (1 - σ(a))).""",
                  todos=("through the down projection: dh, dw_down, db_down", "through the gate: da and db",
                         "through the two input projections: dx (both paths add), dw_gate, dw_up, the biases",

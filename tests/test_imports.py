@@ -1,7 +1,7 @@
 """The import graph of numformer's own modules, read from the source with ``ast`` (nothing is imported).
 
 Imports run one way: ops <- kernels <- nn <- models <- (data, optim) <- train <- interop <- (analysis,
-experiments, bench) <- commands <- cli. Every import statement counts, at module level and inside function
+experiments, bench, exercises) <- commands <- cli. Every import statement counts, at module level and inside function
 bodies alike, so a cycle cannot hide in a function. Outside the CLI (``cli.py``, ``commands/``, which import
 lazily to keep ``numformer --help`` fast) a function body imports numformer modules only where
 ``FUNCTION_IMPORTS_ALLOWED`` says why.
@@ -24,7 +24,7 @@ LAYERS = [
     ("numformer.config",),                                               # [train], and whole configs
     ("numformer.train",),
     ("numformer.interop",),
-    ("numformer.analysis", "numformer.experiments", "numformer.bench"),
+    ("numformer.analysis", "numformer.experiments", "numformer.bench", "numformer.exercises"),
     ("numformer.commands",),
     ("numformer",),                       # the package itself: the names ``import numformer`` offers
     ("numformer.cli",),

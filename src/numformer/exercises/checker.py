@@ -65,6 +65,14 @@ class Case:
                 for k, v in self.make(np.random.default_rng(seed)).items()}
 
 
+def normal_inputs(shapes, scale=1.0, **values):
+    """A ``Case.make``: a standard normal array (times ``scale``) for each name of ``shapes`` (name -> shape),
+    and the other keyword arguments as given."""
+    def make(rng):
+        return {name: rng.standard_normal(shape) * scale for name, shape in shapes.items()} | values
+    return make
+
+
 @dataclass(frozen=True)
 class Function:
     """A function the learner writes: its name in ``numformer.ops`` (or the exercise's reference), the stub's

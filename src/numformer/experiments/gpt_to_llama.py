@@ -60,7 +60,7 @@ def parameters(config):
 
 def run_ladder(exp, ctx):
     """Train every rung with seeds 0 .. N-1; the record holds each run's whole-validation loss and their mean."""
-    started = time.time()
+    started, commit = time.time(), git_commit()          # the code that trains, not the one at the end
     seeds = 1 if ctx.quick else (ctx.seeds or DEFAULT_SEEDS)
     extra = (QUICK if ctx.quick else []) + list(ctx.overrides)
     rungs = []
@@ -85,7 +85,7 @@ def run_ladder(exp, ctx):
     record = {
         "name": exp.name, "description": exp.description, "figures": figures, "rungs": rungs,
         "targets": {}, "met": {}, "seeds": seeds, "steps": int(config["train"]["max_steps"]), "stopped_early": False,
-        "wall_time_s": round(time.time() - started, 1), "time_limit_minutes": None, "commit": git_commit(),
+        "wall_time_s": round(time.time() - started, 1), "time_limit_minutes": None, "commit": commit,
         "date": datetime.date.today().isoformat(), "machine": machine_info(),
         "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else "")
                    + (f" --seeds {ctx.seeds}" if ctx.seeds else ""),

@@ -1,13 +1,11 @@
 """Exercise ``merge_heads``: (B, h, T, d_h) -> (B, T, h·d_h), the heads side by side, and its backward."""
 from __future__ import annotations
 
-from ..checker import Case, Exercise, Function
+from ..checker import Case, Exercise, Function, normal_inputs
 
 
 def _x(shape):
-    def make(rng):
-        return {"x": rng.standard_normal(shape)}
-    return make
+    return normal_inputs({"x": shape})
 
 
 EXERCISE = Exercise(

@@ -1,13 +1,11 @@
 """Exercise ``repeat_kv``: grouped-query attention's key/value heads shared by several query heads."""
 from __future__ import annotations
 
-from ..checker import Case, Exercise, Function
+from ..checker import Case, Exercise, Function, normal_inputs
 
 
 def _x(shape, n_rep):
-    def make(rng):
-        return {"x": rng.standard_normal(shape), "n_rep": n_rep}
-    return make
+    return normal_inputs({"x": shape}, n_rep=n_rep)
 
 
 EXERCISE = Exercise(

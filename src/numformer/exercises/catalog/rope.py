@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checker import Case, Exercise, Function
+from ..checker import Case, Exercise, Function, normal_inputs
 
 
 def _x(shape=(2, 2, 5, 8), **options):
-    def make(rng):
-        return {"x": rng.standard_normal(shape)} | options
-    return make
+    return normal_inputs({"x": shape}, **options)
 
 
 EXERCISE = Exercise(

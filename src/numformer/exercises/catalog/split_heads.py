@@ -1,13 +1,11 @@
 """Exercise ``split_heads``: (B, T, E) -> (B, h, T, E/h) for multi-head attention, and its backward."""
 from __future__ import annotations
 
-from ..checker import Case, Exercise, Function
+from ..checker import Case, Exercise, Function, normal_inputs
 
 
 def _x(shape, n_heads):
-    def make(rng):
-        return {"x": rng.standard_normal(shape), "n_heads": n_heads}
-    return make
+    return normal_inputs({"x": shape}, n_heads=n_heads)
 
 
 EXERCISE = Exercise(

@@ -265,13 +265,17 @@ def test_using_ops_installs_and_restores():
             pass
 
 
+# a small model of the first GPT's configuration, for the tests that train (the page's session trains the real one)
+SMALL = ["model.n_layers=1", "model.d_model=32", "data.block_size=32", "train.batch_size=4"]
+
+
 def test_the_exercise_loop_is_the_trainers_step(tmp_path):
     """With the reference ops, ``exercises train``'s loop gives the Trainer's losses (float64, one process)."""
     from numformer import reference_mode
     from numformer.train import Trainer
 
-    overrides = ["train.max_steps=4", "train.log_every=1", "train.eval_every=100", "train.processes=1",
-                 "model.n_layers=1"]
+    overrides = SMALL + ["train.max_steps=4", "train.log_every=1", "train.eval_every=100", "train.processes=1",
+                         "data.val_fraction=0.01"]
     config, task = training.configure("gpt", overrides)
     run = training.Run(config, task)
     ours = [run.step() for _ in range(4)]
@@ -285,7 +289,7 @@ def test_the_exercise_loop_is_the_trainers_step(tmp_path):
 def test_train_on_a_learners_ops_follows_the_library(capsys):
     files = [SOLUTIONS / f"{n}.py" for n in ("linear", "layer_norm", "embedding", "gelu", "cross_entropy",
                                              "scaled_dot_product_attention", "adamw", "softmax")]
-    assert training.train(files, steps=3, every=1) == 0
+    assert training.train(files, steps=3, every=1, overrides=SMALL) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "Your ops in the model: adamw, cross_entropy, embedding, gelu, layer_norm, linear, " \
            "scaled_dot_product_attention; not called by this model: softmax" in out
@@ -294,23 +298,23 @@ def test_train_on_a_learners_ops_follows_the_library(capsys):
 
 def test_train_refuses_an_op_that_fails_its_check(tmp_path, capsys):
     path = write_mistake(tmp_path, "layer_norm", MISTAKES[17][2])
-    assert training.train([path], steps=2) == 1
+    assert training.train([path], steps=2, overrides=SMALL) == 1
     assert "Fix layer_norm first" in " ".join(capsys.readouterr().out.split())
 
 
 def test_train_finds_where_the_curves_part(tmp_path, capsys):
-    """An op right on the check's inputs (d = 8) and wrong at the model's width (d = 128) parts the curves."""
+    """An op right on the check's inputs (d = 8) and wrong at the model's width (d = 32) parts the curves."""
     text = solution("layer_norm").replace("    return y, (xhat, r, gamma)",
-                                          "    if x.shape[-1] == 128:\n        y = y + 1e-7\n"
+                                          "    if x.shape[-1] == 32:\n        y = y + 1e-7\n"
                                           "    return y, (xhat, r, gamma)")
     (tmp_path / "layer_norm.py").write_text(text, encoding="utf-8")
-    assert training.train([tmp_path / "layer_norm.py"], steps=2, every=1) == 1
+    assert training.train([tmp_path / "layer_norm.py"], steps=2, every=1, overrides=SMALL) == 1
     assert "The curves part at step 1" in " ".join(capsys.readouterr().out.split())
 
 
 def test_train_with_the_llama_model_uses_rope_and_rms_norm(capsys):
     files = [SOLUTIONS / f"{n}.py" for n in ("rope", "rms_norm", "repeat_kv", "swiglu")]
-    assert training.train(files, steps=2, model="llama", every=1) == 0
+    assert training.train(files, steps=2, model="llama", every=1, overrides=SMALL) == 0
     assert "Your ops in the model: repeat_kv, rms_norm, rope; not called by this model: swiglu" in \
         " ".join(capsys.readouterr().out.split())
 
@@ -394,10 +398,10 @@ def _to_first_step(text):
 
 def test_the_session_on_the_exercises_page(tmp_path):
     """Every command of the page's session prints what the page shows (the training's first step only)."""
-    assert replay(tmp_path, steps=1) == 5
+    assert replay(tmp_path, steps=1) == 6
 
 
 @pytest.mark.slow
 def test_the_whole_session_on_the_exercises_page(tmp_path):
     """The same with the 300 training steps the page shows."""
-    assert replay(tmp_path) == 5
+    assert replay(tmp_path) == 6

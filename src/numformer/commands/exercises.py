@@ -49,7 +49,7 @@ def _train(args):
 
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
-    return train(args.files, steps=args.steps, model=args.model, every=args.every)
+    return train(args.files, steps=args.steps, model=args.model, every=args.every, overrides=args.set)
 
 
 def register(sub):
@@ -76,4 +76,6 @@ def register(sub):
     train.add_argument("--model", default="gpt", choices=["gpt", "llama"],
                        help="gpt: configs/shakespeare_char.toml (default); llama: shakespeare_char_llama.toml")
     train.add_argument("--every", type=int, default=25, help="print every N steps (default 25)")
+    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a value of the model's config (e.g. model.n_layers=1)")
     train.set_defaults(func=_train)

@@ -138,9 +138,9 @@ def _recording(name, names):
     return recorded
 
 
-def train(paths, steps=300, model="gpt", every=25, out=print):
-    """Check the learner's files, then train both copies ``steps`` steps; returns 0 when the curves agree to
-    CURVE_TOL at every step, 1 otherwise (or when a check fails)."""
+def train(paths, steps=300, model="gpt", every=25, overrides=(), out=print):
+    """Check the learner's files, then train both copies ``steps`` steps (``overrides``: ``--set`` items of the
+    config); returns 0 when the curves agree to CURVE_TOL at every step, 1 otherwise (or when a check fails)."""
     learner = find_ops(paths)
     for name, path in learner.files.items():
         report = check(EXERCISES[name], learner.functions[name])
@@ -148,7 +148,7 @@ def train(paths, steps=300, model="gpt", every=25, out=print):
             out(format_report(report, path))
             out(wrap(f"Fix {name} first: `numformer exercises train` runs ops that pass their check."))
             return 1
-    config, task = configure(model)
+    config, task = configure(model, overrides)
     used, unused = used_by(config["model"], learner)
     out(wrap(f"Your ops in the model: {', '.join(used) or 'none'}"
              + (f"; not called by this model: {', '.join(unused)}" if unused else "")))

@@ -405,3 +405,53 @@ def test_the_session_on_the_exercises_page(tmp_path):
 def test_the_whole_session_on_the_exercises_page(tmp_path):
     """The same with the 300 training steps the page shows."""
     assert replay(tmp_path) == 6
+
+
+# -- the grader's oracle on the grader's own inputs, against torch ----------------------------------------------
+def _torch_functions():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    return torch, {
+        "softmax": lambda x, axis=-1: torch.softmax(x, dim=axis),
+        "log_softmax": lambda x, axis=-1: torch.log_softmax(x, dim=axis),
+        "linear": lambda x, W, b=None: F.linear(x, W, b),
+        "gelu": lambda x, approximate="none": F.gelu(x, approximate=approximate),
+        "layer_norm": lambda x, gamma, beta, eps=1e-5: F.layer_norm(x, x.shape[-1:], gamma, beta, eps),
+        "rms_norm": lambda x, gamma, eps=1e-6: F.rms_norm(x, x.shape[-1:], gamma, eps),
+        "cross_entropy": lambda logits, targets, ignore_index=-100, label_smoothing=0.0: F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
+            label_smoothing=label_smoothing),
+        "scaled_dot_product_attention": lambda q, k, v, attn_mask=None, is_causal=False, scale=None,
+        need_weights=False: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                           scale=scale),
+    }
+
+
+def _cases_with_a_torch_twin():
+    skip = {"masked entries", "a fully masked slice", "a fully masked row", "every target ignored"}   # torch: NaN
+    return [(name, case) for name in ("softmax", "log_softmax", "linear", "gelu", "layer_norm", "rms_norm",
+                                      "cross_entropy", "scaled_dot_product_attention")
+            for case in (E.EXERCISES[name].case, *E.EXERCISES[name].edge_cases, *E.EXERCISES[name].keyword_cases)
+            if case.name not in skip]
+
+
+@pytest.mark.parametrize("name, case", _cases_with_a_torch_twin(), ids=lambda v: getattr(v, "name", v))
+def test_the_graders_reference_agrees_with_torch_on_its_cases(name, case):
+    """Every input the grader compares a learner's op on, the reference gives torch's forward and gradients
+    (float64; the cases where numformer returns 0 and torch NaN are left out)."""
+    torch, functions = _torch_functions()
+    exercise = E.EXERCISES[name]
+    inputs = case.inputs()
+    outputs, cache = E.checker.run_forward(exercise, vars(exercise.reference), inputs, learner=False)
+    upstream = E.checker.upstream_for(outputs, exercise)
+    grads = E.checker.run_backward(exercise, vars(exercise.reference), cache, dict(upstream), learner=False)
+    tensors = {k: torch.from_numpy(np.array(v)).requires_grad_(k in grads and v is not None and v.dtype.kind == "f")
+               if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+    first = exercise.calls.differentiable[0]
+    out = functions[name](**tensors)
+    out.backward(torch.tensor(upstream[first], dtype=out.dtype).expand_as(out) if out.ndim == 0 else
+                 torch.from_numpy(upstream[first]))
+    np.testing.assert_allclose(np.asarray(outputs[first]), out.detach().numpy(), rtol=1e-10, atol=1e-10)
+    for k, g in grads.items():
+        if g is not None and isinstance(tensors.get(k), torch.Tensor):
+            np.testing.assert_allclose(g, tensors[k].grad.numpy(), rtol=1e-9, atol=1e-10, err_msg=f"d{k}")

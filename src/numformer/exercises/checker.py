@@ -15,7 +15,9 @@
 7. keyword arguments: every keyword argument at a value other than its default, at the same tolerance.
 
 A failure says which step failed, on which input and where (the output or gradient, its worst entry), never
-what the code should be. The cache is the learner's own: only the forward's outputs and the backward's
+what the code should be. The oracle is the reference op itself, the one the ops' own tests check by finite
+differences and against torch; tests/test_exercises.py checks it against torch again on every input of the
+grader that torch defines the same way. The cache is the learner's own: only the forward's outputs and the backward's
 gradients are compared. An exercise whose op is random (dropout) or not a forward/backward pair (the AdamW
 step) gives steps of its own (``Exercise.steps``).
 """

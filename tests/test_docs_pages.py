@@ -156,8 +156,8 @@ def test_page_runs(page, tmp_path):
             continue
         assert (tmp_path / name).is_file(), f"{page} shows ../figures/{name} but its code does not write {name}"
         assert (ROOT / "docs" / "figures" / name).is_file(), f"run `python {__file__} --figures` to write {name}"
-        drawn = _description(tmp_path / name)       # a figure that says what it shows (a model diagram)
-        assert drawn is None or drawn == _description(ROOT / "docs" / "figures" / name), \
+        shows = _description(tmp_path / name)       # a figure that says what it shows (a model diagram)
+        assert shows is None or shows == _description(ROOT / "docs" / "figures" / name), \
             f"docs/figures/{name} does not show what {page} draws now: run `python {__file__} --figures`"
 
 

@@ -149,3 +149,25 @@ def mounted_tmpfs(folder, options, skip_reason):
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+class FakeClock:
+    """time.perf_counter advancing by ``tick`` seconds at every call: the run's timing is deterministic. Code
+    that stands for slow work advances ``now`` itself (see ``test_budget.costly_forwards``)."""
+
+    def __init__(self, tick=0.002):
+        self.now, self.tick = 1000.0, tick
+
+    def __call__(self):
+        self.now += self.tick
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """A FakeClock in place of time.perf_counter: tests check timing logic on it, never on wall time."""
+    import time
+
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    return clock

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from numformer.cli import main
-from numformer.train.run_files import CHECKPOINT, MODEL
+from numformer.run_files import CHECKPOINT, MODEL
 
 from conftest import mounted_tmpfs, one_error_line, src_env, tiny_copy_toml, tiny_text_toml
 
@@ -271,12 +271,12 @@ def test_ctrl_c_during_generate_for_real(text_run):
                                    OSError(13, "Permission denied", "/runs/x"),
                                    MemoryError("Unable to allocate 7.28 TiB")])
 def test_system_errors_are_one_line(tmp_path, cfg, cli_error, monkeypatch, error):
-    from numformer.train import trainer
+    from numformer.train import workers
 
     def fails(*a, **k):
         raise error
 
-    monkeypatch.setattr(trainer, "loss_and_backward", fails)
+    monkeypatch.setattr(workers, "loss_and_backward", fails)
     line = cli_error("train", cfg, "--out", tmp_path / "r", "--quiet")
     assert {30: "read-only", 13: "permission denied"}.get(getattr(error, "errno", None), "out of memory") in line
 
@@ -287,12 +287,12 @@ def test_read_only_folder(tmp_path, cfg, cli_error):
 
 
 def test_a_bug_shows_its_traceback_and_asks_for_a_report(tmp_path, cfg, run_cli, monkeypatch):
-    from numformer.train import trainer
+    from numformer.train import workers
 
     def bug(*a, **k):
         return 1 / 0
 
-    monkeypatch.setattr(trainer, "loss_and_backward", bug)
+    monkeypatch.setattr(workers, "loss_and_backward", bug)
     rc, _, err = run_cli("train", cfg, "--out", tmp_path / "r", "--quiet")
     assert rc == 1 and "Traceback" in err and "ZeroDivisionError" in err
     assert err.strip().splitlines()[-1].startswith("numformer train: internal error (ZeroDivisionError): this is "

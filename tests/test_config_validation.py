@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 
 import pytest
 
@@ -150,3 +151,55 @@ def test_saved_config_is_checked_like_a_toml_config(tmp_path, cli_error, run_cli
     saved["model"]["n_head"] = 2
     (run / "config.json").write_text(json.dumps(saved))
     assert "unknown key(s) ['n_head'] in [model]" in cli_error("eval", run)
+
+
+# -- a misspelt name gets the closest valid one -------------------------------------------------------------------
+def _sections():
+    """(section, valid keys, rules, defaults) for [train], each model type's [model] and each task's [data]."""
+    yield "train", set(TRAIN_DEFAULTS), _train_keys(), None
+    for kind in MODEL_TYPES:
+        yield "model", set(model_arguments(kind)), model_keys(), model_arguments(kind)
+    for name, task in import_builtin_tasks().items():
+        yield "data", set(task.data_keys), DATA_KEYS, task.data_keys
+
+
+def _typo(key):
+    """The key with its last letter dropped, or (short keys) one letter doubled: a slip of the keyboard."""
+    return key[:-1] if len(key) > 4 else key + key[-1]
+
+
+def test_every_unknown_key_of_every_section_gets_the_closest_valid_one():
+    """The class (issue 36: model.n_layer was refused without the obvious n_layers): in every section, a key
+    one letter off one of its valid keys is refused with a suggestion, the key itself or another as close."""
+    import difflib
+
+    for where, valid, rules, defaults in _sections():
+        for key in sorted(valid):
+            typo = _typo(key)
+            if typo in valid:
+                continue
+            with pytest.raises(ValueError) as e:
+                check_section(where, {typo: 1}, rules, defaults)
+            suggested = re.search(r"\(did you mean '(\w+)'\?\)", str(e.value))
+            assert suggested, (where, typo, str(e.value))
+            best = difflib.SequenceMatcher(None, typo, key).ratio()
+            assert suggested[1] in valid and difflib.SequenceMatcher(None, typo, suggested[1]).ratio() >= best
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"model": {"n_layer": 2}, "data": {"task": "copy"}}, "(did you mean 'n_layers'?)"),
+    ({"trian": {}, "data": {"task": "copy"}}, "unknown section(s) ['trian'] (did you mean 'train'?)"),
+    ({"data": {"task": "cpy"}}, "task = 'cpy' is not a known task (did you mean 'copy'?)"),
+    ({"model": {"type": "gtp"}, "data": {"task": "copy"}}, "type = 'gtp' is not a model type (did you mean 'gpt'?)"),
+    ({"train": {"optimizer": "adamq"}, "data": {"task": "copy"}}, "is not allowed (did you mean 'adam'?)"),
+    ({"train": {"no_decay": ["bias", "norms"]}, "data": {"task": "copy"}}, "is not allowed (did you mean 'norm'?)"),
+    ({"train": {"schedule": "cosin"}, "data": {"task": "copy"}}, "(did you mean 'cosine'?)"),
+    ({"data": {"task": "copy", "lenght": 4, "n_vall": 3}},
+     "(did you mean 'length' for 'lenght', 'n_val' for 'n_vall'?)"),
+])
+def test_misspelt_sections_tasks_types_and_choices_get_the_closest_name(config, says):
+    from numformer.config import resolve_config
+
+    with pytest.raises(ValueError) as e:
+        resolve_config(config, build_task=False)
+    assert says in str(e.value)

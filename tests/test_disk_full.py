@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from numformer.train import run_files as checkpoint_module
-from numformer.train.run_files import CHECKPOINT
+from numformer import run_files as checkpoint_module
+from numformer.run_files import CHECKPOINT
 
 from conftest import mounted_tmpfs, tiny_copy_toml
 

@@ -2,8 +2,9 @@
 
 Sybil executes each page's ```python blocks in order, in one namespace per page; blocks written as
 doctests (``>>>``) must print exactly what the page shows (ELLIPSIS and NORMALIZE_WHITESPACE on).
-On the tutorials, ```bash blocks run too (``numformer`` commands); ```console blocks are shown, not
-run (the commands that need a downloaded dataset or hours).
+On the tutorials and the how-to guides, ```bash blocks run too (``numformer`` commands); ```console
+blocks are shown, not run (the commands that need a downloaded dataset or model, or hours), and a
+block after ``<!-- skip: next -->`` is shown, not run (Python that needs a downloaded model).
 Each page runs in a fresh temporary folder, with ``configs/`` linked in, so what a page writes
 (run folders, figures) never lands in the repository.
 
@@ -32,7 +33,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", "docs/index.md", "docs/exercises.md", "docs/examples.md",
-         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md"))]
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md")),
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "how-to").glob("*.md"))]
+RUN_SHELL = ("docs/tutorials/", "docs/how-to/")      # pages whose ```bash blocks run too
 
 # (page, text on the page, what the test runs instead)
 TINY = {
@@ -123,7 +126,7 @@ def run_page(page, cwd, tiny=True):
 
     parsers = [PythonCodeBlockParser(doctest_optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE),
                SkipParser()]
-    if page.startswith("docs/tutorials/"):
+    if page.startswith(RUN_SHELL):
         parsers.append(CodeBlockParser(language="bash", evaluator=run_shell))
     document = Document(page_text(page, tiny), str(ROOT / page))
     for parser in parsers:

@@ -9,8 +9,8 @@ import pytest
 from numformer.cli import main
 from numformer.data.base import spread_sample
 from numformer.train import Trainer, evaluate_loss
-from numformer.train import trainer as trainer_module
-from numformer.train.trainer import mean_loss
+from numformer.train import evaluation as evaluation_module
+from numformer.train.evaluation import mean_loss
 
 BLOCK, EVAL_BS, EVAL_BATCHES = 16, 16, 4
 
@@ -82,13 +82,13 @@ def test_the_saved_weights_are_the_best_on_the_whole_split(corpus, tmp_path, mon
     """Best step before the last: the selected weights are saved, and the summary's best_val_loss is their
     whole-split loss, which `numformer eval` prints."""
     trainer = Trainer(config(corpus), tmp_path / "run", quiet=True)
-    snapshots, real = {}, trainer.evaluate
+    snapshots, real = {}, trainer.evaluation.periodic
 
-    def evaluate_and_snapshot(split="val", **kw):
+    def evaluate_and_snapshot(step):
         snapshots[trainer.step] = {k: v.copy() for k, v in trainer.model.state_dict().items()}
-        return real(split, **kw)
+        return real(step)
 
-    monkeypatch.setattr(trainer, "evaluate", evaluate_and_snapshot)
+    monkeypatch.setattr(trainer.evaluation, "periodic", evaluate_and_snapshot)
     summary = trainer.train()
     whole = {}
     for step, weights in snapshots.items():
@@ -114,16 +114,16 @@ def test_the_last_weights_are_kept_when_they_are_better(corpus, tmp_path, capsys
 def test_the_whole_split_decides_between_the_selected_and_the_last_weights(corpus, tmp_path, monkeypatch, capsys):
     """The sample prefers step 5, the whole split the last step: the last weights are kept and reported."""
     sample_evaluations = []
-    real = trainer_module.mean_loss
+    real = evaluation_module.mean_loss
 
-    def estimate_favours_step_5(model, batches):
-        loss, count = real(model, batches)
+    def estimate_favours_step_5(model, batches, bytes_seen=None):
+        loss, count = real(model, batches, bytes_seen)
         if count == EVAL_BATCHES * EVAL_BS * BLOCK:        # the fixed sample: the first evaluation looks best
             sample_evaluations.append(loss)
             return (0.1 if len(sample_evaluations) == 1 else 5.0), count
         return loss, count
 
-    monkeypatch.setattr(trainer_module, "mean_loss", estimate_favours_step_5)
+    monkeypatch.setattr(evaluation_module, "mean_loss", estimate_favours_step_5)
     trainer = Trainer(config(corpus, lr=1e-3, max_steps=10, eval_every=5), tmp_path / "run", quiet=True)
     summary = trainer.train()
     assert summary["selected_step"] == 5 and summary["best_step"] == 10 and summary["weights"] == "last"

@@ -202,6 +202,42 @@ def test_gpt_temperature_zero_equals_greedy_and_stream():
     np.testing.assert_array_equal(generate(model, [5, 6], 0), [5, 6])
 
 
+def test_gpt_stop_tokens_end_rows_as_hugging_face_eos_token_id():
+    """A row ends at its first stop token (kept; the row then repeats it); generation ends when every row has
+    ended, so the result may be shorter; an int or a list of ids; with and without the cache alike."""
+    model = small_gpt(seed=5)
+    full, logits = generate(model, [[1, 2], [3, 4]], 12, greedy=True, return_logits=True)
+    new = full[:, 2:]
+    first = {int(t) for t in new[0, :4]}
+    stop = sorted(first - set(new[1].tolist())) or [int(new[0, 0])]
+    for use_cache in (True, False):
+        out, trace = generate(model, [[1, 2], [3, 4]], 12, greedy=True, stop_tokens=stop, use_cache=use_cache,
+                              return_logits=True)
+        ends = [next((i for i, t in enumerate(row) if t in stop), None) for row in new]
+        n = 12 if None in ends else max(ends) + 1
+        assert out.shape == (2, 2 + n) and trace.shape == (2, n, 11)
+        for r, end in enumerate(ends):
+            if end is None:
+                np.testing.assert_array_equal(out[r, 2:], new[r, :n])
+            else:
+                np.testing.assert_array_equal(out[r, 2:2 + end + 1], new[r, :end + 1])
+                assert set(out[r, 2 + end:].tolist()) == {int(new[r, end])}
+        np.testing.assert_allclose(trace[0, :ends[0] + 1 if ends[0] is not None else n],
+                                   logits[0, :ends[0] + 1 if ends[0] is not None else n], atol=EXACT)
+    one = generate(model, [1, 2], 12, greedy=True, stop_tokens=int(new[0, 3]))
+    assert one.tolist() == [1, 2] + new[0, :new[0].tolist().index(new[0, 3]) + 1].tolist()
+    with pytest.raises(ValueError, match="stop_tokens holds token ids outside"):
+        generate(model, [1], 3, stop_tokens=[11])
+
+
+def test_gpt_stream_returning_true_stops_generation():
+    model = small_gpt(seed=5)
+    seen = []
+    out = generate(model, [1, 2], 10, greedy=True, stream=lambda t: seen.append(t) or len(seen) == 3)
+    assert len(seen) == 3 and out.tolist() == [1, 2] + seen
+    np.testing.assert_array_equal(out, generate(model, [1, 2], 3, greedy=True))
+
+
 def test_gpt_bad_input():
     model = small_gpt()
     with pytest.raises(ValueError, match="empty prompt"):

@@ -1,4 +1,5 @@
-"""One rule for every config field (numformer.interop.hf_families.FIELDS), per model_type, against transformers.
+"""One rule for every config field (the field table of each family file of numformer.interop.hf), per model_type,
+against transformers.
 
 For each family (gpt2, llama, mistral, qwen2) and each config.json field transformers reads:
 - honoured: a random tiny model whose config.json sets the field (old key spellings included) is built by
@@ -19,8 +20,7 @@ import numpy as np
 import pytest
 
 from numformer.interop import hf
-from numformer.interop.hf_families import FIELDS, resolve
-from numformer.models import GPT
+from numformer.interop.hf import FAMILIES, resolve
 
 from test_interop_hf import loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer
 from test_llama_hf import _float64_arithmetic
@@ -101,11 +101,16 @@ HONOURED.update({
                                       {"use_sliding_window": False, "sliding_window": 8, "max_window_layers": 0}],
     ("qwen2", "sliding_window"): [{"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 0}],
     ("qwen2", "max_window_layers"): [{"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
-                                     {"use_sliding_window": False, "max_window_layers": 1}],
+                                     {"use_sliding_window": False, "max_window_layers": 1},
+                                     {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}],
     ("qwen2", "layer_types"): [{"use_sliding_window": True, "sliding_window": 8,
                                 "layer_types": ["sliding_attention"] * 2},
-                               {"layer_types": ["full_attention"] * 2}],
+                               {"layer_types": ["full_attention"] * 2},
+                               {"use_sliding_window": True, "sliding_window": 8,
+                                "layer_types": ["sliding_attention", "full_attention"]}],
 })
+for fam in ("llama", "mistral", "qwen2"):        # a head size of its own: queries num_attention_heads · head_dim wide
+    HONOURED[(fam, "head_dim")] = HONOURED[(fam, "head_dim")] + [{"head_dim": 6}]
 REFUSED = {
     ("gpt2", "activation_function"): {"activation_function": "silu"},
     ("gpt2", "scale_attn_weights"): {"scale_attn_weights": False},
@@ -113,7 +118,9 @@ REFUSED = {
     ("gpt2", "add_cross_attention"): {"add_cross_attention": True},
     ("gpt2", "n_embd"): {"n_embd": 0},
     ("llama", "hidden_act"): {"hidden_act": "gelu"},
-    ("llama", "head_dim"): {"head_dim": 8},
+    ("llama", "head_dim"): {"head_dim": 5},
+    ("llama", "num_key_value_heads"): {"num_key_value_heads": 3},
+    ("llama", "rms_norm_eps"): {"rms_norm_eps": "1e-6"},
     ("llama", "rope_parameters"): {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 1e4}},
     ("llama", "rope_scaling"): {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
     ("llama", "partial_rotary_factor"): {"partial_rotary_factor": 0.5},
@@ -121,10 +128,14 @@ REFUSED = {
     ("mistral", "hidden_act"): {"hidden_act": "relu"},
     ("mistral", "sliding_window"): {"sliding_window": 0},
     ("mistral", "rope_parameters"): {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
-    ("qwen2", "max_window_layers"): {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    ("qwen2", "max_window_layers"): {"max_window_layers": "1"},
     ("qwen2", "layer_types"): {"use_sliding_window": True, "sliding_window": 8,
-                               "layer_types": ["full_attention", "sliding_attention"]},
-    ("qwen2", "head_dim"): {"head_dim": 8},
+                               "layer_types": ["full_attention", "local_attention"]},
+    ("qwen2", "head_dim"): {"head_dim": None},
+    ("qwen2", "num_key_value_heads"): {"num_key_value_heads": 3},
+    ("gpt2", "n_head"): {"n_head": 3},
+    ("gpt2", "layer_norm_epsilon"): {"layer_norm_epsilon": [1e-5]},
+    ("mistral", "num_key_value_heads"): {"num_key_value_heads": None},
     ("qwen2", "rope_scaling"): {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
 }
 
@@ -173,7 +184,7 @@ def transformers_model(folder, dtype):
 
 def grads_by_hf_name(model, fam):
     family = hf.FAMILIES[fam]
-    cfg = hf.model_config_of(model)
+    cfg = model.config
     grads = {n: p.grad for n, p in model.named_parameters()}
     out = {}
     for row in family.tensors(cfg):
@@ -185,7 +196,7 @@ def grads_by_hf_name(model, fam):
 
 def assert_parity(folder, fam, tdtype, ndtype, tol):
     tmodel = transformers_model(folder, tdtype)
-    model = GPT.from_pretrained(folder, dtype=ndtype).train()
+    model = hf.load_pretrained(folder, dtype=ndtype)[0].train()
     rng = np.random.default_rng(1)
     idx, targets = rng.integers(0, VOCAB, (2, T)), rng.integers(0, VOCAB, (2, T))
     idx[:, 3] = 5                                                   # the pad token of the pad_token_id cases
@@ -228,12 +239,12 @@ def test_refused_field_is_one_line_naming_it_and_exit_2(tmp_path, capsys, fam, f
     assert f"{fam} config.json field {field} = " in err[0], err[0]
 
 
-@pytest.mark.parametrize("fam", sorted(FIELDS))
+@pytest.mark.parametrize("fam", sorted(FAMILIES))
 def test_absent_fields_take_transformers_defaults(fam):
     """Every field removed from config.json resolves to the value transformers' config class gives it."""
     cls = getattr(transformers, CONFIG_CLASSES[fam])
     small = {k: v for k, v in BASE[fam].items() if k in ("vocab_size",)}
-    for f in FIELDS[fam]:
+    for f in FAMILIES[fam].fields:
         if f.name in ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"):
             continue
         if fam == "qwen2" and f.name in ("sliding_window", "layer_types"):   # derived by __post_init__: below
@@ -248,19 +259,19 @@ def test_absent_fields_take_transformers_defaults(fam):
         assert got == want, (f.name, got, want)
     ref = cls(**small)
     if fam == "qwen2":
-        from numformer.interop.hf_families import _qwen2_window
-        assert _qwen2_window(resolve(fam, {"model_type": fam, **small})) is ref.sliding_window is None
+        from numformer.interop.hf.qwen2 import layer_windows
+        assert set(layer_windows(resolve(fam, {"model_type": fam, **small}))) == {ref.sliding_window} == {None}
         assert set(ref.layer_types) == {"full_attention"}
     if fam != "gpt2":                                          # the RoPE base: transformers' standardized value
         assert resolve(fam, {"model_type": fam})["rope_parameters"]["rope_theta"] == ref.rope_parameters["rope_theta"]
 
 
-@pytest.mark.parametrize("fam", sorted(FIELDS))
+@pytest.mark.parametrize("fam", sorted(FAMILIES))
 def test_table_covers_every_field_of_the_transformers_config_class(fam):
     cls = getattr(transformers, CONFIG_CLASSES[fam])
     base = {f.name for f in dataclasses.fields(transformers.PreTrainedConfig)}
     own = {f.name for f in dataclasses.fields(cls)} - base
-    table = {f.name for f in FIELDS[fam]}
+    table = {f.name for f in FAMILIES[fam].fields}
     assert own <= table, f"transformers' {cls.__name__} has fields the table lacks: {sorted(own - table)}"
     kwargs = {"rope_scaling", "rope_theta", "partial_rotary_factor"} if fam != "gpt2" else set()
     getattr_keys = {"head_dim"} if fam == "qwen2" else set()
@@ -280,13 +291,62 @@ def test_tied_gpt2_with_a_stored_lm_head_uses_it_as_transformers_does(tmp_path):
     np.testing.assert_array_equal(model.lm_head.weight.data, state["lm_head.weight"])
     state["lm_head.weight"] = state["transformer.wte.weight"]            # stored and equal: tied
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
-    assert GPT.from_pretrained(folder).tie_weights
+    assert hf.load_pretrained(folder)[0].tie_weights
 
 
 def test_docs_hold_the_generated_fields_tables():
     from pathlib import Path
 
-    from numformer.interop.hf_families import fields_markdown
+    from numformer.interop.hf import fields_markdown
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "hf-checkpoints.md").read_text()
     assert fields_markdown() in page, "regenerate the tables of docs/reference/hf-checkpoints.md with fields_markdown()"
+
+
+WRONG_TYPE = {"int": "1", "float": "0.5", "bool": "yes", "str": 7, "dict": "rope", "list[str]": "full_attention",
+              "list[int]": "2"}
+
+
+@pytest.mark.parametrize("fam", sorted(FAMILIES))
+def test_every_field_of_the_wrong_type_is_one_line_naming_config_json_and_the_field(tmp_path, fam):
+    """The class of a config.json value of a type transformers' config class refuses (``max_window_layers:
+    "1"``): for every field of every table, one ValueError naming the file and the field, never a TypeError
+    from deeper down."""
+    for f in FAMILIES[fam].fields:
+        main_type = f.type.split(" | ")[0]
+        folder = tmp_path / f.name
+        folder.mkdir()
+        cfg = {"model_type": fam, **BASE[fam], f.name: WRONG_TYPE[main_type]}
+        (folder / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ValueError) as err:
+            hf.hf_model_config(folder, cfg)
+        message = str(err.value)
+        assert "\n" not in message and str(folder / "config.json") in message, message
+        assert f"{fam} config.json field {f.name} = " in message and "must be" in message, message
+
+
+def _annotation(t):
+    """transformers' annotation of a config field, in the tables' spelling: the types it accepts (an int
+    being a float too)."""
+    text = str(t).replace("<class '", "").replace("'>", "").replace("transformers.modeling_rope_utils.", "")
+    parts = {p.strip() for p in text.split("|")} - {"RopeParameters"}
+    return parts - {"int"} if "float" in parts else parts
+
+
+@pytest.mark.parametrize("fam", sorted(FAMILIES))
+def test_table_types_are_the_transformers_annotations(fam):
+    cls = getattr(transformers, CONFIG_CLASSES[fam])
+    table = {f.name: f for f in FAMILIES[fam].fields}
+    for f in dataclasses.fields(cls):
+        if f.name in table:
+            assert _annotation(table[f.name].type) == _annotation(f.type), (f.name, table[f.name].type, f.type)
+
+
+def test_a_kv_head_count_that_does_not_divide_names_the_field_and_what_to_do(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    cfg = {"model_type": "llama", **BASE["llama"], "num_key_value_heads": 3}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"config.json: llama config.json field num_key_value_heads = 3: must divide "
+                                         r"num_attention_heads = 4 .*transformers cannot run this config.json either"):
+        hf.hf_model_config(folder, cfg)

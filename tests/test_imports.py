@@ -1,7 +1,7 @@
 """The import graph of numformer's own modules, read from the source with ``ast`` (nothing is imported).
 
-Imports run one way: ops <- kernels <- nn <- models <- (data, optim) <- train <- interop <- (analysis,
-experiments, bench, exercises) <- commands <- cli. Every import statement counts, at module level and inside function
+Imports run one way: (ops, run_files) <- kernels <- nn <- models <- (data, optim) <- interop <- config <- train
+<- (analysis, experiments, bench, exercises) <- commands <- cli. Every import statement counts, at module level and inside function
 bodies alike, so a cycle cannot hide in a function. Outside the CLI (``cli.py``, ``commands/``, which import
 lazily to keep ``numformer --help`` fast) a function body imports numformer modules only where
 ``FUNCTION_IMPORTS_ALLOWED`` says why.
@@ -15,15 +15,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "numformer"
 
 # The layers, lowest first; a module may import its own layer or a lower one (and never in a circle).
 LAYERS = [
-    ("numformer._runtime", "numformer._limits", "numformer._platform", "numformer.keys", "numformer.gradcheck", "numformer.provenance", "numformer.ops"),
+    ("numformer._runtime", "numformer._limits", "numformer._platform", "numformer.keys", "numformer.gradcheck", "numformer.provenance", "numformer.ops",
+     "numformer.run_files"),                                             # the run folder's files, read and written
     ("numformer.kernels",),
     ("numformer.nn",),
     ("numformer.sampling", "numformer.decoding", "numformer.generate"),   # what models' generate() calls
     ("numformer.models",),
     ("numformer.data", "numformer.optim"),
+    ("numformer.interop",),                                              # loading any source; Hugging Face, PyTorch
     ("numformer.config",),                                               # [train], and whole configs
     ("numformer.train",),
-    ("numformer.interop",),
     ("numformer.analysis", "numformer.experiments", "numformer.bench", "numformer.exercises"),
     ("numformer.commands",),
     ("numformer",),                       # the package itself: the names ``import numformer`` offers

@@ -103,7 +103,7 @@ def test_logits_and_every_gradient_match_transformers(tmp_path, shape, tdtype, n
     for m in tmodel.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    model = GPT.from_pretrained(folder, dtype=ndtype).train()
+    model = hf.load_pretrained(folder, dtype=ndtype)[0].train()
     rng = np.random.default_rng(1)
     idx, targets = rng.integers(0, VOCAB, (3, 11)), rng.integers(0, VOCAB, (3, 11))
     t_logits, t_loss, t_grads = loss_and_grads_torch(tmodel, idx, targets)
@@ -111,7 +111,7 @@ def test_logits_and_every_gradient_match_transformers(tmp_path, shape, tdtype, n
     assert rel_err(logits, t_logits) < tol
     assert abs(loss - t_loss) < tol
     fam = hf.FAMILIES["gpt2"]
-    names = {row.hf[0]: (row.nf, row.transpose) for row in fam.tensors(hf.model_config_of(model))}
+    names = {row.hf[0]: (row.nf, row.transpose) for row in fam.tensors(model.config)}
     assert set(names) == set(t_grads), "every transformers parameter has a numformer counterpart"
     for hf_name, g in t_grads.items():
         nf, transpose = names[hf_name]
@@ -120,8 +120,8 @@ def test_logits_and_every_gradient_match_transformers(tmp_path, shape, tdtype, n
 
 def test_config_is_mapped(tmp_path):
     folder, _ = make_hf(tmp_path, **SHAPES["n_inner"])
-    model = GPT.from_pretrained(folder)
-    cfg = hf.model_config_of(model)
+    model = hf.load_pretrained(folder)[0]
+    cfg = model.config.to_dict()
     assert (cfg["d_model"], cfg["n_layers"], cfg["n_heads"], cfg["d_ff"], cfg["block_size"]) == (24, 3, 4, 40, N_POS)
     assert (cfg["activation"], cfg["bias"], cfg["tie_weights"], cfg["norm_first"]) == ("gelu_tanh", True, True, True)
     assert model.lm_head.weight is model.tok_emb.weight
@@ -137,20 +137,20 @@ def test_original_gpt2_file_layout_without_prefix_and_with_attention_buffers(tmp
     state["h.0.attn.bias"] = np.tril(np.ones((1, 1, N_POS, N_POS), np.float32))
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     idx = np.arange(10)[None] % VOCAB
-    np.testing.assert_allclose(GPT.from_pretrained(folder)(idx), tmodel(torch.from_numpy(idx)).logits.detach().numpy(),
+    np.testing.assert_allclose(hf.load_pretrained(folder)[0](idx), tmodel(torch.from_numpy(idx)).logits.detach().numpy(),
                                rtol=1e-4, atol=1e-5)
 
 
 def test_greedy_generation_equals_transformers_generate(tmp_path):
     folder, tmodel = make_hf(tmp_path, **SHAPES["n_inner"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     prompt = np.array([[5, 17, 3, 44, 9]])
     np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), transformers_greedy(tmodel, prompt, 20))
 
 
 def test_seeded_sampling_repeats(tmp_path):
     folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     a = model.generate([1, 2, 3], 15, temperature=0.9, top_k=20, rng=7)
     b = model.generate([1, 2, 3], 15, temperature=0.9, top_k=20, rng=7)
     c = model.generate([1, 2, 3], 15, temperature=0.9, top_k=20, rng=8)
@@ -252,7 +252,7 @@ def test_hub_id_goes_through_snapshot_download(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     for source in ("openai-community/gpt2", "hf:gpt2"):
-        model = GPT.from_pretrained(source)
+        model = hf.load_pretrained(source)[0]
         idx = np.array([[1, 2, 3]])
         np.testing.assert_allclose(model(idx), tmodel(torch.from_numpy(idx)).logits.detach().numpy(), atol=1e-5)
     assert calls == [("openai-community/gpt2", True), ("openai-community/gpt2", False), ("gpt2", True), ("gpt2", False)]
@@ -268,7 +268,7 @@ def test_offline_hub_id_says_what_to_download_and_where(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(ValueError) as e:
-        GPT.from_pretrained("gpt2")
+        hf.load_pretrained("gpt2")[0]
     msg = str(e.value)
     assert "\n" not in msg
     assert "hf download gpt2 config.json model.safetensors tokenizer.json" in msg
@@ -310,7 +310,7 @@ def test_numformer_model_exports_with_the_same_logits(tmp_path, options):
     out = hf.export_hf(model, tmp_path / "out")
     idx = np.random.default_rng(1).integers(0, VOCAB, (2, 24))
     np.testing.assert_allclose(hf_logits(out, idx), model.eval()(idx), rtol=1e-4, atol=1e-5)
-    again = GPT.from_pretrained(out)                                # and back: the same model
+    again = hf.load_pretrained(out)[0]                                # and back: the same model
     np.testing.assert_allclose(again(idx), model(idx), rtol=1e-5, atol=1e-6)
 
 
@@ -413,7 +413,7 @@ def test_fine_tuning_lowers_the_loss_and_the_run_reloads(tmp_path, hf_folder, ki
     trainer = Trainer(fine_tune_config(source, tmp_path / "text.txt", dropout=0.0), tmp_path / "ft", quiet=True)
     assert trainer.task.unit == "token" and trainer.task.tokenizer.eos_id == EOS
     before = evaluate_loss(trainer.model, trainer.task, "val", 8)
-    np.testing.assert_allclose(trainer.model.tok_emb.weight.data, GPT.from_pretrained(folder).tok_emb.weight.data)
+    np.testing.assert_allclose(trainer.model.tok_emb.weight.data, hf.load_pretrained(folder)[0].tok_emb.weight.data)
     summary = trainer.train()
     assert summary["best_val_loss"] < before
     model, task = load_model(tmp_path / "ft"), load_task(tmp_path / "ft")
@@ -449,7 +449,7 @@ PROMPTS = [[5, 17, 3, 44, 9, 12, 7], [8, 2], [30, 31, 32, 33]]
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_left_padded_batch_generates_what_each_prompt_generates_alone(tmp_path, use_cache):
     folder, tmodel = make_hf(tmp_path, **SHAPES["n_inner"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     ids, mask = left_pad(PROMPTS)
     batch = model.generate(ids, 12, greedy=True, attention_mask=mask, use_cache=use_cache)
     for row, prompt in zip(batch, PROMPTS):
@@ -467,7 +467,7 @@ def test_attention_mask_logits_and_gradients_match_transformers(tmp_path):
     for m in tmodel.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    model = GPT.from_pretrained(folder, dtype=np.float64).train()
+    model = hf.load_pretrained(folder, dtype=np.float64)[0].train()
     ids, mask = left_pad(PROMPTS)
     targets = np.where(mask == 1, np.roll(ids, -1, axis=1), -100)
     position_ids = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
@@ -481,14 +481,14 @@ def test_attention_mask_logits_and_gradients_match_transformers(tmp_path):
     real = mask.astype(bool)                     # padded queries' outputs are unused (and differ: HF lets them
     assert rel_err(logits[real], t_logits.detach().numpy()[real]) < 1e-9        # attend to padding)
     grads = {n: p.grad for n, p in model.named_parameters()}
-    for row in hf.FAMILIES["gpt2"].tensors(hf.model_config_of(model)):
+    for row in hf.FAMILIES["gpt2"].tensors(model.config):
         g = dict(tmodel.named_parameters())[row.hf[0]].grad.numpy()
         assert rel_err(grads[row.nf].T if row.transpose else grads[row.nf], g) < 1e-9, row.hf[0]
 
 
 def test_attention_mask_must_be_left_padding(tmp_path):
     folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     ids, mask = left_pad(PROMPTS)
     with pytest.raises(ValueError, match="left padding"):
         model.generate(ids, 2, greedy=True, attention_mask=mask[:, ::-1])
@@ -500,7 +500,7 @@ def test_generation_benchmark_part_measures_both_libraries(tmp_path):
     from numformer.bench import hf_generate
 
     folder, tmodel = make_hf(tmp_path, **SHAPES["default_ff"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     row = hf_generate.measure(model, tmodel, 2, 5, 4, threads=1, repeats=1, modes=("one_thread", "numformer"))
     assert row["same_tokens_fraction"] == 1.0 and row["best_mode"] in ("one_thread", "numformer")
     assert row["ratio"] > 0 and row["transformers_tokens_per_s"] > 0
@@ -516,7 +516,7 @@ def test_generation_benchmark_part_measures_both_libraries(tmp_path):
 
 def test_bfloat16_checkpoint_is_read_exactly(tmp_path):
     folder, tmodel = make_hf(tmp_path, torch_dtype=torch.bfloat16, **SHAPES["default_ff"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     ref = dict(tmodel.float().named_parameters())
     np.testing.assert_array_equal(model.blocks[1].ff.linear1.weight.data,
                                   ref["transformer.h.1.mlp.c_fc.weight"].detach().numpy().T)

@@ -49,7 +49,7 @@ def _float64_arithmetic(model):
             m.forward = (lambda m: lambda h: m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
                                                                          + m.variance_epsilon)))(m)
     rot = model.model.rotary_emb
-    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
     theta = model.config.rope_parameters["rope_theta"]
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
@@ -80,7 +80,7 @@ def make_llama(tmp_path, name="llama", torch_dtype=torch.float32, seed=0, **kw):
 def _grad_table(model):
     """{Hugging Face name: numformer gradient (the matching rows of a stacked qkv_proj)}."""
     fam = hf.FAMILIES["llama"]
-    cfg = hf.model_config_of(model)
+    cfg = model.config
     grads = {n: p.grad for n, p in model.named_parameters()}
     return hf.to_hf_state(fam, cfg, {row.nf: grads[row.nf] for row in fam.tensors(cfg)})
 
@@ -90,7 +90,7 @@ def _grad_table(model):
 @pytest.mark.parametrize("tdtype,ndtype,tol", [(torch.float64, np.float64, 1e-9), (torch.float32, np.float32, 1e-4)])
 def test_llama_logits_and_every_gradient_match_transformers(tmp_path, shape, tdtype, ndtype, tol):
     folder, tmodel = make_llama(tmp_path, torch_dtype=tdtype, **SHAPES[shape])
-    model = GPT.from_pretrained(folder, dtype=ndtype).train()
+    model = hf.load_pretrained(folder, dtype=ndtype)[0].train()
     rng = np.random.default_rng(1)
     idx, targets = rng.integers(0, VOCAB, (3, 11)), rng.integers(0, VOCAB, (3, 11))
     t_logits, t_loss, t_grads = loss_and_grads_torch(tmodel, idx, targets)
@@ -105,26 +105,26 @@ def test_llama_logits_and_every_gradient_match_transformers(tmp_path, shape, tdt
 
 def test_llama_config_is_mapped(tmp_path):
     folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
-    model = GPT.from_pretrained(folder)
-    cfg = hf.model_config_of(model)
+    model = hf.load_pretrained(folder)[0]
+    cfg = model.config.to_dict()
     assert (cfg["positional"], cfg["activation"], cfg["norm"], cfg["bias"]) == ("rope", "swiglu", "rms", False)
     assert (cfg["n_heads"], cfg["n_kv_heads"], cfg["rope_theta"], cfg["d_ff"]) == (4, 2, 500.0, 24)
     assert model.blocks[0].self_attn.qkv_proj.weight.shape == (16 + 2 * 2 * 4, 16)
     assert model.num_parameters() == sum(p.numel() for p in tmodel.parameters())
-    tied = GPT.from_pretrained(make_llama(tmp_path, "tied", **SHAPES["mqa_tied"])[0])
+    tied = hf.load_pretrained(make_llama(tmp_path, "tied", **SHAPES["mqa_tied"])[0])[0]
     assert tied.lm_head.weight is tied.tok_emb.weight
 
 
 def test_llama_greedy_generation_equals_transformers_generate(tmp_path):
     folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     prompt = np.array([[5, 17, 3, 44, 9]])
     np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), transformers_greedy(tmodel, prompt, 20))
 
 
 def test_llama_cached_and_uncached_decoding_are_equal(tmp_path):
     folder, _ = make_llama(tmp_path, torch_dtype=torch.float64, **SHAPES["mqa_tied"])
-    model = GPT.from_pretrained(folder, dtype=np.float64)
+    model = hf.load_pretrained(folder, dtype=np.float64)[0]
     prompt = np.array([[5, 17, 3], [8, 2, 1]])
     a, la = model.generate(prompt, 30, rng=3, return_logits=True)
     b, lb = model.generate(prompt, 30, rng=3, use_cache=False, return_logits=True)
@@ -138,7 +138,7 @@ def test_llama_cached_and_uncached_decoding_are_equal(tmp_path):
 def test_llama_left_padded_batch_matches_transformers(tmp_path):
     """RoPE with per-row positions (a left-padded batch), against transformers' generate."""
     folder, tmodel = make_llama(tmp_path, **SHAPES["gqa_untied"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     ids, mask = left_pad([[5, 17, 3, 44, 9, 12, 7], [8, 2], [30, 31, 32, 33]])
     batch = model.generate(ids, 10, greedy=True, attention_mask=mask)
     with torch.no_grad():
@@ -162,7 +162,7 @@ def test_llama_import_then_export_gives_identical_tensors_and_config(tmp_path):
     from safetensors.numpy import load_file
 
     folder, _ = make_llama(tmp_path, **SHAPES["gqa_untied"])
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     out = hf.export_hf(model, tmp_path / "out")
     a, b = load_file(folder / "model.safetensors"), load_file(out / "model.safetensors")
     assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
@@ -185,7 +185,7 @@ def test_numformer_llama_exports_and_transformers_gives_the_same_logits(tmp_path
     with torch.no_grad():
         ref = tmodel(torch.from_numpy(idx)).logits.numpy()
     assert rel_err(model.eval()(idx), ref) < 1e-9
-    again = GPT.from_pretrained(out, dtype=np.float64)
+    again = hf.load_pretrained(out, dtype=np.float64)[0]
     assert rel_err(again(idx), model(idx)) < 1e-12
 
 

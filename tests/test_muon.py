@@ -13,7 +13,7 @@ from numformer.models.gpt import GPT
 from numformer.nn import Parameter
 from numformer.optim import AdamW, Muon, hidden_matrices, newton_schulz
 from numformer.train import Trainer, resolve_config
-from numformer.train.run_files import CHECKPOINT
+from numformer.run_files import CHECKPOINT
 from numformer.train.trainer import make_optimizer
 
 torch = pytest.importorskip("torch")

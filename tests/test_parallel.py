@@ -151,7 +151,7 @@ def test_trainer_on_two_processes_resumes_bit_exactly_with_dropout(tmp_path):
     Trainer(_config(), straight, quiet=True).train()
     Trainer(_config(), resumed, quiet=True).train(stop_after=8)
     trainer = Trainer(None, resumed, resume=True, quiet=True)
-    assert trainer.processes == 2 and len(trainer._worker_rngs) == 1
+    assert trainer.processes == 2 and len(trainer.workers.worker_rngs) == 1
     trainer.train()
     a, b = _checkpoint_arrays(straight), _checkpoint_arrays(resumed)
     assert set(a) == set(b)

@@ -26,7 +26,7 @@ SHAPES = {"tied": {"tie_word_embeddings": True}, "untied": {"tie_word_embeddings
 def test_qwen2_logits_and_every_gradient_match_transformers(tmp_path, shape, tdtype, ndtype, tol):
     folder = make_family_model(tmp_path, "qwen2", SHAPES[shape])
     model = assert_parity(folder, "qwen2", tdtype, ndtype, tol)
-    cfg = hf.model_config_of(model)
+    cfg = model.config.to_dict()
     assert (cfg["bias"], cfg.get("attn_bias", False), cfg["qkv_bias"], cfg["rope_theta"]) == (False, False, True, 1e6)
     assert model.tie_weights == SHAPES[shape]["tie_word_embeddings"]
     tmodel = transformers.AutoModelForCausalLM.from_pretrained(folder)
@@ -36,10 +36,10 @@ def test_qwen2_logits_and_every_gradient_match_transformers(tmp_path, shape, tdt
 def test_qwen2_generation_equals_transformers_and_cached_equals_uncached(tmp_path):
     folder = make_family_model(tmp_path, "qwen2", SHAPES["untied"])
     tmodel = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     prompt = np.array([[5, 17, 3, 44, 9]])
     np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), transformers_greedy(tmodel, prompt, 20))
-    m64 = GPT.from_pretrained(folder, dtype=np.float64)
+    m64 = hf.load_pretrained(folder, dtype=np.float64)[0]
     a, la = m64.generate(prompt, 20, rng=1, return_logits=True)
     b, lb = m64.generate(prompt, 20, rng=1, use_cache=False, return_logits=True)
     np.testing.assert_array_equal(a, b)
@@ -52,7 +52,7 @@ def test_qwen2_import_export_round_trip(tmp_path, window):
 
     edits = {"use_sliding_window": True, "sliding_window": window, "max_window_layers": 0} if window else {}
     folder = make_family_model(tmp_path, "qwen2", {**SHAPES["tied"], **edits})
-    model = GPT.from_pretrained(folder, dtype=np.float64)
+    model = hf.load_pretrained(folder, dtype=np.float64)[0]
     assert model.sliding_window == window
     out = hf.export_hf(model, tmp_path / "out")
     cfg = json.loads((out / "config.json").read_text())
@@ -107,8 +107,8 @@ eval_every = 3
     assert main(["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "run")]) == 0
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
     assert (cfg["qkv_bias"], cfg["bias"], cfg["rope_theta"]) == (True, False, 1e6)
-    tuned = GPT.from_pretrained(hf.export_hf(__import__("numformer.train", fromlist=["load_model"]).load_model(
-        tmp_path / "run"), tmp_path / "tuned_hf"))
+    tuned = hf.load_pretrained(hf.export_hf(__import__("numformer.train", fromlist=["load_model"]).load_model(
+        tmp_path / "run"), tmp_path / "tuned_hf"))[0]
     assert tuned.blocks[0].self_attn.qkv_proj.bias is not None
 
 
@@ -119,3 +119,23 @@ def test_qwen2_generation_benchmark_part_measures_both_libraries(tmp_path):
     assert result["row"]["same_tokens_fraction"] == 1.0 and result["row"]["transformers_tokens_per_s"] > 0
     assert result["row"]["ratio"] > 0
     assert "| numformer one_thread |" in qwen2_generate.markdown(result, tmp_path)
+
+
+@pytest.mark.parametrize("layer_types", [["full_attention", "sliding_attention"],
+                                         ["sliding_attention", "full_attention"]])
+def test_layers_with_their_own_windows_import_and_export_as_transformers_runs_them(tmp_path, layer_types):
+    """Qwen2's layer_types: one window per layer (a GPTConfig whose layers differ), both ways, float64 logits
+    within 1e-9 of transformers (windows shorter than the sequence)."""
+    edits = {"use_sliding_window": True, "sliding_window": 5, "layer_types": layer_types}
+    folder = make_family_model(tmp_path, "qwen2", {**SHAPES["tied"], **edits})
+    model = hf.load_pretrained(folder, dtype=np.float64)[0]
+    assert [b.sliding_window for b in model.config.layers] == [5 if t == "sliding_attention" else None
+                                                              for t in layer_types]
+    out = hf.export_hf(model, tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["layer_types"] == layer_types
+    idx = np.random.default_rng(2).integers(0, 300, (2, 16))
+    for path in (folder, out):
+        tmodel = _float64_arithmetic(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+                                     .eval())
+        with torch.no_grad():
+            assert rel_err(model(idx), tmodel(torch.from_numpy(idx)).logits.numpy()) < 1e-9

@@ -339,7 +339,7 @@ def test_a_write_between_the_check_and_a_replacement_never_reaches_the_new_folde
     """The instant between a writer's identity check and its write: the folder is deleted and made anew there.
     The file is created relative to the locked folder's descriptor, so it never lands in the new folder: the
     write stops with one error naming the folder, and so does the next check."""
-    from numformer.train.run_files import write_atomic
+    from numformer.run_files import write_atomic
     from numformer.train.run_folder import RunFolderGone, lock_for_writing
 
     out = tmp_path / "R"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from numformer.train import trainer as trainer_module
-from numformer.train.run_files import CHECKPOINT, MODEL
+from numformer.train import run_writer, workers
+from numformer.run_files import CHECKPOINT, MODEL
 from numformer.train.run_folder import RUN_FILES
 
 from conftest import tiny_copy_toml
@@ -34,7 +34,7 @@ def assert_no_trace_of_old_run(out, cli_error):
 
 def test_new_run_that_diverges_before_its_first_checkpoint(old_run, cli_error, monkeypatch):
     cfg, out = old_run
-    monkeypatch.setattr(trainer_module, "loss_and_backward", lambda *a, **k: float("nan"))
+    monkeypatch.setattr(workers, "loss_and_backward", lambda *a, **k: float("nan"))
     line = cli_error("train", cfg, "--out", out, "--overwrite", "--quiet", "--set", "train.seed=2")
     assert "the training loss became nan at step 1" in line and "no checkpoint had been written yet" in line
     summary = json.loads((out / "summary.json").read_text())
@@ -49,7 +49,7 @@ def test_new_run_aborted_before_its_first_checkpoint(old_run, run_cli, cli_error
     def abort(*a, **k):
         raise KeyboardInterrupt          # a second Ctrl-C: stop at once, no checkpoint
 
-    monkeypatch.setattr(trainer_module, "loss_and_backward", abort)
+    monkeypatch.setattr(workers, "loss_and_backward", abort)
     rc, _, err = run_cli("train", cfg, "--out", out, "--overwrite", "--quiet", "--set", "train.seed=2")
     assert rc == 130 and "Traceback" not in err
     monkeypatch.undo()
@@ -63,7 +63,7 @@ def test_new_run_that_fails_at_its_first_checkpoint(old_run, cli_error, monkeypa
     def full(*a, **k):
         raise OSError(28, "No space left on device", str(out / CHECKPOINT))
 
-    monkeypatch.setattr(trainer_module, "save_checkpoint", full)
+    monkeypatch.setattr(run_writer, "save_checkpoint", full)
     line = cli_error("train", cfg, "--out", out, "--overwrite", "--quiet", "--set", "train.seed=2")
     assert "the disk is full" in line
     monkeypatch.undo()
@@ -91,7 +91,7 @@ def test_a_folder_with_only_metrics_is_a_run(tmp_path, cli_error):
 
 def test_overwrite_removes_every_file_of_the_old_run_first(old_run, run_cli):
     cfg, out = old_run
-    (out / f".{CHECKPOINT}.abc.tmp").write_bytes(b"half a checkpoint")       # a write cut short
+    (out / f".{CHECKPOINT}.123.0abc1234.tmp").write_bytes(b"half a checkpoint")  # a write cut short (write_atomic)
     (out / "notes.txt").write_text("mine")                                      # not a run file: kept
     old_metrics = (out / "metrics.jsonl").read_text()
     assert run_cli("train", cfg, "--out", out, "--overwrite", "--quiet", "--set", "train.seed=2",

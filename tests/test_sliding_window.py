@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from numformer.gradcheck import check_gradients
+from numformer.interop import hf
 from numformer.models import GPT
 from numformer.nn import MultiHeadAttention
-from numformer.nn.attention import KERNELS, sliding_window_mask
+from numformer.nn.attention import sliding_window_mask
+from numformer.nn.dispatch import ATTENTION as KERNELS
 
 from test_interop_hf import rel_err
 
@@ -148,7 +150,7 @@ def test_mistral_float64_parity_past_window_and_context(tmp_path, attention):
     folder = mistral_folder(tmp_path)
     assert json.loads((folder / "config.json").read_text())["model_type"] == "mistral"
     tmodel = _float64_arithmetic(transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval())
-    model = GPT.from_pretrained(folder, dtype=np.float64, attention=attention)
+    model = hf.load_pretrained(folder, dtype=np.float64, attention=attention)[0]
     assert model.sliding_window == 5 and model.block_size == 12
     idx = np.random.default_rng(1).integers(0, 300, (2, 30))                # 5 < 12 < 30
     with torch.no_grad():
@@ -163,13 +165,13 @@ def test_mistral_greedy_generation_equals_transformers_and_exports_as_mistral(tm
 
     folder = mistral_folder(tmp_path, window=4, context=40)
     tmodel = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    model = GPT.from_pretrained(folder)
+    model = hf.load_pretrained(folder)[0]
     prompt = np.array([[5, 17, 3, 44, 9, 12]])
     np.testing.assert_array_equal(model.generate(prompt, 20, greedy=True), transformers_greedy(tmodel, prompt, 20))
     out = hf.export_hf(model, tmp_path / "out")
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["model_type"], cfg["sliding_window"], cfg["architectures"]) == ("mistral", 4, ["MistralForCausalLM"])
-    assert GPT.from_pretrained(out).sliding_window == 4
+    assert hf.load_pretrained(out)[0].sliding_window == 4
 
 
 def test_mistral_without_sliding_window_key_gets_mistralconfigs_4096(tmp_path):
@@ -177,4 +179,4 @@ def test_mistral_without_sliding_window_key_gets_mistralconfigs_4096(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg.pop("sliding_window")
     (folder / "config.json").write_text(json.dumps(cfg))
-    assert GPT.from_pretrained(folder).sliding_window == 4096
+    assert hf.load_pretrained(folder)[0].sliding_window == 4096

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,24 +28,6 @@ TINY = {
               "warmup_steps": 5, "eval_every": 40, "eval_batches": 1, "eval_batch_size": 8, "checkpoint_every": 50,
               "restore_best": False, "log_every": 1, "processes": 1, "dtype": "float64", "budget_minutes": 0.2},
 }
-
-
-class FakeClock:
-    """time.perf_counter advancing by ``tick`` seconds at every call: the run's timing is deterministic."""
-
-    def __init__(self, tick=0.002):
-        self.now, self.tick = 1000.0, tick
-
-    def __call__(self):
-        self.now += self.tick
-        return self.now
-
-
-@pytest.fixture
-def fake_clock(monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(time, "perf_counter", clock)
-    return clock
 
 
 def _metrics(run_dir):

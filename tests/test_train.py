@@ -14,8 +14,8 @@ import pytest
 from numformer.cli import main
 from numformer.data import Batch, Task, register_task
 from numformer.train import EarlyStopping, Trainer, TrainingDiverged, resolve_config, write_atomic
-from numformer.train import trainer as trainer_module
-from numformer.train.run_files import CHECKPOINT, MODEL
+from numformer.train import evaluation as evaluation_module
+from numformer.run_files import CHECKPOINT, MODEL
 
 
 @register_task("test_counting")
@@ -75,16 +75,19 @@ def test_resolved_config_fills_defaults_and_data_keys():
     assert resolved["model"]["vocab_size"] == 7 and resolved["model"]["block_size"] == 6
     assert resolved["model"]["d_ff"] is None and resolved["model"]["tie_weights"] is True
     assert resolved["train"]["optimizer"] == "adamw" and resolved["train"]["grad_clip"] == 1.0
-    assert resolved["data"] == {"task": "test_counting", "vocab": 7, "length": 6}
+    # the task is registered by this module, which the run records so that reading it imports the module again
+    assert resolved["data"] == {"task": "test_counting", "task_module": "test_train", "vocab": 7, "length": 6}
 
 
 @pytest.mark.parametrize("change,message", [
     (lambda c: c["train"].update(lr_max=1), r"unknown key\(s\) \['lr_max'\] in \[train\]; valid keys: .*'lr'"),
     (lambda c: c["train"].update(max_steps="10"), r"\[train\] max_steps = '10' should be an integer"),
     (lambda c: c["train"].update(lr=True), r"\[train\] lr = True should be a number"),
-    (lambda c: c["model"].update(n_layer=2), r"unknown key\(s\) \['n_layer'\] in \[model\]; valid keys: .*n_layers"),
+    (lambda c: c["model"].update(n_layer=2),
+     r"unknown key\(s\) \['n_layer'\] in \[model\] \(did you mean 'n_layers'\?\); valid keys: .*n_layers"),
     (lambda c: c["model"].update(d_model=16.5), r"\[model\] d_model = 16.5 should be an integer"),
-    (lambda c: c["data"].update(lenght=3), r"unknown key\(s\) \['lenght'\] in \[data\]; valid keys: \['length', 'vocab'\]"),
+    (lambda c: c["data"].update(lenght=3),
+     r"unknown key\(s\) \['lenght'\] in \[data\] \(did you mean 'length'\?\); valid keys: \['length', 'vocab'\]"),
     (lambda c: c.update(optim={}), r"unknown section\(s\) \['optim'\]"),
     (lambda c: c["data"].update(task="nope"), r"task = 'nope' is not a known task"),
     (lambda c: c["model"].update(vocab_size=9), r"\[model\] \['vocab_size'\] are set by the data"),
@@ -348,16 +351,16 @@ def test_early_stopping_rule():
 
 def test_early_stopping_restores_best_weights(tmp_path, monkeypatch):
     curve = iter([2.0, 1.0, 1.5, 1.6, 1.7, 1.8])
-    monkeypatch.setattr(trainer_module, "mean_loss", lambda *a, **k: (next(curve), 100))
+    monkeypatch.setattr(evaluation_module, "mean_loss", lambda *a, **k: (next(curve), 100))
     trainer = Trainer(config(max_steps=60, early_stopping_patience=2, eval_metrics=False), tmp_path, quiet=True)
     snapshots = {}
-    real = trainer.evaluate
+    real = trainer.evaluation.periodic
 
-    def evaluate_and_snapshot(split="val", **kw):
+    def evaluate_and_snapshot(step):
         snapshots[trainer.step] = {k: v.copy() for k, v in trainer.model.state_dict().items()}
-        return real(split, **kw)
+        return real(step)
 
-    monkeypatch.setattr(trainer, "evaluate", evaluate_and_snapshot)
+    monkeypatch.setattr(trainer.evaluation, "periodic", evaluate_and_snapshot)
     summary = trainer.train()
     assert summary["stopped_early"] and summary["steps"] == 40 and summary["best_step"] == 20
     for k, v in trainer.model.state_dict().items():
@@ -414,7 +417,7 @@ def test_atomic_writes_get_a_normal_file_mode(tmp_path):
     import os
     import stat
 
-    from numformer.train.run_files import write_atomic
+    from numformer.run_files import write_atomic
 
     path = tmp_path / "results.md"
     write_atomic(path, b"table\n")

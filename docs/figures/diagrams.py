@@ -253,9 +253,52 @@ MODEL_DRAWINGS = {
 }
 
 
+def rope_scaling(path):
+    """Scaled RoPE, θ'_i / θ_i per rotated pair: llama3's three bands (Llama 3.2 1B's parameters) against
+    linear; YaRN's ramp (a Qwen-style 4x extension) against dynamic NTK at four times the context."""
+    import numpy as np
+
+    from numformer.ops.rope_scaling import RopeScaling, rope_inverse_frequencies, yarn_ramp_bounds
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    d, theta, old = 64, 500000.0, 8192
+    plain, _ = rope_inverse_frequencies(d, theta)
+    wavelength = 2 * np.pi / plain
+    llama3 = RopeScaling("llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                         original_max_position_embeddings=old)
+    for scaling, style, label in ((RopeScaling("linear", factor=32.0), "--", "linear, s = 32"),
+                                  (llama3, "o-", "llama3, s = 32")):
+        left.plot(wavelength, rope_inverse_frequencies(d, theta, scaling)[0] / plain, style, ms=3, label=label)
+    left.axvspan(wavelength.min() / 2, old / 4, color="#7cc47a", alpha=0.2, label="λ < L₀/h: kept")
+    left.axvspan(old / 4, old, color="#e0b85a", alpha=0.25, label="blended")
+    left.axvspan(old, wavelength.max() * 2, color="#e07b6a", alpha=0.2, label="λ > L₀/l: θ / s")
+    left.set(xscale="log", yscale="log", xlabel=r"wavelength $\lambda_i = 2\pi/\theta_i$ (tokens)",
+             ylabel=r"$\theta'_i / \theta_i$",
+             title="llama3 (θ = 5·10⁵, d = 64, L₀ = 8192, l = 1, h = 4)",
+             xlim=(wavelength.min() / 2, wavelength.max() * 2))
+    left.legend(fontsize=7.5, loc="upper right")
+    d, theta, old = 128, 1e6, 32768
+    plain, _ = rope_inverse_frequencies(d, theta)
+    yarn = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=old)
+    dynamic = RopeScaling("dynamic", factor=4.0, max_position_embeddings=old)
+    pairs = np.arange(d // 2)
+    inv, a = rope_inverse_frequencies(d, theta, yarn)
+    right.plot(pairs, inv / plain, "o-", ms=3, label=f"yarn, s = 4 (cos, sin × a = {a:.3f})")
+    right.plot(pairs, rope_inverse_frequencies(d, theta, dynamic, 4 * old)[0] / plain, "--",
+               label="dynamic, s = 4, at n = 4·L")
+    lo, hi = yarn_ramp_bounds(yarn, d, theta)
+    right.axvspan(lo, hi, color="#e0b85a", alpha=0.25, label=f"ramp: pairs {lo} to {hi}")
+    right.set(yscale="log", xlabel="rotated pair i", ylabel=r"$\theta'_i / \theta_i$",
+              title="yarn and dynamic (θ = 10⁶, d = 128, L₀ = 32768)")
+    right.legend(fontsize=7.5, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 DRAWINGS = {"head_split.png": head_split, "residual_stream.png": residual_stream,
             "attention_graph.png": attention_graph, "attention_backward.png": attention_backward,
-            "flash_tiles.png": flash_tiles,
+            "flash_tiles.png": flash_tiles, "rope_scaling.png": rope_scaling,
             **{name: _model_drawing(config) for name, (_, config) in MODEL_DRAWINGS.items()}}
 
 

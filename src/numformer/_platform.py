@@ -118,6 +118,29 @@ def unlock(fd):
         _byte_unlock(fd, slot, 1)
 
 
+def locked_folder_now(fd):
+    """Where the folder whose lock ``fd`` holds is now: its path (it may have been moved or renamed), "" when it
+    was deleted, None when the platform cannot tell.
+
+    POSIX: ``fd`` is open on the folder itself, which the system keeps while it is open; a deleted folder has
+    no link left (``st_nlink`` 0), and its current path is ``/proc/self/fd/N`` (Linux) or ``F_GETPATH``
+    (macOS). Windows: ``fd`` is the lock file inside the folder, which Windows does not let be moved or
+    deleted while open, so it cannot tell."""
+    if fcntl is None:
+        return None
+    if os.fstat(fd).st_nlink == 0:
+        return ""
+    try:
+        if sys.platform.startswith("linux"):
+            now = os.readlink(f"/proc/self/fd/{fd}")
+            return "" if now.endswith(" (deleted)") and not os.path.isdir(now) else now
+        if hasattr(fcntl, "F_GETPATH"):
+            return os.fsdecode(fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024)).split(b"\0", 1)[0])
+    except OSError:
+        pass
+    return None
+
+
 def close_lock(fd):
     """Close the descriptor of a lock (releasing it, if still held)."""
     _reader_slot.pop(fd, None)

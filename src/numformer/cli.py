@@ -44,7 +44,7 @@ def main(argv=None):
         from numformer._runtime import set_fast_runtime
         # Token-by-token generation is matrix-vector work, where the BLAS's own threads measured fastest
         # (`numformer bench hf-generate`: 42.4 against 24.2 tokens/s at batch 1 for numformer's row split).
-        set_fast_runtime(blas="native" if args.command == "generate" else "numformer")
+        set_fast_runtime(blas="native" if args.command in ("generate", "chat") else "numformer")
     try:
         check_text_arguments(args)
         with _reading(args):
@@ -64,7 +64,7 @@ def main(argv=None):
     return 0 if result is None else int(result)
 
 
-TEXT_ARGUMENTS = ("text", "texts", "prompt", "src", "tgt")    # the arguments that are text to encode
+TEXT_ARGUMENTS = ("text", "texts", "prompt", "src", "tgt", "system")    # the arguments that are text to encode
 
 
 def check_text_arguments(args):
@@ -77,7 +77,7 @@ def check_text_arguments(args):
                 value.encode("utf-8")
             except UnicodeEncodeError as e:
                 byte = value[e.start].encode("utf-8", "surrogateescape")
-                label = "--" + name if name in ("prompt", "src", "tgt") or args.command == "analyze" else name
+                label = "--" + name if name in ("prompt", "src", "tgt", "system") or args.command == "analyze" else name
                 where = f"{label}" + (f" number {i + 1}" if not isinstance(values, str) and len(values) > 1 else "")
                 raise ValueError(f"{where} is not UTF-8 text (byte 0x{byte[0]:02x} at position {e.start}); give "
                                  f"the text in UTF-8 (your terminal's encoding may be another)") from None

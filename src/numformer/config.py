@@ -20,12 +20,13 @@ import os
 import tomllib
 from pathlib import Path
 
-from .data.base import check_data_section, import_builtin_tasks, make_task
-from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, positive
-from .models import DEFAULT_PRESET, MODEL_TYPES, model_arguments, model_keys, preset_arguments
-from .models.pretrained import loader as pretrained_loader
+from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
+from .interop.sources import read_source
+from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
+from .models import MODEL_TYPES, apply_preset, check_model_together, model_arguments, model_keys
 from .optim import OPTIMIZERS, SCHEDULES
 from .optim.optimizers import NO_DECAY_KINDS
+from .run_files import check_run_dir, read_json
 from ._limits import check_bounds
 
 SECTIONS = ("model", "data", "train")
@@ -127,6 +128,10 @@ def apply_overrides(config, overrides):
     return config
 
 
+MINUTES = Key(float, 0, 1e6)    # a time limit or budget: at most a million minutes (about two years), so that its
+                                # seconds stay a finite number in summary.json
+
+
 def _train_keys():
     return {
         "max_steps": positive(), "batch_size": positive(), "lr": NONNEG_FLOAT, "eval_every": positive(),
@@ -143,9 +148,60 @@ def _train_keys():
         "decay_steps": NONNEG_INT, "grad_clip": NONNEG_FLOAT, "grad_accum": positive(), "label_smoothing": FRACTION,
         "eval_batches": NONNEG_INT, "eval_batch_size": NONNEG_INT, "eval_metrics": BOOL,
         "early_stopping_patience": NONNEG_INT, "early_stopping_min_delta": NONNEG_FLOAT, "restore_best": BOOL,
-        "log_every": positive(), "max_minutes": NONNEG_FLOAT, "budget_minutes": NONNEG_FLOAT, "dtype": Key(str, choices=("float32", "float64")),
+        "log_every": positive(), "max_minutes": MINUTES, "budget_minutes": MINUTES,
+        "dtype": Key(str, choices=("float32", "float64")),
         "processes": Key(int, 0, max(64, 4 * (os.cpu_count() or 1))),
     }
+
+
+# -- what --resume may change ----------------------------------------------------------------------------------
+# `--resume --set train.KEY=VALUE` on a [train] key: every key not listed here takes effect from the resumed step on
+# (and is recorded in config.json); those listed are refused, for the reason given. budget_minutes may change, but
+# not between 0 and a budget (a run counted in steps and one planned for a time budget are different plans).
+# tests/test_resume_overrides.py sets every key on a resumed run and checks that it is in effect or refused.
+RESUME_REFUSED = {
+    "optimizer": "the checkpoint holds the moments of the run's optimizer",
+    "no_decay": "it decides the parameter groups whose optimizer state the checkpoint holds",
+    "dtype": "the checkpoint holds the weights and moments in the run's dtype",
+    "seed": "the seed drew the run's held-out data and evaluation sample, and the random generators go on from "
+            "the checkpoint",
+}
+
+
+def resume_changes(saved, train):
+    """The lines to print about a resumed run's changed [train] values (``saved``: config.json's section, ``train``:
+    with the --set values): a note naming the changes that move the learning-rate schedule, and one naming the
+    others; ValueError naming the keys that cannot change (``RESUME_REFUSED``)."""
+    changed = [k for k in train if saved.get(k) != train[k]]
+    refused = [k for k in changed if k in RESUME_REFUSED]
+    if "budget_minutes" in changed and not (saved.get("budget_minutes") and train["budget_minutes"]):
+        refused.append("budget_minutes")
+    if refused:
+        reasons = "; ".join(f"{k} {saved.get(k)!r} -> {train[k]!r} ("
+                            + RESUME_REFUSED.get(k, "a run counted in steps cannot become one planned for a time "
+                                                    "budget, nor the reverse") + ")" for k in refused)
+        raise ValueError(f"--resume cannot change [train] {reasons}; remove the --set, or start a new run with "
+                         f"`numformer train CONFIG --out NEW_DIR`")
+    moving = _schedule_keys(saved) | _schedule_keys(train)
+    notes = []
+    for keys, effect in (([k for k in changed if k in moving], "changes the learning-rate schedule of the resumed "
+                                                               "run from this step on"),
+                         ([k for k in changed if k not in moving], "in effect from this step on")):
+        if keys:
+            notes.append("note: " + ", ".join(f"{k} {saved.get(k)} -> {train[k]}" for k in keys) + " " + effect)
+    return notes
+
+
+def _schedule_keys(t):
+    """The [train] keys the learning-rate schedule of the [train] section ``t`` depends on."""
+    keys = {"schedule", "lr", "warmup_steps"}
+    if t.get("schedule") in ("linear", "cosine", "wsd"):
+        keys |= {"min_lr", "cooldown"} if t["schedule"] == "wsd" else {"min_lr"}
+        if t.get("budget_minutes"):
+            keys.add("budget_minutes")          # a budget plans the decay over its time
+        else:
+            keys |= {"decay_steps"} if t.get("decay_steps") else {"decay_steps", "max_steps"}
+    return keys
 
 
 # -- resolving a whole config ---------------------------------------------------------------------------------
@@ -165,7 +221,8 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
         raise ValueError("a config is a table of sections [model], [data] and [train]")
     unknown = sorted(set(config) - set(SECTIONS))
     if unknown:
-        raise ValueError(f"unknown section(s) {unknown}; a config has [model], [data] and [train]")
+        raise ValueError(f"unknown section(s) {unknown}{did_you_mean(unknown, SECTIONS)}; a config has [model], "
+                         f"[data] and [train]")
     train = {**TRAIN_DEFAULTS, **check_section("train", config.get("train", {}), _train_keys())}
     _check_train_together(train)
     data, task_cls, written = _resolve_data(dict(config.get("data", {})))
@@ -176,11 +233,11 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
                          f"folder or a hub id")
     source_model = None
     if init_from is not None and build_task:
-        source_model, source_tokenizer = pretrained_loader().pretrained_source(init_from)
-        tokenizer_state = tokenizer_state or source_tokenizer
+        source = read_source(init_from)
+        source_model, tokenizer_state = source.model, tokenizer_state or source.tokenizer_state
         model.setdefault("type", source_model["type"])
     kind, model = _resolve_model_kind(model, data, task_cls, written)
-    model = _apply_preset(kind, model, fine_tuning=init_from is not None)
+    model = apply_preset(kind, model, fine_tuning=init_from is not None)
     valid = _model_defaults(kind)
     model = check_section("model", model, model_keys(), valid)
     task = None
@@ -192,7 +249,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
         raise ValueError(f"[model] needs {missing}")
     full_model = {"type": kind, **{k: (None if d is inspect.Parameter.empty else d) for k, d in valid.items()},
                   **model, **({"init_from": init_from} if init_from is not None else {})}
-    _check_model_together(full_model)
+    check_model_together(full_model)
     return {"model": full_model, "data": data, "train": train}, task
 
 
@@ -207,7 +264,7 @@ def _add_data_sizes(model, data, task_cls, seed, tokenizer_state, sizes_only, in
         task = make_task(data, seed=seed, tokenizer_state=tokenizer_state)
         from_data = task.model_config()
     if source_model is not None:
-        model, from_data = pretrained_loader().merge_init_from(init_from, model, source_model, from_data), {}
+        model, from_data = merge_init_from(init_from, model, source_model, from_data), {}
     clash = sorted(k for k in from_data if k in model and model[k] != from_data[k])
     if clash:
         raise ValueError(f"[model] {clash} are set by the data ({ {k: from_data[k] for k in clash} }); "
@@ -216,17 +273,18 @@ def _add_data_sizes(model, data, task_cls, seed, tokenizer_state, sizes_only, in
 
 
 def _resolve_data(data):
-    tasks = import_builtin_tasks()
+    """([data] with every default filled in, the task class, the values written). A task of the user's own is
+    recorded with ``task_module``, the module that registers it, so that reading the run imports it again."""
     if "task" not in data:
-        raise ValueError(f"[data] needs a task; one of {sorted(tasks)}")
+        raise ValueError(f"[data] needs a task; one of {sorted(import_builtin_tasks())}")
     name = data["task"]
-    if not isinstance(name, str) or name not in tasks:
-        raise ValueError(f"[data] task = {name!r} is not a known task; choose one of {sorted(tasks)}")
-    task_cls = tasks[name]
-    values = check_data_section({k: v for k, v in data.items() if k != "task"}, task_cls)
+    task_cls = find_task(name, data.get("task_module"))
+    module = data.get("task_module") or task_module_of(task_cls)
+    values = check_data_section({k: v for k, v in data.items() if k not in ("task", "task_module")}, task_cls)
     if values.get("path"):        # read relative to where the config is used; stored resolved
         values["path"] = str(Path(values["path"]).expanduser().resolve())
-    return {"task": name, **task_cls.data_keys, **values}, task_cls, values
+    return ({"task": name, **({"task_module": module} if module else {}), **task_cls.data_keys, **values},
+            task_cls, values)
 
 
 def _resolve_model_kind(model, data, task_cls, written):
@@ -234,7 +292,8 @@ def _resolve_model_kind(model, data, task_cls, written):
     data_kind = written.get("model_type")                 # only a value the user wrote
     kind = model.pop("type", data_kind or data.get("model_type", task_cls.model_type))
     if not isinstance(kind, str) or kind not in MODEL_TYPES:
-        raise ValueError(f"[model] type = {kind!r} is not a model type; choose one of {sorted(MODEL_TYPES)}")
+        raise ValueError(f"[model] type = {kind!r} is not a model type{did_you_mean(kind, MODEL_TYPES)}; choose one "
+                         f"of {sorted(MODEL_TYPES)}")
     if data_kind is not None and data_kind != kind:
         raise ValueError(f"[data] model_type = {data_kind!r} contradicts [model] type = {kind!r}; "
                          f"remove [data] model_type (it follows [model] type)")
@@ -246,36 +305,26 @@ def _resolve_model_kind(model, data, task_cls, written):
     return kind, model
 
 
-def check_model_section(model):
-    """A [model] section on its own (no [data]: every size written in it), checked like a whole config's;
-    returns it with every default filled in."""
-    model = dict(model)
-    kind = model.pop("type", None)
-    if not isinstance(kind, str) or kind not in MODEL_TYPES:
-        raise ValueError(f"[model] type = {kind!r} is not a model type; choose one of {sorted(MODEL_TYPES)}")
-    model = _apply_preset(kind, model)
-    valid = _model_defaults(kind)
-    model = check_section("model", model, model_keys(), valid)
-    missing = sorted(k for k, d in valid.items() if d is inspect.Parameter.empty and k not in model)
-    if missing:
-        raise ValueError(f"[model] needs {missing} (or a [data] section, which sets the sizes)")
-    full = {"type": kind, **{k: d for k, d in valid.items() if d is not inspect.Parameter.empty}, **model}
-    _check_model_together(full)
-    return full
+FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
 
 
-def _apply_preset(kind, model, fine_tuning=False):
-    """[model] with its ``preset``'s sizes where it does not set them (``models.MODEL_PRESETS``; the default
-    preset, "small", where none is named). A fine-tuned model takes its sizes from the source instead. The
-    resolved config records the sizes themselves, not the preset's name."""
-    named = "preset" in model
-    preset = model.pop("preset", DEFAULT_PRESET)
-    if fine_tuning:
-        if named:
-            raise ValueError("[model] preset and init_from exclude each other: a fine-tuned model has the "
-                             "source's sizes; remove preset")
-        return model
-    return {**preset_arguments(kind, preset), **model}
+def merge_init_from(source, model, source_model, from_data):
+    """The [model] section of a run fine-tuned from ``source``: the source's architecture, with the
+    ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabulary, context length)."""
+    changed = sorted(k for k, v in model.items() if k not in FINE_TUNING_OPTIONS and k != "type"
+                     and source_model.get(k) != v)
+    if changed:
+        raise ValueError(f"[model] {changed} differ from the init_from model {source!r} "
+                         f"({ {k: source_model.get(k) for k in changed} }); a fine-tuned model keeps its "
+                         f"architecture: remove them (only {list(FINE_TUNING_OPTIONS)} may change)")
+    if model.get("type", source_model["type"]) != source_model["type"]:
+        raise ValueError(f"[model] type = {model['type']!r} but init_from {source!r} is a {source_model['type']!r}")
+    for key, what in (("vocab_size", "the tokenizer's vocabulary"), ("block_size", "[data] block_size")):
+        if key in from_data and from_data[key] > source_model.get(key, from_data[key]):
+            raise ValueError(f"{what} ({from_data[key]}) exceeds the {key} of the init_from model {source!r} "
+                             f"({source_model[key]}); " + ("use the model's own tokenizer" if key == "vocab_size"
+                                                            else f"set [data] block_size <= {source_model[key]}"))
+    return {**{k: v for k, v in source_model.items() if k != "type"}, **model}
 
 
 def _model_defaults(kind):
@@ -296,13 +345,6 @@ def _check_train_together(t):
                          f"each process needs at least one example of a batch")
 
 
-def _check_model_together(m):
-    """Rules between [model] keys."""
-    d_model, n_heads = m.get("d_model"), m.get("n_heads")
-    if d_model and n_heads and d_model % n_heads:
-        raise ValueError(f"[model] d_model = {d_model} must be divisible by n_heads = {n_heads}")
-
-
 def check_saved_config(config, where):
     """A run's config.json, checked like a TOML config (without reading its data); returns it resolved.
     ``where`` names the file in the message."""
@@ -313,3 +355,13 @@ def check_saved_config(config, where):
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return resolved
+
+
+def load_config_json(run_dir):
+    """The run's config.json, checked like a TOML config (every key's type and range)."""
+    check_run_dir(run_dir)
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
+                         f"`numformer train CONFIG --out {run_dir}`")
+    return check_saved_config(read_json(path, "config file"), path)

@@ -3,7 +3,8 @@
 Decoder-only (GPT)::
 
     generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False,
-             rng=None, use_cache=True, stream=None, shift=None, return_logits=False, attention_mask=None)
+             rng=None, use_cache=True, stream=None, shift=None, return_logits=False, attention_mask=None,
+             stop_tokens=None)
 
 incremental decoding with the key/value cache; past the context length the window slides
 (see ``generate``), identically with and without the cache.
@@ -74,7 +75,7 @@ def _check_count(value, name, minimum=0):
 
 # -- decoder-only generation (GPT) ----------------------------------------------------
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False, rng=None,
-             use_cache=True, stream=None, shift=None, return_logits=False, attention_mask=None):
+             use_cache=True, stream=None, shift=None, return_logits=False, attention_mask=None, stop_tokens=None):
     """Continue ``idx`` by ``max_new_tokens`` tokens with a decoder-only model (``GPT``).
 
     idx: (T,) or (B, T) token ids (a non-empty prompt). Returns the prompt followed by the
@@ -84,7 +85,9 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
 
     Sampling: see ``sample_next`` (greedy, temperature, top-k, top-p; rng a Generator or seed).
     stream: called after each step with the new token id (an int for a single sequence,
-    a (B,) array for a batch), e.g. to print characters as they come.
+    a (B,) array for a batch), e.g. to print characters as they come; returning True stops.
+    stop_tokens: an id or ids (Hugging Face's ``eos_token_id``): a row that produces one is
+    finished (the stop token kept, then repeated); generation ends when every row is.
 
     Context window. The model sees at most ``model.block_size`` tokens, at positions
     0 … block_size-1 counted from the start of its window. A prompt longer than that is
@@ -106,6 +109,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     block_size = int(model.block_size)
     seq0, was_1d = _as_batch(idx, "prompt", model.vocab_size)
     shift = _check_generate_args(block_size, max_new_tokens, temperature, top_k, top_p, shift, stream)
+    stop = None if stop_tokens is None else _as_batch(np.atleast_1d(stop_tokens), "stop_tokens", model.vocab_size)[0]
     sampling = not (greedy or temperature == 0)
     rng = _as_rng(rng) if sampling else None
 
@@ -116,6 +120,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     trace = np.empty((B, max_new_tokens, model.vocab_size), dtype=model.dtype) if return_logits else None
     n, start = T0, 0                 # seq[:, :n] is generated so far; the window is seq[:, start:n]
     cache = {} if use_cache else None
+    finished = np.zeros(B, dtype=bool)
     with _inference(model):
         for step in range(max_new_tokens):
             if n - start > block_size:
@@ -124,10 +129,15 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
             if return_logits:
                 trace[:, step] = logits
             tok = sample_next(logits, rng, temperature, top_k, top_p, greedy)
+            if stop is not None:
+                tok = np.where(finished, seq[:, n - 1], tok)
+                finished |= np.isin(tok, stop)
             seq[:, n] = tok
             n += 1
-            if stream is not None:
-                stream(int(tok[0]) if B == 1 else tok.copy())
+            halt = stream is not None and stream(int(tok[0]) if B == 1 else tok.copy()) is True
+            if halt or finished.all():
+                break
+    seq, trace = seq[:, :n], None if trace is None else trace[:, :n - T0]
     out = seq[0] if was_1d else seq
     return (out, trace) if return_logits else out
 

@@ -7,9 +7,23 @@ This module imports nothing of numformer's, so every layer may use it.
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from dataclasses import dataclass
+
+
+def did_you_mean(words, choices):
+    """' (did you mean 'n_layers'?)' for the close matches (difflib) among ``choices`` of each of ``words`` (one
+    word or a list), naming which word each is for when there are several; '' when none is close."""
+    words = [words] if isinstance(words, str) else list(words)
+    matches = [(w, m[0]) for w in words if isinstance(w, str)
+               for m in [difflib.get_close_matches(w, [str(c) for c in choices], n=1, cutoff=0.6)] if m]
+    if not matches:
+        return ""
+    if len(words) == 1:
+        return f" (did you mean {matches[0][1]!r}?)"
+    return " (did you mean " + ", ".join(f"{m!r} for {w!r}" for w, m in matches) + "?)"
 
 
 # -- the type and range of a key --------------------------------------------------------------------------
@@ -57,7 +71,11 @@ class Key:
                 raise ValueError(f"[{where}] {key} = {value!r} should be a finite number")
         if not self._in_range(value):
             problem = "is not allowed" if self.choices is not None else "is out of range"
-            raise ValueError(f"[{where}] {key} = {value!r} {problem}; {key} must be {self.describe()}")
+            hint = ""
+            if self.choices is not None:
+                hint = did_you_mean([v for v in value if v not in self.choices] if self.kind is list else value,
+                                    self.choices)
+            raise ValueError(f"[{where}] {key} = {value!r} {problem}{hint}; {key} must be {self.describe()}")
         return list(value) if self.kind is list else value
 
     def _in_range(self, v):
@@ -104,7 +122,8 @@ def check_section(where, values, rules, defaults=None):
     valid = rules if defaults is None else defaults
     unknown = sorted(set(values) - set(valid))
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in [{where}]; valid keys: {sorted(valid)}")
+        raise ValueError(f"unknown key(s) {unknown} in [{where}]{did_you_mean(unknown, valid)}; valid keys: "
+                         f"{sorted(valid)}")
     out = {}
     for key, value in values.items():
         rule = rules.get(key) or _key_for(defaults[key])

@@ -54,7 +54,7 @@ def _norm_name(block):
 def _block_stages(block, B, T, S=None, causal=False, decoder=False):
     """Stages of one encoder/decoder block and its residual pairs, in the block's own norm order."""
     d, h = block.d_model, block.n_heads
-    dh, dff = d // h, block.d_ff
+    dh, dff = block.self_attn.d_head, block.d_ff
     norm = _norm_name(block)
     act = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)"}.get(block.activation, block.activation)
     x = (B, T, d)

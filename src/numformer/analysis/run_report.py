@@ -20,7 +20,7 @@ import numpy as np
 from ..data.base import Task
 from ..data.tokenizers import BOS, EOS, SpecialsTokenizer, SymbolTokenizer, token_labels, tokenizer_from_dict
 from ..train import evaluate_loss, load_config_json, load_model, load_task, load_tokenizer_state
-from ..train.run_files import CHECKPOINT, MODEL
+from ..run_files import CHECKPOINT, MODEL
 from .report import write_report
 
 ABLATION_BATCHES = 4          # validation batches per ablation evaluation

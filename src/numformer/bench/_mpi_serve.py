@@ -50,7 +50,7 @@ def _serve(trainer, world):
             cpu = comm.reduce(time.process_time() - cpu0, root=0)     # CPU seconds of every rank
         elif cmd[0] == "combine":
             for _ in range(int(cmd[1])):
-                trainer._dp.combine(0.0, [False, False])
+                trainer.workers.dp.combine(0.0, [False, False])
             seconds = (time.perf_counter() - t0) / int(cmd[1])
             trainer.optimizer.zero_grad()
         elif cmd[0] == "allreduce":
@@ -79,13 +79,13 @@ def main(argv=None):
     set_num_threads(world.cores_per_rank())
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(config, run_dir, quiet=True, world=world)
-        trainer._start_data_parallel()
+        trainer.workers.start()
         try:
             if world.is_writer:
                 print(json.dumps({"ready": world.size, "processes": trainer.processes}), flush=True)
             _serve(trainer, world)
         finally:
-            trainer._close_data_parallel()
+            trainer.workers.close()
 
 
 if __name__ == "__main__":

@@ -17,12 +17,12 @@ arrays are measured, not computed from the formula 2 · layers · n_kv_heads · 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 
 from .._runtime import get_num_threads
-from ..interop.hf import model_config_of
-from ..models import build_model
+from ..models import GPT
 from .hf_generate import measure, random_models
 
 PROMPT, NEW_TOKENS = 64, 128
@@ -42,8 +42,8 @@ def _models(hf_config):
 def kv_cache_bytes(model, n_kv_heads, positions, rng=0):
     """Bytes of the keys and values a prefill of ``positions`` tokens leaves in the caches (batch 1), for
     ``model``'s shape with ``n_kv_heads`` key/value heads (random weights: only the shapes matter)."""
-    config = {**model_config_of(model), "n_kv_heads": n_kv_heads}
-    other = build_model(config, rng=np.random.default_rng(rng)).eval()
+    config = replace(model.config, layers=tuple(replace(b, n_kv_heads=n_kv_heads) for b in model.config.layers))
+    other = GPT(config, rng=np.random.default_rng(rng)).eval()
     caches = other.new_kv_caches()
     other(np.zeros((1, positions), dtype=np.int64), kv_caches=caches, logits_to_keep=1)
     return sum(c.k[:, :, :c.stored].nbytes + c.v[:, :, :c.stored].nbytes for c in caches)

@@ -106,7 +106,7 @@ class ForkedTrainer(ClosesOnExit):
         config["train"]["processes"] = processes
         self._dir = tempfile.TemporaryDirectory()
         self.trainer = Trainer(config, self._dir.name, quiet=True)
-        self.trainer._start_data_parallel()
+        self.trainer.workers.start()
 
     def steps(self, k):
         t0, cpu0 = time.perf_counter(), self.cpu_seconds()
@@ -118,14 +118,14 @@ class ForkedTrainer(ClosesOnExit):
     def cpu_seconds(self):
         """CPU seconds used so far by this process and its forked workers (Linux /proc)."""
         total = time.process_time()
-        for proc in self.trainer._dp._workers:
+        for proc in self.trainer.workers.dp._workers:
             with open(f"/proc/{proc.pid}/stat", encoding="utf-8") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return total
 
     def close(self):
-        self.trainer._close_data_parallel()
+        self.trainer.workers.close()
         self._dir.cleanup()
 
 

@@ -52,7 +52,7 @@ def measure_step(config, warmup, steps, processes):
         forked.steps(warmup)
         t_step = forked.steps(steps) / steps
         tr = forked.trainer
-        tr._loss_and_backward(tr.task.train_batch(config["train"]["batch_size"], tr.data_rng), 1.0)
+        tr.workers.loss_and_backward(tr.task.train_batch(config["train"]["batch_size"], tr.data_rng), 0.0, 1.0)
         t0 = time.perf_counter()
         for _ in range(3):
             clip_grad_norm(tr.optimizer.params, config["train"].get("grad_clip", 1.0))

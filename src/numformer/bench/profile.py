@@ -21,8 +21,7 @@ from .._runtime import blas_threads, single_threaded
 from ..config import resolve_config
 from ..models import build_model
 from ..models.flops import training_flops_per_token
-from ..nn import attention as attention_module
-from ..nn.dispatch import OPS
+from ..nn.dispatch import ATTENTION, OPS
 from ..optim import clip_grad_norm
 from ..train.step import loss_and_backward
 from ..train.trainer import make_optimizer
@@ -30,7 +29,8 @@ from ..train.trainer import make_optimizer
 # op name prefix in OPS -> family
 FAMILIES = {"linear": "linear (matrix products)", "embedding": "embedding", "layer_norm": "norm",
             "rms_norm": "norm", "batch_norm": "norm", "relu": "activation", "gelu": "activation",
-            "silu": "activation", "dropout": "dropout", "rope": "rotary positions", "repeat_kv": "repeat k/v"}
+            "silu": "activation", "dropout": "dropout", "rope": "rotary positions", "repeat_kv": "repeat k/v",
+            "softcap": "soft-capping"}
 
 
 def _family(op_name):
@@ -72,21 +72,22 @@ class _Timers:
 @contextlib.contextmanager
 def _timed_ops(timers):
     """Every op of OPS (its speed path), the attention kernels and the cross-entropy timed by family."""
-    saved_ops, saved_kernels = dict(OPS), dict(attention_module.KERNELS)
+    saved_ops, saved_kernels = dict(OPS), dict(ATTENTION)
     saved_ce = ops.cross_entropy_forward, ops.cross_entropy_backward
     try:
         for name, (reference, kernel) in saved_ops.items():
             OPS[name] = (reference, timers.wrap(kernel, _family(name)))
-        for name, (forward, backward) in saved_kernels.items():
-            attention_module.KERNELS[name] = (timers.wrap(forward, "attention"), timers.wrap(backward, "attention"))
+        for name, kernel in saved_kernels.items():
+            ATTENTION[name] = kernel._replace(forward=timers.wrap(kernel.forward, "attention"),
+                                              backward=timers.wrap(kernel.backward, "attention"))
         ops.cross_entropy_forward = timers.wrap(saved_ce[0], "cross-entropy")
         ops.cross_entropy_backward = timers.wrap(saved_ce[1], "cross-entropy")
         yield
     finally:
         OPS.clear()
         OPS.update(saved_ops)
-        attention_module.KERNELS.clear()
-        attention_module.KERNELS.update(saved_kernels)
+        ATTENTION.clear()
+        ATTENTION.update(saved_kernels)
         ops.cross_entropy_forward, ops.cross_entropy_backward = saved_ce
 
 

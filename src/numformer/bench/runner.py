@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from ..provenance import machine_info
-from ..train.run_files import write_atomic
+from ..run_files import write_atomic
 
 # The parts in the order bench.md lists them; any other module found in numformer.bench with
 # ``run`` and ``markdown`` is a part too and comes after these.

@@ -10,24 +10,22 @@ from pathlib import Path
 
 def load_generator(source):
     """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``."""
-    from ..interop.hf import is_run_folder, load_pretrained
-    from ..train import load_config_json, load_model
-    from ..train.run import load_tokenizer
+    from ..interop.sources import is_run_folder, load
+    from ..train import load_config_json
 
-    if str(source).startswith("hf:") or (Path(source, "config.json").is_file() and not is_run_folder(source)):
-        model, tokenizer = load_pretrained(source)
-        if tokenizer is None:
-            raise ValueError(f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text "
-                             f"cannot be encoded")
-        return model, tokenizer
-    config = load_config_json(source)
-    if config["model"]["type"] != "gpt":
-        raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
-                         f"text with a GPT (use `numformer translate` or `classify` for the others)")
-    tokenizer = load_tokenizer(source)
+    run = not str(source).startswith("hf:") and not (Path(source, "config.json").is_file()
+                                                    and not is_run_folder(source))
+    if run:
+        config = load_config_json(source)          # the whole config.json checked, as every command does
+        if config["model"]["type"] != "gpt":
+            raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
+                             f"text with a GPT (use `numformer translate` or `classify` for the others)")
+    model, tokenizer = load(source)
     if tokenizer is None:
-        raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded")
-    return load_model(source, config), tokenizer
+        raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded" if run else
+                         f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text cannot "
+                         f"be encoded")
+    return model, tokenizer
 
 
 def run(args):
@@ -62,10 +60,17 @@ def register(sub):
     p.add_argument("run_dir", metavar="SOURCE", help="a run folder written by `numformer train` or `import-hf`, or "
                                                      "a Hugging Face GPT-2 folder or hub id (hf:gpt2)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate (default 500)")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0; 0 = greedy)")
+    add_sampling_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_sampling_arguments(p, max_new_tokens=500, temperature=1.0, temperature_default="1.0"):
+    """The sampling flags of ``generate`` (``numformer chat`` has them too)."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help=f"tokens to generate (default {max_new_tokens})")
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help=f"softmax temperature (default {temperature_default}; 0 = greedy)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable sample")
-    p.set_defaults(func=run)

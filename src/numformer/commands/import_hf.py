@@ -11,13 +11,14 @@ def import_run(source, out, data_path="", block_size=None, dtype="float32", over
     """Write the run folder: config.json (resolved as by `numformer train`), tokenizer.json, model.safetensors."""
     import numpy as np
 
-    from ..interop.hf import load_init_weights, pretrained_source
+    from ..interop.sources import load_weights, read_source
     from ..models import build_model
     from ..config import resolve_config
     from ..train import run_folder
-    from ..train.run_files import MODEL, save_model, write_json_atomic
+    from ..run_files import MODEL, save_model, write_json_atomic
 
-    source_model, tokenizer_state = pretrained_source(source)
+    src = read_source(source)
+    source_model, tokenizer_state = src.model, src.tokenizer_state
     if tokenizer_state is None:
         raise ValueError(f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt); without one "
                          f"text cannot be encoded: add the tokenizer files to the folder")
@@ -26,7 +27,7 @@ def import_run(source, out, data_path="", block_size=None, dtype="float32", over
     config["model"].pop("init_from")          # the weights are in the run folder itself
     model_cfg = {k: v for k, v in config["model"].items() if v is not None}
     model = build_model(model_cfg, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
-    load_init_weights(model, source)
+    load_weights(model, source)
     out = Path(out)
     with run_folder.lock_for_writing(out):
         run_folder.start_new_run(out, overwrite)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 def _model_config(source, overrides):
     """(model config, a line saying where the data's sizes came from, or "")."""
-    from ..config import apply_overrides, check_model_section, load_config, resolve_config
+    from ..config import apply_overrides, load_config, resolve_config
+    from ..models import check_model_section
 
     if Path(source).is_dir():
-        from ..train.run_files import load_config_json
+        from ..config import load_config_json
 
         if overrides:
             raise ValueError("--set applies to a TOML config, not to a run folder (its config.json is the run's)")

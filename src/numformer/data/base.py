@@ -20,12 +20,16 @@ task rebuilt with that state maps text to the same ids.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
-from ..keys import FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, positive
+from ..keys import FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
 
 IGNORE = -100   # target id left out of the loss (torch's default ignore_index)
 EVAL_SAMPLE_KEY = 0x5A3E   # the stream of a run's seed that draws its evaluation sample (see spread_sample)
@@ -125,6 +129,11 @@ class Task:
         """JSON-able vocabulary/tokenizer, saved as tokenizer.json in the run folder."""
         return None
 
+    def token_bytes(self):
+        """For language models: the UTF-8 bytes each target id stands for, (vocab_size,) (0 for special tokens),
+        so that the trainer reports bits per byte; None for the tasks where that means nothing."""
+        return None
+
     def describe(self) -> str:
         """One line for logs: what the data is and how big."""
         return self.name
@@ -152,7 +161,7 @@ DATA_KEYS = {
     "val_fraction": Key(float, 0, 1, (True, True)), "max_len": Key(int, 2), "vocab_size": positive(),
     "min_freq": positive(), "val_size": NONNEG_INT, "buckets": positive(),
     "token_dropout": Key(float, 0, 1, open=(False, True)), "beam_size": positive(), "length_penalty": NONNEG_FLOAT,
-    "tokenizer": Key(str, choices=("word", "bpe")), "truncate": Key(str, choices=("head", "tail", "head_tail")),
+    "tokenizer": Key(str, choices=("char", "word", "bpe")), "truncate": Key(str, choices=("head", "tail", "head_tail")),
 }
 
 
@@ -162,13 +171,9 @@ def check_data_section(data, task_cls):
 
 
 def make_task(data_config: dict, seed: int = 0, tokenizer_state: dict | None = None) -> Task:
-    """Build the task named by ``data_config["task"]``."""
+    """Build the task named by ``data_config["task"]`` (found as ``find_task`` finds it)."""
     data_config = dict(data_config)
-    name = data_config.pop("task", None)
-    import_builtin_tasks()
-    if not isinstance(name, str) or name not in TASKS:
-        raise ValueError(f"[data] task = {name!r} is not a known task; choose one of {sorted(TASKS)}")
-    task_cls = TASKS[name]
+    task_cls = find_task(data_config.pop("task", None), data_config.pop("task_module", None))
     return task_cls(check_data_section(data_config, task_cls), seed, tokenizer_state)
 
 
@@ -176,6 +181,62 @@ def import_builtin_tasks():
     """The registry ``TASKS`` with numformer's own tasks: ``numformer.data`` imports every task module, and
     Python imports that package before any of its modules, so they are registered by the time this runs."""
     return TASKS
+
+
+def find_task(name, module=None):
+    """The task class registered as ``name``: one of numformer's, or one registered (``@register_task``) by
+    ``module``, the ``[data] task_module`` of a config, which is imported here when ``name`` is not known yet.
+    The module is looked for on ``sys.path`` and then in the current folder (as ``python -m`` would; the
+    ``numformer`` command does not put that folder on its path). One ValueError naming the problem and its fix."""
+    if module is not None and not (isinstance(module, str) and all(p.isidentifier() for p in module.split("."))):
+        raise ValueError(f"[data] task_module = {module!r} should be a module name such as \"my_tasks\" or "
+                         f"\"package.tasks\"")
+    if isinstance(name, str) and name not in TASKS and module is not None:
+        _import_task_module(module)
+    if isinstance(name, str) and name in TASKS:
+        return TASKS[name]
+    if module is not None:
+        raise ValueError(f"[data] task = {name!r}: the module {module!r} ([data] task_module) registers no task of "
+                         f"that name; known tasks: {sorted(TASKS)}")
+    raise ValueError(f"[data] task = {name!r} is not a known task{did_you_mean(name, TASKS)}; choose one of "
+                     f"{sorted(TASKS)}, or name the module that registers your own task (@register_task) in "
+                     f"[data] task_module")
+
+
+def _import_task_module(module):
+    try:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (module == e.name or module.startswith(e.name + ".")):
+                raise                             # the module was found; something it imports is missing
+            with _current_folder_on_path():
+                importlib.import_module(module)
+    except Exception as e:          # the user's module: any error it raises while imported
+        raise ValueError(f"[data] task_module = {module!r} cannot be imported ({type(e).__name__}: {e}); run "
+                         f"numformer in the folder that holds it, or add that folder to PYTHONPATH") from None
+
+
+@contextlib.contextmanager
+def _current_folder_on_path():
+    """The current folder at the end of ``sys.path`` for the duration (after every installed package)."""
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.append(here)
+    try:
+        yield
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
+
+
+def task_module_of(task_cls):
+    """The module to record as ``[data] task_module`` for ``task_cls``: its own module when it is not one of
+    numformer's (so that ``eval`` and ``generate`` can import it), else None. A task defined in a script run as
+    ``__main__`` cannot be imported by name: None, and reading the run needs ``task_module`` set by hand."""
+    module = task_cls.__module__
+    return None if module.split(".")[0] == "numformer" or module == "__main__" else module
 
 
 def spread_sample(n: int, k: int, seed: int = 0) -> np.ndarray:

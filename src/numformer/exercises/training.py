@@ -22,7 +22,7 @@ from ..experiments.runner import find_config
 from ..models import build_model
 from ..nn.dispatch import OPS, reference_mode, using_ops
 from ..optim import clip_grad_norm, make_schedule
-from ..train.trainer import make_optimizer
+from ..train.build import make_optimizer
 from . import EXERCISES, check, format_report, load_functions, wrap
 
 MODELS = {"gpt": "shakespeare_char", "llama": "shakespeare_char_llama"}     # configs/NAME.toml

@@ -24,7 +24,7 @@ from ..data.base import Batch
 from ..decoding import generate
 from ..provenance import git_commit, machine_info
 from ..train import Trainer, load_model
-from ..train.run_files import CHECKPOINT, write_json_atomic
+from ..run_files import CHECKPOINT, write_json_atomic
 from ..train.trainer import mean_loss
 from . import register
 from .runner import Experiment, Target, find_config

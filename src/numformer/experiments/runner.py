@@ -21,7 +21,7 @@ from ..analysis import GROUP_TITLES, attention_maps, plot_attention, plot_loss_c
 from ..config import load_config
 from ..provenance import machine_info
 from ..train import Trainer, evaluate_loss
-from ..train.run_files import write_atomic, write_json_atomic
+from ..run_files import write_atomic, write_json_atomic
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
 REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/
@@ -247,3 +247,15 @@ def write_index(results_dir):
     if bench.exists():
         lines += ["Speed and memory benchmarks: [bench.md](bench.md).", ""]
     write_atomic(Path(results_dir) / "README.md", "\n".join(lines).encode())
+
+
+def page_head(r, data):
+    """The first lines of a results page: title, description, the command and machine, ``data`` (a sentence),
+    and what a quick run is."""
+    quick = r.get("quick_overrides")
+    lines = [f"# {r['name']}" + (" (quick run)" if quick is not None else ""), "", r["description"], "",
+             f"Produced by `{r['command']}` on {r['date']} (commit {r['commit']}, {r['machine']['cores']} cores, "
+             f"{r['machine']['cpu']}). {data}", ""]
+    if quick is not None:
+        lines += [f"This is the `--quick` check of the pipeline (`{' '.join(quick)}`), not the experiment.", ""]
+    return lines

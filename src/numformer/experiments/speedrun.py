@@ -35,7 +35,7 @@ from ..models import build_model
 from ..models.flops import training_flops_per_token
 from ..provenance import git_commit, machine_info
 from ..train import Trainer
-from ..train.run_files import write_atomic, write_json_atomic
+from ..run_files import write_atomic, write_json_atomic
 from . import register
 from .runner import Experiment, Target, find_config
 

@@ -27,16 +27,19 @@ def linear_forward(x, W, b=None):
     return y.reshape(*x.shape[:-1], W.shape[0]), (x2, W, b is not None, x.shape)
 
 
-def linear_backward(dy, cache):
+def linear_backward(dy, cache, weight_grad=True):
     """Gradients of y = x Wᵀ + b, as ``ops.linear_backward``.
 
     dx = dy W      dW = dyᵀ x (summed over all leading axes)      db = Σ dy
 
-    Returns (dx, dW, db); db is None when the forward had no bias.
+    Returns (dx, dW, db); db is None when the forward had no bias, dW None with ``weight_grad=False``.
     """
     x2, W, has_bias, x_shape = cache
     dy2 = dy.reshape(-1, W.shape[0])
-    dx, dW = matmul_pair(dy2, W, dy2.T, x2)     # concurrently when numformer owns the BLAS threads
+    if weight_grad:
+        dx, dW = matmul_pair(dy2, W, dy2.T, x2)     # concurrently when numformer owns the BLAS threads
+    else:
+        dx, dW = matmul(dy2, W), None
     dx = dx.reshape(x_shape)
     # Σ over rows as a BLAS vector-matrix product: much faster than a reduction over axis 0
     db = np.matmul(np.ones(dy2.shape[0], dy2.dtype), dy2) if has_bias else None

@@ -8,7 +8,8 @@ tables, and the halves are swapped as two blocks of bytes rather than element by
     y = x ⊙ [cos, cos] + [x₂, x₁] ⊙ [-sin, sin]         (backward: dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin])
 
 three full-width passes and the swap, in place in two buffers. Explicit ``positions`` (left-padded prompts)
-take their rows from the tables by index.
+take their rows from the tables by index. A scaled RoPE (``scaling``) has tables of its own; "dynamic"
+scaling past its context (frequencies that change with the sequence length) is computed for the call.
 """
 from __future__ import annotations
 
@@ -27,19 +28,28 @@ def _signed(cos, sin):
     return cos, forward, -forward
 
 
-def _tables(length, head_dim, theta, dtype):
-    """Read-only (cos, forward sine, backward sine), each (≥ length, head_dim), for positions 0, 1, …; cached."""
-    key = (int(head_dim), float(theta), np.dtype(dtype).str)
+def _tables(length, head_dim, theta, dtype, scaling=None):
+    """Read-only (cos, forward sine, backward sine), each (≥ length, head_dim), for positions 0, 1, …; cached.
+    ``scaling`` must not depend on the sequence length (see ``_fixed_scaling``)."""
+    key = (int(head_dim), float(theta), np.dtype(dtype).str, scaling)
     tables = _TABLES.get(key)
     if tables is None or tables[0].shape[0] < length:
         n = max(length, 256, 0 if tables is None else 2 * tables[0].shape[0])
-        tables = _signed(*rope_angles(np.arange(n), head_dim, theta, dtype))
+        tables = _signed(*rope_angles(np.arange(n), head_dim, theta, dtype, scaling))
         for t in tables:
             t.setflags(write=False)
         if len(_TABLES) >= 16:
             _TABLES.clear()
         _TABLES[key] = tables
     return tables
+
+
+def _fixed_scaling(scaling, seq_len):
+    """The scaling whose tables serve a call over ``seq_len`` positions: ``scaling`` itself, None for "dynamic"
+    within its context (plain RoPE there), or False for "dynamic" beyond it (no table: computed per call)."""
+    if scaling is None or scaling.rope_type != "dynamic":
+        return scaling
+    return None if seq_len <= scaling.max_position_embeddings else False
 
 
 def _swap_halves(x):
@@ -63,26 +73,30 @@ def _rotate(x, cos, sin):
     return y
 
 
-def rope_forward(x, offset=0, theta=10000.0, positions=None):
+def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
     """Rotate queries or keys x: (..., T, d) by their positions (``ops.rope_forward``); returns (y, cache).
 
-    Positions offset … offset+T-1, or ``positions`` (T,) or (B, T) for x of shape (B, H, T, d).
-    The cache is (cos, backward sine) of the rows used, views of the cached tables.
+    Positions offset … offset+T-1, or ``positions`` (T,) or (B, T) for x of shape (B, H, T, d);
+    ``scaling``: a ``RopeScaling`` or None. The cache is (cos, backward sine) of the rows used, views of the
+    cached tables.
     """
     if x.ndim < 2:
         raise ValueError(f"rope_forward expects (..., T, head_dim), got shape {x.shape}")
     t, d = x.shape[-2], x.shape[-1]
     dtype = x.dtype if x.dtype.kind == "f" else np.float64
-    if positions is None and offset >= 0:
-        cos, sin, sin_back = (table[offset:offset + t] for table in _tables(offset + t, d, theta, dtype))
+    fixed = _fixed_scaling(scaling, offset + t)
+    if positions is None and offset >= 0 and fixed is not False:
+        cos, sin, sin_back = (table[offset:offset + t] for table in _tables(offset + t, d, theta, dtype, fixed))
     else:
         positions = np.arange(offset, offset + t) if positions is None else np.asarray(positions)
         if positions.shape[-1] != t:
             raise ValueError(f"positions of shape {positions.shape} do not match the sequence length {t}")
-        if positions.size and positions.min() >= 0:
-            cos, sin, sin_back = (table[positions] for table in _tables(int(positions.max()) + 1, d, theta, dtype))
-        else:                                                   # negative positions: outside the tables
-            cos, sin, sin_back = _signed(*rope_angles(positions, d, theta, dtype))
+        n = int(positions.max()) + 1 if positions.size else 0
+        fixed = _fixed_scaling(scaling, n)
+        if positions.size and positions.min() >= 0 and fixed is not False:
+            cos, sin, sin_back = (table[positions] for table in _tables(n, d, theta, dtype, fixed))
+        else:                               # negative positions, or dynamic scaling past its context
+            cos, sin, sin_back = _signed(*rope_angles(positions, d, theta, dtype, scaling))
         if positions.ndim == 2 and x.ndim == 4:                # (B, T, d) -> (B, 1, T, d) for the head axis
             cos, sin, sin_back = cos[:, None], sin[:, None], sin_back[:, None]
     return _rotate(x, cos, sin), (cos, sin_back)

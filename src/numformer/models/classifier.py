@@ -12,13 +12,15 @@ import numpy as np
 
 from ..nn import Dropout, Embedding, Encoder, EncoderBlock, Linear, Module, make_norm, make_positional
 from ..nn import init
-from ._checks import check_sizes
+from .config import EncoderClassifierConfig, config_from
 
 POOLINGS = ("mean", "first")
 
 
 class EncoderClassifier(Module):
     """forward(ids (B, T), key_padding_mask=None) -> logits (B, n_classes).
+
+    Built from an ``EncoderClassifierConfig`` or its keyword form (the same arguments); ``model.config``.
 
     If ``pad_id`` is set and no mask is given, positions equal to pad_id are padding.
     ``scale_embeddings`` multiplies token embeddings by √d_model, as in the paper.
@@ -27,31 +29,27 @@ class EncoderClassifier(Module):
     (bidirectional: the bias is -m·|i - j|) and ``n_kv_heads`` act inside the self-attention.
     """
 
-    def __init__(self, vocab_size, n_classes, max_len=512, d_model=64, n_heads=1, n_layers=1, d_ff=None,
-                 dropout=0.1, pooling="mean", positional="sinusoidal", activation="relu", norm_first=False,
-                 norm="layer", pad_id=0, scale_embeddings=True, bias=True, layer_norm_eps=1e-5, attention="plain",
-                 gradient_checkpointing=False, n_kv_heads=None, rope_theta=10000.0, rng=None, dtype=np.float32):
+    def __init__(self, *args, rng=None, dtype=np.float32, **keywords):
         super().__init__()
-        if pooling not in POOLINGS:
-            raise ValueError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
-        check_sizes("EncoderClassifier", vocab_size=vocab_size, n_classes=n_classes, max_len=max_len, d_model=d_model,
-                    n_heads=n_heads, n_layers=n_layers, d_ff=d_ff)
+        self.config = c = config_from(EncoderClassifierConfig, args, keywords)
+        if c.pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {c.pooling!r}; choose one of {list(POOLINGS)}")
         rng = init.default_rng(rng)
-        d_ff = 4 * d_model if d_ff is None else d_ff
-        self.vocab_size, self.n_classes, self.max_len = vocab_size, n_classes, max_len
-        self.d_model, self.pooling, self.pad_id = d_model, pooling, pad_id
-        self.embed_scale = math.sqrt(d_model) if scale_embeddings else 1.0
-        self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=d_model ** -0.5)
-        self.pos_emb = make_positional(positional, d_model, max_len, rng, dtype)
-        self.drop = Dropout(dropout, rng)
-        in_attention = positional if positional in ("rope", "alibi") else None
-        blocks = [EncoderBlock(d_model, n_heads, d_ff, dropout, activation, norm_first, norm, layer_norm_eps, bias,
-                               rng=rng, dtype=dtype, attention=attention, n_kv_heads=n_kv_heads,
-                               positional=in_attention, rope_theta=rope_theta) for _ in range(n_layers)]
-        self.encoder = Encoder(blocks, make_norm(norm, d_model, layer_norm_eps, bias, dtype) if norm_first else None,
-                               gradient_checkpointing=gradient_checkpointing)
-        self.head_drop = Dropout(dropout, rng)
-        self.head = Linear(d_model, n_classes, rng=rng, dtype=dtype)
+        d_model = c.d_model
+        self.vocab_size, self.n_classes, self.max_len = c.vocab_size, c.n_classes, c.max_len
+        self.d_model, self.pooling, self.pad_id = d_model, c.pooling, c.pad_id
+        self.embed_scale = math.sqrt(d_model) if c.scale_embeddings else 1.0
+        self.tok_emb = Embedding(c.vocab_size, d_model, rng, dtype, std=d_model ** -0.5)
+        self.pos_emb = make_positional(c.positional, d_model, c.max_len, rng, dtype)
+        self.drop = Dropout(c.dropout, rng)
+        in_attention = c.positional if c.positional in ("rope", "alibi") else None
+        blocks = [EncoderBlock(d_model, c.block(), dropout=c.dropout, norm=c.norm, layer_norm_eps=c.layer_norm_eps,
+                               rng=rng, dtype=dtype, attention=c.attention, positional=in_attention)
+                  for _ in range(c.n_layers)]
+        self.encoder = Encoder(blocks, make_norm(c.norm, d_model, c.layer_norm_eps, c.bias, dtype) if c.norm_first
+                               else None, gradient_checkpointing=c.gradient_checkpointing)
+        self.head_drop = Dropout(c.dropout, rng)
+        self.head = Linear(d_model, c.n_classes, rng=rng, dtype=dtype)
         self._cache = None
 
     def padding_mask(self, ids):

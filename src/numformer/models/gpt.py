@@ -1,12 +1,14 @@
-"""GPT: a decoder-only language model (Radford et al. 2018/2019; nanoGPT's layout).
+"""GPT: a decoder-only language model (Radford et al. 2018/2019; nanoGPT's layout), built from a ``GPTConfig``.
 
     x₀ = E[idx] + P[0:T]                   token + position embeddings, then dropout
-    x_l = Block_l(x_{l-1})  (causal)       pre-LN by default, as GPT-2
+    x_l = Block_l(x_{l-1})  (causal)       each block built from its own BlockConfig
     logits = Norm_f(x_L) W_outᵀ            W_out tied to E by default
 
-The same class is a Llama-family decoder with ``positional="rope"`` (or
-"alibi"), ``norm="rms"``, ``activation="swiglu"``, ``n_kv_heads`` < ``n_heads``,
-``bias=False`` and ``tie_weights=False`` (see ``interop.hf`` for checkpoints).
+The same class is a Llama-family decoder with ``positional="rope"`` (or "alibi"), ``norm="rms"``,
+``activation="swiglu"``, ``n_kv_heads`` < ``n_heads``, ``bias=False`` and ``tie_weights=False``, and a Qwen3
+or Gemma decoder with their options (``qk_norm``, ``head_dim``, ``norm_placement="sandwich"``, per-layer
+windows and RoPE bases, ``attn_scale``, soft-capping); ``numformer.interop.hf`` maps each Hugging Face family
+onto a ``GPTConfig``.
 """
 from __future__ import annotations
 
@@ -14,16 +16,19 @@ import math
 
 import numpy as np
 
-from ..nn import (Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, SwiGLUFeedForward,
-                  make_norm, make_positional)
 from ..decoding import generate
+from ..nn import Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, make_norm, make_positional
 from ..nn import checkpoint, init
-from ._checks import check_sizes
-from .pretrained import loader as pretrained_loader
+from ..nn.dispatch import F
+from .config import GPTConfig, config_from
 
 
 class GPT(Module):
     """Decoder-only Transformer LM. forward(idx (B, T) ints) -> logits (B, T, vocab_size).
+
+    Built from a config, ``GPT(config, rng=..., dtype=...)``, or from the keyword form
+    ``GPT(vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, ...)`` (``GPTConfig.from_keywords``:
+    identical layers, each overridable through ``layers=[{...}, ...]``); ``model.config`` is the config.
 
     Options: learned or sinusoidal positions; ReLU or GELU; post-LN or pre-LN
     (``norm_first``, with a final norm); weight tying between the token
@@ -35,63 +40,77 @@ class GPT(Module):
 
     Modern-decoder options: ``positional`` "rope" (rotary embeddings of queries and
     keys, base ``rope_theta``) or "alibi" (per-head linear biases) instead of an
-    added table; ``activation="swiglu"`` (gated FFN; d_ff defaults to 8·d_model/3
+    added table; ``activation="swiglu"`` or ``"geglu"`` (gated FFN; d_ff defaults to 8·d_model/3
     rounded up to a multiple of 8, about the parameters of a 4·d_model GELU FFN);
     ``n_kv_heads`` key/value heads (grouped-query attention; 1 = multi-query; the
-    KV cache holds n_kv_heads heads); ``norm="rms"`` (RMSNorm); ``attn_bias`` (default
+    KV cache holds n_kv_heads heads); ``head_dim`` (the heads' size, default d_model / n_heads);
+    ``qk_norm`` (RMSNorm of each query and key head); ``norm="rms"`` (RMSNorm);
+    ``norm_placement="sandwich"`` (a norm before and after each sub-layer); ``attn_bias`` (default
     ``bias``) biases of the attention projections and ``qkv_bias`` (default ``attn_bias``) of the
     q/k/v projections alone (Qwen2: q/k/v biases only); ``sliding_window=W``: each position
     attends to the W most recent positions, itself included (Mistral), in training, in every
     attention kernel and in the KV cache, which then keeps only the last W positions;
+    ``attn_scale``, ``attn_logit_softcap`` and ``final_logit_softcap`` (Gemma);
     ``padding_idx``: a token id whose embedding row gets no gradient from the lookup (as torch's).
     """
 
     supports_logits_to_keep = True          # forward(..., logits_to_keep=1): generation computes one row of logits
 
-    def __init__(self, vocab_size, block_size, n_layers=4, n_heads=4, d_model=128, d_ff=None, dropout=0.0,
-                 positional="learned", activation="gelu", norm_first=True, norm="layer", tie_weights=True,
-                 bias=True, layer_norm_eps=1e-5, attention="plain", gradient_checkpointing=False, n_kv_heads=None,
-                 rope_theta=10000.0, attn_bias=None, qkv_bias=None, sliding_window=None, padding_idx=None, rng=None,
-                 dtype=np.float32):
+    def __init__(self, *args, rng=None, dtype=np.float32, **keywords):
         super().__init__()
-        check_sizes("GPT", vocab_size=vocab_size, block_size=block_size, n_layers=n_layers, n_heads=n_heads,
-                    d_model=d_model, d_ff=d_ff)
+        self.config = c = config_from(GPTConfig, args, keywords)
         rng = init.default_rng(rng)
-        if d_ff is None:
-            d_ff = -(-8 * d_model // 24) * 8 if activation == "swiglu" else 4 * d_model
-        self.gradient_checkpointing = gradient_checkpointing
-        self.positional, self.n_kv_heads, self.rope_theta = positional, n_kv_heads, float(rope_theta)
-        self.vocab_size, self.block_size, self.n_layers = vocab_size, block_size, n_layers
-        self.n_heads, self.d_model, self.d_ff = n_heads, d_model, d_ff
-        self.sliding_window, self.padding_idx = sliding_window, padding_idx
-        self.tok_emb = Embedding(vocab_size, d_model, rng, dtype, std=0.02, padding_idx=padding_idx)
-        self.pos_emb = make_positional(positional, d_model, block_size, rng, dtype)
-        self.drop = Dropout(dropout, rng)
-        in_attention = positional if positional in ("rope", "alibi") else None
-        self.blocks = ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout, activation, norm_first, norm,
-                                              layer_norm_eps, bias, rng=rng, dtype=dtype, attention=attention,
-                                              n_kv_heads=n_kv_heads, positional=in_attention, rope_theta=rope_theta,
-                                              attn_bias=attn_bias, qkv_bias=qkv_bias, sliding_window=sliding_window)
-                                 for _ in range(n_layers))
-        self.norm_f = make_norm(norm, d_model, layer_norm_eps, bias, dtype) if norm_first else None
-        self.lm_head = Linear(d_model, vocab_size, bias=False, rng=rng, dtype=dtype)
-        self.tie_weights = tie_weights
-        if tie_weights:
+        self.gradient_checkpointing = c.gradient_checkpointing
+        self.tok_emb = Embedding(c.vocab_size, c.d_model, rng, dtype, std=0.02, padding_idx=c.padding_idx)
+        self.pos_emb = make_positional(c.positional, c.d_model, c.block_size, rng, dtype)
+        self.drop = Dropout(c.dropout, rng)
+        in_attention = c.positional if c.positional in ("rope", "alibi") else None
+        self.blocks = ModuleList(EncoderBlock(c.d_model, block, dropout=c.dropout, norm=c.norm,
+                                              layer_norm_eps=c.layer_norm_eps, rng=rng, dtype=dtype,
+                                              attention=c.attention, positional=in_attention)
+                                 for block in c.layers)
+        self.norm_f = make_norm(c.norm, c.d_model, c.layer_norm_eps, c.layers[-1].bias, dtype) if c.final_norm else None
+        self.lm_head = Linear(c.d_model, c.vocab_size, bias=False, rng=rng, dtype=dtype)
+        if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
         self._init_weights(rng, dtype)
+        self._cache = None
 
     def _init_weights(self, rng, dtype):
+        """nanoGPT's initialization: every matrix of the blocks N(0, 0.02), those writing into the residual
+        stream (each block's ``residual_weights``) N(0, 0.02/√(2·n_layers)), biases 0; an untied head N(0, 0.02)."""
         proj_std = 0.02 / math.sqrt(2 * self.n_layers)
         for block in self.blocks:
-            ff = block.ff
-            ffn = (((ff.gate_proj, 0.02), (ff.up_proj, 0.02), (ff.down_proj, proj_std))
-                   if isinstance(ff, SwiGLUFeedForward) else ((ff.linear1, 0.02), (ff.linear2, proj_std)))
-            for lin, std in ((block.self_attn.qkv_proj, 0.02), (block.self_attn.out_proj, proj_std), *ffn):
-                lin.weight.data[...] = init.normal(rng, lin.weight.shape, std, dtype)
-                if lin.bias is not None:
-                    lin.bias.data[...] = 0
+            residual = {id(p) for p in block.residual_weights()}
+            for p in block.hidden_matrices():
+                p.data[...] = init.normal(rng, p.shape, proj_std if id(p) in residual else 0.02, dtype)
+            for name, p in block.named_parameters():
+                if name.rsplit(".", 1)[-1] == "bias":
+                    p.data[...] = 0
         if not self.tie_weights:
             self.lm_head.weight.data[...] = init.normal(rng, self.lm_head.weight.shape, 0.02, dtype)
+
+    # -- the config's values, as attributes ------------------------------------------------------------------
+    vocab_size = property(lambda self: self.config.vocab_size)
+    block_size = property(lambda self: self.config.block_size)
+    d_model = property(lambda self: self.config.d_model)
+    n_layers = property(lambda self: self.config.n_layers)
+    positional = property(lambda self: self.config.positional)
+    tie_weights = property(lambda self: self.config.tie_weights)
+    padding_idx = property(lambda self: self.config.padding_idx)
+    n_heads = property(lambda self: self._every_layer("n_heads"))
+    n_kv_heads = property(lambda self: self._every_layer("n_kv_heads"))
+    head_dim = property(lambda self: self._every_layer("head_dim"))
+    d_ff = property(lambda self: self._every_layer("d_ff"))
+    sliding_window = property(lambda self: self._every_layer("sliding_window"))
+    rope_theta = property(lambda self: self._every_layer("rope_theta"))
+
+    def _every_layer(self, name):
+        """A block option shared by every layer; ValueError when the layers differ in it."""
+        values = {getattr(b, name) for b in self.config.layers}
+        if len(values) > 1:
+            raise ValueError(f"the layers of this GPT differ in {name}; read model.config.layers[i].{name}")
+        return values.pop()
 
     def load_state_dict(self, state, strict=True):
         """As Module.load_state_dict; a learned position table with positions inside attention is one clear error."""
@@ -101,16 +120,10 @@ class GPT(Module):
                              f"positional='learned', or drop pos_emb.weight")
         return super().load_state_dict(state, strict)
 
-    @classmethod
-    def from_pretrained(cls, name_or_dir, dtype=np.float32, **overrides):
-        """A GPT with the weights of a Hugging Face checkpoint: a folder (config.json + model.safetensors)
-        or a hub id such as ``"gpt2"`` (see ``numformer.interop.hf.load_pretrained``; its tokenizer:
-        ``load_pretrained(name_or_dir)[1]``). ``overrides``: e.g. ``dropout=0.1`` for fine-tuning."""
-        return pretrained_loader().load_pretrained(name_or_dir, dtype=dtype, **overrides)[0]
-
     def new_kv_caches(self):
-        """One empty KVCache per block, for incremental decoding with forward(idx, kv_caches=...)."""
-        return [KVCache(window=self.sliding_window) for _ in self.blocks]
+        """One empty KVCache per block (bounded by the block's window), for incremental decoding with
+        forward(idx, kv_caches=...)."""
+        return [KVCache(window=b.sliding_window) for b in self.config.layers]
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False, rng=None,
                  **kwargs):
@@ -138,7 +151,10 @@ class GPT(Module):
             raise ValueError(f"idx must have shape (batch, seq) with batch >= 1 and seq >= 1, got {idx.shape}")
         offset = 0 if kv_caches is None else kv_caches[0].length
         padding, positions = self._padding(attention_mask, idx.shape, offset)
-        x = self.drop(self.pos_emb(self.tok_emb(idx), offset, positions=positions))
+        x = self.tok_emb(idx)
+        if self.config.scale_embeddings:
+            x = x * np.asarray(math.sqrt(self.d_model), x.dtype)
+        x = self.drop(self.pos_emb(x, offset, positions=positions))
         for i, block in enumerate(self.blocks):
             x = checkpoint.run(block, self.gradient_checkpointing and kv_caches is None, x, is_causal=True,
                                key_padding_mask=padding, kv_cache=None if kv_caches is None else kv_caches[i],
@@ -147,7 +163,10 @@ class GPT(Module):
             x = x[:, -logits_to_keep:]
         if self.norm_f is not None:
             x = self.norm_f(x)
-        return self.lm_head(x)
+        logits = self.lm_head(x)
+        if self.config.final_logit_softcap is not None:              # c·tanh(logits / c) (Gemma 2)
+            logits, self._cache = F.softcap_forward(logits, self.config.final_logit_softcap)
+        return logits
 
     @staticmethod
     def _padding(attention_mask, shape, offset):
@@ -166,9 +185,14 @@ class GPT(Module):
 
     def backward(self, dlogits):
         """Accumulate every parameter's gradient from dL/dlogits (B, T, vocab_size)."""
+        if self.config.final_logit_softcap is not None and self._cache is not None:
+            dlogits, self._cache = F.softcap_backward(dlogits, self._cache), None
         dx = self.lm_head.backward(dlogits)
         if self.norm_f is not None:
             dx = self.norm_f.backward(dx)
         for block in reversed(list(self.blocks)):
             dx = checkpoint.checkpoint_backward(block, dx)
-        self.tok_emb.backward(self.pos_emb.backward(self.drop.backward(dx)))
+        dx = self.pos_emb.backward(self.drop.backward(dx))
+        if self.config.scale_embeddings:
+            dx = dx * np.asarray(math.sqrt(self.d_model), dx.dtype)
+        self.tok_emb.backward(dx)

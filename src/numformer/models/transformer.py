@@ -17,11 +17,13 @@ from ..nn import (Decoder, DecoderBlock, Dropout, Embedding, Encoder, EncoderBlo
                   make_norm, make_positional)
 from .. import decoding
 from ..nn import init
-from ._checks import check_sizes
+from .config import TransformerConfig, config_from
 
 
 class Transformer(Module):
     """Encoder-decoder Transformer. forward(src (B, S), tgt (B, T)) -> logits (B, T, tgt_vocab_size).
+
+    Built from a ``TransformerConfig`` or its keyword form (the same arguments); ``model.config``.
 
     Padding masks are derived from ``src_pad_id`` / ``tgt_pad_id`` when given;
     the decoder's self-attention is always causal. ``final_norm`` (default:
@@ -36,59 +38,43 @@ class Transformer(Module):
     ``generate`` (a task's ``model_config`` sets them, so a trained run's model has them).
     """
 
-    def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1,
-                 max_len=512, n_encoder_layers=None, n_decoder_layers=None, norm_first=False, activation="relu",
-                 norm="layer", positional="sinusoidal", share_embeddings=False, tie_output=False, src_pad_id=None,
-                 tgt_pad_id=None, final_norm=None, bias=True, attn_bias=None, layer_norm_eps=1e-5,
-                 scale_embeddings=True, attention="plain", gradient_checkpointing=False, bos_id=None, eos_id=None,
-                 n_kv_heads=None, rope_theta=10000.0, rng=None, dtype=np.float32):
+    def __init__(self, *args, rng=None, dtype=np.float32, **keywords):
         super().__init__()
-        check_sizes("Transformer", src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
-                    n_heads=n_heads, n_layers=n_layers, d_ff=d_ff, max_len=max_len, n_encoder_layers=n_encoder_layers,
-                    n_decoder_layers=n_decoder_layers)
-        for name, v in (("bos_id", bos_id), ("eos_id", eos_id)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
-                                  or not 0 <= v < tgt_vocab_size):
-                raise ValueError(f"{name} must be None or a token id in [0, {tgt_vocab_size}), got {v!r}")
-        self.bos_id = None if bos_id is None else int(bos_id)
-        self.eos_id = None if eos_id is None else int(eos_id)
+        self.config = c = config_from(TransformerConfig, args, keywords)
+        self.bos_id = None if c.bos_id is None else int(c.bos_id)
+        self.eos_id = None if c.eos_id is None else int(c.eos_id)
         rng = init.default_rng(rng)
-        n_enc = n_layers if n_encoder_layers is None else n_encoder_layers
-        n_dec = n_layers if n_decoder_layers is None else n_decoder_layers
-        final_norm = norm_first if final_norm is None else final_norm
-        if share_embeddings and src_vocab_size != tgt_vocab_size:
-            raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size "
-                             f"(got {src_vocab_size} and {tgt_vocab_size})")
-        self.src_vocab_size, self.tgt_vocab_size, self.max_len = src_vocab_size, tgt_vocab_size, max_len
-        self.d_model, self.n_heads = d_model, n_heads
-        self.src_pad_id, self.tgt_pad_id = src_pad_id, tgt_pad_id
-        self.embed_scale = math.sqrt(d_model) if scale_embeddings else 1.0
-        self.src_emb = Embedding(src_vocab_size, d_model, rng, dtype)
-        self.tgt_emb = Embedding(tgt_vocab_size, d_model, rng, dtype)
-        self.src_pos = make_positional(positional, d_model, max_len, rng, dtype)
-        self.tgt_pos = make_positional(positional, d_model, max_len, rng, dtype)
-        self.src_drop = Dropout(dropout, rng)
-        self.tgt_drop = Dropout(dropout, rng)
-        block_args = (d_model, n_heads, d_ff, dropout, activation, norm_first, norm, layer_norm_eps, bias, attn_bias)
-        in_attention = dict(n_kv_heads=n_kv_heads, rope_theta=rope_theta,
-                            positional=positional if positional in ("rope", "alibi") else None)
-        self.encoder = Encoder([EncoderBlock(*block_args, rng=rng, dtype=dtype, attention=attention, **in_attention)
-                                for _ in range(n_enc)],
-                               make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None,
-                               gradient_checkpointing=gradient_checkpointing)
-        self.decoder = Decoder([DecoderBlock(*block_args, rng=rng, dtype=dtype, attention=attention, **in_attention)
-                                for _ in range(n_dec)],
-                               make_norm(norm, d_model, layer_norm_eps, bias, dtype) if final_norm else None,
-                               gradient_checkpointing=gradient_checkpointing)
-        self.out_proj = Linear(d_model, tgt_vocab_size, bias=False, rng=rng, dtype=dtype)
+        n_enc = c.n_layers if c.n_encoder_layers is None else c.n_encoder_layers
+        n_dec = c.n_layers if c.n_decoder_layers is None else c.n_decoder_layers
+        final_norm = c.norm_first if c.final_norm is None else c.final_norm
+        d_model = c.d_model
+        self.src_vocab_size, self.tgt_vocab_size, self.max_len = c.src_vocab_size, c.tgt_vocab_size, c.max_len
+        self.d_model, self.n_heads = d_model, c.n_heads
+        self.src_pad_id, self.tgt_pad_id = c.src_pad_id, c.tgt_pad_id
+        self.embed_scale = math.sqrt(d_model) if c.scale_embeddings else 1.0
+        self.src_emb = Embedding(c.src_vocab_size, d_model, rng, dtype)
+        self.tgt_emb = Embedding(c.tgt_vocab_size, d_model, rng, dtype)
+        self.src_pos = make_positional(c.positional, d_model, c.max_len, rng, dtype)
+        self.tgt_pos = make_positional(c.positional, d_model, c.max_len, rng, dtype)
+        self.src_drop = Dropout(c.dropout, rng)
+        self.tgt_drop = Dropout(c.dropout, rng)
+        block = dict(dropout=c.dropout, norm=c.norm, layer_norm_eps=c.layer_norm_eps, rng=rng, dtype=dtype,
+                     attention=c.attention, positional=c.positional if c.positional in ("rope", "alibi") else None)
+        self.encoder = Encoder([EncoderBlock(d_model, c.block(), **block) for _ in range(n_enc)],
+                               make_norm(c.norm, d_model, c.layer_norm_eps, c.bias, dtype) if final_norm else None,
+                               gradient_checkpointing=c.gradient_checkpointing)
+        self.decoder = Decoder([DecoderBlock(d_model, c.block(), **block) for _ in range(n_dec)],
+                               make_norm(c.norm, d_model, c.layer_norm_eps, c.bias, dtype) if final_norm else None,
+                               gradient_checkpointing=c.gradient_checkpointing)
+        self.out_proj = Linear(d_model, c.tgt_vocab_size, bias=False, rng=rng, dtype=dtype)
         # Xavier-uniform for every matrix, as torch.nn.Transformer and the Annotated Transformer.
         for _, p in self.named_parameters():
             if p.data.ndim > 1:
                 p.data[...] = init.xavier_uniform(rng, p.shape, dtype)
         # Tie parameters, not modules: each Embedding keeps its own cache for backward.
-        if share_embeddings:
+        if c.share_embeddings:
             self.tgt_emb.weight = self.src_emb.weight
-        if tie_output:
+        if c.tie_output:
             self.out_proj.weight = self.tgt_emb.weight
 
     # -- masks ---------------------------------------------------------------------

@@ -2,16 +2,20 @@
 
     MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
-All heads are one batched axis (no Python loop over heads). For self-attention
-the three input projections are one fused matmul with ``qkv_proj.weight`` =
-[W^Q; W^K; W^V] of shape (3·d_model, d_model), the layout of torch's
-``in_proj_weight``; cross-attention uses row slices of the same weight.
+All heads are one batched axis (no Python loop over heads). A forward pass is a sequence of visible steps,
+each a module or an op pair with its own backward:
 
-A forward pass has three steps, each a method: ``_project`` forms the
-per-head q, k, v (B, H, T, d_head) from the inputs; a kernel from ``KERNELS``
-computes the per-head context softmax(q kᵀ/√d_head + M) v; ``out_proj`` maps
-the merged heads back to d_model. Backward runs them in reverse
-(``_project_backward`` turns dq, dk, dv into the input gradients).
+1. project: the ``qkv_proj`` module (a ``QKVProjection``: [W^Q; W^K; W^V] as one Linear, the layout of
+   torch's ``in_proj_weight``; one matmul for self-attention) gives the per-head q, k, v (B, H, T, d_head);
+2. transform q and k: q/k RMSNorm over each head (``q_norm``, ``k_norm``; Qwen3, Gemma 3), then RoPE;
+3. share the key/value heads among the query heads (grouped-query attention);
+4. the kernel: scores S = q kᵀ · scale (scale 1/√d_head unless given), an optional soft-cap c·tanh(S/c),
+   the mask, softmax, the weighted sum of v; chosen in ``nn.dispatch.ATTENTION``;
+5. ``out_proj`` maps the merged heads (n_heads · head_dim) back to d_model.
+
+Backward runs them in reverse. The attention calls its sub-modules (``qkv_proj``, ``q_norm``, ``k_norm``,
+``out_proj``) and never reads their weights, so a module put in their place with ``set_submodule`` (a LoRA
+wrapper, an int8 linear layer) is the one that runs, in training and in cached generation.
 
 Mask convention (as ``torch.nn.MultiheadAttention``): a boolean mask is True
 where attention is **not allowed**; a float mask is added to the scores.
@@ -31,12 +35,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import ops
-from ..kernels.flash_attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention_backward,
-                                       flash_attention_forward)
-from ..kernels.fused_attention import fused_attention_backward, fused_attention_forward
+from ..kernels.flash_attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from . import dispatch, init
 from .dispatch import F
-from .layers import Linear
+from .layers import Linear, RMSNorm
 from .module import Module
 
 
@@ -100,13 +102,6 @@ class KVCache:
         if self.k is not None:
             self.k = np.take(self.k, indices, axis=0)
             self.v = np.take(self.v, indices, axis=0)
-
-
-def _split_heads(x, n, n_heads):
-    """(B, T, n·E) -> n arrays of shape (B, H, T, d_head) (views, no copy)."""
-    B, T, _ = x.shape
-    x = x.reshape(B, T, n, n_heads, -1).transpose(2, 0, 3, 1, 4)
-    return tuple(x[i] for i in range(n))
 
 
 def _split_groups(x, counts):
@@ -225,64 +220,58 @@ class Masks(NamedTuple):
         return mask, False
 
 
-# -- the kernels ------------------------------------------------------------------------------------------
-# Each kernel is a pair. forward(layer, q, k, v, masks, p_drop, out) writes the context (B, H, Tq, d_head)
-# into ``out`` and returns (weights or None, cache); backward(dctx, cache, dq, dk, dv) writes the gradients
-# into the given (B, H, T, d_head) arrays.
+# -- the q/k/v projection -------------------------------------------------------------------------------------
+class QKVProjection(Linear):
+    """The query, key and value projections as one Linear: ``weight`` = [W^Q; W^K; W^V] of shape
+    ((n_heads + 2·n_kv_heads)·head_dim, d_model), torch's ``in_proj_weight`` layout; ``bias`` likewise.
 
-def _reference_forward(layer, q, k, v, masks, p_drop, out):
-    """ops.attention: the reference kernel, the only one with attention dropout."""
-    mask, causal = masks.additive(q, k)
-    ctx, weights, cache = F.scaled_dot_product_attention_forward(
-        q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p_drop, rng=layer.rng,
-        need_weights=layer.record_weights)
-    out[...] = ctx
-    return weights, cache
+    Self-attention calls it as any Linear, ``forward(x)`` -> (B, T, (H + 2·H_kv)·head_dim) in one matmul, and
+    ``backward(dy)``: a module that replaces it (``set_submodule``: LoRA, int8 weights) needs only that.
+    Cross-attention projects the query and the memory with different rows (``project_parts``), which only
+    this class knows how to do.
+    """
 
+    def __init__(self, d_model, n_heads, n_kv_heads, head_dim, bias=True, rng=None, dtype=np.float32):
+        super().__init__(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias, rng, dtype)
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self._parts = None
 
-def _fused_forward(layer, q, k, v, masks, p_drop, out):
-    """kernels.fused_attention: the fast version of the reference (no dropout)."""
-    mask, causal = masks.additive(q, k)
-    _, cache = fused_attention_forward(q, k, v, mask, causal, out=out)
-    return (np.swapaxes(cache.weights_t, -1, -2) if layer.record_weights else None), cache
+    def project_parts(self, parts, first_head=0):
+        """[(x, (head counts)), ...] -> one (B, T, Σcounts·head_dim) array per part, each from the next rows of
+        the weight, from head ``first_head`` on (cross-attention: ((query, (H,)), (memory, (H_kv, H_kv))); a
+        cached memory alone: ((memory, (H_kv, H_kv)),) from head H). ``backward_parts`` follows."""
+        W, b = self.weight.data, None if self.bias is None else self.bias.data
+        outs, caches, start = [], [], first_head * self.head_dim
+        for x, counts in parts:
+            rows = slice(start, start + sum(counts) * self.head_dim)
+            start = rows.stop
+            y, c = F.linear_forward(x, W[rows], None if b is None else b[rows])
+            outs.append(y)
+            caches.append(c)
+        self._parts = caches
+        return outs
 
+    def backward_parts(self, grads):
+        """The inputs' gradients of ``project_parts`` from its outputs' gradients; accumulates dW (and db)."""
+        results = [F.linear_backward(g, c, weight_grad=self.weight.requires_grad)
+                   for g, c in zip(grads, self._parts)]
+        self._parts = None
+        if self.weight.requires_grad:
+            self.weight.accumulate(np.concatenate([r[1] for r in results]))
+        if self.bias is not None:
+            self.bias.accumulate(np.concatenate([r[2] for r in results]))
+        return tuple(r[0] for r in results)
 
-def _flash_forward(layer, q, k, v, masks, p_drop, out):
-    """kernels.flash_attention: memory linear in the sequence length (no dropout, no weights). The module masks
-    (bool True = blocked) become functional ones (True = may attend) without building a (Tq, Tk) mask."""
-    if p_drop > 0.0:
-        raise ValueError(f"attention='flash' has no attention dropout (dropout={p_drop}); set dropout = 0 "
-                         f"(a model's dropout also drops attention weights), call .eval() for inference, "
-                         f"or use attention='plain'")
-    mask, key_mask = masks.attn_mask, masks.key_padding_mask
-    mask = ~mask if mask is not None and mask.dtype == bool else mask
-    key_mask = ~key_mask if key_mask is not None and key_mask.dtype == bool else key_mask
-    ctx, cache = flash_attention_forward(q, k, v, attn_mask=mask, is_causal=masks.is_causal, key_mask=key_mask,
-                                         causal_offset=masks.causal_offset, block_q=layer.flash_block_q,
-                                         block_k=layer.flash_block_k, alibi_slopes=masks.alibi_slopes)
-    out[...] = ctx
-    return None, cache
-
-
-def _writing(backward):
-    """A kernel backward that returns (dq, dk, dv), as one that writes them into the given arrays."""
-    def write(dctx, cache, dq, dk, dv):
-        for target, g in zip((dq, dk, dv), backward(dctx, cache)):
-            target[...] = g
-    return write
-
-
-KERNELS = {
-    "reference": (_reference_forward, _writing(lambda dctx, c: F.scaled_dot_product_attention_backward(dctx, c))),
-    "fused": (_fused_forward, fused_attention_backward),
-    "flash": (_flash_forward, _writing(flash_attention_backward)),
-}
+    def extra_repr(self):
+        return (f"{self.in_features}, q/k/v heads {self.n_heads}/{self.n_kv_heads}/{self.n_kv_heads} x "
+                f"{self.head_dim}, bias={self.bias is not None}")
 
 
 class MultiHeadAttention(Module):
-    """Multi-head attention with a fused QKV projection; self- or cross-attention.
+    """Multi-head attention, self- or cross-attention, as the steps of the module docstring.
 
-    d_model: model width E;  n_heads: h (E must divide by h);  d_head = E / h.
+    d_model: model width E;  n_heads: h;  head_dim: d_head (default E / h, which must then divide);
+    the queries are n_heads·head_dim wide, which need not equal E.
     forward(query (B, Tq, E), key=None, value=None, ...) -> (B, Tq, E).
     key defaults to query (self-attention), value to key (cross-attention on a memory).
 
@@ -300,22 +289,20 @@ class MultiHeadAttention(Module):
     memory linear in the sequence length) instead of the plain one (``"plain"``).
     Results and gradients are the same. The flash kernel has no attention
     dropout: in training mode with ``dropout > 0`` forward raises a ValueError.
-    With ``record_weights`` the plain kernel is used (the weights must be built).
-    ``flash_block_q`` / ``flash_block_k`` set its block sizes.
+    ``flash_block_q`` / ``flash_block_k`` set its block sizes. Which kernel runs
+    (``kernel_name``) is ``nn.dispatch.attention_kernel``'s choice: the fastest that computes
+    the call (recorded weights, attention dropout and soft-capped scores run the reference
+    ``ops.attention``; so does everything inside ``numformer.reference_mode()``).
 
-    Which kernel of ``KERNELS`` runs (``kernel_name``): "flash" as just said;
-    with ``attention="plain"``, "fused" (``kernels.fused_attention``, the fast
-    version of the reference) unless attention dropout is active, then
-    "reference" (``ops.attention``); always "reference" inside
-    ``numformer.reference_mode()``.
-
-    Llama-family options: ``n_kv_heads`` (a divisor of n_heads, default n_heads)
-    key/value heads, so ``qkv_proj.weight`` is [W^Q; W^K; W^V] of shape
-    ((n_heads + 2·n_kv_heads)·d_head, d_model); ``positional`` (self-attention
-    only): None, "rope" (rotary embeddings with base ``rope_theta``; d_head must
-    be even) or "alibi" (linear biases with slopes ``alibi_slopes``). Positions
-    count from 0, or continue after a KVCache's cached ones. ``qkv_bias`` (default
-    ``bias``): biases on the q/k/v projection alone (Qwen2 has no output-projection bias).
+    Options of the Llama family and later: ``n_kv_heads`` (a divisor of n_heads, default n_heads)
+    key/value heads (``qkv_proj`` and the KV cache hold n_kv_heads heads); ``positional``
+    (self-attention only): None, "rope" (rotary embeddings with base ``rope_theta``; head_dim must
+    be even) or "alibi" (linear biases with slopes ``alibi_slopes``). Positions count from 0, or
+    continue after a KVCache's cached ones. ``qkv_bias`` (default ``bias``): biases on the q/k/v
+    projection alone (Qwen2 has no output-projection bias). ``qk_norm``: RMSNorm of each query and
+    key head before RoPE (``q_norm``, ``k_norm``, eps ``norm_eps``; Qwen3, Gemma 3). ``scale``: the
+    scores' factor (default 1/√head_dim; Gemma: query_pre_attn_scalar^-½). ``attn_logit_softcap``:
+    c, the scores capped to c·tanh(S / c) before the mask (Gemma 2).
 
     ``sliding_window=W`` (self-attention): query i attends only keys j with
     i - W < j (Mistral's window; with ``is_causal`` also j <= i). The window enters every
@@ -328,39 +315,30 @@ class MultiHeadAttention(Module):
     POSITIONAL_KINDS = (None, "rope", "alibi")
 
     def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32, attention="plain",
-                 n_kv_heads=None, positional=None, rope_theta=10000.0, qkv_bias=None, sliding_window=None):
+                 n_kv_heads=None, positional=None, rope_theta=10000.0, qkv_bias=None, sliding_window=None,
+                 head_dim=None, qk_norm=False, scale=None, attn_logit_softcap=None, norm_eps=1e-6):
         super().__init__()
-        if attention not in self.ATTENTION_KINDS:
-            raise ValueError(f"unknown attention kernel {attention!r}; choose one of {list(self.ATTENTION_KINDS)}")
-        self.attention = attention
-        self.flash_block_q, self.flash_block_k = DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
-        if n_heads <= 0 or d_model % n_heads != 0:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
-                             f"(each head gets d_model / n_heads features)")
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        ops.check_kv_heads(n_heads, n_kv_heads)
-        if positional not in self.POSITIONAL_KINDS:
-            raise ValueError(f"unknown attention positional option {positional!r}; choose None, 'rope' or 'alibi'")
-        if positional == "rope" and (d_model // n_heads) % 2:
-            raise ValueError(f"positional='rope' needs an even head size, but d_model / n_heads = {d_model} / "
-                             f"{n_heads} = {d_model // n_heads}; change d_model or n_heads")
-        if sliding_window is not None and (type(sliding_window) is not int or sliding_window < 1):
-            raise ValueError(f"sliding_window must be a positive integer (keys attended per query) or None, "
-                             f"got {sliding_window!r}")
+        head_dim = self._check_options(d_model, n_heads, attention, n_kv_heads, positional, sliding_window,
+                                       head_dim, scale, attn_logit_softcap)
         rng = init.default_rng(rng)
-        self.sliding_window = sliding_window
-        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.n_kv_heads, self.positional, self.rope_theta = int(n_kv_heads), positional, float(rope_theta)
+        n_kv_heads = n_heads if n_kv_heads is None else int(n_kv_heads)
+        self.attention, self.flash_block_q, self.flash_block_k = attention, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
+        self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, head_dim
+        self.positional, self.rope_theta, self.sliding_window = positional, float(rope_theta), sliding_window
+        self.scale = None if scale is None else float(scale)          # None: the kernels' 1/√head_dim
+        self.attn_logit_softcap = None if attn_logit_softcap is None else float(attn_logit_softcap)
         self.alibi_slopes = ops.alibi_slopes(n_heads) if positional == "alibi" else None
-        self.dropout_p = dropout
-        self.rng = rng
-        d_qkv = d_model + 2 * self.n_kv_heads * self.d_head
+        self.dropout_p, self.rng = dropout, rng
         qkv_bias = bias if qkv_bias is None else qkv_bias
-        self.qkv_proj = Linear(d_model, d_qkv, qkv_bias, rng, dtype)
-        self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, (d_qkv, d_model), dtype)
+        self.qkv_proj = QKVProjection(d_model, n_heads, n_kv_heads, head_dim, qkv_bias, rng, dtype)
+        self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, self.qkv_proj.weight.shape, dtype)
         if qkv_bias:
             self.qkv_proj.bias.data[...] = 0
-        self.out_proj = Linear(d_model, d_model, bias, rng, dtype)
+        if qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(head_dim, norm_eps, dtype), RMSNorm(head_dim, norm_eps, dtype)
+        else:
+            self.q_norm = self.k_norm = None
+        self.out_proj = Linear(n_heads * head_dim, d_model, bias, rng, dtype)
         if bias:
             self.out_proj.bias.data[...] = 0
         self.record_weights = False
@@ -368,71 +346,95 @@ class MultiHeadAttention(Module):
         self.head_mask = None
         self._cache = None
 
+    @staticmethod
+    def _check_options(d_model, n_heads, attention, n_kv_heads, positional, sliding_window, head_dim, scale, cap):
+        """Each option checked on its own; returns the head size."""
+        if attention not in MultiHeadAttention.ATTENTION_KINDS:
+            raise ValueError(f"unknown attention kernel {attention!r}; choose one of "
+                             f"{list(MultiHeadAttention.ATTENTION_KINDS)}")
+        if head_dim is None:
+            if n_heads <= 0 or d_model % n_heads != 0:
+                raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
+                                 f"(each head gets d_model / n_heads features), or give head_dim")
+            head_dim = d_model // n_heads
+        elif isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim < 1:
+            raise ValueError(f"head_dim must be a positive integer (features per head), got {head_dim!r}")
+        ops.check_kv_heads(n_heads, n_heads if n_kv_heads is None else n_kv_heads)
+        if positional not in MultiHeadAttention.POSITIONAL_KINDS:
+            raise ValueError(f"unknown attention positional option {positional!r}; choose None, 'rope' or 'alibi'")
+        if positional == "rope" and head_dim % 2:
+            raise ValueError(f"positional='rope' needs an even head size, but the head size is {head_dim}; "
+                             f"change d_model, n_heads or head_dim")
+        if sliding_window is not None and (type(sliding_window) is not int or sliding_window < 1):
+            raise ValueError(f"sliding_window must be a positive integer (keys attended per query) or None, "
+                             f"got {sliding_window!r}")
+        for name, value in (("scale", scale), ("attn_logit_softcap", cap)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.number))
+                                      or not value > 0 or not np.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+        return int(head_dim)
+
     def extra_repr(self):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout_p}"
+                + (f", head_dim={self.d_head}" if self.d_head * self.n_heads != self.d_model else "")
                 + (f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else "")
                 + (f", positional={self.positional!r}" if self.positional else "")
                 + (f", sliding_window={self.sliding_window}" if self.sliding_window else "")
+                + (f", scale={self.scale}" if self.scale is not None else "")
+                + (f", attn_logit_softcap={self.attn_logit_softcap}" if self.attn_logit_softcap else "")
                 + (f", attention={self.attention!r}" if self.attention != "plain" else ""))
 
     def kernel_name(self, p_drop):
-        """The entry of ``KERNELS`` used for attention dropout ``p_drop``."""
-        if dispatch.using_reference():
-            return "reference"
-        if self.attention == "flash" and not self.record_weights:
-            return "flash"
-        return "fused" if p_drop == 0.0 else "reference"
+        """The entry of ``nn.dispatch.ATTENTION`` that runs a call with attention dropout ``p_drop``."""
+        return dispatch.attention_kernel(self.attention, p_drop, self.record_weights, self.attn_logit_softcap)
 
-    # -- projections -------------------------------------------------------------
+    def residual_weights(self):
+        return [self.out_proj.weight]
+
+    # -- step 1: projections ------------------------------------------------------------------------------
     def _project(self, query, key, value):
-        """The per-head queries, keys and values, each (B, H, T, d_head), and the caches of the projections.
-
-        Each distinct input is projected by its rows of ``qkv_proj``: self-attention is one matmul with all
-        (H + 2·H_kv)·d_head rows; cross-attention projects the query with W^Q and the memory with [W^K; W^V]
-        (or each separately when value is not key). Each cache entry is (linear cache, (B, T, head counts)).
-        """
-        H, Hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
-        W = self.qkv_proj.weight.data
-        b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
+        """The per-head queries, keys and values, each (B, H, T, d_head) (keys and values: H_kv heads), and
+        what ``_project_backward`` needs: the head counts of each projected input. Self-attention calls
+        ``qkv_proj`` on the query (one matmul); cross-attention projects the query with W^Q and the memory
+        with [W^K; W^V] (or each separately when value is not key)."""
+        H, Hkv = self.n_heads, self.n_kv_heads
         if key is query and value is query:
-            groups = ((query, (H, Hkv, Hkv)),)
-        elif value is key:
+            return _split_groups(self.qkv_proj(query), (H, Hkv, Hkv)), ((H, Hkv, Hkv),)
+        if value is key:
             groups = ((query, (H,)), (key, (Hkv, Hkv)))
         else:
             groups = ((query, (H,)), (key, (Hkv,)), (value, (Hkv,)))
-        heads, caches, start = (), [], 0
-        for x, counts in groups:
-            rows = slice(start, start + sum(counts) * dh)
-            start = rows.stop
-            y, c = F.linear_forward(x, W[rows], None if b is None else b[rows])
-            heads += _split_groups(y, counts)
-            caches.append((c, x.shape[:2] + (counts,)))
-        return heads, caches
+        self._check_parts()
+        outs = self.qkv_proj.project_parts(groups)
+        return sum((_split_groups(y, counts) for y, (_, counts) in zip(outs, groups)), ()), \
+            tuple(counts for _, counts in groups)
 
-    def _project_backward(self, grad_rows, caches):
-        """Input gradients from the (B, T, heads, d_head) gradients of each projection; accumulates dW, db."""
-        results = [F.linear_backward(g.reshape(g.shape[:2] + (-1,)), c) for g, (c, _) in zip(grad_rows, caches)]
-        if len(results) == 1:
-            _, dW, db = results[0]
-        else:
-            dW = np.concatenate([r[1] for r in results])
-            db = None if results[0][2] is None else np.concatenate([r[2] for r in results])
-        self.qkv_proj.weight.accumulate(dW)
-        if self.qkv_proj.bias is not None:
-            self.qkv_proj.bias.accumulate(db)
-        dxs = tuple(r[0] for r in results)
-        return dxs[0] if len(dxs) == 1 else dxs
+    def _check_parts(self):
+        if not hasattr(self.qkv_proj, "project_parts"):
+            raise ValueError(f"cross-attention projects the query and the memory with different rows of its "
+                             f"QKVProjection; the {type(self.qkv_proj).__name__} in its place projects one input "
+                             f"(self-attention only): put it in a self-attention layer")
 
-    # -- positions inside attention and shared key/value heads ----------------------
+    def _project_backward(self, grad_rows):
+        """Input gradients from the (B, T, heads, d_head) gradients of each projected input."""
+        flat = [g.reshape(g.shape[:2] + (-1,)) for g in grad_rows]
+        if len(flat) == 1:
+            return self.qkv_proj.backward(flat[0])
+        return self.qkv_proj.backward_parts(flat)
+
+    # -- step 2: q/k norm and positions; step 3: shared key/value heads ------------------------------------
     @property
     def _plain_heads(self):
-        """True for the 2017 attention: no positions inside, as many key/value heads as query heads."""
-        return self.positional is None and self.n_kv_heads == self.n_heads
+        """True for the 2017 attention: q, k, v go to the kernel as projected (no norm, no positions inside,
+        as many key/value heads as query heads), so the kernel can write its gradients into dqkv directly."""
+        return self.positional is None and self.n_kv_heads == self.n_heads and self.q_norm is None
 
-    def _positions(self, q, k, offset, positions=None):
-        """RoPE on q and k: the queries and new keys are at positions offset, offset+1, …, or at ``positions``
-        (B, T) (a left-padded row counts its real tokens); identity otherwise. ALiBi needs no positions here:
-        its bias -m·|i - j| depends on the distance only, the same for a left-padded row's real tokens."""
+    def _transform_qk(self, q, k, offset, positions=None):
+        """q/k RMSNorm (each head vector), then RoPE at positions offset, offset+1, … or ``positions`` (B, T)
+        (a left-padded row counts its real tokens). ALiBi needs nothing here: its bias -m·|i - j| depends on
+        the distance only. Returns (q, k, cache of the RoPE steps or None)."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.positional != "rope":
             return q, k, None
         q, cq = F.rope_forward(q, offset, self.rope_theta, positions)
@@ -446,11 +448,14 @@ class MultiHeadAttention(Module):
         (k, ck), (v, cv) = F.repeat_kv_forward(k, rep), F.repeat_kv_forward(v, rep)
         return k, v, (ck, cv)
 
-    def _undo_positions(self, dq, dk, dv, pos_cache, share_cache):
-        """Backward of _share_kv and _positions: sum the shared heads' gradients, rotate back."""
+    def _undo_transforms(self, dq, dk, dv, rope_cache, share_cache):
+        """Backward of _share_kv and _transform_qk: sum the shared heads' gradients, rotate back, then back
+        through the q/k norms."""
         dk, dv = F.repeat_kv_backward(dk, share_cache[0]), F.repeat_kv_backward(dv, share_cache[1])
-        if pos_cache is not None:
-            dq, dk = F.rope_backward(dq, pos_cache[0]), F.rope_backward(dk, pos_cache[1])
+        if rope_cache is not None:
+            dq, dk = F.rope_backward(dq, rope_cache[0]), F.rope_backward(dk, rope_cache[1])
+        if self.q_norm is not None:
+            dq, dk = self.q_norm.backward(dq), self.k_norm.backward(dk)
         return dq, dk, dv
 
     def _check_inputs(self, query, key, value):
@@ -464,7 +469,7 @@ class MultiHeadAttention(Module):
             raise ValueError(f"positional={self.positional!r} is an option of self-attention; cross-attention "
                              f"(key or value not the query) needs positional=None")
 
-    # -- attention ---------------------------------------------------------------
+    # -- step 4: the kernel ------------------------------------------------------------------------------
     def _masks(self, q, k, attn_mask, key_padding_mask, is_causal, causal_offset=0, cached=False, window=False):
         """``window``: apply ``sliding_window`` (self-attention; query i is at key index i + causal_offset)."""
         B, H, t_q, _ = q.shape
@@ -481,14 +486,14 @@ class MultiHeadAttention(Module):
         and the kernel's cache. Records the weights and applies the head mask."""
         B, H, t_q, dh = q.shape
         merged = np.empty((B, t_q, H, dh), dtype=q.dtype)
-        weights, cache = KERNELS[name][0](self, q, k, v, masks, p_drop, _as_heads(merged))
+        weights, cache = dispatch.ATTENTION[name].forward(self, q, k, v, masks, p_drop, _as_heads(merged))
         if self.record_weights:
             self.last_weights = weights
         if self.head_mask is not None:          # a new array: the fused kernel's cache holds ``merged``
             merged = merged * np.asarray(self.head_mask, dtype=merged.dtype)[None, None, :, None]
         return merged, cache
 
-    # -- forward / backward -------------------------------------------------------
+    # -- forward / backward ------------------------------------------------------------------------------
     def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
                 kv_cache=None, positions=None):
         """``positions`` (B, Tq): the tokens' positions for positional='rope' (default 0 … Tq-1, after the
@@ -499,59 +504,58 @@ class MultiHeadAttention(Module):
         if kv_cache is not None:
             return self._forward_cached(query, key, value, attn_mask, key_padding_mask, is_causal, kv_cache,
                                         positions)
-        (q, k, v), proj_cache = self._project(query, key, value)        # q: (B, H, T, d_head), k, v: H_kv heads
-        q, k, pos_cache = self._positions(q, k, 0, positions)
-        k, v, share_cache = self._share_kv(k, v)
+        (q, k, v), counts = self._project(query, key, value)            # 1. q: (B, H, T, d_head); k, v: H_kv
+        q, k, rope_cache = self._transform_qk(q, k, 0, positions)       # 2. q/k norm, RoPE
+        k, v, share_cache = self._share_kv(k, v)                        # 3. shared key/value heads
         masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal, window=key is query)
         p_drop = self.dropout_p if self.training else 0.0
         name = self.kernel_name(p_drop)
-        ctx, attn_cache = self._attend(name, q, k, v, masks, p_drop)   # (B, Tq, H, d_head)
-        self._cache = (name, proj_cache, attn_cache, pos_cache, share_cache)
-        return self.out_proj(ctx.reshape(query.shape))
+        ctx, attn_cache = self._attend(name, q, k, v, masks, p_drop)   # 4. (B, Tq, H, d_head)
+        self._cache = (name, counts, [x.shape[:2] for x in (query, key, value)[:len(counts)]], attn_cache,
+                       rope_cache, share_cache)
+        return self.out_proj(ctx.reshape(ctx.shape[:2] + (-1,)))        # 5.
 
     def backward(self, dout):
         """Gradients of the inputs (see the class docstring for what is returned); accumulates the parameters'."""
-        name, proj_cache, attn_cache, pos_cache, share_cache = self._cache
+        name, counts, shapes, attn_cache, rope_cache, share_cache = self._cache
         self._cache = None
-        B, Tq, E = dout.shape
+        B, Tq, _ = dout.shape
         H, dh = self.n_heads, self.d_head
         dctx = _as_heads(self.out_proj.backward(dout).reshape(B, Tq, H, dh))
         if self.head_mask is not None:
             dctx = dctx * np.asarray(self.head_mask, dtype=dctx.dtype)[None, :, None, None]
-        grad_rows = [np.empty((b, t, sum(counts), dh), dtype=dctx.dtype) for _, (b, t, counts) in proj_cache]
-        views = tuple(v for g, (_, (_, _, counts)) in zip(grad_rows, proj_cache)
-                      for v in _split_groups(g.reshape(g.shape[:2] + (-1,)), counts))     # dq, dk, dv
+        grad_rows = [np.empty((b, t, sum(c), dh), dtype=dctx.dtype) for (b, t), c in zip(shapes, counts)]
+        views = tuple(v for g, c in zip(grad_rows, counts)
+                      for v in _split_groups(g.reshape(g.shape[:2] + (-1,)), c))     # dq, dk, dv
+        backward = dispatch.ATTENTION[name].backward
         if self._plain_heads:
-            KERNELS[name][1](dctx, attn_cache, *views)                # writes into grad_rows
+            backward(dctx, attn_cache, *views)                          # writes into grad_rows
         else:
             Tk = views[1].shape[2]
             grads = (np.empty(dctx.shape, dctx.dtype),) + tuple(np.empty((B, H, Tk, dh), dctx.dtype) for _ in "kv")
-            KERNELS[name][1](dctx, attn_cache, *grads)
-            for view, g in zip(views, self._undo_positions(*grads, pos_cache, share_cache)):
+            backward(dctx, attn_cache, *grads)
+            for view, g in zip(views, self._undo_transforms(*grads, rope_cache, share_cache)):
                 view[...] = g
-        return self._project_backward(grad_rows, proj_cache)
+        return self._project_backward(grad_rows)
 
     def _forward_cached(self, query, key, value, attn_mask, key_padding_mask, is_causal, cache, positions=None):
         """Inference step with a KVCache: no backward. Self-attention appends the new keys/values;
         a static cache (cross-attention) projects the memory once and reuses it."""
-        E, H, Hkv = self.d_model, self.n_heads, self.n_kv_heads
-        W = self.qkv_proj.weight.data
-        b = None if self.qkv_proj.bias is None else self.qkv_proj.bias.data
+        H, Hkv = self.n_heads, self.n_kv_heads
         offset = cache.length
         if cache.static:
-            q, _ = F.linear_forward(query, W[:E], None if b is None else b[:E])
-            (q,) = _split_heads(q, 1, H)
+            self._check_parts()
+            (q,) = _split_groups(self.qkv_proj.project_parts(((query, (H,)),))[0], (H,))
             if cache.length == 0:
-                kv, _ = F.linear_forward(key, W[E:], None if b is None else b[E:])
+                (kv,) = self.qkv_proj.project_parts(((key, (Hkv, Hkv)),), first_head=H)
                 cache.append(*_split_groups(kv, (Hkv, Hkv)))
             k, v, _ = self._share_kv(*cache.view())
             offset = 0
         else:
             if not (key is query and value is query):
                 raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
-            qkv, _ = F.linear_forward(query, W, b)
-            q, k_new, v_new = _split_groups(qkv, (H, Hkv, Hkv))
-            q, k_new, _ = self._positions(q, k_new, offset, positions)       # the cache keeps rotated keys, n_kv_heads heads
+            q, k_new, v_new = _split_groups(self.qkv_proj(query), (H, Hkv, Hkv))
+            q, k_new, _ = self._transform_qk(q, k_new, offset, positions)  # the cache keeps rotated keys, H_kv heads
             k, v, _ = self._share_kv(*cache.append(k_new, v_new))
         causal = is_causal and not cache.static and query.shape[1] > 1
         if not cache.static:
@@ -560,6 +564,4 @@ class MultiHeadAttention(Module):
                 key_padding_mask = np.asarray(key_padding_mask)[:, -k.shape[2]:]
         masks = self._masks(q, k, attn_mask, key_padding_mask, causal, offset, cached=True, window=not cache.static)
         ctx, _ = self._attend(self.kernel_name(0.0), q, k, v, masks, 0.0)
-        out, _ = F.linear_forward(ctx.reshape(query.shape), self.out_proj.weight.data,
-                                    None if self.out_proj.bias is None else self.out_proj.bias.data)
-        return out
+        return self.out_proj(ctx.reshape(ctx.shape[:2] + (-1,)))

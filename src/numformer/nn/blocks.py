@@ -1,68 +1,223 @@
-"""Encoder and decoder blocks, and their stacks.
+"""Encoder and decoder blocks, what each is made of (``BlockConfig``), and their stacks.
 
-Post-LN (the paper, ``norm_first=False``)          Pre-LN (``norm_first=True``, GPT-2)
-    h = Norm₁(x + Dropout(SelfAttn(x)))                h = x + Dropout(SelfAttn(Norm₁(x)))
-    y = Norm₂(h + Dropout(FFN(h)))                     y = h + Dropout(FFN(Norm₂(h)))
+Where the norms sit (``norm_placement``), for the self-attention sub-layer (the feed-forward likewise):
 
-The decoder block adds cross-attention to the encoder output (the memory)
-between the two. The sub-module names follow ``torch.nn.TransformerEncoderLayer``
-/ ``TransformerDecoderLayer`` (``self_attn``, ``norm1`` …) so that weights map
-one to one; the feed-forward pair is grouped as ``ff.linear1`` / ``ff.linear2``.
-A decoder-only model (GPT) uses ``EncoderBlock`` with a causal mask.
+    "post" (the paper)          h = Norm₁(x + Dropout(SelfAttn(x)))
+    "pre" (GPT-2, Llama)        h = x + Dropout(SelfAttn(Norm₁(x)))
+    "sandwich" (Gemma 2, 3)     h = x + Dropout(Norm₁'(SelfAttn(Norm₁(x))))
+
+(``norm_first=True`` is "pre", torch's name.) The decoder block adds cross-attention to the encoder output
+(the memory) between the two. The sub-module names follow ``torch.nn.TransformerEncoderLayer`` /
+``TransformerDecoderLayer`` (``self_attn``, ``norm1`` …) so that weights map one to one; the feed-forward is
+grouped as ``ff`` (``ff.linear1`` / ``ff.linear2``, or ``ff.gate_proj`` / ``up_proj`` / ``down_proj``), the
+sandwich's norms after each sub-layer are ``post_norm1`` …. A decoder-only model (GPT) uses ``EncoderBlock``
+with a causal mask.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+
 import numpy as np
 
-from . import init
-from . import checkpoint
+from .. import ops
+from . import checkpoint, init
 from .attention import MultiHeadAttention
-from .layers import Dropout, make_feed_forward, make_norm
+from .layers import FEED_FORWARD_ACTIVATIONS, GATED, Dropout, make_feed_forward, make_norm
 from .module import Module, ModuleList
+
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
+
+
+def _doc(default, text):
+    """A dataclass field with its one-line description (the docs' tables are generated from these)."""
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """What one block is: every choice that may differ from layer to layer (Gemma 3 alternates windows and
+    RoPE bases, Qwen2 slides from a given layer on). The fields are named as the models' keyword forms name
+    them; each field's description is in its metadata (``fields(BlockConfig)``, and the docs' tables). None
+    means "derived" where a default depends on the model width: ``resolved(d_model)`` fills it.
+    """
+
+    n_heads: int = _doc(4, "query heads")
+    n_kv_heads: int | None = _doc(None, "key/value heads, a divisor of n_heads (None: n_heads; 1: multi-query)")
+    head_dim: int | None = _doc(None, "features per head (None: d_model / n_heads); the queries are n_heads · "
+                                      "head_dim wide")
+    d_ff: int | None = _doc(None, "feed-forward width (None: 4·d_model; 8·d_model/3 rounded up to a multiple of "
+                                  "8 for swiglu and geglu)")
+    activation: str = _doc("gelu", "relu, gelu, gelu_tanh, silu (W₂ act(W₁ x)); swiglu, geglu (gated, three "
+                                    "matrices)")
+    norm_placement: str = _doc("pre", "pre (GPT-2), post (the paper) or sandwich (Gemma: a norm before and after "
+                                      "each sub-layer)")
+    qk_norm: bool = _doc(False, "RMSNorm of each query and key head, before RoPE (Qwen3, Gemma 3)")
+    sliding_window: int | None = _doc(None, "the keys a query attends to, itself included (Mistral); None: all")
+    rope_theta: float = _doc(10000.0, "RoPE base of this layer (with positional = rope)")
+    attn_scale: float | None = _doc(None, "the scores' factor (None: 1/√head_dim; Gemma: "
+                                          "query_pre_attn_scalar^-½)")
+    attn_logit_softcap: float | None = _doc(None, "c: scores capped to c·tanh(S/c) before the mask (Gemma 2)")
+    bias: bool = _doc(True, "biases of the feed-forward and of the block's norms")
+    attn_bias: bool | None = _doc(None, "bias of the attention output projection (None: bias)")
+    qkv_bias: bool | None = _doc(None, "biases of the q/k/v projection (None: attn_bias; Qwen2: true alone)")
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self, where="BlockConfig"):
+        """Each field of its type and range, and n_kv_heads a divisor of n_heads; one ValueError naming
+        ``where`` and the field otherwise. Numbers are stored as Python's (an int where a float belongs)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            value = value.item() if isinstance(value, np.generic) else value       # numpy scalars as Python's
+            object.__setattr__(self, f.name, _checked(where, f.name, value))
+        if self.n_kv_heads is not None:
+            try:
+                ops.check_kv_heads(self.n_heads, self.n_kv_heads)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+
+    def resolved(self, d_model):
+        """This config with every derived field (None) given its value for a model of width ``d_model``."""
+        if self.head_dim is None and d_model % self.n_heads:
+            raise ValueError(f"d_model = {d_model} must be divisible by n_heads = {self.n_heads} (each head gets "
+                             f"d_model / n_heads features), or give head_dim")
+        attn_bias = self.bias if self.attn_bias is None else self.attn_bias
+        return replace(self, n_kv_heads=self.n_heads if self.n_kv_heads is None else self.n_kv_heads,
+                       head_dim=d_model // self.n_heads if self.head_dim is None else self.head_dim,
+                       d_ff=default_d_ff(d_model, self.activation) if self.d_ff is None else self.d_ff,
+                       attn_bias=attn_bias, qkv_bias=attn_bias if self.qkv_bias is None else self.qkv_bias)
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown} of a block; valid keys: {sorted(valid)}")
+        return cls(**d)
+
+
+def _checked(where, name, value):
+    """A BlockConfig field checked (``where``: the model and layer, for the message)."""
+    if name == "activation":
+        if value not in FEED_FORWARD_ACTIVATIONS:
+            raise ValueError(f"{where}: unknown activation {value!r}; choose one of {list(FEED_FORWARD_ACTIVATIONS)}")
+    elif name == "norm_placement":
+        if value not in NORM_PLACEMENTS:
+            raise ValueError(f"{where}: unknown norm_placement {value!r}; choose one of {list(NORM_PLACEMENTS)}")
+    elif name in ("n_heads", "n_kv_heads", "head_dim", "d_ff", "sliding_window"):
+        if (value is not None or name == "n_heads") and (type(value) is not int or value < 1):
+            raise ValueError(f"{where}: {name} must be a positive integer{'' if name == 'n_heads' else ' or None'}, "
+                             f"got {value!r}")
+    elif name in ("qk_norm", "bias", "attn_bias", "qkv_bias"):
+        if type(value) is not bool and (value is not None or name in ("qk_norm", "bias")):
+            raise ValueError(f"{where}: {name} must be true or false, got {value!r}")
+    elif value is not None or name == "rope_theta":            # rope_theta, attn_scale, attn_logit_softcap
+        if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{where}: {name} must be a positive number{'' if name == 'rope_theta' else ' or None'},"
+                             f" got {value!r}")
+        value = float(value)
+    return value
+
+
+def default_d_ff(d_model, activation):
+    """4·d_model; for a gated feed-forward 8·d_model/3 rounded up to a multiple of 8 (about the parameters of
+    the 4·d_model ungated one, as Llama)."""
+    return -(-8 * d_model // 24) * 8 if activation in GATED else 4 * d_model
 
 
 class _Block(Module):
-    """What the encoder and decoder blocks share: their arguments and sub-modules. The self-attention
-    (``self_attn``), for a decoder block the cross-attention to the memory (``cross_attn``), the feed-forward
-    (``ff``), and one norm and one dropout per sub-layer (``norm1`` …, ``dropout1`` …)."""
+    """What the encoder and decoder blocks share: their sub-modules, built from a ``BlockConfig``. The
+    self-attention (``self_attn``), for a decoder block the cross-attention to the memory (``cross_attn``), the
+    feed-forward (``ff``), one norm and one dropout per sub-layer (``norm1`` …, ``dropout1`` …) and, in a
+    sandwich, one more norm after each sub-layer (``post_norm1`` …).
+
+    Built as ``Block(d_model, config, dropout=, norm=, layer_norm_eps=, rng=, dtype=, attention=, positional=)``
+    with a ``BlockConfig``, or in the keyword form of torch's layers, ``Block(d_model, n_heads, d_ff, dropout,
+    activation, norm_first, ...)``, which builds the config.
+    """
 
     CROSS_ATTENTION = False
 
-    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, activation="relu", norm_first=False, norm="layer",
+    def __init__(self, d_model, n_heads, d_ff=None, dropout=0.1, activation="relu", norm_first=False, norm="layer",
                  layer_norm_eps=1e-5, bias=True, attn_bias=None, rng=None, dtype=np.float32, attention="plain",
-                 n_kv_heads=None, positional=None, rope_theta=10000.0, qkv_bias=None, sliding_window=None):
+                 n_kv_heads=None, positional=None, rope_theta=10000.0, qkv_bias=None, sliding_window=None, **more):
         super().__init__()
+        if isinstance(n_heads, BlockConfig):
+            config = n_heads
+        else:
+            placement = more.pop("norm_placement", None) or ("pre" if norm_first else "post")
+            config = BlockConfig(n_heads=n_heads, d_ff=d_ff, activation=activation, norm_placement=placement,
+                                 bias=bias, attn_bias=attn_bias,
+                                 n_kv_heads=n_kv_heads, rope_theta=rope_theta, qkv_bias=qkv_bias,
+                                 sliding_window=sliding_window, **more)
+        self.config = c = config.resolved(d_model)
         rng = init.default_rng(rng)
-        attn_bias = bias if attn_bias is None else attn_bias
-        self.d_model, self.n_heads, self.d_ff = d_model, n_heads, d_ff
-        self.norm_first, self.activation, self.norm_kind = norm_first, activation, norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
-                                            n_kv_heads=n_kv_heads, positional=positional, rope_theta=rope_theta,
-                                            qkv_bias=qkv_bias, sliding_window=sliding_window)
+        self.d_model, self.n_heads, self.d_ff = d_model, c.n_heads, c.d_ff
+        self.norm_first, self.activation, self.norm_kind = c.norm_placement != "post", c.activation, norm
+        self.self_attn = MultiHeadAttention(d_model, c.n_heads, dropout, c.attn_bias, rng, dtype, attention,
+                                            n_kv_heads=c.n_kv_heads, positional=positional,
+                                            rope_theta=c.rope_theta, qkv_bias=c.qkv_bias,
+                                            sliding_window=c.sliding_window, head_dim=c.head_dim,
+                                            qk_norm=c.qk_norm, scale=c.attn_scale,
+                                            attn_logit_softcap=c.attn_logit_softcap, norm_eps=layer_norm_eps)
         if self.CROSS_ATTENTION:
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, attn_bias, rng, dtype, attention,
-                                                 n_kv_heads=n_kv_heads)
-        self.ff = make_feed_forward(d_model, d_ff, activation, dropout, bias, rng, dtype)
+            self.cross_attn = MultiHeadAttention(d_model, c.n_heads, dropout, c.attn_bias, rng, dtype, attention,
+                                                 n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
+        self.ff = make_feed_forward(d_model, c.d_ff, c.activation, dropout, c.bias, rng, dtype)
         n_sublayers = 3 if self.CROSS_ATTENTION else 2
         for i in range(1, n_sublayers + 1):
-            setattr(self, f"norm{i}", make_norm(norm, d_model, layer_norm_eps, bias, dtype))
+            setattr(self, f"norm{i}", make_norm(norm, d_model, layer_norm_eps, c.bias, dtype))
+        if c.norm_placement == "sandwich":
+            for i in range(1, n_sublayers + 1):
+                setattr(self, f"post_norm{i}", make_norm(norm, d_model, layer_norm_eps, c.bias, dtype))
         for i in range(1, n_sublayers + 1):
             setattr(self, f"dropout{i}", Dropout(dropout, rng))
 
     def extra_repr(self):
-        return f"norm_first={self.norm_first}"
+        return f"norm_placement={self.config.norm_placement!r}"
+
+    def hidden_matrices(self):
+        """Every weight matrix inside the block (attention and feed-forward): the hidden layers' matrices."""
+        return [p for _, p in self.named_parameters() if p.data.ndim == 2]
+
+    def _sublayer(self, i, x, f):
+        """One residual sub-layer (number i) around ``f``, its norms placed as ``config.norm_placement`` says."""
+        norm, drop = getattr(self, f"norm{i}"), getattr(self, f"dropout{i}")
+        if self.config.norm_placement == "post":
+            return norm(x + drop(f(x)))
+        z = f(norm(x))
+        if self.config.norm_placement == "sandwich":
+            z = getattr(self, f"post_norm{i}")(z)
+        return x + drop(z)
+
+    def _sublayer_backward(self, i, dy, f_backward):
+        """Backward of ``_sublayer``: the input's gradient from the output's, through ``f_backward``."""
+        norm, drop = getattr(self, f"norm{i}"), getattr(self, f"dropout{i}")
+        if self.config.norm_placement == "post":
+            dz = norm.backward(dy)
+            return dz + f_backward(drop.backward(dz))
+        dz = drop.backward(dy)
+        if self.config.norm_placement == "sandwich":
+            dz = getattr(self, f"post_norm{i}").backward(dz)
+        return dy + norm.backward(f_backward(dz))
 
 
 class EncoderBlock(_Block):
-    """Self-attention and feed-forward sub-layers, each with a residual connection and a norm.
+    """Self-attention and feed-forward sub-layers, each with a residual connection and its norms.
 
     x: (B, T, d_model) -> (B, T, d_model). Masks follow torch.nn (bool True = blocked).
-    ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately.
-    ``attention``: "plain" or "flash" (memory-efficient kernel, see MultiHeadAttention).
-    ``activation="swiglu"``: Llama's gated feed-forward (SwiGLUFeedForward);
-    ``n_kv_heads``, ``positional`` ("rope" / "alibi", else None), ``rope_theta``, ``qkv_bias``
-    (default: ``attn_bias``; biases on the q/k/v projections only, as Qwen2) and ``sliding_window``
-    are the self-attention options of MultiHeadAttention.
+    Keyword form: ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately;
+    ``attention``: "plain" or "flash" (memory-efficient kernel, see MultiHeadAttention); ``activation``
+    "swiglu" / "geglu": the gated feed-forwards (GatedFeedForward); ``n_kv_heads``, ``positional``
+    ("rope" / "alibi", else None), ``rope_theta``, ``qkv_bias`` (default: ``attn_bias``; biases on the q/k/v
+    projection only, as Qwen2) and ``sliding_window`` are the self-attention options of MultiHeadAttention;
+    the other ``BlockConfig`` fields (head_dim, qk_norm, norm_placement, attn_scale, attn_logit_softcap) are
+    keywords too.
     """
 
     def forward(self, x, attn_mask=None, key_padding_mask=None, is_causal=False, kv_cache=None, positions=None):
@@ -74,29 +229,21 @@ class EncoderBlock(_Block):
             return self.self_attn(z, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                                   kv_cache=kv_cache, **where)
 
-        if self.norm_first:
-            h = x + self.dropout1(attend(self.norm1(x)))
-            return h + self.dropout2(self.ff(self.norm2(h)))
-        h = self.norm1(x + self.dropout1(attend(x)))
-        return self.norm2(h + self.dropout2(self.ff(h)))
+        h = self._sublayer(1, x, attend)
+        return self._sublayer(2, h, self.ff)
 
     def backward(self, dy):
-        if self.norm_first:
-            dh = dy + self.norm2.backward(self.ff.backward(self.dropout2.backward(dy)))
-            return dh + self.norm1.backward(self.self_attn.backward(self.dropout1.backward(dh)))
-        dz2 = self.norm2.backward(dy)
-        dh = dz2 + self.ff.backward(self.dropout2.backward(dz2))
-        dz1 = self.norm1.backward(dh)
-        return dz1 + self.self_attn.backward(self.dropout1.backward(dz1))
+        dh = self._sublayer_backward(2, dy, self.ff.backward)
+        return self._sublayer_backward(1, dh, self.self_attn.backward)
 
 
 class DecoderBlock(_Block):
-    """Masked self-attention, cross-attention to the memory, and feed-forward; each with residual + norm.
+    """Masked self-attention, cross-attention to the memory, and feed-forward; each with residual + norms.
 
     x: (B, T, d_model), memory: (B, S, d_model) -> (B, T, d_model).
     backward(dy) returns (dx, dmemory). ``attention``: "plain" or "flash" (both attention layers).
-    ``n_kv_heads`` applies to both attention layers; ``positional`` ("rope" / "alibi") and ``rope_theta``
-    to the self-attention only (the memory's positions are the encoder's business).
+    ``n_kv_heads`` and ``head_dim`` apply to both attention layers; ``positional`` ("rope" / "alibi") and
+    ``rope_theta`` to the self-attention only (the memory's positions are the encoder's business).
     """
 
     CROSS_ATTENTION = True
@@ -114,28 +261,21 @@ class DecoderBlock(_Block):
             return self.cross_attn(z, memory, attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask,
                                    kv_cache=cross_cache)
 
-        if self.norm_first:
-            h1 = x + self.dropout1(self_attend(self.norm1(x)))
-            h2 = h1 + self.dropout2(cross_attend(self.norm2(h1)))
-            return h2 + self.dropout3(self.ff(self.norm3(h2)))
-        h1 = self.norm1(x + self.dropout1(self_attend(x)))
-        h2 = self.norm2(h1 + self.dropout2(cross_attend(h1)))
-        return self.norm3(h2 + self.dropout3(self.ff(h2)))
+        h1 = self._sublayer(1, x, self_attend)
+        h2 = self._sublayer(2, h1, cross_attend)
+        return self._sublayer(3, h2, self.ff)
 
     def backward(self, dy):
-        if self.norm_first:
-            dh2 = dy + self.norm3.backward(self.ff.backward(self.dropout3.backward(dy)))
-            dq, dmemory = self.cross_attn.backward(self.dropout2.backward(dh2))
-            dh1 = dh2 + self.norm2.backward(dq)
-            dx = dh1 + self.norm1.backward(self.self_attn.backward(self.dropout1.backward(dh1)))
-            return dx, dmemory
-        dz3 = self.norm3.backward(dy)
-        dh2 = dz3 + self.ff.backward(self.dropout3.backward(dz3))
-        dz2 = self.norm2.backward(dh2)
-        dq, dmemory = self.cross_attn.backward(self.dropout2.backward(dz2))
-        dh1 = dz2 + dq
-        dz1 = self.norm1.backward(dh1)
-        return dz1 + self.self_attn.backward(self.dropout1.backward(dz1)), dmemory
+        dmemory = []
+
+        def cross_backward(dz):
+            dq, dm = self.cross_attn.backward(dz)
+            dmemory.append(dm)
+            return dq
+
+        dh2 = self._sublayer_backward(3, dy, self.ff.backward)
+        dh1 = self._sublayer_backward(2, dh2, cross_backward)
+        return self._sublayer_backward(1, dh1, self.self_attn.backward), dmemory[0]
 
 
 class Encoder(Module):

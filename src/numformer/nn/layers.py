@@ -1,4 +1,4 @@
-"""Stateful layers: Linear, Embedding, norms, Dropout, FeedForward, SwiGLUFeedForward.
+"""Stateful layers: Linear, Embedding, norms, Dropout, FeedForward and the gated feed-forwards (SwiGLU, GeGLU).
 
 Each calls its op pair through ``dispatch.F``: the kernels of ``numformer.kernels``, or the references of
 ``numformer.ops`` inside ``numformer.reference_mode()``.
@@ -37,8 +37,9 @@ class Linear(Module):
         if np.shape(dy) != self._out_shape:
             raise ValueError(f"the gradient must have the shape of the forward output {self._out_shape}, "
                              f"got {np.shape(dy)}")
-        dx, dW, db = F.linear_backward(dy, self._cache)
-        self.weight.accumulate(dW)
+        dx, dW, db = F.linear_backward(dy, self._cache, weight_grad=self.weight.requires_grad)
+        if dW is not None:
+            self.weight.accumulate(dW)
         if self.bias is not None:
             self.bias.accumulate(db)
         self._cache = None
@@ -74,8 +75,13 @@ class Embedding(Module):
         y, self._cache = F.embedding_forward(ids, self.weight.data)
         return y
 
+    parameter_kind = "embedding"
+
     def backward(self, dy):
         p = self.weight
+        if not p.requires_grad:                               # frozen: no scatter at all
+            self._cache = None
+            return None
         if self.padding_idx is not None:
             dy = np.where((self._cache[0] == self.padding_idx)[..., None], 0, dy).astype(dy.dtype, copy=False)
         if p.grad is None:
@@ -94,6 +100,7 @@ class _Norm(Module):
     without): the op pair ``F.<OP>_forward`` / ``F.<OP>_backward``, whose backward returns (dx, dγ[, dβ])."""
 
     OP = None
+    parameter_kind = "norm"
 
     def __init__(self, d, eps, bias, dtype):
         super().__init__()
@@ -191,7 +198,9 @@ class Dropout(Module):
 
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-FEED_FORWARD_ACTIVATIONS = ACTIVATIONS + ("swiglu",)     # "swiglu" is the gated feed-forward, not an activation
+# "swiglu" and "geglu" name the gated feed-forwards (SiLU and tanh-GELU gates), not activations
+GATED = {"swiglu": "silu_gate", "geglu": "gelu_gate"}
+FEED_FORWARD_ACTIVATIONS = ACTIVATIONS + tuple(GATED)
 
 
 class Activation(Module):
@@ -244,19 +253,26 @@ class FeedForward(Module):
     def backward(self, dy):
         return self.linear1.backward(self.act.backward(self.dropout.backward(self.linear2.backward(dy))))
 
+    def residual_weights(self):
+        return [self.linear2.weight]
 
-class SwiGLUFeedForward(Module):
-    """Llama's gated FFN(x) = down_proj(SiLU(gate_proj(x)) ⊙ up_proj(x)), d_model -> d_ff -> d_model.
+
+class GatedFeedForward(Module):
+    """A gated FFN(x) = down_proj(act(gate_proj(x)) ⊙ up_proj(x)), d_model -> d_ff -> d_model (Shazeer 2020):
+    ``kind="swiglu"`` (SiLU gate, Llama's MLP) or ``"geglu"`` (tanh-GELU gate, Gemma's MLP).
 
     The computation of ``ops.swiglu_forward`` / ``swiglu_backward`` (where its backward is derived), on three
-    Linear modules named as Hugging Face's LlamaMLP, with the gated product SiLU(a) ⊙ b one op of the table
-    (``silu_gate_forward/backward``). There is no dropout inside (as Llama); the block's
-    residual dropout still applies.
+    Linear modules named as Hugging Face's LlamaMLP, with the gated product act(a) ⊙ b one op of the table
+    (``silu_gate_forward/backward``, ``gelu_gate_forward/backward``). There is no dropout inside (as Llama);
+    the block's residual dropout still applies.
     """
 
-    def __init__(self, d_model, d_ff, bias=True, rng=None, dtype=np.float32):
+    def __init__(self, d_model, d_ff, bias=True, rng=None, dtype=np.float32, kind="swiglu"):
         super().__init__()
+        if kind not in GATED:
+            raise ValueError(f"unknown gated feed-forward {kind!r}; choose one of {list(GATED)}")
         rng = init.default_rng(rng)
+        self.kind = kind
         self.gate_proj = Linear(d_model, d_ff, bias, rng, dtype)
         self.up_proj = Linear(d_model, d_ff, bias, rng, dtype)
         self.down_proj = Linear(d_ff, d_model, bias, rng, dtype)
@@ -264,26 +280,40 @@ class SwiGLUFeedForward(Module):
 
     def forward(self, x):
         if x.shape[-1] != self.gate_proj.in_features:
-            raise ValueError(f"SwiGLUFeedForward expects inputs with last dimension {self.gate_proj.in_features}, "
-                             f"got shape {x.shape}")
+            raise ValueError(f"{type(self).__name__} expects inputs with last dimension "
+                             f"{self.gate_proj.in_features}, got shape {x.shape}")
         a = self.gate_proj(x)                                       # a = x W_gateᵀ
         b = self.up_proj(x)                                         # b = x W_upᵀ
-        h, self._cache = F.silu_gate_forward(a, b)                # h = SiLU(a) ⊙ b
+        h, self._cache = getattr(F, GATED[self.kind] + "_forward")(a, b)      # h = act(a) ⊙ b
         return self.down_proj(h)
 
     def backward(self, dy):
         dh = self.down_proj.backward(dy)                            # dh = dy W_down
-        da, db = F.silu_gate_backward(dh, self._cache)
+        da, db = getattr(F, GATED[self.kind] + "_backward")(dh, self._cache)
         self._cache = None
         dx = self.gate_proj.backward(da)
         dx += self.up_proj.backward(db)                             # dx = da W_gate + db W_up
         return dx
 
+    def residual_weights(self):
+        return [self.down_proj.weight]
+
+    def extra_repr(self):
+        return self.kind
+
+
+class SwiGLUFeedForward(GatedFeedForward):
+    """Llama's gated FFN(x) = down_proj(SiLU(gate_proj(x)) ⊙ up_proj(x)): a ``GatedFeedForward`` of kind "swiglu"."""
+
+    def __init__(self, d_model, d_ff, bias=True, rng=None, dtype=np.float32):
+        super().__init__(d_model, d_ff, bias, rng, dtype, kind="swiglu")
+
 
 def make_feed_forward(d_model, d_ff, activation="relu", dropout=0.0, bias=True, rng=None, dtype=np.float32):
-    """A FeedForward with ``activation`` (relu, gelu, gelu_tanh, silu), or a SwiGLUFeedForward for 'swiglu'."""
-    if activation == "swiglu":
-        return SwiGLUFeedForward(d_model, d_ff, bias, rng, dtype)
+    """A FeedForward with ``activation`` (relu, gelu, gelu_tanh, silu), or a GatedFeedForward for 'swiglu' or
+    'geglu'."""
+    if activation in GATED:
+        return GatedFeedForward(d_model, d_ff, bias, rng, dtype, kind=activation)
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; choose one of {list(FEED_FORWARD_ACTIVATIONS)}")
     return FeedForward(d_model, d_ff, activation, dropout, bias, rng, dtype)

@@ -14,13 +14,20 @@ import numpy as np
 
 
 class Parameter:
-    """A trainable array. ``grad`` is None until a backward pass writes it (as torch's set_to_none)."""
+    """A trainable array. ``grad`` is None until a backward pass writes it (as torch's set_to_none).
 
-    __slots__ = ("data", "grad")
+    ``requires_grad`` (torch's name, True by default): False freezes the parameter. Backward then computes
+    and accumulates no gradient for it (``grad`` stays None; the modules skip the work where that is
+    cheap, e.g. a frozen Linear weight costs no dW product), so an optimizer leaves it alone and creates
+    no state for it.
+    """
 
-    def __init__(self, data):
+    __slots__ = ("data", "grad", "requires_grad")
+
+    def __init__(self, data, requires_grad=True):
         self.data = np.ascontiguousarray(data)
         self.grad = None
+        self.requires_grad = bool(requires_grad)
 
     @property
     def shape(self):
@@ -35,14 +42,17 @@ class Parameter:
         return self.data.size
 
     def accumulate(self, g):
-        """Add a gradient contribution (tied weights receive several)."""
+        """Add a gradient contribution (tied weights receive several); nothing for a frozen parameter."""
+        if not self.requires_grad:
+            return
         if self.grad is None:
             self.grad = g if g.dtype == self.data.dtype else g.astype(self.data.dtype)
         else:
             self.grad += g
 
     def __repr__(self):
-        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+        frozen = "" if self.requires_grad else ", requires_grad=False"
+        return f"Parameter(shape={self.shape}, dtype={self.dtype}{frozen})"
 
 
 class Module:
@@ -57,12 +67,16 @@ class Module:
         params = self.__dict__.get("_parameters")
         if params is None:
             raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() before assigning {name}")
-        params.pop(name, None)
-        self._modules.pop(name, None)
+        # A replaced parameter or module keeps its place in the order (named_parameters, ModuleList order).
         if isinstance(value, Parameter):
+            self._modules.pop(name, None)
             params[name] = value
         elif isinstance(value, Module):
+            params.pop(name, None)
             self._modules[name] = value
+        elif name in params or name in self._modules:
+            params.pop(name, None)
+            self._modules.pop(name, None)
         object.__setattr__(self, name, value)
 
     # -- calling ---------------------------------------------------------------
@@ -87,6 +101,59 @@ class Module:
 
     def children(self):
         return iter(self._modules.values())
+
+    def get_submodule(self, name):
+        """The sub-module at dotted path ``name`` (``"blocks.0.self_attn.qkv_proj"``; ``""`` is this module),
+        as torch's. A path that names no module is one AttributeError naming the first missing part."""
+        module = self
+        for i, part in enumerate(name.split(".") if name else ()):
+            child = module._modules.get(part)
+            if child is None:
+                where = ".".join(name.split(".")[:i]) or type(self).__name__
+                raise AttributeError(f"{where} has no sub-module {part!r} (it has {list(module._modules)})")
+            module = child
+        return module
+
+    def set_submodule(self, name, module):
+        """Put ``module`` at dotted path ``name`` in place of the sub-module there (as torch's): the parent
+        then calls the new module in forward and backward, e.g. a LoRA wrapper or an int8 linear layer in
+        place of ``blocks.0.self_attn.qkv_proj``. The path must name an existing sub-module."""
+        if not isinstance(module, Module):
+            raise TypeError(f"set_submodule needs a numformer Module, got {type(module).__name__}")
+        parent_name, _, last = name.rpartition(".")
+        parent = self.get_submodule(parent_name)
+        if last not in parent._modules:
+            raise AttributeError(f"{parent_name or type(self).__name__} has no sub-module {last!r} "
+                                 f"(it has {list(parent._modules)})")
+        setattr(parent, last, module)
+
+    def requires_grad_(self, requires_grad=True):
+        """Freeze (False) or unfreeze (True) every parameter of this module and its sub-modules; returns self."""
+        for p in self.parameters():
+            p.requires_grad = bool(requires_grad)
+        return self
+
+    # What weight decay sees this module's parameters as: None, "norm" (norms' gains and biases) or
+    # "embedding" (token and position tables); ``optim.param_groups`` asks each module.
+    parameter_kind = None
+
+    def residual_weights(self):
+        """The weights of the layers whose output is added to the residual stream (attention output
+        projection, feed-forward output layer; GPT-2 initializes them with a std scaled by 1/√(2·n_layers)):
+        by default, what the sub-modules answer."""
+        return [p for m in self.children() for p in m.residual_weights()]
+
+    def hidden_matrices(self):
+        """The weight matrices of the hidden layers, in model order: what Muon updates. A module answers for
+        itself: by default, what its sub-modules answer (a Transformer block answers with every trainable
+        matrix inside it; token embeddings and output heads, outside the blocks, answer nothing)."""
+        found, seen = [], set()
+        for m in self.children():
+            for p in m.hidden_matrices():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    found.append(p)
+        return found
 
     def named_parameters(self, prefix="") -> Iterator[tuple[str, Parameter]]:
         """(dotted name, Parameter) in a stable order; a tied Parameter is listed once, under its first name."""

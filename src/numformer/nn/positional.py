@@ -81,8 +81,13 @@ class LearnedPositionalEncoding(Module):
             return x + self.weight.data[positions]
         return x + self.weight.data[offset:offset + T]
 
+    parameter_kind = "embedding"
+
     def backward(self, dy):
         offset, T, positions = self._cache
+        if not self.weight.requires_grad:
+            self._cache = None
+            return dy
         if self.weight.grad is None:
             self.weight.grad = np.zeros_like(self.weight.data)
         if positions is not None:

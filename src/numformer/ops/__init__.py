@@ -28,9 +28,11 @@ from .linear import linear_backward, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward
 from .normalization import (batch_norm_backward, batch_norm_forward, layer_norm_backward, layer_norm_forward,
                             rms_norm_backward, rms_norm_forward)
+from .rope_scaling import RopeScaling, rope_inverse_frequencies
 from .rotary import rope_angles, rope_backward, rope_forward, rotate_half
+from .softcap import softcap_backward, softcap_forward
 from .special import erf
-from .swiglu import (silu_backward, silu_forward, silu_gate_backward, silu_gate_forward, swiglu_backward,
-                     swiglu_forward)
+from .swiglu import (gelu_gate_backward, gelu_gate_forward, silu_backward, silu_forward, silu_gate_backward,
+                     silu_gate_forward, swiglu_backward, swiglu_forward)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -2,6 +2,9 @@
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
 
+with two options of later models: another ``scale`` than 1/√d_k (Gemma: query_pre_attn_scalar^-½), and
+soft-capped scores c·tanh(S / c) before the mask (Gemma 2; ``ops.softcap``).
+
 This is the file to read first: every line is the equation. Two faster
 kernels compute the same thing and are tested against this one:
 ``kernels/fused_attention.py`` (the scores kept transposed, the softmax in place,
@@ -26,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .activations import softmax_forward
+from .softcap import softcap_backward, softcap_forward
 
 
 class AttentionCache(NamedTuple):
@@ -35,6 +39,7 @@ class AttentionCache(NamedTuple):
     weights: np.ndarray        # softmax probabilities, before dropout: (..., Tq, Tk)
     dropout_mask: np.ndarray | None
     scale: float
+    softcap: np.ndarray | None = None    # the soft-cap's cache (tanh of the capped scores), None without a cap
 
 
 def causal_mask(t_q, t_k=None):
@@ -90,13 +95,14 @@ def apply_mask(scores, attn_mask=None, is_causal=False):
 
 
 def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None,
-                                         dropout_p=0.0, rng=None, need_weights=False):
+                                         dropout_p=0.0, rng=None, need_weights=False, softcap=None):
     """softmax(Q Kᵀ · scale + M) V, batched over all leading axes (batch, heads).
 
     q: (..., Tq, d_k)   k: (..., Tk, d_k)   v: (..., Tk, d_v)
     attn_mask: broadcastable to (..., Tq, Tk); bool (True = may attend) or float (added).
     is_causal: query i attends keys j <= i (top-left aligned, as torch).
     scale: defaults to 1/√d_k.  dropout_p > 0 drops attention weights (needs ``rng``).
+    softcap: c > 0 caps the scaled scores to c·tanh(S / c) before the mask (Gemma 2); None: no cap.
 
     Returns (out, weights, cache): out (..., Tq, d_v); weights (..., Tq, Tk) if
     need_weights else None (after dropout, as torch returns them).
@@ -105,6 +111,9 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = q @ np.swapaxes(k, -1, -2)                       # S = Q Kᵀ · scale + M
     scores *= scale
+    capped = None
+    if softcap is not None:                                   # S = c·tanh(S / c), before the mask
+        scores, capped = softcap_forward(scores, softcap)
     scores = apply_mask(scores, attn_mask, is_causal)
     weights, _ = softmax_forward(scores, axis=-1)             # P = softmax(S) over the keys
     drop = None
@@ -115,7 +124,7 @@ def scaled_dot_product_attention_forward(q, k, v, attn_mask=None, is_causal=Fals
         drop = ((rng.random(weights.shape, dtype=np.float32) < keep) / keep).astype(weights.dtype)
     used = weights if drop is None else weights * drop
     out = used @ v                                            # O = P V
-    cache = AttentionCache(q, k, v, weights, drop, scale)
+    cache = AttentionCache(q, k, v, weights, drop, scale, capped)
     return out, (used if need_weights else None), cache
 
 
@@ -124,16 +133,19 @@ def scaled_dot_product_attention_backward(dout, cache):
 
     dV = Pᵀ dout      dP = dout Vᵀ      dS = P ⊙ (dP - rowsum(dP ⊙ P))
     dQ = dS K · scale      dK = dSᵀ Q · scale
+    (with a soft-cap, dS is first multiplied by the cap's derivative 1 - tanh²: ``ops.softcap_backward``)
 
     Returns (dq, dk, dv) with the shapes of q, k, v.
     """
-    q, k, v, p, drop, scale = cache
+    q, k, v, p, drop, scale, capped = cache
     used = p if drop is None else p * drop
     dv = np.swapaxes(used, -1, -2) @ dout
     dp = dout @ np.swapaxes(v, -1, -2)
     if drop is not None:
         dp *= drop
     ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    if capped is not None:
+        ds = softcap_backward(ds, capped)
     ds *= scale
     dq = ds @ k
     dk = np.swapaxes(ds, -1, -2) @ q

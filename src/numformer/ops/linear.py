@@ -19,17 +19,18 @@ def linear_forward(x, W, b=None):
     return y, (x, W, b is not None)
 
 
-def linear_backward(dy, cache):
+def linear_backward(dy, cache, weight_grad=True):
     """Gradients of y = x Wᵀ + b.
 
     dx = dy W      dW = dyᵀ x (summed over all leading axes)      db = Σ dy
 
-    Returns (dx, dW, db); db is None when the forward had no bias.
+    Returns (dx, dW, db); db is None when the forward had no bias, dW None with ``weight_grad=False``
+    (a frozen W: the product is skipped).
     """
     x, W, has_bias = cache
     x2 = x.reshape(-1, W.shape[1])                # (N, d_in), N = all leading positions
     dy2 = dy.reshape(-1, W.shape[0])              # (N, d_out)
     dx = (dy2 @ W).reshape(x.shape)               # (..., d_in)
-    dW = dy2.T @ x2                               # (d_out, d_in)
+    dW = dy2.T @ x2 if weight_grad else None      # (d_out, d_in)
     db = dy2.sum(axis=0) if has_bias else None    # (d_out,)
     return dx, dW, db

@@ -13,24 +13,35 @@ With a key/value cache the new tokens' positions start after the cached ones
 (``offset``). The rotation is orthogonal, so the backward pass rotates back:
 
     dx = dy ⊙ cos + rotate_halfᵀ(dy ⊙ sin),   rotate_halfᵀ = -rotate_half
+
+Scaled RoPE (``scaling``, a ``RopeScaling`` of ``ops.rope_scaling``: linear, dynamic, llama3, yarn)
+replaces θ by the scaled θ' and multiplies cos and sin by its attention factor a (YaRN; 1 otherwise);
+the same two lines then hold with a·cos and a·sin. "dynamic" depends on the sequence length, taken as
+the largest position + 1 of the call, as transformers takes it.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .rope_scaling import rope_inverse_frequencies
 
-def rope_angles(positions, head_dim, theta=10000.0, dtype=np.float64):
+
+def rope_angles(positions, head_dim, theta=10000.0, dtype=np.float64, scaling=None):
     """cos and sin of p·θ_i for each position, repeated over both halves: each (*positions.shape, head_dim).
 
     positions: integer array (T,) or (B, T) (or any shape); computed in float64, then cast to ``dtype``.
+    scaling: a ``RopeScaling`` (θ → θ', cos and sin times the attention factor), or None for plain RoPE.
     """
-    if head_dim % 2:
-        raise ValueError(f"rotary position embeddings need an even head size, got {head_dim}; "
-                         f"choose d_model / n_heads even")
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)          # (d/2,)
-    angles = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq                 # (..., d/2)
+    positions = np.asarray(positions)
+    seq_len = int(positions.max()) + 1 if scaling is not None and positions.size else None
+    inv_freq, attention_factor = rope_inverse_frequencies(head_dim, theta, scaling, seq_len)   # (d/2,)
+    angles = positions.astype(np.float64)[..., None] * inv_freq                               # (..., d/2)
     angles = np.concatenate([angles, angles], axis=-1)
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    cos, sin = np.cos(angles), np.sin(angles)
+    if attention_factor != 1.0:
+        cos *= attention_factor
+        sin *= attention_factor
+    return cos.astype(dtype), sin.astype(dtype)
 
 
 def rotate_half(x):
@@ -45,13 +56,14 @@ def _rotate_half_t(x):
     return np.concatenate([x[..., h:], -x[..., :h]], axis=-1)
 
 
-def rope_forward(x, offset=0, theta=10000.0, positions=None):
+def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
     """Rotate queries or keys x: (..., T, d) by their positions; returns (y, cache), y shaped as x.
 
     The positions are offset … offset+T-1 (``offset`` = number of cached
     positions), or ``positions`` given explicitly: (T,) or (B, T) for x of shape
     (B, H, T, d) (e.g. per-sequence positions of left-padded prompts).
     y = x ⊙ cos(pθ) + rotate_half(x) ⊙ sin(pθ); the cache is (cos, sin).
+    scaling: a ``RopeScaling`` (scaled RoPE, see the module docstring), or None.
     """
     if x.ndim < 2:
         raise ValueError(f"rope_forward expects (..., T, head_dim), got shape {x.shape}")
@@ -62,7 +74,7 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None):
     if positions.shape[-1] != t:
         raise ValueError(f"positions of shape {positions.shape} do not match the sequence length {t}")
     dtype = x.dtype if x.dtype.kind == "f" else np.float64
-    cos, sin = rope_angles(positions, x.shape[-1], theta, dtype)
+    cos, sin = rope_angles(positions, x.shape[-1], theta, dtype, scaling)
     if positions.ndim == 2 and x.ndim == 4:                    # (B, T, d) -> (B, 1, T, d) for the head axis
         cos, sin = cos[:, None], sin[:, None]
     y = x * cos

@@ -1,7 +1,9 @@
-"""SiLU and the SwiGLU feed-forward (Shazeer 2020, "GLU Variants Improve Transformer"; Llama's MLP).
+"""SiLU and the gated feed-forwards (Shazeer 2020, "GLU Variants Improve Transformer"): SwiGLU (Llama's MLP)
+and GeGLU (Gemma's MLP).
 
     SiLU(a) = a σ(a)                                  (also called Swish-1)
     FFN_SwiGLU(x) = (SiLU(x W_gateᵀ) ⊙ (x W_upᵀ)) W_downᵀ
+    FFN_GeGLU(x)  = (GELU_tanh(x W_gateᵀ) ⊙ (x W_upᵀ)) W_downᵀ
 
 Weights use the torch.nn.Linear layout (out_features, in_features):
 W_gate, W_up: (d_ff, d_model), W_down: (d_model, d_ff). With a = x W_gateᵀ,
@@ -12,13 +14,15 @@ b = x W_upᵀ, s = σ(a), g = a s and h = g ⊙ b, the backward pass is
     dx = da W_gate + db W_up      dW_gate = daᵀ x      dW_up = dbᵀ x
 
 The gated product h = SiLU(a) ⊙ b and its backward are one op pair (``silu_gate_forward/backward``),
-the part of the feed-forward between its three linear maps. These are the references; the speed path of
-SiLU and of the gated product is ``numformer.kernels.swiglu``.
+the part of the feed-forward between its three linear maps; GeGLU's h = GELU_tanh(a) ⊙ b is the pair
+``gelu_gate_forward/backward`` (the same backward with GELU's derivative in place of SiLU's). These are
+the references; the speed path of SiLU and of the SiLU gate is ``numformer.kernels.swiglu``.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .activations import gelu_tanh
 from .linear import linear_backward, linear_forward
 
 
@@ -53,6 +57,22 @@ def silu_gate_backward(dh, cache):
     """da = dh ⊙ b ⊙ SiLU'(a), db = dh ⊙ SiLU(a). Returns (da, db)."""
     g, dsilu, b = cache
     return silu_backward(dh * b, dsilu), dh * g
+
+
+def gelu_gate_forward(a, b):
+    """h = GELU_tanh(a) ⊙ b, the gated hidden layer of GeGLU (a = x W_gateᵀ, b = x W_upᵀ); returns (h, cache).
+
+    a, b: (..., d_ff)   ->   h: (..., d_ff); the cache is (g, GELU_tanh'(a), b) with g = GELU_tanh(a)
+    (the tanh approximation, as Gemma's ``gelu_pytorch_tanh``).
+    """
+    g, dgelu = gelu_tanh(a)
+    return g * b, (g, dgelu, b)
+
+
+def gelu_gate_backward(dh, cache):
+    """da = dh ⊙ b ⊙ GELU_tanh'(a), db = dh ⊙ GELU_tanh(a). Returns (da, db)."""
+    g, dgelu, b = cache
+    return dh * b * dgelu, dh * g
 
 
 def swiglu_forward(x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None):

@@ -13,10 +13,7 @@ import math
 
 import numpy as np
 
-from ..nn.blocks import DecoderBlock, EncoderBlock
-from ..nn.layers import BatchStatNorm, Embedding, LayerNorm, Linear, RMSNorm
 from ..nn.module import Parameter
-from ..nn.positional import LearnedPositionalEncoding
 
 
 class Optimizer:
@@ -59,6 +56,8 @@ class Optimizer:
                 raise TypeError(f"learning rate must be a number, got {type(g['lr']).__name__}")
             if not g["lr"] >= 0 or not math.isfinite(g["lr"]):
                 raise ValueError(f"learning rate must be a finite number >= 0, got {g['lr']}")
+            if not (g.get("weight_decay", 0.0) >= 0 and math.isfinite(g.get("weight_decay", 0.0))):
+                raise ValueError(f"weight_decay must be a finite number >= 0, got {g['weight_decay']}")
 
     @property
     def params(self):
@@ -105,25 +104,37 @@ class Optimizer:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         return arrays, {"type": type(self).__name__, "steps": steps, "groups": groups}
 
-    def load_state_dict(self, arrays, meta):
+    def load_state_dict(self, arrays, meta, keep_options=False):
+        """Restore the state saved by ``state_dict``: the moments and step counts, and (as torch does) each
+        group's options, such as lr and betas; with ``keep_options`` the groups keep the options this optimizer
+        was built with (a resumed run's config decides them), the saved ones being checked all the same.
+        ValueError naming the first value that is not what ``state_dict`` writes."""
         if meta.get("type") != type(self).__name__:
             raise ValueError(f"optimizer state is for {meta.get('type')}, not {type(self).__name__}")
         params = self._own_params()
         if len(meta["groups"]) != len(self.param_groups):
             raise ValueError("optimizer state has a different number of parameter groups")
+        built = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         for n, (g, saved) in enumerate(zip(self.param_groups, meta["groups"])):
             for key, value in saved.items():
                 if key == "params" or key not in g or not _same_kind(value, g[key]):
                     raise ValueError(f"optimizer state: group {n} option {key!r} = {value!r} is not what "
                                      f"{type(self).__name__} saves")
             g.update(saved)
-        self._validate()
+        try:
+            self._validate()
+        finally:
+            if keep_options:
+                for g, options in zip(self.param_groups, built):
+                    g.update(options)
         self.state = {}
         for i_str, step in meta["steps"].items():
             i = int(i_str)
-            if i >= len(params):
-                raise ValueError("optimizer state has more parameters than the model")
-            st = {"step": int(step)}
+            if not 0 <= i < len(params):
+                raise ValueError(f"optimizer state names parameter {i_str}, the model has {len(params)}")
+            if type(step) is not int or step < 0:
+                raise ValueError(f"optimizer state: the step count of parameter {i} is {step!r}, not a count")
+            st = {"step": step}
             for b in self._buffers:
                 key = f"{i}.{b}"
                 if key in arrays:
@@ -168,6 +179,9 @@ class SGD(Optimizer):
     def _validate(self):
         super()._validate()
         for g in self.param_groups:
+            if not (0.0 <= g["momentum"] and 0.0 <= g["dampening"] <= 1.0):
+                raise ValueError(f"SGD momentum must be >= 0 and dampening in [0, 1], got {g['momentum']}, "
+                                 f"{g['dampening']}")
             if g["nesterov"] and (g["momentum"] <= 0 or g["dampening"] != 0):
                 raise ValueError("Nesterov momentum needs momentum > 0 and dampening = 0")
 
@@ -250,6 +264,8 @@ class Adam(Optimizer):
             b1, b2 = g["betas"]
             if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
                 raise ValueError(f"betas must be in [0, 1), got {g['betas']}")
+            if not g["eps"] > 0:
+                raise ValueError(f"eps must be > 0, got {g['eps']}")
             g["betas"] = (float(b1), float(b2))
 
     def _update(self, p, grad, g, st):
@@ -356,6 +372,9 @@ class Muon(Optimizer):
         for g in self.param_groups:
             if not 0.0 <= g["momentum"] < 1.0:
                 raise ValueError(f"Muon momentum must be in [0, 1), got {g['momentum']}")
+            if "lr_ratio" in g and not (g["lr_ratio"] > 0 and math.isfinite(g["lr_ratio"])):
+                raise ValueError(f"Muon lr_ratio (its learning rate over the AdamW's) must be a finite number > 0, "
+                                 f"got {g['lr_ratio']}")
             steps = g["ns_steps"]
             if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
                 raise ValueError(f"Muon ns_steps must be an integer >= 1, got {steps!r}")
@@ -406,30 +425,23 @@ class Muon(Optimizer):
             arrays.update({f"adamw.{k}": v for k, v in adamw_arrays.items()})
         return arrays, meta
 
-    def load_state_dict(self, arrays, meta):
+    def load_state_dict(self, arrays, meta, keep_options=False):
         if meta.get("type") == type(self).__name__ and (meta.get("adamw") is None) != (self.adamw is None):
             raise ValueError("optimizer state is for Muon with an AdamW for the other parameters, this Muon has none"
                              if self.adamw is None else
                              "optimizer state is for Muon alone, this Muon has an AdamW for the other parameters")
-        super().load_state_dict({k: v for k, v in arrays.items() if not k.startswith("adamw.")}, meta)
+        super().load_state_dict({k: v for k, v in arrays.items() if not k.startswith("adamw.")}, meta, keep_options)
         if self.adamw is not None:
             self.adamw.load_state_dict({k[len("adamw."):]: v for k, v in arrays.items() if k.startswith("adamw.")},
-                                       meta["adamw"])
+                                       meta["adamw"], keep_options)
 
 
 def hidden_matrices(model):
-    """The parameters Muon updates: the weights of the Linear layers inside the Transformer blocks (attention
-    q/k/v and output projections, feed-forward layers), in model order. Token embeddings, output heads
-    (tied or not), position tables, norms and biases are not among them."""
-    found, seen = [], set()
-    for _, block in model.named_modules():
-        if not isinstance(block, (EncoderBlock, DecoderBlock)):
-            continue
-        for _, m in block.named_modules():
-            if isinstance(m, Linear) and id(m.weight) not in seen:
-                seen.add(id(m.weight))
-                found.append(m.weight)
-    return found
+    """The parameters Muon updates: the trainable weight matrices of the hidden layers, in model order, as the
+    model's modules answer ``Module.hidden_matrices()`` (a Transformer block: its attention and feed-forward
+    matrices). Token embeddings, output heads (tied or not), position tables, norms, biases and frozen
+    parameters are not among them."""
+    return [p for p in model.hidden_matrices() if p.requires_grad]
 
 
 OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "muon": Muon}
@@ -443,9 +455,11 @@ def param_groups(model, weight_decay, no_decay=("bias", "norm")):
 
     no_decay lists kinds to exclude: "bias" (every ``bias``), "norm" (LayerNorm,
     RMSNorm and batch-statistics norm parameters), "embedding" (token and
-    learned position tables; a tied output layer shares the token table).
+    learned position tables; a tied output layer shares the token table); each
+    module says which kind its parameters are (``Module.parameter_kind``).
     nanoGPT's rule (decay matrices and embeddings, not biases or norms) is
-    ``no_decay=("bias", "norm")``.
+    ``no_decay=("bias", "norm")``. Frozen parameters (``requires_grad`` False)
+    are in no group: no optimizer updates them or keeps state for them.
     """
     bad = set(no_decay) - set(NO_DECAY_KINDS)
     if bad:
@@ -455,12 +469,11 @@ def param_groups(model, weight_decay, no_decay=("bias", "norm")):
         for name, p in m._parameters.items():
             if p is None:
                 continue
-            if ("bias" in no_decay and name == "bias") or \
-               ("norm" in no_decay and isinstance(m, (LayerNorm, RMSNorm, BatchStatNorm))) or \
-               ("embedding" in no_decay and isinstance(m, (Embedding, LearnedPositionalEncoding))):
+            if ("bias" in no_decay and name == "bias") or m.parameter_kind in no_decay:
                 excluded.add(id(p))
-    decay = [p for _, p in model.named_parameters() if id(p) not in excluded]
-    keep = [p for _, p in model.named_parameters() if id(p) in excluded]
+    trainable = [p for _, p in model.named_parameters() if p.requires_grad]     # frozen ones: no optimizer at all
+    decay = [p for p in trainable if id(p) not in excluded]
+    keep = [p for p in trainable if id(p) in excluded]
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if keep:
         groups.append({"params": keep, "weight_decay": 0.0})

@@ -11,9 +11,12 @@ is what the learning-rate schedule decays over (``Schedule.at``), and a step is 
     used + next step + reserve <= budget
 
 ``reserve`` is the final phase's measured cost: the seconds per evaluation example (timed on one batch of the
-validation split at the start) times the split's examples, once per whole-split evaluation the end runs,
-plus the measured time of saving a checkpoint and the weights, with a margin. A periodic evaluation or
-checkpoint due after the next step is counted with its own measured time.
+validation split at the start) times the split's examples, once per whole-split evaluation the end runs;
+for a task that scores the kept weights on its test split at the end (classification, translation), the
+test examples at that rate plus the task's metrics at their rate (timed at each periodic evaluation that
+computes them; before the first, one more forward pass per example); plus the measured time of saving a
+checkpoint and the weights, with a margin. A periodic evaluation or checkpoint due after the next step is
+counted with its own measured time.
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ class Budget:
         self.save_seconds = 0.0
         self.final_evaluations = 1               # whole-split evaluations the end runs
         self.val_examples = 0
+        self.test_examples = 0                   # scored (loss and metrics) at the end; 0: no test scoring
+        self.metric_seconds_per_example = None   # of the task's metrics, once a periodic evaluation timed them
 
     def used(self):
         """Seconds of the budget spent so far (earlier parts of a resumed run included)."""
@@ -60,9 +65,18 @@ class Budget:
     def timed_periodic_evaluation(self, seconds):
         self.periodic_eval_seconds = seconds
 
+    def timed_metrics(self, seconds, examples):
+        """The task's metrics took ``seconds`` over a split of ``examples`` examples."""
+        if examples:
+            self.metric_seconds_per_example = seconds / examples
+
     def reserve(self):
-        """Seconds kept for the final phase: its whole-split evaluations, a checkpoint and the weights."""
-        evaluations = self.final_evaluations * self.val_examples * self.eval_seconds_per_example
+        """Seconds kept for the final phase: its whole-split evaluations, the test split's scoring (its loss and
+        the task's metrics), a checkpoint and the weights."""
+        per_example = self.eval_seconds_per_example
+        metrics = per_example if self.metric_seconds_per_example is None else self.metric_seconds_per_example
+        evaluations = (self.final_evaluations * self.val_examples * per_example
+                       + self.test_examples * (per_example + metrics))
         return MARGIN * (evaluations + 2 * self.save_seconds) + MARGIN_S
 
     def progress(self, step, warmup_steps):
@@ -84,3 +98,32 @@ class Budget:
 
     def remaining(self):
         return max(0.0, self.seconds - self.used())
+
+    def plan(self, evaluation, restore_best, save_bytes):
+        """Before the first step: measure what the end costs (``evaluation``: the run's ``Evaluation``): the
+        seconds per evaluation example, on one batch; the whole-split evaluations the end runs (two with
+        ``restore_best``, which scores two sets of weights), the test split it scores; a first guess of a
+        save's time (``save_bytes``: the checkpoint's weights and moments)."""
+        self.val_examples = evaluation.examples("val", whole=True)
+        self.final_evaluations = 2 if restore_best else 1
+        self.test_examples = evaluation.examples("test", whole=True) if evaluation.reports_test else 0
+        self.guess_save_seconds(save_bytes)
+        self.timed_evaluation(*evaluation.time_one_batch())
+
+    def after_step(self, evaluates, examples, checkpoints):
+        """The seconds the next step adds beyond its update: its evaluation (``evaluates``, of ``examples``
+        examples: before the first, at the whole split's rate) and its checkpoint (``checkpoints``) when due."""
+        extra = (self.periodic_eval_seconds or self.eval_seconds_per_example * examples) if evaluates else 0.0
+        return extra + (self.save_seconds if checkpoints else 0.0)
+
+
+def budget_for(train, world, clock_start):
+    """The clock of a run planned for [train] budget_minutes, started at ``clock_start``; None without one."""
+    if not train["budget_minutes"]:
+        return None
+    if world is not None:
+        raise ValueError("[train] budget_minutes is not available under MPI (the ranks would have to agree on the "
+                         "clock); use max_steps, or max_minutes for a time limit")
+    budget = Budget(60 * train["budget_minutes"])
+    budget.start = clock_start
+    return budget

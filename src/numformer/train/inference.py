@@ -11,8 +11,10 @@ import numpy as np
 from ..data.text_datasets import AGNEWS_CLASSES
 from ..data.text_tasks import encode_for_classifier
 from ..ops import softmax_forward
-from .run import load_model, tokenizer_from_state
-from .run_files import load_config_json, load_tokenizer_state
+from ..interop.sources import tokenizer_from_state
+from .run import load_model
+from ..config import load_config_json
+from ..run_files import load_tokenizer_state
 
 __all__ = ["load_classifier", "classify_texts", "load_translator", "unknown_words"]
 

@@ -286,6 +286,8 @@ class MPIDataParallel(ClosesOnExit):
         self._flat[n + 1:n + 1 + k] = [float(bool(f)) for f in flags]
         self.world.comm.Allreduce(self.world.MPI.IN_PLACE, self._flat[:n + 1 + k], op=self.world.MPI.SUM)
         for p, view in self._views():
+            if not p.requires_grad:             # frozen: no gradient on any rank
+                continue
             if p.grad is None:
                 p.grad = view.copy()
             else:

@@ -226,6 +226,8 @@ class DataParallel(ClosesOnExit):
                 raise DataParallelError(error)
             loss += w * share_loss
             for p, g in zip(self.params, grads):
+                if not p.requires_grad:         # frozen: no gradient in any process
+                    continue
                 if p.grad is None:
                     p.grad = g.copy()
                 else:

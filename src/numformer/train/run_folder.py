@@ -12,8 +12,14 @@ ends (a killed process leaves no stale lock behind).
 
 Identity: the lock is taken on the folder that exists when the command starts; its identity (``st_dev``,
 ``st_ino``) is recorded, and a writer checks it before each write (``RunLock.check``): a folder deleted or
-replaced meanwhile (``rm -rf RUN``, perhaps followed by another command making a new RUN) stops the writer
-with one line, and the writer never recreates it.
+replaced meanwhile (``rm -rf RUN``, perhaps followed by another command making a new RUN; ``mv RUN RUN2``; a
+link to another run put at RUN) stops the writer with one line saying what became of the folder (deleted, or
+where it is now, to resume there), and the writer never recreates it. Every file is written through the
+descriptor of the folder that was locked (``run_files.LOCKED_FOLDERS``), never by resolving the path again, so
+even a swap between the check and the write cannot put this run's file into another folder.
+
+Leftovers: a process killed while writing leaves ``write_atomic``'s temporary file (``.NAME.PID.RANDOM.tmp``);
+``--resume`` and a new run delete those of the run files, while holding the exclusive lock.
 
 Links: the files numformer writes in a run folder are regular files it created. A symbolic link among them
 (even a dangling one) is refused before anything is written, so that no write can land outside the folder.
@@ -32,12 +38,14 @@ from pathlib import Path
 
 from .._limits import bounded_json
 from .. import _platform
-from .run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL
+from ..run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL, remove_temp_files
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 RUN_FILES = (CHECKPOINT, MODEL, "summary.json", "metrics.jsonl", "tokenizer.json", "config.json")
 
-_HELD: dict[str, list] = {}       # real path -> [fd, exclusive, count, identity] for the folders this process holds
+# real path -> [fd, exclusive, count, identity, spellings] for the folders this process holds (spellings: the
+# absolute paths, unresolved, it was locked by, one per holder; each is a key of LOCKED_FOLDERS)
+_HELD: dict[str, list] = {}
 
 
 def _forget_locks_in_child():
@@ -111,6 +119,7 @@ class RunLock:
     def __init__(self, path, exclusive=True, what="write"):
         self.path = Path(path)
         self.key = os.path.realpath(self.path)
+        self.spelling = os.path.abspath(self.path)      # the LOCKED_FOLDERS key: the path as given, not resolved
         self.exclusive = exclusive
         self._released = True
         held = _HELD.get(self.key)
@@ -124,19 +133,43 @@ class RunLock:
             held[2] += 1
         else:
             fd = _busy_if_blocked(lambda: _lock_folder(self.path, exclusive), self.path, what)
-            _HELD[self.key] = [fd, exclusive, 1, folder_identity(self.path)]
-            if _platform.lock_target(self.path) == os.fspath(self.path):     # the descriptor is the folder's
-                LOCKED_FOLDERS[self.key] = fd
+            _HELD[self.key] = [fd, exclusive, 1, folder_identity(self.path), []]
+        fd, *_, spellings = _HELD[self.key]
+        if _platform.lock_target(self.path) == os.fspath(self.path):     # the descriptor is the folder's
+            spellings.append(self.spelling)
+            LOCKED_FOLDERS[self.spelling] = fd
         self.identity = _HELD[self.key][3]
         self._released = False
 
     def check(self):
-        """Raise RunFolderGone unless ``path`` is still the folder this lock holds (called before each write)."""
+        """Raise RunFolderGone unless ``path`` is still the folder this lock holds (called before each write):
+        the line says what became of it (deleted, moved to where, replaced by another folder or a link)."""
         now = folder_identity(self.path)
-        if now != self.identity:
-            what = "deleted" if now is None else "replaced by another folder"
-            raise RunFolderGone(f"{self.path} was {what} while this command was writing it; stopped without "
-                                f"writing more (nothing is recreated; the files it held are gone)")
+        if now == self.identity:
+            return
+        if now is None:
+            what = "deleted" if self._where() == "" else "moved or renamed"
+        elif self.path.is_symlink():
+            what = f"replaced by a link (to {os.readlink(self.path)})"
+        else:
+            what = "replaced by another folder"
+        raise RunFolderGone(f"{self.path} was {what} while this command was writing it; stopped without writing "
+                            f"more (nothing is recreated at {self.path}). {self._what_became_of_the_files()}")
+
+    def _where(self):
+        """Where the locked folder is now (``_platform.locked_folder_now``): a path, "" (deleted) or None."""
+        held = _HELD.get(self.key)
+        return None if held is None else _platform.locked_folder_now(held[0])
+
+    def _what_became_of_the_files(self):
+        where = self._where()
+        if where == "":
+            return "The files it held are gone."
+        if where is None:
+            return ("Its files are wherever the folder was moved, if it was: continue there with "
+                    "`numformer train --resume --out FOLDER`.")
+        return (f"Every file it held is now in {where} (the folder was moved there): continue there with "
+                f"`numformer train --resume --out {where}`.")
 
     def release(self):
         if self._released:
@@ -146,9 +179,14 @@ class RunLock:
         if held is None:
             return
         held[2] -= 1
+        if self.spelling in held[4]:
+            held[4].remove(self.spelling)
+            if self.spelling not in held[4]:
+                LOCKED_FOLDERS.pop(self.spelling, None)
         if held[2] == 0:
             del _HELD[self.key]
-            LOCKED_FOLDERS.pop(self.key, None)
+            for spelling in held[4]:
+                LOCKED_FOLDERS.pop(spelling, None)
             _unlock_folder(held[0])
 
     def __enter__(self):
@@ -252,12 +290,15 @@ def lock_for_writing(path):
 
 
 def lock_for_resuming(path):
-    """Lock an existing run folder exclusively, to continue its run; returns the RunLock."""
+    """Lock an existing run folder exclusively, to continue its run, and delete the temporary files of writes
+    cut short there (a process killed while writing a checkpoint); returns the RunLock."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"cannot resume: {path / 'config.json'} does not exist ({path} is "
                          + ("a file, not a run folder)" if path.exists() else "no run folder)"))
-    return _exclusive_lock(path, "resume")
+    lock = _exclusive_lock(path, "resume")
+    remove_temp_files(path, RUN_FILES)
+    return lock
 
 
 def _exclusive_lock(path, what):
@@ -295,17 +336,6 @@ def metrics_records(path):
     return records
 
 
-def schedule_change(saved, train):
-    """One line when a resumed run's new [train] values change its learning-rate schedule, else None."""
-    keys = ("max_steps", "decay_steps") if train["schedule"] in ("linear", "cosine") else ()
-    keys += ("schedule", "lr", "warmup_steps", "min_lr")
-    changed = [k for k in keys if saved.get(k) != train[k] and not (k == "max_steps" and train["decay_steps"])]
-    if not changed:
-        return None
-    return ("note: " + ", ".join(f"{k} {saved.get(k)} -> {train[k]}" for k in changed)
-            + " changes the learning-rate schedule of the resumed run from this step on")
-
-
 def start_new_run(path, overwrite=False):
     """Make ``path`` ready for a new run (the caller holds its lock): refuse a folder that holds any run file
     unless ``overwrite``, which deletes the old run's files (weights first, config last, leftovers of an
@@ -317,32 +347,10 @@ def start_new_run(path, overwrite=False):
                          f"--overwrite (it has {', '.join(present)})")
     for name in present:
         (path / name).unlink(missing_ok=True)
-    for tmp in path.glob(".*.tmp"):           # a write cut short (write_atomic's temporary files)
-        if any(tmp.name.startswith(f".{name}.") for name in RUN_FILES):
-            tmp.unlink(missing_ok=True)
+    remove_temp_files(path, RUN_FILES)          # writes cut short (write_atomic's temporary files)
 
 
 def weights_metadata(config):
-    """Metadata saved with a run's weights: the model section they were trained with (``check_weights``
-    compares it with config.json when the weights are loaded)."""
+    """Metadata saved with a run's weights: the model section they were trained with
+    (``interop.sources.check_weights`` compares it with config.json when the weights are loaded)."""
     return {"model_config": json.dumps(config["model"], sort_keys=True), "dtype": config["train"]["dtype"]}
-
-
-def check_weights(path, meta, config):
-    """Weights saved with ``weights_metadata`` must match the run's config.json (an edited n_heads keeps every
-    shape but changes the model)."""
-    saved = meta.get("model_config")
-    if saved is None:
-        return
-    saved = bounded_json(saved, f"the model_config metadata of {path}")
-    if not isinstance(saved, dict):
-        raise ValueError(f"the model_config metadata of {path} is a JSON {type(saved).__name__}, not the [model] "
-                         f"section it was trained with; {path} is damaged: restore it or retrain")
-    changed = sorted(k for k in set(saved) | set(config["model"]) if saved.get(k) != config["model"].get(k))
-    if changed:
-        diffs = ", ".join(f"{k} {saved.get(k)!r} -> {config['model'].get(k)!r}" for k in changed)
-        raise ValueError(f"{path} was trained with another [model] config than config.json ({diffs}); "
-                         f"restore config.json or retrain")
-    if meta.get("dtype") not in (None, config["train"]["dtype"]):
-        raise ValueError(f"{path} was trained in {meta['dtype']}, but config.json says dtype = "
-                         f"{config['train']['dtype']!r}; restore config.json")

@@ -1,18 +1,14 @@
-"""Hugging Face checkpoints in and out: GPT-2 folders and hub ids to numformer's ``GPT``, and back.
+"""Hugging Face folders in and out: config.json and safetensors to numformer's ``GPT``, and back.
 
     model, tokenizer = load_pretrained("gpt2")          # hub id, or a folder with config.json + model.safetensors
-    model = GPT.from_pretrained("path/to/gpt2")         # the same, model only
     export_hf(model, "out_dir", tokenizer)              # config.json + model.safetensors (+ tokenizer.json)
 
-A model family is a set of options of the existing ``GPT`` (``positional``,
-``activation``, ``norm`` ...), not a model of its own. ``FAMILIES`` (``hf_families``)
-maps a Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2) to a ``Family``: the
-table of every config.json field transformers reads (each honoured with transformers'
-default, or refused by name), and the table of tensors pairing each numformer parameter
-with the Hugging Face tensor(s) holding it. The importer maps names and shapes and
-nothing else. GPT-2's ``Conv1D`` layers store ``W`` as (in, out), so those weights are
-transposed into numformer's (out, in) ``Linear`` layout; Llama's q_proj, k_proj and
-v_proj are stacked into ``qkv_proj``.
+A model family is a ``GPTConfig`` of the existing ``GPT``, not a model of its own. ``FAMILIES``
+(``families``) maps a Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2) to the ``Family`` of its
+file: the table of every config.json field transformers reads (each honoured with transformers' default, or
+refused by name), the map from config.json to a ``GPTConfig`` and back, and the table of tensors pairing
+each numformer parameter with the Hugging Face tensor(s) holding it. This module does the rest, the same
+for every family: finding the files, reading them, mapping names and shapes.
 
 Weights are read from safetensors only (``model.safetensors`` or the shards of
 ``model.safetensors.index.json``); a pickle file (``pytorch_model.bin``) is
@@ -23,23 +19,19 @@ without the network.
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from .._limits import bounded_json, check_bounds
-from ..data.tokenizers import PretrainedTokenizer
-from ..models import build_model
-from ..models.pretrained import register_loader
-from ..nn.positional import SinusoidalPositionalEncoding
-from ..train.run_files import (CHECKPOINT, MODEL, load_config_json, load_model_weights, load_tokenizer_state,
-                               write_atomic, write_json_atomic)
-from ..config import check_model_section
-from .hf_families import FAMILIES, Family, TensorMap, default_export_type, family  # noqa: F401 (re-exported)
-from .safetensors_reader import read_header, read_safetensors_file, shard_files
+from ..._limits import bounded_json, check_bounds
+from ...data.tokenizers import PretrainedTokenizer
+from ...models import GPT
+from ...run_files import write_atomic, write_json_atomic
+from ..safetensors_reader import read_header, read_safetensors_file, shard_files
+from .families import FAMILIES, default_export_type, family
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -159,43 +151,45 @@ def _stored_tensors(folder, fam, names):
 
 
 def hf_model_config(folder, hf_config):
-    """The numformer model config of a Hugging Face folder: its family's field table (``hf_families``), and
+    """The ``GPTConfig`` of a Hugging Face folder: its family's map (``Family.to_config``), and
     ``tie_word_embeddings`` as transformers applies it: a stored ``lm_head.weight`` that differs from the
-    embedding is used as an untied head (transformers then does not tie them). A config with values of the
-    wrong types is one ValueError naming the file."""
-    fam = family(hf_config["model_type"])
+    embedding is used as an untied head (transformers then does not tie them). A value numformer cannot read
+    is one ValueError naming the file (and, from the family's field table, the field)."""
+    model_type = hf_config["model_type"]
+    fam = family(model_type)
     try:
-        model_config = fam.to_numformer(hf_config)
+        config = fam.to_config(hf_config)
     except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
         raise ValueError(f"{Path(folder) / CONFIG} does not describe a model numformer can build "
                          f"({type(e).__name__}: {e}); restore it") from None
-    try:
-        check_model_section({k: v for k, v in model_config.items() if v is not None})
     except ValueError as e:
-        raise ValueError(f"{Path(folder) / CONFIG}: {e}") from None
-    if model_config["tie_weights"] and _stores(folder, fam, "lm_head.weight"):     # read the two only then
-        emb = fam.tensors(model_config)[0].hf[0]
+        if str(e).startswith(f"{model_type} config.json field"):
+            raise ValueError(f"{Path(folder) / CONFIG}: {e}") from None
+        raise ValueError(f"{Path(folder) / CONFIG} does not describe a model numformer can build ({e}); "
+                         f"restore it") from None
+    if config.tie_weights and _stores(folder, fam, "lm_head.weight"):     # read the two only then
+        emb = fam.tensors(config)[0].hf[0]
         stored = _stored_tensors(folder, fam, {emb, "lm_head.weight"})
         if "lm_head.weight" in stored and not np.array_equal(stored["lm_head.weight"], stored.get(emb)):
-            model_config["tie_weights"] = False
-    return model_config
+            config = replace(config, tie_weights=False)
+    return config
 
 
 # -- names and shapes -------------------------------------------------------------------------------
-def to_numformer_state(fam, model_config, hf_state, expected, where="checkpoint"):
+def to_numformer_state(fam, config, hf_state, expected, where="checkpoint"):
     """Checkpoint tensors (Hugging Face names) -> {numformer name: array}, checking every name and shape.
 
     expected: {numformer name: shape}. Raises one ValueError naming missing, unexpected or misshapen tensors.
     """
     state = {fam.canonical(k): v for k, v in hf_state.items() if not re.search(fam.ignored, fam.canonical(k))}
-    emb = fam.tensors(model_config)[0].hf[0]
-    if model_config["tie_weights"] and "lm_head.weight" in state:
+    emb = fam.tensors(config)[0].hf[0]
+    if config.tie_weights and "lm_head.weight" in state:
         if not np.array_equal(state["lm_head.weight"], state.get(emb)):
             raise ValueError(f"{where} stores an lm_head.weight that differs from {emb}, but the model ties them; "
                              f"build it with tie_weights = false")
         state.pop("lm_head.weight")              # a tied head saved anyway: the embedding itself
     out, missing, wrong = {}, [], []
-    for row in fam.tensors(model_config):
+    for row in fam.tensors(config):
         parts = []
         for name in row.hf:
             if name not in state:
@@ -222,10 +216,10 @@ def to_numformer_state(fam, model_config, hf_state, expected, where="checkpoint"
     return out
 
 
-def to_hf_state(fam, model_config, nf_state):
+def to_hf_state(fam, config, nf_state):
     """{numformer name: array} -> {Hugging Face name: array}, the inverse of ``to_numformer_state``."""
     out = {}
-    for row in fam.tensors(model_config):
+    for row in fam.tensors(config):
         a = nf_state[row.nf]
         parts = np.split(a, np.cumsum(row.sizes)[:-1] if row.sizes else len(row.hf), axis=0)
         for name, part in zip(row.hf, parts):
@@ -268,111 +262,37 @@ def load_tokenizer(folder, hf_config=None):
 def load_pretrained(source, dtype=np.float32, **overrides):
     """(GPT, tokenizer or None) from a Hugging Face folder or hub id; weights checked name by name.
 
-    overrides: numformer model options that do not change the weights' shapes (``dropout``,
-    ``attention``, ``gradient_checkpointing``); dropout is 0 unless given (set it to fine-tune
-    with dropout, as nanoGPT).
+    overrides: ``GPTConfig`` options that do not change the weights' shapes (``dropout``, ``attention``,
+    ``gradient_checkpointing``); dropout is 0 unless given (set it to fine-tune with dropout, as nanoGPT).
     """
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
-    model_config = {**hf_model_config(folder, hf_config), **overrides}
-    model = build_model(model_config, rng=np.random.default_rng(0), dtype=dtype)
-    load_init_weights(model, folder)
+    config = hf_model_config(folder, hf_config)
+    changed = sorted(set(overrides) - {"dropout", "attention", "gradient_checkpointing"})
+    if changed:
+        raise ValueError(f"{changed} would change the model of {source}; only dropout, attention and "
+                         f"gradient_checkpointing may be set when loading it")
+    model = GPT(replace(config, **overrides), rng=np.random.default_rng(0), dtype=dtype)
+    load_hf_weights(model, folder)
     return model.eval(), load_tokenizer(folder, hf_config)
 
 
-def model_config_of(model):
-    """The numformer config of a built ``GPT`` (what ``build_model`` needs to make it again)."""
-    block = model.blocks[0]
-    positional = getattr(model, "positional", None) or (
-        "sinusoidal" if isinstance(model.pos_emb, SinusoidalPositionalEncoding) else "learned")
-    ff = block.ff
-    bias = (getattr(ff, "linear1", None) or ff.up_proj).bias is not None
-    attn_bias = block.self_attn.out_proj.bias is not None
-    qkv_bias = block.self_attn.qkv_proj.bias is not None
-    window, pad = getattr(model, "sliding_window", None), getattr(model, "padding_idx", None)
-    return {"type": "gpt", "vocab_size": model.vocab_size, "block_size": model.block_size,
-            "n_layers": model.n_layers, "n_heads": model.n_heads, "d_model": model.d_model, "d_ff": model.d_ff,
-            "dropout": model.drop.p, "activation": block.activation, "norm_first": block.norm_first,
-            "norm": block.norm_kind, "tie_weights": model.tie_weights, "bias": bias,
-            "layer_norm_eps": getattr(block.norm1, "eps", 1e-5), "positional": positional,
-            **({"rope_theta": model.rope_theta} if positional == "rope" else {}),
-            **({"n_kv_heads": model.n_kv_heads} if getattr(model, "n_kv_heads", None) else {}),
-            **({"attn_bias": attn_bias} if attn_bias != bias else {}),
-            **({"qkv_bias": qkv_bias} if qkv_bias != attn_bias else {}),
-            **({"sliding_window": window} if window is not None else {}),
-            **({"padding_idx": pad} if pad is not None else {})}
-
-
-# -- fine-tuning: [model] init_from = "RUN_DIR | Hugging Face folder | hub id" -----------------------------
-FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
-
-
-def is_run_folder(source):
-    """Whether ``source`` is a numformer run folder (its config.json has a [model] section)."""
-    path = Path(str(source)) / "config.json"
-    if not path.is_file():
-        return False
-    try:
-        config = bounded_json(path.read_bytes(), str(path))
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "model" in config
-
-
-def pretrained_source(source):
-    """(numformer model config, tokenizer state or None) of a numformer run folder, a Hugging Face
-    folder or a hub id; reads configs and tokenizers only, not the weights."""
-    if is_run_folder(source):
-        model = {k: v for k, v in load_config_json(source)["model"].items() if v is not None and k != "init_from"}
-        return model, load_tokenizer_state(source)
-    folder = resolve_source(source)
-    hf_config = read_hf_config(folder)
-    tokenizer = load_tokenizer(folder, hf_config)
-    return hf_model_config(folder, hf_config), None if tokenizer is None else tokenizer.to_dict()
-
-
-def merge_init_from(source, model, source_model, from_data):
-    """The [model] section of a run fine-tuned from ``source``: the source's architecture, with the
-    ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabulary, context length)."""
-    changed = sorted(k for k, v in model.items() if k not in FINE_TUNING_OPTIONS and k != "type"
-                     and source_model.get(k) != v)
-    if changed:
-        raise ValueError(f"[model] {changed} differ from the init_from model {source!r} "
-                         f"({ {k: source_model.get(k) for k in changed} }); a fine-tuned model keeps its "
-                         f"architecture: remove them (only {list(FINE_TUNING_OPTIONS)} may change)")
-    if model.get("type", source_model["type"]) != source_model["type"]:
-        raise ValueError(f"[model] type = {model['type']!r} but init_from {source!r} is a {source_model['type']!r}")
-    for key, what in (("vocab_size", "the tokenizer's vocabulary"), ("block_size", "[data] block_size")):
-        if key in from_data and from_data[key] > source_model.get(key, from_data[key]):
-            raise ValueError(f"{what} ({from_data[key]}) exceeds the {key} of the init_from model {source!r} "
-                             f"({source_model[key]}); " + ("use the model's own tokenizer" if key == "vocab_size"
-                                                            else f"set [data] block_size <= {source_model[key]}"))
-    return {**{k: v for k, v in source_model.items() if k != "type"}, **model}
-
-
-def load_init_weights(model, source):
-    """Copy the weights of ``source`` (run folder, Hugging Face folder or hub id) into ``model``."""
-    if is_run_folder(source):
-        for name in (MODEL, CHECKPOINT):
-            if (Path(source) / name).is_file():
-                load_model_weights(Path(source) / name, model)
-                return model
-        raise ValueError(f"init_from {source!r} has no saved weights ({MODEL} or {CHECKPOINT})")
-    folder = resolve_source(source)
+def load_hf_weights(model, folder):
+    """Copy the weights of a Hugging Face folder into ``model`` (a GPT of its config), name by name."""
     fam = family(read_hf_config(folder)["model_type"])
     expected = {n: p.shape for n, p in model.named_parameters()}
-    model.load_state_dict(to_numformer_state(fam, model_config_of(model), read_safetensors(folder), expected,
+    model.load_state_dict(to_numformer_state(fam, model.config, read_safetensors(folder), expected,
                                              f"{folder}/{WEIGHTS}"))
     return model
 
 
 # -- export --------------------------------------------------------------------------------------------
-def _full_state(fam, model, model_config):
+def _full_state(fam, model):
     """Every tensor the family writes, numformer names: a model without biases gets zero biases, and
     sinusoidal positions their fixed table (both give the same outputs in the Hugging Face model)."""
     params = dict(model.named_parameters())
     out = {}
-    for row in fam.tensors(model_config):
+    for row in fam.tensors(model.config):
         name = row.nf
         if name in params:
             out[name] = params[name].data
@@ -390,8 +310,9 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json for a
     tokenizer with a Hugging Face form). ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)``
     loads it. ``model_type``: "gpt2", "llama", "mistral" or "qwen2"; by default ``default_export_type``
-    (gpt2 for a position table; for a RoPE model qwen2 with q/k/v-only biases, mistral with a sliding
-    window, else llama). Raises ValueError naming a feature the family cannot express.
+    (gpt2 for a position table; for a RoPE model qwen2 with q/k/v-only biases or windows on some layers,
+    mistral with one window for every layer, else llama). Raises ValueError naming a feature the family
+    cannot express.
 
     numformer's ``generate`` continues past the model's context (block_size) by sliding its window over the
     last block_size tokens; transformers' does not (GPT-2 raises an IndexError past n_positions, a RoPE model
@@ -400,20 +321,20 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     (``numformer_context``). Returns the folder."""
     from safetensors.numpy import save
 
-    model_config = model_config_of(model)
+    config = model.config
     if model_type is None:
-        model_type = default_export_type(model_config)
+        model_type = default_export_type(config)
     fam = family(model_type)
-    hf_config = fam.to_hf(model_config)
+    hf_config = fam.to_hf(config)
     hf_config["dtype"] = str(model.dtype)
-    n = model_config["block_size"]
+    n = config.block_size
     beyond = ("raises an IndexError" if model_type == "gpt2" else
               "keeps every earlier token, at positions the model was not trained on")
     note = (f"numformer generates past the context of {n} tokens by sliding its window over the last {n} tokens; "
             f"transformers' generate {beyond} past {n} tokens: the two agree on sequences of up to {n} tokens")
     hf_config["numformer_context"] = {"block_size": n, "note": note}
-    tensors = to_hf_state(fam, model_config, _full_state(fam, model, model_config))
-    hf_tok = getattr(tokenizer, "hf", None) if type(tokenizer).__name__ == "PretrainedTokenizer" else None
+    tensors = to_hf_state(fam, config, _full_state(fam, model))
+    hf_json = tokenizer.to_hf_json() if hasattr(tokenizer, "to_hf_json") else None   # a Hugging Face form
     eos = getattr(tokenizer, "eos_id", None)
     hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None), eos_token_id=eos,
                      pad_token_id=hf_config.get("pad_token_id"))
@@ -421,17 +342,13 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / CONFIG, hf_config)
     write_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))
-    if hf_tok is not None:
-        write_atomic(out / "tokenizer.json", hf_tok.to_str().encode())
-        eos_tok = None if eos is None else hf_tok.id_to_token(eos)
+    if hf_json is not None:
+        write_atomic(out / "tokenizer.json", hf_json.encode())
+        eos_tok = None if eos is None else tokenizer.token(eos)
+        gpt2_tokenizer = model_type == "gpt2" and isinstance(tokenizer, PretrainedTokenizer)
         write_json_atomic(out / "tokenizer_config.json",
-                          {"tokenizer_class": "GPT2Tokenizer" if model_type == "gpt2" else "PreTrainedTokenizerFast",
-                           "model_max_length": model_config["block_size"], "add_prefix_space": False,
+                          {"tokenizer_class": "GPT2Tokenizer" if gpt2_tokenizer else "PreTrainedTokenizerFast",
+                           "model_max_length": config.block_size, "add_prefix_space": False,
                            "bos_token": eos_tok, "eos_token": eos_tok, "unk_token": eos_tok})
     print(f"warning: {out}: {note}", file=sys.stderr)
     return out
-
-
-# GPT.from_pretrained, [model] init_from and the trainer's fine-tuning start read checkpoints with this module
-# (numformer.models.pretrained): models and training do not import the interop layer.
-register_loader(sys.modules[__name__])

@@ -2,9 +2,11 @@
 
 ``config.json`` (the resolved config) and ``tokenizer.json`` (the tokenizer's
 state) are JSON; ``model.safetensors`` (the selected weights) and
-``checkpoint.safetensors`` are safetensors. Training (``train.trainer``,
-``train.run``) and the interop layer (``interop.hf``) both read and write a run
-folder through this module only.
+``checkpoint.safetensors`` are safetensors. This module sits below the models,
+the configs, the interop layer and training (it imports nothing of numformer's
+but the bounded readers): all of them read and write a run folder through it.
+The checks of what a config.json says are ``numformer.config``'s
+(``load_config_json``); this module reads the bytes.
 
 Every file is written to a temporary name in the same folder, flushed to
 disk, and renamed over the target (``os.replace`` is atomic on POSIX), so a
@@ -13,7 +15,9 @@ crash leaves either the old file or the new one, never half of one.
 ``checkpoint.safetensors`` holds all a resumed run needs in one file: the
 model weights (``model/<name>``), the optimizer's moment buffers
 (``optim/<index>.<buffer>``) and, in the metadata, the optimizer's counters,
-the random generators' states and the trainer's state as JSON.
+the random generators' states, the trainer's state as JSON and the names of
+the frozen parameters (``requires_grad = False``), which must be the same when
+the run resumes.
 """
 from __future__ import annotations
 
@@ -23,66 +27,104 @@ from pathlib import Path
 
 import numpy as np
 
-from .._limits import bounded_json
-from ..config import check_saved_config
+from ._limits import bounded_json
 
 CHECKPOINT = "checkpoint.safetensors"
 MODEL = "model.safetensors"
 FORMAT = "numformer-checkpoint-1"
 
 
-# The folders this process holds locked (train.run_folder registers them): real path -> an open descriptor of the
+# The folders this process holds locked (train.run_folder registers them): the folder's absolute path as the lock
+# was taken (not resolved: a link put at that path later must not redirect a write) -> an open descriptor of the
 # folder itself. A file of such a folder is created relative to that descriptor, so it lands in the folder that
-# was locked even if the path has meanwhile been deleted and made anew (then the writer's next check stops it);
-# it never lands in the new folder. Where the platform has no such descriptors (Windows), by path.
+# was locked whatever the path names now (deleted and made anew, replaced by a link to another run, moved); the
+# writer's next check (RunLock.check) then stops it. Where the platform has no such descriptors (Windows), by path,
+# after that check.
 LOCKED_FOLDERS: dict[str, int] = {}
 
 
 def _locked_folder_fd(path):
     """The descriptor of ``path``'s folder when this process holds that folder locked (and the platform can
-    open files relative to it), else None."""
-    folder_fd = LOCKED_FOLDERS.get(os.path.realpath(Path(path).parent))
+    open files relative to it), else None. The path is made absolute but never resolved."""
+    folder_fd = LOCKED_FOLDERS.get(os.path.abspath(Path(path).parent))
     return folder_fd if folder_fd is not None and os.open in os.supports_dir_fd else None
 
 
 def open_in_folder(path, flags, mode=0o666):
     """``os.open(path, flags)``, relative to the locked folder's descriptor where ``path``'s folder is locked:
     a folder deleted meanwhile (Linux refuses new files in it) is one ValueError, and a folder made anew under
-    the same name never receives the file."""
-    path = Path(path)
-    folder_fd = _locked_folder_fd(path)
+    the same name (or a link put there) never receives the file."""
+    return _open_at(_locked_folder_fd(path), Path(path), flags, mode)
+
+
+def _open_at(folder_fd, path, flags, mode=0o666):
     if folder_fd is None:
         return os.open(path, flags, mode)
     try:
         return os.open(path.name, flags, mode, dir_fd=folder_fd)
     except FileNotFoundError:
-        what = "replaced by another folder" if path.parent.exists() else "deleted"
-        raise ValueError(f"{path.parent} was {what} while this command was writing it; stopped without "
-                         f"writing {path.name} (nothing is recreated)") from None
+        what = "replaced by another folder" if os.path.lexists(path.parent) else "deleted"
+        raise ValueError(f"{path.parent} was {what} while this command was writing it; stopped without writing "
+                         f"{path.name} (nothing is recreated)") from None
+
+
+TEMP_SUFFIX = ".tmp"
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)    # never through a link
+
+
+def temp_name(name):
+    """The temporary name ``write_atomic`` writes ``name`` under: ``.NAME.PID.RANDOM.tmp``."""
+    return f".{name}.{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}"
+
+
+def is_temp_of(file_name, name):
+    """Whether ``file_name`` is one of ``write_atomic``'s temporary names for ``name`` (``temp_name``)."""
+    prefix = f".{name}."
+    if not (file_name.startswith(prefix) and file_name.endswith(TEMP_SUFFIX)):
+        return False
+    pid, _, rand = file_name[len(prefix):-len(TEMP_SUFFIX)].partition(".")
+    return pid.isdigit() and len(rand) == 8 and all(c in "0123456789abcdef" for c in rand)
 
 
 def write_atomic(path, data: bytes):
     """Write bytes to ``path`` atomically (temporary file + fsync + rename). The folder must exist: it is never
     created here, so that a run folder deleted under a running command is not silently made anew. In a locked
-    folder, the file goes into the folder that was locked (``LOCKED_FOLDERS``), whatever the path names now."""
+    folder, the file goes into the folder that was locked (``LOCKED_FOLDERS``), whatever the path names now:
+    the temporary file, the rename and any clean-up all go through the one descriptor looked up here."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp = path.with_name(temp_name(path.name))
     folder_fd = _locked_folder_fd(path)
-    where = {} if folder_fd is None else {"src_dir_fd": folder_fd, "dst_dir_fd": folder_fd}
+    fd = _open_at(folder_fd, tmp, _CREATE_NEW)
     tmp_name, name = (tmp, path) if folder_fd is None else (tmp.name, path.name)
-    fd = open_in_folder(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0))
+    at = {} if folder_fd is None else {"dir_fd": folder_fd}
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp_name, name, **where)
+        os.replace(tmp_name, name, **({} if folder_fd is None else {"src_dir_fd": folder_fd,
+                                                                     "dst_dir_fd": folder_fd}))
     except BaseException:
         try:
-            os.unlink(tmp_name, **({} if folder_fd is None else {"dir_fd": folder_fd}))
+            os.unlink(tmp_name, **at)
         except OSError:
             pass
         raise
+
+
+def remove_temp_files(folder, names):
+    """Delete ``write_atomic``'s temporary files of ``names`` left in ``folder`` by a write cut short (a killed
+    process); through the locked folder's descriptor where it is locked. The caller holds the folder's exclusive
+    lock, so no other numformer command is writing them. Returns the names removed."""
+    folder_fd = _locked_folder_fd(Path(folder) / "x")
+    listing = os.listdir(folder_fd if folder_fd is not None and os.listdir in os.supports_fd else folder)
+    removed = sorted(f for f in listing if any(is_temp_of(f, name) for name in names))
+    for f in removed:
+        try:
+            os.unlink(f, dir_fd=folder_fd) if folder_fd is not None else os.unlink(Path(folder) / f)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def write_json_atomic(path, obj):
@@ -138,18 +180,25 @@ def load_model_weights(path, model):
     return meta
 
 
+def frozen_parameters(model):
+    """The names of the model's frozen parameters (``requires_grad`` False), in model order."""
+    return [name for name, p in model.named_parameters() if not p.requires_grad]
+
+
 def save_checkpoint(path, model, optimizer, state, metadata=None):
     """Model, optimizer and trainer state (JSON-able dict) in one atomic file; ``metadata``: more string
-    entries for the file's metadata."""
+    entries for the file's metadata. The names of the frozen parameters are recorded (``frozen``)."""
     tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
     opt_arrays, opt_meta = optimizer.state_dict()
     tensors.update({f"optim/{k}": v for k, v in opt_arrays.items()})
     _save_safetensors(path, tensors, {**(metadata or {}), "format": FORMAT, "optimizer": json.dumps(opt_meta),
-                                      "state": json.dumps(state)})
+                                      "state": json.dumps(state), "frozen": json.dumps(frozen_parameters(model))})
 
 
 def load_checkpoint(path, model, optimizer):
-    """Restore model and optimizer from a checkpoint; returns the trainer state dict."""
+    """Restore model and optimizer from a checkpoint; returns the trainer state dict. The optimizer takes the
+    checkpoint's state (moments, step counts) and keeps the options it was built with (the resumed run's config,
+    which ``--resume --set`` may have changed); the saved options are checked all the same."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no checkpoint at {path}: nothing to resume (the run saved none yet); "
@@ -157,10 +206,11 @@ def load_checkpoint(path, model, optimizer):
     tensors, meta = _load_safetensors(path, "checkpoint")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a numformer checkpoint (format {meta.get('format')!r})")
+    _check_frozen(path, meta, model)
     try:
         model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
         optimizer.load_state_dict({k[len("optim/"):]: v for k, v in tensors.items() if k.startswith("optim/")},
-                                  bounded_json(meta["optimizer"], "its optimizer metadata"))
+                                  bounded_json(meta["optimizer"], "its optimizer metadata"), keep_options=True)
         state = bounded_json(meta["state"], "its state metadata")
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
         raise ValueError(f"checkpoint {path} is incomplete or damaged ({type(e).__name__}: {e}); it cannot be "
@@ -169,6 +219,16 @@ def load_checkpoint(path, model, optimizer):
         raise ValueError(f"checkpoint {path} is damaged (its state metadata is a JSON {type(state).__name__}, "
                          f"not an object); it cannot be resumed")
     return state
+
+
+def _check_frozen(path, meta, model):
+    """The model must freeze what the checkpoint's run froze (a checkpoint from before frozen parameters
+    existed froze nothing): the optimizer state belongs to the trainable parameters."""
+    saved = bounded_json(meta.get("frozen", "[]"), f"the frozen-parameter list of {path}")
+    now = frozen_parameters(model)
+    if saved != now:
+        raise ValueError(f"checkpoint {path} was trained with the parameters {saved or 'none'} frozen, but this "
+                         f"model freezes {now or 'none'}; freeze the same parameters to resume it")
 
 
 def rng_state(rng):
@@ -182,7 +242,7 @@ def set_rng_state(rng, state):
 
 # -- reading a run folder's JSON files ----------------------------------------------------------------
 
-def _check_run_dir(run_dir):
+def check_run_dir(run_dir):
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise ValueError(f"run folder {run_dir} does not exist")
@@ -194,16 +254,6 @@ def read_json(path, what):
     """A JSON file's content; ValueError naming the file for unreadable, non-UTF-8 or malformed JSON."""
     path = Path(path)
     return bounded_json(path.read_bytes(), f"{what} {path}")
-
-
-def load_config_json(run_dir):
-    """The run's config.json, checked like a TOML config (every key's type and range)."""
-    _check_run_dir(run_dir)
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
-                         f"`numformer train CONFIG --out {run_dir}`")
-    return check_saved_config(read_json(path, "config file"), path)
 
 
 def load_tokenizer_state(run_dir):

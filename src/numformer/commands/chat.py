@@ -1,0 +1,161 @@
+"""numformer chat SOURCE [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--greedy]
+[--seed S] [--template-var KEY=VALUE ...] [--chat-template FILE]: talk with a chat model in the terminal.
+
+SOURCE: a Hugging Face model folder (``hf download ... --local-dir FOLDER``), a hub id written ``hf:ID``, or a
+run folder. Each line you type is a message; the reply streams as it is generated (the key/value cache) and
+ends at the model's end-of-turn or eos tokens. The conversation is rendered with the model's own chat
+template (``numformer.data.chat``); a model without one (a run folder trained here) gets numformer's plain
+default format (``User: ...`` / ``Assistant:``), and a note says so. The oldest turns are dropped when the
+conversation no longer fits the model's context; the system prompt stays. ``/reset`` starts over, ``/quit``
+(or end of input) ends. When stdin is not a terminal, lines are read from it one by one and each reply is
+printed on stdout (notes go to stderr), so a chat can be scripted: ``printf 'Hi\\n' | numformer chat DIR``.
+
+Sampling: the flags you give, else the settings of the folder's generation_config.json (do_sample,
+temperature, top_k, top_p, as transformers uses them: without do_sample it picks the most likely token),
+else those of ``numformer generate``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COMMANDS = {"/reset": "clears the conversation (the system prompt stays)", "/quit": "ends the chat"}
+
+
+def load_chat_model(source):
+    """(model, tokenizer, folder) of SOURCE: the one place ``numformer chat`` loads a model (through the
+    loading of ``numformer generate``)."""
+    from ..interop.hf import resolve_source
+    from ..interop.sources import is_run_folder
+    from .generate import load_generator
+
+    model, tokenizer = load_generator(source)
+    return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)
+
+
+def sampling_settings(args, folder):
+    """{temperature, top_k, top_p, greedy}: the flags given (any of them replaces the file), else the
+    folder's generation_config.json read as transformers reads it (no do_sample: greedy), else generate's."""
+    from ..data.chat import read_json_object
+
+    settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
+    path = Path(folder) / "generation_config.json"
+    if path.is_file() and not args.greedy and all(v is None for k, v in settings.items() if k != "greedy"):
+        gen = read_json_object(path)
+        settings = {"greedy": gen.get("do_sample") is not True, **{k: gen.get(k) for k in settings if k != "greedy"}}
+    if settings["temperature"] is None:
+        settings["temperature"] = 1.0
+    return settings
+
+
+def template_variables(pairs):
+    """{name: value} of ``--template-var KEY=VALUE`` (a JSON value, else the text itself)."""
+    out = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--template-var {pair!r}: write KEY=VALUE, e.g. enable_thinking=false")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def make_session(args):
+    """The ``ChatSession`` of the command line, and the note to show when the model has no chat template."""
+    from ..data.chat import ChatFormat, ChatSession, stop_token_ids
+    from ..decoding import generate
+
+    model, tokenizer, folder = load_chat_model(args.run_dir)
+    variables = template_variables(args.template_var)
+    fmt = ChatFormat.from_folder(folder, variables)
+    if args.chat_template is not None:
+        fmt = ChatFormat(Path(args.chat_template).read_text(encoding="utf-8"), fmt.special_tokens, variables)
+    note = None
+    if fmt.is_default:
+        note = (f"{args.run_dir} has no chat template: using numformer's plain format (\"User: ...\" / "
+                f"\"Assistant:\"); give one with --chat-template FILE")
+    sampling = sampling_settings(args, folder)
+    generate(model, [0], 0, **sampling)          # checks the sampling flags once, before the first message
+    _check_count(args.max_new_tokens, "--max-new-tokens", 1)
+    session = ChatSession(model, tokenizer, fmt, system=args.system, max_new_tokens=args.max_new_tokens,
+                          stop_tokens=stop_token_ids(folder, tokenizer, fmt), rng=args.seed, **sampling)
+    return session, note
+
+
+def _check_count(value, name, minimum):
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+
+
+def run(args):
+    session, note = make_session(args)
+    interactive = sys.stdin.isatty()
+    say = (lambda text: print(text, file=sys.stderr))
+    if note:
+        say(note)
+    if interactive:
+        say(f"chatting with {args.run_dir}; " + "; ".join(f"{c} {what}" for c, what in COMMANDS.items()))
+    failed = False
+    for line in _lines(interactive):
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/quit", "/exit"):
+            break
+        if text == "/reset":
+            session.reset()
+            say("(the conversation is cleared)")
+            continue
+        failed |= not _reply(session, text, say)
+    return 2 if failed and not interactive else 0
+
+
+def _lines(interactive):
+    """The user's lines: prompted with "> " in a terminal, else read from stdin one by one."""
+    while True:
+        try:
+            line = input("> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            return
+        if not interactive and not line:
+            return
+        yield line
+
+
+def _reply(session, text, say):
+    """Send one message and stream the reply to stdout; a message that cannot be sent is one line on stderr."""
+    out = sys.stdout
+
+    def stream(piece):
+        out.write(piece)
+        out.flush()
+
+    try:
+        session.send(text, stream=stream)
+    except ValueError as e:
+        say(f"numformer chat: error: {' '.join(str(e).split())}")
+        return False
+    out.write("\n")
+    out.flush()
+    if session.dropped:
+        say(f"(dropped the {session.dropped} oldest turn(s) to fit the model's context)")
+    return True
+
+
+def register(sub):
+    from .generate import add_sampling_arguments
+
+    p = sub.add_parser("chat", help="talk with a chat model (streams; reads stdin line by line when piped)")
+    p.add_argument("run_dir", metavar="SOURCE", help="a Hugging Face model folder, a hub id written hf:ID, or a "
+                                                     "run folder")
+    p.add_argument("--system", default=None, help="system prompt (kept when old turns are dropped)")
+    add_sampling_arguments(p, max_new_tokens=512, temperature=None,
+                           temperature_default="generation_config.json's, else 1.0")
+    p.add_argument("--template-var", action="append", metavar="KEY=VALUE",
+                   help="a chat-template variable, e.g. enable_thinking=false (Qwen3); repeatable")
+    p.add_argument("--chat-template", metavar="FILE", default=None,
+                   help="a Jinja chat template to use instead of the model's")
+    p.set_defaults(func=run)

@@ -1,0 +1,465 @@
+"""Chat formats: a conversation rendered into the text a chat model was trained on, and a chat session.
+
+A conversation is a list of messages ``{"role": "system" | "user" | "assistant", "content": text}``.
+A chat model ships a Jinja template that turns it into one string with the model's own markers
+(Llama 3's ``<|start_header_id|>``, Qwen's ChatML ``<|im_start|>``, Gemma's ``<start_of_turn>`` with the
+role ``model``); the token ids are the tokenizer's encoding of that string. ``apply_chat_template``
+renders it exactly as transformers' ``tokenizer.apply_chat_template`` does (``transformers.utils.
+chat_template_utils``), so the same conversation gives the same string and the same ids:
+
+- a sandboxed Jinja environment (``ImmutableSandboxedEnvironment``; templates come from the internet) with
+  ``trim_blocks`` and ``lstrip_blocks`` on and the ``loopcontrols`` extension (``{% break %}``);
+- the template sees ``messages``, ``tools``, ``documents``, ``add_generation_prompt``, the tokenizer's named
+  special tokens (``bos_token``, ``eos_token``, ...) and any extra variables (Qwen3's ``enable_thinking``,
+  Llama 3's ``date_string``), which win over the special tokens;
+- ``raise_exception(msg)``, ``strftime_now(fmt)``, a ``tojson`` filter that keeps non-ASCII text and takes
+  ``indent``, ``separators``, ``sort_keys``; ``dict(...)``, and ``namespace(...)`` refusing names with ``_``;
+- ``{% generation %} ... {% endgeneration %}`` marks the assistant's text (``generation_spans`` returns where);
+- keys whose value is None are dropped from messages; a message's reasoning given as ``reasoning_content``,
+  ``thinking`` or ``reasoning`` is offered under ``reasoning_content`` and ``thinking``.
+
+Where a template is found (``read_chat_template``): ``chat_template.jinja`` and
+``additional_chat_templates/*.jinja`` in a model folder win over the ``chat_template`` of
+``tokenizer_config.json`` (a string, or a list of ``{"name", "template"}``); with several templates the one
+named "default" is used ("tool_use" when tools are given), or the one you name.
+
+``ChatSession`` keeps the history of a conversation with a model: each ``send`` renders it, trims the oldest
+turns to fit the context, generates the reply with the key/value cache (``decoding.generate``), stops at
+the end-of-turn tokens, and streams the text as it comes. Jinja2 is the ``numformer[chat]`` extra.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from contextvars import ContextVar
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from .._limits import bounded_json
+from ..decoding import generate
+
+NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+# The template of a model that has none (numformer's own runs): plain text, without special tokens.
+# A reply ends where the model starts a new turn (DEFAULT_STOP_STRINGS) or at the tokenizer's eos token.
+DEFAULT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] | trim }}\n\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
+DEFAULT_STOP_STRINGS = ("\nUser:", "\nSystem:", "\nAssistant:")
+
+
+# -- the Jinja environment ----------------------------------------------------------------------------------
+def _jinja():
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.sandbox
+    except ImportError:
+        raise ValueError("rendering a chat template needs jinja2: pip install 'numformer[chat]'") from None
+    if tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit()) < (3, 1, 6):
+        raise ValueError(f"jinja2 {jinja2.__version__} has known sandbox escapes, and chat templates are untrusted "
+                         f"code: pip install -U 'jinja2>=3.1.6'")
+    return jinja2
+
+
+@lru_cache(maxsize=32)
+def compile_chat_template(source):
+    """The compiled template of ``source`` (cached), in transformers' environment (see the module docstring)."""
+    jinja2 = _jinja()
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[_generation_extension(jinja2),
+                                                                   jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals.update(raise_exception=_raise_exception(jinja2), strftime_now=_strftime_now,
+                       dict=_TemplateDict(), namespace=_namespace_class(jinja2))
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"the chat template is not valid Jinja (line {e.lineno}: {e.message})") from None
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+def _raise_exception(jinja2):
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+    return raise_exception
+
+
+class _TemplateDict:
+    """``dict(...)`` and ``dict.fromkeys(...)`` for templates, without the type itself (no attribute tricks)."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _namespace_class(jinja2):
+    class TemplateNamespace(jinja2.utils.Namespace):
+        """A namespace that refuses names starting with an underscore (no reach into Python's internals)."""
+
+        def __init__(*args, **kwargs):          # Jinja's own signature trick: ``namespace(self=...)`` works
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"chat templates cannot store underscore-prefixed "
+                                                      f"attributes on a namespace, got {name!r}")
+    return TemplateNamespace
+
+
+_TRACKING = ContextVar("numformer_generation_spans", default=None)   # (rendered chunks, spans) while tracking
+
+
+def _generation_extension(jinja2):
+    class Generation(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}``: renders its body and, while ``generation_spans``
+        renders, records where it lands (the length of the text rendered before it)."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(lineno)
+
+        def _mark(self, caller):
+            text = caller()
+            tracking = _TRACKING.get()
+            if tracking is not None:
+                chunks, spans = tracking
+                start = sum(map(len, chunks))
+                spans.append((start, start + len(text)))
+            return text
+    return Generation
+
+
+# -- rendering -------------------------------------------------------------------------------------------
+def _plain(value):
+    """Plain JSON-like data for the sandbox (as transformers' ``_plain_template_data``): other objects become
+    an inert ``"<TypeName>"``, dataclasses and mappings dicts, tuples stay tuples."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    for kind in (str, int, float):
+        if isinstance(value, kind) and not isinstance(value, bool):
+            return kind(value)
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return f"<{type(value).__name__}>"
+
+
+def _messages(messages):
+    """transformers' normalization: dicts only, None values dropped, reasoning offered under both names."""
+    out = []
+    for message in messages:
+        if dataclasses.is_dataclass(message) and not isinstance(message, type):
+            message = _plain(message)
+        if not isinstance(message, Mapping):
+            raise ValueError(f"a chat message is a dict with 'role' and 'content', got {message!r}")
+        message = {k: _plain(v) for k, v in message.items() if v is not None}
+        reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        out.append(message)
+    return out
+
+
+def select_chat_template(chat_template, name=None, tools=None):
+    """The template source to use: ``chat_template`` itself, or from a dict of named templates the one called
+    ``name`` (a name not in the dict is taken as a template source, as transformers does), else "tool_use"
+    when tools are given and it exists, else "default"."""
+    if not isinstance(chat_template, Mapping):
+        if chat_template is None and name is None:
+            raise ValueError("there is no chat template: give one (a Jinja string), or a model folder that has one")
+        return chat_template if name is None else name
+    if name is not None:
+        return chat_template.get(name, name)
+    if tools is not None and "tool_use" in chat_template:
+        return chat_template["tool_use"]
+    if "default" not in chat_template:
+        raise ValueError(f"the model has several chat templates and none is called 'default'; name one of "
+                         f"{sorted(chat_template)}")
+    return chat_template["default"]
+
+
+def apply_chat_template(messages, chat_template, add_generation_prompt=False, tools=None, documents=None,
+                        special_tokens=None, template_name=None, **variables):
+    """The text of ``messages`` rendered with ``chat_template`` (a Jinja source, or a dict of named ones),
+    as transformers' ``tokenizer.apply_chat_template(messages, tokenize=False, ...)`` renders it.
+
+    special_tokens: {"bos_token": "<s>", ...} (``read_chat_template`` gives a folder's); variables: extra
+    template variables (``enable_thinking=False``, ``date_string="26 Jul 2024"``), which win over the
+    special tokens. A template that refuses the conversation (``raise_exception``) is a ValueError.
+    """
+    return _render(messages, chat_template, add_generation_prompt, tools, documents, special_tokens,
+                   template_name, variables, spans=None)
+
+
+def generation_spans(messages, chat_template, add_generation_prompt=False, tools=None, documents=None,
+                     special_tokens=None, template_name=None, **variables):
+    """(text, [(start, end), ...]): the rendered text and where each ``{% generation %}`` block (the
+    assistant's words, in templates that mark them) lies in it; arguments as ``apply_chat_template``."""
+    spans = []
+    text = _render(messages, chat_template, add_generation_prompt, tools, documents, special_tokens,
+                   template_name, variables, spans=spans)
+    return text, spans
+
+
+def _render(messages, chat_template, add_generation_prompt, tools, documents, special_tokens, template_name,
+            variables, spans):
+    jinja2 = _jinja()
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("a conversation is a non-empty list of messages {'role': ..., 'content': ...}")
+    if tools is not None and any(not isinstance(t, Mapping) for t in tools):
+        raise ValueError("tools must be JSON schemas (dicts); numformer does not build schemas from functions")
+    if documents is not None and any(not isinstance(d, Mapping) for d in documents):
+        raise ValueError("documents must be a list of dicts with 'title' and 'text' keys")
+    template = compile_chat_template(select_chat_template(chat_template, template_name, tools))
+    context = {**_plain(dict(special_tokens or {})), **_plain(variables), "messages": _messages(messages),
+               "tools": _plain(tools), "documents": _plain(documents), "add_generation_prompt": add_generation_prompt}
+    try:
+        if spans is None:
+            return template.render(**context)
+        chunks = []
+        token = _TRACKING.set((chunks, spans))
+        try:
+            for chunk in template.generate(**context):
+                chunks.append(chunk)
+        finally:
+            _TRACKING.reset(token)
+        return "".join(chunks)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"the chat template refused the conversation: {e.message or e}") from None
+
+
+# -- a model folder's template and special tokens ---------------------------------------------------------------
+def _token_text(value):
+    """A special token as tokenizer_config.json stores it: a string, or an AddedToken dict with "content"."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def read_chat_template(folder):
+    """(template or None, special tokens {"bos_token": ..., ...}) of a model folder, read as transformers'
+    ``AutoTokenizer.from_pretrained`` reads them (see the module docstring); the template is a string, or a
+    dict of named templates."""
+    folder = Path(folder)
+    config = read_json_object(folder / "tokenizer_config.json")
+    tokens = {k: _token_text(config.get(k)) for k in NAMED_SPECIAL_TOKENS}
+    if "added_tokens_decoder" not in config and (folder / "special_tokens_map.json").is_file():
+        legacy = read_json_object(folder / "special_tokens_map.json")     # older folders: overrides, as transformers
+        tokens.update({k: _token_text(legacy[k]) for k in NAMED_SPECIAL_TOKENS if k in legacy})
+    templates = {}
+    if (folder / "chat_template.jinja").is_file():
+        templates["default"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    extra = folder / "additional_chat_templates"
+    for path in sorted(extra.glob("*.jinja")) if extra.is_dir() else ():
+        templates[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+    if templates:
+        template = templates["default"] if list(templates) == ["default"] else templates
+    else:
+        template = config.get("chat_template")
+        if isinstance(template, list):
+            template = {t["name"]: t["template"] for t in template}
+    return template, {k: v for k, v in tokens.items() if v is not None}
+
+
+def read_json_object(path):
+    """The JSON object in ``path`` ({} when there is no such file); one ValueError naming a bad file."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    data = bounded_json(path.read_bytes(), str(path))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is a JSON {type(data).__name__}, not an object; restore it")
+    return data
+
+
+# -- a model's chat format, and a conversation with it -------------------------------------------------------
+@dataclasses.dataclass
+class ChatFormat:
+    """How conversations with one model are written: its template (a Jinja source, or a dict of named
+    templates), the special tokens the template may use, extra template variables (``enable_thinking``),
+    and the text at which a reply ends (``stop_strings``; the default template's turn markers)."""
+    template: str | dict
+    special_tokens: dict = dataclasses.field(default_factory=dict)
+    variables: dict = dataclasses.field(default_factory=dict)
+    stop_strings: tuple = ()
+    is_default: bool = False
+
+    @classmethod
+    def default(cls, special_tokens=None, variables=None):
+        """numformer's plain-text format (``DEFAULT_TEMPLATE``), for a model without a template of its own."""
+        return cls(DEFAULT_TEMPLATE, dict(special_tokens or {}), dict(variables or {}), DEFAULT_STOP_STRINGS, True)
+
+    @classmethod
+    def from_folder(cls, folder, variables=None):
+        """The folder's template and special tokens (``read_chat_template``), else the default format."""
+        template, tokens = read_chat_template(folder)
+        if template is None:
+            return cls.default(tokens, variables)
+        return cls(template, tokens, dict(variables or {}))
+
+    def render(self, messages, add_generation_prompt=False):
+        return apply_chat_template(messages, self.template, add_generation_prompt,
+                                   special_tokens=self.special_tokens, **self.variables)
+
+    def encode(self, tokenizer, messages, add_generation_prompt=False):
+        """The token ids of the rendered conversation: the tokenizer's encoding of the text, without adding
+        special tokens of its own (the template writes them), as transformers tokenizes it."""
+        return list(tokenizer.encode(self.render(messages, add_generation_prompt)))
+
+
+def _decode(tokenizer, ids):
+    """Text of ``ids`` without special tokens, for any numformer tokenizer."""
+    try:
+        return tokenizer.decode(ids, skip_special=True)
+    except TypeError:                   # a tokenizer without special tokens (characters, symbols)
+        return tokenizer.decode(ids)
+
+
+class _Reply:
+    """A reply as it is generated: ``add(token)`` decodes the text so far, streams what is certain (not the
+    start of a stop string, not half a character) and says whether the reply has ended."""
+
+    def __init__(self, tokenizer, stop_tokens, stop_strings, stream):
+        self.tokenizer, self.stop_tokens, self.stop_strings = tokenizer, set(stop_tokens), stop_strings
+        self.stream, self.ids, self.text, self.shown = stream, [], "", 0
+
+    def add(self, token):
+        if token in self.stop_tokens:
+            return True
+        self.ids.append(token)
+        text = _decode(self.tokenizer, self.ids)
+        if text.endswith("\ufffd"):                         # a character split across tokens: wait
+            return False
+        ends = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
+        self.text = text[:min(ends)] if ends else text
+        held = 0 if ends else max((k for s in self.stop_strings for k in range(len(s), 0, -1)
+                                   if text.endswith(s[:k])), default=0)
+        self._show(len(self.text) - held)
+        return bool(ends)
+
+    def _show(self, upto):
+        if self.stream is not None and upto > self.shown:
+            self.stream(self.text[self.shown:upto])
+        self.shown = max(self.shown, upto)
+
+    def finish(self):
+        self._show(len(self.text))
+        return self.text
+
+
+class ChatSession:
+    """A conversation with a decoder-only model (``GPT``): an optional system prompt and the turns so far.
+
+    ``send(text, stream)`` adds the user's message, renders the conversation with ``chat_format`` and the
+    generation prompt, drops the oldest turns (a user message and its reply; the system prompt stays) until
+    the prompt leaves room for the reply in the model's context (``max_new_tokens``, or half the context if
+    that is less), generates with the key/value cache (``decoding.generate``: the sampling arguments as
+    there, ``rng`` one Generator for the whole session) until a stop token (``stop_tokens``, e.g. the
+    model's eos and end-of-turn ids) or a stop string, streams the reply's text to ``stream`` as it comes,
+    and returns it. ``dropped`` counts the turns the last ``send`` dropped; ``reset()`` forgets the turns.
+    """
+
+    def __init__(self, model, tokenizer, chat_format, system=None, max_new_tokens=256, stop_tokens=(),
+                 temperature=1.0, top_k=None, top_p=None, greedy=False, rng=None):
+        self.model, self.tokenizer, self.format, self.system = model, tokenizer, chat_format, system
+        self.max_new_tokens, self.stop_tokens = max_new_tokens, sorted({int(t) for t in stop_tokens})
+        self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "greedy": greedy}
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        self.history, self.dropped = [], 0
+
+    def reset(self):
+        self.history, self.dropped = [], 0
+
+    def messages(self):
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return system + self.history
+
+    def prompt_ids(self):
+        """The ids of the conversation with the generation prompt, dropping the oldest turns to fit."""
+        context = int(self.model.block_size)
+        limit = context - min(self.max_new_tokens, context // 2)
+        while True:
+            try:
+                ids = self.format.encode(self.tokenizer, self.messages(), add_generation_prompt=True)
+            except ValueError as e:
+                if "chat template" in str(e):
+                    raise
+                raise ValueError(f"the conversation, written in the chat format, cannot be encoded: {e}") from None
+            if len(ids) <= limit or len(self.history) <= 1:
+                break
+            self.history, self.dropped = self.history[2:], self.dropped + 1
+        if len(ids) > context:
+            with_system = " and the system prompt" if self.system is not None else ""
+            raise ValueError(f"the message makes a prompt of {len(ids)} tokens (with the chat format{with_system}), "
+                             f"more than the model's context of {context}; shorten it")
+        return ids
+
+    def send(self, text, stream=None):
+        """The model's reply to ``text`` (streamed to ``stream(piece)`` as it is generated)."""
+        self.dropped = 0
+        self.history.append({"role": "user", "content": text})
+        try:
+            ids = self.prompt_ids()
+        except ValueError:
+            self.history.pop()
+            raise
+        reply = _Reply(self.tokenizer, self.stop_tokens, self.format.stop_strings, stream)
+        generate(self.model, np.asarray(ids, dtype=np.int64), self.max_new_tokens, rng=self.rng,
+                 stop_tokens=self.stop_tokens or None, stream=reply.add, **self.sampling)
+        answer = reply.finish()
+        self.history.append({"role": "assistant", "content": answer})
+        return answer
+
+
+def _ids(value):
+    """The token ids of an ``eos_token_id`` field: an id or a list of ids."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+
+
+def stop_token_ids(folder, tokenizer, chat_format):
+    """The ids that end a reply of the model in ``folder``: ``eos_token_id`` of config.json and of
+    generation_config.json (an id or a list: Llama 3's <|eot_id|>, Gemma's <end_of_turn>, ...), the
+    tokenizer's eos, and the template's ``eos_token``, each as far as the vocabulary has it."""
+    ids = set()
+    for name in ("config.json", "generation_config.json"):
+        ids.update(_ids(read_json_object(Path(folder) / name).get("eos_token_id")))
+    ids.update(_ids(getattr(tokenizer, "special_ids", {}).get("<eos>")))
+    token, hf = chat_format.special_tokens.get("eos_token"), getattr(tokenizer, "hf", None)
+    if token is not None and hf is not None and hf.token_to_id(token) is not None:
+        ids.add(hf.token_to_id(token))
+    return sorted(i for i in ids if 0 <= i < tokenizer.vocab_size)

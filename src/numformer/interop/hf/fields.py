@@ -1,0 +1,191 @@
+"""The field tables of the Hugging Face families: one rule for every config.json field transformers reads.
+
+Each family file (``gpt2.py``, ``llama.py`` ...) lists the fields of transformers' config class (its dataclass
+fields) and the keyword arguments it consumes (``rope_scaling``, ``rope_theta``, ``partial_rotary_factor``),
+plus the keys the modeling file reads with ``getattr``. Each ``Field`` has its type (transformers' annotation,
+checked: a value of another type is refused by name, as transformers' strict config class refuses it),
+transformers' default (used when the key is absent, or null where transformers' ``__post_init__`` fills it),
+and either maps onto a ``GPTConfig`` option or is refused with one line naming the field and its value
+(``refuse``). Keys in no table are ignored, as transformers' model ignores them. ``resolve`` applies a table
+to a config.json; tests/test_hf_fields.py fails when transformers' config class gains a field missing from a
+table, or types one differently.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+KEEP, SAME = "keep", "same"
+HONOURED, NO_EFFECT, TRAINING, TOKENIZER, REFUSED = (
+    "honoured", "no effect on outputs", "training only", "tokenizer", "refused")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One config.json field transformers reads.
+
+    default:  transformers' value when the key is absent (a callable of the fields resolved so far when it
+              derives from them); ``null``: the value transformers' ``__post_init__`` puts in place of a null
+              (``SAME``: the default; ``KEEP``: null stays null).
+    role:     what numformer does with it: HONOURED (a numformer option reproduces it), NO_EFFECT (initialization,
+              cache flags: the logits and gradients do not depend on it), TRAINING (dropout rates: numformer
+              uses its own [model] dropout), TOKENIZER (special token ids), or REFUSED for values in ``refuse``.
+    refuse:   (value, resolved fields) -> why numformer cannot reproduce this value, or None.
+    aliases:  other names transformers maps onto this field (GPT-2's ``attribute_map``).
+    type:     the value's type as transformers annotates it ("int", "float | None", "list[str] | None" ...).
+    """
+
+    name: str
+    default: object
+    role: str
+    refuse: Callable | None = None
+    aliases: tuple = ()
+    type: str = "int"
+    null: object = "keep"
+    note: str = ""
+    accepts: str = ""                # the docs' wording of the accepted values, for a rule applied elsewhere
+
+
+def documented(text):
+    """Attach the docs' wording of what a refusal rule accepts."""
+    def mark(rule):
+        rule.accepts = text
+        return rule
+    return mark
+
+
+def only(*allowed, why=""):
+    shown = " or ".join(map(repr, allowed))
+    return documented(shown)(lambda v, _: None if v in allowed else f"numformer reproduces only {shown}{why}")
+
+
+@documented("a positive integer")
+def positive(v, _):
+    return None if type(v) is int and v > 0 else "must be a positive integer"
+
+
+positive_or_null = documented("a positive integer or null")(lambda v, r: None if v is None else positive(v, r))
+
+
+def same(name):
+    return lambda r: r[name]
+
+
+@documented("null or a token id of the vocabulary")
+def pad_id(v, r):
+    if v is None or (type(v) is int and -r["vocab_size"] <= v < r["vocab_size"]):
+        return None
+    return f"is not a token id of the vocabulary [0, {r['vocab_size']}) (torch's Embedding refuses it too)"
+
+
+def divides(heads_field):
+    """The rule of a key/value head count: a divisor of the field ``heads_field``."""
+    @documented(f"a positive divisor of {heads_field}")
+    def rule(v, r):
+        if type(v) is not int or v < 1:
+            return "must be a positive integer"
+        if r[heads_field] % v:
+            return (f"must divide {heads_field} = {r[heads_field]} (each key/value head serves {heads_field} / "
+                    f"num_key_value_heads query heads); transformers cannot run this config.json either: it is "
+                    f"damaged or belongs to another model")
+        return None
+    return rule
+
+
+# -- types -------------------------------------------------------------------------------------------------
+def fits(value, type_text):
+    """Whether ``value`` (from JSON) has the type ``type_text``, transformers' annotation ("int | None" ...);
+    an integer is a float too."""
+    for part in type_text.split(" | "):
+        if (part == "None" and value is None) or (part == "int" and type(value) is int) or \
+                (part == "float" and type(value) in (int, float)) or (part == "bool" and type(value) is bool) or \
+                (part == "str" and isinstance(value, str)) or (part == "dict" and isinstance(value, dict)):
+            return True
+        if part.startswith("list[") and isinstance(value, list) and all(fits(v, part[5:-1]) for v in value):
+            return True
+    return False
+
+
+def describe(type_text):
+    words = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+             "dict": "an object", "None": "null", "list[str]": "a list of strings", "list[int]": "a list of integers"}
+    return " or ".join(words.get(p, p) for p in type_text.split(" | "))
+
+
+# -- RoPE ---------------------------------------------------------------------------------------------------
+# transformers' default RoPE base (RotaryEmbeddingConfigMixin.default_theta), the same for the four classes
+DEFAULT_THETA = 10000.0
+
+
+def standard_rope(c):
+    """transformers' rope standardization (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict):
+    ``rope_scaling`` wins over ``rope_parameters`` when set; a missing rope_theta falls back to the top-level
+    ``rope_theta``, then 10000; ``rope_type`` falls back to the older key ``type``, then 'default'."""
+    params = dict(c.get("rope_scaling") or c.get("rope_parameters") or {})
+    nested = sorted(k for k in params if k in ("full_attention", "sliding_attention"))
+    theta = c.get("rope_theta", DEFAULT_THETA)
+    params.setdefault("rope_theta", theta)
+    if "partial_rotary_factor" in c:
+        params.setdefault("partial_rotary_factor", c["partial_rotary_factor"])
+    params.setdefault("rope_type", params.get("type", "default"))
+    if nested:
+        params["nested"] = nested
+    return params
+
+
+@documented("rope_type 'default' (also spelled type), partial_rotary_factor 1, one dict for every layer")
+def rope_refusal(v, r):
+    """The standardized rope_parameters (``standard_rope``): only plain RoPE."""
+    if v.get("nested"):
+        return f"has per-layer-type entries {v['nested']} (numformer reads one RoPE for every layer here)"
+    if v["rope_type"] != "default":
+        return (f"has rope_type {v['rope_type']!r} (scaled RoPE); numformer's RoPE is the plain one "
+                f"(rope_type 'default')")
+    if v.get("partial_rotary_factor") not in (None, 1, 1.0):
+        return f"has partial_rotary_factor {v['partial_rotary_factor']} (numformer rotates every feature of a head)"
+    if type(v["rope_theta"]) not in (int, float) or v["rope_theta"] <= 0:
+        return f"has rope_theta {v['rope_theta']!r}, not a positive number"
+    return None
+
+
+# -- applying a table -----------------------------------------------------------------------------------------
+def resolve(fields, c, model_type):
+    """{field: value} of config.json ``c`` under the table ``fields``: each field as transformers reads it (its
+    default when absent), of its type, checked by its rule; one ValueError naming the first refused field and
+    its value (``{model_type} config.json field NAME = VALUE: why``)."""
+    for f in fields:                         # every value of its type first: a rule may read several fields
+        key = next((n for n in (f.name, *f.aliases) if n in c), None)
+        if key is not None and not fits(c[key], f.type):
+            _refuse(model_type, key, c[key], f"must be {describe(f.type)}, as transformers' config class requires "
+                                             f"(it refuses this config.json too); restore the file")
+    values = {}
+    for f in fields:
+        key = next((n for n in (f.name, *f.aliases) if n in c), None)
+        value = c[key] if key is not None else None
+        fill = f.default if key is None else None if value is not None or f.null == KEEP else \
+            f.default if f.null == SAME else f.null
+        if fill is not None:
+            value = fill(values) if callable(fill) else fill
+        name = key or f.name
+        if f.name == "rope_parameters":      # the standardized dict, named by the key it came from
+            value, name = standard_rope(c), "rope_scaling" if c.get("rope_scaling") else "rope_parameters"
+        values[f.name] = value
+        why = f.refuse(value, values) if f.refuse is not None else None
+        if why and name == "rope_parameters" and why.startswith("has partial_rotary_factor") and \
+                "partial_rotary_factor" in c:
+            name, value = "partial_rotary_factor", c["partial_rotary_factor"]
+        if why:
+            _refuse(model_type, name, {k: v for k, v in value.items() if k != "nested"}
+                    if isinstance(value, dict) else value, why + "; numformer refuses a checkpoint it would not "
+                                                                 "run as transformers does")
+    return values
+
+
+def _refuse(model_type, name, value, why):
+    raise ValueError(f"{model_type} config.json field {name} = {value!r}: {why}")
+
+
+def with_fields(fields, **changes):
+    """A copy of the table ``fields`` with the given (name -> Field or None) replaced, removed or appended."""
+    out = [changes.pop(f.name, f) for f in fields]
+    return tuple(f for f in out + list(changes.values()) if f is not None)

@@ -1,0 +1,37 @@
+"""What a run's [train] section builds for its model: the optimizer (``make_optimizer``), and the check that the
+model can be trained as configured (``check_trainable``)."""
+from __future__ import annotations
+
+from ..nn import MultiHeadAttention
+from ..optim import OPTIMIZERS, AdamW, Muon, hidden_matrices, param_groups
+
+
+def make_optimizer(model, train):
+    """The [train] optimizer over the model's parameter groups (``param_groups``). "muon": Muon over the
+    hidden layers' matrices (``hidden_matrices``) with the run's weight_decay, and an AdamW with lr, betas
+    and eps over every other parameter, in its groups."""
+    groups = param_groups(model, train["weight_decay"], tuple(train["no_decay"]))
+    name = train["optimizer"]
+    if name == "muon":
+        matrices = hidden_matrices(model)
+        if not matrices:
+            raise ValueError("[train] optimizer = \"muon\" needs Linear layers inside Transformer blocks, and "
+                             "this model has none; use optimizer = \"adamw\"")
+        taken = {id(p) for p in matrices}
+        rest = [{**g, "params": [p for p in g["params"] if id(p) not in taken]} for g in groups]
+        rest = [g for g in rest if g["params"]]
+        adamw = AdamW(rest, lr=train["lr"], betas=(train["beta1"], train["beta2"]), eps=train["eps"]) if rest else None
+        return Muon(matrices, adamw, lr=train["muon_lr"], momentum=train["muon_momentum"],
+                    nesterov=train["muon_nesterov"], ns_steps=train["muon_ns_steps"],
+                    weight_decay=train["weight_decay"])
+    if name == "sgd":
+        return OPTIMIZERS[name](groups, lr=train["lr"], momentum=train["momentum"], nesterov=train["nesterov"])
+    return OPTIMIZERS[name](groups, lr=train["lr"], betas=(train["beta1"], train["beta2"]), eps=train["eps"])
+
+
+def check_trainable(model):
+    """Settings a model accepts for inference but cannot train with, caught before the run folder is written."""
+    for name, m in model.named_modules():
+        if isinstance(m, MultiHeadAttention) and m.attention == "flash" and m.dropout_p > 0:
+            raise ValueError(f"[model] attention = \"flash\" has no attention dropout, but {name} has dropout "
+                             f"{m.dropout_p}; set [model] dropout = 0 or attention = \"plain\"")

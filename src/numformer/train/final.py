@@ -1,0 +1,126 @@
+"""The end of a training call: the weights kept in model.safetensors, and the summary (summary.json and the
+closing line).
+
+The rule for the weights: the periodic evaluations select a step on one yardstick (the fixed sample, or the
+whole validation split); then the selected weights (``restore_best``) and the last weights are both scored on
+the whole validation split, and the better is kept. ``best_val_loss`` is always the whole-split loss of the
+weights in model.safetensors, ``best_step`` their step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..run_files import CHECKPOINT, MODEL, load_metadata, load_model_weights
+
+
+def keep_better_weights(model, folder, evaluation, early, step, config, diverged=False, resumable=False):
+    """``choose_weights`` (see there), with ``best_val_bpb``: the bits per byte of the kept weights on the whole
+    validation split, for a language model (train/bits_per_byte.py)."""
+    figures = choose_weights(model, folder, evaluation, early, step, config, diverged, resumable)
+    bpb = evaluation.whole_bpb.get(figures["best_step"])
+    return figures if bpb is None else {**figures, "best_val_bpb": bpb}
+
+
+def choose_weights(model, folder, evaluation, early, step, config, diverged=False, resumable=False):
+    """Save the weights to use in model.safetensors (``folder``: the run's RunWriter) and leave them in
+    ``model``, whose weights are those of ``step``; return their figures. ``early``: the run's EarlyStopping
+    (its best step is the evaluations' selection), ``config``: the run's resolved config.
+
+    After a divergence only the selected weights can be kept (else none: every figure is None). A run stopped
+    so as to be resumed (Ctrl-C, the time limit) keeps the selected weights in model.safetensors whichever
+    scores better, and ``model`` keeps the last weights: the resumed run selects from the same weights as an
+    uninterrupted run would (its last weights are in the checkpoint); without a selection yet, the last weights
+    are saved (never taken for a selection: model.safetensors is the selection only when its step is the
+    evaluations' best step).
+    """
+    path = folder.run_dir / MODEL
+    restore_best = config["train"]["restore_best"]
+    if diverged:
+        if not (restore_best and path.exists()):
+            return {"best_val_loss": None, "best_step": None, "weights": None}
+        best = int(load_model_weights(path, model)["step"])
+        return {"best_val_loss": evaluation.whole_val_loss(best), "best_step": best, "weights": "best"}
+    last = (step, evaluation.whole_val_loss(step))
+    sample = evaluation.sample_size("val")
+    figures = {"last_step": last[0], "last_val_loss": last[1],
+               "selected_on": "val_loss_estimate" if sample else "val_loss", "estimate_examples": sample or None}
+    kept = last
+    if restore_best and _holds_selection(path, early.best_step):
+        last_weights = {k: np.array(v, copy=True) for k, v in model.state_dict().items()}
+        best = int(load_model_weights(path, model)["step"])
+        selected = (best, evaluation.whole_val_loss(best))
+        figures.update(selected_step=selected[0], selected_val_loss=selected[1])
+        if resumable:
+            model.load_state_dict(last_weights)
+            return {"best_val_loss": selected[1], "best_step": selected[0], "weights": "best", **figures}
+        if selected[1] < last[1]:
+            kept = selected
+        else:
+            model.load_state_dict(last_weights)
+    folder.save_weights(model, config, step=kept[0], val_loss=kept[1])
+    return {"best_val_loss": kept[1], "best_step": kept[0], "weights": "last" if kept is last else "best",
+            **figures}
+
+
+def kept_weights_figures(world, keep):
+    """``keep()`` (``keep_better_weights``) on rank 0 alone under MPI, which tells the other ranks the figures."""
+    figures = keep() if world is None or world.is_writer else None
+    return figures if world is None else world.comm.bcast(figures, root=0)
+
+
+def divergence_advice(run_dir, checkpoint_step):
+    """What a diverged run keeps and how to continue: from the checkpoint written before the divergence began
+    (of ``checkpoint_step``), with a lower learning rate; or, without one, a new run."""
+    ckpt = run_dir / CHECKPOINT
+    if checkpoint_step is None or not ckpt.exists():
+        return ("no checkpoint had been written yet (checkpoint_every), so there is nothing to resume: train "
+                "again with a lower lr, more warmup_steps or a grad_clip")
+    return (f"the checkpoint of step {checkpoint_step}, written before the loss began to diverge, is kept in "
+            f"{ckpt}; continue from it with a lower learning rate: numformer train --out {run_dir} --resume "
+            f"--set train.lr=... (or more warmup_steps, a grad_clip)")
+
+
+def _holds_selection(path, best_step):
+    """Whether model.safetensors holds the weights the periodic evaluations selected (its step is the best
+    step), rather than the last weights of a stop or of an earlier finished run."""
+    if best_step is None or not path.exists():
+        return False
+    step = load_metadata(path, "model file").get("step")
+    return step is not None and step.isdigit() and int(step) == best_step
+
+
+STOPS = (("diverged", "diverged"), ("interrupted", "interrupted"), ("time_limit", "time limit"),
+         ("budget", "time budget"), ("stopped_early", "stopped early"))
+
+
+def stopped_by(stop):
+    """Why a run stopped, for summary.json: diverged, interrupted, time limit, time budget, stopped early or
+    max_steps."""
+    return next((text for key, text in STOPS if stop[key]), "max_steps")
+
+
+def summary_text(s, model_name, folder, resumed):
+    """The closing line of a training call, from its summary ``s``."""
+    how = f"{s['steps']} steps" + ("" if s["stopped_by"] == "max_steps" else f" ({s['stopped_by']})")
+    if s["best_val_loss"] is None:
+        best = "No evaluation ran."
+    else:
+        best = (f"Validation loss {s['best_val_loss']:.4f}"
+                + (f" ({s['best_val_bpb']:.4f} bits per byte)" if s.get("best_val_bpb") is not None else "")
+                + f" on the whole split with the weights of step {s['best_step']}")
+        if s.get("selected_step") is not None and s["selected_step"] != s["last_step"]:
+            best += (f" (whole split: step {s['selected_step']}, selected by {s['selected_on']}, "
+                     f"{s['selected_val_loss']:.4f}; last step {s['last_step']}, {s['last_val_loss']:.4f})")
+        best += "."
+    if s.get("test"):
+        test = ", ".join(f"{k[len('test_'):]} {v:.4f}" for k, v in s["test"].items()
+                         if isinstance(v, float) and not k.startswith("test_decode"))
+        best += f" Test split: {test}."
+    steps_time = f"{s['train_seconds']:.1f} s of training steps"
+    wall = f"{s['wall_seconds']:.1f} s wall time"
+    if resumed:        # the step time counts every part of the run; the wall time, this call's
+        steps_time += " (all parts of the resumed run)"
+        wall += " of this part"
+    return (f"\nTrained {model_name} ({s['parameters']:,} parameters): {how} in {steps_time} "
+            f"({s['tokens_per_s']:,.0f} tokens/s; {wall} with evaluations and checkpoints). {best} "
+            f"Saved to {folder.run_dir}: {folder.saved_files(s['weights'])}.")

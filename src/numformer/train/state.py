@@ -1,0 +1,87 @@
+"""The trainer's own state in checkpoint.safetensors (beside the model and the optimizer): the counters, the
+random generators, early stopping, the divergence guard, the time budget's clock and the losses since the last
+metrics line. ``check_state`` checks what a checkpoint holds before a resumed run uses any of it."""
+from __future__ import annotations
+
+import math
+import time
+
+
+def check_state(state):
+    """A checkpoint's trainer state has the fields, types and ranges ``Trainer._state`` writes: counts are
+    integers >= 0, times and losses finite numbers (TypeError or KeyError naming the first that is not)."""
+    def number(v, none=False, lo=-math.inf):
+        return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                        and math.isfinite(v) and v >= lo)
+
+    def count(v, none=False):
+        return (v is None and none) or (type(v) is int and v >= 0)
+
+    def rng_list(v):
+        return v is None or (isinstance(v, list) and all(isinstance(s, (dict, list)) or s is None for s in v))
+
+    early = state["early_stopping"]
+    checks = {"step": count(state["step"]), "tokens_seen": count(state["tokens_seen"]),
+              "train_seconds": number(state["train_seconds"], lo=0),
+              "model_rng": isinstance(state["model_rng"], dict), "data_rng": isinstance(state["data_rng"], dict),
+              "early_stopping": isinstance(early, dict) and number(early["best"], none=True)
+              and count(early["best_step"], none=True) and count(early["bad_evals"]),
+              "worker_rngs": rng_list(state.get("worker_rngs")), "mpi_rngs": rng_list(state.get("mpi_rngs"))}
+    if "divergence" in state:
+        d = state["divergence"]
+        checks["divergence"] = isinstance(d, dict) and number(d["first_loss"], none=True) and count(d["steps_above"])
+    if state.get("budget") is not None:
+        b = state["budget"]
+        checks["budget"] = (isinstance(b, dict) and number(b["used"], lo=0)
+                            and number(b["warmup_end"], none=True, lo=0))
+    if "log_window" in state:
+        w = state["log_window"]
+        checks["log_window"] = (isinstance(w, dict) and isinstance(w["losses"], list)
+                                and all(number(x) for x in w["losses"]) and count(w["tokens"]))
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        raise TypeError(f"{bad[0]} is not what a checkpoint holds")
+
+
+class LogWindow:
+    """The training losses and tokens since the last metrics line, and when that line was written."""
+
+    def __init__(self, losses=(), tokens=0):
+        self.losses, self.tokens, self.start = list(losses), tokens, time.perf_counter()
+
+    def add(self, loss, tokens):
+        self.losses.append(loss)
+        self.tokens += tokens
+
+    def state_dict(self):
+        return {"losses": list(self.losses), "tokens": self.tokens}
+
+
+DIVERGENCE_FACTOR = 3.0     # the training loss above this multiple of its first value ...
+DIVERGENCE_STEPS = 20       # ... for this many steps in a row stops the run as diverged
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became NaN or infinite, or the loss stayed far above its start."""
+
+
+class DivergenceGuard:
+    """Stops a run whose training loss stays above DIVERGENCE_FACTOR times its first value for DIVERGENCE_STEPS
+    steps in a row (a learning rate far too high can explode the loss without a NaN). ``steps_above``: the
+    steps in a row so far (a periodic checkpoint is not written while it is > 0)."""
+
+    def __init__(self, first_loss=None, steps_above=0):
+        self.first_loss, self.steps_above = first_loss, steps_above
+
+    def check(self, loss, step):
+        """Count update ``step``'s training loss; TrainingDiverged when the run has diverged."""
+        if self.first_loss is None:
+            self.first_loss = loss
+        self.steps_above = self.steps_above + 1 if loss > DIVERGENCE_FACTOR * self.first_loss else 0
+        if self.steps_above >= DIVERGENCE_STEPS:
+            raise TrainingDiverged(f"the training loss diverged: {loss:.4g} at step {step}, above "
+                                   f"{DIVERGENCE_FACTOR:g} times its first value ({self.first_loss:.4g}) for "
+                                   f"{DIVERGENCE_STEPS} steps")
+
+    def state_dict(self):
+        return {"first_loss": self.first_loss, "steps_above": self.steps_above}

@@ -1,0 +1,224 @@
+"""``numformer chat`` and ``ChatSession``: a tiny random Llama saved with transformers, with SmolLM2's chat
+template (ChatML) and a small byte-level BPE tokenizer (tests/test_chat_templates.py), fed from a pipe."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from numformer.commands.chat import load_chat_model, sampling_settings
+from numformer.data.chat import ChatFormat, ChatSession, _Reply, stop_token_ids
+from numformer.data.tokenizers import CharTokenizer
+from numformer.decoding import generate
+
+from test_chat_templates import model_folder
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SYSTEM = "You are a helpful assistant."
+
+
+def chat_folder(tmp_path, max_positions=256, seed=0):
+    """A random Llama (SmolLM2's architecture, tiny) with SmolLM2's tokenizer files and chat template."""
+    folder, hf_tok = model_folder(tmp_path, "chatml")
+    config = transformers.LlamaConfig(vocab_size=len(hf_tok), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=max_positions, tie_word_embeddings=True,
+                                      bos_token_id=hf_tok.convert_tokens_to_ids("<|im_start|>"),
+                                      eos_token_id=hf_tok.convert_tokens_to_ids("<|im_end|>"))
+    torch.manual_seed(seed)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def session_for(folder, **kw):
+    model, tokenizer, folder = load_chat_model(folder)
+    fmt = ChatFormat.from_folder(folder)
+    kw.setdefault("stop_tokens", stop_token_ids(folder, tokenizer, fmt))
+    return ChatSession(model, tokenizer, fmt, **{"system": SYSTEM, "greedy": True, "max_new_tokens": 6, **kw})
+
+
+def chat(run_cli, monkeypatch, folder, lines, *flags, system=SYSTEM):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+    return run_cli("chat", folder, *(["--system", system] if system else []), *flags)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return chat_folder(tmp_path_factory.mktemp("chat"))
+
+
+def test_chat_answers_each_line_from_a_pipe(folder, run_cli, monkeypatch):
+    rc, out, err = chat(run_cli, monkeypatch, folder, "Hello there!\n\n  \nWhat is the capital of France?\n",
+                        "--greedy", "--max-new-tokens", "6")
+    session = session_for(folder)
+    first, second = session.send("Hello there!"), session.send("What is the capital of France?")
+    assert rc == 0 and out == first + "\n" + second + "\n" and first and second
+    assert "Traceback" not in err and "no chat template" not in err
+    assert [m["role"] for m in session.messages()] == ["system", "user", "assistant", "user", "assistant"]
+
+
+def test_reply_is_the_greedy_generation_up_to_the_stop_token(folder, run_cli, monkeypatch):
+    """The reply's tokens are generate's (same prompt, greedy, KV cache) up to the first stop token, which
+    may come from generation_config.json's eos_token_id list (as Llama 3's <|eot_id|>, Gemma's <end_of_turn>)."""
+    session = session_for(folder, stop_tokens=[], max_new_tokens=12)
+    prompt = session.format.encode(session.tokenizer, [{"role": "system", "content": SYSTEM},
+                                                       {"role": "user", "content": "Hi"}], True)
+    tokens = generate(session.model, prompt, 12, greedy=True)[len(prompt):].tolist()
+    stop = tokens[3]
+    k = tokens.index(stop)
+    expected = session.tokenizer.decode(tokens[:k], skip_special=True)
+    assert session.send("Hi") == session.tokenizer.decode(tokens, skip_special=True)     # no stop: all 12
+    assert session_for(folder, stop_tokens=[stop], max_new_tokens=12).send("Hi") == expected
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop, 1], "do_sample": False}))
+    try:
+        model, tokenizer, _ = load_chat_model(folder)
+        assert stop in stop_token_ids(folder, tokenizer, ChatFormat.from_folder(folder))
+        rc, out, err = chat(run_cli, monkeypatch, folder, "Hi\n", "--max-new-tokens", "12")   # greedy: do_sample false
+        assert rc == 0 and out == expected + "\n"
+    finally:
+        (folder / "generation_config.json").unlink()
+
+
+def test_reset_and_quit(folder, run_cli, monkeypatch):
+    rc, out, err = chat(run_cli, monkeypatch, folder, "Hello\n/reset\nHello\n/quit\nnever answered\n", "--greedy")
+    fresh = session_for(folder, max_new_tokens=512).send("Hello")
+    assert rc == 0 and out == fresh + "\n" + fresh + "\n" and "cleared" in err
+    session = session_for(folder)
+    session.send("Hello")
+    before = session.format.render(session.messages() + [{"role": "user", "content": "Hello"}], True)
+    session.reset()
+    assert session.messages() == [{"role": "system", "content": SYSTEM}]
+    assert before != session.format.render(session.messages() + [{"role": "user", "content": "Hello"}], True)
+
+
+def test_history_is_trimmed_to_the_context_keeping_the_system_prompt(tmp_path, run_cli, monkeypatch):
+    small = chat_folder(tmp_path, max_positions=96)
+    session = session_for(small, max_new_tokens=8)
+    dropped = 0
+    for i in range(6):
+        before = len(session.history)
+        session.send(f"Tell me a joke about numbers, number {i}.")
+        dropped += session.dropped
+        assert len(session.history) == before + 2 - 2 * session.dropped        # whole turns are dropped
+        ids = session.format.encode(session.tokenizer, session.messages()[:-1], True)
+        assert len(ids) <= 96 - 8
+        assert session.messages()[0]["role"] == "system" and session.messages()[1]["role"] == "user"
+    assert dropped > 0 and session.history[-2]["content"] == "Tell me a joke about numbers, number 5."
+    lines = "".join(f"Tell me a joke about numbers, number {i}.\n" for i in range(6))
+    rc, out, err = chat(run_cli, monkeypatch, small, lines + "word " * 200 + "\nHi\n", "--greedy",
+                        "--max-new-tokens", "8")
+    assert "dropped the" in err and "oldest turn" in err
+    assert [line for line in err.splitlines() if line.startswith("numformer chat: error: ")] == \
+        [next(line for line in err.splitlines() if "more than the model's context of 96" in line)]
+    assert rc == 2 and out.count("\n") >= 7           # the long message failed; the next one was answered
+
+
+def test_reply_never_streams_a_stop_string_or_half_of_one():
+    tok = CharTokenizer(sorted(set("Hello\nUser: x!")))
+    pieces = []
+    reply = _Reply(tok, stop_tokens=[], stop_strings=("\nUser:",), stream=pieces.append)
+    ended = [reply.add(i) for i in tok.encode("Hello!\nUser: x")]
+    assert ended.index(True) == len("Hello!\nUser:") - 1
+    assert reply.finish() == "Hello!" and "".join(pieces) == "Hello!"
+    assert pieces[-1] == "!" and "\n" not in "".join(pieces)
+    held = _Reply(tok, stop_tokens=[], stop_strings=("\nUser:",), stream=None)
+    for i in tok.encode("Hello\nUs"):
+        held.add(i)
+    assert held.shown == len("Hello") and held.finish() == "Hello\nUs"
+
+
+def test_a_model_without_a_template_gets_the_default_format(tmp_path, run_cli, monkeypatch):
+    """A run folder (here imported from a GPT-2 folder without a chat template): numformer's plain format,
+    said once on stderr; the reply ends at the tokenizer's eos."""
+    from test_interop_hf import TEXT, make_hf, save_tokenizer
+
+    folder, _ = make_hf(tmp_path, n_embd=16, n_layer=1, n_head=2)
+    save_tokenizer(folder)
+    (tmp_path / "text.txt").write_text(TEXT * 3)
+    assert run_cli("import-hf", folder, "--out", tmp_path / "run", "--data", tmp_path / "text.txt",
+                   "--block-size", 32)[0] == 0
+    rc, out, err = chat(run_cli, monkeypatch, tmp_path / "run", "It is a truth\n", "--max-new-tokens", "5",
+                        "--seed", "1", system=None)
+    assert rc == 0 and out.endswith("\n") and err.count("no chat template") == 1, err
+    model, tokenizer, run = load_chat_model(tmp_path / "run")
+    fmt = ChatFormat.from_folder(run)
+    assert fmt.is_default and stop_token_ids(run, tokenizer, fmt) == [tokenizer.eos_id]
+
+
+def test_a_character_level_run_trained_here_chats_in_the_default_format(tmp_path, run_cli, monkeypatch):
+    from conftest import tiny_text_toml
+    from numformer.data.text import read_corpus
+
+    (tmp_path / "small.txt").write_text(read_corpus("")[:3000])
+    (tmp_path / "text.toml").write_text(tiny_text_toml(str(tmp_path / "small.txt")))
+    assert run_cli("train", tmp_path / "text.toml", "--out", tmp_path / "run", "--quiet",
+                   "--set", "data.block_size=64")[0] == 0
+    rc, out, err = chat(run_cli, monkeypatch, tmp_path / "run", "Speak, hear me.\n", "--max-new-tokens", "20",
+                        "--seed", "0", system=None)
+    assert rc == 0 and "no chat template" in err and len(out) > 1, err
+    model, tokenizer, run = load_chat_model(tmp_path / "run")
+    session = ChatSession(model, tokenizer, ChatFormat.from_folder(run), max_new_tokens=20, rng=0)
+    assert session.send("Speak, hear me.") + "\n" == out
+    with pytest.raises(ValueError, match="written in the chat format, cannot be encoded: 1 character.*'G'"):
+        session.send("Good morrow")
+    assert len(session.history) == 2                    # the failed message is not kept
+
+
+def _args(**kw):
+    return argparse.Namespace(**{"temperature": None, "top_k": None, "top_p": None, "greedy": False, **kw})
+
+
+def test_sampling_follows_the_flags_then_generation_config(tmp_path):
+    assert sampling_settings(_args(), tmp_path) == {"temperature": 1.0, "top_k": None, "top_p": None,
+                                                    "greedy": False}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6,
+                                                                 "top_p": 0.9, "top_k": 20}))
+    assert sampling_settings(_args(), tmp_path) == {"temperature": 0.6, "top_k": 20, "top_p": 0.9, "greedy": False}
+    assert sampling_settings(_args(temperature=0.8), tmp_path)["top_p"] is None
+    assert sampling_settings(_args(top_k=5), tmp_path) == {"temperature": 1.0, "top_k": 5, "top_p": None,
+                                                           "greedy": False}
+    assert sampling_settings(_args(greedy=True), tmp_path)["greedy"]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))       # no do_sample
+    assert sampling_settings(_args(), tmp_path)["greedy"]
+
+
+def test_template_flags(folder, tmp_path, run_cli, monkeypatch, cli_error):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}{{ suffix }}")
+    rc, out, err = chat(run_cli, monkeypatch, folder, "Hi\n", "--greedy", "--max-new-tokens", "4",
+                        "--chat-template", template, "--template-var", 'suffix="::"')
+    session = session_for(folder, max_new_tokens=4)
+    session.format = ChatFormat(template.read_text(), session.format.special_tokens, {"suffix": "::"})
+    assert rc == 0 and out == session.send("Hi") + "\n"
+    assert session.format.render(session.messages()[:2], True) == SYSTEM + "Hi::"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
+    assert "--template-var 'oops': write KEY=VALUE" in cli_error("chat", folder, "--template-var", "oops")
+    assert "top_p" in cli_error("chat", folder, "--top-p", "0")
+    assert "--max-new-tokens must be at least 1" in cli_error("chat", folder, "--max-new-tokens", "0")
+
+
+def test_stop_tokens_of_a_folder(tmp_path):
+    _, hf_tok = model_folder(tmp_path, "chatml-thinking")
+    folder = tmp_path / "chatml-thinking"
+    end = hf_tok.convert_tokens_to_ids("<|im_end|>")
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": [end, 10**9]}))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    tokenizer = load_tokenizer_only(folder, json.loads((folder / "config.json").read_text()))
+    assert stop_token_ids(folder, tokenizer, ChatFormat.from_folder(folder)) == sorted({end, 7})
+
+
+def load_tokenizer_only(folder, hf_config):
+    from numformer.interop.hf import load_tokenizer
+    return load_tokenizer(folder, hf_config)
+
+
+def test_session_rng_is_one_generator_for_the_whole_session(folder):
+    a, b = session_for(folder, greedy=False, rng=3), session_for(folder, greedy=False, rng=3)
+    assert [a.send("Hi"), a.send("Hi")] == [b.send("Hi"), b.send("Hi")]
+    assert isinstance(a.rng, np.random.Generator)

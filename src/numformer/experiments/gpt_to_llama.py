@@ -11,7 +11,8 @@ by hand"), over the same seeds, so that each change's share of the difference is
 The first rung is ``configs/shakespeare_char.toml`` and the last ``configs/shakespeare_char_llama.toml``, config
 for config (tests/test_gpt_to_llama.py). Each run's loss is that of its saved weights on the whole validation
 text. Writes results/gpt_to_llama.{json,md}; ``--seeds N`` (default 3) seeds per rung; ``--quick``: a tiny
-model, 12 steps, one seed.
+model, 12 steps, one seed. A run folder that holds a run of the same rung and seed is resumed (a
+finished one only scored again), so an interrupted ladder goes on where it stopped.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from ..models import build_model
 from ..provenance import git_commit, machine_info
 from ..train import Trainer
 from . import Experiment, register
-from .runner import find_config
+from .runner import find_config, same_run
 
 BASE = "shakespeare_char"
 # (rung, what changes, the overrides of configs/shakespeare_char.toml up to and including this rung)
@@ -71,8 +72,11 @@ def run_ladder(exp, ctx):
             run_dir = ctx.runs_dir / exp.name / f"rung_{n}_seed_{seed}"
             if not ctx.quiet:
                 print(f"gpt_to_llama: {name}, seed {seed} -> {run_dir}", file=sys.stderr, flush=True)
-            trainer = Trainer(config, run_dir, overwrite=ctx.overwrite, overrides=[f"train.seed={seed}"],
-                              quiet=ctx.quiet)
+            if same_run(run_dir, apply_overrides(config, [f"train.seed={seed}"])) and not ctx.overwrite:
+                trainer = Trainer(None, run_dir, resume=True, quiet=ctx.quiet)    # an interrupted ladder goes on
+            else:
+                trainer = Trainer(config, run_dir, overwrite=ctx.overwrite, overrides=[f"train.seed={seed}"],
+                                  quiet=ctx.quiet)
             summary = trainer.train()
             losses.append({"seed": seed, "val_loss": summary["best_val_loss"], "step": summary["best_step"],
                            "train_seconds": round(summary["train_seconds"], 1)})

@@ -19,15 +19,15 @@ import math
 
 import numpy as np
 
-from ..config import apply_overrides, load_config, resolve_config
+from ..config import apply_overrides, load_config
 from ..data.base import Batch
 from ..decoding import generate
 from ..provenance import git_commit, machine_info
 from ..train import Trainer, load_model
-from ..run_files import CHECKPOINT, write_json_atomic
+from ..run_files import write_json_atomic
 from ..train.trainer import mean_loss
 from . import register
-from .runner import Experiment, Target, find_config
+from .runner import Experiment, Target, find_config, same_run
 
 PROMPT = "ROMEO:"
 SAMPLE_TOKENS = 300
@@ -139,7 +139,7 @@ def seed_study(exp, ctx):
     for seed in range(ctx.seeds):
         run_dir = ctx.runs_dir / f"{exp.name}_seeds" / f"seed_{seed}"
         seed_overrides = overrides + [f"train.seed={seed}"]
-        if _same_run(run_dir, resolve_config(apply_overrides(config, seed_overrides))[0]):
+        if same_run(run_dir, apply_overrides(config, seed_overrides)):
             trainer = Trainer(None, run_dir, resume=True, quiet=ctx.quiet)   # an interrupted study goes on
         else:
             trainer = Trainer(config, run_dir, overwrite=True, overrides=seed_overrides, quiet=ctx.quiet)
@@ -164,13 +164,6 @@ def seed_study(exp, ctx):
     ctx.results_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(ctx.results_dir / SEEDS_FILE.format(name=exp.name), record)
     return record
-
-
-def _same_run(run_dir, config):
-    """Whether run_dir holds a checkpoint of a run with this resolved config (to resume rather than restart)."""
-    saved = run_dir / "config.json"
-    return (run_dir / CHECKPOINT).is_file() and saved.is_file() and json.loads(saved.read_text(encoding="utf-8")) == json.loads(
-        json.dumps(config))
 
 
 def nanogpt_estimate(model, task, rng, batches=NANOGPT_BATCHES, batch_size=NANOGPT_BATCH_SIZE):

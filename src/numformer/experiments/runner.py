@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..analysis import GROUP_TITLES, attention_maps, plot_attention, plot_loss_curves, read_metrics
-from ..config import load_config
+from ..config import load_config, resolve_config
 from ..provenance import machine_info
 from ..train import Trainer, evaluate_loss
-from ..run_files import write_atomic, write_json_atomic
+from ..run_files import CHECKPOINT, write_atomic, write_json_atomic
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
 REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/
@@ -34,6 +34,20 @@ def find_config(name):
         if path.is_file():
             return path
     raise ValueError(f"no configs/{name}.toml in {Path.cwd()} or {REPO_ROOT}")
+
+
+def same_run(run_dir, config):
+    """Whether run_dir holds a checkpoint of a run of this resolved config, to resume rather than restart (a
+    finished run is only scored again). The saved config is resolved first, so that a folder written before a
+    config key existed matches a config holding that key's default."""
+    saved = Path(run_dir) / "config.json"
+    if not ((Path(run_dir) / CHECKPOINT).is_file() and saved.is_file()):
+        return False
+    try:
+        resolved = resolve_config(json.loads(saved.read_text(encoding="utf-8")))[0]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return json.loads(json.dumps(resolved)) == json.loads(json.dumps(resolve_config(config)[0]))
 
 
 @dataclass

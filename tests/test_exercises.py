@@ -48,6 +48,8 @@ MISTAKES = [
      SHAPES, "db of shape (5, 3)"),
     ("linear", "db of zeros without a bias", [("if has_bias else None", "if has_bias else np.zeros(d_out)")],
      KEYWORDS, "db should be None"),
+    ("linear", "weight_grad ignored", [(" if weight_grad else None", "")], KEYWORDS,
+     "keyword case 'weight_grad=False'"),
     ("embedding", "+= at repeated indices", [("np.add.at(dE, ids.ravel(), dy.reshape(-1, shape[1]))",
                                               "dE[ids.ravel()] += dy.reshape(-1, shape[1])")],
      EDGE, "edge case 'repeated ids'"),
@@ -101,8 +103,8 @@ MISTAKES = [
     ("cross_entropy", "ignore_index fixed at -100", [("keep = t != ignore_index", "keep = t != -100")], KEYWORDS,
      "keyword case 'ignore_index=0'"),
     ("scaled_dot_product_attention", "the mask forgotten in the backward",
-     [("    q, k, v, p, keep, scale = cache\n",
-       "    q, k, v, p, keep, scale = cache\n    s = (q @ np.swapaxes(k, -1, -2)) * scale\n"
+     [("    q, k, v, p, keep, scale, capped = cache\n",
+       "    q, k, v, p, keep, scale, capped = cache\n    s = (q @ np.swapaxes(k, -1, -2)) * scale\n"
        "    p = np.exp(s - s.max(axis=-1, keepdims=True))\n    p = p / p.sum(axis=-1, keepdims=True)\n")],
      EDGE, "edge case 'a padding mask'"),
     ("scaled_dot_product_attention", "k.T on batched keys", [("kt = np.swapaxes(k, -1, -2)", "kt = k.T")], SHAPES,
@@ -117,6 +119,14 @@ MISTAKES = [
      KEYWORDS, "keyword case 'is_causal=True with more keys'"),
     ("scaled_dot_product_attention", "dropout forgotten in the backward", [("dp = dp * keep", "dp = dp")], KEYWORDS,
      "keyword case 'dropout_p=0.5'"),
+    ("scaled_dot_product_attention", "soft-cap's derivative forgotten", [("ds = ds * (1 - capped ** 2)", "ds = ds")],
+     KEYWORDS, "keyword case 'softcap=1.5'"),
+    ("scaled_dot_product_attention", "soft-cap after the mask",
+     [("    capped = None\n    if softcap is not None:\n        capped = np.tanh(s / softcap)\n"
+       "        s = softcap * capped\n", "    capped = None\n"),
+      ("    m = s.max(", "    if softcap is not None:\n        capped = np.tanh(s / softcap)\n"
+                         "        s = softcap * capped\n    m = s.max(")],
+     KEYWORDS, "keyword case 'softcap=1.5'"),
     ("split_heads", "reshape without the transpose", [("return np.moveaxis(y, -2, -3), x.shape",
                                                        "return y.reshape(*lead, n_heads, T, E // n_heads), x.shape")],
      FORWARD, "y differs"),
@@ -139,6 +149,11 @@ MISTAKES = [
      "keyword case 'offset=3'"),
     ("rope", "positions (B, T) not broadcast over the heads", [("if cos.ndim == 3 and x.ndim == 4:", "if False:")],
      KEYWORDS, "keyword case 'positions (B, T)'"),
+    ("rope", "scaling ignored", [("    if scaling is not None:\n        freqs, a = rope_inverse_frequencies(", "    if False:\n        freqs, a = rope_inverse_frequencies(")],
+     KEYWORDS, "keyword case 'scaling linear'"),
+    ("rope", "the attention factor forgotten",
+     [("cos, sin = a * np.cos(angles), a * np.sin(angles)", "cos, sin = np.cos(angles), np.sin(angles)")],
+     KEYWORDS, "keyword case 'scaling yarn'"),
     ("swiglu", "SiLU' = σ", [("(s + a * s * (1 - s))", "s")], BACKWARD, "(dw_up, dw_down"),
     ("swiglu", "gate on the up projection", [("s = 1 / (1 + np.exp(-a))", "s = 1 / (1 + np.exp(-b))"),
                                              ("h = a * s * b", "h = b * s * a")], FORWARD, "y differs"),
@@ -164,7 +179,27 @@ MISTAKES = [
                                                  "param -= lr * m_hat / (np.sqrt(v_hat) + eps)\n"
                                                  "    param *= 1 - lr * weight_decay")],
      "one step against the reference", "param differs"),
+    ("bpe_merge", "ties broken by the first pair counted (max(stats, key=stats.get))",
+     [("best = min(stats, key=lambda p: (-stats[p], p[0], p[1]))", "best = max(stats, key=stats.get)")],
+     "ties, as ByteLevelBPE breaks them", "the smallest left id, then the smallest right id"),
+    ("bpe_merge", "ties broken by the largest ids", [("(-stats[p], p[0], p[1])", "(-stats[p], -p[0], -p[1])")],
+     "ties, as ByteLevelBPE breaks them", "returned ((5, 3), 2); the reference returns ((2, 4), 2)"),
+    ("bpe_merge", "each word counted once", [("stats.get((a, b), 0) + n", "stats.get((a, b), 0) + 1")],
+     "counting pairs", "counts as often as its word occurs"),
+    ("bpe_merge", "a pair counted once per word", [("for a, b in zip(word, word[1:])", "for a, b in set(zip(word, word[1:]))")],
+     EDGE, "edge case 'overlapping pairs'"),
+    ("bpe_merge", "the merged pair's second id not skipped", [("            i += 2\n", "            i += 1\n")],
+     "merging a pair", "returned [104, 101, 256, 108, 111]"),
+    ("bpe_merge", "no guard for words without pairs", [("    if not stats:\n        return None, 0\n", "")],
+     EDGE, "edge case 'no pairs'"),
+    ("bpe_merge", "the word merged in place", [("    out = []\n    i = 0\n", "    out = word\n    i = 0\n    word = list(word)\n    out.clear()\n")],
+     "types, and no argument changed", "changed the word it was given"),
 ]
+
+
+def patches_of(name, mistake):
+    """The patches of the mistake ``mistake`` of exercise ``name`` in MISTAKES."""
+    return next(m[2] for m in MISTAKES if m[:2] == (name, mistake))
 
 
 def solution(name):
@@ -220,7 +255,7 @@ def test_every_exercise_has_two_typical_mistakes():
 
 
 def test_a_failure_says_where_without_the_code(tmp_path):
-    report = E.check_file("layer_norm", write_mistake(tmp_path, "layer_norm", MISTAKES[17][2]))
+    report = E.check_file("layer_norm", write_mistake(tmp_path, "layer_norm", patches_of("layer_norm", "eps outside the square root")))
     text = " ".join(E.format_report(report, "layer_norm.py").split())
     assert "3. forward against the reference" in text and "FAILED" in text
     assert "most at y[" in text and "relative to its largest entry" in text
@@ -238,9 +273,10 @@ def test_a_file_that_does_not_run_fails_the_first_step(tmp_path):
 
 
 def test_hints_come_one_at_a_time_and_are_remembered(tmp_path):
-    seen = [E.next_hint("rope", tmp_path)[0] for _ in range(len(E.EXERCISES["rope"].hints) + 1)]
-    assert seen == [1, 2, 3, 4, 4]
-    assert json.loads((tmp_path / E.HINTS_FILE).read_text())["hints_seen"] == {"rope": 4}
+    n = len(E.EXERCISES["rope"].hints)
+    seen = [E.next_hint("rope", tmp_path)[0] for _ in range(n + 1)]
+    assert seen == [*range(1, n + 1), n]
+    assert json.loads((tmp_path / E.HINTS_FILE).read_text())["hints_seen"] == {"rope": n}
     assert E.next_hint("softmax", tmp_path)[:2] == (1, len(E.EXERCISES["softmax"].hints))
 
 
@@ -297,7 +333,7 @@ def test_train_on_a_learners_ops_follows_the_library(capsys):
 
 
 def test_train_refuses_an_op_that_fails_its_check(tmp_path, capsys):
-    path = write_mistake(tmp_path, "layer_norm", MISTAKES[17][2])
+    path = write_mistake(tmp_path, "layer_norm", patches_of("layer_norm", "eps outside the square root"))
     assert training.train([path], steps=2, overrides=SMALL) == 1
     assert "Fix layer_norm first" in " ".join(capsys.readouterr().out.split())
 
@@ -422,9 +458,21 @@ def _torch_functions():
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
             label_smoothing=label_smoothing),
         "scaled_dot_product_attention": lambda q, k, v, attn_mask=None, is_causal=False, scale=None,
-        need_weights=False: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                                           scale=scale),
+        need_weights=False, softcap=None: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                                         is_causal=is_causal, scale=scale)
+        if softcap is None else _capped_attention(torch, q, k, v, is_causal, scale, softcap),
     }
+
+
+def _capped_attention(torch, q, k, v, is_causal, scale, cap):
+    """Soft-capped attention written out in torch (its scaled_dot_product_attention has no soft-cap; Gemma 2's
+    modeling code computes it this way): S = c·tanh(Q Kᵀ · scale / c), the causal mask, softmax, times V."""
+    scores = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    scores = cap * torch.tanh(scores / cap)
+    if is_causal:
+        blocked = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(blocked, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def _cases_with_a_torch_twin():

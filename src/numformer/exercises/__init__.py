@@ -89,9 +89,11 @@ def format_report(report, path):
             lines.append(f"  {n}. {step.title} ".ljust(width + 6, ".") + " FAILED")
             lines.append(wrap(report.message, "     "))
             break
-    if report.ok:
+    if report.ok and exercise.in_model:
         lines.append(wrap(f"{exercise.name} passes every step: it equals numformer's reference to 1e-10. Plug it "
                           f"into a GPT: numformer exercises train {path}"))
+    elif report.ok:
+        lines.append(wrap(f"{exercise.name} passes every step: it computes what numformer's reference computes."))
     else:
         lines.append(wrap(f"Stuck? `numformer exercises hint {exercise.name}` gives a hint at a time; the "
                           f"derivation is in docs/{exercise.page}."))
@@ -111,7 +113,7 @@ def stub_text(exercise):
         `numformer exercises hint {exercise.name}` gives a hint at a time. The derivation is in
         the docs: docs/{exercise.page}.
         Your file may import NumPy and anything else; the check compares your functions'
-        outputs and gradients with numformer's, in float64.
+        {"outputs and gradients with numformer's, in float64" if exercise.grads else "results with numformer's"}.
         """
         import numpy as np
         ''')

@@ -55,11 +55,13 @@ class NewRng:
 @dataclass(frozen=True)
 class Case:
     """One call of the op: ``make(rng)`` returns the forward's keyword arguments; ``why`` says what a failure
-    on this case usually means (shown with the failure); ``name`` names the case."""
+    on this case usually means (shown with the failure); ``name`` names the case; ``backward_options`` are
+    keyword arguments the backward is called with."""
     name: str
     make: Callable
     why: str = ""
     tol: float = TOL
+    backward_options: tuple = ()       # (name, value) pairs: keyword arguments of the backward (linear's weight_grad)
 
     def inputs(self, seed=SEED):
         """The keyword arguments, fresh (new arrays, new generators) at every call."""
@@ -103,7 +105,8 @@ class Exercise:
     input of steps 2 to 5 (``fd_case``, a smaller one, for finite differences if given); edge_cases and
     keyword_cases: steps 6 and 7; page: where the docs derive the op; plug: the entries of
     ``numformer.nn.dispatch.OPS`` the learner's functions replace in ``numformer exercises train`` (a callable
-    from the learner's functions to {name: function}); steps: replaces the standard steps.
+    from the learner's functions to {name: function}); steps: replaces the standard steps; in_model: False for an
+    exercise no model calls (the BPE merge step), which ``numformer exercises train`` has no use for.
     """
     name: str
     summary: str
@@ -119,6 +122,7 @@ class Exercise:
     reference: object = ops
     plug: Callable | None = None
     steps: tuple | None = None
+    in_model: bool = True
 
     @property
     def names(self):
@@ -190,12 +194,14 @@ def run_forward(exercise, functions, inputs, learner=True):
     return dict(zip(exercise.calls.outputs, result[:-1])), result[-1]
 
 
-def run_backward(exercise, functions, cache, upstream, learner=True):
-    """{input name: gradient} of the exercise's backward, given {output name: upstream gradient}."""
+def run_backward(exercise, functions, cache, upstream, learner=True, options=()):
+    """{input name: gradient} of the exercise's backward, given {output name: upstream gradient} (``options``:
+    (name, value) pairs of its keyword arguments)."""
     name = exercise.names[1]
     grads = [upstream[o] for o in exercise.calls.differentiable]
     args = (cache, *grads) if exercise.calls.cache_first else (*grads, cache)
-    result = call(name, functions[name], *args) if learner else functions[name](*args)
+    kwargs = dict(options)
+    result = call(name, functions[name], *args, **kwargs) if learner else functions[name](*args, **kwargs)
     n = len(exercise.grads)
     if n == 1 and not isinstance(result, (tuple, list)):
         result = (result,)
@@ -378,15 +384,17 @@ def _compare(exercise, learner, reference, case, inputs):
     ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
     fail_if_different(outputs, ref_outputs, "", case.tol, context=f"{call_text}:\n")
     upstream = upstream_for(ref_outputs, exercise)
+    options = case.backward_options
     try:
-        grads = run_backward(exercise, learner, cache, dict(upstream))
+        grads = run_backward(exercise, learner, cache, dict(upstream), options=options)
     except Failure as failure:
         raise Failure(f"after {call_text}: {failure}") from None
-    ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False)
+    ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False, options=options)
     wrong, right = differences(grads, ref_grads, "d", case.tol)
     if wrong:
         matched = f"; {', '.join(right)} match{'es' if len(right) == 1 else ''}" if right else ""
-        raise Failure(f"{exercise.names[1]} after {call_text}:\n" + "\n".join(wrong)
+        backward = exercise.names[1] + "".join(f" with {k}={v!r}" for k, v in options)
+        raise Failure(f"{backward} after {call_text}:\n" + "\n".join(wrong)
                       + f"\n(the forward matches{matched})")
 
 

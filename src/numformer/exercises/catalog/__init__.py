@@ -5,10 +5,11 @@ the hints) and one line in ``EXERCISES`` below: its place in ``numformer exercis
 """
 from __future__ import annotations
 
-from . import (adamw, cross_entropy, dropout, embedding, gelu, layer_norm, linear, log_softmax, merge_heads,
+from . import (adamw, bpe_merge, cross_entropy, dropout, embedding, gelu, layer_norm, linear, log_softmax, merge_heads,
                repeat_kv, rms_norm, rope, scaled_dot_product_attention, softmax, split_heads, swiglu)
 
-# in the order of the tutorials: tutorial 1-2 (attention, backpropagation), 4 (the optimizer), 9 (Llama)
+# in the order of the tutorials: tutorial 1-2 (attention, backpropagation), 4 (the optimizer), 9 (BPE),
+# 10 (Llama)
 EXERCISES = {e.name: e for e in (
     softmax.EXERCISE,
     log_softmax.EXERCISE,
@@ -22,6 +23,7 @@ EXERCISES = {e.name: e for e in (
     split_heads.EXERCISE,
     merge_heads.EXERCISE,
     adamw.EXERCISE,
+    bpe_merge.EXERCISE,
     rms_norm.EXERCISE,
     swiglu.EXERCISE,
     rope.EXERCISE,

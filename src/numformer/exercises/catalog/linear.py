@@ -31,10 +31,12 @@ Returns (dx, dW, db).
 
 dx: (..., d_in)   dW: (d_out, d_in), summed over every leading position
 db: (d_out,), or None when the forward had no bias.
+weight_grad=False: W is frozen (fine-tuning with LoRA, a frozen layer), so dW is
+None and its product is never computed.
 Since y_nk = Σ_i x_ni W_ki + b_k, each partial derivative is one factor of a
 product.""",
-                 todos=("dx", "dW, summed over all leading axes (flatten them first)", "db, or None without bias",
-                        "return (dx, dW, db)")),
+                 todos=("dx", "dW, summed over all leading axes (flatten them first); None when weight_grad is "
+                        "False", "db, or None without bias", "return (dx, dW, db)")),
     ),
     grads=("x", "W", "b"),
     case=Case("x (5, 4), W (3, 4), b (3,)", _inputs()),
@@ -45,6 +47,8 @@ product.""",
     ),
     keyword_cases=(
         Case("b=None", _inputs((2, 3), bias=False), why="no bias: db is None"),
+        Case("weight_grad=False", _inputs((2, 3)), backward_options=(("weight_grad", False),),
+             why="a frozen weight: dW is None, dx and db as usual"),
     ),
     hints=(
         "Write y_nk = Σ_i x_ni W_ki + b_k and differentiate with respect to one x_ni, one W_ki, one b_k; then "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import ops
 from ..checker import Case, Exercise, Function, normal_inputs
 
 
@@ -24,9 +25,13 @@ Split x = [x₁, x₂] into halves; the pair (x₁[i], x₂[i]) turns by the ang
 with cos and sin repeated over both halves.
 x: (..., T, d)   ->   y: the shape of x. The positions are offset … offset + T - 1,
 or ``positions`` given explicitly: (T,), or (B, T) for x of shape (B, H, T, d)
-(one row of positions per sequence).""",
-                 todos=("the positions (offset, or positions)", "the angles p·θ_i, their cos and sin over both "
-                        "halves", "y; return y and your cache")),
+(one row of positions per sequence).
+scaling: None (plain RoPE), or a numformer.ops.RopeScaling (scaled RoPE: linear,
+dynamic, yarn, llama3). Then θ and an attention factor a are
+numformer.ops.rope_inverse_frequencies(d, theta, scaling, n), n = the largest
+position + 1, and cos and sin are multiplied by a.""",
+                 todos=("the positions (offset, or positions)", "θ_i (and a, with scaling)",
+                        "the angles p·θ_i, their cos and sin over both halves", "y; return y and your cache")),
         Function("rope_backward", """\
 dx from dy (the shape of x). The rotation is orthogonal: its transpose is its
 inverse.""",
@@ -44,6 +49,11 @@ inverse.""",
         Case("positions (T,)", _x(positions=np.array([3, 5, 6, 9, 10])), why="explicit positions"),
         Case("positions (B, T)", _x(positions=np.array([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])),
              why="one row of positions per sequence (a left-padded batch), broadcast over the heads"),
+        Case("scaling linear", _x(scaling=ops.RopeScaling("linear", factor=4.0)),
+             why="linear scaling: every θ_i divided by 4"),
+        Case("scaling yarn", _x(offset=6, scaling=ops.RopeScaling("yarn", factor=4.0,
+                                                                   original_max_position_embeddings=4)),
+             why="YaRN: other frequencies, and cos and sin times the attention factor a"),
     ),
     hints=(
         "Build the angles as np.outer-like products of positions and θ (shape (T, d/2)), then concatenate the "
@@ -53,6 +63,8 @@ inverse.""",
         "rotate_half is not rotate_half: [g₁, g₂] -> [g₂, -g₁].",
         "For positions of shape (B, T) and x of shape (B, H, T, d), cos and sin have shape (B, T, d): insert "
         "the head axis so that they broadcast.",
+        "With scaling, only θ changes (and cos, sin get the factor a): let rope_inverse_frequencies compute both; "
+        "the rotation and its backward are the same.",
     ),
     page="tutorials/gpt-to-llama.md#rope",
 )

@@ -98,12 +98,14 @@ attn_mask: broadcastable to (..., Tq, Tk). Boolean: True where a query MAY atten
     (as torch.nn.functional.scaled_dot_product_attention); float: added to S.
 is_causal: query i attends to keys j <= i (top-left aligned).
 scale: 1/√d_k when None.
+softcap: c > 0 caps the scaled scores to c·tanh(S / c) before the mask (Gemma 2);
+    None: no cap.
 dropout_p > 0: each weight dropped with probability dropout_p and the others
     scaled by 1/(1 - dropout_p), the keep-mask drawn from ``rng``.
 weights: the weights (after dropout), (..., Tq, Tk), when need_weights, else None.
 A query that may attend to no key gets all-zero weights, hence a zero output and
 zero gradients, never NaN.""",
-                 todos=("the scores S = Q Kᵀ · scale", "the masks: is_causal, then attn_mask (bool or float)",
+                 todos=("the scores S = Q Kᵀ · scale", "the soft-cap, when softcap is given", "the masks: is_causal, then attn_mask (bool or float)",
                         "P = softmax(S) over the keys (a fully masked row gives zeros)",
                         "dropout on P when dropout_p > 0", "out = P V; return (out, weights or None, cache)")),
         Function("scaled_dot_product_attention_backward", """\
@@ -112,7 +114,7 @@ as q, k, v.
 
 Go back through out = P V, P = softmax(S) row by row, and S = Q Kᵀ · scale + M:
 a matrix product, a softmax, a matrix product. The mask M is a constant; dropout
-multiplies P by a constant mask.""",
+multiplies P by a constant mask; the soft-cap's derivative is 1 - tanh²(S / c).""",
                  todos=("dV and dP from out = P V", "dS from dP, row by row through the softmax",
                         "dQ and dK from S = Q Kᵀ · scale", "return (dq, dk, dv)")),
     ),
@@ -136,6 +138,9 @@ multiplies P by a constant mask.""",
         Case("scale=0.3", _qkv(scale=0.3), why="the scores are Q Kᵀ · 0.3"),
         Case("need_weights=True", _qkv(need_weights=True, is_causal=True),
              why="the weights are returned too, and compared"),
+        Case("softcap=1.5", _qkv(t_q=4, t_k=4, is_causal=True, softcap=1.5),
+             why="the scores capped to 1.5·tanh(S / 1.5) before the causal mask (masked keys stay masked), and "
+                 "the cap's derivative in the backward"),
     ),
     hints=(
         "Forward: the mask is applied to the scores before the softmax (-inf where a key is hidden), so that the "

@@ -1,6 +1,7 @@
 """What a reader cross-checks between pages, checked so that it cannot go stale: the tutorials' numbers and
 titles against the nav, the model diagrams against the configs their pages train, the printed samples against
-the results they come from, and figures whose legend would hide a curve.
+the results they come from, figures whose legend would hide a curve, the Hugging Face families the pages name
+against those numformer loads, and the notation of a normal distribution.
 """
 from __future__ import annotations
 
@@ -122,3 +123,31 @@ def test_a_diagram_title_counts_its_layers_in_words():
 
     assert ", 1 layer," in model_diagram(GPT(10, 8, n_layers=1, n_heads=2, d_model=8), 2, 8)[0]
     assert ", 2 layers," in model_diagram(GPT(10, 8, n_layers=2, n_heads=2, d_model=8), 2, 8)[0]
+
+
+# the Hugging Face families as the pages name them: model_type -> name
+FAMILY_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
+
+
+def test_the_pages_name_every_hugging_face_family():
+    """The home page's summary, the import-hf row of the command reference and the README name every family
+    numformer.interop.hf loads (a new family is named there too, or this fails)."""
+    from numformer.interop.hf import FAMILIES
+
+    assert set(FAMILY_NAMES) == set(FAMILIES), "name the new family in FAMILY_NAMES and on the pages below"
+    docs = ROOT / "docs"
+    cli_row = next(line for line in (docs / "reference" / "cli.md").read_text(encoding="utf-8").splitlines()
+                   if "`numformer import-hf" in line)
+    home = " ".join((docs / "index.md").read_text(encoding="utf-8").split("\n## ", 1)[0].split())
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    for where, text in (("docs/index.md", home), ("cli.md's import-hf row", cli_row), ("README.md", readme)):
+        missing = [name for name in FAMILY_NAMES.values() if name not in text]
+        assert not missing, f"{where} does not name {missing}"
+
+
+def test_a_normal_distribution_is_written_with_its_variance():
+    """N(μ, σ²): a standard deviation written in the variance's place (N(0, 0.02)) is the slip a learner met."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    slips = [f"{p.relative_to(ROOT)}: {m.group()}" for p in pages
+             for m in re.finditer(r"N\(0, ?0?\.\d+\)", p.read_text(encoding="utf-8"))]
+    assert not slips, slips

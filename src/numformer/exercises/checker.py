@@ -285,6 +285,9 @@ def describe(inputs):
             parts.append(f"{k} {v.dtype.name}{tuple(v.shape)}" if v.dtype != np.float64 else f"{k} {tuple(v.shape)}")
         elif isinstance(v, np.random.Generator):
             parts.append(f"{k}=a Generator")
+        elif hasattr(v, "to_dict"):                     # a RopeScaling: the fields that are set
+            fields = ", ".join(f"{a}={b!r}" for a, b in v.to_dict().items())
+            parts.append(f"{k}={type(v).__name__}({fields})")
         else:
             parts.append(f"{k}={v!r}")
     return ", ".join(parts)

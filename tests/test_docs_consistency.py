@@ -151,3 +151,23 @@ def test_a_normal_distribution_is_written_with_its_variance():
     slips = [f"{p.relative_to(ROOT)}: {m.group()}" for p in pages
              for m in re.finditer(r"N\(0, ?0?\.\d+\)", p.read_text(encoding="utf-8"))]
     assert not slips, slips
+
+
+# README: "Every layer (...) is a forward function and a backward function you can read, derived in the docs":
+# each layer it names -> the heading of the tutorial section that derives its backward pass
+DERIVED = {"linear": "Linear", "embedding": "Embedding", "layer norm": "Layer norm", "softmax": "Softmax",
+           "cross-entropy": "Cross-entropy", "dropout": "Dropout", "GELU": "GELU",
+           "attention with its masks": "Attention", "positional encodings": "The position table",
+           "RMSNorm": "RMSNorm", "SwiGLU": "SwiGLU", "RoPE": "RoPE"}
+
+
+def test_every_layer_the_readme_calls_derived_has_its_derivation():
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    listed = re.search(r"Every layer \((.+?)\) is a forward function", readme)
+    assert listed, "README.md no longer lists the layers whose backward passes the docs derive"
+    layers = [name.strip() for name in listed.group(1).split(",")]
+    assert layers == list(DERIVED), "name the layer's derivation (its tutorial heading) in DERIVED"
+    headings = {m.group(1).strip() for page in (ROOT / "docs" / "tutorials").glob("*.md")
+                for m in re.finditer(r"^#{2,3} (.+)$", page.read_text(encoding="utf-8"), re.M)}
+    missing = {layer: heading for layer, heading in DERIVED.items() if heading not in headings}
+    assert not missing, f"README.md says these are derived, but no tutorial has the section: {missing}"

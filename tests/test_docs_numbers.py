@@ -4,8 +4,8 @@ A quoted figure carries a marker right after it, invisible on GitHub and on the 
 ``1.9116<!-- result: shakespeare_char.json figures.test_loss -->``: the file under results/, the dotted
 key of the figure, and optionally a divisor (``wall_time_s /60`` quotes seconds as minutes). The figure
 written before the marker must equal the file's value rounded to the decimals the page shows; thousands
-separators are allowed. In the pages that quote the most (README, docs/index.md, the first tutorial and the
-training reference), every figure next to a results link must carry a marker.
+separators are allowed. In the pages that quote the most (README, docs/index.md, the training reference and every
+tutorial), every figure next to a results link must carry a marker.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"(?P<figure>[0-9][0-9,]*(?:\.[0-9]+)?)\**\s*<!-- result: (?P<file>\S+) (?P<key>[\w.@-]+)"
                     r"(?: /(?P<divisor>[0-9.]+))? -->")
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-FULLY_MARKED = ["README.md", "docs/index.md", "docs/tutorials/first-gpt.md", "docs/reference/training.md"]
+FULLY_MARKED = ["README.md", "docs/index.md", "docs/reference/training.md",
+                *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "tutorials").glob("*.md"))]
 
 
 def _markers():

@@ -12,7 +12,9 @@ Long steps (real training) run with tiny settings here: TINY lists, per page, th
 and what the test runs instead; each replaced text must be on the page, so the list cannot drift
 from it silently. The pages state what the full run gives, from results/*.md.
 
-Figures: a page shows ``../figures/NAME.png`` only if its own code writes NAME.png (checked here).
+Figures: a page shows ``../figures/NAME.png`` only if its own code writes NAME.png (checked here), and a
+committed figure that says what it shows (a model diagram's PNG holds the diagram as text) shows what the
+page draws now.
 ``python tests/test_docs_pages.py --figures`` runs the figure-making pages in docs/figures/ and so
 regenerates the committed PNGs. The architecture drawings are the exception: docs/figures/diagrams.py
 draws them (``python docs/figures/diagrams.py``; tests/test_docs_figures.py).
@@ -165,6 +167,17 @@ def test_page_runs(page, tmp_path):
             continue
         assert (tmp_path / name).is_file(), f"{page} shows ../figures/{name} but its code does not write {name}"
         assert (ROOT / "docs" / "figures" / name).is_file(), f"run `python {__file__} --figures` to write {name}"
+        shows = _description(tmp_path / name)       # a figure that says what it shows (a model diagram)
+        assert shows is None or shows == _description(ROOT / "docs" / "figures" / name), \
+            f"docs/figures/{name} does not show what {page} draws now: run `python {__file__} --figures`"
+
+
+def _description(path):
+    """The Description field of a PNG (numformer's model diagrams store the diagram as text there), or None."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.info.get("Description")
 
 
 def test_first_gpt_config_is_the_make_run_config():

@@ -1,7 +1,7 @@
 """The import graph of numformer's own modules, read from the source with ``ast`` (nothing is imported).
 
 Imports run one way: (ops, run_files) <- kernels <- nn <- models <- (data, optim) <- interop <- config <- train
-<- (analysis, experiments, bench) <- commands <- cli. Every import statement counts, at module level and inside function
+<- (analysis, experiments, bench, exercises) <- commands <- cli. Every import statement counts, at module level and inside function
 bodies alike, so a cycle cannot hide in a function. Outside the CLI (``cli.py``, ``commands/``, which import
 lazily to keep ``numformer --help`` fast) a function body imports numformer modules only where
 ``FUNCTION_IMPORTS_ALLOWED`` says why.
@@ -26,7 +26,7 @@ LAYERS = [
     ("numformer.interop",),                                              # loading any source; Hugging Face, PyTorch
     ("numformer.config",),                                               # [train], and whole configs
     ("numformer.train",),
-    ("numformer.analysis", "numformer.experiments", "numformer.bench"),
+    ("numformer.analysis", "numformer.experiments", "numformer.bench", "numformer.exercises"),
     ("numformer.commands",),
     ("numformer",),                       # the package itself: the names ``import numformer`` offers
     ("numformer.cli",),

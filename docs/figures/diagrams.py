@@ -3,10 +3,14 @@
 ``python docs/figures/diagrams.py`` writes every figure of ``DRAWINGS`` into docs/figures/
 (``tests/test_docs_figures.py`` draws them all in a temporary folder and checks that each one is
 committed and shown by a page). The model diagrams are numformer's own
-(``numformer.analysis.plot_model_diagram``), built from the modules of the configured model.
+(``numformer.analysis.plot_model_diagram``), built from the modules of the model their page trains
+(``MODEL_DRAWINGS``: the config the page shows, or the file it trains); each PNG carries its diagram
+as text, which the test compares with the model of the page's config.
 """
 from __future__ import annotations
 
+import ast
+import re
 import sys
 from pathlib import Path
 
@@ -16,6 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 
+DOCS = Path(__file__).resolve().parents[1]
+ROOT = DOCS.parent
 HEAD_COLORS = ["#e07b6a", "#6aa5e0", "#7cc47a", "#e0b85a"]
 INK = "#333333"
 
@@ -201,22 +207,50 @@ def flash_tiles(path):
     plt.close(fig)
 
 
-def gpt_shakespeare(path):
-    """The model of configs/shakespeare_char.toml (tutorial 5), with the shapes of one batch."""
-    from numformer.analysis import plot_model_diagram
-    from numformer.models import GPT
+def page_config(page):
+    """The ``config = {...}`` dict of a tutorial page (read from its Python blocks, nothing run)."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        for node in ast.parse(block).body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "config":
+                return ast.literal_eval(node.value)
+    raise ValueError(f"{page} has no config = {{...}} block")
 
-    model = GPT(65, 64, n_layers=4, n_heads=4, d_model=128, bias=False, rng=0)
-    plot_model_diagram(model, batch_size=12, seq_len=64, path=path)
+
+def model_of(config):
+    """The model a config builds (the sizes its data decides, without reading data where the task can tell),
+    and the (batch size, source length, target length) of one training batch."""
+    from numformer.config import resolve_config
+    from numformer.models import build_model
+
+    resolved, _ = resolve_config(config, sizes_only=True)
+    model = build_model(resolved["model"], rng=0)
+    data, batch = resolved["data"], resolved["train"]["batch_size"]
+    if resolved["model"]["type"] == "transformer":           # a synthetic task: the source, <bos> target <eos>
+        return model, (batch, data["length"], data["length"] + 1)
+    return model, (batch, data["block_size"], None)
 
 
-def transformer_copy(path):
-    """A small encoder-decoder, as the copy task of tutorial 6 trains it."""
-    from numformer.analysis import plot_model_diagram
-    from numformer.models import Transformer
+def _model_drawing(config):
+    def draw(path):
+        from numformer.analysis import plot_model_diagram
 
-    model = Transformer(14, 14, d_model=64, n_heads=4, n_layers=2, d_ff=128, rng=0)
-    plot_model_diagram(model, batch_size=32, seq_len=12, tgt_len=13, path=path)
+        model, (batch, seq_len, tgt_len) = model_of(config())
+        plot_model_diagram(model, batch_size=batch, seq_len=seq_len, tgt_len=tgt_len, path=path)
+    return draw
+
+
+def _toml(name):
+    from numformer.config import load_config
+
+    return lambda: load_config(ROOT / "configs" / name)
+
+
+# model diagrams: figure -> (the page that shows it, the config it is drawn from; the page trains that config)
+MODEL_DRAWINGS = {
+    "gpt_shakespeare.png": ("tutorials/first-gpt.md", _toml("shakespeare_char.toml")),
+    "transformer_copy.png": ("tutorials/encoder-decoder.md", lambda: page_config("tutorials/encoder-decoder.md")),
+}
 
 
 def rope_scaling(path):
@@ -264,8 +298,8 @@ def rope_scaling(path):
 
 DRAWINGS = {"head_split.png": head_split, "residual_stream.png": residual_stream,
             "attention_graph.png": attention_graph, "attention_backward.png": attention_backward,
-            "flash_tiles.png": flash_tiles, "gpt_shakespeare.png": gpt_shakespeare,
-            "transformer_copy.png": transformer_copy, "rope_scaling.png": rope_scaling}
+            "flash_tiles.png": flash_tiles, "rope_scaling.png": rope_scaling,
+            **{name: _model_drawing(config) for name, (_, config) in MODEL_DRAWINGS.items()}}
 
 
 def draw_all(folder):

@@ -128,15 +128,20 @@ def new_figure(width, height):
     return fig
 
 
-def save_figure(fig, path, dpi=100):
-    """Write ``fig`` as PNG to ``path`` (folders created) when path is given; return the figure."""
+def save_figure(fig, path, dpi=100, description=None):
+    """Write ``fig`` as PNG to ``path`` (folders created) when path is given; return the figure.
+
+    ``description``: text stored in the PNG's Description field (what the figure shows, e.g. a model diagram
+    as text), so that a committed figure can be checked against what it should show without comparing pixels.
+    """
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*[Gg]lyph.*missing.*")
             warnings.filterwarnings("ignore", message=".*constrained_layout not applied.*")
-            fig.savefig(path, dpi=dpi, format="png")
+            fig.savefig(path, dpi=dpi, format="png",
+                        metadata=None if description is None else {"Description": description})
     return fig
 
 

@@ -96,6 +96,11 @@ def model_diagram(model, batch_size=1, seq_len=None, tgt_len=None):
     raise TypeError(f"no block diagram for {type(model).__name__}; expected GPT, EncoderClassifier or Transformer")
 
 
+def _layers(n):
+    """"1 layer", "4 layers"."""
+    return f"{n} layer{'s' * (n != 1)}"
+
+
 def _stack(title, inputs, blocks, final_norm, tail, block_name, B, T, S=None, causal=False, decoder=False):
     """The Column of one stack of ``blocks`` reading a (B, T) sequence: ``inputs`` = (ids label, embedding label,
     positional label), then the repeated block, its final norm (when ``final_norm`` is not None) and ``tail``."""
@@ -117,7 +122,7 @@ def _gpt_diagram(model, B, seq_len, tgt_len):
                  ("token ids", f"token embedding E[ids], {V}×{d}", _positional_label(model.pos_emb)),
                  list(model.blocks), model.norm_f, [Stage(f"linear → vocabulary{tied}", (B, T, V), "head", "logits")],
                  "block", B, T, causal=True)
-    return f"GPT: B={B}, T={T}, d_model={d}, {model.n_layers} layers, vocab {V}", [col]
+    return f"GPT: B={B}, T={T}, d_model={d}, {_layers(model.n_layers)}, vocab {V}", [col]
 
 
 def _classifier_diagram(model, B, seq_len, tgt_len):
@@ -132,7 +137,7 @@ def _classifier_diagram(model, B, seq_len, tgt_len):
                  [Stage(f"pool: {pool}", (B, d), "op"),
                   Stage(f"dropout, linear → {C} classes", (B, C), "head", "logits")],
                  "encoder block", B, T)
-    return f"EncoderClassifier: B={B}, T={T}, d_model={d}, {len(model.encoder.layers)} layers", [col]
+    return f"EncoderClassifier: B={B}, T={T}, d_model={d}, {_layers(len(model.encoder.layers))}", [col]
 
 
 def _transformer_diagram(model, B, seq_len, tgt_len):
@@ -187,6 +192,7 @@ def plot_model_diagram(model, batch_size=1, seq_len=None, tgt_len=None, path=Non
 
     The repeated block is framed and marked × n_layers, residual connections run on the
     right of the boxes, and a Transformer's encoder output feeds the decoder's cross-attention.
+    The PNG's Description field holds ``format_model_diagram``'s text of the same diagram.
     """
     from matplotlib.patches import FancyArrowPatch
 
@@ -223,7 +229,7 @@ def plot_model_diagram(model, batch_size=1, seq_len=None, tgt_len=None, path=Non
     ax.set_xlim(-1.3, col_x[-1] + box_w + 0.9)
     ax.set_ylim(min(all_y) - 0.4, max(all_y) + box_h + 0.9)
     ax.set_title(title, fontsize=9)
-    return save_figure(fig, path, dpi)
+    return save_figure(fig, path, dpi, description=format_model_diagram(model, batch_size, seq_len, tgt_len))
 
 
 def _draw_stages(ax, stages, x0, ys, box_w, box_h):

@@ -76,6 +76,8 @@ def _timed_ops(timers):
     saved_ce = ops.cross_entropy_forward, ops.cross_entropy_backward
     try:
         for name, (reference, kernel) in saved_ops.items():
+            if name.startswith("scaled_dot_product_attention"):     # inside ATTENTION["reference"], timed below
+                continue
             OPS[name] = (reference, timers.wrap(kernel, _family(name)))
         for name, kernel in saved_kernels.items():
             ATTENTION[name] = kernel._replace(forward=timers.wrap(kernel.forward, "attention"),

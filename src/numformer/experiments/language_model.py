@@ -17,6 +17,7 @@ afresh.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import sys
 
@@ -28,6 +29,7 @@ from ..decoding import generate
 from .._limits import NUMBER
 from ..provenance import git_commit, machine_info
 from ..run_files import write_json_atomic
+from ..train import load_model
 from ..train.trainer import mean_loss
 from . import register
 from ._runs import reusable_run, start_run
@@ -35,6 +37,10 @@ from .runner import Experiment, Target, find_config, read_record
 
 PROMPT = "ROMEO:"
 SAMPLE_TOKENS = 300
+# the sampling strategies of docs/tutorials/first-gpt.md, which prints their samples (checked against the results)
+STRATEGIES = {"greedy": {"greedy": True}, "temperature 0.8": {"temperature": 0.8},
+              "temperature 1.5": {"temperature": 1.5}, "top-k 5": {"top_k": 5}, "top-p 0.9": {"top_p": 0.9}}
+STRATEGY_TOKENS = 80
 SEEDS_FILE = "{name}_seeds.json"          # the seed study of experiment {name}
 # nanoGPT's estimate_loss for this configuration: eval_iters = 20 batches of batch_size = 12 random windows
 NANOGPT_BATCHES, NANOGPT_BATCH_SIZE, ESTIMATE_DRAWS, QUICK_DRAWS = 20, 12, 100, 4
@@ -58,6 +64,7 @@ def make_extra(name, why, compare_with=None):
     studies."""
     def extra(trainer, task, ctx):
         figures, md = _sample_and_figures(trainer, task, name, why)
+        write_strategy_samples(trainer.run_dir, task.tokenizer, ctx.results_dir, name, ctx.quick)
         seeds = ctx.results_dir / SEEDS_FILE.format(name=name)
         parts = [md, seeds_markdown(seeds, name, nanogpt=compare_with is None)]
         if compare_with is not None:
@@ -84,6 +91,28 @@ def _sample_and_figures(trainer, task, name, why):
         f"Sample (`numformer generate runs/{name} --prompt \"{PROMPT}\" --max-new-tokens "
         f"{SAMPLE_TOKENS} --seed 0`):", "", "```text", sample, "```", ""])
     return figures, md
+
+
+def strategy_samples(run_dir, tokenizer):
+    """{strategy: text}: the saved weights continue PROMPT for STRATEGY_TOKENS characters with each strategy of
+    STRATEGIES, seed 0 (what "Train your first GPT" runs on its model)."""
+    model, prompt = load_model(run_dir), tokenizer.encode(PROMPT)
+    return {name: tokenizer.decode(generate(model, prompt, STRATEGY_TOKENS, rng=0, **options))
+            for name, options in STRATEGIES.items()}
+
+
+def write_strategy_samples(run_dir, tokenizer, results_dir, name, quick=False):
+    """results/{name}_samples.json: the samples of ``strategy_samples`` of the run's saved weights, with the
+    whole-validation loss of those weights (the page that prints the samples is checked against this file)."""
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    record = {"command": f"numformer reproduce {name}" + (" --quick" if quick else ""), "commit": git_commit(),
+              "date": datetime.date.today().isoformat(), "run_dir": str(run_dir),
+              "val_loss": summary["best_val_loss"], "step": summary["best_step"], "prompt": PROMPT,
+              "new_tokens": STRATEGY_TOKENS, "seed": 0, "strategies": STRATEGIES,
+              "samples": strategy_samples(run_dir, tokenizer)}
+    results_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(results_dir / f"{name}_samples.json", record)
+    return record
 
 
 def _selection_text(s, name):

@@ -155,7 +155,7 @@ def runs_from_record(record):
 
 # -- figures ------------------------------------------------------------------------------------------------------
 def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
-    fig = new_figure(4.2 * len(TASKS), 3.4)
+    fig = new_figure(4.2 * len(TASKS) + 1.8, 3.4)
     axes = fig.subplots(1, len(TASKS), squeeze=False)[0]
     for ax, t in zip(axes, TASKS):
         for e in ENCODINGS:
@@ -174,13 +174,19 @@ def plot_accuracy_vs_length(runs, L, lengths, vocab, path):
         ax.set_xlabel("evaluation length")
         ax.set_ylabel("accuracy (test set)")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, loc="lower left")
+    _legend_outside(fig, axes[-1])
     fig.suptitle("Positional encodings beyond the trained length", fontsize=11)
     return save_figure(fig, path)
 
 
+def _legend_outside(fig, ax):
+    """The legend of ``ax``'s lines beside the panels, where it hides no curve."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize=7)
+
+
 def plot_position_accuracy(runs, L, vocab, path):
-    fig = new_figure(4.2 * len(TASKS), 3.2)
+    fig = new_figure(4.2 * len(TASKS) + 1.0, 3.2)
     axes = fig.subplots(1, len(TASKS), squeeze=False)[0]
     for ax, t in zip(axes, TASKS):
         for e in ENCODINGS:
@@ -194,7 +200,7 @@ def plot_position_accuracy(runs, L, vocab, path):
         ax.set_xlabel(f"target position (shaded: 1..{L}, trained; {n + 1} is <eos>)")
         ax.set_ylabel("token accuracy (teacher-forced)")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7)
+    _legend_outside(fig, axes[-1])
     return save_figure(fig, path)
 
 

@@ -16,6 +16,11 @@ always inside ``reference_mode()``.
         loss = train_step(model, batch)         # every op of the model is the plain NumPy reference
 
 Switch between steps, not between a forward pass and its backward (each path's cache is its own).
+
+``using_ops({name: function, ...})`` puts other functions in the table for the length of a block, whichever
+path is selected (``numformer exercises train`` runs a learner's own ops this way). Attention's reference
+kernel (``ATTENTION["reference"]``) calls ``F.scaled_dot_product_attention_forward/backward``, so it is one
+of them.
 """
 from __future__ import annotations
 
@@ -64,9 +69,15 @@ OPS = {
     "rope_backward":           (ops.rope_backward,            kernels.rope_backward),
     "repeat_kv_forward":       (ops.repeat_kv_forward,        ops.repeat_kv_forward),
     "repeat_kv_backward":      (ops.repeat_kv_backward,       ops.repeat_kv_backward),
+    # the reference attention kernel (ATTENTION["reference"] below); its fast kernels are chosen there
+    "scaled_dot_product_attention_forward":  (ops.scaled_dot_product_attention_forward,
+                                              ops.scaled_dot_product_attention_forward),
+    "scaled_dot_product_attention_backward": (ops.scaled_dot_product_attention_backward,
+                                              ops.scaled_dot_product_attention_backward),
 }
 
 _use_reference = False
+_installed = {}         # name -> function, put in the table by using_ops()
 
 
 def using_reference():
@@ -87,10 +98,29 @@ def reference_mode(enabled=True):
         _use_reference = before
 
 
+@contextlib.contextmanager
+def using_ops(functions):
+    """Inside the block, ``F.name`` is ``functions[name]`` for each name given (the other names as before);
+    the table is restored on leaving. Every name must be a name of ``OPS``."""
+    global _installed
+    unknown = sorted(set(functions) - set(OPS))
+    if unknown:
+        raise ValueError(f"no op {unknown[0]!r} in numformer.nn.dispatch.OPS; choose among {sorted(OPS)}")
+    before = _installed
+    _installed = {**before, **functions}
+    try:
+        yield
+    finally:
+        _installed = before
+
+
 class _Table:
-    """``F.name`` is ``OPS[name]``'s reference or kernel, whichever the switch selects at the call."""
+    """``F.name`` is the function ``using_ops`` installed under that name, else ``OPS[name]``'s reference or
+    kernel, whichever the switch selects at the call."""
 
     def __getattr__(self, name):
+        if name in _installed:
+            return _installed[name]
         try:
             pair = OPS[name]
         except KeyError:
@@ -111,11 +141,16 @@ F = _Table()
 def _reference_forward(layer, q, k, v, masks, p_drop, out):
     """ops.attention: the reference, the only kernel with attention dropout and soft-capped scores."""
     mask, causal = masks.additive(q, k)
-    ctx, weights, cache = ops.scaled_dot_product_attention_forward(
+    ctx, weights, cache = F.scaled_dot_product_attention_forward(
         q, k, v, attn_mask=mask, is_causal=causal, scale=layer.scale, dropout_p=p_drop, rng=layer.rng,
         need_weights=layer.record_weights, softcap=layer.attn_logit_softcap)
     out[...] = ctx
     return weights, cache
+
+
+def _reference_backward(dctx, cache):
+    """ops.attention's backward, through the table like its forward (``using_ops`` may replace both)."""
+    return F.scaled_dot_product_attention_backward(dctx, cache)
 
 
 def _fused_forward(layer, q, k, v, masks, p_drop, out):
@@ -159,8 +194,7 @@ class AttentionKernel(NamedTuple):
 
 #  name          forward             backward                                               dropout softcap weights
 ATTENTION = {
-    "reference": AttentionKernel(_reference_forward, _writing(ops.scaled_dot_product_attention_backward),
-                                 True, True, True),
+    "reference": AttentionKernel(_reference_forward, _writing(_reference_backward), True, True, True),
     "fused":     AttentionKernel(_fused_forward, kernels.fused_attention_backward, False, False, True),
     "flash":     AttentionKernel(_flash_forward, _writing(kernels.flash_attention_backward), False, False, False),
 }
@@ -186,4 +220,5 @@ def attention_kernel(attention, p_drop=0.0, need_weights=False, softcap=None):
     return "reference"
 
 
-__all__ = ["OPS", "F", "ATTENTION", "AttentionKernel", "attention_kernel", "reference_mode", "using_reference"]
+__all__ = ["OPS", "F", "ATTENTION", "AttentionKernel", "attention_kernel", "reference_mode", "using_ops",
+           "using_reference"]

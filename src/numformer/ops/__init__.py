@@ -23,6 +23,7 @@ from .attention import (causal_mask, scaled_dot_product_attention_backward,
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
 from .grouped_query import check_kv_heads, repeat_kv_backward, repeat_kv_forward
+from .heads import merge_heads_backward, merge_heads_forward, split_heads_backward, split_heads_forward
 from .linear import linear_backward, linear_forward
 from .loss import cross_entropy_backward, cross_entropy_forward
 from .normalization import (batch_norm_backward, batch_norm_forward, layer_norm_backward, layer_norm_forward,

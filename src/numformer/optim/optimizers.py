@@ -201,6 +201,43 @@ class SGD(Optimizer):
         p.data -= g["lr"] * d
 
 
+def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    """One Adam update, in place, with torch's L2 weight decay (λ θ added to the gradient): as adamw_step with
+    g ← g + λθ instead of the decoupled decay."""
+    if weight_decay:
+        grad = grad + weight_decay * param
+    _adam_moments_and_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps)
+
+
+def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+    """One AdamW update of ``param``, in place (Loshchilov & Hutter 2019; torch.optim.AdamW's arithmetic).
+
+    param, grad, exp_avg (m), exp_avg_sq (v): arrays of one shape; m and v start at 0 and are updated in place;
+    step: t, the number of this update (1 for the first).
+
+        θ ← θ (1 - lr·λ)                              (decoupled weight decay, λ = weight_decay)
+        m ← β₁ m + (1 - β₁) g,   v ← β₂ v + (1 - β₂) g²
+        θ ← θ - lr · m̂ / (√v̂ + ε),   m̂ = m / (1 - β₁ᵗ),   v̂ = v / (1 - β₂ᵗ)
+
+    The bias corrections undo the start at 0: after t steps of a constant gradient g, m = (1 - β₁ᵗ) g.
+    """
+    if weight_decay:
+        param *= 1.0 - lr * weight_decay
+    _adam_moments_and_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps)
+
+
+def _adam_moments_and_update(param, grad, m, v, t, lr, betas, eps):
+    beta1, beta2 = betas
+    m += (1.0 - beta1) * (grad - m)           # torch: exp_avg.lerp_(grad, 1 - beta1)
+    v *= beta2
+    v += (1.0 - beta2) * (grad * grad)
+    step_size = lr / (1.0 - beta1 ** t)
+    denom = np.sqrt(v)
+    denom /= math.sqrt(1.0 - beta2 ** t)      # √v̂ = √v / √(1 - β₂ᵗ)
+    denom += eps
+    param -= step_size * (m / denom)
+
+
 class Adam(Optimizer):
     """Adam (Kingma & Ba 2015) with torch's L2 weight decay (added to the gradient).
 
@@ -218,7 +255,8 @@ class Adam(Optimizer):
 
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
     _buffers = ("exp_avg", "exp_avg_sq")
-    decoupled = False
+    # the update of one parameter, in place: (param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, wd)
+    step_function = staticmethod(adam_step)
 
     def _validate(self):
         super()._validate()
@@ -231,27 +269,12 @@ class Adam(Optimizer):
             g["betas"] = (float(b1), float(b2))
 
     def _update(self, p, grad, g, st):
-        beta1, beta2 = g["betas"]
-        lr, wd = g["lr"], g["weight_decay"]
         if "exp_avg" not in st:
             st["exp_avg"] = np.zeros_like(p.data)
             st["exp_avg_sq"] = np.zeros_like(p.data)
         st["step"] += 1
-        t = st["step"]
-        if wd:
-            if self.decoupled:
-                p.data *= 1.0 - lr * wd
-            else:
-                grad = grad + wd * p.data
-        m, v = st["exp_avg"], st["exp_avg_sq"]
-        m += (1.0 - beta1) * (grad - m)           # torch: exp_avg.lerp_(grad, 1 - beta1)
-        v *= beta2
-        v += (1.0 - beta2) * (grad * grad)
-        step_size = lr / (1.0 - beta1 ** t)
-        denom = np.sqrt(v)
-        denom /= math.sqrt(1.0 - beta2 ** t)
-        denom += g["eps"]
-        p.data -= step_size * (m / denom)
+        self.step_function(p.data, grad, st["exp_avg"], st["exp_avg_sq"], st["step"], g["lr"], g["betas"], g["eps"],
+                           g["weight_decay"])
 
 
 class AdamW(Adam):
@@ -268,7 +291,7 @@ class AdamW(Adam):
     """
 
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
-    decoupled = True
+    step_function = staticmethod(adamw_step)
 
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)     # (a, b, c) of Muon's quintic Newton-Schulz iteration

@@ -23,7 +23,7 @@ another kind; ``tokenizers`` is otherwise only the tests' reference.
 from .base import (BOS, CLS, EOS, OPTIONAL_SPECIALS, PAD, UNK, SpecialsTokenizer, Tokenizer, normalize_text,
                    special_tokens, split_words, token_labels)
 from .bpe import ByteLevelBPE
-from .bpe_train import count_pieces, train_fast, train_reference
+from .bpe_train import count_pieces, merge_pair, most_frequent_pair, train_fast, train_reference
 from .byte_level import (END_OF_TEXT, GPT2_PATTERN, GPT4_PATTERN, PATTERNS, PreTokenizer, bytes_to_unicode,
                          compile_pattern, to_byte_chars)
 from .hf_json import AddedToken
@@ -40,4 +40,5 @@ __all__ = ["BOS", "CLS", "EOS", "OPTIONAL_SPECIALS", "PAD", "UNK", "END_OF_TEXT"
            "WordTokenizer", "build_tokenizer", "bytes_to_unicode", "compile_pattern", "count_pieces", "is_hf_document",
            "normalize_text", "pad_batch", "restore_saved_tokenizer", "special_tokens", "split_words", "to_byte_chars",
            "token_labels",
-           "tokenizer_from_dict", "train_fast", "train_reference", "truncate"]
+           "tokenizer_from_dict", "train_fast", "train_reference", "truncate",
+           "merge_pair", "most_frequent_pair"]

@@ -16,7 +16,9 @@ next free one. This is the rule of ``tokenizers``' BpeTrainer, so both learn the
 same pieces (checked in the tests). A merge whose token already exists (merging "a"+"bc" after "ab"+"c")
 reuses that token's id, as BpeTrainer does.
 
-``train_reference`` recounts every pair after every merge, as the description says: simple and slow.
+``train_reference`` recounts every pair after every merge, as the description says: simple and slow. Its
+step is two functions, ``most_frequent_pair`` (2) and ``merge_pair`` (3): the exercise ``numformer exercises
+start bpe_merge`` has a learner write them.
 ``train_fast`` keeps the pair counts up to date instead (a merge changes only the pairs around the places
 where it applies), remembers which pieces hold each pair, and finds the most frequent pair with a heap whose
 stale entries are refreshed when they reach the top.
@@ -62,8 +64,27 @@ def _new_token(tokens, index, pair):
     return index[text]
 
 
+# -- one merge step: the most frequent pair, and its merge ------------------------------------------------------
+def most_frequent_pair(words, counts):
+    """(pair, count): the most frequent pair of adjacent ids in ``words`` and its count; (None, 0) when no
+    word has two ids.
+
+    words: a list of id sequences; counts: how often each occurs (one int per word). Every adjacent pair of
+    every word counts, overlapping ones too ((a, a) twice in [a, a, a]), times its word's count. Ties go to
+    the smallest left id, then the smallest right id (BpeTrainer's rule)."""
+    totals = Counter()
+    for word, n in zip(words, counts):
+        for pair in zip(word, word[1:]):
+            totals[pair] += n
+    if not totals:
+        return None, 0
+    best = max(totals, key=lambda p: (totals[p], -p[0], -p[1]))
+    return best, totals[best]
+
+
 def merge_pair(word, pair, new_id) -> list:
-    """``word`` (a list of ids) with every occurrence of ``pair`` replaced by ``new_id``, left to right."""
+    """``word`` (a list of ids) with every occurrence of ``pair`` replaced by ``new_id``, left to right (so
+    [a, a, a] with the pair (a, a) becomes [new_id, a]); a new list, ``word`` unchanged."""
     out, i = [], 0
     while i < len(word):
         if i + 1 < len(word) and word[i] == pair[0] and word[i + 1] == pair[1]:
@@ -76,25 +97,21 @@ def merge_pair(word, pair, new_id) -> list:
 
 
 # -- the reference -------------------------------------------------------------------------------------------
-def train_reference(words: dict, tokens: list, size: int, min_frequency: int = 0) -> list:
+def train_reference(words: dict, tokens: list, size: int, min_frequency: int = 0, *, pair_of=most_frequent_pair,
+                    merge=merge_pair) -> list:
     """Merges ([(left id, right id), ...] in order) learnt from ``words`` ({tuple of ids: count}); ``tokens``
-    (id -> text) grows to at most ``size`` entries."""
+    (id -> text) grows to at most ``size`` entries. ``pair_of`` and ``merge`` are the two halves of a step
+    (the grader of ``numformer exercises check bpe_merge`` passes a learner's)."""
     index = {t: i for i, t in enumerate(tokens)}
-    words = [(list(w), n) for w, n in words.items()]
+    counts, words = list(words.values()), [list(w) for w in words]
     merges = []
     while len(tokens) < size:
-        counts = Counter()
-        for word, n in words:
-            for pair in zip(word, word[1:]):
-                counts[pair] += n
-        if not counts:
-            break
-        best = max(counts, key=lambda p: (counts[p], -p[0], -p[1]))   # most frequent; ties: smallest ids
-        if counts[best] < max(1, min_frequency):
+        best, n = pair_of(words, counts)
+        if best is None or n < max(1, min_frequency):
             break
         new_id = _new_token(tokens, index, best)
         merges.append(best)
-        words = [(merge_pair(word, best, new_id), n) for word, n in words]
+        words = [merge(word, best, new_id) for word in words]
     return merges
 
 

@@ -1,0 +1,472 @@
+"""The grader of ``numformer exercises check``: a learner's op pair against numformer's reference, step by step.
+
+``check(exercise, functions)`` runs the steps in order and stops at the first failure:
+
+1. import and signature: the file defines every function of the exercise, with the parameters and
+   defaults of the reference in ``numformer.ops``;
+2. shapes and dtype: every output and gradient has the reference's shape, float64 in gives float64 out,
+   and neither forward nor backward writes into its arguments;
+3. forward: equal to the reference within 1e-10 (float64, relative to the largest entry);
+4. backward: every gradient equal to the reference's within 1e-10, for the same upstream gradient;
+5. finite differences: the learner's backward against central differences of the learner's own forward
+   (``numformer.gradcheck.check_gradients``, the check the ops' own tests run);
+6. edge cases: the inputs that catch real mistakes (a repeated id, a fully masked row, ignored targets,
+   large logits, batch axes, broadcast parameters);
+7. keyword arguments: every keyword argument at a value other than its default, at the same tolerance.
+
+A failure says which step failed, on which input and where (the output or gradient, its worst entry), never
+what the code should be. The oracle is the reference op itself, the one the ops' own tests check by finite
+differences and against torch; tests/test_exercises.py checks it against torch again on every input of the
+grader that torch defines the same way. The cache is the learner's own: only the forward's outputs and the backward's
+gradients are compared. An exercise whose op is random (dropout) or not a forward/backward pair (the AdamW
+step) gives steps of its own (``Exercise.steps``).
+"""
+from __future__ import annotations
+
+import inspect
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import ops
+from ..gradcheck import check_gradients
+
+_NOT_THEIRS = (Path(__file__).resolve().parents[1], Path(np.__file__).resolve().parent)   # numformer, NumPy
+TOL = 1e-10          # forward and backward against the reference: float64, relative to the largest entry
+FD_TOL = 1e-6        # the learner's backward against finite differences of the learner's forward
+SEED = 0             # inputs; the upstream gradients use SEED + 1
+
+
+class Failure(Exception):
+    """A step failed; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class NewRng:
+    """A keyword argument that is a fresh ``numpy.random.Generator`` seeded with ``seed`` at every call, so that
+    two calls of a random op (the learner's and the reference's, or two calls of finite differences) draw
+    the same numbers."""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of the op: ``make(rng)`` returns the forward's keyword arguments; ``why`` says what a failure
+    on this case usually means (shown with the failure); ``name`` names the case; ``backward_options`` are
+    keyword arguments the backward is called with."""
+    name: str
+    make: Callable
+    why: str = ""
+    tol: float = TOL
+    backward_options: tuple = ()       # (name, value) pairs: keyword arguments of the backward (linear's weight_grad)
+
+    def inputs(self, seed=SEED):
+        """The keyword arguments, fresh (new arrays, new generators) at every call."""
+        return {k: np.random.default_rng(v.seed) if isinstance(v, NewRng) else v
+                for k, v in self.make(np.random.default_rng(seed)).items()}
+
+
+def normal_inputs(shapes, scale=1.0, **values):
+    """A ``Case.make``: a standard normal array (times ``scale``) for each name of ``shapes`` (name -> shape),
+    and the other keyword arguments as given."""
+    def make(rng):
+        return {name: rng.standard_normal(shape) * scale for name, shape in shapes.items()} | values
+    return make
+
+
+@dataclass(frozen=True)
+class Function:
+    """A function the learner writes: its name in ``numformer.ops`` (or the exercise's reference), the stub's
+    docstring (shapes and equation) and the TODO lines of its body."""
+    name: str
+    doc: str
+    todos: tuple = ()
+
+
+@dataclass(frozen=True)
+class Calls:
+    """How an op pair is called: the forward returns (*outputs, cache); ``differentiable`` are the outputs
+    backward takes a gradient of (the others, e.g. attention weights, are only compared); ``cache_first``:
+    backward(cache, dloss) instead of backward(dy, cache) (cross-entropy, whose output is a scalar)."""
+    outputs: tuple = ("y",)
+    differentiable: tuple = ("y",)
+    cache_first: bool = False
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: the op pair to write, the inputs that grade it, and the hints.
+
+    name: the op's name in ``numformer.ops`` without _forward/_backward; functions: what the learner writes
+    (forward first); grads: the forward's arguments whose gradients backward returns, in order; case: the
+    input of steps 2 to 5 (``fd_case``, a smaller one, for finite differences if given); edge_cases and
+    keyword_cases: steps 6 and 7; page: where the docs derive the op; plug: the entries of
+    ``numformer.nn.dispatch.OPS`` the learner's functions replace in ``numformer exercises train`` (a callable
+    from the learner's functions to {name: function}); steps: replaces the standard steps; in_model: False for an
+    exercise no model calls (the BPE merge step), which ``numformer exercises train`` has no use for.
+    """
+    name: str
+    summary: str
+    functions: tuple
+    grads: tuple = ()
+    case: Case | None = None
+    fd_case: Case | None = None
+    edge_cases: tuple = ()
+    keyword_cases: tuple = ()
+    hints: tuple = ()
+    page: str = ""
+    calls: Calls = Calls()
+    reference: object = ops
+    plug: Callable | None = None
+    steps: tuple | None = None
+    in_model: bool = True
+
+    @property
+    def names(self):
+        return tuple(f.name for f in self.functions)
+
+    def reference_functions(self):
+        return {n: getattr(self.reference, n) for n in self.names}
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    run: Callable            # run(exercise, learner functions, reference functions); raises Failure
+
+
+@dataclass
+class Report:
+    """What ``check`` found: the titles of the steps passed, and the failed one with its message."""
+    exercise: str
+    passed: list = field(default_factory=list)
+    failed: str | None = None
+    message: str = ""
+
+    @property
+    def ok(self):
+        return self.failed is None
+
+
+def check(exercise, functions):
+    """Run the exercise's steps on ``functions`` ({name: function}, e.g. a learner's module's namespace)."""
+    report = Report(exercise.name)
+    learner = {n: functions.get(n) for n in exercise.names}
+    for step in exercise.steps or STANDARD_STEPS:
+        try:
+            with np.errstate(all="ignore"):
+                step.run(exercise, learner, exercise.reference_functions())
+        except Failure as failure:
+            report.failed, report.message = step.title, str(failure)
+            return report
+        report.passed.append(step.title)
+    return report
+
+
+# -- calling the learner's code -----------------------------------------------------------------------------
+def call(name, function, *args, **kwargs):
+    """function(*args, **kwargs); an exception becomes a Failure naming the line of the learner's file."""
+    try:
+        return function(*args, **kwargs)
+    except NotImplementedError:
+        raise Failure(f"{name} is not written yet (it raises NotImplementedError, as the stub does): fill in its "
+                      f"TODOs") from None
+    except Exception as e:          # noqa: BLE001 -- any error of the learner's code is a failed step
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if not Path(f.filename).resolve().is_relative_to(_NOT_THEIRS[0])
+                  and not Path(f.filename).resolve().is_relative_to(_NOT_THEIRS[1])]
+        where = f" at line {frames[-1].lineno} of {frames[-1].filename}: {frames[-1].line}" if frames else ""
+        raise Failure(f"{name} raised {type(e).__name__}: {e}{where}") from None
+
+
+def run_forward(exercise, functions, inputs, learner=True):
+    """(outputs {name: value}, cache) of the exercise's forward on ``inputs``."""
+    name = exercise.names[0]
+    result = call(name, functions[name], **inputs) if learner else functions[name](**inputs)
+    n = len(exercise.calls.outputs) + 1
+    if not isinstance(result, tuple) or len(result) != n:
+        what = ", ".join(exercise.calls.outputs + ("cache",))
+        got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+        raise Failure(f"{name} must return ({what}), a tuple of {n}; it returned {got}")
+    return dict(zip(exercise.calls.outputs, result[:-1])), result[-1]
+
+
+def run_backward(exercise, functions, cache, upstream, learner=True, options=()):
+    """{input name: gradient} of the exercise's backward, given {output name: upstream gradient} (``options``:
+    (name, value) pairs of its keyword arguments)."""
+    name = exercise.names[1]
+    grads = [upstream[o] for o in exercise.calls.differentiable]
+    args = (cache, *grads) if exercise.calls.cache_first else (*grads, cache)
+    kwargs = dict(options)
+    result = call(name, functions[name], *args, **kwargs) if learner else functions[name](*args, **kwargs)
+    n = len(exercise.grads)
+    if n == 1 and not isinstance(result, (tuple, list)):
+        result = (result,)
+    if not isinstance(result, (tuple, list)) or len(result) != n:
+        what = ", ".join(f"d{g}" for g in exercise.grads)
+        got = f"{len(result)} values" if isinstance(result, (tuple, list)) else type(result).__name__
+        raise Failure(f"{name} must return ({what}), {n} gradient{'s' * (n > 1)}; it returned {got}")
+    return dict(zip(exercise.grads, result))
+
+
+def upstream_for(outputs, exercise, seed=SEED + 1):
+    """A random gradient for each differentiable output (a float for a scalar output)."""
+    rng = np.random.default_rng(seed)
+    return {o: (float(rng.standard_normal()) if np.ndim(outputs[o]) == 0
+                else rng.standard_normal(np.shape(outputs[o])))
+            for o in exercise.calls.differentiable}
+
+
+# -- comparing ------------------------------------------------------------------------------------------------
+def _index(i):
+    return "[" + ", ".join(str(int(k)) for k in i) + "]" if len(i) else ""
+
+
+def difference(label, got, want, tol=TOL):
+    """None when ``got`` equals ``want`` within tol (relative to the largest entry of want), else what differs,
+    where, and by how much."""
+    if want is None:
+        return None if got is None else f"{label} should be None here (as the reference returns), not a value"
+    if got is None:
+        return f"{label} is None; an array of shape {np.shape(want)} is expected"
+    try:
+        got = np.asarray(got, dtype=np.float64)
+    except (TypeError, ValueError):
+        return f"{label} is a {type(got).__name__}, not an array of numbers"
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return f"{label} has shape {got.shape}; {want.shape} is expected"
+    same_inf = np.isinf(want) & (got == want)
+    bad = ~np.isfinite(got) & ~same_inf
+    if bad.any():
+        i = np.argwhere(bad)[0]
+        return (f"{label} is {got[tuple(i)]} at {label}{_index(i)} where the reference is {want[tuple(i)]:.6g} "
+                f"({int(bad.sum())} entr{'ies' if bad.sum() > 1 else 'y'} not finite)")
+    if (np.isinf(want) & ~same_inf).any():
+        i = np.argwhere(np.isinf(want) & ~same_inf)[0]
+        return f"{label}{_index(i)} is {got[tuple(i)]:.6g} where the reference is {want[tuple(i)]}"
+    finite = np.isfinite(want)
+    if not finite.any():
+        return None
+    scale = max(1.0, float(np.abs(want[finite]).max()))
+    err = np.where(finite, np.abs(got - want), 0.0)
+    if err.max() <= tol * scale:
+        return None
+    i = np.unravel_index(int(err.argmax()), err.shape)
+    return (f"{label} differs from the reference by up to {err.max() / scale:.2g} (relative to its largest entry; "
+            f"the tolerance is {tol:g}), most at {label}{_index(i)}: yours {got[i]:.10g}, the reference's "
+            f"{want[i]:.10g}")
+
+
+def differences(values, reference, prefix="", tol=TOL):
+    """The messages of every entry of ``values`` that differs from ``reference``, and the names that match."""
+    wrong, right = [], []
+    for name, want in reference.items():
+        message = difference(prefix + name, values.get(name), want, tol)
+        (wrong if message else right).append(message or prefix + name)
+    return wrong, right
+
+
+def fail_if_different(values, reference, prefix="", tol=TOL, context=""):
+    wrong, right = differences(values, reference, prefix, tol)
+    if wrong:
+        matched = f"\n({', '.join(right)} match{'es' if len(right) == 1 else ''}.)" if right else ""
+        raise Failure(context + "\n".join(wrong) + matched)
+
+
+def describe(inputs):
+    """The inputs of a call, in words: shapes of arrays, values of the rest."""
+    parts = []
+    for k, v in inputs.items():
+        if isinstance(v, np.ndarray):
+            parts.append(f"{k} {v.dtype.name}{tuple(v.shape)}" if v.dtype != np.float64 else f"{k} {tuple(v.shape)}")
+        elif isinstance(v, np.random.Generator):
+            parts.append(f"{k}=a Generator")
+        elif hasattr(v, "to_dict"):                     # a RopeScaling: the fields that are set
+            fields = ", ".join(f"{a}={b!r}" for a, b in v.to_dict().items())
+            parts.append(f"{k}={type(v).__name__}({fields})")
+        else:
+            parts.append(f"{k}={v!r}")
+    return ", ".join(parts)
+
+
+# -- the standard steps ---------------------------------------------------------------------------------------
+def _signature_text(function):
+    return str(inspect.signature(function))
+
+
+def step_signature(exercise, learner, reference):
+    """Every function exists, is callable, and has the reference's parameters (names, order, defaults)."""
+    for name in exercise.names:
+        function = learner.get(name)
+        if function is None:
+            raise Failure(f"the file defines no function {name}{_signature_text(reference[name])}")
+        if not callable(function):
+            raise Failure(f"{name} is a {type(function).__name__}, not a function")
+        try:
+            theirs = inspect.signature(function)
+        except (TypeError, ValueError):
+            continue
+        ours = inspect.signature(reference[name])
+        if [(p.name, p.default) for p in theirs.parameters.values()] != \
+                [(p.name, p.default) for p in ours.parameters.values()]:
+            raise Failure(f"{name}{theirs} has other parameters than the exercise's {name}{ours}: keep the "
+                          f"names, their order and the defaults (the model calls it that way)")
+
+
+def _inputs_unchanged(name, before, after):
+    for k, v in before.items():
+        if isinstance(v, np.ndarray) and not np.array_equal(v, after[k], equal_nan=True):
+            raise Failure(f"{name} changed its argument {k} in place (an in-place operation such as {k} -= ..., "
+                          f"or {k}[...] = ..., writes into the caller's array); compute into new arrays")
+
+
+def step_shapes(exercise, learner, reference):
+    """Outputs and gradients shaped as the reference's, float64, and no argument written into."""
+    case = exercise.case
+    inputs = case.inputs()
+    kept = {k: v.copy() for k, v in inputs.items() if isinstance(v, np.ndarray)}
+    outputs, cache = run_forward(exercise, learner, inputs)
+    _inputs_unchanged(exercise.names[0], kept, inputs)
+    ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
+    forward = f"{exercise.names[0]}({describe(inputs)})"
+    for name, want in ref_outputs.items():
+        _check_shape_and_dtype(f"{forward} returned {name}", outputs[name], want)
+    upstream = upstream_for(ref_outputs, exercise)
+    given = {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in upstream.items()}
+    grads = run_backward(exercise, learner, cache, given)
+    _inputs_unchanged(exercise.names[1], {f"d{k}": v for k, v in upstream.items() if isinstance(v, np.ndarray)},
+                      {f"d{k}": v for k, v in given.items()})
+    ref_grads = run_backward(exercise, reference, ref_cache, upstream, learner=False)
+    for name, want in ref_grads.items():
+        _check_shape_and_dtype(f"{exercise.names[1]} returned d{name}", grads[name], want)
+
+
+def _check_shape_and_dtype(label, got, want):
+    if want is None:
+        if got is not None:
+            raise Failure(f"{label} = a value where the reference returns None")
+        return
+    if got is None:
+        raise Failure(f"{label} = None; an array of shape {np.shape(want)} is expected")
+    if np.ndim(want) == 0 and not isinstance(want, np.ndarray):       # a scalar: the loss
+        if np.ndim(got) != 0 or not np.issubdtype(np.asarray(got).dtype, np.floating):
+            raise Failure(f"{label} of type {type(got).__name__} and shape {np.shape(got)}; a float is expected")
+        if np.asarray(got).dtype != np.float64:
+            raise Failure(f"{label} in {np.asarray(got).dtype}; float64 inputs give a float64 result")
+        return
+    if not isinstance(got, np.ndarray):
+        raise Failure(f"{label} of type {type(got).__name__}; a NumPy array is expected")
+    if got.shape != np.shape(want):
+        raise Failure(f"{label} of shape {got.shape}; the shape {np.shape(want)} is expected")
+    if got.dtype != want.dtype:
+        raise Failure(f"{label} in {got.dtype}; float64 inputs give {want.dtype} (an intermediate in another "
+                      f"dtype, or an integer array, changes it)")
+
+
+def _compare_case(exercise, learner, reference, case, what):
+    """Forward, then backward, of ``case`` against the reference; raises a Failure that starts with ``what``
+    and ends with the case's ``why``."""
+    inputs = case.inputs()
+    why = f"\n({case.why})" if case.why else ""
+    try:
+        _compare(exercise, learner, reference, case, inputs)
+    except Failure as failure:
+        raise Failure(f"{what}{failure}{why}") from None
+
+
+def _compare(exercise, learner, reference, case, inputs):
+    call_text = f"{exercise.names[0]}({describe(inputs)})"
+    try:
+        outputs, cache = run_forward(exercise, learner, inputs)
+    except Failure as failure:
+        raise Failure(f"on {call_text}: {failure}") from None
+    ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
+    fail_if_different(outputs, ref_outputs, "", case.tol, context=f"{call_text}:\n")
+    upstream = upstream_for(ref_outputs, exercise)
+    options = case.backward_options
+    try:
+        grads = run_backward(exercise, learner, cache, dict(upstream), options=options)
+    except Failure as failure:
+        raise Failure(f"after {call_text}: {failure}") from None
+    ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False, options=options)
+    wrong, right = differences(grads, ref_grads, "d", case.tol)
+    if wrong:
+        matched = f"; {', '.join(right)} match{'es' if len(right) == 1 else ''}" if right else ""
+        backward = exercise.names[1] + "".join(f" with {k}={v!r}" for k, v in options)
+        raise Failure(f"{backward} after {call_text}:\n" + "\n".join(wrong)
+                      + f"\n(the forward matches{matched})")
+
+
+def step_forward(exercise, learner, reference):
+    inputs = exercise.case.inputs()
+    outputs, _ = run_forward(exercise, learner, inputs)
+    ref_outputs, _ = run_forward(exercise, reference, exercise.case.inputs(), learner=False)
+    fail_if_different(outputs, ref_outputs, tol=exercise.case.tol,
+                      context=f"{exercise.names[0]}({describe(inputs)}):\n")
+
+
+def step_backward(exercise, learner, reference):
+    case = exercise.case
+    _, cache = run_forward(exercise, learner, case.inputs())
+    ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
+    upstream = upstream_for(ref_outputs, exercise)
+    grads = run_backward(exercise, learner, cache, dict(upstream))
+    ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False)
+    fail_if_different(grads, ref_grads, "d", case.tol,
+                      context=f"{exercise.names[1]} after {exercise.names[0]}({describe(case.inputs())}), the same "
+                              f"upstream gradient given to both:\n")
+
+
+def step_finite_differences(exercise, learner, reference):
+    """The learner's backward against central differences of the learner's forward, on every input with a
+    gradient."""
+    case = exercise.fd_case or exercise.case
+    inputs = case.inputs()
+    arrays = {g: inputs[g] for g in exercise.grads
+              if isinstance(inputs.get(g), np.ndarray) and inputs[g].dtype == np.float64}
+    first = exercise.calls.differentiable[0]
+
+    def current():
+        fresh = case.inputs()
+        return {**fresh, **arrays}
+
+    def forward():
+        return np.asarray(run_forward(exercise, learner, current())[0][first], dtype=np.float64)
+
+    def backward(dout):
+        _, cache = run_forward(exercise, learner, current())
+        dout = float(dout) if np.ndim(dout) == 0 else dout
+        return {k: v for k, v in run_backward(exercise, learner, cache, {first: dout}).items() if k in arrays}
+
+    errors = check_gradients(forward, backward, arrays)
+    bad = {k: e for k, e in errors.items() if not e < FD_TOL}
+    if bad:
+        text = "; ".join(f"d{k}: relative error {e:.2g}" for k, e in bad.items())
+        raise Failure(f"on {describe(inputs)}, your backward disagrees with central differences of your own "
+                      f"forward ({text}; below {FD_TOL:g} is a pass): the backward does not differentiate the "
+                      f"function your forward computes")
+
+
+def step_edge_cases(exercise, learner, reference):
+    for case in exercise.edge_cases:
+        _compare_case(exercise, learner, reference, case, f"edge case '{case.name}': ")
+
+
+def step_keywords(exercise, learner, reference):
+    for case in exercise.keyword_cases:
+        _compare_case(exercise, learner, reference, case, f"keyword case '{case.name}': ")
+
+
+STANDARD_STEPS = (
+    Step("import and signature", step_signature),
+    Step("shapes and dtype", step_shapes),
+    Step("forward against the reference", step_forward),
+    Step("backward against the reference", step_backward),
+    Step("finite differences of your forward", step_finite_differences),
+    Step("edge cases", step_edge_cases),
+    Step("keyword arguments", step_keywords),
+)

@@ -1,0 +1,505 @@
+"""numformer exercises: every stub fails as shipped, every solution passes, and typical mistakes fail at the step
+that catches them, with a message that says what and where; ``exercises train`` reproduces the library's curve.
+
+The solutions in tests/exercise_solutions/ are written as a learner writes them (not copied from numformer.ops);
+each mistake below is one of them with one change, as learners make it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numformer import exercises as E
+from numformer import ops
+from numformer.exercises import training
+from numformer.nn import dispatch
+
+SOLUTIONS = Path(__file__).resolve().parent / "exercise_solutions"
+
+SIGNATURE, SHAPES, FORWARD, BACKWARD, FD, EDGE, KEYWORDS = (s.title for s in E.checker.STANDARD_STEPS)
+
+# (exercise, the mistake, [(text of the solution, what the learner wrote instead)], failing step, in the message)
+MISTAKES = [
+    ("softmax", "no max subtracted", [("e = np.exp(x - m)", "e = np.exp(x)")], EDGE,
+     "edge case 'large entries'"),
+    ("softmax", "backward recomputes the softmax from x without the max",
+     [("return y, (y, axis)", "return y, (x, axis)"),
+      ("    y, axis = cache\n", "    x, axis = cache\n    y = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)\n")],
+     EDGE, "not finite"),
+    ("softmax", "backward sums over the last axis whatever axis is",
+     [("np.sum(y * dy, axis=axis, keepdims=True)", "np.sum(y * dy, axis=-1, keepdims=True)")], KEYWORDS,
+     "keyword case 'axis=0'"),
+    ("softmax", "no guard for a fully masked slice", [("    m = np.where(np.isfinite(m), m, 0.0)\n", "")], EDGE,
+     "edge case 'masked entries'"),
+    ("log_softmax", "the log of a softmax", [("y = x - lse", "y = np.log(np.exp(x - m) / total)")], EDGE,
+     "edge case 'widely spread entries'"),
+    ("log_softmax", "backward without exp", [("dy - np.exp(y) *", "dy - y *")], BACKWARD, "dx differs"),
+    ("linear", "dW transposed", [("dW = rows_dy.T @ rows_x", "dW = rows_x.T @ rows_dy")], SHAPES,
+     "dW of shape (4, 3)"),
+    ("linear", "dW for 2-D inputs only", [("dW = rows_dy.T @ rows_x", "dW = dy.T @ x")], EDGE,
+     "edge case 'batch axes'"),
+    ("linear", "db not summed over positions", [("db = rows_dy.sum(axis=0) if has_bias", "db = dy if has_bias")],
+     SHAPES, "db of shape (5, 3)"),
+    ("linear", "db of zeros without a bias", [("if has_bias else None", "if has_bias else np.zeros(d_out)")],
+     KEYWORDS, "db should be None"),
+    ("linear", "weight_grad ignored", [(" if weight_grad else None", "")], KEYWORDS,
+     "keyword case 'weight_grad=False'"),
+    ("embedding", "+= at repeated indices", [("np.add.at(dE, ids.ravel(), dy.reshape(-1, shape[1]))",
+                                              "dE[ids.ravel()] += dy.reshape(-1, shape[1])")],
+     EDGE, "edge case 'repeated ids'"),
+    ("embedding", "assignment instead of a sum", [("np.add.at(dE, ids.ravel(), dy.reshape(-1, shape[1]))",
+                                                   "dE[ids] = dy")], EDGE, "dE differs"),
+    ("embedding", "ids not flattened", [("ids.ravel()", "ids")], SHAPES, "raised"),
+    ("gelu", "GELU' = Φ", [("dydx = cdf + x * pdf", "dydx = cdf")], BACKWARD, "dx differs"),
+    ("gelu", "tanh derivative without du/dx", [(" * c * (1 + 3 * 0.044715 * x ** 2)", "")], KEYWORDS,
+     "keyword case 'approximate=\"tanh\"'"),
+    ("gelu", "tanh from exponentials", [("t = np.tanh(c * (x + 0.044715 * x ** 3))",
+                                         "u = c * (x + 0.044715 * x ** 3)\n"
+                                         "        t = (np.exp(u) - np.exp(-u)) / (np.exp(u) + np.exp(-u))")],
+     KEYWORDS, "large inputs"),
+    ("gelu", "approximate ignored", [('if approximate == "tanh":', "if False:")], KEYWORDS, "y differs"),
+    ("layer_norm", "eps outside the square root", [("r = 1 / np.sqrt(var + eps)", "r = 1 / (np.sqrt(var) + eps)")],
+     FORWARD, "y differs"),
+    ("layer_norm", "unbiased variance", [("x.var(axis=-1, keepdims=True)", "x.var(axis=-1, keepdims=True, ddof=1)")],
+     FORWARD, "y differs"),
+    ("layer_norm", "backward without the x̂ term",
+     [(" - xhat * (g * xhat).mean(axis=-1, keepdims=True)", "")], BACKWARD, "dgamma, dbeta match"),
+    ("layer_norm", "dgamma summed over the first axis only",
+     [("dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)", "dgamma = (dy * xhat).sum(axis=0)")], SHAPES,
+     "dgamma of shape (3, 8)"),
+    ("layer_norm", "x centred in place", [("xhat = (x - mean) * r", "x -= mean\n    xhat = x * r")], SHAPES,
+     "changed its argument x in place"),
+    ("layer_norm", "γ forgotten in the backward", [("g = dy * gamma", "g = dy")], BACKWARD, "dx differs"),
+    ("rms_norm", "the mean subtracted", [("xhat = x * r", "xhat = (x - x.mean(axis=-1, keepdims=True)) * r")],
+     FORWARD, "y differs"),
+    ("rms_norm", "eps outside the square root",
+     [("np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps)", "(np.sqrt((x ** 2).mean(axis=-1, keepdims=True)) + eps)")],
+     FORWARD, "y differs"),
+    ("rms_norm", "backward without the r term", [(" - xhat * (g * xhat).mean(axis=-1, keepdims=True)", "")],
+     BACKWARD, "dx differs"),
+    ("dropout", "kept entries not rescaled", [(") / (1 - p)", ")")], "forward: zeroed with probability p, the "
+     "rest scaled", "either 0 or x / (1 - p)"),
+    ("dropout", "keeps with probability p", [(">= p", "< p")], "forward: zeroed with probability p, the rest scaled",
+     "% of the entries are zeroed; each one is zeroed with probability p = 0.3"),
+    ("dropout", "np.random instead of rng", [("rng.random(x.shape)", "np.random.random(x.shape)"),
+                                             ("def dropout_forward", "import numpy as np\n\n\ndef dropout_forward")],
+     "forward: zeroed with probability p, the rest scaled", "draw the mask from the rng argument"),
+    ("dropout", "backward ignores the mask", [("return dy * cache", "return dy")], "backward: the forward's mask",
+     "at a dropped entry"),
+    ("cross_entropy", "no max subtracted", [("logp = z - m - np.log(np.exp(z - m)", "logp = z - np.log(np.exp(z)")],
+     EDGE, "edge case 'large logits'"),
+    ("cross_entropy", "ignored positions counted", [("max(n, 1)", "len(t)")], EDGE, "edge case 'ignored targets'"),
+    ("cross_entropy", "0 / 0 when every target is ignored", [("max(n, 1)", "n")], EDGE,
+     "edge case 'every target ignored'"),
+    ("cross_entropy", "smoothing target set, not added", [("q[np.arange(len(t)), t] += 1 - eps",
+                                                           "q[np.arange(len(t)), t] = 1 - eps")],
+     KEYWORDS, "(the forward matches)"),
+    ("cross_entropy", "ignore_index fixed at -100", [("keep = t != ignore_index", "keep = t != -100")], KEYWORDS,
+     "keyword case 'ignore_index=0'"),
+    ("scaled_dot_product_attention", "the mask forgotten in the backward",
+     [("    q, k, v, p, keep, scale, capped = cache\n",
+       "    q, k, v, p, keep, scale, capped = cache\n    s = (q @ np.swapaxes(k, -1, -2)) * scale\n"
+       "    p = np.exp(s - s.max(axis=-1, keepdims=True))\n    p = p / p.sum(axis=-1, keepdims=True)\n")],
+     EDGE, "edge case 'a padding mask'"),
+    ("scaled_dot_product_attention", "k.T on batched keys", [("kt = np.swapaxes(k, -1, -2)", "kt = k.T")], SHAPES,
+     "raised ValueError"),
+    ("scaled_dot_product_attention", "no guard for a fully masked row", [("    m[~np.isfinite(m)] = 0\n", "")], EDGE,
+     "edge case 'a fully masked row'"),
+    ("scaled_dot_product_attention", "the scale forgotten in the backward",
+     [("(dp * p).sum(axis=-1, keepdims=True)) * scale", "(dp * p).sum(axis=-1, keepdims=True))")], BACKWARD,
+     "dv matches"),
+    ("scaled_dot_product_attention", "causal mask aligned bottom-right",
+     [("np.tril(np.ones((t_q, t_k), dtype=bool))", "np.tril(np.ones((t_q, t_k), dtype=bool), k=t_k - t_q)")],
+     KEYWORDS, "keyword case 'is_causal=True with more keys'"),
+    ("scaled_dot_product_attention", "dropout forgotten in the backward", [("dp = dp * keep", "dp = dp")], KEYWORDS,
+     "keyword case 'dropout_p=0.5'"),
+    ("scaled_dot_product_attention", "soft-cap's derivative forgotten", [("ds = ds * (1 - capped ** 2)", "ds = ds")],
+     KEYWORDS, "keyword case 'softcap=1.5'"),
+    ("scaled_dot_product_attention", "soft-cap after the mask",
+     [("    capped = None\n    if softcap is not None:\n        capped = np.tanh(s / softcap)\n"
+       "        s = softcap * capped\n", "    capped = None\n"),
+      ("    m = s.max(", "    if softcap is not None:\n        capped = np.tanh(s / softcap)\n"
+                         "        s = softcap * capped\n    m = s.max(")],
+     KEYWORDS, "keyword case 'softcap=1.5'"),
+    ("split_heads", "reshape without the transpose", [("return np.moveaxis(y, -2, -3), x.shape",
+                                                       "return y.reshape(*lead, n_heads, T, E // n_heads), x.shape")],
+     FORWARD, "y differs"),
+    ("split_heads", "backward reshapes without moving the axes back",
+     [("np.moveaxis(dy, -3, -2).reshape(cache)", "dy.reshape(cache)")], BACKWARD, "dx differs"),
+    ("split_heads", "(B, T, E) only", [("*lead, T, E = x.shape", "B, T, E = x.shape"), ("*lead, T, n_heads", "B, T, n_heads")],
+     EDGE, "edge case 'batch axes'"),
+    ("merge_heads", "reshape without the transpose", [("np.moveaxis(x, -3, -2).reshape(*lead, T, h * d)",
+                                                       "x.reshape(*lead, T, h * d)")], FORWARD, "y differs"),
+    ("merge_heads", "backward reshapes without moving the axes back",
+     [("np.moveaxis(dy.reshape(*lead, T, h, d), -2, -3)", "dy.reshape(*lead, h, T, d)")], BACKWARD, "dx differs"),
+    ("repeat_kv", "tiled heads", [("np.repeat(x, n_rep, axis=1)", "np.tile(x, (1, n_rep, 1, 1))")], FORWARD,
+     "y differs"),
+    ("repeat_kv", "gradient of one copy only", [(".sum(axis=2)", "[:, :, 0]")], BACKWARD, "dx differs"),
+    ("repeat_kv", "copies averaged", [(".sum(axis=2)", ".mean(axis=2)")], BACKWARD, "dx differs"),
+    ("rope", "backward rotates by +θ", [("_rotate(dy * sin, -1)", "_rotate(dy * sin, 1)")], BACKWARD, "dx differs"),
+    ("rope", "exponent 2i/d with i counting by twos",
+     [("theta ** (-np.arange(0, d, 2) / d)", "theta ** (-2 * np.arange(0, d, 2) / d)")], FORWARD, "y differs"),
+    ("rope", "offset ignored", [("np.arange(offset, offset + T)", "np.arange(T)")], KEYWORDS,
+     "keyword case 'offset=3'"),
+    ("rope", "positions (B, T) not broadcast over the heads", [("if cos.ndim == 3 and x.ndim == 4:", "if False:")],
+     KEYWORDS, "keyword case 'positions (B, T)'"),
+    ("rope", "scaling ignored", [("    if scaling is not None:\n        freqs, a = rope_inverse_frequencies(", "    if False:\n        freqs, a = rope_inverse_frequencies(")],
+     KEYWORDS, "keyword case 'scaling linear'"),
+    ("rope", "the attention factor forgotten",
+     [("cos, sin = a * np.cos(angles), a * np.sin(angles)", "cos, sin = np.cos(angles), np.sin(angles)")],
+     KEYWORDS, "keyword case 'scaling yarn'"),
+    ("swiglu", "SiLU' = σ", [("(s + a * s * (1 - s))", "s")], BACKWARD, "(dw_up, dw_down"),
+    ("swiglu", "gate on the up projection", [("s = 1 / (1 + np.exp(-a))", "s = 1 / (1 + np.exp(-b))"),
+                                             ("h = a * s * b", "h = b * s * a")], FORWARD, "y differs"),
+    ("swiglu", "σ as exp(a) / (1 + exp(a))", [("s = 1 / (1 + np.exp(-a))", "s = np.exp(a) / (1 + np.exp(a))")],
+     EDGE, "edge case 'large pre-activations'"),
+    ("swiglu", "dx through the gate only", [("dx = da @ w_gate + db @ w_up", "dx = da @ w_gate")], BACKWARD,
+     "dx differs"),
+    ("adamw", "no bias corrections", [("m_hat = exp_avg / (1 - beta1 ** step)", "m_hat = exp_avg"),
+                                      ("v_hat = exp_avg_sq / (1 - beta2 ** step)", "v_hat = exp_avg_sq")],
+     "one step against the reference", "param differs"),
+    ("adamw", "L2 weight decay (Adam's)", [("param *= 1 - lr * weight_decay", "grad = grad + weight_decay * param")],
+     "one step against the reference", "param differs"),
+    ("adamw", "arrays rebound, not updated in place",
+     [("param *= 1 - lr * weight_decay", "param = param * (1 - lr * weight_decay)"),
+      ("exp_avg *= beta1\n    exp_avg += (1 - beta1) * grad", "exp_avg = beta1 * exp_avg + (1 - beta1) * grad"),
+      ("exp_avg_sq *= beta2\n    exp_avg_sq += (1 - beta2) * grad ** 2",
+       "exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad ** 2"),
+      ("param -= lr", "param = param - lr")], "in place, shapes and dtype", "left param unchanged"),
+    ("adamw", "eps inside the square root", [("np.sqrt(v_hat) + eps", "np.sqrt(v_hat + eps)")],
+     "one step against the reference", "param differs"),
+    ("adamw", "weight decay after the update", [("    param *= 1 - lr * weight_decay\n", ""),
+                                                ("param -= lr * m_hat / (np.sqrt(v_hat) + eps)",
+                                                 "param -= lr * m_hat / (np.sqrt(v_hat) + eps)\n"
+                                                 "    param *= 1 - lr * weight_decay")],
+     "one step against the reference", "param differs"),
+    ("bpe_merge", "ties broken by the first pair counted (max(stats, key=stats.get))",
+     [("best = min(stats, key=lambda p: (-stats[p], p[0], p[1]))", "best = max(stats, key=stats.get)")],
+     "ties, as ByteLevelBPE breaks them", "the smallest left id, then the smallest right id"),
+    ("bpe_merge", "ties broken by the largest ids", [("(-stats[p], p[0], p[1])", "(-stats[p], -p[0], -p[1])")],
+     "ties, as ByteLevelBPE breaks them", "returned ((5, 3), 2); the reference returns ((2, 4), 2)"),
+    ("bpe_merge", "each word counted once", [("stats.get((a, b), 0) + n", "stats.get((a, b), 0) + 1")],
+     "counting pairs", "counts as often as its word occurs"),
+    ("bpe_merge", "a pair counted once per word", [("for a, b in zip(word, word[1:])", "for a, b in set(zip(word, word[1:]))")],
+     EDGE, "edge case 'overlapping pairs'"),
+    ("bpe_merge", "the merged pair's second id not skipped", [("            i += 2\n", "            i += 1\n")],
+     "merging a pair", "returned [104, 101, 256, 108, 111]"),
+    ("bpe_merge", "no guard for words without pairs", [("    if not stats:\n        return None, 0\n", "")],
+     EDGE, "edge case 'no pairs'"),
+    ("bpe_merge", "the word merged in place", [("    out = []\n    i = 0\n", "    out = word\n    i = 0\n    word = list(word)\n    out.clear()\n")],
+     "types, and no argument changed", "changed the word it was given"),
+]
+
+
+def patches_of(name, mistake):
+    """The patches of the mistake ``mistake`` of exercise ``name`` in MISTAKES."""
+    return next(m[2] for m in MISTAKES if m[:2] == (name, mistake))
+
+
+def solution(name):
+    return (SOLUTIONS / f"{name}.py").read_text(encoding="utf-8")
+
+
+def write_mistake(tmp_path, name, patches):
+    text = solution(name)
+    for old, new in patches:
+        assert old in text, f"the solution of {name} no longer contains {old!r}: update MISTAKES"
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.py"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", list(E.EXERCISES))
+def test_numformer_ops_pass_their_exercise(name):
+    exercise = E.EXERCISES[name]
+    report = E.check(exercise, vars(exercise.reference))
+    assert report.ok, report.message
+
+
+@pytest.mark.parametrize("name", list(E.EXERCISES))
+def test_a_learners_solution_passes(name):
+    report = E.check_file(name, SOLUTIONS / f"{name}.py")
+    assert report.ok, E.format_report(report, name)
+
+
+@pytest.mark.parametrize("name", list(E.EXERCISES))
+def test_the_stub_fails_as_shipped(name, tmp_path):
+    path = E.write_stub(name, tmp_path)
+    text = path.read_text(encoding="utf-8")
+    assert "TODO" in text and "NotImplementedError" in text
+    for function in E.EXERCISES[name].functions:        # the signature and the docstring, never the solution
+        assert f"def {function.name}(" in text and function.doc.splitlines()[0] in text
+    report = E.check_file(name, path)
+    assert not report.ok
+    assert report.passed == [SIGNATURE] and "not written yet" in report.message
+
+
+@pytest.mark.parametrize("name, mistake, patches, step, fragment", MISTAKES,
+                         ids=[f"{m[0]}: {m[1]}" for m in MISTAKES])
+def test_a_typical_mistake_fails_where_it_should(name, mistake, patches, step, fragment, tmp_path):
+    report = E.check_file(name, write_mistake(tmp_path, name, patches))
+    assert report.failed == step, f"{mistake}: failed at {report.failed!r}, not {step!r}:\n{report.message}"
+    assert fragment in report.message, f"{mistake}: {fragment!r} is not in the message:\n{report.message}"
+
+
+def test_every_exercise_has_two_typical_mistakes():
+    counts = {name: sum(m[0] == name for m in MISTAKES) for name in E.EXERCISES}
+    assert min(counts.values()) >= 2, counts
+
+
+def test_a_failure_says_where_without_the_code(tmp_path):
+    report = E.check_file("layer_norm", write_mistake(tmp_path, "layer_norm", patches_of("layer_norm", "eps outside the square root")))
+    text = " ".join(E.format_report(report, "layer_norm.py").split())
+    assert "3. forward against the reference" in text and "FAILED" in text
+    assert "most at y[" in text and "relative to its largest entry" in text
+    assert "hint layer_norm" in text and "np.sqrt" not in text
+
+
+def test_a_file_that_does_not_run_fails_the_first_step(tmp_path):
+    (tmp_path / "bad.py").write_text("import numpy as np\n\ndef layer_norm_forward(x:\n", encoding="utf-8")
+    report = E.check_file("layer_norm", tmp_path / "bad.py")
+    assert report.failed == SIGNATURE and "line 3" in report.message
+    (tmp_path / "bad.py").write_text("def layer_norm_forward(x, gamma, beta, eps=1e-6):\n    pass\n"
+                                     "def layer_norm_backward(dy, cache):\n    pass\n", encoding="utf-8")
+    report = E.check_file("layer_norm", tmp_path / "bad.py")
+    assert report.failed == SIGNATURE and "eps=1e-05" in report.message
+
+
+def test_hints_come_one_at_a_time_and_are_remembered(tmp_path):
+    n = len(E.EXERCISES["rope"].hints)
+    seen = [E.next_hint("rope", tmp_path)[0] for _ in range(n + 1)]
+    assert seen == [*range(1, n + 1), n]
+    assert json.loads((tmp_path / E.HINTS_FILE).read_text())["hints_seen"] == {"rope": n}
+    assert E.next_hint("softmax", tmp_path)[:2] == (1, len(E.EXERCISES["softmax"].hints))
+
+
+def test_every_exercise_is_documented_and_hinted():
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for exercise in E.EXERCISES.values():
+        assert exercise.hints and exercise.summary and exercise.page
+        page, anchor = exercise.page.split("#")
+        assert (docs / page).is_file(), f"{exercise.name}: no docs/{page}"
+        assert f"| `{exercise.name}` |" in (docs / "exercises.md").read_text(encoding="utf-8"), exercise.name
+
+
+def test_using_ops_installs_and_restores():
+    mine = lambda x, W, b=None: (np.zeros(1), None)      # noqa: E731
+    with dispatch.using_ops({"linear_forward": mine}):
+        assert dispatch.F.linear_forward is mine
+        with dispatch.reference_mode():
+            assert dispatch.F.linear_forward is mine and dispatch.F.linear_backward is ops.linear_backward
+    assert dispatch.F.linear_forward is not mine
+    with pytest.raises(ValueError, match="no op 'linear_forwards'"):
+        with dispatch.using_ops({"linear_forwards": mine}):
+            pass
+
+
+# a small model of the first GPT's configuration, for the tests that train (the page's session trains the real one)
+SMALL = ["model.n_layers=1", "model.d_model=32", "data.block_size=32", "train.batch_size=4"]
+
+
+def test_the_exercise_loop_is_the_trainers_step(tmp_path):
+    """With the reference ops, ``exercises train``'s loop gives the Trainer's losses (float64, one process)."""
+    from numformer import reference_mode
+    from numformer.train import Trainer
+
+    overrides = SMALL + ["train.max_steps=4", "train.log_every=1", "train.eval_every=100", "train.processes=1",
+                         "data.val_fraction=0.01"]
+    config, task = training.configure("gpt", overrides)
+    run = training.Run(config, task)
+    ours = [run.step() for _ in range(4)]
+    with reference_mode():
+        Trainer(config, tmp_path / "run", quiet=True).train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    theirs = [r["train_loss"] for r in lines if "train_loss" in r]
+    assert np.allclose(ours, theirs, rtol=0, atol=1e-12), (ours, theirs)
+
+
+def test_train_on_a_learners_ops_follows_the_library(capsys):
+    files = [SOLUTIONS / f"{n}.py" for n in ("linear", "layer_norm", "embedding", "gelu", "cross_entropy",
+                                             "scaled_dot_product_attention", "adamw", "softmax")]
+    assert training.train(files, steps=3, every=1, overrides=SMALL) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Your ops in the model: adamw, cross_entropy, embedding, gelu, layer_norm, linear, " \
+           "scaled_dot_product_attention; not called by this model: softmax" in out
+    assert "equals the library's" in out
+
+
+def test_train_refuses_an_op_that_fails_its_check(tmp_path, capsys):
+    path = write_mistake(tmp_path, "layer_norm", patches_of("layer_norm", "eps outside the square root"))
+    assert training.train([path], steps=2, overrides=SMALL) == 1
+    assert "Fix layer_norm first" in " ".join(capsys.readouterr().out.split())
+
+
+def test_train_finds_where_the_curves_part(tmp_path, capsys):
+    """An op right on the check's inputs (d = 8) and wrong at the model's width (d = 32) parts the curves."""
+    text = solution("layer_norm").replace("    return y, (xhat, r, gamma)",
+                                          "    if x.shape[-1] == 32:\n        y = y + 1e-7\n"
+                                          "    return y, (xhat, r, gamma)")
+    (tmp_path / "layer_norm.py").write_text(text, encoding="utf-8")
+    assert training.train([tmp_path / "layer_norm.py"], steps=2, every=1, overrides=SMALL) == 1
+    assert "The curves part at step 1" in " ".join(capsys.readouterr().out.split())
+
+
+def test_train_with_the_llama_model_uses_rope_and_rms_norm(capsys):
+    files = [SOLUTIONS / f"{n}.py" for n in ("rope", "rms_norm", "repeat_kv", "swiglu")]
+    assert training.train(files, steps=2, model="llama", every=1, overrides=SMALL) == 0
+    assert "Your ops in the model: repeat_kv, rms_norm, rope; not called by this model: swiglu" in \
+        " ".join(capsys.readouterr().out.split())
+
+
+def numformer(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "numformer.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_the_command_line_session(tmp_path):
+    """list, start, check (failing, then passing), hint, and the errors of bad input."""
+    listed = numformer("exercises", "list", cwd=tmp_path)
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert listed.returncode == 0 and names == list(E.EXERCISES)
+    assert max(map(len, listed.stdout.splitlines())) <= E.WIDTH
+    assert numformer("exercises", "start", "rms_norm", "--dir", "ex", cwd=tmp_path).returncode == 0
+    failing = numformer("exercises", "check", "rms_norm", "ex/rms_norm.py", cwd=tmp_path)
+    assert failing.returncode == 1 and "FAILED" in failing.stdout
+    hint = numformer("exercises", "hint", "rms_norm", cwd=tmp_path)
+    assert hint.returncode == 0 and hint.stdout.startswith("Hint 1 of")
+    again = numformer("exercises", "start", "rms_norm", "--dir", "ex", cwd=tmp_path)
+    assert again.returncode == 2 and "exists (your work so far?)" in again.stderr
+    (tmp_path / "ex" / "rms_norm.py").write_text(solution("rms_norm"), encoding="utf-8")
+    passing = numformer("exercises", "check", "rms_norm", "ex/rms_norm.py", cwd=tmp_path)
+    assert passing.returncode == 0 and passing.stdout.count(" ok") == 7
+    unknown = numformer("exercises", "check", "layernorm", "ex/rms_norm.py", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no exercise 'layernorm'" in unknown.stderr
+    missing = numformer("exercises", "check", "rms_norm", "ex/nothing.py", cwd=tmp_path)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+# -- the session of docs/exercises.md, replayed -----------------------------------------------------------------
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "exercises.md"
+BLOCK = re.compile(r"^( *)```(console|python)\n(.*?)^\1```", re.S | re.M)
+
+
+def session_steps():
+    """[("file", text) | ("run", command, expected output)] of the page's session, in order: each python block is
+    the learner's ex/layer_norm.py from there on; each console block, its commands and what they print."""
+    text = PAGE.read_text(encoding="utf-8")
+    text = text[text.index("### A session"):text.index("### Adding an exercise")]
+    steps = []
+    for indent, kind, body in BLOCK.findall(text):
+        body = "\n".join(line[len(indent):] for line in body.splitlines())
+        if kind == "python":
+            steps.append(("file", body + "\n"))
+            continue
+        for chunk in re.split(r"^\$ ", body, flags=re.M)[1:]:
+            command, _, output = chunk.partition("\n")
+            steps.append(("run", command, output.rstrip("\n")))
+    return steps
+
+
+def replay(tmp_path, steps=None):
+    """Run the session in tmp_path; ``steps`` replaces the training's 300 steps (its output is then compared up to
+    the first step's line, whitespace normalized)."""
+    ran = 0
+    for step in session_steps():
+        if step[0] == "file":
+            (tmp_path / "ex").mkdir(exist_ok=True)
+            (tmp_path / "ex" / "layer_norm.py").write_text(step[1], encoding="utf-8")
+            continue
+        _, command, expected = step
+        args = command.split()[1:]
+        done = numformer(*args, *(["--steps", str(steps)] if args[:2] == ["exercises", "train"] and steps else []),
+                         cwd=tmp_path)
+        got = done.stdout.rstrip("\n")
+        if args[:2] == ["exercises", "train"] and steps:
+            got, expected = (_to_first_step(text) for text in (got, expected))
+            got = got.replace(f"for {steps} steps", "for 300 steps")
+        assert got == expected, f"`{command}` printed:\n{got}\n\nthe page shows:\n{expected}"
+        ran += 1
+    return ran
+
+
+def _to_first_step(text):
+    """The training's output up to its first step's line, whitespace normalized."""
+    lines = text.splitlines()
+    first = next(n for n, line in enumerate(lines) if line.startswith("     1 "))
+    return " ".join(" ".join(lines[:first + 1]).split())
+
+
+def test_the_session_on_the_exercises_page(tmp_path):
+    """Every command of the page's session prints what the page shows (the training's first step only)."""
+    assert replay(tmp_path, steps=1) == 6
+
+
+@pytest.mark.slow
+def test_the_whole_session_on_the_exercises_page(tmp_path):
+    """The same with the 300 training steps the page shows."""
+    assert replay(tmp_path) == 6
+
+
+# -- the grader's oracle on the grader's own inputs, against torch ----------------------------------------------
+def _torch_functions():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    return torch, {
+        "softmax": lambda x, axis=-1: torch.softmax(x, dim=axis),
+        "log_softmax": lambda x, axis=-1: torch.log_softmax(x, dim=axis),
+        "linear": lambda x, W, b=None: F.linear(x, W, b),
+        "gelu": lambda x, approximate="none": F.gelu(x, approximate=approximate),
+        "layer_norm": lambda x, gamma, beta, eps=1e-5: F.layer_norm(x, x.shape[-1:], gamma, beta, eps),
+        "rms_norm": lambda x, gamma, eps=1e-6: F.rms_norm(x, x.shape[-1:], gamma, eps),
+        "cross_entropy": lambda logits, targets, ignore_index=-100, label_smoothing=0.0: F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
+            label_smoothing=label_smoothing),
+        "scaled_dot_product_attention": lambda q, k, v, attn_mask=None, is_causal=False, scale=None,
+        need_weights=False, softcap=None: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                                         is_causal=is_causal, scale=scale)
+        if softcap is None else _capped_attention(torch, q, k, v, is_causal, scale, softcap),
+    }
+
+
+def _capped_attention(torch, q, k, v, is_causal, scale, cap):
+    """Soft-capped attention written out in torch (its scaled_dot_product_attention has no soft-cap; Gemma 2's
+    modeling code computes it this way): S = c·tanh(Q Kᵀ · scale / c), the causal mask, softmax, times V."""
+    scores = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    scores = cap * torch.tanh(scores / cap)
+    if is_causal:
+        blocked = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(blocked, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def _cases_with_a_torch_twin():
+    skip = {"masked entries", "a fully masked slice", "a fully masked row", "every target ignored"}   # torch: NaN
+    return [(name, case) for name in ("softmax", "log_softmax", "linear", "gelu", "layer_norm", "rms_norm",
+                                      "cross_entropy", "scaled_dot_product_attention")
+            for case in (E.EXERCISES[name].case, *E.EXERCISES[name].edge_cases, *E.EXERCISES[name].keyword_cases)
+            if case.name not in skip]
+
+
+@pytest.mark.parametrize("name, case", _cases_with_a_torch_twin(), ids=lambda v: getattr(v, "name", v))
+def test_the_graders_reference_agrees_with_torch_on_its_cases(name, case):
+    """Every input the grader compares a learner's op on, the reference gives torch's forward and gradients
+    (float64; the cases where numformer returns 0 and torch NaN are left out)."""
+    torch, functions = _torch_functions()
+    exercise = E.EXERCISES[name]
+    inputs = case.inputs()
+    outputs, cache = E.checker.run_forward(exercise, vars(exercise.reference), inputs, learner=False)
+    upstream = E.checker.upstream_for(outputs, exercise)
+    grads = E.checker.run_backward(exercise, vars(exercise.reference), cache, dict(upstream), learner=False)
+    tensors = {k: torch.from_numpy(np.array(v)).requires_grad_(k in grads and v is not None and v.dtype.kind == "f")
+               if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+    first = exercise.calls.differentiable[0]
+    out = functions[name](**tensors)
+    out.backward(torch.tensor(upstream[first], dtype=out.dtype).expand_as(out) if out.ndim == 0 else
+                 torch.from_numpy(upstream[first]))
+    np.testing.assert_allclose(np.asarray(outputs[first]), out.detach().numpy(), rtol=1e-10, atol=1e-10)
+    for k, g in grads.items():
+        if g is not None and isinstance(tensors.get(k), torch.Tensor):
+            np.testing.assert_allclose(g, tensors[k].grad.numpy(), rtol=1e-9, atol=1e-10, err_msg=f"d{k}")

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from numformer.data.tokenizers import (BPETokenizer, CharTokenizer, WordTokenizer, build_tokenizer, normalize_text,
+from numformer.data.tokenizers import (NormalizedBPE, CharTokenizer, WordTokenizer, build_tokenizer, normalize_text,
                                        pad_batch, split_words, tokenizer_from_dict, truncate)
 
 TRAIN = ["The movie was GREAT!<br /><br />Really great.", "A bad movie, a bad plot... don't watch it.",
@@ -77,7 +77,7 @@ def test_word_json_roundtrip():
 def test_bpe_train_encode_decode_roundtrip():
     pytest.importorskip("tokenizers")
     texts = TRAIN * 20 + ["the quick brown fox jumps over the lazy dog"] * 5
-    tok = BPETokenizer.build(texts, vocab_size=300, min_freq=2, bos=True, eos=True)
+    tok = NormalizedBPE.build(texts, vocab_size=300, min_freq=2, bos=True, eos=True)
     assert tok.pad_id == 0 and tok.unk_id == 1 and tok.special_id("<bos>") == 2 and tok.special_id("<eos>") == 3
     assert tok.vocab_size <= 300
     ids = tok.encode("The movie<br />was great", add_bos=True, add_eos=True)
@@ -85,7 +85,7 @@ def test_bpe_train_encode_decode_roundtrip():
     assert tok.decode(ids) == "the movie was great"           # byte-level: lossless up to normalization
     assert tok.decode(tok.encode("Zürich ☃ unseen!")) == "zürich ☃ unseen!"   # no unknown inputs
     tok2 = roundtrip(tok)
-    assert isinstance(tok2, BPETokenizer)
+    assert isinstance(tok2, NormalizedBPE)
     batch = ["great plot", "a bad dog"]
     assert tok2.encode_batch(batch) == tok.encode_batch(batch) == [tok.encode(t) for t in batch]
     with pytest.raises(ValueError, match="no <cls> token"):
@@ -94,8 +94,8 @@ def test_bpe_train_encode_decode_roundtrip():
 
 def test_bpe_vocab_from_training_text_only():
     pytest.importorskip("tokenizers")
-    tok = BPETokenizer.build(["aaaa bbbb"] * 50, vocab_size=400, min_freq=2)
-    vocab = tok.hf.get_vocab()
+    tok = NormalizedBPE.build(["aaaa bbbb"] * 50, vocab_size=400, min_freq=2)
+    vocab = tok.bpe.vocab
     assert any("aaaa" in t for t in vocab) and not any("zzzz" in t for t in vocab)
 
 

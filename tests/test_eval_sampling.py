@@ -116,8 +116,8 @@ def test_the_whole_split_decides_between_the_selected_and_the_last_weights(corpu
     sample_evaluations = []
     real = evaluation_module.mean_loss
 
-    def estimate_favours_step_5(model, batches):
-        loss, count = real(model, batches)
+    def estimate_favours_step_5(model, batches, bytes_seen=None):
+        loss, count = real(model, batches, bytes_seen)
         if count == EVAL_BATCHES * EVAL_BS * BLOCK:        # the fixed sample: the first evaluation looks best
             sample_evaluations.append(loss)
             return (0.1 if len(sample_evaluations) == 1 else 5.0), count

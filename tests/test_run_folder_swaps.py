@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from numformer.train import Trainer
-from numformer.train import run_files
+from numformer import run_files
 from numformer.run_files import CHECKPOINT, MODEL, is_temp_of, temp_name
 from numformer.train.run_folder import RUN_FILES, RunFolderBusy, RunFolderGone, lock_for_resuming, lock_for_writing
 

@@ -18,7 +18,7 @@ returned figure inline. Every plotting function takes ``path=`` to write a PNG.
 from .ablation import AblationResult, ablate_heads, head_ablation, loss_metric, plot_head_ablation
 from .attention import GROUP_TITLES, AttentionMaps, attention_maps, attention_modules, plot_attention
 from .curves import (ema, eval_metric_names, plot_eval_metrics, plot_learning_rate, plot_loss_curves,
-                     read_metrics, series)
+                     plot_runs_against_time, read_metrics, series)
 from ._common import new_figure, save_figure
 from .diagram import format_model_diagram, model_diagram, plot_model_diagram
 from .positional import (dominant_wavelengths, plot_position_similarity, plot_positional_encoding,

@@ -128,3 +128,30 @@ def plot_eval_metrics(records, path=None, names=None, dpi=100):
         ax.set_title(k, fontsize=10)
         ax.grid(alpha=0.3)
     return save_figure(fig, path, dpi)
+
+
+def plot_runs_against_time(runs, metric="val_bpb", path=None, title="", ylabel=None, dpi=100):
+    """One evaluation metric of several runs against the seconds of training steps before each evaluation.
+
+    runs: {label: metrics records or a metrics.jsonl path}; an evaluation line gives ``metric`` (the whole
+    split) or ``metric + "_estimate"`` (the fixed sample), the training line of the same step its time."""
+    fig = new_figure(7.0, 4.2)
+    ax = fig.subplots()
+    for label, records in runs.items():
+        if isinstance(records, (str, Path)) and not Path(records).is_file():     # a run that logged nothing
+            continue
+        records = _records(records)
+        seconds = {r["step"]: r["elapsed_s"] for r in records if "elapsed_s" in r}
+        pts = [(seconds[r["step"]], r.get(metric, r.get(f"{metric}_estimate"))) for r in records
+               if r.get("step") in seconds and (metric in r or f"{metric}_estimate" in r)]
+        if pts:
+            ax.plot(*zip(*pts), "o-", ms=3, lw=1.2, label=label)
+    if not ax.lines:
+        ax.text(0.5, 0.5, f"no {metric} in the metrics", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("seconds of training steps")
+    ax.set_ylabel(ylabel or metric)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    ax.set_title(title)
+    return save_figure(fig, path, dpi)

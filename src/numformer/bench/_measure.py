@@ -93,6 +93,16 @@ def best_time(fn, min_total=0.3, max_repeats=5, warmup=True):
             return min(times)
 
 
+def best_of(fn, repeats=1):
+    """(the smallest wall time of ``repeats`` calls of fn(), the last call's result)."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
 def fit_exponent(xs, ys):
     """Slope of log y against log x by least squares (y ∝ x^slope); None with fewer than two points."""
     pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x and y and x > 0 and y > 0]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 
 import numpy as np
 
@@ -94,15 +93,6 @@ class _mode:
         return False
 
 
-def _time_best(fn, repeats):
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
-
-
 def measure(model, tmodel, batch, prompt_len, new_tokens, threads, repeats, modes=MODES, log=None):
     """tokens/s of numformer (each mode) and transformers for one batch size; whether the tokens agree."""
     import torch
@@ -115,14 +105,14 @@ def measure(model, tmodel, batch, prompt_len, new_tokens, threads, repeats, mode
     model.generate(idx, 2, greedy=True)
     with torch.inference_mode():
         t_ids = torch.from_numpy(idx)
-        secs, ref = _time_best(lambda: tmodel.generate(t_ids, attention_mask=torch.ones_like(t_ids), do_sample=False,
+        secs, ref = _measure.best_of(lambda: tmodel.generate(t_ids, attention_mask=torch.ones_like(t_ids), do_sample=False,
                                                        max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                                        pad_token_id=0, eos_token_id=None), repeats)
     n = batch * new_tokens
     row = {"batch": batch, "transformers_tokens_per_s": n / secs, "numformer_tokens_per_s": {}}
     for mode in modes:
         with _mode(mode, threads):
-            s, ours = _time_best(lambda: model.generate(idx, new_tokens, greedy=True), repeats)
+            s, ours = _measure.best_of(lambda: model.generate(idx, new_tokens, greedy=True), repeats)
         row["numformer_tokens_per_s"][mode] = n / s
         row["same_tokens_fraction"] = float((ours[:, prompt_len:] == ref.numpy()[:, prompt_len:]).mean())
         if log:

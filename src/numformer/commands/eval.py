@@ -1,4 +1,5 @@
-"""numformer eval RUN_DIR [--split val|test]: loss (and perplexity, bits per token) and the task's metrics."""
+"""numformer eval RUN_DIR [--split val|test]: loss (and perplexity, bits per token, bits per byte) and the task's
+metrics."""
 from __future__ import annotations
 
 import json
@@ -6,13 +7,16 @@ import math
 
 
 def run(args):
-    from ..train import evaluate_loss, load_config_json, load_model, load_task
+    from ..train import load_config_json, load_model, load_task
+    from ..train.bits_per_byte import byte_count
+    from ..train.evaluation import split_loss
 
     config = load_config_json(args.run_dir)
     task = load_task(args.run_dir, config)
     model = load_model(args.run_dir, config)
     bs = config["train"]["eval_batch_size"] or config["train"]["batch_size"]
-    loss = evaluate_loss(model, task, args.split, bs)
+    bytes_seen = byte_count(task)
+    loss = split_loss(model, task, args.split, bs, bytes_seen=bytes_seen)[0]
     split = args.split
     if split == "test" and not getattr(task, "has_test_split", True):
         split = "val"                 # say what was evaluated: a text task has two splits
@@ -21,6 +25,8 @@ def run(args):
         unit = getattr(task, "unit", "token")
         result["perplexity"] = math.exp(loss) if loss < math.log(float.fromhex("0x1p1023")) else math.inf
         result[f"bits_per_{unit}"] = loss / math.log(2)
+        if bytes_seen is not None:      # comparable across tokenizers (train/bits_per_byte.py)
+            result["bits_per_byte"] = bytes_seen.bpb
     result.update(task.evaluate(model, args.split))
     if args.json:
         print(json.dumps(result))
@@ -33,7 +39,7 @@ def run(args):
 
 
 def register(sub):
-    p = sub.add_parser("eval", help="evaluate a trained run: loss, perplexity, bits per token, task metrics")
+    p = sub.add_parser("eval", help="evaluate a trained run: loss, perplexity, bits per token and per byte, task metrics")
     p.add_argument("run_dir", help="a run folder written by `numformer train`")
     p.add_argument("--split", default="val", choices=["val", "test"], help="which split (default val)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

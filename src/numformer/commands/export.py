@@ -22,7 +22,7 @@ def run(args):
                          f"run's config.json and weights: choose another --out")
     model = load_model(args.run_dir, config)
     state = load_tokenizer_state(args.run_dir)
-    tokenizer = tokenizer_from_state(state, args.run_dir) if state and "type" in state else None
+    tokenizer = tokenizer_from_state(state, args.run_dir) if state else None
     out.mkdir(parents=True, exist_ok=True)
     with run_folder.RunLock(out, exclusive=True, what="export into"):   # no training writes it meanwhile
         if run_folder.holds_run(out):

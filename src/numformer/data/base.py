@@ -129,6 +129,11 @@ class Task:
         """JSON-able vocabulary/tokenizer, saved as tokenizer.json in the run folder."""
         return None
 
+    def token_bytes(self):
+        """For language models: the UTF-8 bytes each target id stands for, (vocab_size,) (0 for special tokens),
+        so that the trainer reports bits per byte; None for the tasks where that means nothing."""
+        return None
+
     def describe(self) -> str:
         """One line for logs: what the data is and how big."""
         return self.name
@@ -156,7 +161,7 @@ DATA_KEYS = {
     "val_fraction": Key(float, 0, 1, (True, True)), "max_len": Key(int, 2), "vocab_size": positive(),
     "min_freq": positive(), "val_size": NONNEG_INT, "buckets": positive(),
     "token_dropout": Key(float, 0, 1, open=(False, True)), "beam_size": positive(), "length_penalty": NONNEG_FLOAT,
-    "tokenizer": Key(str, choices=("word", "bpe")), "truncate": Key(str, choices=("head", "tail", "head_tail")),
+    "tokenizer": Key(str, choices=("char", "word", "bpe")), "truncate": Key(str, choices=("head", "tail", "head_tail")),
 }
 
 

@@ -52,6 +52,73 @@ def read_text(path, encoding: str = "utf-8", allow_empty: bool = False) -> str:
     return text
 
 
+def iter_text(path, encoding: str = "utf-8", block_bytes: int = 1 << 20):
+    """The text of ``path`` in chunks of about ``block_bytes`` bytes, each ending with a line break (but the
+    last), so that a file larger than memory can be read: ``"".join(iter_text(p))`` equals ``read_text(p)``.
+
+    The same checks as ``read_text`` (the byte offset and line of a byte that is not valid text, an empty
+    file). Encodings in which a line break is not the byte 0x0A (UTF-16, UTF-32) are read whole.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no file at {str(path)!r}" + (" (it is a folder)" if p.is_dir() else ""))
+    try:
+        ascii_compatible = "a\n".encode(encoding) == b"a\n"
+    except LookupError:
+        raise ValueError(f"[data] encoding = {encoding!r} is not a known text encoding (e.g. 'utf-8', 'latin-1')"
+                         ) from None
+    if not ascii_compatible:
+        yield read_text(path, encoding)
+        return
+    opener = gzip.open if p.name.endswith(".gz") else open
+    offset, lines, pending, seen_text = 0, 0, b"", False
+    try:
+        with opener(p, "rb") as f:
+            while True:
+                block = f.read(block_bytes)
+                data = pending + block
+                if not data:
+                    break
+                cut = _cut(data, block_bytes) if block else len(data)
+                if cut == 0:                 # no line break yet: read on
+                    pending = data
+                    continue
+                part, pending = data[:cut], data[cut:]
+                text = _decode_part(path, part, encoding, offset, lines, first=offset == 0)
+                seen_text = seen_text or bool(text.strip())
+                if text:
+                    yield text
+                offset, lines = offset + len(part), lines + part.count(b"\n")
+    except (OSError, EOFError) as e:                 # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: cannot read ({e})") from None
+    if not seen_text:
+        raise ValueError(f"{path}: empty file" + ("" if offset == 0 else " (only white space)"))
+
+
+def _cut(data: bytes, block_bytes: int) -> int:
+    """Where to end a chunk of ``data``: after its last line break; in a line longer than 16 blocks, where a
+    UTF-8 character starts; 0 to read on."""
+    cut = data.rfind(b"\n") + 1
+    if cut or len(data) < 16 * block_bytes:
+        return cut
+    cut = len(data) - 4
+    while cut < len(data) and 0x80 <= data[cut] < 0xC0:
+        cut += 1
+    return cut
+
+
+def _decode_part(path, part: bytes, encoding, offset, lines, first):
+    try:
+        text = part.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = lines + part.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path} is not valid {encoding} text: byte offset {offset + e.start} (line {line}) holds "
+                         f"{part[e.start:e.start + 1]!r} ({e.reason}); convert the file to {encoding} "
+                         f"(e.g. iconv -f latin1 -t utf-8)" + ("" if encoding.lower() != "utf-8" else
+                                                               " or set [data] encoding")) from None
+    return text.removeprefix("\ufeff") if first else text
+
+
 def read_lines(path) -> list[str]:
     """The lines of a UTF-8 file without their line ends (an empty file is an error)."""
     return read_text(path).splitlines()

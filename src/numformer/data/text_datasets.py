@@ -120,6 +120,39 @@ def load_imdb(path: str, splits=("train", "test")) -> dict[str, LabeledTexts]:
     return result
 
 
+_IMDB_UNSUP = re.compile(r"(?:^|/)aclImdb/train/unsup/(\d+)_\d+\.txt$")
+
+
+def load_imdb_unlabelled(path: str) -> list[str]:
+    """The 50,000 unlabelled reviews of IMDB's ``train/unsup`` folder, in review-id order ([] when the tarball or
+    folder has none). The test reviews are not read."""
+    src = _find_imdb(path)
+    found = []
+
+    def keep(name, raw):
+        m = _IMDB_UNSUP.search(name)
+        if m is not None:
+            try:
+                found.append((int(m.group(1)), raw.decode("utf-8")))
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{src}: {name!r} is not UTF-8 text ({e})") from None
+
+    if os.path.isfile(src):
+        try:
+            with tarfile.open(src, "r:*") as tar:
+                for member in tar:
+                    if member.isfile() and _IMDB_UNSUP.search(member.name):
+                        keep(member.name, tar.extractfile(member).read())
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise ValueError(f"{src}: not a readable IMDB tarball ({e})") from None
+    else:
+        folder = os.path.join(os.path.normpath(src), "train", "unsup")
+        for fname in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            with open(os.path.join(folder, fname), "rb") as f:
+                keep(f"aclImdb/train/unsup/{fname}", f.read())
+    return [text for _, text in sorted(found)]
+
+
 # ------------------------------------------------------------------------------------------------ AG News
 AGNEWS_CLASSES = ["World", "Sports", "Business", "Sci/Tech"]
 _NUM_ENTITY = re.compile(r" ?#(x[0-9a-fA-F]+|\d+);")

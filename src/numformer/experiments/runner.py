@@ -247,3 +247,15 @@ def write_index(results_dir):
     if bench.exists():
         lines += ["Speed and memory benchmarks: [bench.md](bench.md).", ""]
     write_atomic(Path(results_dir) / "README.md", "\n".join(lines).encode())
+
+
+def page_head(r, data):
+    """The first lines of a results page: title, description, the command and machine, ``data`` (a sentence),
+    and what a quick run is."""
+    quick = r.get("quick_overrides")
+    lines = [f"# {r['name']}" + (" (quick run)" if quick is not None else ""), "", r["description"], "",
+             f"Produced by `{r['command']}` on {r['date']} (commit {r['commit']}, {r['machine']['cores']} cores, "
+             f"{r['machine']['cpu']}). {data}", ""]
+    if quick is not None:
+        lines += [f"This is the `--quick` check of the pipeline (`{' '.join(quick)}`), not the experiment.", ""]
+    return lines

@@ -18,12 +18,13 @@ import numpy as np
 
 from .. import ops
 from ..data.base import IGNORE
+from .bits_per_byte import byte_count
 
 
-def mean_loss(model, batches):
+def mean_loss(model, batches, bytes_seen=None):
     """Token-weighted mean cross-entropy of ``model`` (in eval mode) over ``batches``: (loss, counted targets);
     the loss is NaN when no target is counted. A diverged model's overflows give an infinite or NaN loss,
-    without NumPy's warnings."""
+    without NumPy's warnings. ``bytes_seen``: a ``ByteCount`` that adds up the batches' bits per byte."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -35,19 +36,21 @@ def mean_loss(model, batches):
             n = cache[3]
             total += loss * n
             count += n
+            if bytes_seen is not None:
+                bytes_seen.add(cache)
             model.clear_cache()
     finally:
         model.train(was_training)
     return (total / count if count else math.nan), int(count)
 
 
-def split_loss(model, task, split, batch_size, sample=0, seed=0):
+def split_loss(model, task, split, batch_size, sample=0, seed=0, bytes_seen=None):
     """(loss, counted targets) over a split: all of its evaluation batches, or with ``sample`` a fixed sample of
     that many examples spread over the whole split (``Task.eval_sample``, drawn with ``seed``; the same at
-    every call)."""
+    every call). ``bytes_seen``: a ``ByteCount`` for the bits per byte of the same batches."""
     batches = (task.eval_sample(split, batch_size, sample, seed) if sample
                else task.eval_batches(split, batch_size))
-    loss, count = mean_loss(model, batches)
+    loss, count = mean_loss(model, batches, bytes_seen)
     if count == 0:
         raise ValueError(f"the {split} split has no evaluation targets")
     return loss, count
@@ -70,6 +73,7 @@ class Evaluation:
         self.batch_size = train["eval_batch_size"] or train["batch_size"]
         self.sizes = {}                 # split -> number of evaluation examples
         self.whole_losses = {}          # step -> whole-validation-split loss of that step's weights
+        self.whole_bpb = {}             # step -> its bits per byte (language models: Task.token_bytes)
         self.reports_test = getattr(task, "report_test", False)
 
     def __call__(self, split="val", full=False, metrics=None):
@@ -83,8 +87,11 @@ class Evaluation:
         Other splits are prefixed with their name (``test_loss``, ``test_tokens``, ``test_accuracy``).
         """
         sample = 0 if full else self.sample_size(split)
-        loss, count = self.loss(split, sample)
+        bytes_seen = byte_count(self.task)
+        loss, count = self.loss(split, sample, bytes_seen)
         result = {f"{split}_loss_estimate" if sample else f"{split}_loss": loss, f"{split}_tokens": count}
+        if bytes_seen is not None:          # bits per byte, for language models (train/bits_per_byte.py)
+            result[f"{split}_bpb_estimate" if sample else f"{split}_bpb"] = bytes_seen.bpb
         if self.train["eval_metrics"] if metrics is None else metrics:
             result.update({k if split == "val" else f"{split}_{k}": v for k, v in self.metrics(split).items()})
         return result
@@ -101,6 +108,7 @@ class Evaluation:
         key = "val_loss" if "val_loss" in result else "val_loss_estimate"
         if key == "val_loss":
             self.whole_losses[step] = result[key]
+            self.whole_bpb[step] = result.get("val_bpb")
         return result, key
 
     def metrics(self, split):
@@ -118,9 +126,10 @@ class Evaluation:
             self.budget.timed_metrics(time.perf_counter() - started, self.examples("val", whole=True))
         return metrics
 
-    def loss(self, split, sample=0):
-        """(loss, counted targets) over the whole split, or over the run's fixed sample of ``sample`` examples."""
-        return split_loss(self.model, self.task, split, self.batch_size, sample, self.train["seed"])
+    def loss(self, split, sample=0, bytes_seen=None):
+        """(loss, counted targets) over the whole split, or over the run's fixed sample of ``sample`` examples
+        (``bytes_seen``: a ``ByteCount`` of the same batches)."""
+        return split_loss(self.model, self.task, split, self.batch_size, sample, self.train["seed"], bytes_seen)
 
     def sample_size(self, split):
         """Examples in a capped evaluation's fixed sample (eval_batches × eval_batch_size), or 0 when the
@@ -138,7 +147,9 @@ class Evaluation:
         """The loss on the whole validation split of the model's current weights, which are those of ``step``:
         that step's periodic evaluation when it covered the whole split, else computed now."""
         if step not in self.whole_losses:
-            self.whole_losses[step] = self.loss("val")[0]
+            bytes_seen = byte_count(self.task)
+            self.whole_losses[step] = self.loss("val", 0, bytes_seen)[0]
+            self.whole_bpb[step] = None if bytes_seen is None else bytes_seen.bpb
         return self.whole_losses[step]
 
     def time_one_batch(self):

@@ -14,6 +14,14 @@ from ..run_files import CHECKPOINT, MODEL, load_metadata, load_model_weights
 
 
 def keep_better_weights(model, folder, evaluation, early, step, config, diverged=False, resumable=False):
+    """``choose_weights`` (see there), with ``best_val_bpb``: the bits per byte of the kept weights on the whole
+    validation split, for a language model (train/bits_per_byte.py)."""
+    figures = choose_weights(model, folder, evaluation, early, step, config, diverged, resumable)
+    bpb = evaluation.whole_bpb.get(figures["best_step"])
+    return figures if bpb is None else {**figures, "best_val_bpb": bpb}
+
+
+def choose_weights(model, folder, evaluation, early, step, config, diverged=False, resumable=False):
     """Save the weights to use in model.safetensors (``folder``: the run's RunWriter) and leave them in
     ``model``, whose weights are those of ``step``; return their figures. ``early``: the run's EarlyStopping
     (its best step is the evaluations' selection), ``config``: the run's resolved config.
@@ -97,8 +105,9 @@ def summary_text(s, model_name, folder, resumed):
     if s["best_val_loss"] is None:
         best = "No evaluation ran."
     else:
-        best = (f"Validation loss {s['best_val_loss']:.4f} on the whole split with the weights of step "
-                f"{s['best_step']}")
+        best = (f"Validation loss {s['best_val_loss']:.4f}"
+                + (f" ({s['best_val_bpb']:.4f} bits per byte)" if s.get("best_val_bpb") is not None else "")
+                + f" on the whole split with the weights of step {s['best_step']}")
         if s.get("selected_step") is not None and s["selected_step"] != s["last_step"]:
             best += (f" (whole split: step {s['selected_step']}, selected by {s['selected_on']}, "
                      f"{s['selected_val_loss']:.4f}; last step {s['last_step']}, {s['last_val_loss']:.4f})")

@@ -334,7 +334,7 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
             f"transformers' generate {beyond} past {n} tokens: the two agree on sequences of up to {n} tokens")
     hf_config["numformer_context"] = {"block_size": n, "note": note}
     tensors = to_hf_state(fam, config, _full_state(fam, model))
-    hf_tok = getattr(tokenizer, "hf", None) if type(tokenizer).__name__ == "PretrainedTokenizer" else None
+    hf_json = tokenizer.to_hf_json() if hasattr(tokenizer, "to_hf_json") else None   # a Hugging Face form
     eos = getattr(tokenizer, "eos_id", None)
     hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None), eos_token_id=eos,
                      pad_token_id=hf_config.get("pad_token_id"))
@@ -342,11 +342,12 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / CONFIG, hf_config)
     write_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))
-    if hf_tok is not None:
-        write_atomic(out / "tokenizer.json", hf_tok.to_str().encode())
-        eos_tok = None if eos is None else hf_tok.id_to_token(eos)
+    if hf_json is not None:
+        write_atomic(out / "tokenizer.json", hf_json.encode())
+        eos_tok = None if eos is None else tokenizer.token(eos)
+        gpt2_tokenizer = model_type == "gpt2" and isinstance(tokenizer, PretrainedTokenizer)
         write_json_atomic(out / "tokenizer_config.json",
-                          {"tokenizer_class": "GPT2Tokenizer" if model_type == "gpt2" else "PreTrainedTokenizerFast",
+                          {"tokenizer_class": "GPT2Tokenizer" if gpt2_tokenizer else "PreTrainedTokenizerFast",
                            "model_max_length": config.block_size, "add_prefix_space": False,
                            "bos_token": eos_tok, "eos_token": eos_tok, "unk_token": eos_tok})
     print(f"warning: {out}: {note}", file=sys.stderr)

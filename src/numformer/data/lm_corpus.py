@@ -1,0 +1,140 @@
+"""A language model's corpus as documents, tokenized once with byte-level BPE and kept as token files.
+
+A corpus is a sequence of documents (a text file, a review); each split ("train", "val") is a stream of
+them. ``bpe_token_files`` makes the split's token files: every document is encoded (its text, where a
+written ``<|endoftext|>`` counts as the document separator it stands for and every other special token as
+plain text) and followed by the end-of-text token, as nanoGPT's prepare scripts do, and the ids are written
+to a token file chunk by chunk, so neither the text nor its ids need to fit in memory.
+
+What is built is kept in numformer's cache (``token_files.token_cache``) under a name made of what it was
+made from, so that the next run, ``numformer eval`` or a resumed run reads the token files instead of
+encoding the corpus again:
+
+- the tokenizer learnt from the training split, named by the corpus (its files' paths, sizes and
+  modification times), the split and the BPE settings;
+- the token files, named by the corpus, the split and the tokenizer's content.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .files import iter_text
+from .token_files import read_tokens_dir, token_cache, token_dtype, write_tokens_dir
+from .tokenizers import END_OF_TEXT, ByteLevelBPE
+
+BPE_FORMAT = 1          # raised when a change of the trainer or of the token files makes old cache entries wrong
+
+
+@dataclass
+class Document:
+    """One document of a split: its text as a str or as an iterable of str chunks, and whether the document
+    ends here (False for the first part of a document cut by the train/validation split)."""
+
+    text: object
+    ends: bool = True
+
+
+def file_identity(path) -> list:
+    """[path, size, modification time]: a file edited since is another corpus."""
+    st = os.stat(path)
+    return [str(Path(path).resolve()), st.st_size, st.st_mtime_ns]
+
+
+class TextFiles:
+    """The corpus of ``task = "text"``: its files, each a document, the first ``1 - val_fraction`` of all their
+    characters for training and the rest for validation (as the character-level split)."""
+
+    def __init__(self, files, encoding: str, val_fraction: float):
+        self.files, self.encoding, self.val_fraction = [str(f) for f in files], encoding, val_fraction
+        self._lengths = None
+
+    def identity(self) -> dict:
+        return {"files": [file_identity(f) for f in self.files], "encoding": self.encoding,
+                "val_fraction": self.val_fraction}
+
+    def lengths(self) -> list[int]:
+        """The characters of each file (read once, in chunks)."""
+        if self._lengths is None:
+            self._lengths = [sum(map(len, iter_text(f, self.encoding))) for f in self.files]
+        return self._lengths
+
+    def documents(self, split: str):
+        """The split's documents: whole files, and the part of the file that holds the cut."""
+        lengths = self.lengths()
+        cut = int(sum(lengths) * (1.0 - self.val_fraction))
+        start = 0
+        for path, n in zip(self.files, lengths):
+            lo, hi = (start, min(start + n, cut)) if split == "train" else (max(start, cut), start + n)
+            if lo < hi:
+                yield Document(self._chars(path, lo - start, hi - start), ends=hi == start + n)
+            start += n
+
+    def _chars(self, path, lo, hi):
+        """Characters lo..hi of a file, in chunks."""
+        pos = 0
+        for chunk in iter_text(path, self.encoding):
+            a, b = max(lo - pos, 0), min(hi - pos, len(chunk))
+            if a < b:
+                yield chunk[a:b]
+            pos += len(chunk)
+            if pos >= hi:
+                return
+
+
+def encode_documents(tokenizer: ByteLevelBPE, documents: Iterable[Document]):
+    """Lists of ids: each document's, and the end-of-text token after each document that ends (a written
+    ``<|endoftext|>`` already there is not doubled)."""
+    eot = tokenizer.eos_id
+    allowed = {tokenizer.id_to_token[eot]} if eot is not None else set()
+    for doc in documents:
+        last = None
+        chunks = tokenizer.encode_chunks([doc.text] if isinstance(doc.text, str) else doc.text, allowed)
+        for ids in chunks:
+            if ids:
+                last = ids[-1]
+                yield ids
+        if doc.ends and eot is not None and last != eot:
+            yield [eot]
+
+
+def bpe_token_files(source: dict, documents: Callable, vocab_size: int, pattern: str, tokenizer_state=None):
+    """(tokenizer, {"train": TokenFile, "val": TokenFile}) of a corpus; ``source`` names the corpus and its
+    split (JSON-able), ``documents(split)`` yields its ``Document`` s. The tokenizer is ``tokenizer_state``'s,
+    or learnt from the training split (``vocab_size`` tokens, the split ``pattern``, ``<|endoftext|>``)."""
+    if tokenizer_state is not None:
+        tokenizer = ByteLevelBPE.from_dict(tokenizer_state)
+    else:
+        tokenizer = _learnt_tokenizer(source, documents, vocab_size, pattern)
+    document = tokenizer.to_dict()
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+    folder = token_cache("token files", BPE_FORMAT, source, digest)
+    if not (folder / "meta.json").is_file():
+        _say(f"encoding the corpus into token files ({folder})")
+        write_tokens_dir(folder, {split: encode_documents(tokenizer, documents(split)) for split in ("train", "val")},
+                         document, token_dtype(tokenizer.vocab_size), source)
+    return tokenizer, read_tokens_dir(folder)[0]
+
+
+def _learnt_tokenizer(source, documents, vocab_size, pattern):
+    path = token_cache("tokenizer", BPE_FORMAT, source, vocab_size, pattern) / "tokenizer.json"
+    if path.is_file():
+        return ByteLevelBPE.from_file(path)
+    _say(f"learning a byte-level BPE of {vocab_size:,} tokens from the training split")
+    texts = (d.text if isinstance(d.text, str) else d.text for d in documents("train"))
+    tokenizer = ByteLevelBPE.train(texts, vocab_size, pattern=pattern, special_tokens=(END_OF_TEXT,))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tokenizer.{os.getpid()}.tmp")
+    tokenizer.save(tmp)
+    os.replace(tmp, path)
+    return tokenizer
+
+
+def _say(message):
+    """One line on stderr: the first run on a corpus spends a while here (later runs read the cache)."""
+    print(f"numformer: {message}", file=sys.stderr, flush=True)

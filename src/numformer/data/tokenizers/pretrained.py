@@ -1,0 +1,90 @@
+"""``PretrainedTokenizer``: a Hugging Face ``tokenizers`` tokenizer, for the pretrained models whose tokenizer is not
+byte-level BPE (``numformer.interop.hf`` loads their tokenizer.json with it). Needs ``tokenizers``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+import numpy as np
+
+from .base import BOS, EOS, Tokenizer, word_piece_label
+from .bpe import ByteLevelBPE
+
+
+def _hf():
+    try:
+        import tokenizers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("this tokenizer needs Hugging Face `tokenizers`: pip install 'numformer[hf]' "
+                          "(or pip install tokenizers)") from e
+    return tokenizers
+
+
+class PretrainedTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizers`` tokenizer used exactly as its model was trained with it
+    (GPT-2's byte-level BPE, ``numformer.interop.hf``): no normalization, no special ids of
+    numformer's own. ``decode`` keeps every space, so ``decode(encode(text)) == text``.
+
+    ``eos_id`` / ``bos_id``: the model's end / start token ids (GPT-2: 50256, ``<|endoftext|>``), or None;
+    ``special_id("<eos>")`` / ``special_id("<bos>")`` give them too.
+    """
+
+    _build_hint = " (the model's config.json names no such id)"
+
+    def __init__(self, hf_tokenizer, eos_id=None, bos_id=None):
+        self.hf = hf_tokenizer
+        self.eos_id, self.bos_id = eos_id, bos_id
+        self.special_ids = {t: i for t, i in ((EOS, eos_id), (BOS, bos_id)) if i is not None}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"id {bad[0]} is outside the tokenizer's vocabulary [0, {self.vocab_size})")
+        return self.hf.decode(ids, skip_special_tokens=skip_special)
+
+    def token_bytes(self) -> np.ndarray | None:
+        """UTF-8 bytes per id when the tokenizer is byte-level BPE (GPT-2's); else None (no bits per byte)."""
+        if not hasattr(self, "_token_bytes"):
+            try:
+                table = ByteLevelBPE.from_dict(json.loads(self.hf.to_str())).token_bytes()
+                self._token_bytes = np.pad(table, (0, max(0, self.vocab_size - len(table))))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                self._token_bytes = None
+        return self._token_bytes
+
+    def piece_label(self, i: int) -> str:
+        piece = self.hf.id_to_token(i) or "?"
+        return word_piece_label(piece, self.hf.decode([i], skip_special_tokens=False))
+
+    def to_hf_json(self) -> str:
+        """The tokenizer.json document (``numformer export`` writes it)."""
+        return self.hf.to_str()
+
+    def token(self, i: int) -> str:
+        return self.hf.id_to_token(i)
+
+    def to_dict(self) -> dict:
+        return {"type": "hf", "hf_json": self.hf.to_str(), "eos_id": self.eos_id, "bos_id": self.bos_id}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PretrainedTokenizer":
+        hf_json = d["hf_json"]
+        if not isinstance(hf_json, str):
+            raise TypeError(f"hf_json is a {type(hf_json).__name__}, not a string")
+        try:
+            tokenizer = _hf().Tokenizer.from_str(hf_json)
+        except Exception as e:   # noqa: BLE001 -- the tokenizers library raises a bare Exception for bad JSON
+            raise ValueError(f"hf_json is not a Hugging Face tokenizer ({' '.join(str(e).split())})") from None
+        return cls(tokenizer, d.get("eos_id"), d.get("bos_id"))

@@ -1,0 +1,316 @@
+"""Language models on byte-level BPE: [data] tokenizer = "bpe" for task = "text", token files on disk, bits per
+byte, imdb_lm, and the commands (train, --resume, generate, eval, export) on such runs."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from numformer.data import make_task
+from numformer.data.text import TextTask
+from numformer.data.token_files import TokenFile, read_tokens_dir, token_dtype, write_token_file, write_tokens_dir
+from numformer.data.tokenizers import END_OF_TEXT, ByteLevelBPE
+from numformer.train import Trainer
+from numformer.train.bits_per_byte import ByteCount
+from numformer.train.evaluation import mean_loss
+
+from conftest import src_env
+
+WORDS = ("the king and the queen walk to the castle while a fool sings of spring and of winter; "
+         "they speak of war, of peace, of bread and wine. ").split()
+
+
+def corpus(tmp_path, n_words=6000, seed=0, name="a.txt", tail=""):
+    rng = np.random.default_rng(seed)
+    text = " ".join(rng.choice(WORDS, size=n_words)) + tail
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def tiny_config(data, **train):
+    return {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
+            "data": {"task": "text", "tokenizer": "bpe", "vocab_size": 300, "block_size": 16, **data},
+            "train": {"max_steps": 8, "batch_size": 4, "eval_every": 4, "processes": 1, "log_every": 2, **train}}
+
+
+# -- the task ---------------------------------------------------------------------------------------------------
+def test_bpe_is_learnt_from_the_training_split_and_documents_end_with_end_of_text(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    corpus(folder, name="a.txt")
+    corpus(folder, n_words=500, seed=1, name="b.txt", tail=" zqxv" * 300)     # the last file: validation
+    task = make_task({"task": "text", "path": str(folder), "tokenizer": "bpe", "vocab_size": 300, "block_size": 16})
+    tok = task.tokenizer
+    assert isinstance(tok, ByteLevelBPE) and tok.vocab_size == 300 and tok.id_to_token[0] == END_OF_TEXT
+    assert not any("zq" in t or "qx" in t for t in tok.vocab), "a merge learnt from the validation text"
+    train, val = task.splits["train"], task.splits["val"]
+    assert isinstance(train, TokenFile) and train.dtype == np.uint16
+    text_a = (folder / "a.txt").read_text()
+    assert tok.decode(train[:]).startswith(text_a + END_OF_TEXT)             # a.txt, then its end
+    assert tok.decode(val[:]).endswith(" zqxv" + END_OF_TEXT)
+    assert train[:].tolist().count(0) == 1 and val[:].tolist().count(0) == 1   # b.txt is cut by the split
+    n_bytes = sum(len(p.read_bytes()) for p in (folder / "a.txt", folder / "b.txt"))
+    assert task.token_bytes()[np.concatenate([train[:], val[:]])].sum() == n_bytes
+    assert task.model_config() == {"vocab_size": 300, "block_size": 16}
+    assert "byte-level BPE vocabulary of 300" in task.describe()
+
+
+def test_token_files_are_cached_and_a_saved_tokenizer_is_reused(tmp_path, monkeypatch):
+    path = corpus(tmp_path)
+    data = {"task": "text", "path": str(path), "tokenizer": "bpe", "vocab_size": 300, "block_size": 16}
+    first = make_task(data)
+    monkeypatch.setattr(ByteLevelBPE, "train", lambda *a, **k: pytest.fail("trained again"))
+    monkeypatch.setattr(ByteLevelBPE, "encode_chunks", lambda *a, **k: pytest.fail("encoded again"))
+    again = make_task(data, tokenizer_state=first.tokenizer_state())
+    assert again.splits["train"].path == first.splits["train"].path
+    assert again.tokenizer.merges == first.tokenizer.merges
+    assert make_task(data).tokenizer.merges == first.tokenizer.merges
+    monkeypatch.undo()
+    path.write_text(path.read_text() + " and more.")                     # an edited corpus is another corpus
+    assert make_task(data).splits["train"].path != first.splits["train"].path
+
+
+def test_a_folder_of_token_files_trains(tmp_path):
+    tok = ByteLevelBPE.train(corpus(tmp_path).read_text(), 300)
+    ids = tok.encode(corpus(tmp_path, seed=3, name="b.txt").read_text())
+    folder = tmp_path / "tokens"
+    write_tokens_dir(folder, {"train": [ids[:3000]], "val": [ids[3000:]]}, tok.to_dict(), token_dtype(300), {})
+    task = make_task({"task": "text", "tokens_dir": str(folder), "block_size": 16})
+    assert task.splits["train"][:].tolist() == ids[:3000] and task.tokenizer.merges == tok.merges
+    (folder / "meta.json").unlink()                   # as nanoGPT writes them: the dtype from the vocabulary
+    assert read_tokens_dir(folder)[0]["val"][:].tolist() == ids[3000:]
+    other = ByteLevelBPE.train("something else entirely, " * 50, 280).to_dict()
+    with pytest.raises(ValueError, match="not the one this run was trained with"):
+        make_task({"task": "text", "tokens_dir": str(folder), "block_size": 16}, tokenizer_state=other)
+    with pytest.raises(ValueError, match="has no train.bin"):
+        make_task({"task": "text", "tokens_dir": str(tmp_path), "block_size": 16})
+
+
+def test_language_model_tokenizer_choices(tmp_path):
+    path = corpus(tmp_path)
+    with pytest.raises(ValueError, match="\"char\" \\(characters\\) or \"bpe\""):
+        make_task({"task": "text", "path": str(path), "tokenizer": "word"})
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        make_task({"task": "text", "path": str(path), "tokenizer": "bpe", "pattern": "(oops"})
+    assert TextTask.sizes_from_config({"tokenizer": "bpe", "vocab_size": 512}) == {"vocab_size": 512,
+                                                                                  "block_size": 64}
+
+
+def test_files_are_read_in_chunks_with_the_checks_of_a_whole_read(tmp_path):
+    import gzip
+
+    from numformer.data.files import iter_text, read_text
+
+    text = "\ufeffFirst line, é and 🙂\n" + "a longer line of words " * 40 + "\n\nend"
+    plain, packed = tmp_path / "t.txt", tmp_path / "t.txt.gz"
+    plain.write_text(text, encoding="utf-8")
+    packed.write_bytes(gzip.compress(text.encode("utf-8")))
+    for path in (plain, packed):
+        for block in (1, 5, 64, 1 << 20):
+            chunks = list(iter_text(path, block_bytes=block))
+            assert "".join(chunks) == read_text(path) == text[1:]
+            if block >= 64:             # lines shorter than 16 blocks: chunks end at line breaks
+                assert all(c.endswith("\n") for c in chunks[:-1])
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\nfine\n\xff here")
+    with pytest.raises(ValueError) as whole:
+        read_text(bad)
+    with pytest.raises(ValueError) as chunked:
+        list(iter_text(bad, block_bytes=3))
+    assert str(whole.value) == str(chunked.value) and "byte offset 8 (line 3)" in str(chunked.value)
+
+
+# -- bits per byte ---------------------------------------------------------------------------------------------
+def test_bits_per_byte_counts_the_texts_bytes_and_leaves_out_special_tokens(tmp_path):
+    from numformer.models import GPT
+
+    path = corpus(tmp_path, tail=" é😀")
+    for tokenizer in ("char", "bpe"):
+        task = make_task({"task": "text", "path": str(path), "tokenizer": tokenizer, "vocab_size": 300,
+                          "block_size": 16})
+        model = GPT(vocab_size=task.tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2, d_model=16,
+                    rng=np.random.default_rng(0), dtype=np.float64)
+        count = ByteCount(task.token_bytes())
+        loss, n = mean_loss(model, task.eval_batches("val", 8), count)
+        nats = n_bytes = 0.0
+        for batch in task.eval_batches("val", 8):
+            logits = model(**batch.inputs)
+            logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+            nll = -np.take_along_axis(logp, batch.targets[..., None], -1)[..., 0]
+            b = task.token_bytes()[batch.targets]
+            nats, n_bytes = nats + nll[b > 0].sum(), n_bytes + b.sum()
+        assert count.bpb == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-9)
+        if tokenizer == "char" and n_bytes == n:                # ASCII validation text: bits per character
+            assert count.bpb == pytest.approx(loss / math.log(2), rel=1e-9)
+
+
+# -- runs and commands -------------------------------------------------------------------------------------------
+def weights(run):
+    from safetensors.numpy import load_file
+    return load_file(str(run / "checkpoint.safetensors"))
+
+
+def test_a_bpe_text_run_trains_resumes_bit_exact_generates_evaluates_and_exports(tmp_path, run_cli):
+    path = corpus(tmp_path)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    config = tiny_config({"path": str(path)})
+    summary = Trainer(config, straight, quiet=True).train()
+    assert summary["best_val_bpb"] > 0
+    Trainer(config, resumed, quiet=True).train(stop_after=4)
+    Trainer(None, resumed, resume=True, quiet=True).train()
+    a, b = weights(straight), weights(resumed)
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    document = json.loads((straight / "tokenizer.json").read_text(encoding="utf-8"))
+    assert "model" in document and "type" not in document                 # the plain Hugging Face document
+    evals = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert any("val_bpb" in r or "val_bpb_estimate" in r for r in evals)
+
+    rc, out, _ = run_cli("generate", straight, "--prompt", "the king", "--max-new-tokens", "12", "--seed", "0")
+    assert rc == 0 and out.startswith("the king")
+    rc, out, _ = run_cli("eval", straight, "--json")
+    result = json.loads(out)
+    assert rc == 0 and result["bits_per_byte"] == pytest.approx(summary["best_val_bpb"], rel=1e-6)
+
+    transformers = pytest.importorskip("transformers")
+    rc, _, _ = run_cli("export", straight, "--out", tmp_path / "hf")
+    assert rc == 0
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    tok = ByteLevelBPE.from_dict(document)
+    text = "the queen sings of spring, 12 times! <|endoftext|> é"
+    assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(text)
+    assert hf.eos_token == END_OF_TEXT
+
+
+RSS_SCRIPT = textwrap.dedent("""
+    import json, resource, sys
+    import numpy as np
+    from numformer.train import Trainer
+    folder, run, cap_mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    config = {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
+              "data": {"task": "text", "tokens_dir": folder, "block_size": 32},
+              "train": {"max_steps": 40, "batch_size": 16, "eval_every": 20, "eval_batches": 2, "processes": 1}}
+    trainer = Trainer(config, run, quiet=True)
+    def data_kb():
+        return int(next(l for l in open("/proc/self/status") if l.startswith("VmData")).split()[1])
+    capped = True
+    try:         # the memory cap: the process may allocate at most cap_mb more (file-backed maps do not count)
+        limit = (data_kb() + cap_mb * 1024) * 1024
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    except (OSError, ValueError, StopIteration):
+        capped = False
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    trainer.train()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"before_kb": before, "after_kb": after, "capped": capped}))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and RLIMIT_DATA (Linux)")
+def test_a_token_file_larger_than_the_memory_cap_trains_with_bounded_memory(tmp_path):
+    """A 192 MB training token file, a memory cap of 48 MB on the training process: training reads windows
+    from the file, and the peak resident memory grows by less than the cap."""
+    tok = ByteLevelBPE.train(" ".join(WORDS) * 20, 300)
+    folder, n = tmp_path / "tokens", 96 << 20                  # 96 M uint16 ids = 192 MB
+    rng = np.random.default_rng(0)
+    blocks = (rng.integers(0, 300, size=1 << 22) for _ in range(n >> 22))
+    write_tokens_dir(folder, {"train": blocks, "val": [rng.integers(0, 300, size=4096).tolist()]}, tok.to_dict(),
+                     np.uint16, {})
+    assert (folder / "train.bin").stat().st_size == 2 * n
+    cap_mb = 48
+    done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(folder), str(tmp_path / "run"), str(cap_mb)],
+                          capture_output=True, text=True, env=src_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rss = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rss["after_kb"] - rss["before_kb"] < cap_mb * 1024, rss
+    assert rss["capped"] or sys.platform != "linux"
+
+
+def test_write_token_file_in_batches(tmp_path, monkeypatch):
+    import numformer.data.token_files as token_files
+    monkeypatch.setattr(token_files, "WRITE_BATCH", 5)
+    n = write_token_file(tmp_path / "t.bin", ([i, i + 1, i + 2] for i in range(0, 30, 3)), np.uint16)
+    f = TokenFile(tmp_path / "t.bin", np.uint16)
+    assert n == len(f) == 30 and f[:].tolist() == list(range(30)) and f[np.array([[1, 2], [28, 29]])].shape == (2, 2)
+    with pytest.raises(ValueError, match="does not fit a uint16"):
+        write_token_file(tmp_path / "u.bin", [[70000]], np.uint16)
+    (tmp_path / "odd.bin").write_bytes(b"abc")
+    with pytest.raises(ValueError, match="not a whole number of uint16 ids"):
+        TokenFile(tmp_path / "odd.bin", np.uint16)
+
+
+# -- IMDB --------------------------------------------------------------------------------------------------------
+def fake_imdb(root, n=60):
+    """An aclImdb folder: train/pos, train/neg, train/unsup, and test reviews that must never be read (one of
+    them is not UTF-8, so reading it would fail)."""
+    rng = np.random.default_rng(0)
+    for split, folder, rating in (("train", "pos", 8), ("train", "neg", 2), ("train", "unsup", 0),
+                                  ("test", "pos", 9), ("test", "neg", 1)):
+        d = root / "aclImdb" / split / folder
+        d.mkdir(parents=True)
+        for i in range(n):
+            words = " ".join(rng.choice(WORDS, size=40))
+            text = f"{'TESTONLY ' if split == 'test' else ''}{words}<br /><br />{folder} review {i}."
+            (d / f"{i}_{rating}.txt").write_text(text, encoding="utf-8")
+    (root / "aclImdb" / "test" / "neg" / "999_1.txt").write_bytes(b"\xff\xfe broken")
+    return root / "aclImdb"
+
+
+def test_imdb_lm_trains_on_training_reviews_and_never_reads_the_test_reviews(tmp_path):
+    path = fake_imdb(tmp_path)
+    data = {"task": "imdb_lm", "path": str(path), "vocab_size": 320, "block_size": 16, "val_size": 20}
+    task = make_task(data, seed=3)
+    text = task.tokenizer.decode(task.splits["train"][:])
+    val = task.tokenizer.decode(task.splits["val"][:])
+    assert "TESTONLY" not in text + val and "TEST" not in "".join(task.tokenizer.vocab)
+    assert "unsup review" in text and "<br" not in text and "\n\n" in text     # line breaks, not HTML
+    assert val.count(END_OF_TEXT) == 20 and text.count(END_OF_TEXT) == 180 - 20
+    assert not set(val.split(END_OF_TEXT)[:-1]) & set(text.split(END_OF_TEXT))
+    without = make_task({**data, "unlabelled": False}, seed=3)
+    assert "unsup review" not in without.tokenizer.decode(without.splits["train"][:])
+    with pytest.raises(ValueError, match="byte-level BPE"):
+        make_task({**data, "tokenizer": "char"})
+
+
+# -- the experiments and the benchmark (quick versions) -----------------------------------------------------------
+def test_quick_reproduce_imdb_lm(tmp_path, capsys):
+    from numformer.cli import main
+
+    path = fake_imdb(tmp_path)
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    assert main(["reproduce", "imdb_lm", "--quick", "--results", str(results), "--runs", str(runs), "--quiet",
+                 "--set", f"data.path={path}", "--set", "data.val_size=20"]) == 0
+    record = json.loads((results / "imdb_lm.json").read_text())
+    assert record["figures"]["val_bpb"] > 0 and record["figures"]["steps"] > 0
+    assert set(record["samples"]) == {"This movie", "I have to say that", "The acting was"}
+    page = (results / "imdb_lm.md").read_text()
+    assert "Bits per byte" in page and "(quick run)" in page and (results / "figures" / "imdb_lm_loss.png").is_file()
+    assert "[imdb_lm](imdb_lm.md)" in (results / "README.md").read_text()
+
+
+def test_quick_reproduce_characters_against_bpe(tmp_path, capsys):
+    from numformer.cli import main
+
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    assert main(["reproduce", "shakespeare_tokenizers", "--quick", "--results", str(results), "--runs", str(runs),
+                 "--quiet"]) == 0
+    record = json.loads((results / "shakespeare_tokenizers.json").read_text())
+    rows = {r["tokenizer"]: r for r in record["rows"]}
+    assert set(rows) == {"characters", "BPE 300"}
+    assert rows["characters"]["val_bytes"] == rows["BPE 300"]["val_bytes"] == 111_540      # the same text
+    assert rows["characters"]["bytes_per_token"] == 1.0 and rows["BPE 300"]["bytes_per_token"] > 1.2
+    assert "| characters | 0 | 65 |" in (results / "shakespeare_tokenizers.md").read_text()
+
+
+def test_tokenizer_benchmark_quick(tmp_path):
+    from numformer.bench.runner import run_parts
+
+    done = run_parts(["tokenizer"], quick=True, out_dir=tmp_path, log=lambda *a: None)["tokenizer"]
+    row = done["rows"][0]
+    assert row["same_merges"] and row["same_ids"] and row["train_numformer_s"] > 0
+    assert "## tokenizer" in (tmp_path / "bench.md").read_text()

@@ -39,7 +39,20 @@ BASE = {
     "qwen2": dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=24, max_position_embeddings=48, rope_theta=1e6, bos_token_id=0, eos_token_id=0),
 }
-CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
+_GEMMA = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=6, intermediate_size=24, max_position_embeddings=48, sliding_window=5,
+              query_pre_attn_scalar=10, pad_token_id=None, bos_token_id=0, eos_token_id=0)
+BASE.update({
+    "qwen3": dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=6, intermediate_size=24, max_position_embeddings=48, rope_theta=1e6, bos_token_id=0,
+                  eos_token_id=0),
+    "gemma2": dict(_GEMMA, final_logit_softcapping=3.0, attn_logit_softcapping=2.0),
+    "gemma3_text": dict(_GEMMA, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e5},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}}),
+})
+CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+                  "qwen3": "Qwen3Config", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig"}
 T = 24            # tokens per row: longer than the windows (8) and than mistral's context (16)
 
 DELETE = "<delete>"
@@ -154,7 +167,8 @@ def base_config_json(fam):
     """The base config as transformers writes it, without the keys its __post_init__ derives (head_dim,
     layer_types), so that edits of the fields they derive from take effect."""
     cls = getattr(transformers, CONFIG_CLASSES[fam])
-    return {k: v for k, v in cls(**BASE[fam]).to_dict().items() if k not in ("head_dim", "layer_types")}
+    return {k: v for k, v in cls(**BASE[fam]).to_dict().items()
+            if k not in ("head_dim", "layer_types") or k in BASE[fam]}
 
 
 def make_family_model(tmp_path, fam, edits, seed=0):

@@ -40,25 +40,48 @@ def llama_config(**kw):
 
 
 def _float64_arithmetic(model):
-    """transformers' LlamaRotaryEmbedding computes cos/sin in float32, and LlamaRMSNorm its statistics, whatever
-    the model's dtype: give both float64 arithmetic (the same formulas), so float64 models compare at float64
-    precision. The attention is torch's SDPA (transformers' eager attention takes its softmax in float32)."""
-    assert model.config._attn_implementation == "sdpa"
-    for m in model.modules():
-        if type(m).__name__.endswith("RMSNorm"):
-            m.forward = (lambda m: lambda h: m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
-                                                                         + m.variance_epsilon)))(m)
-    rot = model.model.rotary_emb
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
-    theta = model.config.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    """transformers computes RoPE's cos/sin in float32, and its RMSNorms their statistics (Gemma's ``1 + w`` too),
+    whatever the model's dtype, and its eager attention (Gemma 2's, for soft-capping) the softmax: give all of
+    them float64 arithmetic (the same formulas; the frequencies from transformers' own RoPE functions run in
+    float64, ``test_rope_scaling.transformers_in_float64``), so float64 models compare at float64 precision."""
+    from test_rope_scaling import transformers_in_float64
 
-    def forward(x, position_ids):
-        freqs = position_ids[..., None].double() * inv_freq
+    for m in model.modules():
+        kind = type(m).__name__
+        if kind.endswith("RMSNorm"):
+            eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+            plus_one = kind.startswith("Gemma")
+            m.forward = (lambda m, eps, one: lambda h: (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+                         * (one + m.weight))(m, eps, 1.0 if plus_one else 0.0)
+    rot = model.model.rotary_emb
+    cfg = model.config
+    types = sorted(set(cfg.layer_types)) if isinstance(cfg.rope_parameters.get("full_attention"), dict) else [None]
+    tables = {}
+    for layer_type in types:
+        params = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]
+        kw = {} if layer_type is None else {"layer_type": layer_type}
+        assert params["rope_type"] != "dynamic", "dynamic RoPE changes with the length: compare it elsewhere"
+        with transformers_in_float64():
+            if params["rope_type"] == "default":
+                tables[layer_type] = type(rot).compute_default_rope_parameters(cfg, **kw)
+            else:
+                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+                tables[layer_type] = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, None, **kw)
+
+    def forward(x, position_ids, layer_type=None):
+        inv_freq, factor = tables[layer_type]
+        freqs = position_ids[..., None].double() * inv_freq.double()
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
     rot.forward = forward
+    if cfg._attn_implementation == "eager":          # its softmax names torch.float32: float64 while it runs
+        run = model.forward
+
+        def forward64(*args, **kwargs):
+            with transformers_in_float64():
+                return run(*args, **kwargs)
+        model.forward = forward64
     return model
 
 

@@ -1,14 +1,15 @@
 """The Hugging Face families numformer reads and writes: ``FAMILIES`` maps a config.json ``model_type`` to its
-family file's ``Family`` (gpt2, llama, mistral, qwen2). A new family is a new file beside these and one line
+family file's ``Family`` (gpt2, llama, mistral, qwen2, qwen3,
+gemma2, gemma3_text). A new family is a new file beside these and one line
 here (see the docs' "Adding a model family")."""
 from __future__ import annotations
 
 import json
 
-from . import gpt2, llama, mistral, qwen2
+from . import gemma2, gemma3, gpt2, llama, mistral, qwen2, qwen3
 from .fields import resolve as resolve_fields
 
-FAMILIES = {m.MODEL_TYPE: m.FAMILY for m in (gpt2, llama, mistral, qwen2)}
+FAMILIES = {m.MODEL_TYPE: m.FAMILY for m in (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3)}
 
 
 def family(model_type):

@@ -89,9 +89,17 @@ def test_gemma_import_export_round_trip_and_transformers_runs_the_export(tmp_pat
 
 
 def test_gemma_exports_refuse_what_the_family_cannot_express(tmp_path):
-    folder = make_family_model(tmp_path, "gemma3_text", {})
-    model = hf.load_pretrained(folder, dtype=np.float64)[0]
-    with pytest.raises(ValueError, match="Gemma2 cannot express layers that differ in rope_theta"):
+    from numformer.models import GPT
+
+    gemma = dict(vocab_size=VOCAB, block_size=24, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=6, d_model=16,
+                 positional="rope", activation="geglu", norm="rms_plus_one", norm_placement="sandwich", bias=False,
+                 scale_embeddings=True, qk_norm=True)
+    model = GPT(**gemma, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="Gemma2 cannot express q/k norms"):
         hf.export_hf(model, tmp_path / "g2", model_type="gemma2")
     with pytest.raises(ValueError, match="Llama cannot express post-norm or sandwich blocks"):
         hf.export_hf(model, tmp_path / "llama", model_type="llama")
+    with pytest.raises(ValueError, match="Gemma3 cannot express attention soft-capping"):
+        hf.export_hf(GPT(**gemma, attn_logit_softcap=5.0, rng=np.random.default_rng(0)), tmp_path / "g3")
+    with pytest.raises(ValueError, match="Gemma3 cannot express activation = 'swiglu'"):
+        hf.export_hf(GPT(**{**gemma, "activation": "swiglu"}, rng=np.random.default_rng(0)), tmp_path / "g3")

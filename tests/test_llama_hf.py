@@ -234,3 +234,38 @@ def test_llama_generation_benchmark_part_measures_speed_and_the_cache(tmp_path):
     assert result["row"]["same_tokens_fraction"] == 1.0 and result["row"]["transformers_tokens_per_s"] > 0
     text = llama_generate.markdown(result, tmp_path)
     assert "| key/value heads | bytes | of multi-head |" in text and "| 1 |" in text
+
+
+# -- Llama 3.x: rope_type llama3 ---------------------------------------------------------------------------------
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8, "rope_theta": 500000.0}
+
+
+@pytest.mark.parametrize("form", ["v5", "v4"])
+def test_llama3_scaled_rope_imports_generates_and_exports_as_transformers_runs_it(tmp_path, form):
+    """A Llama 3.x config (rope_type llama3, both config forms) at positions past its original context (8):
+    float64 logits and every gradient within 1e-9 of transformers, float32 within 1e-4; greedy generation
+    with the cache = without = transformers' generate; the export runs in transformers with the same logits."""
+    from test_hf_fields import assert_parity, make_family_model, transformers_model
+
+    rope = {"rope_parameters": LLAMA3_ROPE} if form == "v5" else \
+        {"rope_parameters": "<delete>", "rope_theta": 500000.0,
+         "rope_scaling": {"type": "llama3", **{k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"}}}
+    folder = make_family_model(tmp_path, "llama", {"tie_word_embeddings": True, **rope})
+    model = assert_parity(folder, "llama", torch.float64, np.float64, 1e-9)
+    assert_parity(folder, "llama", torch.float32, np.float32, 1e-4)
+    scaling = model.config.layers[0].rope_scaling
+    assert (scaling.rope_type, scaling.factor, scaling.original_max_position_embeddings) == ("llama3", 8.0, 8)
+    model.eval()
+    prompt = np.array([[5, 17, 3, 44, 9]])
+    tmodel = transformers_model(folder, torch.float64)
+    greedy = model.generate(prompt, 25, greedy=True)
+    np.testing.assert_array_equal(greedy, transformers_greedy(tmodel, prompt, 25))
+    np.testing.assert_array_equal(greedy, model.generate(prompt, 25, greedy=True, use_cache=False))
+    out = hf.export_hf(model, tmp_path / "out")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rope_parameters"] == LLAMA3_ROPE
+    idx = np.random.default_rng(1).integers(0, VOCAB, (2, 30))
+    with torch.no_grad():
+        ref = transformers_model(out, torch.float64)(torch.from_numpy(idx)).logits.numpy()
+    assert rel_err(model(idx), ref) < 1e-9

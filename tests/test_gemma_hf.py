@@ -12,7 +12,7 @@ import pytest
 
 from numformer.interop import hf
 
-from test_hf_fields import VOCAB, assert_parity, make_family_model, transformers_model
+from test_hf_fields import VOCAB, assert_parity, base_config_json, make_family_model, transformers_model
 from test_interop_hf import rel_err, transformers_greedy
 
 torch = pytest.importorskip("torch")
@@ -103,3 +103,65 @@ def test_gemma_exports_refuse_what_the_family_cannot_express(tmp_path):
         hf.export_hf(GPT(**gemma, attn_logit_softcap=5.0, rng=np.random.default_rng(0)), tmp_path / "g3")
     with pytest.raises(ValueError, match="Gemma3 cannot express activation = 'swiglu'"):
         hf.export_hf(GPT(**{**gemma, "activation": "swiglu"}, rng=np.random.default_rng(0)), tmp_path / "g3")
+
+
+def test_gemma3_sliding_layers_kv_cache_is_bounded_by_the_window():
+    """Decoding step by step, a sliding layer's cache keeps at most its window's keys and values (its bytes
+    stop growing), a full-attention layer's grows with the sequence."""
+    from numformer.interop.hf.gemma3 import to_config
+    from numformer.models import GPT
+
+    cfg = to_config({"model_type": "gemma3_text", **base_config_json("gemma3_text"), "max_position_embeddings": 512})
+    model = GPT(cfg, rng=np.random.default_rng(0), dtype=np.float64).eval()
+    caches = model.new_kv_caches()
+    ids = np.random.default_rng(1).integers(0, VOCAB, (1, 300))
+    nbytes = {}
+    for t in range(300):
+        model(ids[:, t:t + 1], kv_caches=caches)
+        if t + 1 in (32, 128, 300):
+            nbytes[t + 1] = [c.k.nbytes + c.v.nbytes for c in caches]
+    sliding = [i for i, b in enumerate(cfg.layers) if b.sliding_window is not None]
+    full = [i for i, b in enumerate(cfg.layers) if b.sliding_window is None]
+    assert sliding and full
+    per_position = 2 * cfg.layers[0].n_kv_heads * cfg.layers[0].head_dim * 8            # k and v, float64
+    for i in sliding:
+        assert nbytes[32][i] == nbytes[128][i] == nbytes[300][i] <= 2 * (cfg.layers[i].sliding_window + 1) * \
+            per_position
+    for i in full:
+        assert nbytes[32][i] < nbytes[128][i] < nbytes[300][i]
+        assert nbytes[300][i] >= 300 * per_position
+
+
+def test_gemma3_fine_tunes_with_init_from_and_exports(tmp_path):
+    from numformer.cli import main
+    from numformer.train import load_model
+
+    from test_interop_hf import TEXT, save_tokenizer
+
+    folder = make_family_model(tmp_path, "gemma3_text", {})
+    save_tokenizer(folder)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 6)
+    (tmp_path / "ft.toml").write_text(f'''[model]
+init_from = "{folder}"
+[data]
+task = "text"
+path = "{text}"
+block_size = 16
+[train]
+max_steps = 3
+batch_size = 2
+lr = 1e-3
+eval_every = 3
+''')
+    assert main(["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "run")]) == 0
+    tuned = load_model(tmp_path / "run")
+    original = hf.load_pretrained(folder)[0]
+    assert tuned.config.layers == original.config.layers and tuned.config.norm == "rms_plus_one"
+    assert not np.array_equal(tuned.tok_emb.weight.data, original.tok_emb.weight.data)      # it trained
+    out = hf.export_hf(tuned, tmp_path / "tuned_hf")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "gemma3_text"
+    idx = np.random.default_rng(1).integers(0, VOCAB, (1, 16))
+    with torch.no_grad():
+        ref = transformers.AutoModelForCausalLM.from_pretrained(out).eval()(torch.from_numpy(idx)).logits.numpy()
+    assert rel_err(tuned.eval()(idx), ref) < 1e-4

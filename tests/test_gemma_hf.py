@@ -12,8 +12,9 @@ import pytest
 
 from numformer.interop import hf
 
-from test_hf_fields import VOCAB, assert_parity, base_config_json, make_family_model, transformers_model
-from test_interop_hf import rel_err, transformers_greedy
+from test_hf_fields import (VOCAB, assert_greedy_generation_matches, assert_parity, base_config_json, fine_tune_from,
+                            make_family_model, transformers_model)
+from test_interop_hf import rel_err
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -57,15 +58,7 @@ def test_gemma_logits_and_every_gradient_match_transformers(tmp_path, case):
 def test_gemma_greedy_generation_cached_equals_uncached_and_transformers(tmp_path, case):
     fam, edits = CASES[case]
     folder = make_family_model(tmp_path, fam, edits)
-    prompt = np.array([[5, 17, 3, 44, 9]])
-    model = hf.load_pretrained(folder, dtype=np.float64)[0]
-    tmodel = transformers_model(folder, torch.float64)
-    ours = model.generate(prompt, 25, greedy=True)
-    np.testing.assert_array_equal(ours, transformers_greedy(tmodel, prompt, 25))
-    a, la = model.generate(prompt, 25, rng=1, return_logits=True)
-    b, lb = model.generate(prompt, 25, rng=1, use_cache=False, return_logits=True)
-    np.testing.assert_array_equal(a, b)
-    np.testing.assert_allclose(la, lb, rtol=0, atol=1e-10)
+    assert_greedy_generation_matches(folder)
 
 
 @pytest.mark.parametrize("case", ["gemma2-default-caps", "gemma3-v4-llama3-pattern"])
@@ -133,28 +126,13 @@ def test_gemma3_sliding_layers_kv_cache_is_bounded_by_the_window():
 
 
 def test_gemma3_fine_tunes_with_init_from_and_exports(tmp_path):
-    from numformer.cli import main
     from numformer.train import load_model
 
-    from test_interop_hf import TEXT, save_tokenizer
+    from test_interop_hf import save_tokenizer
 
     folder = make_family_model(tmp_path, "gemma3_text", {})
     save_tokenizer(folder)
-    text = tmp_path / "text.txt"
-    text.write_text(TEXT * 6)
-    (tmp_path / "ft.toml").write_text(f'''[model]
-init_from = "{folder}"
-[data]
-task = "text"
-path = "{text}"
-block_size = 16
-[train]
-max_steps = 3
-batch_size = 2
-lr = 1e-3
-eval_every = 3
-''')
-    assert main(["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "run")]) == 0
+    fine_tune_from(tmp_path, folder)
     tuned = load_model(tmp_path / "run")
     original = hf.load_pretrained(folder)[0]
     assert tuned.config.layers == original.config.layers and tuned.config.norm == "rms_plus_one"

@@ -22,7 +22,8 @@ import pytest
 from numformer.interop import hf
 from numformer.interop.hf import FAMILIES, resolve
 
-from test_interop_hf import loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer
+from test_interop_hf import (TEXT, loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer,
+                             transformers_greedy)
 from test_llama_hf import _float64_arithmetic
 
 torch = pytest.importorskip("torch")
@@ -280,6 +281,42 @@ def assert_parity(folder, fam, tdtype, ndtype, tol):
     for name, g in t_grads.items():
         assert rel_err(grads[name], g) < tol, name
     return model
+
+
+def assert_greedy_generation_matches(folder, new_tokens=25):
+    """Greedy generation of the float64 import = transformers' generate (float64-faithful); sampled
+    generation with the KV cache = without it (tokens, and logits within 1e-10)."""
+    prompt = np.array([[5, 17, 3, 44, 9]])
+    model = hf.load_pretrained(folder, dtype=np.float64)[0]
+    np.testing.assert_array_equal(model.generate(prompt, new_tokens, greedy=True),
+                                  transformers_greedy(transformers_model(folder, torch.float64), prompt, new_tokens))
+    a, la = model.generate(prompt, new_tokens, rng=1, return_logits=True)
+    b, lb = model.generate(prompt, new_tokens, rng=1, use_cache=False, return_logits=True)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(la, lb, rtol=0, atol=1e-10)
+
+
+def fine_tune_from(tmp_path, folder):
+    """``numformer train`` 3 steps with ``[model] init_from = folder`` (its tokenizer saved by the caller) on a
+    small text; returns the run folder."""
+    from numformer.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 6)
+    (tmp_path / "ft.toml").write_text(f'''[model]
+init_from = "{folder}"
+[data]
+task = "text"
+path = "{text}"
+block_size = 16
+[train]
+max_steps = 3
+batch_size = 2
+lr = 1e-3
+eval_every = 3
+''')
+    assert main(["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "run")]) == 0
+    return tmp_path / "run"
 
 
 CASES = [(fam, field, i) for (fam, field), cases in sorted(HONOURED.items()) for i in range(len(cases))]

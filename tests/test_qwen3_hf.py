@@ -10,8 +10,9 @@ import pytest
 
 from numformer.interop import hf
 
-from test_hf_fields import VOCAB, assert_parity, make_family_model, transformers_model
-from test_interop_hf import rel_err, transformers_greedy
+from test_hf_fields import (VOCAB, assert_greedy_generation_matches, assert_parity, make_family_model,
+                            transformers_model)
+from test_interop_hf import rel_err
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,14 +36,7 @@ def test_qwen3_logits_and_every_gradient_match_transformers(tmp_path, case):
 
 def test_qwen3_greedy_generation_cached_equals_uncached_and_transformers(tmp_path):
     folder = make_family_model(tmp_path, "qwen3", CASES["untied-windows-bias"])
-    prompt = np.array([[5, 17, 3, 44, 9]])
-    model = hf.load_pretrained(folder, dtype=np.float64)[0]
-    np.testing.assert_array_equal(model.generate(prompt, 25, greedy=True),
-                                  transformers_greedy(transformers_model(folder, torch.float64), prompt, 25))
-    a, la = model.generate(prompt, 25, rng=1, return_logits=True)
-    b, lb = model.generate(prompt, 25, rng=1, use_cache=False, return_logits=True)
-    np.testing.assert_array_equal(a, b)
-    np.testing.assert_allclose(la, lb, rtol=0, atol=1e-10)
+    assert_greedy_generation_matches(folder)
 
 
 @pytest.mark.parametrize("case", ["untied-windows-bias", "yarn-past-context"])

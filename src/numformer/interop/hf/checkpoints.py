@@ -4,8 +4,8 @@
     export_hf(model, "out_dir", tokenizer)              # config.json + model.safetensors (+ tokenizer.json)
 
 A model family is a ``GPTConfig`` of the existing ``GPT``, not a model of its own. ``FAMILIES``
-(``families``) maps a Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3_text) to the ``Family`` of its
-file: the table of every config.json field transformers reads (each honoured with transformers' default, or
+(``families``) maps a Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3_text)
+to the ``Family`` of its file: the table of every config.json field transformers reads (each honoured with transformers' default, or
 refused by name), the map from config.json to a ``GPTConfig`` and back, and the table of tensors pairing
 each numformer parameter with the Hugging Face tensor(s) holding it. This module does the rest, the same
 for every family: finding the files, reading them, mapping names and shapes.

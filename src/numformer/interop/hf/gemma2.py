@@ -18,7 +18,7 @@ from ...models import GPTConfig
 from ..hf_rope import hf_rope_parameters, rope_settings
 from .family import Family, Layout, Module_, check_export, shared
 from .fields import (HONOURED, NO_EFFECT, TOKENIZER, TRAINING, Field, divides, documented, only, pad_id, positive,
-                     positive_or_null, read_rope, resolve, rope_refusal, with_fields)
+                     positive_or_null, read_rope, resolve, rope_refusal)
 from .llama import head_dim_rule
 
 MODEL_TYPE = "gemma2"

@@ -24,7 +24,7 @@ def _toml(value):
 
 def wrong_type(rule: Key):
     """A value of another type than the key's (as TOML text)."""
-    return {int: '"abc"', float: '"abc"', bool: "1", str: "1", list: "1"}[rule.kind]
+    return {int: '"abc"', float: '"abc"', bool: "1", str: "1", list: "1", dict: "1"}[rule.kind]
 
 
 def out_of_range(rule: Key):

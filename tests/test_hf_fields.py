@@ -22,7 +22,8 @@ import pytest
 from numformer.interop import hf
 from numformer.interop.hf import FAMILIES, resolve
 
-from test_interop_hf import loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer
+from test_interop_hf import (TEXT, loss_and_grads_numformer, loss_and_grads_torch, rel_err, save_tokenizer,
+                             transformers_greedy)
 from test_llama_hf import _float64_arithmetic
 
 torch = pytest.importorskip("torch")
@@ -39,7 +40,20 @@ BASE = {
     "qwen2": dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=24, max_position_embeddings=48, rope_theta=1e6, bos_token_id=0, eos_token_id=0),
 }
-CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
+_GEMMA = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=6, intermediate_size=24, max_position_embeddings=48, sliding_window=5,
+              query_pre_attn_scalar=10, pad_token_id=None, bos_token_id=0, eos_token_id=0)
+BASE.update({
+    "qwen3": dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=6, intermediate_size=24, max_position_embeddings=48, rope_theta=1e6, bos_token_id=0,
+                  eos_token_id=0),
+    "gemma2": dict(_GEMMA, final_logit_softcapping=3.0, attn_logit_softcapping=2.0),
+    "gemma3_text": dict(_GEMMA, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e5},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}}),
+})
+CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+                  "qwen3": "Qwen3Config", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig"}
 T = 24            # tokens per row: longer than the windows (8) and than mistral's context (16)
 
 DELETE = "<delete>"
@@ -109,6 +123,50 @@ HONOURED.update({
                                {"use_sliding_window": True, "sliding_window": 8,
                                 "layer_types": ["sliding_attention", "full_attention"]}],
 })
+LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
+          "original_max_position_embeddings": 8, "rope_theta": 500.0}
+HONOURED.update({       # scaled RoPE at positions past the original context (T = 24 > 8)
+    ("llama", "rope_parameters"): HONOURED[("llama", "rope_parameters")] + [
+        {"rope_parameters": LLAMA3}, {"rope_parameters": {"rope_type": "linear", "factor": 3.0, "rope_theta": 1e4}},
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                             "rope_theta": 1e4}}],
+    ("llama", "rope_scaling"): HONOURED[("llama", "rope_scaling")] + [
+        {"rope_scaling": {**{k: v for k, v in LLAMA3.items() if k != "rope_theta"}, "type": "llama3"},
+         "rope_theta": 800.0, "rope_parameters": DELETE}],
+    ("qwen2", "rope_parameters"): HONOURED[("qwen2", "rope_parameters")] + [{"rope_parameters": LLAMA3}],
+    ("mistral", "rope_scaling"): HONOURED[("mistral", "rope_scaling")] + [
+        {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 16.0}}],
+    ("qwen3", "head_dim"): [{"head_dim": 6}, {"head_dim": 4}, {"head_dim": DELETE}],
+    ("qwen3", "attention_bias"): [{"attention_bias": True}],
+    ("qwen3", "tie_word_embeddings"): [{"tie_word_embeddings": True}, {"tie_word_embeddings": False}],
+    ("qwen3", "use_sliding_window"): [{"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}],
+    ("qwen3", "layer_types"): [{"use_sliding_window": True, "sliding_window": 5,
+                                "layer_types": ["sliding_attention", "full_attention"]}],
+    ("qwen3", "rope_parameters"): [{"rope_parameters": LLAMA3}],
+    ("gemma2", "attn_logit_softcapping"): [{"attn_logit_softcapping": None}, {"attn_logit_softcapping": DELETE}],
+    ("gemma2", "final_logit_softcapping"): [{"final_logit_softcapping": None},
+                                            {"final_logit_softcapping": DELETE}],
+    ("gemma2", "layer_types"): [{"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]}],
+    ("gemma2", "tie_word_embeddings"): [{"tie_word_embeddings": False}],
+    ("gemma2", "attention_bias"): [{"attention_bias": True}],
+    ("gemma2", "query_pre_attn_scalar"): [{"query_pre_attn_scalar": 3}],
+    ("gemma2", "pad_token_id"): [{"pad_token_id": 5}],
+    ("gemma3_text", "rope_parameters"): [
+        {"rope_parameters": {"full_attention": LLAMA3, "sliding_attention": {"rope_type": "default",
+                                                                             "rope_theta": 50.0}}},
+        {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                "original_max_position_embeddings": 8},
+                             "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}}],
+    ("gemma3_text", "rope_scaling"): [{"rope_parameters": DELETE, "rope_theta": 2e4, "rope_local_base_freq": 70.0,
+                                       "rope_scaling": {"rope_type": "linear", "factor": 8.0}}],
+    ("gemma3_text", "rope_local_base_freq"): [{"rope_parameters": DELETE, "rope_local_base_freq": 70.0}],
+    ("gemma3_text", "sliding_window_pattern"): [{"layer_types": DELETE, "sliding_window_pattern": 2},
+                                                {"layer_types": DELETE}],
+    ("gemma3_text", "final_logit_softcapping"): [{"final_logit_softcapping": 2.5}],
+    ("gemma3_text", "attn_logit_softcapping"): [{"attn_logit_softcapping": 1.0}],
+    ("gemma3_text", "tie_word_embeddings"): [{"tie_word_embeddings": False}],
+    ("gemma3_text", "sliding_window"): [{"sliding_window": 2}, {"sliding_window": 30}],
+})
 for fam in ("llama", "mistral", "qwen2"):        # a head size of its own: queries num_attention_heads · head_dim wide
     HONOURED[(fam, "head_dim")] = HONOURED[(fam, "head_dim")] + [{"head_dim": 6}]
 REFUSED = {
@@ -121,13 +179,14 @@ REFUSED = {
     ("llama", "head_dim"): {"head_dim": 5},
     ("llama", "num_key_value_heads"): {"num_key_value_heads": 3},
     ("llama", "rms_norm_eps"): {"rms_norm_eps": "1e-6"},
-    ("llama", "rope_parameters"): {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 1e4}},
-    ("llama", "rope_scaling"): {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+    ("llama", "rope_parameters"): {"rope_parameters": {"type": "longrope", "factor": 2.0, "rope_theta": 1e4}},
+    ("llama", "rope_scaling"): {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},    # without its factors
     ("llama", "partial_rotary_factor"): {"partial_rotary_factor": 0.5},
     ("llama", "pad_token_id"): {"pad_token_id": 300},
     ("mistral", "hidden_act"): {"hidden_act": "relu"},
     ("mistral", "sliding_window"): {"sliding_window": 0},
-    ("mistral", "rope_parameters"): {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
+    ("mistral", "rope_parameters"): {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4,
+                                                          "mrope_section": [1, 1]}},
     ("qwen2", "max_window_layers"): {"max_window_layers": "1"},
     ("qwen2", "layer_types"): {"use_sliding_window": True, "sliding_window": 8,
                                "layer_types": ["full_attention", "local_attention"]},
@@ -136,7 +195,17 @@ REFUSED = {
     ("gpt2", "n_head"): {"n_head": 3},
     ("gpt2", "layer_norm_epsilon"): {"layer_norm_epsilon": [1e-5]},
     ("mistral", "num_key_value_heads"): {"num_key_value_heads": None},
-    ("qwen2", "rope_scaling"): {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+    ("qwen2", "rope_scaling"): {"rope_scaling": {"type": "dynamic"}},                       # without its factor
+    ("qwen3", "head_dim"): {"head_dim": 7},
+    ("qwen3", "rope_scaling"): {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}},
+    ("gemma2", "hidden_activation"): {"hidden_activation": "gelu"},
+    ("gemma2", "use_bidirectional_attention"): {"use_bidirectional_attention": True},
+    ("gemma2", "layer_types"): {"layer_types": ["sliding_attention"] * 2},
+    ("gemma3_text", "use_bidirectional_attention"): {"use_bidirectional_attention": True},
+    ("gemma3_text", "rope_parameters"): {"rope_parameters": {"full_attention": {"rope_type": "longrope",
+                                                                                 "factor": 2.0},
+                                                              "sliding_attention": {"rope_type": "default"}}},
+    ("gemma3_text", "sliding_window_pattern"): {"layer_types": DELETE, "sliding_window_pattern": 0},
 }
 
 
@@ -154,7 +223,8 @@ def base_config_json(fam):
     """The base config as transformers writes it, without the keys its __post_init__ derives (head_dim,
     layer_types), so that edits of the fields they derive from take effect."""
     cls = getattr(transformers, CONFIG_CLASSES[fam])
-    return {k: v for k, v in cls(**BASE[fam]).to_dict().items() if k not in ("head_dim", "layer_types")}
+    return {k: v for k, v in cls(**BASE[fam]).to_dict().items()
+            if k not in ("head_dim", "layer_types") or k in BASE[fam]}
 
 
 def make_family_model(tmp_path, fam, edits, seed=0):
@@ -213,6 +283,42 @@ def assert_parity(folder, fam, tdtype, ndtype, tol):
     return model
 
 
+def assert_greedy_generation_matches(folder, new_tokens=25):
+    """Greedy generation of the float64 import = transformers' generate (float64-faithful); sampled
+    generation with the KV cache = without it (tokens, and logits within 1e-10)."""
+    prompt = np.array([[5, 17, 3, 44, 9]])
+    model = hf.load_pretrained(folder, dtype=np.float64)[0]
+    np.testing.assert_array_equal(model.generate(prompt, new_tokens, greedy=True),
+                                  transformers_greedy(transformers_model(folder, torch.float64), prompt, new_tokens))
+    a, la = model.generate(prompt, new_tokens, rng=1, return_logits=True)
+    b, lb = model.generate(prompt, new_tokens, rng=1, use_cache=False, return_logits=True)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(la, lb, rtol=0, atol=1e-10)
+
+
+def fine_tune_from(tmp_path, folder):
+    """``numformer train`` 3 steps with ``[model] init_from = folder`` (its tokenizer saved by the caller) on a
+    small text; returns the run folder."""
+    from numformer.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 6)
+    (tmp_path / "ft.toml").write_text(f'''[model]
+init_from = "{folder}"
+[data]
+task = "text"
+path = "{text}"
+block_size = 16
+[train]
+max_steps = 3
+batch_size = 2
+lr = 1e-3
+eval_every = 3
+''')
+    assert main(["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "run")]) == 0
+    return tmp_path / "run"
+
+
 CASES = [(fam, field, i) for (fam, field), cases in sorted(HONOURED.items()) for i in range(len(cases))]
 
 
@@ -249,6 +355,9 @@ def test_absent_fields_take_transformers_defaults(fam):
             continue
         if fam == "qwen2" and f.name in ("sliding_window", "layer_types"):   # derived by __post_init__: below
             continue
+        if f.name in ("layer_types", "sliding_window_pattern", "rope_local_base_freq") or \
+                (fam == "qwen3" and f.name == "sliding_window"):
+            continue                                                       # derived or keyword arguments: below
         ref = cls(**small)
         got = resolve(fam, {"model_type": fam, **small})[f.name]
         want = getattr(ref, f.name, None)
@@ -262,6 +371,18 @@ def test_absent_fields_take_transformers_defaults(fam):
         from numformer.interop.hf.qwen2 import layer_windows
         assert set(layer_windows(resolve(fam, {"model_type": fam, **small}))) == {ref.sliding_window} == {None}
         assert set(ref.layer_types) == {"full_attention"}
+    if fam in ("qwen3", "gemma2", "gemma3_text"):                # each layer's window, as transformers derives it
+        cfg = hf.FAMILIES[fam].to_config({"model_type": fam, **small, "num_hidden_layers": 7})
+        ref = cls(**small, num_hidden_layers=7)
+        window = ref.sliding_window
+        assert [b.sliding_window for b in cfg.layers] == [window if t == "sliding_attention" else None
+                                                         for t in ref.layer_types]
+        if fam == "gemma3_text":
+            assert [b.rope_theta for b in cfg.layers] == [ref.rope_parameters[t]["rope_theta"]
+                                                         for t in ref.layer_types]
+        ref = cls(**small)
+    if fam == "gemma3_text":
+        return
     if fam != "gpt2":                                          # the RoPE base: transformers' standardized value
         assert resolve(fam, {"model_type": fam})["rope_parameters"]["rope_theta"] == ref.rope_parameters["rope_theta"]
 
@@ -274,6 +395,8 @@ def test_table_covers_every_field_of_the_transformers_config_class(fam):
     table = {f.name for f in FAMILIES[fam].fields}
     assert own <= table, f"transformers' {cls.__name__} has fields the table lacks: {sorted(own - table)}"
     kwargs = {"rope_scaling", "rope_theta", "partial_rotary_factor"} if fam != "gpt2" else set()
+    if fam == "gemma3_text":                           # Gemma3TextConfig's keyword arguments (v4 files)
+        kwargs = {"rope_scaling", "rope_theta", "rope_local_base_freq", "sliding_window_pattern"}
     getattr_keys = {"head_dim"} if fam == "qwen2" else set()
     assert table - own <= kwargs | getattr_keys, sorted(table - own)
 

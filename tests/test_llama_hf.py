@@ -40,25 +40,48 @@ def llama_config(**kw):
 
 
 def _float64_arithmetic(model):
-    """transformers' LlamaRotaryEmbedding computes cos/sin in float32, and LlamaRMSNorm its statistics, whatever
-    the model's dtype: give both float64 arithmetic (the same formulas), so float64 models compare at float64
-    precision. The attention is torch's SDPA (transformers' eager attention takes its softmax in float32)."""
-    assert model.config._attn_implementation == "sdpa"
-    for m in model.modules():
-        if type(m).__name__.endswith("RMSNorm"):
-            m.forward = (lambda m: lambda h: m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
-                                                                         + m.variance_epsilon)))(m)
-    rot = model.model.rotary_emb
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
-    theta = model.config.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    """transformers computes RoPE's cos/sin in float32, and its RMSNorms their statistics (Gemma's ``1 + w`` too),
+    whatever the model's dtype, and its eager attention (Gemma 2's, for soft-capping) the softmax: give all of
+    them float64 arithmetic (the same formulas; the frequencies from transformers' own RoPE functions run in
+    float64, ``test_rope_scaling.transformers_in_float64``), so float64 models compare at float64 precision."""
+    from test_rope_scaling import transformers_in_float64
 
-    def forward(x, position_ids):
-        freqs = position_ids[..., None].double() * inv_freq
+    for m in model.modules():
+        kind = type(m).__name__
+        if kind.endswith("RMSNorm"):
+            eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+            plus_one = kind.startswith("Gemma")
+            m.forward = (lambda m, eps, one: lambda h: (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+                         * (one + m.weight))(m, eps, 1.0 if plus_one else 0.0)
+    rot = model.model.rotary_emb
+    cfg = model.config
+    types = sorted(set(cfg.layer_types)) if isinstance(cfg.rope_parameters.get("full_attention"), dict) else [None]
+    tables = {}
+    for layer_type in types:
+        params = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]
+        kw = {} if layer_type is None else {"layer_type": layer_type}
+        assert params["rope_type"] != "dynamic", "dynamic RoPE changes with the length: compare it elsewhere"
+        with transformers_in_float64():
+            if params["rope_type"] == "default":
+                tables[layer_type] = type(rot).compute_default_rope_parameters(cfg, **kw)
+            else:
+                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+                tables[layer_type] = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, None, **kw)
+
+    def forward(x, position_ids, layer_type=None):
+        inv_freq, factor = tables[layer_type]
+        freqs = position_ids[..., None].double() * inv_freq.double()
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
     rot.forward = forward
+    if cfg._attn_implementation == "eager":          # its softmax names torch.float32: float64 while it runs
+        run = model.forward
+
+        def forward64(*args, **kwargs):
+            with transformers_in_float64():
+                return run(*args, **kwargs)
+        model.forward = forward64
     return model
 
 
@@ -211,3 +234,38 @@ def test_llama_generation_benchmark_part_measures_speed_and_the_cache(tmp_path):
     assert result["row"]["same_tokens_fraction"] == 1.0 and result["row"]["transformers_tokens_per_s"] > 0
     text = llama_generate.markdown(result, tmp_path)
     assert "| key/value heads | bytes | of multi-head |" in text and "| 1 |" in text
+
+
+# -- Llama 3.x: rope_type llama3 ---------------------------------------------------------------------------------
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8, "rope_theta": 500000.0}
+
+
+@pytest.mark.parametrize("form", ["v5", "v4"])
+def test_llama3_scaled_rope_imports_generates_and_exports_as_transformers_runs_it(tmp_path, form):
+    """A Llama 3.x config (rope_type llama3, both config forms) at positions past its original context (8):
+    float64 logits and every gradient within 1e-9 of transformers, float32 within 1e-4; greedy generation
+    with the cache = without = transformers' generate; the export runs in transformers with the same logits."""
+    from test_hf_fields import assert_parity, make_family_model, transformers_model
+
+    rope = {"rope_parameters": LLAMA3_ROPE} if form == "v5" else \
+        {"rope_parameters": "<delete>", "rope_theta": 500000.0,
+         "rope_scaling": {"type": "llama3", **{k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"}}}
+    folder = make_family_model(tmp_path, "llama", {"tie_word_embeddings": True, **rope})
+    model = assert_parity(folder, "llama", torch.float64, np.float64, 1e-9)
+    assert_parity(folder, "llama", torch.float32, np.float32, 1e-4)
+    scaling = model.config.layers[0].rope_scaling
+    assert (scaling.rope_type, scaling.factor, scaling.original_max_position_embeddings) == ("llama3", 8.0, 8)
+    model.eval()
+    prompt = np.array([[5, 17, 3, 44, 9]])
+    tmodel = transformers_model(folder, torch.float64)
+    greedy = model.generate(prompt, 25, greedy=True)
+    np.testing.assert_array_equal(greedy, transformers_greedy(tmodel, prompt, 25))
+    np.testing.assert_array_equal(greedy, model.generate(prompt, 25, greedy=True, use_cache=False))
+    out = hf.export_hf(model, tmp_path / "out")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rope_parameters"] == LLAMA3_ROPE
+    idx = np.random.default_rng(1).integers(0, VOCAB, (2, 30))
+    with torch.no_grad():
+        ref = transformers_model(out, torch.float64)(torch.from_numpy(idx)).logits.numpy()
+    assert rel_err(model(idx), ref) < 1e-9

@@ -13,20 +13,27 @@ import numformer
 from numformer.gradcheck import check_gradients
 from numformer.models import (GPT, BlockConfig, EncoderClassifier, EncoderClassifierConfig, GPTConfig, Transformer,
                               TransformerConfig, build_model)
+from numformer.ops.rope_scaling import RopeScaling, rope_inverse_frequencies
 
 V, T, D = 11, 7, 8
+# wavelengths 2π/θ_i of the first layer's head (base 100, size 6): 6.3 (between L₀/h = 4 and L₀/l = 16: smoothed),
+# 29 and 136 (beyond 16: divided by the factor)
+LLAMA3 = RopeScaling("llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                     original_max_position_embeddings=16)
+YARN = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=8)
 
 
 def mixed_config(**changes):
     """Three layers that differ in everything a layer may: a window (3) on the first only, a head size of its
     own (not d_model / n_heads) on the first and last, q/k norm on the first, GeGLU, SwiGLU and a plain GELU
-    feed-forward, pre, sandwich and post norms, RoPE bases, grouped keys and values, an attention scale and
-    a soft-cap, biases on some projections only."""
+    feed-forward, pre, sandwich and post norms, RoPE bases and scalings (llama3 with all three frequency bands
+    on the first, YaRN on the second), grouped keys and values, an attention scale and a soft-cap, biases on some
+    projections only."""
     layers = (
         BlockConfig(n_heads=4, n_kv_heads=2, head_dim=6, d_ff=12, activation="geglu", sliding_window=3, qk_norm=True,
-                    rope_theta=100.0, bias=False),
+                    rope_theta=100.0, bias=False, rope_scaling=LLAMA3),
         BlockConfig(n_heads=2, head_dim=4, d_ff=10, activation="swiglu", norm_placement="sandwich", attn_scale=0.3,
-                    attn_logit_softcap=2.0, bias=False, attn_bias=False, qkv_bias=True),
+                    attn_logit_softcap=2.0, bias=False, attn_bias=False, qkv_bias=True, rope_scaling=YARN),
         BlockConfig(n_heads=4, n_kv_heads=1, head_dim=2, d_ff=16, activation="gelu", norm_placement="post",
                     rope_theta=50000.0),
     )
@@ -133,8 +140,9 @@ def test_properties_of_layers_that_differ_point_to_the_config():
 
 
 # -- a model whose layers differ: finite differences and PyTorch ------------------------------------------------
-def test_mixed_layers_gradcheck_in_float64():
-    model = randomize(GPT(mixed_config(), rng=0, dtype=np.float64).train())
+@pytest.mark.parametrize("norm", ["rms", "rms_plus_one"])
+def test_mixed_layers_gradcheck_in_float64(norm):
+    model = randomize(GPT(mixed_config(norm=norm), rng=0, dtype=np.float64).train())
     idx = np.random.default_rng(2).integers(0, V, (2, T))
     params = dict(model.named_parameters())
     picked = {n: p.data for n, p in params.items()
@@ -154,8 +162,11 @@ def test_mixed_layers_gradcheck_in_float64():
 
 
 def torch_reference(config):
-    """A hand-written PyTorch model of a GPTConfig with RMSNorm and RoPE (every BlockConfig option), with
-    numformer's parameter names, so that its state dict loads numformer's weights."""
+    """A hand-written PyTorch model of a GPTConfig with RMSNorm (or Gemma's, scaled by 1 + w) and RoPE (every
+    BlockConfig option; a scaled RoPE's frequencies from ``rope_inverse_frequencies``, which test_rope_scaling.py
+    checks against transformers), with numformer's parameter names, so that its state dict loads numformer's
+    weights."""
+    offset = 1.0 if config.norm == "rms_plus_one" else 0.0
     torch = pytest.importorskip("torch")
     nn = torch.nn
 
@@ -165,18 +176,18 @@ def torch_reference(config):
             self.weight = nn.Parameter(torch.ones(d, dtype=torch.float64))
 
         def forward(self, x):
-            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + config.layer_norm_eps) * self.weight
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + config.layer_norm_eps) * (offset + self.weight)
 
     def linear(i, o, bias):
         return nn.Linear(i, o, bias=bias, dtype=torch.float64)
 
-    def rope(x, theta):
+    def rope(x, c):
         d, t = x.shape[-1], x.shape[-2]
-        inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-        ang = torch.arange(t, dtype=torch.float64)[:, None] * inv
+        inv, factor = rope_inverse_frequencies(d, c.rope_theta, c.rope_scaling, seq_len=t)
+        ang = torch.arange(t, dtype=torch.float64)[:, None] * torch.from_numpy(inv)
         ang = torch.cat([ang, ang], -1)
         rot = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
-        return x * ang.cos() + rot * ang.sin()
+        return (x * ang.cos() + rot * ang.sin()) * factor
 
     class Attention(nn.Module):
         def __init__(self, c):
@@ -194,7 +205,7 @@ def torch_reference(config):
             q, k, v = (z.view(B, t, -1, c.head_dim).transpose(1, 2) for z in (q, k, v))
             if c.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
-            q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)
+            q, k = rope(q, c), rope(k, c)
             rep = c.n_heads // c.n_kv_heads
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
             s = q @ k.transpose(-1, -2) * (c.head_dim ** -0.5 if c.attn_scale is None else c.attn_scale)
@@ -259,9 +270,10 @@ def torch_reference(config):
     return Model()
 
 
-def test_mixed_layers_match_a_hand_written_torch_model_in_float64():
+@pytest.mark.parametrize("norm", ["rms", "rms_plus_one"])
+def test_mixed_layers_match_a_hand_written_torch_model_in_float64(norm):
     torch = pytest.importorskip("torch")
-    model = randomize(GPT(mixed_config(), rng=0, dtype=np.float64).train())
+    model = randomize(GPT(mixed_config(norm=norm), rng=0, dtype=np.float64).train())
     ref = torch_reference(model.config)
     ref.load_state_dict({n: torch.from_numpy(a.copy()) for n, a in model.state_dict().items()})
     idx = np.random.default_rng(3).integers(0, V, (2, T))

@@ -11,7 +11,7 @@ import pytest
 from numformer.interop import hf
 from numformer.models import GPT
 
-from test_hf_fields import assert_parity, make_family_model
+from test_hf_fields import assert_parity, fine_tune_from, make_family_model
 from test_interop_hf import rel_err, save_tokenizer, transformers_greedy
 from test_llama_hf import _float64_arithmetic
 
@@ -85,26 +85,9 @@ def test_numformer_model_with_qkv_biases_exports_as_qwen2(tmp_path):
 
 
 def test_qwen2_fine_tunes_with_init_from(tmp_path):
-    from numformer.cli import main
-
     folder = make_family_model(tmp_path, "qwen2", SHAPES["tied"])
     save_tokenizer(folder)
-    text = tmp_path / "text.txt"
-    from test_interop_hf import TEXT
-    text.write_text(TEXT * 6)
-    (tmp_path / "ft.toml").write_text(f'''[model]
-init_from = "{folder}"
-[data]
-task = "text"
-path = "{text}"
-block_size = 16
-[train]
-max_steps = 3
-batch_size = 2
-lr = 1e-3
-eval_every = 3
-''')
-    assert main(["train", str(tmp_path / "ft.toml"), "--out", str(tmp_path / "run")]) == 0
+    fine_tune_from(tmp_path, folder)
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
     assert (cfg["qkv_bias"], cfg["bias"], cfg["rope_theta"]) == (True, False, 1e6)
     tuned = hf.load_pretrained(hf.export_hf(__import__("numformer.train", fromlist=["load_model"]).load_model(

@@ -44,7 +44,7 @@ class Key:
         if self.kind is str and self.choices is not None:
             return f"one of {list(self.choices)}"
         what = {int: "an integer", float: "a number", bool: "a boolean", str: "a string",
-                list: "a list"}[self.kind]
+                list: "a list", dict: "a table"}[self.kind]
         if self.item is not None:
             what += {int: " of integers", str: " of strings"}[self.item]
         parts = []

@@ -16,7 +16,7 @@ from ..models import GPT, EncoderClassifier, Transformer
 from ..nn import LearnedPositionalEncoding
 from ._common import new_figure, save_figure
 
-NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm", "batch": "BatchStatNorm"}
+NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm", "rms_plus_one": "RMSNorm (1 + w)", "batch": "BatchStatNorm"}
 
 
 @dataclass

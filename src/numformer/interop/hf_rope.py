@@ -82,38 +82,62 @@ def _source(config):
     return "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
 
 
-def rope_settings(params, max_position_embeddings, where="rope_parameters"):
-    """(θ, RopeScaling or None) of one standardized rope dict; a RoPE numformer cannot compute is one
-    ValueError naming ``where`` and the key."""
-    def refuse(what):
-        return ValueError(f"config.json {where} {what}; numformer refuses a checkpoint it would not run "
-                          f"as transformers does")
-
+def rope_problem(params, max_position_embeddings=None):
+    """What keeps numformer from computing the RoPE of one standardized rope dict as transformers does (a
+    phrase to follow the field's name: "has rope_type 'longrope' ..."), or None."""
     rope_type = params.get("rope_type", "default")
     if rope_type != "default" and rope_type not in ROPE_TYPES:
-        raise refuse(f"has rope_type {rope_type!r}; numformer computes 'default', {', '.join(map(repr, ROPE_TYPES))}")
+        return f"has rope_type {rope_type!r}; numformer computes 'default', {', '.join(map(repr, ROPE_TYPES))}"
     if params.get("partial_rotary_factor") not in (None, 1, 1.0):
-        raise refuse(f"has partial_rotary_factor {params['partial_rotary_factor']!r} (numformer rotates every "
-                     f"feature of a head)")
+        return (f"has partial_rotary_factor {params['partial_rotary_factor']!r} (numformer rotates every feature "
+                f"of a head)")
     if params.get("mrope_section") is not None:
-        raise refuse("has mrope_section (multimodal RoPE)")
+        return "has mrope_section (multimodal RoPE)"
     theta = params.get("rope_theta")
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
-        raise refuse(f"has rope_theta {theta!r}, not a positive number")
+        return f"has rope_theta {theta!r}, not a positive number"
     if rope_type == "default":
-        return float(theta), None
+        return None
     missing = [k for k in REQUIRED.get(rope_type, ()) if k not in params]
     if missing:
-        raise refuse(f"has rope_type {rope_type!r} without {missing[0]}")
+        return f"has rope_type {rope_type!r} without {missing[0]}"
+    try:
+        _scaling(params, rope_type, max_position_embeddings)
+    except (ValueError, TypeError) as e:
+        return f"does not describe a RoPE scaling ({e})"
+    return None
+
+
+def _scaling(params, rope_type, max_position_embeddings):
     values = {k: params[k] for k in READ[rope_type] if k in params}
     if rope_type == "yarn":
         values["truncate"] = params.get("truncate", True)
     if rope_type in ("dynamic", "yarn"):
         values["max_position_embeddings"] = max_position_embeddings
-    try:
-        return float(theta), RopeScaling(rope_type, **values)
-    except (ValueError, TypeError) as e:
-        raise refuse(f"does not describe a RoPE scaling ({e})") from None
+    return RopeScaling(rope_type, **values)
+
+
+def rope_settings(params, max_position_embeddings, where="rope_parameters"):
+    """(θ, RopeScaling or None) of one standardized rope dict; a RoPE numformer cannot compute is one
+    ValueError naming ``where`` and the key."""
+    problem = rope_problem(params, max_position_embeddings)
+    if problem:
+        raise ValueError(f"config.json {where} {problem}; numformer refuses a checkpoint it would not run as "
+                         f"transformers does")
+    rope_type = params.get("rope_type", "default")
+    scaling = None if rope_type == "default" else _scaling(params, rope_type, max_position_embeddings)
+    return float(params["rope_theta"]), scaling
+
+
+def hf_rope_parameters(theta, scaling):
+    """The transformers 5.x ``rope_parameters`` dict of a RoPE base and scaling (``save_pretrained``'s form):
+    the keys transformers reads for the type (dynamic and yarn take max_position_embeddings from the config's
+    own field, not from this dict)."""
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": theta}
+    fields = scaling.to_dict()
+    return {"rope_type": scaling.rope_type, "rope_theta": theta,
+            **{k: fields[k] for k in READ[scaling.rope_type] if k in fields}}
 
 
 def read_rope(config, default_theta=DEFAULT_THETA, max_position_embeddings=None):

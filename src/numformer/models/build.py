@@ -82,6 +82,7 @@ def model_keys():
         "norm_placement": Key(str, choices=NORM_PLACEMENTS, none=True),
         "attn_scale": positive(float, none=True), "attn_logit_softcap": positive(float, none=True),
         "final_logit_softcap": positive(float, none=True), "layers": Key(list, none=True),
+        "rope_scaling": Key(dict, none=True),
     }
 
 

@@ -24,13 +24,14 @@ import numpy as np
 from ..nn.blocks import BlockConfig, default_d_ff
 from ..nn.layers import NORMS
 from ..nn.positional import POSITIONAL_KINDS
+from ..ops.rope_scaling import RopeScaling
 from ._checks import check_sizes
 
 # The keywords of the keyword form that describe one block, in the order of the keyword form; norm_first is
 # the keyword form's (torch's) name for a "pre" or "post" norm_placement.
 BLOCK_KEYWORDS = ("n_heads", "d_ff", "activation", "norm_first", "bias", "n_kv_heads", "rope_theta", "attn_bias",
                   "qkv_bias", "sliding_window", "head_dim", "qk_norm", "norm_placement", "attn_scale",
-                  "attn_logit_softcap", "feed_forward")
+                  "attn_logit_softcap", "feed_forward", "rope_scaling")
 ATTENTION_KINDS = ("plain", "flash")
 
 
@@ -53,7 +54,8 @@ class GPTConfig:
     dropout: float = _doc(0.0, "dropout of the embeddings, the residuals and the attention weights")
     positional: str = _doc("learned", "learned or sinusoidal (a table added to the embeddings), rope or alibi "
                                       "(inside attention)")
-    norm: str = _doc("layer", "every norm: layer (LayerNorm), rms (RMSNorm) or batch")
+    norm: str = _doc("layer", "every norm: layer (LayerNorm), rms (RMSNorm), rms_plus_one (RMSNorm scaled by 1 + w, "
+                              "Gemma) or batch")
     layer_norm_eps: float = _doc(1e-5, "the norms' ε")
     final_norm: bool | None = _doc(None, "a norm after the last block (None: unless the last block is post-norm)")
     tie_weights: bool = _doc(True, "the output layer is the token embedding")
@@ -88,6 +90,9 @@ class GPTConfig:
         if cap is not None and (type(cap) not in (int, float) or not math.isfinite(cap) or cap <= 0):
             raise ValueError(f"GPT: final_logit_softcap must be a positive number or None, got {cap!r}")
         for i, b in enumerate(self.layers):
+            if b.rope_scaling is not None and self.positional != "rope":
+                raise ValueError(f"GPT: layer {i} has rope_scaling, which scales RoPE's frequencies, but positional "
+                                 f"= {self.positional!r}; use positional = 'rope' or drop rope_scaling")
             if self.positional == "rope" and b.head_dim % 2:
                 raise ValueError(f"positional='rope' needs an even head size, but layer {i}'s head size is "
                                  f"d_model / n_heads = {self.d_model} / {b.n_heads} = {b.head_dim}"
@@ -107,7 +112,7 @@ class GPTConfig:
                       n_kv_heads=None, rope_theta=10000.0, attn_bias=None, qkv_bias=None, sliding_window=None,
                       padding_idx=None, head_dim=None, qk_norm=False, norm_placement=None, attn_scale=None,
                       attn_logit_softcap=None, final_norm=None, scale_embeddings=False, final_logit_softcap=None,
-                      feed_forward=True, layers=None):
+                      feed_forward=True, rope_scaling=None, layers=None):
         """The config of the keyword form: n_layers identical blocks of the block keywords (``BLOCK_KEYWORDS``),
         each overridden by its entry of ``layers`` (a list of n_layers dicts of block keywords) when given.
         ``norm_placement`` (None: "pre" with ``norm_first``, else "post") may also be "sandwich"."""
@@ -117,7 +122,7 @@ class GPTConfig:
                    n_kv_heads=n_kv_heads, rope_theta=rope_theta, attn_bias=attn_bias, qkv_bias=qkv_bias,
                    sliding_window=sliding_window, head_dim=head_dim, qk_norm=qk_norm,
                    norm_placement=norm_placement, attn_scale=attn_scale, attn_logit_softcap=attn_logit_softcap,
-                   feed_forward=feed_forward)
+                   feed_forward=feed_forward, rope_scaling=rope_scaling)
         overrides = _layer_overrides(layers, n_layers)
         blocks = tuple(_block(f"GPT layer {i}" if overrides[i] else "GPT", {**top, **overrides[i]}, overrides[i])
                        for i in range(n_layers))
@@ -147,7 +152,8 @@ class GPTConfig:
         out.update(common)
         diffs = [{k: v for k, v in d.items() if v != common[k]} for d in per_layer]
         if any(diffs):
-            out["layers"] = diffs
+            out["layers"] = [{k: _plain(v) for k, v in d.items()} for d in diffs]
+        out["rope_scaling"] = _plain(out["rope_scaling"])
         return out
 
 
@@ -192,9 +198,14 @@ def _block(where, kw, override):
 
 
 def _keywords_of(block):
-    """A resolved BlockConfig as keyword-form block keywords (norm_first follows norm_placement)."""
-    d = asdict(block)
-    return {k: d[k] for k in BLOCK_KEYWORDS if k != "norm_first"}
+    """A resolved BlockConfig as keyword-form block keywords (norm_first follows norm_placement); rope_scaling
+    stays a RopeScaling (hashable, for counting; ``_plain`` writes it)."""
+    return {k: getattr(block, k) for k in BLOCK_KEYWORDS if k != "norm_first"}
+
+
+def _plain(value):
+    """A keyword's value as config.json holds it: a RopeScaling as the dict of its set fields."""
+    return value.to_dict() if isinstance(value, RopeScaling) else value
 
 
 # -- the encoder classifier and the seq2seq Transformer: one keyword per field -------------------------------

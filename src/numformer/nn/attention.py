@@ -48,7 +48,7 @@ from ..kernels.flash_attention import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from . import dispatch, init
 from .dispatch import F
 from .hooks import HookPoint
-from .layers import Linear, RMSNorm
+from .layers import RMS_NORMS, Linear, make_norm
 from .module import Module
 
 
@@ -352,8 +352,11 @@ class MultiHeadAttention(Module):
     (self-attention only): None, "rope" (rotary embeddings with base ``rope_theta``; head_dim must
     be even) or "alibi" (linear biases with slopes ``alibi_slopes``). Positions count from 0, or
     continue after a KVCache's cached ones. ``qkv_bias`` (default ``bias``): biases on the q/k/v
-    projection alone (Qwen2 has no output-projection bias). ``qk_norm``: RMSNorm of each query and
-    key head before RoPE (``q_norm``, ``k_norm``, eps ``norm_eps``; Qwen3, Gemma 3). ``scale``: the
+    projection alone (Qwen2 has no output-projection bias). ``rope_scaling``: a ``RopeScaling``
+    (``ops.rope_scaling``: linear, dynamic, llama3, yarn) of the rotary frequencies, in training and in the
+    cached steps alike. ``qk_norm``: RMSNorm of each query and
+    key head before RoPE (``q_norm``, ``k_norm``, eps ``norm_eps``, of kind ``qk_norm_kind``: "rms", or
+    "rms_plus_one", Gemma 3's (1 + w); Qwen3, Gemma 3). ``scale``: the
     scores' factor (default 1/√head_dim; Gemma: query_pre_attn_scalar^-½). ``attn_logit_softcap``:
     c, the scores capped to c·tanh(S / c) before the mask (Gemma 2).
 
@@ -369,7 +372,8 @@ class MultiHeadAttention(Module):
 
     def __init__(self, d_model, n_heads, dropout=0.0, bias=True, rng=None, dtype=np.float32, attention="plain",
                  n_kv_heads=None, positional=None, rope_theta=10000.0, qkv_bias=None, sliding_window=None,
-                 head_dim=None, qk_norm=False, scale=None, attn_logit_softcap=None, norm_eps=1e-6):
+                 head_dim=None, qk_norm=False, scale=None, attn_logit_softcap=None, norm_eps=1e-6,
+                 rope_scaling=None, qk_norm_kind="rms"):
         super().__init__()
         head_dim = self._check_options(d_model, n_heads, attention, n_kv_heads, positional, sliding_window,
                                        head_dim, scale, attn_logit_softcap)
@@ -378,6 +382,7 @@ class MultiHeadAttention(Module):
         self.attention, self.flash_block_q, self.flash_block_k = attention, DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
         self.d_model, self.n_heads, self.n_kv_heads, self.d_head = d_model, n_heads, n_kv_heads, head_dim
         self.positional, self.rope_theta, self.sliding_window = positional, float(rope_theta), sliding_window
+        self.rope_scaling = rope_scaling                              # a RopeScaling, or None: plain RoPE
         self.scale = None if scale is None else float(scale)          # None: the kernels' 1/√head_dim
         self.attn_logit_softcap = None if attn_logit_softcap is None else float(attn_logit_softcap)
         self.alibi_slopes = ops.alibi_slopes(n_heads) if positional == "alibi" else None
@@ -388,7 +393,9 @@ class MultiHeadAttention(Module):
         if qkv_bias:
             self.qkv_proj.bias.data[...] = 0
         if qk_norm:
-            self.q_norm, self.k_norm = RMSNorm(head_dim, norm_eps, dtype), RMSNorm(head_dim, norm_eps, dtype)
+            if qk_norm_kind not in RMS_NORMS:
+                raise ValueError(f"qk_norm_kind must be one of {list(RMS_NORMS)}, got {qk_norm_kind!r}")
+            self.q_norm, self.k_norm = (make_norm(qk_norm_kind, head_dim, norm_eps, dtype=dtype) for _ in "qk")
         else:
             self.q_norm = self.k_norm = None
         self.out_proj = Linear(n_heads * head_dim, d_model, bias, rng, dtype)
@@ -501,8 +508,8 @@ class MultiHeadAttention(Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.positional != "rope":
             return q, k, None
-        q, cq = F.rope_forward(q, offset, self.rope_theta, positions)
-        k, ck = F.rope_forward(k, offset, self.rope_theta, positions)
+        q, cq = F.rope_forward(q, offset, self.rope_theta, positions, scaling=self.rope_scaling)
+        k, ck = F.rope_forward(k, offset, self.rope_theta, positions, scaling=self.rope_scaling)
         return self.hook_rot_q.seq_first(q), self.hook_rot_k.seq_first(k), (cq, ck)
 
     def _share_kv(self, k, v):

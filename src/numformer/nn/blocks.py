@@ -28,10 +28,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from .. import ops
+from ..ops.rope_scaling import RopeScaling
 from . import checkpoint, init
 from .attention import MultiHeadAttention
 from .hooks import HookPoint, has_forward_hooks
-from .layers import FEED_FORWARD_ACTIVATIONS, GATED, Dropout, make_feed_forward, make_norm
+from .layers import FEED_FORWARD_ACTIVATIONS, GATED, RMS_NORMS, Dropout, make_feed_forward, make_norm
 from .module import Module, ModuleList
 
 NORM_PLACEMENTS = ("pre", "post", "sandwich")
@@ -63,6 +64,9 @@ class BlockConfig:
     qk_norm: bool = _doc(False, "RMSNorm of each query and key head, before RoPE (Qwen3, Gemma 3)")
     sliding_window: int | None = _doc(None, "the keys a query attends to, itself included (Mistral); None: all")
     rope_theta: float = _doc(10000.0, "RoPE base of this layer (with positional = rope)")
+    rope_scaling: RopeScaling | None = _doc(None, "scaled RoPE of this layer: a RopeScaling (linear, dynamic, "
+                                                  "llama3, yarn; a dict of its fields in config.json); None: "
+                                                  "plain RoPE")
     attn_scale: float | None = _doc(None, "the scores' factor (None: 1/√head_dim; Gemma: "
                                           "query_pre_attn_scalar^-½)")
     attn_logit_softcap: float | None = _doc(None, "c: scores capped to c·tanh(S/c) before the mask (Gemma 2)")
@@ -100,7 +104,8 @@ class BlockConfig:
                        attn_bias=attn_bias, qkv_bias=attn_bias if self.qkv_bias is None else self.qkv_bias)
 
     def to_dict(self):
-        return asdict(self)
+        """The fields as plain values (``rope_scaling`` as the dict of its set fields)."""
+        return {**asdict(self), "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.to_dict()}
 
     @classmethod
     def from_dict(cls, d):
@@ -122,6 +127,15 @@ def _checked(where, name, value):
     elif name in ("n_heads", "n_kv_heads", "head_dim", "d_ff", "sliding_window"):
         if (value is not None or name == "n_heads") and (type(value) is not int or value < 1):
             raise ValueError(f"{where}: {name} must be a positive integer{'' if name == 'n_heads' else ' or None'}, "
+                             f"got {value!r}")
+    elif name == "rope_scaling":
+        if isinstance(value, dict):
+            try:
+                value = RopeScaling.from_dict(value)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{where}: rope_scaling: {e}") from None
+        elif value is not None and not isinstance(value, RopeScaling):
+            raise ValueError(f"{where}: rope_scaling must be a RopeScaling, a dict of its fields or None, "
                              f"got {value!r}")
     elif name in ("qk_norm", "bias", "attn_bias", "qkv_bias", "feed_forward"):
         if type(value) is not bool and (value is not None or name in ("qk_norm", "bias", "feed_forward")):
@@ -174,7 +188,9 @@ class _Block(Module):
                                             rope_theta=c.rope_theta, qkv_bias=c.qkv_bias,
                                             sliding_window=c.sliding_window, head_dim=c.head_dim,
                                             qk_norm=c.qk_norm, scale=c.attn_scale,
-                                            attn_logit_softcap=c.attn_logit_softcap, norm_eps=layer_norm_eps)
+                                            attn_logit_softcap=c.attn_logit_softcap, norm_eps=layer_norm_eps,
+                                            rope_scaling=c.rope_scaling,
+                                            qk_norm_kind=norm if norm in RMS_NORMS else "rms")
         if self.CROSS_ATTENTION:
             self.cross_attn = MultiHeadAttention(d_model, c.n_heads, dropout, c.attn_bias, rng, dtype, attention,
                                                  n_kv_heads=c.n_kv_heads, head_dim=c.head_dim)

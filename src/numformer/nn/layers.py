@@ -140,16 +140,28 @@ class LayerNorm(_Norm):
 
 
 class RMSNorm(_Norm):
-    """RMSNorm over the last axis with learnable γ (``weight``)."""
+    """RMSNorm over the last axis with learnable γ (``weight``): y = x / rms(x) ⊙ γ."""
 
     OP = "rms_norm"
+    OFFSET = 0.0
 
     def __init__(self, d, eps=1e-6, dtype=np.float32):
         super().__init__(d, eps, False, dtype)
+        self.weight.data -= self.OFFSET             # the scale OFFSET + weight starts at 1
 
     def forward(self, x):
-        y, self._cache = F.rms_norm_forward(x, self.weight.data, self.eps)
+        gamma = self.weight.data
+        if self.OFFSET:                             # in the weights' dtype, as transformers' (1.0 + w.float())
+            gamma = gamma + gamma.dtype.type(self.OFFSET)
+        y, self._cache = F.rms_norm_forward(x, gamma, self.eps)
         return self.hook_normalized(y)
+
+
+class RMSNormPlusOne(RMSNorm):
+    """Gemma's RMSNorm: y = x / rms(x) ⊙ (1 + w), the learnable ``weight`` w starting at 0 (so that weight decay
+    pulls the scale towards 1). The op is ``rms_norm`` with γ = 1 + w, whose gradient dγ is dw."""
+
+    OFFSET = 1.0
 
 
 class BatchStatNorm(_Norm):
@@ -165,11 +177,13 @@ class BatchStatNorm(_Norm):
         return self.hook_normalized(y)
 
 
-NORMS = {"layer": LayerNorm, "rms": RMSNorm, "batch": BatchStatNorm}
+NORMS = {"layer": LayerNorm, "rms": RMSNorm, "rms_plus_one": RMSNormPlusOne, "batch": BatchStatNorm}
+RMS_NORMS = ("rms", "rms_plus_one")
 
 
 def make_norm(kind, d, eps=1e-5, bias=True, dtype=np.float32):
-    """Build a norm by name: 'layer' (default), 'rms', or 'batch' (per-feature statistics over batch and sequence)."""
+    """Build a norm by name: 'layer' (default), 'rms', 'rms_plus_one' (Gemma's, scaled by 1 + w) or 'batch'
+    (per-feature statistics over batch and sequence)."""
     if kind not in NORMS:
         raise ValueError(f"unknown norm {kind!r}; choose one of {sorted(NORMS)}")
     if kind == "layer":

@@ -4,8 +4,8 @@
     export_hf(model, "out_dir", tokenizer)              # config.json + model.safetensors (+ tokenizer.json)
 
 A model family is a ``GPTConfig`` of the existing ``GPT``, not a model of its own. ``FAMILIES``
-(``families``) maps a Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2) to the ``Family`` of its
-file: the table of every config.json field transformers reads (each honoured with transformers' default, or
+(``families``) maps a Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3_text)
+to the ``Family`` of its file: the table of every config.json field transformers reads (each honoured with transformers' default, or
 refused by name), the map from config.json to a ``GPTConfig`` and back, and the table of tensors pairing
 each numformer parameter with the Hugging Face tensor(s) holding it. This module does the rest, the same
 for every family: finding the files, reading them, mapping names and shapes.
@@ -309,9 +309,10 @@ def _full_state(fam, model):
 def export_hf(model, out_dir, tokenizer=None, model_type=None):
     """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json for a
     tokenizer with a Hugging Face form). ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)``
-    loads it. ``model_type``: "gpt2", "llama", "mistral" or "qwen2"; by default ``default_export_type``
-    (gpt2 for a position table; for a RoPE model qwen2 with q/k/v-only biases or windows on some layers,
-    mistral with one window for every layer, else llama). Raises ValueError naming a feature the family
+    loads it. ``model_type``: a key of ``FAMILIES`` (gpt2, llama, mistral, qwen2, qwen3, gemma2,
+    gemma3_text); by default ``default_export_type`` (gpt2 for a position table; for a RoPE model gemma3_text
+    or gemma2 with Gemma's 1 + w norms, qwen3 with q/k norms, qwen2 with q/k/v-only biases or windows on
+    some layers, mistral with one window for every layer, else llama). Raises ValueError naming a feature the family
     cannot express.
 
     numformer's ``generate`` continues past the model's context (block_size) by sliding its window over the

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..hf_rope import SCALED, rope_problem
+
 KEEP, SAME = "keep", "same"
 HONOURED, NO_EFFECT, TRAINING, TOKENIZER, REFUSED = (
     "honoured", "no effect on outputs", "training only", "tokenizer", "refused")
@@ -44,6 +46,8 @@ class Field:
     null: object = "keep"
     note: str = ""
     accepts: str = ""                # the docs' wording of the accepted values, for a rule applied elsewhere
+    read: Callable | None = None     # (config.json, resolved fields) -> the value transformers builds from
+    #                                  several keys (the standardized RoPE), in place of the key's own value
 
 
 def documented(text):
@@ -117,10 +121,11 @@ def describe(type_text):
 DEFAULT_THETA = 10000.0
 
 
-def standard_rope(c):
+def standard_rope(c, max_position_embeddings=None):
     """transformers' rope standardization (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict):
     ``rope_scaling`` wins over ``rope_parameters`` when set; a missing rope_theta falls back to the top-level
-    ``rope_theta``, then 10000; ``rope_type`` falls back to the older key ``type``, then 'default'."""
+    ``rope_theta``, then 10000; ``rope_type`` falls back to the older key ``type``, then 'default'; llama3 and
+    yarn take ``original_max_position_embeddings`` from ``max_position_embeddings`` when they lack it."""
     params = dict(c.get("rope_scaling") or c.get("rope_parameters") or {})
     nested = sorted(k for k in params if k in ("full_attention", "sliding_attention"))
     theta = c.get("rope_theta", DEFAULT_THETA)
@@ -128,24 +133,26 @@ def standard_rope(c):
     if "partial_rotary_factor" in c:
         params.setdefault("partial_rotary_factor", c["partial_rotary_factor"])
     params.setdefault("rope_type", params.get("type", "default"))
+    if params["rope_type"] in SCALED and max_position_embeddings is not None:
+        params.setdefault("original_max_position_embeddings", max_position_embeddings)
     if nested:
         params["nested"] = nested
     return params
 
 
-@documented("rope_type 'default' (also spelled type), partial_rotary_factor 1, one dict for every layer")
+def read_rope(c, values):
+    """The ``read`` of a rope_parameters field with one RoPE for every layer."""
+    return standard_rope(c, values.get("max_position_embeddings"))
+
+
+@documented("rope_type 'default', 'linear', 'dynamic', 'llama3' or 'yarn' (also spelled type) with the keys "
+            "transformers requires, partial_rotary_factor 1, one dict for every layer")
 def rope_refusal(v, r):
-    """The standardized rope_parameters (``standard_rope``): only plain RoPE."""
+    """The standardized rope_parameters (``standard_rope``): plain RoPE or a scaling numformer computes as
+    transformers does (``numformer.interop.hf_rope``)."""
     if v.get("nested"):
         return f"has per-layer-type entries {v['nested']} (numformer reads one RoPE for every layer here)"
-    if v["rope_type"] != "default":
-        return (f"has rope_type {v['rope_type']!r} (scaled RoPE); numformer's RoPE is the plain one "
-                f"(rope_type 'default')")
-    if v.get("partial_rotary_factor") not in (None, 1, 1.0):
-        return f"has partial_rotary_factor {v['partial_rotary_factor']} (numformer rotates every feature of a head)"
-    if type(v["rope_theta"]) not in (int, float) or v["rope_theta"] <= 0:
-        return f"has rope_theta {v['rope_theta']!r}, not a positive number"
-    return None
+    return rope_problem(v, r.get("max_position_embeddings"))
 
 
 # -- applying a table -----------------------------------------------------------------------------------------
@@ -167,8 +174,8 @@ def resolve(fields, c, model_type):
         if fill is not None:
             value = fill(values) if callable(fill) else fill
         name = key or f.name
-        if f.name == "rope_parameters":      # the standardized dict, named by the key it came from
-            value, name = standard_rope(c), "rope_scaling" if c.get("rope_scaling") else "rope_parameters"
+        if f.read is not None:               # the standardized RoPE, named by the key it came from
+            value, name = f.read(c, values), "rope_scaling" if c.get("rope_scaling") else "rope_parameters"
         values[f.name] = value
         why = f.refuse(value, values) if f.refuse is not None else None
         if why and name == "rope_parameters" and why.startswith("has partial_rotary_factor") and \

@@ -10,9 +10,10 @@ stacked into numformer's fused ``qkv_proj``.
 from __future__ import annotations
 
 from ...models import GPTConfig
+from ..hf_rope import hf_rope_parameters, rope_settings
 from .family import Family, Layout, Module_, check_export, shared
 from .fields import (HONOURED, NO_EFFECT, SAME, TOKENIZER, TRAINING, Field, divides, documented, only, pad_id,
-                     positive, resolve, rope_refusal, same, with_fields)
+                     positive, read_rope, resolve, rope_refusal, same, with_fields)
 
 MODEL_TYPE = "llama"
 
@@ -46,8 +47,9 @@ COMMON_FIELDS = (  # fields every Llama-like config class has, in the class's or
     Field("eos_token_id", 2, TOKENIZER, type="int | list[int] | None"),
     Field("tie_word_embeddings", False, HONOURED, type="bool",
           note="tie_weights (a stored lm_head.weight that differs unties, as transformers)"),
-    Field("rope_parameters", None, HONOURED, rope_refusal, type="dict | None",
-          note="rope_theta (its rope_theta, else the top-level one, else 10000)"),
+    Field("rope_parameters", None, HONOURED, rope_refusal, type="dict | None", read=read_rope,
+          note="rope_theta (its rope_theta, else the top-level one, else 10000) and rope_scaling (linear, "
+               "dynamic, llama3, yarn)"),
     Field("rope_scaling", None, HONOURED, type="dict | None",
           note="the older name of rope_parameters; wins over it when both are set", accepts="as rope_parameters"),
     Field("rope_theta", 10000.0, HONOURED, type="float", note="rope_theta when rope_parameters has none"),
@@ -69,11 +71,12 @@ FIELDS = with_fields(
 def config_keywords(r):
     """GPTConfig keywords of a resolved Llama-like config (``fields.resolve``)."""
     pad = r["pad_token_id"]
+    theta, scaling = rope_settings(r["rope_parameters"], r["max_position_embeddings"])
     return {"vocab_size": r["vocab_size"], "block_size": r["max_position_embeddings"],
             "n_layers": r["num_hidden_layers"], "n_heads": r["num_attention_heads"],
             "n_kv_heads": r["num_key_value_heads"], "head_dim": r["head_dim"], "d_model": r["hidden_size"],
             "d_ff": r["intermediate_size"], "dropout": 0.0, "positional": "rope",
-            "rope_theta": float(r["rope_parameters"]["rope_theta"]), "activation": "swiglu", "norm_first": True,
+            "rope_theta": theta, "rope_scaling": scaling, "activation": "swiglu", "norm_first": True,
             "norm": "rms", "layer_norm_eps": r["rms_norm_eps"], "tie_weights": bool(r["tie_word_embeddings"]),
             **({"padding_idx": pad % r["vocab_size"]} if pad is not None else {})}
 
@@ -85,23 +88,29 @@ def to_config(c):
                                    attn_bias=bool(r["attention_bias"]))
 
 
-def hf_fields(name, config):
+def hf_fields(name, config, qk_norm=False):
     """The config.json fields every Llama-like family writes, from a GPTConfig; ValueError naming what the
-    family ``name`` cannot express."""
+    family ``name`` cannot express. ``qk_norm``: the family normalizes queries and keys (Qwen3)."""
     n_heads, head_dim, kv, d_ff, activation, placement, theta = shared(
         config, name, "n_heads", "head_dim", "n_kv_heads", "d_ff", "activation", "norm_placement", "rope_theta")
-    qk_norm, scale, cap = shared(config, name, "qk_norm", "attn_scale", "attn_logit_softcap")
+    has_qk_norm, scale, cap, scaling = shared(config, name, "qk_norm", "attn_scale", "attn_logit_softcap",
+                                              "rope_scaling")
+    context = None if scaling is None else scaling.max_position_embeddings
     check_export(name, [
         (placement == "pre" and config.final_norm, f"post-norm or sandwich blocks ({name} is pre-norm)"),
         (config.norm == "rms", f"norm = {config.norm!r} ({name} uses RMSNorm: norm = 'rms')"),
         (config.positional == "rope", f"positional = {config.positional!r} ({name} uses 'rope')"),
         (activation == "swiglu", f"activation = {activation!r} ({name} uses 'swiglu')"),
-        (not qk_norm and scale is None and cap is None and config.final_logit_softcap is None
-         and not config.scale_embeddings, "q/k norms, another attention scale, soft-capping or scaled embeddings")])
+        (has_qk_norm == qk_norm, "q/k norms" if has_qk_norm else f"a model without q/k norms ({name} has them)"),
+        (scale is None and cap is None and config.final_logit_softcap is None and not config.scale_embeddings,
+         "another attention scale, soft-capping or scaled embeddings"),
+        (context in (None, config.block_size), f"a {scaling and scaling.rope_type} RoPE scaling whose "
+                                               f"max_position_embeddings ({context}) is not block_size "
+                                               f"({config.block_size}), where transformers reads it")])
     return {"vocab_size": config.vocab_size, "hidden_size": config.d_model, "intermediate_size": d_ff,
             "num_hidden_layers": config.n_layers, "num_attention_heads": n_heads, "num_key_value_heads": kv,
             "head_dim": head_dim, "hidden_act": "silu", "max_position_embeddings": config.block_size,
-            "rms_norm_eps": config.layer_norm_eps, "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+            "rms_norm_eps": config.layer_norm_eps, "rope_parameters": hf_rope_parameters(theta, scaling),
             "rope_theta": theta, "tie_word_embeddings": config.tie_weights, "attention_dropout": 0.0,
             "initializer_range": 0.02, "use_cache": True, "pad_token_id": config.padding_idx}
 

@@ -20,6 +20,7 @@ from .fields import (HONOURED, TOKENIZER, TRAINING, Field, divides, positive, po
 
 MODEL_TYPE = "qwen2"
 LAYER_TYPES = ("full_attention", "sliding_attention")
+WINDOW_FIELDS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
 
 FIELDS = with_fields(
     llama.COMMON_FIELDS,
@@ -45,10 +46,10 @@ FIELDS = with_fields(
                    note="read with getattr by the modeling file: head_dim"))
 
 
-def layer_windows(r):
-    """Qwen2Config.__post_init__ and Qwen2Attention: layer i slides (window ``sliding_window``) when
-    use_sliding_window, sliding_window is set and layer_types[i] (default: i >= max_window_layers) says so.
-    Returns one window (or None) per layer."""
+def layer_windows(r, model_type=MODEL_TYPE):
+    """Qwen2Config.__post_init__ and Qwen2Attention (Qwen3's likewise): layer i slides (window
+    ``sliding_window``) when use_sliding_window, sliding_window is set and layer_types[i] (default: i >=
+    max_window_layers) says so. Returns one window (or None) per layer."""
     window = r["sliding_window"] if r["use_sliding_window"] else None
     n = r["num_hidden_layers"]
     types = r["layer_types"]
@@ -56,7 +57,7 @@ def layer_windows(r):
         types = ["sliding_attention" if window is not None and i >= r["max_window_layers"] else "full_attention"
                  for i in range(n)]
     elif len(types) != n or not set(types) <= set(LAYER_TYPES):
-        raise ValueError(f"qwen2 config.json field layer_types = {types!r}: must list 'full_attention' or "
+        raise ValueError(f"{model_type} config.json field layer_types = {types!r}: must list 'full_attention' or "
                          f"'sliding_attention' for each of the {n} layers")
     return [window if t == "sliding_attention" else None for t in types]
 
@@ -69,22 +70,28 @@ def to_config(c):
                                    layers=[{"sliding_window": w} for w in windows])
 
 
-def to_hf(config):
-    """The Qwen2 config.json of a GPTConfig: its sliding layers as layer_types (one window size for all)."""
-    bias, attn = shared(config, "Qwen2", "bias", "attn_bias")
+def window_fields(config, name):
+    """use_sliding_window, sliding_window, max_window_layers and layer_types of a GPTConfig's windows (one
+    size for every sliding layer); ValueError naming what the family ``name`` cannot express."""
     windows = [b.sliding_window for b in config.layers]
     sizes = {w for w in windows if w is not None}
-    check_export("Qwen2", [(not bias and not attn, "feed-forward or attention output biases (Qwen2 has q/k/v "
-                                                   "biases only)"),
-                           (len(sizes) <= 1, f"windows of several sizes {sorted(sizes)} (Qwen2 has one "
-                                             f"sliding_window)")])
+    check_export(name, [(len(sizes) <= 1, f"windows of several sizes {sorted(sizes)} ({name} has one "
+                                          f"sliding_window)")])
     window = sizes.pop() if sizes else None
     types = ["full_attention" if w is None else "sliding_attention" for w in windows]
     suffix = types.index("sliding_attention") if window and "full_attention" not in \
         types[types.index("sliding_attention"):] else len(types)
+    return {"use_sliding_window": window is not None, "sliding_window": window, "max_window_layers": suffix,
+            "layer_types": types}
+
+
+def to_hf(config):
+    """The Qwen2 config.json of a GPTConfig: its sliding layers as layer_types (one window size for all)."""
+    bias, attn = shared(config, "Qwen2", "bias", "attn_bias")
+    check_export("Qwen2", [(not bias and not attn, "feed-forward or attention output biases (Qwen2 has q/k/v "
+                                                   "biases only)")])
     out = {"architectures": ["Qwen2ForCausalLM"], "model_type": MODEL_TYPE, **llama.hf_fields("Qwen2", config),
-           "use_sliding_window": window is not None, "sliding_window": window, "max_window_layers": suffix,
-           "layer_types": types}
+           **window_fields(config, "Qwen2")}
     if out["head_dim"] * out["num_attention_heads"] == out["hidden_size"]:
         out.pop("head_dim")        # not a Qwen2Config field: written only when the modeling file's getattr needs it
     return out

@@ -20,7 +20,7 @@ LAYERS = [
     ("numformer.kernels",),
     ("numformer.nn",),
     ("numformer.sampling", "numformer.decoding", "numformer.generate"),   # what models' generate() calls
-    ("numformer.models",),
+    ("numformer.models", "numformer.lora"),                               # LoRA adapters on a model
     ("numformer.data", "numformer.optim"),
     ("numformer.interop",),                                              # loading any source; Hugging Face, PyTorch
     ("numformer.config",),                                               # [train], and whole configs

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..interop.sources import load_weights
+from ..lora import add_lora
 from ..models import build_model
 from ..optim import clip_grad_norm, make_schedule
 from ..provenance import git_commit
@@ -83,6 +84,8 @@ class Trainer:
         self.model = build_model(model_cfg, rng=self.model_rng, dtype=self.dtype)
         if init_from is not None and not resume:         # fine-tuning starts from the source's weights
             load_weights(self.model, init_from)
+        if self.config.get("lora"):                      # adapters on the loaded weights, everything else frozen
+            add_lora(self.model, **self.config["lora"], rng=self.model_rng)
         check_trainable(self.model)
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5

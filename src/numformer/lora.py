@@ -223,14 +223,21 @@ def lora_adapters(model):
 
 
 def merge_lora(model):
-    """Add each adapter's s·B A into its base weight rows, put the base layers back and remove the adapters:
-    the model computes the same function with exactly the base model's parameter names. Every parameter
-    becomes trainable again (as a model before add_lora). Returns the model."""
+    """Add each adapter's s·B A into its base weight rows, then ``unload_lora``: the model computes the same
+    function with exactly the base model's parameter names. Returns the model."""
     if not getattr(model, "lora_config", None):
         raise ValueError("this model has no LoRA adapters to merge (add_lora adds them)")
     for prefix, adapter, path, rows in lora_adapters(model):
         layer = model.get_submodule(path)
         layer.weight.data[rows] += adapter.delta_weight().astype(layer.weight.dtype)
+    return unload_lora(model)
+
+
+def unload_lora(model):
+    """Remove the adapters without merging them (PEFT's ``unload``): the base model as it was, every parameter
+    trainable again (as a model before add_lora). Returns the model."""
+    if not getattr(model, "lora_config", None):
+        raise ValueError("this model has no LoRA adapters to remove (add_lora adds them)")
     for path, layer in lora_layers(model):
         parent_path, _, child = path.rpartition(".")
         parent = model.get_submodule(parent_path)
@@ -242,5 +249,5 @@ def merge_lora(model):
     return model.requires_grad_(True)
 
 
-__all__ = ["TARGET_MODULES", "LORA_DEFAULTS", "LoRAAdapter", "LoRALinear", "add_lora", "merge_lora",
+__all__ = ["TARGET_MODULES", "LORA_DEFAULTS", "LoRAAdapter", "LoRALinear", "add_lora", "merge_lora", "unload_lora",
            "lora_scaling", "lora_layers", "lora_adapters", "check_lora_options"]

@@ -23,14 +23,14 @@ from pathlib import Path
 COMMANDS = {"/reset": "clears the conversation (the system prompt stays)", "/quit": "ends the chat"}
 
 
-def load_chat_model(source):
+def load_chat_model(source, adapter=None):
     """(model, tokenizer, folder) of SOURCE: the one place ``numformer chat`` loads a model (through the
     loading of ``numformer generate``)."""
     from ..interop.hf import resolve_source
     from ..interop.sources import is_run_folder
     from .generate import load_generator
 
-    model, tokenizer = load_generator(source)
+    model, tokenizer = load_generator(source, adapter)
     return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)
 
 
@@ -68,7 +68,7 @@ def make_session(args):
     from ..data.chat import ChatFormat, ChatSession, stop_token_ids
     from ..decoding import generate
 
-    model, tokenizer, folder = load_chat_model(args.run_dir)
+    model, tokenizer, folder = load_chat_model(args.run_dir, args.adapter)
     variables = template_variables(args.template_var)
     fmt = ChatFormat.from_folder(folder, variables)
     if args.chat_template is not None:
@@ -146,12 +146,13 @@ def _reply(session, text, say):
 
 
 def register(sub):
-    from .generate import add_sampling_arguments
+    from .generate import add_adapter_argument, add_sampling_arguments
 
     p = sub.add_parser("chat", help="talk with a chat model (streams; reads stdin line by line when piped)")
     p.add_argument("run_dir", metavar="SOURCE", help="a Hugging Face model folder, a hub id written hf:ID, or a "
                                                      "run folder")
     p.add_argument("--system", default=None, help="system prompt (kept when old turns are dropped)")
+    add_adapter_argument(p)
     add_sampling_arguments(p, max_new_tokens=512, temperature=None,
                            temperature_default="generation_config.json's, else 1.0")
     p.add_argument("--template-var", action="append", metavar="KEY=VALUE",

@@ -1,6 +1,11 @@
 """numformer export RUN_DIR --format hf --out DIR: a trained GPT as a Hugging Face folder, GPT-2 or (for a RoPE
 model) Llama (config.json, model.safetensors, and tokenizer.json when the run's tokenizer has a Hugging Face
-form), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits."""
+form), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits.
+
+A LoRA run (a [lora] section) is written as PEFT writes it: the adapter in DIR (adapter_config.json,
+adapter_model.safetensors) and its base model in DIR/base, for
+``peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("DIR/base"), "DIR")``; with ``--merge``
+the adapters are merged into the weights and DIR is a plain Hugging Face model."""
 from __future__ import annotations
 
 import os
@@ -11,6 +16,8 @@ FORMATS = ("hf",)
 
 def run(args):
     from ..interop.hf import export_hf
+    from ..interop.peft import save_adapter
+    from ..lora import merge_lora, unload_lora
     from ..train import load_config_json, load_model, load_tokenizer_state, run_folder
     from ..interop.sources import tokenizer_from_state
 
@@ -30,9 +37,16 @@ def run(args):
                              f"choose another --out")
         if any(out.iterdir()) and not args.overwrite:
             raise ValueError(f"{out} is not empty; choose another --out or pass --overwrite")
-        export_hf(model, out, tokenizer)
+        if getattr(model, "lora_config", None) and not args.merge:
+            save_adapter(model, out, base_model_name_or_path=str((out / "base").resolve()))
+            export_hf(unload_lora(model), out / "base", tokenizer)
+        else:
+            export_hf(merge_lora(model) if getattr(model, "lora_config", None) else model, out, tokenizer)
     files = sorted(p.name for p in out.iterdir())
-    print(f"wrote {out}: {', '.join(files)}; load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    how = (f"peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(out / 'base')!r}), "
+           f"{str(out)!r})" if (out / "adapter_config.json").is_file() else
+           f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    print(f"wrote {out}: {', '.join(files)}; load it with {how}")
 
 
 def register(sub):
@@ -41,5 +55,8 @@ def register(sub):
     p.add_argument("run_dir", help="a run folder (from `numformer train` or `numformer import-hf`)")
     p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, or LlamaForCausalLM for a RoPE model; the default)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    p.add_argument("--merge", action="store_true",
+                   help="a LoRA run: merge the adapters into the weights and write one model (default: the "
+                        "adapter in PEFT's format, its base model in DIR/base)")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
     p.set_defaults(func=run)

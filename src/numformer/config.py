@@ -70,6 +70,8 @@ TRAIN_DEFAULTS = {
     "budget_minutes": 0.0,        # plan the run for this wall time, everything included; 0 = count steps
     "dtype": "float32",           # float32 | float64
     "processes": 0,               # data-parallel processes, each on a share of every batch; 0 = one per core, 1 = off
+    "objective": "cross_entropy",  # cross_entropy | dpo (preference pairs: [data] task = "preference")
+    "beta": 0.1,                  # dpo only: the strength of the pull toward the reference model
 }
 
 
@@ -152,6 +154,7 @@ def _train_keys():
         "log_every": positive(), "max_minutes": MINUTES, "budget_minutes": MINUTES,
         "dtype": Key(str, choices=("float32", "float64")),
         "processes": Key(int, 0, max(64, 4 * (os.cpu_count() or 1))),
+        "objective": Key(str, choices=("cross_entropy", "dpo")), "beta": positive(float),
     }
 
 
@@ -166,6 +169,7 @@ RESUME_REFUSED = {
     "dtype": "the checkpoint holds the weights and moments in the run's dtype",
     "seed": "the seed drew the run's held-out data and evaluation sample, and the random generators go on from "
             "the checkpoint",
+    "objective": "the run's loss and its stored reference log-probabilities belong to it",
 }
 
 
@@ -357,6 +361,9 @@ def _check_train_together(t):
                          f"muon_lr by its value over lr")
     if t["schedule"] == "noam" and t["warmup_steps"] <= 0:
         raise ValueError("[train] warmup_steps must be > 0 for the noam schedule")
+    if t["objective"] == "dpo" and t["processes"] > 1:
+        raise ValueError(f"[train] objective = \"dpo\" trains in one process; set [train] processes = 1 "
+                         f"(got {t['processes']})")
     if t["processes"] > t["batch_size"]:
         raise ValueError(f"[train] processes = {t['processes']} is more than batch_size = {t['batch_size']}: "
                          f"each process needs at least one example of a batch")

@@ -23,23 +23,35 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import ops
 from .._limits import bounded_json
 from .base import IGNORE, Batch, Task, register_task
 from .chat import ChatFormat, alpaca_messages, encode_chat
 from .tokenizers import tokenizer_from_dict
 
 
-def read_conversations(path):
-    """The conversations of a JSON / JSON-lines file: each a list of messages (Alpaca records converted)."""
+def read_records(path):
+    """The records of a JSON list or JSON-lines file."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"[data] path {str(path)!r} is not a file; give a JSON or JSON-lines file of conversations "
-                         f"({{\"messages\": [...]}}) or Alpaca records ({{\"instruction\", \"input\", \"output\"}})")
+                         f"({{\"messages\": [...]}}), Alpaca records ({{\"instruction\", \"input\", \"output\"}}) or "
+                         f"preference pairs ({{\"prompt\", \"chosen\", \"rejected\"}})")
     raw = path.read_bytes()
     text = raw.decode("utf-8").lstrip()
-    records = bounded_json(raw, str(path)) if text.startswith("[") else \
-        [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [record_messages(r, path, i) for i, r in enumerate(records)]
+    try:
+        records = bounded_json(raw, str(path)) if text.startswith("[") else \
+            [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON or JSON lines ({e})") from None
+    if not isinstance(records, list):
+        raise ValueError(f"{path} holds a JSON {type(records).__name__}; give a list of records or JSON lines")
+    return records
+
+
+def read_conversations(path):
+    """The conversations of a JSON / JSON-lines file: each a list of messages (Alpaca records converted)."""
+    return [record_messages(r, path, i) for i, r in enumerate(read_records(path))]
 
 
 def record_messages(record, path="data", i=0):
@@ -104,26 +116,29 @@ class ChatTask(Task):
             raise ValueError("task \"chat\": set [data] path to a JSON or JSON-lines file of conversations")
         self.tokenizer = tokenizer_from_dict(tokenizer_state)
         self.chat_format = chat_format(c["chat_template"])
-        conversations = read_conversations(c["path"])
-        self.examples, self.dropped = self._encode(conversations)
+        self.examples, self.dropped = self._encode(self._read(c["path"]))
         order = np.random.default_rng(seed).permutation(len(self.examples))
         n_val = min(c["val_size"], len(self.examples) // 2)
         self.splits = {"val": order[:n_val], "train": order[n_val:]}
         self.pad_id = self.tokenizer.eos_id if getattr(self.tokenizer, "eos_id", None) is not None else 0
 
+    def _read(self, path):
+        return read_conversations(path)
+
+    def _example(self, messages):
+        """(ids, labels) of a conversation cut to the context, or None when no label is left in it."""
+        n = self.config["block_size"] + 1
+        ids, labels = encode_chat(self, messages, self.config["train_on"])
+        ids, labels = ids[:n], labels[:n]
+        return None if len(ids) < 2 or all(t == IGNORE for t in labels[1:]) else (ids, labels)
+
     def _encode(self, conversations):
-        keep, dropped, n = [], 0, self.config["block_size"] + 1
-        for messages in conversations:
-            ids, labels = encode_chat(self, messages, self.config["train_on"])
-            ids, labels = ids[:n], labels[:n]
-            if len(ids) < 2 or all(t == IGNORE for t in labels[1:]):
-                dropped += 1
-                continue
-            keep.append((ids, labels))
+        examples = [self._example(m) for m in conversations]
+        keep = [e for e in examples if e is not None]
         if not keep:
-            raise ValueError(f"task \"chat\": none of the {len(conversations)} conversations of {self.config['path']} "
+            raise ValueError(f"task {self.name!r}: none of the {len(conversations)} records of {self.config['path']} "
                              f"has an assistant token within block_size = {self.config['block_size']}")
-        return keep, dropped
+        return keep, len(examples) - len(keep)
 
     def model_config(self):
         return {"vocab_size": self.tokenizer.vocab_size, "block_size": self.config["block_size"]}
@@ -150,3 +165,94 @@ class ChatTask(Task):
                 f"train, {len(self.splits['val']):,} val; {self.dropped} without an assistant token in the context "
                 f"left out), loss on {labelled:,} of {total:,} target tokens (train_on = "
                 f"{self.config['train_on']!r})")
+
+
+def preference_record(record, path="data", i=0):
+    """(prompt messages, chosen reply, rejected reply) of a preference record: ``{"prompt", "chosen",
+    "rejected"}`` (the prompt a text or a list of messages) or an Alpaca record with ``chosen`` / ``rejected``."""
+    if isinstance(record, dict) and isinstance(record.get("chosen"), str) and isinstance(record.get("rejected"), str):
+        prompt = record.get("prompt")
+        if isinstance(prompt, str):
+            return [{"role": "user", "content": prompt}], record["chosen"], record["rejected"]
+        if isinstance(prompt, list):
+            return record_messages({"messages": prompt}, path, i), record["chosen"], record["rejected"]
+        if isinstance(record.get("instruction"), str):
+            return alpaca_messages({**record, "output": ""})[:1], record["chosen"], record["rejected"]
+    raise ValueError(f"{path}: record {i} is not a preference pair {{\"prompt\", \"chosen\", \"rejected\"}} (or an "
+                     f"Alpaca record with \"chosen\" and \"rejected\")")
+
+
+@register_task("preference")
+class PreferenceTask(ChatTask):
+    """Preference pairs for DPO (``[train] objective = "dpo"``): each record a prompt with a chosen and a
+    rejected reply, encoded as two conversations whose labels are the reply's tokens. A batch of N pairs is
+    2N rows, the chosen replies first; ``Batch.extra["reference"]`` holds the reference model's log-probability
+    of each row (``set_reference``: computed once, before training, by the trainer)."""
+
+    data_keys = {k: v for k, v in ChatTask.data_keys.items() if k != "train_on"}
+
+    def __init__(self, data_config, seed=0, tokenizer_state=None):
+        super().__init__({**data_config, "train_on": "assistant"}, seed, tokenizer_state)
+        self.reference = None                   # (n_pairs, 2) log π_ref(chosen), log π_ref(rejected)
+
+    def _read(self, path):
+        return [preference_record(r, path, i) for i, r in enumerate(read_records(path))]
+
+    def _example(self, pair):
+        """((chosen ids, labels), (rejected ids, labels)) of a pair, or None when either loses its reply."""
+        prompt, chosen, rejected = pair
+        both = [super(PreferenceTask, self)._example(prompt + [{"role": "assistant", "content": reply}])
+                for reply in (chosen, rejected)]
+        return None if None in both else tuple(both)
+
+    def train_batch(self, batch_size, rng):
+        rows = self.splits["train"][rng.integers(0, len(self.splits["train"]), batch_size)]
+        return self.pair_batch(rows)
+
+    def eval_batches(self, split, batch_size):
+        rows = self.splits.get(split, np.zeros(0, dtype=np.int64))
+        for start in range(0, len(rows), max(1, batch_size // 2)):
+            yield self.pair_batch(rows[start:start + max(1, batch_size // 2)])
+
+    def pair_batch(self, rows):
+        """The 2N-row batch of the pairs ``rows``: chosen replies, then rejected ones."""
+        batch = pad_examples([self.examples[i][0] for i in rows] + [self.examples[i][1] for i in rows], self.pad_id)
+        if self.reference is not None:
+            batch.extra["reference"] = np.concatenate([self.reference[rows, 0], self.reference[rows, 1]])
+        batch.extra["rows"] = np.asarray(rows)
+        return batch
+
+    def set_reference(self, reference):
+        self.reference = np.asarray(reference, dtype=np.float64)
+
+    def evaluate(self, model, split):
+        """The implicit reward's figures on a split: the share of pairs whose policy-minus-reference log-ratio
+        prefers the chosen reply (``reward_accuracy``, what DPO's implicit reward gets right) and the mean
+        log-ratio margin (β times it is the reward margin)."""
+        if self.reference is None or not len(self.splits.get(split, ())):
+            return {}
+        policy = sequence_logprobs(model, self, self.splits[split])
+        margin = (policy[:, 0] - self.reference[self.splits[split], 0]) - \
+                 (policy[:, 1] - self.reference[self.splits[split], 1])
+        return {"reward_accuracy": float(np.mean(margin > 0)), "logratio_margin": float(np.mean(margin))}
+
+    def describe(self):
+        n_train, n_val = len(self.splits["train"]), len(self.splits["val"])
+        return (f"preference pairs of {self.config['path']}: {len(self.examples):,} kept ({n_train:,} train, "
+                f"{n_val:,} val; {self.dropped} without a reply token in the context left out)")
+
+
+def sequence_logprobs(model, task, rows, batch_pairs=8):
+    """(len(rows), 2) log-probabilities of the chosen and rejected replies of the pairs ``rows`` under
+    ``model`` (eval mode, restored after): Σ over the reply's tokens of log softmax(logits)[token]."""
+    training = model.training
+    model.eval()
+    out = np.zeros((len(rows), 2))
+    for start in range(0, len(rows), batch_pairs):
+        part = rows[start:start + batch_pairs]
+        batch = task.pair_batch(part)
+        logp, _ = ops.sequence_logprob_forward(model(**batch.inputs).astype(np.float64), batch.targets)
+        out[start:start + len(part)] = np.stack([logp[:len(part)], logp[len(part):]], axis=1)
+        model.clear_cache()
+    model.train(training)
+    return out

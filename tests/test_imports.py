@@ -21,7 +21,7 @@ LAYERS = [
     ("numformer.nn",),
     ("numformer.quantize",),                                             # int8 layers, built on nn's Linear
     ("numformer.sampling", "numformer.decoding", "numformer.generate"),   # what models' generate() calls
-    ("numformer.models",),
+    ("numformer.models", "numformer.lora"),                               # LoRA adapters on a model
     ("numformer.data", "numformer.optim"),
     ("numformer.interop",),                                              # loading any source; Hugging Face, PyTorch
     ("numformer.config",),                                               # [train], and whole configs

@@ -93,6 +93,9 @@ CASES = {
     "budget_minutes": ("budget", 20.0, lambda r, t, spy, s: t.budget.seconds == 1200.0),
     "dtype": ("adamw", "float32", "refused"),
     "processes": ("adamw", 2, lambda r, t, spy, s: t.processes == 2 and s["processes"] == 2),
+    "objective": ("adamw", "dpo", "refused"),
+    # the DPO step reads beta from the trainer's [train] at every step (tests/test_dpo.py trains DPO runs)
+    "beta": ("adamw", 0.5, lambda r, t, spy, s: t.train_cfg["beta"] == 0.5),
 }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
 from .interop.sources import read_source
+from .lora import LORA_DEFAULTS, TARGET_MODULES, check_lora_options
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
 from .models import MODEL_TYPES, apply_preset, check_model_together, model_arguments, model_keys
 from .optim import OPTIMIZERS, SCHEDULES
@@ -29,7 +30,7 @@ from .optim.optimizers import NO_DECAY_KINDS
 from .run_files import check_run_dir, read_json
 from ._limits import check_bounds
 
-SECTIONS = ("model", "data", "train")
+SECTIONS = ("model", "data", "train", "lora")      # [lora]: optional, LoRA adapters (numformer.lora)
 
 TRAIN_DEFAULTS = {
     "max_steps": 1000,            # optimizer updates
@@ -69,6 +70,8 @@ TRAIN_DEFAULTS = {
     "budget_minutes": 0.0,        # plan the run for this wall time, everything included; 0 = count steps
     "dtype": "float32",           # float32 | float64
     "processes": 0,               # data-parallel processes, each on a share of every batch; 0 = one per core, 1 = off
+    "objective": "cross_entropy",  # cross_entropy | dpo (preference pairs: [data] task = "preference")
+    "beta": 0.1,                  # dpo only: the strength of the pull toward the reference model
 }
 
 
@@ -151,6 +154,7 @@ def _train_keys():
         "log_every": positive(), "max_minutes": MINUTES, "budget_minutes": MINUTES,
         "dtype": Key(str, choices=("float32", "float64")),
         "processes": Key(int, 0, max(64, 4 * (os.cpu_count() or 1))),
+        "objective": Key(str, choices=("cross_entropy", "dpo")), "beta": positive(float),
     }
 
 
@@ -165,6 +169,7 @@ RESUME_REFUSED = {
     "dtype": "the checkpoint holds the weights and moments in the run's dtype",
     "seed": "the seed drew the run's held-out data and evaluation sample, and the random generators go on from "
             "the checkpoint",
+    "objective": "the run's loss and its stored reference log-probabilities belong to it",
 }
 
 
@@ -222,7 +227,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     unknown = sorted(set(config) - set(SECTIONS))
     if unknown:
         raise ValueError(f"unknown section(s) {unknown}{did_you_mean(unknown, SECTIONS)}; a config has [model], "
-                         f"[data] and [train]")
+                         f"[data] and [train], and [lora] for LoRA adapters")
     train = {**TRAIN_DEFAULTS, **check_section("train", config.get("train", {}), _train_keys())}
     _check_train_together(train)
     data, task_cls, written = _resolve_data(dict(config.get("data", {})))
@@ -250,7 +255,23 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     full_model = {"type": kind, **{k: (None if d is inspect.Parameter.empty else d) for k, d in valid.items()},
                   **model, **({"init_from": init_from} if init_from is not None else {})}
     check_model_together(full_model)
-    return {"model": full_model, "data": data, "train": train}, task
+    resolved = {"model": full_model, "data": data, "train": train}
+    if "lora" in config:
+        resolved["lora"] = resolve_lora(config["lora"])
+    return resolved, task
+
+
+def _lora_keys():
+    return {"r": positive(), "alpha": positive(float), "dropout": Key(float, 0, 1, open=(False, True)),
+            "target_modules": Key(list, choices=tuple(TARGET_MODULES), item=str), "use_rslora": BOOL}
+
+
+def resolve_lora(section):
+    """The [lora] section with its defaults (``numformer.lora.LORA_DEFAULTS``); one ValueError naming a bad
+    key or value and the valid ones."""
+    lora = {**LORA_DEFAULTS, **check_section("lora", section, _lora_keys())}
+    lora["target_modules"] = check_lora_options(**lora)
+    return lora
 
 
 def _add_data_sizes(model, data, task_cls, seed, tokenizer_state, sizes_only, init_from, source_model):
@@ -340,6 +361,9 @@ def _check_train_together(t):
                          f"muon_lr by its value over lr")
     if t["schedule"] == "noam" and t["warmup_steps"] <= 0:
         raise ValueError("[train] warmup_steps must be > 0 for the noam schedule")
+    if t["objective"] == "dpo" and t["processes"] > 1:
+        raise ValueError(f"[train] objective = \"dpo\" trains in one process; set [train] processes = 1 "
+                         f"(got {t['processes']})")
     if t["processes"] > t["batch_size"]:
         raise ValueError(f"[train] processes = {t['processes']} is more than batch_size = {t['batch_size']}: "
                          f"each process needs at least one example of a batch")

@@ -34,7 +34,7 @@ def load_chat_model(source, args=None):
 
     if args is not None:
         check_quantize_arguments(args)
-    model, tokenizer = load_generator(source)
+    model, tokenizer = load_generator(source, getattr(args, "adapter", None))
     if args is not None:
         quantize_if_asked(model, args)
     return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)
@@ -152,12 +152,13 @@ def _reply(session, text, say):
 
 
 def register(sub):
-    from .generate import add_quantize_arguments, add_sampling_arguments
+    from .generate import add_adapter_argument, add_quantize_arguments, add_sampling_arguments
 
     p = sub.add_parser("chat", help="talk with a chat model (streams; reads stdin line by line when piped)")
     p.add_argument("run_dir", metavar="SOURCE", help="a Hugging Face model folder, a hub id written hf:ID, or a "
                                                      "run folder")
     p.add_argument("--system", default=None, help="system prompt (kept when old turns are dropped)")
+    add_adapter_argument(p)
     add_sampling_arguments(p, max_new_tokens=512, temperature=None,
                            temperature_default="generation_config.json's, else 1.0")
     p.add_argument("--template-var", action="append", metavar="KEY=VALUE",

@@ -6,7 +6,12 @@ loads with the same logits.
 ``--out`` must be new or empty; ``--overwrite`` replaces an earlier export there: the files an export writes
 (``EXPORT_FILES``) are removed first (the weights first, config.json last), so the folder then holds only the
 new export's files (an earlier export's tokenizer.json never stays beside a model without one). A folder
-holding any other file is refused, even with ``--overwrite``: numformer deletes only what it writes."""
+holding any other file is refused, even with ``--overwrite``: numformer deletes only what it writes.
+
+A LoRA run (a [lora] section) is written as PEFT writes it: the adapter in DIR (adapter_config.json,
+adapter_model.safetensors) and its base model in DIR/base, for
+``peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("DIR/base"), "DIR")``; with ``--merge``
+the adapters are merged into the weights and DIR is a plain Hugging Face model."""
 from __future__ import annotations
 
 import os
@@ -15,11 +20,15 @@ from pathlib import Path
 FORMATS = ("hf",)
 # Every file ``interop.hf.export_hf`` writes, in the order an overwrite removes them: the weights first and
 # config.json last, so that a folder cut short never pairs a config with other weights.
-EXPORT_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json")
+EXPORT_FILES = ("model.safetensors", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                "adapter_config.json", "config.json")
+BASE_DIR = "base"                   # a LoRA run's base model, beside its adapter
 
 
 def run(args):
     from ..interop.hf import export_hf
+    from ..interop.peft import save_adapter
+    from ..lora import merge_lora, unload_lora
     from ..train import load_config_json, load_model, load_tokenizer_state, run_folder
     from ..interop.sources import tokenizer_from_state
 
@@ -38,9 +47,16 @@ def run(args):
             raise ValueError(f"--out {out} holds a numformer run; exporting into it would destroy that run: "
                              f"choose another --out")
         clear_export_folder(out, args.overwrite)
-        export_hf(model, out, tokenizer)
-    files = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES)
-    print(f"wrote {out}: {', '.join(files)}; load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+        if getattr(model, "lora_config", None) and not args.merge:
+            save_adapter(model, out, base_model_name_or_path=str((out / BASE_DIR).resolve()))
+            export_hf(unload_lora(model), out / BASE_DIR, tokenizer)
+        else:
+            export_hf(merge_lora(model) if getattr(model, "lora_config", None) else model, out, tokenizer)
+    files = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES or p.name == BASE_DIR)
+    how = (f"peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(out / BASE_DIR)!r}), "
+           f"{str(out)!r})" if (out / "adapter_config.json").is_file() else
+           f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    print(f"wrote {out}: {', '.join(files)}; load it with {how}")
 
 
 def _written_by_export(name):
@@ -48,24 +64,41 @@ def _written_by_export(name):
     return name in EXPORT_FILES or any(name.startswith(f".{f}.") and name.endswith(".tmp") for f in EXPORT_FILES)
 
 
-def clear_export_folder(out, overwrite):
-    """Make the locked folder ``out`` ready for an export: empty, or (``overwrite``) an earlier export whose files
-    are removed here; a folder holding anything else is refused with one line naming what it holds."""
+def _earlier_export(folder, base_allowed=True):
+    """(files an export wrote, in removal order; names of anything else) in ``folder``; a LoRA export's base
+    model folder (``BASE_DIR``) is looked into, its files listed before the folder itself."""
     from .._platform import LOCK_FILE
 
-    present = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
-    if not present:
+    files, foreign = [], []
+    for p in sorted(folder.iterdir(), key=lambda p: EXPORT_FILES.index(p.name) if p.name in EXPORT_FILES else -1):
+        if p.name == LOCK_FILE:
+            continue
+        if base_allowed and p.name == BASE_DIR and p.is_dir() and not p.is_symlink():
+            inner, other = _earlier_export(p, base_allowed=False)
+            files += inner + [p]
+            foreign += [f"{BASE_DIR}/{name}" for name in other]
+        elif _written_by_export(p.name) and p.is_file() and not p.is_symlink():
+            files.append(p)
+        else:
+            foreign.append(p.name)
+    return files, foreign
+
+
+def clear_export_folder(out, overwrite):
+    """Make the locked folder ``out`` ready for an export: empty, or (``overwrite``) an earlier export whose files
+    are removed here (the weights first, config.json last); a folder holding anything else is refused with one
+    line naming what it holds, before anything is removed."""
+    files, foreign = _earlier_export(out)
+    if not files and not foreign:
         return
     if not overwrite:
         raise ValueError(f"{out} is not empty; choose another --out or pass --overwrite")
-    foreign = [name for name in present if not _written_by_export(name) or not (out / name).is_file()
-               or (out / name).is_symlink()]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise ValueError(f"--out {out} holds what numformer's export does not write ({shown}); --overwrite "
                          f"replaces only an earlier export: remove those, or choose another --out")
-    for name in sorted(present, key=lambda n: EXPORT_FILES.index(n) if n in EXPORT_FILES else -1):
-        (out / name).unlink()
+    for path in files:
+        path.rmdir() if path.is_dir() else path.unlink()
 
 
 def register(sub):
@@ -76,6 +109,9 @@ def register(sub):
     p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, "
                    "or LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM for a RoPE model; the default)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write (new or empty)")
+    p.add_argument("--merge", action="store_true",
+                   help="a LoRA run: merge the adapters into the weights and write one model (default: the "
+                        "adapter in PEFT's format, its base model in DIR/base)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier export in --out (its files are removed first; a folder holding other "
                         "files is refused)")

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 
-def load_generator(source):
-    """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``."""
+def load_generator(source, adapter=None):
+    """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``; ``adapter``:
+    a PEFT LoRA adapter folder put on the model (``numformer.interop.peft.load_adapter``)."""
+    from ..interop.peft import load_adapter
     from ..interop.sources import is_run_folder, load
     from ..train import load_config_json
 
@@ -22,6 +24,11 @@ def load_generator(source):
             raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
                              f"text with a GPT (use `numformer translate` or `classify` for the others)")
     model, tokenizer = load(source)
+    if adapter is not None:
+        if getattr(model, "lora_config", None):
+            raise ValueError(f"{source} is a LoRA run (its adapters are in its weights); --adapter puts an adapter "
+                             f"on a base model: give the base model, or export the run with --merge first")
+        load_adapter(model, adapter).eval()
     if tokenizer is None:
         raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded" if run else
                          f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text cannot "
@@ -33,7 +40,7 @@ def run(args):
     from ..generate import generate
 
     check_quantize_arguments(args)
-    model, tokenizer = load_generator(args.run_dir)
+    model, tokenizer = load_generator(args.run_dir, args.adapter)
     quantize_if_asked(model, args)
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
@@ -63,9 +70,16 @@ def register(sub):
     p.add_argument("run_dir", metavar="SOURCE", help="a run folder written by `numformer train` or `import-hf`, or "
                                                      "a Hugging Face GPT-2 folder or hub id (hf:gpt2)")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    add_adapter_argument(p)
     add_sampling_arguments(p)
     add_quantize_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_adapter_argument(p):
+    p.add_argument("--adapter", metavar="DIR", default=None,
+                   help="a LoRA adapter in PEFT's format (adapter_config.json + adapter_model.safetensors, as "
+                        "`numformer export` of a LoRA run or peft's save_pretrained writes) to put on the model")
 
 
 def add_sampling_arguments(p, max_new_tokens=500, temperature=1.0, temperature_default="1.0"):

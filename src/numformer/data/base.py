@@ -161,6 +161,7 @@ DATA_KEYS = {
     "val_fraction": Key(float, 0, 1, (True, True)), "max_len": Key(int, 2), "vocab_size": positive(),
     "min_freq": positive(), "val_size": NONNEG_INT, "buckets": positive(),
     "token_dropout": Key(float, 0, 1, open=(False, True)), "beam_size": positive(), "length_penalty": NONNEG_FLOAT,
+    "train_on": Key(str, choices=("assistant", "all")),
     "tokenizer": Key(str, choices=("char", "word", "bpe")), "truncate": Key(str, choices=("head", "tail", "head_tail")),
 }
 

@@ -463,3 +463,77 @@ def stop_token_ids(folder, tokenizer, chat_format):
     if token is not None and hf is not None and hf.token_to_id(token) is not None:
         ids.add(hf.token_to_id(token))
     return sorted(i for i in ids if 0 <= i < tokenizer.vocab_size)
+
+
+# -- supervised fine-tuning: a conversation as token ids and labels --------------------------------------------
+def encode_chat(source, messages, train_on="assistant"):
+    """(ids, labels) of a conversation for supervised fine-tuning: ``ids`` the token ids of the rendered
+    conversation (as ``ChatFormat.encode``, transformers' ``apply_chat_template(tokenize=True)``), ``labels``
+    the same ids where the loss is taken and -100 (``IGNORE``) elsewhere: on the assistant's turns only by
+    default (``train_on="assistant"``), everywhere with ``train_on="all"``. Both are lists of the same length,
+    aligned as transformers' ``labels`` are (the model shifts them: position t predicts labels[t + 1]).
+
+    source: ``(tokenizer, ChatFormat)``, or an object with ``.tokenizer`` and ``.chat_format``.
+
+    The assistant spans are found without ``{% generation %}`` tags (which Llama 3, Qwen and SmolLM templates
+    lack): for the k-th message, if it is the assistant's, the conversation is rendered up to it with the
+    generation prompt (where the reply starts) and with it (where the turn ends, end-of-turn marker included);
+    those two lengths are its characters in the whole rendering, and a token is labelled when its characters
+    overlap them.
+    """
+    tokenizer, fmt = source if isinstance(source, tuple) else (source.tokenizer, source.chat_format)
+    if train_on not in ("assistant", "all"):
+        raise ValueError(f"train_on = {train_on!r} should be 'assistant' or 'all'")
+    text = fmt.render(messages)
+    ids = list(tokenizer.encode(text))
+    if train_on == "all":
+        return ids, list(ids)
+    spans = assistant_spans(fmt, messages, text)
+    ends = _token_ends(tokenizer, ids, text)
+    labels, start = [], 0
+    for token, end in zip(ids, ends):
+        inside = any(start < b and end > a for a, b in spans)
+        labels.append(token if inside else -100)
+        start = end
+    return ids, labels
+
+
+def assistant_spans(fmt, messages, text=None):
+    """[(first character, end character)] of each assistant turn in the rendering of ``messages``."""
+    text = fmt.render(messages) if text is None else text
+    spans = []
+    for k, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before, upto = fmt.render(messages[:k], add_generation_prompt=True), fmt.render(messages[:k + 1])
+        if not (text.startswith(before) and text.startswith(upto) and len(before) <= len(upto)):
+            raise ValueError(f"the chat template renders message {k} differently once later messages follow (it "
+                             f"rewrites earlier turns), so its assistant span cannot be found by rendering up to "
+                             f"it; train on such conversations with train_on = 'all' or another template")
+        spans.append((len(before), len(upto)))
+    return spans
+
+
+def _token_ends(tokenizer, ids, text):
+    """The character offset in ``text`` where each token of ``ids`` ends (ids: the encoding of text)."""
+    pieces = [tokenizer.decode([i]) for i in ids]
+    if "".join(pieces) == text:                                   # each token decodes to whole characters
+        return np.cumsum([len(p) for p in pieces]).tolist()
+    ends, last = [], 0                                            # tokens splitting a character: prefix decodes
+    for n in range(1, len(ids) + 1):
+        decoded = tokenizer.decode(ids[:n])
+        last = last if decoded.endswith("\ufffd") else len(decoded)
+        ends.append(last)
+    if tokenizer.decode(ids) != text:
+        raise ValueError("the tokenizer does not decode its encoding of the conversation back to the same text, "
+                         "so its assistant tokens cannot be located; use train_on = 'all'")
+    return ends
+
+
+def alpaca_messages(record):
+    """An Alpaca-style record ``{"instruction", "input", "output"}`` as a conversation: the instruction (and
+    its input after a blank line) from the user, the output from the assistant."""
+    prompt = record["instruction"].strip()
+    if str(record.get("input") or "").strip():
+        prompt += "\n\n" + record["input"].strip()
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": record["output"]}]

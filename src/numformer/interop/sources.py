@@ -20,6 +20,7 @@ import numpy as np
 from .._limits import bounded_json
 from ..data.tokenizers import tokenizer_from_dict
 from ..keys import Key
+from ..lora import add_lora, check_lora_options
 from ..models import build_model, check_model_section, model_arguments
 from ..run_files import CHECKPOINT, MODEL, check_run_dir, load_model_weights, load_tokenizer_state, read_json
 from .hf import checkpoints as hf
@@ -36,6 +37,7 @@ class Source:
     model: dict
     tokenizer_state: dict | None
     dtype: str = "float32"
+    lora: dict | None = None          # a LoRA run's [lora] section (its weights hold the adapters), else None
 
 
 def is_run_folder(source):
@@ -71,9 +73,12 @@ def _read_run(folder):
         model = check_model_section({k: v for k, v in saved["model"].items() if k != "init_from"})
         dtype = Key(str, choices=("float32", "float64")).check("train", "dtype",
                                                                 saved.get("train", {}).get("dtype", "float32"))
+        lora = saved.get("lora")
+        if lora is not None:
+            lora = {**lora, "target_modules": check_lora_options(**lora)}
     except (ValueError, TypeError, AttributeError) as e:
         raise ValueError(f"{path}: {e}") from None
-    return Source("run", folder, model, load_tokenizer_state(folder), dtype)
+    return Source("run", folder, model, load_tokenizer_state(folder), dtype, lora)
 
 
 def load_weights(model, source):
@@ -102,17 +107,20 @@ def load(source, dtype=None, **overrides):
     if not is_run_folder(source):
         return hf.load_pretrained(source, dtype=np.float32 if dtype is None else dtype, **overrides)
     src = read_source(source)
-    model = load_run_model(src.folder, {**src.model, **overrides}, dtype or src.dtype)
+    model = load_run_model(src.folder, {**src.model, **overrides}, dtype or src.dtype, src.lora)
     state = src.tokenizer_state
     return model, None if state is None else tokenizer_from_state(state, src.folder)
 
 
-def load_run_model(run_dir, model_section, dtype):
-    """A run's model: built from its [model] section in ``dtype``, with its saved weights (model.safetensors,
-    else the checkpoint's), which must have been trained with that section (``check_weights``); eval mode."""
+def load_run_model(run_dir, model_section, dtype, lora=None):
+    """A run's model: built from its [model] section in ``dtype`` (with the adapters of its [lora] section
+    ``lora``, when it has one), with its saved weights (model.safetensors, else the checkpoint's), which must
+    have been trained with that section (``check_weights``); eval mode."""
     run_dir = Path(run_dir)
     section = {k: v for k, v in model_section.items() if k != "init_from"}
     model = build_model(section, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
+    if lora:
+        add_lora(model, **lora, rng=0)
     for name in (MODEL, CHECKPOINT):
         if (run_dir / name).is_file():
             meta = load_model_weights(run_dir / name, model)

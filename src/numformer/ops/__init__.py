@@ -25,9 +25,12 @@ from .embedding import embedding_backward, embedding_forward
 from .grouped_query import check_kv_heads, repeat_kv_backward, repeat_kv_forward
 from .heads import merge_heads_backward, merge_heads_forward, split_heads_backward, split_heads_forward
 from .linear import linear_backward, linear_forward
+from .lora import lora_backward, lora_forward
 from .loss import cross_entropy_backward, cross_entropy_forward
 from .normalization import (batch_norm_backward, batch_norm_forward, layer_norm_backward, layer_norm_forward,
                             rms_norm_backward, rms_norm_forward)
+from .preference import (dpo_loss_backward, dpo_loss_forward, dpo_reward_accuracy, sequence_logprob_backward,
+                         sequence_logprob_forward)
 from .rope_scaling import RopeScaling, rope_inverse_frequencies
 from .rotary import rope_angles, rope_backward, rope_forward, rotate_half
 from .softcap import softcap_backward, softcap_forward

@@ -18,7 +18,7 @@ from ..run_files import load_tokenizer_state
 def load_model(run_dir, config=None):
     """The run's model with its saved weights (model.safetensors, else the checkpoint), in eval mode."""
     config = load_config_json(run_dir) if config is None else config
-    return load_run_model(run_dir, config["model"], config["train"]["dtype"])
+    return load_run_model(run_dir, config["model"], config["train"]["dtype"], config.get("lora"))
 
 
 def load_tokenizer(run_dir):

@@ -41,7 +41,8 @@ from .. import _platform
 from ..run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL, remove_temp_files
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
-RUN_FILES = (CHECKPOINT, MODEL, "summary.json", "metrics.jsonl", "tokenizer.json", "config.json")
+REFERENCE = "reference_logps.safetensors"     # a DPO run's reference log-probabilities, computed once
+RUN_FILES = (CHECKPOINT, MODEL, REFERENCE, "summary.json", "metrics.jsonl", "tokenizer.json", "config.json")
 
 # real path -> [fd, exclusive, count, identity, spellings] for the folders this process holds (spellings: the
 # absolute paths, unresolved, it was locked by, one per holder; each is a key of LOCKED_FOLDERS)

@@ -35,3 +35,24 @@ def loss_and_backward(model, inputs, targets, label_smoothing=0.0, grad_scale=1.
                                                 label_smoothing=label_smoothing)
         model.backward(ops.cross_entropy_backward(cache, grad_scale))
     return float(loss)
+
+
+def dpo_loss_and_backward(model, batch, beta, grad_scale=1.0):
+    """Forward, DPO loss and backward of a batch of N preference pairs; returns the loss (a float).
+
+    batch: 2N rows (the chosen replies, then the rejected ones; targets -100 outside the replies) and
+    ``batch.extra["reference"]``, the reference model's log-probability of each row (computed once).
+
+    log π(y|x) = Σ over the reply's tokens of log softmax(logits)[token] (``ops.sequence_logprob_forward``);
+    loss = mean over pairs of -log σ(β [(log π(y_w|x) - log π_ref(y_w|x)) - (log π(y_l|x) - log π_ref(y_l|x))])
+    (``ops.dpo_loss_forward``); its gradient flows back through the policy's log-probabilities only.
+    """
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        logits = model(**batch.inputs)
+        logp, lp_cache = ops.sequence_logprob_forward(logits, batch.targets, ignore_index=IGNORE)
+        n, ref = len(logp) // 2, batch.extra["reference"]
+        loss, cache = ops.dpo_loss_forward(logp[:n], logp[n:], ref[:n], ref[n:], beta)
+        d_chosen, d_rejected = ops.dpo_loss_backward(cache, grad_scale)
+        dlogits = ops.sequence_logprob_backward(np.concatenate([d_chosen, d_rejected]), lp_cache)
+        model.backward(dlogits.astype(logits.dtype, copy=False))
+    return float(loss)

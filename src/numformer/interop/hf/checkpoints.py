@@ -323,6 +323,9 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     from safetensors.numpy import save
 
     config = model.config
+    if getattr(model, "lora_config", None):          # the base weights alone would drop the adapters silently
+        raise ValueError("the model has LoRA adapters: merge them first (numformer.lora.merge_lora), or write the "
+                         "adapter with numformer.interop.peft.save_adapter and the base model without it")
     if model_type is None:
         model_type = default_export_type(config)
     fam = family(model_type)

@@ -1,0 +1,258 @@
+"""Supervised fine-tuning on conversations: ``[data] task = "chat"``.
+
+The records of ``path`` are conversations, in either of the two formats people have:
+
+- JSON lines (or a JSON list) of ``{"messages": [{"role": ..., "content": ...}, ...]}``, the format of Hugging
+  Face's chat datasets and OpenAI's fine-tuning files;
+- Alpaca-style records ``{"instruction", "input", "output"}`` (``../shared/data/instructions/``), each read as
+  a user turn (the instruction, then its input after a blank line) and the assistant's reply.
+
+Each conversation is rendered with the chat template (``chat_template``: a Jinja file, as a Hugging Face model
+ships; else numformer's plain default, ``User: ...`` / ``Assistant: ...``) and encoded with the tokenizer of
+the model being fine-tuned (the ``[model] init_from`` run or Hugging Face folder), by ``encode_chat``: the loss
+is taken on the assistant's tokens only (``train_on = "assistant"``; ``"all"`` takes it everywhere). A
+conversation longer than the context (``block_size`` + 1 tokens) is cut at its end; one whose kept part has
+no assistant token is left out. Batches pad each conversation to the longest of the batch (targets -100, so
+padding takes no loss; the causal mask keeps it from the real tokens). ``val_size`` conversations, drawn with
+the seed, are held out for validation.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .. import ops
+from .._limits import bounded_json
+from .base import IGNORE, Batch, Task, register_task
+from .chat import ChatFormat, alpaca_messages, encode_chat
+from .tokenizers import tokenizer_from_dict
+
+
+def read_records(path):
+    """The records of a JSON list or JSON-lines file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"[data] path {str(path)!r} is not a file; give a JSON or JSON-lines file of conversations "
+                         f"({{\"messages\": [...]}}), Alpaca records ({{\"instruction\", \"input\", \"output\"}}) or "
+                         f"preference pairs ({{\"prompt\", \"chosen\", \"rejected\"}})")
+    raw = path.read_bytes()
+    text = raw.decode("utf-8").lstrip()
+    try:
+        records = bounded_json(raw, str(path)) if text.startswith("[") else \
+            [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON or JSON lines ({e})") from None
+    if not isinstance(records, list):
+        raise ValueError(f"{path} holds a JSON {type(records).__name__}; give a list of records or JSON lines")
+    return records
+
+
+def read_conversations(path):
+    """The conversations of a JSON / JSON-lines file: each a list of messages (Alpaca records converted)."""
+    return [record_messages(r, path, i) for i, r in enumerate(read_records(path))]
+
+
+def record_messages(record, path="data", i=0):
+    """One record as a conversation; ValueError naming the record when it is neither format."""
+    if isinstance(record, dict) and isinstance(record.get("messages"), list):
+        messages = record["messages"]
+        if all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+               for m in messages):
+            return messages
+    if isinstance(record, dict) and isinstance(record.get("instruction"), str) and isinstance(record.get("output"),
+                                                                                                 str):
+        return alpaca_messages(record)
+    raise ValueError(f"{path}: record {i} is neither {{\"messages\": [{{\"role\", \"content\"}}, ...]}} nor an Alpaca "
+                     f"record {{\"instruction\", \"input\", \"output\"}}")
+
+
+def chat_format(template_path):
+    """The ChatFormat of a Jinja template file, or numformer's default format for ""."""
+    if not template_path:
+        return ChatFormat.default()
+    path = Path(template_path)
+    if not path.is_file():
+        raise ValueError(f"[data] chat_template {template_path!r} is not a file; give a Jinja template (a model "
+                         f"folder's chat_template.jinja) or leave it out for numformer's plain format")
+    return ChatFormat(path.read_text(encoding="utf-8"))
+
+
+def pad_examples(examples, pad_id):
+    """A GPT batch of (ids, labels) examples: inputs ids[:-1], targets labels[1:], right-padded to the longest
+    (inputs with ``pad_id``, targets with -100)."""
+    T = max(len(ids) for ids, _ in examples) - 1
+    X = np.full((len(examples), T), pad_id, dtype=np.int64)
+    Y = np.full((len(examples), T), IGNORE, dtype=np.int64)
+    for row, (ids, labels) in enumerate(examples):
+        X[row, :len(ids) - 1] = ids[:-1]
+        Y[row, :len(labels) - 1] = labels[1:]
+    return Batch({"idx": X}, Y, n_tokens=sum(len(ids) - 1 for ids, _ in examples))
+
+
+@register_task("chat")
+class ChatTask(Task):
+    """Conversations for supervised fine-tuning (see the module docstring)."""
+
+    model_type = "gpt"
+    data_keys = {
+        "path": "",                 # a JSON / JSON-lines file of conversations or Alpaca records
+        "chat_template": "",        # a Jinja chat template file ("": numformer's plain User:/Assistant: format)
+        "train_on": "assistant",    # "assistant": the loss on the assistant's tokens only; "all": on every token
+        "block_size": 256,          # the context: longer conversations are cut to block_size + 1 tokens
+        "val_size": 50,             # conversations held out for validation (drawn with the seed)
+    }
+
+    def __init__(self, data_config, seed=0, tokenizer_state=None):
+        super().__init__(data_config, seed, tokenizer_state)
+        c = self.config
+        if c["train_on"] not in ("assistant", "all"):
+            raise ValueError(f"[data] train_on = {c['train_on']!r} should be \"assistant\" or \"all\"")
+        if tokenizer_state is None:
+            raise ValueError("task \"chat\" fine-tunes a pretrained model with its own tokenizer: set [model] "
+                             "init_from to a run folder or a Hugging Face model")
+        if not c["path"]:
+            raise ValueError("task \"chat\": set [data] path to a JSON or JSON-lines file of conversations")
+        self.tokenizer = tokenizer_from_dict(tokenizer_state)
+        self.chat_format = chat_format(c["chat_template"])
+        self.examples, self.dropped = self._encode(self._read(c["path"]))
+        order = np.random.default_rng(seed).permutation(len(self.examples))
+        n_val = min(c["val_size"], len(self.examples) // 2)
+        self.splits = {"val": order[:n_val], "train": order[n_val:]}
+        self.pad_id = self.tokenizer.eos_id if getattr(self.tokenizer, "eos_id", None) is not None else 0
+
+    def _read(self, path):
+        return read_conversations(path)
+
+    def _example(self, messages):
+        """(ids, labels) of a conversation cut to the context, or None when no label is left in it."""
+        n = self.config["block_size"] + 1
+        ids, labels = encode_chat(self, messages, self.config["train_on"])
+        ids, labels = ids[:n], labels[:n]
+        return None if len(ids) < 2 or all(t == IGNORE for t in labels[1:]) else (ids, labels)
+
+    def _encode(self, conversations):
+        examples = [self._example(m) for m in conversations]
+        keep = [e for e in examples if e is not None]
+        if not keep:
+            raise ValueError(f"task {self.name!r}: none of the {len(conversations)} records of {self.config['path']} "
+                             f"has an assistant token within block_size = {self.config['block_size']}")
+        return keep, len(examples) - len(keep)
+
+    def model_config(self):
+        return {"vocab_size": self.tokenizer.vocab_size, "block_size": self.config["block_size"]}
+
+    def train_batch(self, batch_size, rng):
+        rows = self.splits["train"][rng.integers(0, len(self.splits["train"]), batch_size)]
+        return pad_examples([self.examples[i] for i in rows], self.pad_id)
+
+    def eval_batches(self, split, batch_size):
+        rows = self.splits.get(split, np.zeros(0, dtype=np.int64))
+        for start in range(0, len(rows), batch_size):
+            yield pad_examples([self.examples[i] for i in rows[start:start + batch_size]], self.pad_id)
+
+    def eval_size(self, split):
+        return len(self.splits.get(split, ()))
+
+    def tokenizer_state(self):
+        return self.tokenizer.to_dict()
+
+    def describe(self):
+        labelled = sum(sum(t != IGNORE for t in labels[1:]) for _, labels in self.examples)
+        total = sum(len(ids) - 1 for ids, _ in self.examples)
+        return (f"chat: {len(self.examples):,} conversations of {self.config['path']} ({len(self.splits['train']):,} "
+                f"train, {len(self.splits['val']):,} val; {self.dropped} without an assistant token in the context "
+                f"left out), loss on {labelled:,} of {total:,} target tokens (train_on = "
+                f"{self.config['train_on']!r})")
+
+
+def preference_record(record, path="data", i=0):
+    """(prompt messages, chosen reply, rejected reply) of a preference record: ``{"prompt", "chosen",
+    "rejected"}`` (the prompt a text or a list of messages) or an Alpaca record with ``chosen`` / ``rejected``."""
+    if isinstance(record, dict) and isinstance(record.get("chosen"), str) and isinstance(record.get("rejected"), str):
+        prompt = record.get("prompt")
+        if isinstance(prompt, str):
+            return [{"role": "user", "content": prompt}], record["chosen"], record["rejected"]
+        if isinstance(prompt, list):
+            return record_messages({"messages": prompt}, path, i), record["chosen"], record["rejected"]
+        if isinstance(record.get("instruction"), str):
+            return alpaca_messages({**record, "output": ""})[:1], record["chosen"], record["rejected"]
+    raise ValueError(f"{path}: record {i} is not a preference pair {{\"prompt\", \"chosen\", \"rejected\"}} (or an "
+                     f"Alpaca record with \"chosen\" and \"rejected\")")
+
+
+@register_task("preference")
+class PreferenceTask(ChatTask):
+    """Preference pairs for DPO (``[train] objective = "dpo"``): each record a prompt with a chosen and a
+    rejected reply, encoded as two conversations whose labels are the reply's tokens. A batch of N pairs is
+    2N rows, the chosen replies first; ``Batch.extra["reference"]`` holds the reference model's log-probability
+    of each row (``set_reference``: computed once, before training, by the trainer)."""
+
+    data_keys = {k: v for k, v in ChatTask.data_keys.items() if k != "train_on"}
+
+    def __init__(self, data_config, seed=0, tokenizer_state=None):
+        super().__init__({**data_config, "train_on": "assistant"}, seed, tokenizer_state)
+        self.reference = None                   # (n_pairs, 2) log π_ref(chosen), log π_ref(rejected)
+
+    def _read(self, path):
+        return [preference_record(r, path, i) for i, r in enumerate(read_records(path))]
+
+    def _example(self, pair):
+        """((chosen ids, labels), (rejected ids, labels)) of a pair, or None when either loses its reply."""
+        prompt, chosen, rejected = pair
+        both = [super(PreferenceTask, self)._example(prompt + [{"role": "assistant", "content": reply}])
+                for reply in (chosen, rejected)]
+        return None if None in both else tuple(both)
+
+    def train_batch(self, batch_size, rng):
+        rows = self.splits["train"][rng.integers(0, len(self.splits["train"]), batch_size)]
+        return self.pair_batch(rows)
+
+    def eval_batches(self, split, batch_size):
+        rows = self.splits.get(split, np.zeros(0, dtype=np.int64))
+        for start in range(0, len(rows), max(1, batch_size // 2)):
+            yield self.pair_batch(rows[start:start + max(1, batch_size // 2)])
+
+    def pair_batch(self, rows):
+        """The 2N-row batch of the pairs ``rows``: chosen replies, then rejected ones."""
+        batch = pad_examples([self.examples[i][0] for i in rows] + [self.examples[i][1] for i in rows], self.pad_id)
+        if self.reference is not None:
+            batch.extra["reference"] = np.concatenate([self.reference[rows, 0], self.reference[rows, 1]])
+        batch.extra["rows"] = np.asarray(rows)
+        return batch
+
+    def set_reference(self, reference):
+        self.reference = np.asarray(reference, dtype=np.float64)
+
+    def evaluate(self, model, split):
+        """The implicit reward's figures on a split: the share of pairs whose policy-minus-reference log-ratio
+        prefers the chosen reply (``reward_accuracy``, what DPO's implicit reward gets right) and the mean
+        log-ratio margin (β times it is the reward margin)."""
+        if self.reference is None or not len(self.splits.get(split, ())):
+            return {}
+        policy = sequence_logprobs(model, self, self.splits[split])
+        margin = (policy[:, 0] - self.reference[self.splits[split], 0]) - \
+                 (policy[:, 1] - self.reference[self.splits[split], 1])
+        return {"reward_accuracy": float(np.mean(margin > 0)), "logratio_margin": float(np.mean(margin))}
+
+    def describe(self):
+        n_train, n_val = len(self.splits["train"]), len(self.splits["val"])
+        return (f"preference pairs of {self.config['path']}: {len(self.examples):,} kept ({n_train:,} train, "
+                f"{n_val:,} val; {self.dropped} without a reply token in the context left out)")
+
+
+def sequence_logprobs(model, task, rows, batch_pairs=8):
+    """(len(rows), 2) log-probabilities of the chosen and rejected replies of the pairs ``rows`` under
+    ``model`` (eval mode, restored after): Σ over the reply's tokens of log softmax(logits)[token]."""
+    training = model.training
+    model.eval()
+    out = np.zeros((len(rows), 2))
+    for start in range(0, len(rows), batch_pairs):
+        part = rows[start:start + batch_pairs]
+        batch = task.pair_batch(part)
+        logp, _ = ops.sequence_logprob_forward(model(**batch.inputs).astype(np.float64), batch.targets)
+        out[start:start + len(part)] = np.stack([logp[:len(part)], logp[len(part):]], axis=1)
+        model.clear_cache()
+    model.train(training)
+    return out

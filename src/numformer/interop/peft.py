@@ -1,0 +1,134 @@
+"""LoRA adapters in PEFT's format, out and in: ``adapter_config.json`` + ``adapter_model.safetensors``.
+
+    save_adapter(model, "adapter/")     # peft.PeftModel.from_pretrained(hf_model, "adapter/") gives the same logits
+    load_adapter(model, "adapter/")     # a PEFT LoRA adapter onto a numformer model of the same base
+
+PEFT names a tensor ``base_model.model.<Hugging Face module>.lora_A.weight`` (no adapter name), e.g.
+``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``; A is (r, in) and B (out, r), as numformer
+stores them, the scaling α / r (α / √r with rsLoRA) kept apart. The Hugging Face module of each adapter comes
+from the family's layout (``interop.hf``: the same table as the weights'). PEFT only warns about keys it does not
+expect and leaves such an adapter's B at zero, an adapter that silently does nothing: so ``load_adapter`` reads
+every key or refuses, and refuses by name the PEFT options numformer does not implement (``REFUSED``). GPT-2's
+``Conv1D`` layers store W as (in, out): PEFT marks them ``fan_in_fan_out`` (which changes how it merges, not
+the adapter's tensors); ``c_attn`` there is one adapter on the fused q/k/v matrix.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .._limits import bounded_json
+from ..lora import TARGET_MODULES, add_lora, lora_adapters
+from ..run_files import write_atomic, write_json_atomic
+from .hf.families import default_export_type, family
+from .safetensors_reader import read_safetensors_file
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+
+# PEFT LoRA options numformer does not implement: {option: the value that means "not used"}
+REFUSED = {"use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "bias": "none", "modules_to_save": None,
+           "layers_to_transform": None, "layers_pattern": None, "lora_bias": False, "exclude_modules": None,
+           "target_parameters": None, "trainable_token_indices": None, "layer_replication": None,
+           "use_qalora": False, "megatron_config": None, "loftq_config": {}, "arrow_config": None}
+
+
+def adapter_keys(model, model_type=None):
+    """{PEFT key: (LoRAAdapter, "lora_A" | "lora_B")} of a model with adapters, in model order."""
+    fam = family(model_type or default_export_type(model.config))
+    keys = {}
+    for prefix, adapter, layer_path, _ in lora_adapters(model):
+        module = _hf_module(fam, prefix, layer_path)
+        keys[f"{PREFIX}{module}.lora_A.weight"] = (adapter, "lora_A")
+        keys[f"{PREFIX}{module}.lora_B.weight"] = (adapter, "lora_B")
+    return keys
+
+
+def _hf_module(fam, prefix, layer_path):
+    """The Hugging Face module of the adapter ``prefix`` (blocks.0.self_attn.q_proj) on the numformer layer
+    ``layer_path`` (blocks.0.self_attn.qkv_proj): model.layers.0.self_attn.q_proj under Llama's layout."""
+    _, i, local = layer_path.split(".", 2)
+    hf_name = prefix.rpartition(".")[2]
+    for mod in fam.layout.layer:
+        if mod.nf == local:
+            for h in mod.hf:
+                if h.rpartition(".")[2] == hf_name:
+                    return h.format(i=i)
+    raise ValueError(f"the adapter {prefix} has no {fam.model_type} module: a {fam.model_type} model names its "
+                     f"layers {sorted({h.rpartition('.')[2] for m in fam.layout.layer for h in m.hf})}")
+
+
+def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
+    """Write the adapters of ``model`` (``numformer.lora.add_lora``) in PEFT's format into ``out_dir``, in the
+    model's dtype; ``model_type`` names the Hugging Face family of the base (default: the one ``export_hf``
+    writes). Returns the folder."""
+    from safetensors.numpy import save
+
+    options = getattr(model, "lora_config", None)
+    if not options:
+        raise ValueError("the model has no LoRA adapters to save (numformer.lora.add_lora adds them)")
+    model_type = model_type or default_export_type(model.config)
+    tensors = {k: np.ascontiguousarray(getattr(a, which).data) for k, (a, which) in adapter_keys(model,
+                                                                                                 model_type).items()}
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
+              "r": options["r"], "lora_alpha": options["alpha"], "lora_dropout": options["dropout"],
+              "target_modules": list(options["target_modules"]), "use_rslora": options["use_rslora"],
+              "fan_in_fan_out": model_type == "gpt2", "init_lora_weights": True, "inference_mode": True,
+              "revision": None, **REFUSED}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / ADAPTER_WEIGHTS, save(tensors, metadata={"format": "pt"}))
+    write_json_atomic(out / ADAPTER_CONFIG, config)
+    return out
+
+
+def read_adapter_config(folder):
+    """The [lora] options of a PEFT LoRA adapter folder; one ValueError naming what numformer cannot load."""
+    path = Path(folder) / ADAPTER_CONFIG
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a PEFT adapter folder (no {ADAPTER_CONFIG})")
+    c = bounded_json(path.read_bytes(), str(path))
+    if not isinstance(c, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    if c.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{path}: peft_type {c.get('peft_type')!r} is not supported; numformer loads LoRA adapters")
+    used = [f"{k} = {c[k]!r}" for k, off in REFUSED.items() if c.get(k, off) not in (off, None, {}, [], False)
+            and not (k == "bias" and c[k] == "none")]
+    if used:
+        raise ValueError(f"{path}: numformer does not implement the PEFT option(s) {', '.join(used)}; it loads "
+                         f"plain LoRA adapters (bias 'none', no DoRA, no per-layer patterns or extra modules)")
+    targets = c.get("target_modules")
+    if isinstance(targets, str):
+        raise ValueError(f"{path}: target_modules {targets!r} is a pattern; numformer loads adapters whose "
+                         f"target_modules list layer names among {list(TARGET_MODULES)}")
+    return {"r": c.get("r", 8), "alpha": c.get("lora_alpha", 8), "dropout": c.get("lora_dropout", 0.0),
+            "target_modules": targets or [], "use_rslora": bool(c.get("use_rslora", False))}
+
+
+def load_adapter(model, folder, model_type=None):
+    """Put the PEFT LoRA adapter in ``folder`` on ``model`` (a model of the adapter's base): its options
+    become ``add_lora``'s, every tensor is read into its adapter (names and shapes checked: a key the model
+    does not have, or one it lacks, is an error, never an adapter left at zero). Returns the model."""
+    options = read_adapter_config(folder)
+    path = Path(folder) / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise ValueError(f"{folder} has no {ADAPTER_WEIGHTS}")
+    tensors = read_safetensors_file(path)
+    add_lora(model, **options)
+    expected = adapter_keys(model, model_type)
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{path} does not fit this model's adapters: missing {missing[:4]}, unexpected "
+                         f"{unexpected[:4]} (is it an adapter of another base model?)")
+    for key, (adapter, which) in expected.items():
+        p = getattr(adapter, which)
+        if tensors[key].shape != p.shape:
+            raise ValueError(f"{path}: {key} has shape {tensors[key].shape}, the model's adapter {p.shape}")
+        p.data[...] = tensors[key]
+    return model
+
+
+__all__ = ["save_adapter", "load_adapter", "read_adapter_config", "adapter_keys", "ADAPTER_CONFIG",
+           "ADAPTER_WEIGHTS", "REFUSED"]

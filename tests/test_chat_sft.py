@@ -1,0 +1,138 @@
+"""Supervised fine-tuning data: encode_chat's assistant labels equal transformers' assistant mask, the masked
+loss equals transformers' with -100 labels, and [data] task = "chat" trains (full and LoRA) from a base run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numformer import ops
+from numformer.data.chat import ChatFormat, encode_chat
+from numformer.data.chat_tasks import ChatTask, pad_examples, record_messages
+from numformer.data.tokenizers import ByteLevelBPE
+
+TEMPLATES = Path(__file__).parent / "chat_templates"
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CONVERSATIONS = [
+    [{"role": "user", "content": "Is this review positive or negative? A wonderful film."},
+     {"role": "assistant", "content": "positive"}],
+    [{"role": "system", "content": "Answer briefly."},
+     {"role": "user", "content": "Write a negative review about a boat."},
+     {"role": "assistant", "content": "The boat sank, and so did the film. Dull."},
+     {"role": "user", "content": "Shorter, é ü?"},
+     {"role": "assistant", "content": "Dull. ¡Très!"}],
+]
+CORPUS = " ".join(m["content"] for c in CONVERSATIONS for m in c) + " user assistant system review film"
+
+
+def tokenizer():
+    return ByteLevelBPE.train([CORPUS] * 4, 330, special_tokens=SPECIALS)
+
+
+def hf_tokenizer(tmp_path, tok, template):
+    transformers = pytest.importorskip("transformers")
+    (tmp_path / "tokenizer.json").write_text(tok.to_hf_json())
+    t = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    t.chat_template = template
+    return t
+
+
+@pytest.mark.parametrize("conversation", CONVERSATIONS)
+def test_encode_chat_equals_transformers_ids_and_assistant_mask(tmp_path, conversation):
+    """The labels found by rendering up to each turn (template without generation tags) are the tokens
+    transformers marks with return_assistant_tokens_mask on the same template with {% generation %} tags."""
+    template = (TEMPLATES / "chatml-default-system.jinja").read_text()
+    tagged = template.replace(
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}",
+        "{{ '<|im_start|>' + message['role'] + '\n' }}{% if message['role'] == 'assistant' %}{% generation %}"
+        "{{ message['content'] + '<|im_end|>\n' }}{% endgeneration %}{% else %}"
+        "{{ message['content'] + '<|im_end|>\n' }}{% endif %}")
+    assert tagged != template
+    tok = tokenizer()
+    t = hf_tokenizer(tmp_path, tok, tagged)
+    ref = t.apply_chat_template(conversation, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    ids, labels = encode_chat((tok, ChatFormat(template)), conversation)
+    assert ids == list(ref["input_ids"])
+    assert labels == [i if m else -100 for i, m in zip(ids, ref["assistant_masks"])]
+    assert sum(m for m in ref["assistant_masks"]) > 0
+    assert encode_chat((tok, ChatFormat(template)), conversation, train_on="all") == (ids, ids)
+
+
+def test_masked_loss_equals_transformers_with_minus_100_labels(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from numformer.interop import hf
+    tok = tokenizer()
+    config = transformers.LlamaConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, intermediate_size=24,
+                                      max_position_embeddings=128)
+    torch.manual_seed(0)
+    tmodel = transformers.LlamaForCausalLM(config).double().eval()
+    tmodel.save_pretrained(tmp_path / "llama")
+    model, _ = hf.load_pretrained(tmp_path / "llama", dtype=np.float64)
+    examples = [encode_chat((tok, ChatFormat.default()), c) for c in CONVERSATIONS]
+    batch = pad_examples(examples, pad_id=0)
+    ours, _ = ops.cross_entropy_forward(model(batch.inputs["idx"]), batch.targets)
+    T = max(len(ids) for ids, _ in examples)                       # transformers shifts the labels itself
+    input_ids = torch.zeros((2, T), dtype=torch.long)
+    labels = torch.full((2, T), -100)
+    mask = torch.zeros((2, T), dtype=torch.long)
+    for row, (ids, lab) in enumerate(examples):
+        input_ids[row, :len(ids)], labels[row, :len(ids)], mask[row, :len(ids)] = (
+            torch.tensor(ids), torch.tensor(lab), 1)
+    with torch.no_grad():
+        ref = tmodel(input_ids=input_ids, attention_mask=mask, labels=labels).loss.item()
+    assert abs(ours - ref) < 1e-5 * abs(ref)       # transformers' rotary angles are float32 whatever the dtype
+
+
+def test_alpaca_and_messages_records(tmp_path):
+    assert record_messages({"instruction": "Add 2 and 3.", "input": "", "output": "5"}) == [
+        {"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "5"}]
+    assert record_messages({"instruction": "Sum:", "input": "2, 3", "output": "5"})[0]["content"] == "Sum:\n\n2, 3"
+    with pytest.raises(ValueError, match=r"record 0 is neither"):
+        record_messages({"prompt": "x"})
+
+
+def write_data(tmp_path):
+    lines = [json.dumps({"messages": c}) for c in CONVERSATIONS] * 6
+    alpaca = [{"instruction": "Is this review positive or negative?", "input": "A wonderful film.",
+               "output": "positive"}] * 6
+    (tmp_path / "chat.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "alpaca.json").write_text(json.dumps(alpaca))
+    return tmp_path / "chat.jsonl", tmp_path / "alpaca.json"
+
+
+def test_chat_task_batches_take_the_loss_on_assistant_tokens(tmp_path):
+    chat, alpaca = write_data(tmp_path)
+    tok = tokenizer()
+    task = ChatTask({"path": str(chat), "val_size": 2, "block_size": 64}, seed=0, tokenizer_state=tok.to_dict())
+    batch = task.train_batch(4, np.random.default_rng(0))
+    for x, y in zip(batch.inputs["idx"], batch.targets):
+        counted = tok.decode([int(t) for t in y if t != -100])
+        assert counted.strip().rstrip("\n") and "User:" not in counted       # the replies only
+    assert ChatTask({"path": str(alpaca), "val_size": 1}, 0, tok.to_dict()).eval_size("val") == 1
+    with pytest.raises(ValueError, match="set \\[model\\] init_from"):
+        ChatTask({"path": str(chat)}, 0, None)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_chat_fine_tuning_from_a_base_run(tmp_path, lora):
+    from numformer.cli import main
+    chat, _ = write_data(tmp_path)
+    (tmp_path / "t.txt").write_text(CORPUS * 20)
+    tiny = ["--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "train.processes=1", "--quiet"]
+    assert main(["train", "configs/shakespeare_char.toml", "--out", str(tmp_path / "base"), "--set",
+                 f"data.path={tmp_path / 't.txt'}", "--set", "data.tokenizer=bpe", "--set", "data.vocab_size=300",
+                 "--set", "data.block_size=96", "--set", "train.max_steps=2", *tiny]) == 0
+    cfg = tmp_path / "sft.toml"
+    cfg.write_text(f'[model]\ninit_from = "{tmp_path / "base"}"\n[data]\ntask = "chat"\npath = "{chat}"\n'
+                   f'block_size = 96\nval_size = 2\n[train]\nmax_steps = 30\nbatch_size = 4\nlr = 1e-2\n'
+                   f'eval_every = 30\nprocesses = 1\n' + ('[lora]\nr = 4\nalpha = 8\n' if lora else ''))
+    assert main(["train", str(cfg), "--out", str(tmp_path / "sft"), "--quiet"]) == 0
+    metrics = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["train_loss"] for m in metrics if "train_loss" in m]
+    assert losses[-1] < losses[0]
+    saved = json.loads((tmp_path / "sft" / "config.json").read_text())
+    assert saved["data"]["train_on"] == "assistant" and ("lora" in saved) == lora

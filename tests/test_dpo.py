@@ -1,0 +1,115 @@
+"""DPO ([train] objective = "dpo", [data] task = "preference"): the step's gradient by finite differences, the
+reference log-probabilities computed once and stored, training that raises the implicit reward's accuracy
+(full and LoRA), exact resume, and the one-line errors."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from numformer.cli import main
+from numformer.data.chat_tasks import PreferenceTask, sequence_logprobs
+from numformer.gradcheck import check_gradients
+from numformer.models import GPT
+from numformer.train import Trainer
+from numformer.train.run_folder import REFERENCE
+from numformer.train.step import dpo_loss_and_backward
+
+from conftest import assert_gradcheck
+from test_chat_sft import CORPUS, tokenizer
+from test_train import checkpoint_arrays
+
+PAIRS = [{"prompt": "Is this review positive or negative? A wonderful film.", "chosen": "positive",
+          "rejected": "negative"},
+         {"instruction": "Write a negative review about a boat.", "input": "",
+          "chosen": "The boat sank. Dull.", "rejected": "A wonderful film."},
+         {"prompt": [{"role": "user", "content": "Shorter?"}], "chosen": "Dull.", "rejected": "The film, the boat."}]
+
+
+def write_pairs(tmp_path):
+    (tmp_path / "pairs.json").write_text(json.dumps(PAIRS * 4))
+    return tmp_path / "pairs.json"
+
+
+def test_dpo_step_gradients_by_finite_differences(tmp_path):
+    tok = tokenizer()
+    task = PreferenceTask({"path": str(write_pairs(tmp_path)), "val_size": 1}, 0, tok.to_dict())
+    model = GPT(vocab_size=tok.vocab_size, d_model=8, n_layers=1, n_heads=2, block_size=64, rng=0, dtype=np.float64)
+    task.set_reference(sequence_logprobs(model, task, np.arange(len(task.examples))) - 0.3)
+    batch = task.pair_batch(np.array([0, 1, 2]))
+    params = {n: p for n, p in model.named_parameters() if n in ("blocks.0.ff.linear1.weight", "lm_head.weight",
+                                                                  "tok_emb.weight")}
+
+    def loss():
+        from numformer import ops
+        logp, _ = ops.sequence_logprob_forward(model(**batch.inputs), batch.targets)
+        return np.asarray(ops.dpo_loss_forward(logp[:3], logp[3:], batch.extra["reference"][:3],
+                                               batch.extra["reference"][3:], 0.5)[0])
+
+    def backward(dy):
+        model.zero_grad()
+        dpo_loss_and_backward(model, batch, 0.5, float(dy))
+        return {n: p.grad for n, p in params.items()}
+
+    assert_gradcheck(check_gradients(loss, backward, {n: p.data for n, p in params.items()}))
+
+
+def sft_base(tmp_path):
+    (tmp_path / "t.txt").write_text(CORPUS * 20)
+    assert main(["train", "configs/shakespeare_char.toml", "--out", str(tmp_path / "base"), "--set",
+                 f"data.path={tmp_path / 't.txt'}", "--set", "data.tokenizer=bpe", "--set", "data.vocab_size=300",
+                 "--set", "data.block_size=96", "--set", "train.max_steps=2", "--set", "model.n_layers=1",
+                 "--set", "model.d_model=16", "--set", "train.processes=1", "--quiet"]) == 0
+    return tmp_path / "base"
+
+
+def dpo_config(tmp_path, base, lora=False, **train):
+    return {"model": {"init_from": str(base)},
+            "data": {"task": "preference", "path": str(write_pairs(tmp_path)), "block_size": 96, "val_size": 3},
+            "train": {"objective": "dpo", "beta": 0.5, "max_steps": 20, "batch_size": 4, "lr": 1e-2, "eval_every": 10,
+                      "checkpoint_every": 10, "log_every": 5, "processes": 1, **train},
+            **({"lora": {"r": 4, "alpha": 8, "target_modules": ["c_attn", "c_fc"]}} if lora else {})}
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_dpo_run_raises_the_reward_accuracy_and_stores_the_reference(tmp_path, lora):
+    base = sft_base(tmp_path)
+    trainer = Trainer(dpo_config(tmp_path, base, lora), tmp_path / "dpo", quiet=True)
+    start = sequence_logprobs(trainer.model, trainer.task, np.arange(len(trainer.task.examples)))
+    stored = checkpoint_arrays_of(tmp_path / "dpo" / REFERENCE)
+    np.testing.assert_array_equal(stored, start)                       # the starting model's, stored once
+    before = trainer.task.evaluate(trainer.model, "train")
+    assert abs(before["logratio_margin"]) < 1e-4           # policy = reference (float32 batches padded differently)
+    trainer.train()
+    after = trainer.task.evaluate(trainer.model, "train")
+    assert after["reward_accuracy"] == 1.0 and after["logratio_margin"] > 0
+    np.testing.assert_array_equal(checkpoint_arrays_of(tmp_path / "dpo" / REFERENCE), start)   # not recomputed
+
+
+def checkpoint_arrays_of(path):
+    from safetensors.numpy import load_file
+    return load_file(str(path))["reference"]
+
+
+def test_dpo_run_resumes_bit_exact(tmp_path):
+    base = sft_base(tmp_path)
+    Trainer(dpo_config(tmp_path, base, True), tmp_path / "straight", quiet=True).train()
+    Trainer(dpo_config(tmp_path, base, True), tmp_path / "resumed", quiet=True).train(stop_after=10)
+    Trainer(None, tmp_path / "resumed", resume=True, quiet=True).train()
+    a, b = checkpoint_arrays(tmp_path / "straight"), checkpoint_arrays(tmp_path / "resumed")
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_objective_and_task_must_go_together(tmp_path):
+    base = sft_base(tmp_path)
+    c = dpo_config(tmp_path, base)
+    with pytest.raises(ValueError, match=r'holds preference pairs for DPO: set \[train\] objective = "dpo"'):
+        Trainer({**c, "train": {**c["train"], "objective": "cross_entropy"}}, tmp_path / "a", quiet=True)
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                                                  {"role": "assistant", "content": "Dull."}]}))
+    chat = {**c, "data": {"task": "chat", "path": str(tmp_path / "chat.jsonl"), "block_size": 96, "val_size": 0}}
+    with pytest.raises(ValueError, match=r'objective = "dpo" trains on preference pairs: set \[data\] task = '):
+        Trainer(chat, tmp_path / "b", quiet=True)
+    with pytest.raises(ValueError, match=r'objective = "dpo" trains in one process; set \[train\] processes = 1'):
+        Trainer({**c, "train": {**c["train"], "processes": 2}}, tmp_path / "c", quiet=True)

@@ -56,6 +56,11 @@ REFUSED = {
     "repeat_kv_forward": lambda m, x: m.repeat_kv_forward(x, 2),
     "alibi_forward": lambda m, x: m.alibi_forward(x, G),
     "alibi_bias": lambda m, x: m.alibi_bias(x, 2, 2),
+    "split_heads_forward": lambda m, x: m.split_heads_forward(x, 2),
+    "merge_heads_forward": lambda m, x: m.merge_heads_forward(x),
+    "lora_forward": lambda m, x: m.lora_forward(x, np.ones((2, 1)), np.ones((1, 2)), 1.0),
+    "sequence_logprob_forward": lambda m, x: m.sequence_logprob_forward(x, np.array(0)),
+    "dpo_loss_forward": lambda m, x: m.dpo_loss_forward(x, x, x, x, 0.1),
 }
 # ids: a 0-d index picks one row, as torch.nn.functional.embedding and NumPy indexing do
 WORKS = {"embedding_forward": lambda m, x: m.embedding_forward(np.asarray(x).astype(np.int64), np.eye(3)),
@@ -65,7 +70,8 @@ NOT_ARRAY_OPS = {"causal_mask", "check_kv_heads", "alibi_slopes", "alibi_backwar
                  "cross_entropy_backward", "embedding_backward", "layer_norm_backward", "linear_backward",
                  "repeat_kv_backward", "rms_norm_backward", "rope_backward", "scaled_dot_product_attention_backward",
                  "swiglu_backward", "flash_attention_backward", "fused_attention_backward", "gelu_erf_f32",
-                 "rope_inverse_frequencies"}
+                 "rope_inverse_frequencies", "split_heads_backward", "merge_heads_backward", "lora_backward",
+                 "sequence_logprob_backward", "dpo_loss_backward", "dpo_reward_accuracy"}
 INPUTS = {"0-d float64": np.array(0.7), "0-d float32": np.array(0.7, np.float32), "Python float": 0.7,
           "negative 0-d": np.array(-1.3)}
 

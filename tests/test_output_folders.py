@@ -44,7 +44,30 @@ def test_export_writes_only_files_it_declares(two_runs, tmp_path, run_cli):
         out = tmp_path / run.name
         assert run_cli("export", run, "--out", out)[0] == 0
         assert {p.name for p in out.iterdir()} <= set(EXPORT_FILES)
-    assert {p.name for p in (tmp_path / "bpe").iterdir()} == set(EXPORT_FILES)
+    assert {p.name for p in (tmp_path / "bpe").iterdir()} == set(EXPORT_FILES) - set(ADAPTER_FILES)
+
+
+def test_a_lora_export_is_replaced_whole_and_refused_when_its_base_holds_another_file(two_runs, tmp_path, run_cli):
+    """--overwrite over a LoRA export (the adapter in DIR, its base model in DIR/base) removes only its files;
+    a file numformer did not write, also inside base/, is refused before anything is removed."""
+    bpe, char = two_runs
+    out = tmp_path / "E"
+    out.mkdir()
+    (out / "base").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (out / "base" / name).write_text("{}")
+    for name in ADAPTER_FILES:
+        (out / name).write_text("{}")
+    (out / "base" / "notes.txt").write_text("mine")
+    rc, _, err = run_cli("export", char, "--out", out, "--overwrite")
+    assert rc == 2 and "base/notes.txt" in one_error_line(rc, err, "export")
+    assert (out / "base" / "config.json").is_file() and (out / "adapter_config.json").is_file()   # nothing removed
+    (out / "base" / "notes.txt").unlink()
+    assert run_cli("export", char, "--out", out, "--overwrite")[0] == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")     # a LoRA run's export (test_peft)
 
 
 def test_an_overwritten_export_holds_only_the_new_exports_files(two_runs, tmp_path, run_cli):

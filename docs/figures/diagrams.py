@@ -296,9 +296,44 @@ def rope_scaling(path):
     plt.close(fig)
 
 
+def chat_masked_loss(path):
+    """A conversation as the tokens supervised fine-tuning trains on: the default chat format rendered, each
+    token a cell, the assistant's tokens (labels kept) in colour, every other target -100 (no loss)."""
+    from numformer.data.chat import ChatFormat, encode_chat
+    from numformer.data.tokenizers import ByteLevelBPE
+
+    messages = [{"role": "user", "content": "Is this review positive or negative? A wonderful film."},
+                {"role": "assistant", "content": "positive"},
+                {"role": "user", "content": "Write a negative review."},
+                {"role": "assistant", "content": "The boat sank and so did the film."}]
+    fmt = ChatFormat.default()
+    tok = ByteLevelBPE.train([fmt.render(messages) * 4], 300)
+    ids, labels = encode_chat((tok, fmt), messages)
+    fig, ax = plt.subplots(figsize=(11, 3.2))
+    ax.set_axis_off()
+    x, y, per_row = 0.0, 0.0, 12.0
+    for i, label in zip(ids, labels):
+        text = tok.decode([i]).replace("\n", "↵")
+        w = 0.12 + 0.09 * len(text)
+        if x + w > per_row:
+            x, y = 0.0, y - 0.5
+        taken = label != -100
+        ax.add_patch(Rectangle((x, y), w - 0.04, 0.4, fc="#7cc47a" if taken else "#e6e6e6", ec="white"))
+        ax.text(x + (w - 0.04) / 2, y + 0.2, text, ha="center", va="center", fontsize=7.5,
+                color=INK if taken else "#777777", family="monospace")
+        x += w
+    ax.set_xlim(-0.1, per_row + 0.1)
+    ax.set_ylim(y - 0.2, 0.6)
+    ax.set_title("encode_chat: the loss is taken on the assistant's tokens (green); every other target is -100",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 DRAWINGS = {"head_split.png": head_split, "residual_stream.png": residual_stream,
             "attention_graph.png": attention_graph, "attention_backward.png": attention_backward,
-            "flash_tiles.png": flash_tiles, "rope_scaling.png": rope_scaling,
+            "flash_tiles.png": flash_tiles, "rope_scaling.png": rope_scaling, "chat_masked_loss.png": chat_masked_loss,
             **{name: _model_drawing(config) for name, (_, config) in MODEL_DRAWINGS.items()}}
 
 

@@ -1,7 +1,7 @@
 """numformer export RUN_DIR --format hf --out DIR: a trained GPT as a Hugging Face folder, GPT-2 or (for a RoPE
-model) Llama, Mistral or Qwen2 (config.json, model.safetensors, and tokenizer.json with tokenizer_config.json
-when the run's tokenizer has a Hugging Face form), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)``
-loads with the same logits.
+model) Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 (config.json, model.safetensors, and tokenizer.json with
+tokenizer_config.json when the run's tokenizer has a Hugging Face form), which
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits.
 
 ``--out`` must be new or empty; ``--overwrite`` replaces an earlier export there: the files an export writes
 (``EXPORT_FILES``) are removed first (the weights first, config.json last), so the folder then holds only the
@@ -103,7 +103,7 @@ def clear_export_folder(out, overwrite):
 
 def register(sub):
     what = ("write a trained GPT as a Hugging Face folder (config.json + model.safetensors): GPT-2, or Llama, "
-            "Mistral or Qwen2 for a RoPE model")
+            "Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 for a RoPE model")
     p = sub.add_parser("export", help=what, description=what[0].upper() + what[1:] + ".")
     p.add_argument("run_dir", help="a run folder (from `numformer train` or `numformer import-hf`)")
     p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, "

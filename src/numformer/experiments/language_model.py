@@ -30,7 +30,7 @@ from .._limits import NUMBER
 from ..provenance import git_commit, machine_info
 from ..run_files import write_json_atomic
 from ..train import load_model
-from ..train.trainer import mean_loss
+from ..train.evaluation import mean_loss
 from . import register
 from ._runs import reusable_run, start_run
 from .runner import Experiment, Target, find_config, read_record

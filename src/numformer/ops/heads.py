@@ -17,6 +17,7 @@ import numpy as np
 
 def split_heads_forward(x, n_heads):
     """x: (..., T, E) -> y: (..., n_heads, T, E / n_heads); returns (y, cache), y a view of x (no copy)."""
+    x = np.asarray(x)
     if x.ndim < 2 or n_heads < 1 or x.shape[-1] % n_heads:
         raise ValueError(f"split_heads needs x of shape (..., T, E) with E divisible by n_heads={n_heads}, "
                          f"got shape {x.shape}")
@@ -32,6 +33,7 @@ def split_heads_backward(dy, cache):
 
 def merge_heads_forward(x):
     """x: (..., h, T, d_h) -> y: (..., T, h·d_h), the heads side by side; returns (y, cache)."""
+    x = np.asarray(x)
     if x.ndim < 3:
         raise ValueError(f"merge_heads needs x of shape (..., heads, T, head_dim), got shape {x.shape}")
     return _merge(x), x.shape[-3]

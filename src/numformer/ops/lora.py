@@ -15,12 +15,15 @@ apart, never folded into A or B.
 """
 from __future__ import annotations
 
+from ._checks import with_features
+
 
 def lora_forward(x, A, B, scaling):
     """Δh = s · (x Aᵀ) Bᵀ.
 
     x: (..., d_in)   A: (r, d_in)   B: (d_out, r)   scaling s: float   ->   Δh: (..., d_out)
     """
+    x = with_features(x, "lora", "(..., d_in)")
     u = x @ A.T                                        # (..., r) the input in the rank-r subspace
     return scaling * (u @ B.T), (x, u, A, B, scaling)
 

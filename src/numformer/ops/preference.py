@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import with_features
+
 
 def sequence_logprob_forward(logits, labels, ignore_index=-100):
     """Σ_t log softmax(logits[b, t])[labels[b, t]] over the positions whose label is not ``ignore_index``.
@@ -23,6 +25,9 @@ def sequence_logprob_forward(logits, labels, ignore_index=-100):
     logits: (B, T, V)   labels: (B, T) integers, already aligned with the logits (labels[b, t] is the token
     that logits[b, t] predicts)   ->   (B,) one log-probability per sequence
     """
+    logits = with_features(logits, "sequence_logprob", "(B, T, V)")
+    if logits.ndim != 3:
+        raise ValueError(f"sequence_logprob expects logits of shape (B, T, V), got shape {logits.shape}")
     valid = labels != ignore_index                                      # (B, T)
     safe = np.where(valid, labels, 0)
     m = logits.max(axis=-1, keepdims=True)
@@ -51,6 +56,10 @@ def dpo_loss_forward(policy_chosen, policy_rejected, reference_chosen, reference
 
     z = β [(π_w - ref_w) - (π_l - ref_l)]      L = mean(-log σ(z)) = mean(log(1 + e^{-z})), stably
     """
+    shapes = [np.shape(a) for a in (policy_chosen, policy_rejected, reference_chosen, reference_rejected)]
+    if any(len(shape) != 1 for shape in shapes) or len(set(shapes)) != 1:
+        raise ValueError(f"dpo_loss expects four (N,) arrays of sequence log-probabilities, one per pair, got "
+                         f"shapes {', '.join(map(str, shapes))}")
     z = beta * ((policy_chosen - reference_chosen) - (policy_rejected - reference_rejected))
     loss = float(np.mean(np.logaddexp(0.0, -z)))
     return loss, (z, beta, z.shape[0])

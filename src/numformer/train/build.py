@@ -1,9 +1,27 @@
-"""What a run's [train] section builds for its model: the optimizer (``make_optimizer``), and the check that the
-model can be trained as configured (``check_trainable``)."""
+"""What a run builds to train: its model (``build_trained_model``: [model], the init_from weights, [lora]
+adapters), the optimizer of its [train] section (``make_optimizer``), and the check that the model can be
+trained as configured (``check_trainable``)."""
 from __future__ import annotations
 
+from ..interop.sources import load_weights
+from ..lora import add_lora
+from ..models import build_model
 from ..nn import MultiHeadAttention
 from ..optim import OPTIMIZERS, AdamW, Muon, hidden_matrices, param_groups
+
+
+def build_trained_model(config, rng, dtype, resume):
+    """The model a run trains: built from [model]; a new run fine-tuning a source (``init_from``) starts from its
+    weights; [lora] adapters go on those weights, everything else frozen; then checked (``check_trainable``)."""
+    model_cfg = dict(config["model"])
+    init_from = model_cfg.pop("init_from", None)
+    model = build_model(model_cfg, rng=rng, dtype=dtype)
+    if init_from is not None and not resume:
+        load_weights(model, init_from)
+    if config.get("lora"):
+        add_lora(model, **config["lora"], rng=rng)
+    check_trainable(model)
+    return model
 
 
 def make_optimizer(model, train):

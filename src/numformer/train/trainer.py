@@ -30,25 +30,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ..interop.sources import load_weights
-from ..lora import add_lora
-from ..models import build_model
 from ..optim import clip_grad_norm, make_schedule
 from ..provenance import git_commit
-from ..data.chat_tasks import sequence_logprobs
-from ..run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state, write_atomic
-from ..interop.safetensors_reader import read_safetensors_file
+from ..run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state
 from ..config import apply_overrides, resolve_config
 from .budget import budget_for
-from .build import check_trainable, make_optimizer
+from .build import build_trained_model, make_optimizer
+from .dpo import check_objective, set_reference_logprobs
 from .early_stopping import EarlyStopping
-from .evaluation import Evaluation, describe, mean_loss  # noqa: F401 (mean_loss: also imported from here)
+from .evaluation import Evaluation, describe
 from .final import divergence_advice, keep_better_weights, kept_weights_figures, stopped_by, summary_text
 from .parallel import usable_processes
 from .progress import progress
 from .run import resumed_config
 from .run_writer import RunWriter
-from .run_folder import REFERENCE
 from .state import DivergenceGuard, LogWindow, TrainingDiverged, check_state
 from .step import dpo_loss_and_backward
 from .workers import Workers
@@ -83,14 +78,7 @@ class Trainer:
         seeds = np.random.SeedSequence(t["seed"]).spawn(2)
         self.model_rng = np.random.default_rng(seeds[0])   # initialization, then dropout masks
         self.data_rng = np.random.default_rng(seeds[1])    # training batches
-        model_cfg = {k: v for k, v in self.config["model"].items()}
-        init_from = model_cfg.pop("init_from", None)
-        self.model = build_model(model_cfg, rng=self.model_rng, dtype=self.dtype)
-        if init_from is not None and not resume:         # fine-tuning starts from the source's weights
-            load_weights(self.model, init_from)
-        if self.config.get("lora"):                      # adapters on the loaded weights, everything else frozen
-            add_lora(self.model, **self.config["lora"], rng=self.model_rng)
-        check_trainable(self.model)
+        self.model = build_trained_model(self.config, self.model_rng, self.dtype, resume)
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5
         self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
@@ -103,7 +91,7 @@ class Trainer:
         self._window = LogWindow()      # the training losses since the last metrics line
         self._checkpoint_step = None    # the step of checkpoint.safetensors
         ranks = 1 if world is None else world.size
-        self.dpo = _check_objective(t["objective"], self.task, world)
+        self.dpo = check_objective(t["objective"], self.task, world)
         self.processes = usable_processes(self.model, max(1, t["batch_size"] // ranks),
                                           1 if self.dpo else t["processes"])
         self.workers = Workers(self.model, self.processes, t["seed"], world)   # data-parallel processes
@@ -114,24 +102,7 @@ class Trainer:
         elif self._writer:               # the whole config is valid: only now is the folder touched
             self.folder = RunWriter.for_new_run(self.run_dir, overwrite)
         if self.dpo:
-            self._prepare_reference()
-
-    def _prepare_reference(self):
-        """DPO: the reference model's log-probabilities of every pair (the starting weights: the init_from model,
-        or with LoRA the base, B being zero), computed once and stored in the run folder (``REFERENCE``); a
-        resumed run reads them back."""
-        path = self.run_dir / REFERENCE
-        if self.resumed:
-            if not path.is_file():
-                raise ValueError(f"{path} is missing: the DPO run cannot be resumed without the reference "
-                                 f"log-probabilities it started with; train again")
-            reference = read_safetensors_file(path)["reference"]
-        else:
-            from safetensors.numpy import save
-            reference = sequence_logprobs(self.model, self.task, np.arange(len(self.task.examples)))
-            if self._writer:
-                write_atomic(path, save({"reference": reference}))
-        self.task.set_reference(reference)
+            set_reference_logprobs(self.model, self.task, self.run_dir, self.resumed, self._writer)
 
     def close(self):
         """Release the run folder's lock (also done when the process ends)."""
@@ -202,10 +173,8 @@ class Trainer:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # non-finite values are checked here
             for _ in range(t["grad_accum"]):
                 batch = self.task.train_batch(t["batch_size"], self.data_rng)
-                if self.dpo:
-                    losses.append(dpo_loss_and_backward(self.model, batch, t["beta"], 1.0 / t["grad_accum"]))
-                else:
-                    losses.append(self.workers.loss_and_backward(batch, t["label_smoothing"], 1.0 / t["grad_accum"]))
+                losses.append(dpo_loss_and_backward(self.model, batch, t["beta"], 1.0 / t["grad_accum"]) if self.dpo
+                              else self.workers.loss_and_backward(batch, t["label_smoothing"], 1.0 / t["grad_accum"]))
                 tokens += batch.n_tokens
             loss = float(np.mean(losses))
             if self.world is not None:      # the step's one Allreduce, with every rank's reasons to stop
@@ -424,20 +393,6 @@ class Trainer:
         if self.budget is not None:           # the steps are not known in advance: the bar counts the time left
             return progress(None, self.step, terminal, time_left=self.budget.remaining)
         return progress(last_step, self.step, terminal)
-
-
-def _check_objective(objective, task, world):
-    """Whether the run trains with DPO; ValueError when the objective and the task do not go together."""
-    pairs = hasattr(task, "set_reference")
-    if objective == "dpo" and not pairs:
-        raise ValueError(f"[train] objective = \"dpo\" trains on preference pairs: set [data] task = "
-                         f"\"preference\" (the task is {task.name!r})")
-    if pairs and objective != "dpo":
-        raise ValueError("[data] task = \"preference\" holds preference pairs for DPO: set [train] objective = "
-                         "\"dpo\"")
-    if objective == "dpo" and world is not None:
-        raise ValueError("[train] objective = \"dpo\" trains in one process, not under MPI")
-    return objective == "dpo"
 
 
 def _is_main_thread():

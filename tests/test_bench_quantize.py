@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from numformer._results import BENCH_TITLE
 from numformer.bench import quantize as bench
 from numformer.bench.runner import run_parts
 from numformer.train import Trainer
@@ -94,6 +95,7 @@ def test_bench_generate_quantize_int8_writes_its_own_section(monkeypatch, tmp_pa
     monkeypatch.setattr(bench_generate, "CONFIG", {"vocab_size": 17, "block_size": 16, "n_layers": 1, "n_heads": 2,
                                                    "d_model": 16})
     (tmp_path / "bench.json").write_text(json.dumps({"generate": {"kept": True}}))
+    (tmp_path / "bench.md").write_text(BENCH_TITLE + "\n")          # an earlier run's results folder
     done = run_parts(["generate"], quick=True, out_dir=tmp_path, log=lambda *a: None,
                      options={"quantize": "int8", "group_size": 8})
     saved = json.loads((tmp_path / "bench.json").read_text())

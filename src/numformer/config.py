@@ -79,6 +79,18 @@ TRAIN_DEFAULTS = {
 MAX_CONFIG_BYTES = 1 << 20     # a config file or --set value larger than this is not a config
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]     # the checkout holding src/ and configs/
+
+
+def find_config(name):
+    """configs/NAME.toml in the current folder, else in the numformer checkout."""
+    for base in (Path.cwd(), REPO_ROOT):
+        path = base / "configs" / f"{name}.toml"
+        if path.is_file():
+            return path
+    raise ValueError(f"no configs/{name}.toml in {Path.cwd()} or {REPO_ROOT}")
+
+
 def load_config(path):
     """Read a TOML config into a dict of sections; a clear error for a missing or malformed file."""
     path = Path(path)

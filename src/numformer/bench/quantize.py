@@ -30,8 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .._runtime import get_num_threads
-from ..config import load_config
-from ..experiments.runner import find_config
+from ..config import find_config, load_config
 from ..models import GPT
 from ..nn import Linear
 from ..quantize import QuantizedLinear, kernel, quantize_model

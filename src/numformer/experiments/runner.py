@@ -25,23 +25,11 @@ from typing import Callable
 from .._limits import NUMBER, check_record, read_json_file
 from .._results import INDEX_TITLE, check_results_folder
 from ..analysis import GROUP_TITLES, attention_maps, plot_attention, plot_loss_curves, read_metrics
-from ..config import load_config
+from ..config import find_config, load_config  # noqa: F401 (find_config: experiments import it from here)
 from ..provenance import machine_info
 from ..run_files import write_atomic, write_json_atomic
 from ..train import evaluate_loss
 from ._runs import holds_anything, refuse_taken, start_run
-
-PACKAGE_DIR = Path(__file__).resolve().parent.parent      # src/numformer
-REPO_ROOT = PACKAGE_DIR.parent.parent                       # the checkout holding src/ and configs/
-
-
-def find_config(name):
-    """configs/NAME.toml in the current folder, else in the numformer checkout."""
-    for base in (Path.cwd(), REPO_ROOT):
-        path = base / "configs" / f"{name}.toml"
-        if path.is_file():
-            return path
-    raise ValueError(f"no configs/{name}.toml in {Path.cwd()} or {REPO_ROOT}")
 
 
 @dataclass

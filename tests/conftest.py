@@ -218,3 +218,20 @@ def explorer_run(tmp_path_factory):
     assert main(["train", str(folder / "text.toml"), "--out", str(folder / "run"), "--quiet",
                  *(a for s in sets for a in ("--set", s))]) == 0
     return folder / "run"
+
+
+EXPLORER_PROMPT = "ROMEO: What say"
+
+
+@pytest.fixture
+def explorer_server(explorer_run):
+    """The explorer's server of ``explorer_run`` on a free port of 127.0.0.1, serving in a thread, its page
+    opened with ``EXPLORER_PROMPT`` analysed; its rng seeded with 0."""
+    import numformer
+    from numformer.explorer import Explorer, make_server, page_data, prompt_ids, serving
+
+    model, tokenizer = numformer.load(explorer_run)
+    ids, n_prompt = prompt_ids(model, tokenizer, EXPLORER_PROMPT)
+    data = page_data(model, tokenizer, ids, n_prompt, "tiny", "server")
+    with serving(make_server(Explorer(model, tokenizer, seed=0), 0, data)) as server:
+        yield server

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,15 +16,15 @@ import numpy as np
 import pytest
 
 import numformer
-from conftest import hf_bpe_folder, src_env
+from conftest import EXPLORER_PROMPT, hf_bpe_folder, src_env
 from numformer import analysis as A
 from numformer.explorer import (FORMAT, Explorer, analyse, make_server, page_data, position_logits, prompt_ids,
-                                read_page_data, render_page, write_static_page)
+                                read_page_data, refresh_static_page, render_page, write_static_page)
 from numformer.explorer import data as explorer_data
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS_PAGE = ROOT / "docs" / "explorer" / "shakespeare_char.html"
-PROMPT = "ROMEO: What say"
+PROMPT = EXPLORER_PROMPT
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +107,13 @@ def test_the_static_page_is_self_contained(loaded, tmp_path):
     assert "<title>numformer explorer: tiny &lt;/script&gt; run</title>" in text
     with pytest.raises(ValueError, match="ending in .html"):
         write_static_page(tmp_path / "page.txt", data)
+    text = text.replace('"format":1', '"format":0').replace("<h1>", "<h1>old ")
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match="format 0; this numformer writes format 1"):
+        refresh_static_page(path)
+    path.write_text(text.replace('"format":0', '"format":1'), encoding="utf-8")
+    assert "<h1>old" not in refresh_static_page(path).read_text(encoding="utf-8")    # today's template again
+    assert read_page_data(path) == json.loads(json.dumps(data))
     (tmp_path / "other.html").write_text("<html></html>")
     with pytest.raises(ValueError, match="not a page written by `numformer explore --static`"):
         read_page_data(tmp_path / "other.html")
@@ -118,23 +124,15 @@ def read_data_text(page):
 
 
 @pytest.fixture
-def server(loaded):
-    model, tokenizer = loaded
-    ids, n_prompt = prompt_ids(model, tokenizer, PROMPT)
-    data = page_data(model, tokenizer, ids, n_prompt, "tiny", "server")
-    server = make_server(Explorer(model, tokenizer, seed=0), 0, data)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+def server(explorer_server):
+    return explorer_server
 
 
-def post(server, path, body, raw=None):
+def post(server, path, body, raw=None, content_type="application/json", host=None):
     """(status, reply) of a POST to the server's API."""
+    headers = {"Content-Type": content_type, **({"Host": host} if host else {})}
     request = urllib.request.Request(server.url + path.lstrip("/"), data=raw if raw is not None else
-                                     json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                                     json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return reply.status, json.loads(reply.read())
@@ -187,8 +185,21 @@ def test_bad_requests_get_one_clear_error(server, path, body, status, message):
 
 def test_a_request_that_is_not_json_is_refused(server):
     assert post(server, "/api/analyze", None, raw=b"{not json")[0] == 400
+    assert post(server, "/api/analyze", None, raw=b'{"text": "a"}', content_type="text/plain") == \
+        (415, {"error": "send Content-Type: application/json"})
     with pytest.raises(urllib.error.HTTPError, match="404"):
         urllib.request.urlopen(server.url + "favicon.ico", timeout=30)
+
+
+def test_pages_of_other_sites_cannot_use_the_server(server):
+    """A request naming another host (a page whose name was rebound to 127.0.0.1) is refused; localhost is fine."""
+    port = server.server_address[1]
+    assert post(server, "/api/analyze", {"text": "a"}, host=f"evil.example:{port}") == \
+        (403, {"error": f"the explorer answers at {server.url} only"})
+    with pytest.raises(urllib.error.HTTPError, match="403"):
+        urllib.request.urlopen(urllib.request.Request(server.url, headers={"Host": f"evil.example:{port}"}),
+                               timeout=30)
+    assert post(server, "/api/analyze", {"text": "a"}, host=f"localhost:{port}")[0] == 200
 
 
 def test_a_port_in_use_is_one_clear_error(server, loaded):
@@ -230,6 +241,7 @@ def test_a_missing_source_is_one_line(cli_error, tmp_path):
     assert "missing does not exist" in cli_error("explore", tmp_path / "missing", "--port", "0")
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="Ctrl-C is sent as SIGINT, which Windows processes do not take")
 def test_explore_serves_until_interrupted(explorer_run):
     """The command itself, in a process of its own: prints its URL, serves the page, stops on Ctrl-C (130)."""
     process = subprocess.Popen([sys.executable, "-m", "numformer.cli", "explore", str(explorer_run), "--port", "0",
@@ -261,10 +273,11 @@ def test_a_hugging_face_folder_is_explored(tmp_path, run_cli):
 def test_the_docs_page_is_current():
     """docs/explorer/shakespeare_char.html (the docs site embeds it) is the page this numformer writes for its
     data: the data's format, the template, stylesheet and script are today's. Rewrite it with the command of
-    docs/tutorials/researcher.md ("The explorer")."""
+    docs/tutorials/researcher.md ("The explorer in the browser"), or keep its data and refresh the rest."""
     data = read_page_data(DOCS_PAGE)
     assert data["format"] == FORMAT and data["mode"] == "static"
     assert DOCS_PAGE.read_text(encoding="utf-8") == render_page(data), \
-        "the docs page is out of date: rewrite it with the command in docs/tutorials/researcher.md"
+        ("the docs page is out of date: python -c 'import numformer.explorer as e; "
+         "e.refresh_static_page(\"docs/explorer/shakespeare_char.html\")' (or the command in researcher.md)")
     assert DOCS_PAGE.stat().st_size < 400_000
     assert data["model"]["source"] == "runs/shakespeare_char" and data["model"]["vocab_size"] == 65

@@ -10,20 +10,20 @@ Every test ends with no console error, no uncaught exception and no failed reque
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
 
 import numformer
+from conftest import EXPLORER_PROMPT
 from headless_chromium import Chromium, skip_reason
 from numformer import analysis as A
-from numformer.explorer import Explorer, make_server, page_data, prompt_ids, write_static_page
+from numformer.explorer import page_data, prompt_ids, write_static_page
 from numformer.sampling import next_token_probabilities
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
-PROMPT, NEW = "ROMEO: What", 8
+PROMPT, NEW = EXPLORER_PROMPT, 8
 
 
 @pytest.fixture(scope="module")
@@ -186,23 +186,9 @@ def test_the_logit_lens_and_stepping_through_the_generated_tokens(browser, stati
     no_problems(page)
 
 
-@pytest.fixture
-def served(loaded):
+def test_the_served_page_steps_and_analyses_new_prompts(browser, explorer_server, loaded, tmp_path):
     model, tokenizer = loaded
-    ids, n_prompt = prompt_ids(model, tokenizer, PROMPT)
-    server = make_server(Explorer(model, tokenizer, seed=0), 0, page_data(model, tokenizer, ids, n_prompt, "tiny",
-                                                                            "server"))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
-
-
-def test_the_served_page_steps_and_analyses_new_prompts(browser, served, loaded, tmp_path):
-    model, tokenizer = loaded
-    page = open_page(browser, served.url)
+    page = open_page(browser, explorer_server.url)
     assert page.evaluate(SHOWN_TOKENS) == [visible(c) for c in PROMPT]
     page.click('#tokens .token[data-position="2"]')
     assert len(page.evaluate(GRID)) == 4
@@ -224,8 +210,8 @@ def test_the_served_page_steps_and_analyses_new_prompts(browser, served, loaded,
     no_problems(page)
 
 
-def test_a_bad_prompt_is_shown_on_the_page_not_thrown(browser, served):
-    page = open_page(browser, served.url)
+def test_a_bad_prompt_is_shown_on_the_page_not_thrown(browser, explorer_server):
+    page = open_page(browser, explorer_server.url)
     page.click("#prompt")
     page.evaluate("document.getElementById('prompt').value = '\u00e9'")
     page.click("#analyse")

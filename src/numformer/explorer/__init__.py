@@ -12,8 +12,8 @@ self-contained HTML page, ``server`` serves it on 127.0.0.1 with a JSON API that
 samples the next token.
 """
 from .data import FORMAT, analyse, page_data, position_logits, prompt_ids
-from .page import read_page_data, render_page, write_static_page
-from .server import Explorer, make_server
+from .page import read_page_data, refresh_static_page, render_page, write_static_page
+from .server import Explorer, make_server, serving
 
-__all__ = ["FORMAT", "analyse", "page_data", "position_logits", "prompt_ids", "read_page_data", "render_page",
-           "write_static_page", "Explorer", "make_server"]
+__all__ = ["FORMAT", "analyse", "page_data", "position_logits", "prompt_ids", "read_page_data", "refresh_static_page",
+           "render_page", "write_static_page", "Explorer", "make_server", "serving"]

@@ -3,8 +3,9 @@
     html = render_page(data)                  # data: ``numformer.explorer.data.page_data``
     write_static_page("explorer.html", data)   # self-contained: opens from file://, no server, no network
     data = read_page_data("explorer.html")     # the data a written page embeds
+    refresh_static_page("explorer.html")       # today's template, stylesheet and script around that data
 
-The page is plain HTML, CSS and JavaScript (``page/explorer.{html,css,js}`` beside this module): no library,
+The page is plain HTML, CSS and JavaScript (``assets/explorer.{html,css,js}`` beside this module): no library,
 no font or script from elsewhere, so it works offline. The data travels in a ``<script type="application/json">``
 element; every ``<`` in it is written ``\\u003c``, so no text of a token can end the element.
 """
@@ -16,12 +17,14 @@ import re
 from importlib import resources
 from pathlib import Path
 
+from .data import FORMAT
+
 PLACEHOLDER = re.compile(r"\{\{(TITLE|CSS|JS|DATA)\}\}")
 DATA_ELEMENT = re.compile(r'<script type="application/json" id="explorer-data">(.*?)</script>', re.S)
 
 
 def _asset(name):
-    return resources.files(__package__).joinpath("page", name).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
 def data_json(data):
@@ -55,4 +58,14 @@ def read_page_data(path):
     return json.loads(m.group(1))
 
 
-__all__ = ["render_page", "write_static_page", "read_page_data", "data_json"]
+def refresh_static_page(path):
+    """Rewrite a page written by ``write_static_page`` with this numformer's template, stylesheet and script
+    around the data it embeds (no model needed; the data's ``format`` must be today's). Returns the path."""
+    data = read_page_data(path)
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path} holds data of format {data.get('format')}; this numformer writes format "
+                         f"{FORMAT}: write the page again from its model with `numformer explore --static`")
+    return write_static_page(path, data)
+
+
+__all__ = ["render_page", "write_static_page", "read_page_data", "refresh_static_page", "data_json"]

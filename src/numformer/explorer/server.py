@@ -4,6 +4,8 @@ bound to 127.0.0.1, so nothing outside this computer can reach it.
     explorer = Explorer(model, tokenizer, source="runs/x", seed=0)
     server = make_server(explorer, port=8000, data=page_data(...))     # port 0: any free port
     server.serve_forever()                                           # server.url says where
+    with serving(server):                                            # or in a thread, for a with block
+        ...                                                          # (a notebook, a test)
 
 API (POST, a JSON object in and out; a bad request gets status 400 and {"error": "..."}):
 
@@ -14,9 +16,13 @@ API (POST, a JSON object in and out; a bad request gets status 400 and {"error":
                      last position's logits, appended, and the longer sequence analysed
 
 GET / is the page. One request uses the model at a time (a lock): its modules keep caches between calls.
+Other web pages open in the same browser cannot use the API: a request whose Host header is not this server's
+address (DNS rebinding) is refused with 403, and a POST must say ``Content-Type: application/json``, which a
+page of another origin can send only after a CORS preflight that this server never grants (415 otherwise).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import sys
@@ -98,16 +104,31 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, status, obj):
         self._send(status, json.dumps(obj, ensure_ascii=False, allow_nan=False), "application/json; charset=utf-8")
 
+    def _foreign(self):
+        """Whether the request names another host than this server (a page of another site, DNS rebinding):
+        answered with 403."""
+        port = self.server.server_address[1]
+        if self.headers.get("Host", "") in (f"{HOST}:{port}", f"localhost:{port}"):
+            return False
+        self._json(HTTPStatus.FORBIDDEN, {"error": f"the explorer answers at {self.server.url} only"})
+        return True
+
     def do_GET(self):
+        if self._foreign():
+            return
         if self.path.split("?")[0] in ("/", "/index.html"):
             self._send(HTTPStatus.OK, self.server.page, "text/html; charset=utf-8")
         else:
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {self.path}; the explorer is at /"})
 
     def do_POST(self):
+        if self._foreign():
+            return
         route = ROUTES.get(self.path)
         if route is None:
             return self._json(HTTPStatus.NOT_FOUND, {"error": f"no API {self.path}; there are {sorted(ROUTES)}"})
+        if self.headers.get_content_type() != "application/json":
+            return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send Content-Type: application/json"})
         try:
             body = self._body()
             with self.server.explorer.lock:
@@ -154,4 +175,17 @@ def make_server(explorer, port, data):
     return server
 
 
-__all__ = ["Explorer", "make_server", "HOST", "ROUTES"]
+@contextlib.contextmanager
+def serving(server):
+    """Serve ``server`` in a background thread for the ``with`` block; shut down and closed at its end."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+__all__ = ["Explorer", "make_server", "serving", "HOST", "ROUTES"]

@@ -102,6 +102,9 @@ def test_the_static_page_shows_the_tokens_and_the_attention_from_a_clicked_one(b
 
 def shown_matches_numformer(page, logits, temperature, top_k, top_p):
     """The page's probabilities (all, and the rows it lists) against numformer's sampler on the same logits."""
+    wanted = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    wait_until(page, f"JSON.stringify(window.numformerExplorer.shownFor) === JSON.stringify(Object.assign("
+                     f"{{position: window.numformerExplorer.shownFor.position}}, {json.dumps(wanted)}))")
     expected = next_token_probabilities(logits, temperature, top_k, top_p)
     assert np.abs(np.array(page.evaluate("window.numformerExplorer.probabilities")) - expected).max() <= 1e-12
     rows = page.evaluate(SHOWN_PROBABILITIES)
@@ -219,3 +222,23 @@ def test_a_bad_prompt_is_shown_on_the_page_not_thrown(browser, explorer_server):
     assert "not in the vocabulary" in page.evaluate("document.getElementById('status').textContent")
     problems = page.problems()           # the server's 400 reply is a failed resource for chromium, nothing else
     assert all("status of 400" in p for p in problems) and len(problems) <= 1, problems
+
+
+def test_a_page_without_logits_asks_the_server_for_them(browser, explorer_server, loaded, monkeypatch):
+    """Large vocabularies: an analysis leaves the logits out and the page fetches one position's at a time."""
+    from numformer.explorer import data
+
+    model, tokenizer = loaded
+    monkeypatch.setattr(data, "INLINE_LOGITS", 0)
+    page = open_page(browser, explorer_server.url)
+    page.evaluate("document.getElementById('prompt').value = 'First Citizen:'")
+    page.click("#analyse")
+    wait_until(page, "document.querySelectorAll('#tokens .token').length === 14")
+    assert page.evaluate("window.numformerExplorer.state.analysis.logits") is None
+    page.click('#tokens .token[data-position="6"]')
+    set_control(page, "temperature", 0.6)
+    wait_until(page, "(window.numformerExplorer.shownFor || {}).position === 6")
+    logits, _ = model.run_with_cache(np.array(tokenizer.encode("First C"))[None])
+    shown_matches_numformer(page, logits[0, -1], 0.6, None, None)
+    assert any(url.endswith("/api/logits") for url in page.requested_urls())
+    no_problems(page)

@@ -198,7 +198,7 @@ async function renderNext() {
     row.children[1].appendChild(el("div", "bar")).style.width = (100 * probs[i] / top).toFixed(2) + "%";
     list.appendChild(row);
   }
-  window.numformerExplorer.probabilities = probs;
+  Object.assign(window.numformerExplorer, {probabilities: probs, shownFor: {position: t, ...c}});
 }
 
 function renderLens() {
@@ -322,5 +322,7 @@ function setUp() {
   return show(state.analysis, DATA.n_prompt);
 }
 
-window.numformerExplorer = {nextTokenProbabilities, warpLogits, state, probabilities: null, ready: null};
+// what the tests read: the filters, the state, the distribution shown (and for which position and controls)
+window.numformerExplorer = {nextTokenProbabilities, warpLogits, state, probabilities: null, shownFor: null,
+                            ready: null};
 window.numformerExplorer.ready = run(setUp);

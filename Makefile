@@ -12,7 +12,7 @@ export NUMFORMER_DATA := $(SHARED_DATA)
 endif
 endif
 
-.PHONY: run test test-floors test-newest test-slow bench docs clean
+.PHONY: run test test-floors test-newest test-slow bench docs clean browser
 
 # Wheels of the run and docs dependencies, for tests/test_documented_commands.py, which runs the pages' commands
 # (make run, make docs, ...) in a new user's shell with pip offline: downloaded once per pyproject.toml change.
@@ -37,8 +37,20 @@ run: $(VENV)/.installed-run
 	@echo "numformer is installed in $(VENV); to type its commands (numformer --help), run:"
 	@echo "    source $(VENV)/bin/activate"
 
-test: $(VENV)/.installed-test test-floors test-newest $(WHEELS)/.filled
+test: $(VENV)/.installed-test browser test-floors test-newest $(WHEELS)/.filled
 	NUMFORMER_WHEELS=$(WHEELS) $(BIN)/python -m pytest -n 2 -m "not slow" -q
+
+# A browser for the explorer's tests (tests/test_explorer_browser.py drives a headless chromium; it skips without
+# one): Debian's chromium, installed with apt-get when no chromium is found and this runs as root where apt-get
+# exists (35 s on a Debian 12 machine with a nearby mirror). Otherwise, and once it is there, nothing happens.
+BROWSERS := chromium chromium-browser google-chrome google-chrome-stable
+browser:
+	@found=; for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && found=$$b; done; \
+	if [ -z "$$found" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "browser: installing Debian's chromium with apt-get, for the explorer's browser tests"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+			|| echo "browser: apt-get could not install chromium; the explorer's browser tests will skip"; \
+	fi
 
 $(WHEELS)/.filled: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip download -q -d $(WHEELS) ".[nlp,data,docs]" "setuptools>=77" pip wheel

@@ -201,3 +201,37 @@ def fake_clock(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(time, "perf_counter", clock)
     return clock
+
+
+@pytest.fixture(scope="session")
+def explorer_run(tmp_path_factory):
+    """A run folder of a 2-layer character-level GPT (2 heads, d_model 16, block_size 32) trained by
+    ``numformer train`` for 40 steps on 3,000 characters of tiny Shakespeare: the explorer tests' model, small
+    enough to train in seconds and trained enough that its attention is not uniform."""
+    from numformer.cli import main
+    from numformer.data.text import read_corpus
+
+    folder = tmp_path_factory.mktemp("explorer")
+    (folder / "small.txt").write_text(read_corpus("")[:3000], encoding="utf-8")
+    (folder / "text.toml").write_text(tiny_text_toml(folder / "small.txt"), encoding="utf-8")
+    sets = ["data.block_size=32", "model.n_layers=2", "train.max_steps=40", "train.lr=1e-2", "train.eval_every=40"]
+    assert main(["train", str(folder / "text.toml"), "--out", str(folder / "run"), "--quiet",
+                 *(a for s in sets for a in ("--set", s))]) == 0
+    return folder / "run"
+
+
+EXPLORER_PROMPT = "ROMEO: What say"
+
+
+@pytest.fixture
+def explorer_server(explorer_run):
+    """The explorer's server of ``explorer_run`` on a free port of 127.0.0.1, serving in a thread, its page
+    opened with ``EXPLORER_PROMPT`` analysed; its rng seeded with 0."""
+    import numformer
+    from numformer.explorer import Explorer, make_server, page_data, prompt_ids, serving
+
+    model, tokenizer = numformer.load(explorer_run)
+    ids, n_prompt = prompt_ids(model, tokenizer, EXPLORER_PROMPT)
+    data = page_data(model, tokenizer, ids, n_prompt, "tiny", "server")
+    with serving(make_server(Explorer(model, tokenizer, seed=0), 0, data)) as server:
+        yield server

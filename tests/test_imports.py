@@ -26,7 +26,7 @@ LAYERS = [
     ("numformer.interop",),                                              # loading any source; Hugging Face, PyTorch
     ("numformer.config",),                                               # [train], and whole configs
     ("numformer.train",),
-    ("numformer.analysis", "numformer.experiments", "numformer.bench", "numformer.exercises"),
+    ("numformer.analysis", "numformer.explorer", "numformer.experiments", "numformer.bench", "numformer.exercises"),
     ("numformer.commands",),
     ("numformer",),                       # the package itself: the names ``import numformer`` offers
     ("numformer.cli",),

@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 from .decoding import beam_search, generate, greedy_decode, sample_decode
-from .sampling import apply_temperature, sample_next, top_k_filter, top_p_filter, warp_logits
+from .sampling import (apply_temperature, next_token_probabilities, sample_next, top_k_filter, top_p_filter,
+                       warp_logits)
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "warp_logits", "sample_next", "generate",
-           "greedy_decode", "sample_decode", "beam_search"]
+__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "warp_logits", "next_token_probabilities",
+           "sample_next", "generate", "greedy_decode", "sample_decode", "beam_search"]

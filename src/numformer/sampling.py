@@ -9,6 +9,7 @@ applied in that order (temperature, then top-k, then top-p)::
     top_p_filter(logits, p)          keep the smallest set of most probable tokens whose probability
                                      reaches p (at least one token); the rest become -inf
     warp_logits(logits, T, k, p)     the three in that order, in float64
+    next_token_probabilities(logits, T, k, p)   softmax of the warped logits: what sample_next draws from
     sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None, greedy=False) -> token ids
 
 The decoders that use them are in ``numformer.decoding``.
@@ -19,7 +20,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "warp_logits", "sample_next", "TOP_P_TOL"]
+__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "warp_logits", "next_token_probabilities",
+           "sample_next", "TOP_P_TOL"]
 
 # Top-p compares cumulative probabilities (float64) with p; a set whose mass equals p up to this
 # rounding error counts as reaching p, so the boundary case "cumulative probability == p" is exact.
@@ -161,6 +163,16 @@ def warp_logits(logits, temperature=1.0, top_k=None, top_p=None):
     return x
 
 
+def next_token_probabilities(logits, temperature=1.0, top_k=None, top_p=None):
+    """The distribution ``sample_next`` draws from, float64 (..., V): softmax(warp_logits(logits, temperature,
+    top_k, top_p)); temperature 0 (greedy) puts all the mass on the argmax (the first index among ties)."""
+    logits = _check_logits(logits)
+    _check_sampling(temperature, top_k, top_p)
+    if temperature == 0:
+        return (np.arange(logits.shape[-1]) == np.argmax(logits, axis=-1)[..., None]).astype(np.float64)
+    return _softmax64(warp_logits(logits, temperature, top_k, top_p))
+
+
 def sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greedy=False):
     """Next token ids from logits (..., V) -> int64 array (...).
 
@@ -179,7 +191,7 @@ def sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greed
     if greedy or temperature == 0:
         return np.argmax(logits, axis=-1).astype(np.int64)
     rng = _as_rng(rng)
-    probs = _softmax64(warp_logits(logits, temperature, top_k, top_p))
+    probs = next_token_probabilities(logits, temperature, top_k, top_p)
     cdf = np.cumsum(probs, axis=-1)
     u = rng.random(cdf.shape[:-1]) * cdf[..., -1]
     # the first index whose cdf exceeds u: never a zero-probability token

@@ -1,0 +1,71 @@
+"""The explorer's one HTML page: the template, its stylesheet and script inlined, the data embedded.
+
+    html = render_page(data)                  # data: ``numformer.explorer.data.page_data``
+    write_static_page("explorer.html", data)   # self-contained: opens from file://, no server, no network
+    data = read_page_data("explorer.html")     # the data a written page embeds
+    refresh_static_page("explorer.html")       # today's template, stylesheet and script around that data
+
+The page is plain HTML, CSS and JavaScript (``assets/explorer.{html,css,js}`` beside this module): no library,
+no font or script from elsewhere, so it works offline. The data travels in a ``<script type="application/json">``
+element; every ``<`` in it is written ``\\u003c``, so no text of a token can end the element.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+from importlib import resources
+from pathlib import Path
+
+from .data import FORMAT
+
+PLACEHOLDER = re.compile(r"\{\{(TITLE|CSS|JS|DATA)\}\}")
+DATA_ELEMENT = re.compile(r'<script type="application/json" id="explorer-data">(.*?)</script>', re.S)
+
+
+def _asset(name):
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def data_json(data):
+    """The data as JSON that can sit inside a ``<script>`` element."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c")
+
+
+def render_page(data):
+    """The whole page (a str) showing ``data``."""
+    values = {"TITLE": html.escape(data["model"]["source"]), "CSS": _asset("explorer.css"),
+              "JS": _asset("explorer.js"), "DATA": data_json(data)}
+    return PLACEHOLDER.sub(lambda m: values[m.group(1)], _asset("explorer.html"))
+
+
+def write_static_page(path, data):
+    """Write the page with ``data`` (its ``mode`` set to "static") to ``path``; returns the path."""
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"{path}: the static page is an HTML file; give a name ending in .html")
+    path.write_text(render_page({**data, "mode": "static"}), encoding="utf-8")
+    return path
+
+
+def read_page_data(path):
+    """The data a page written by ``write_static_page`` embeds."""
+    text = Path(path).read_text(encoding="utf-8")
+    m = DATA_ELEMENT.search(text)
+    if m is None:
+        raise ValueError(f"{path} is not a page written by `numformer explore --static` (no explorer data in it)")
+    return json.loads(m.group(1))
+
+
+def refresh_static_page(path):
+    """Rewrite a page written by ``write_static_page`` with this numformer's template, stylesheet and script
+    around the data it embeds (no model needed; the data's ``format`` must be today's). Returns the path."""
+    data = read_page_data(path)
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path} holds data of format {data.get('format')}; this numformer writes format "
+                         f"{FORMAT}: write the page again from its model with `numformer explore --static`")
+    return write_static_page(path, data)
+
+
+__all__ = ["render_page", "write_static_page", "read_page_data", "refresh_static_page", "data_json"]

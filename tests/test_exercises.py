@@ -6,6 +6,7 @@ each mistake below is one of them with one change, as learners make it.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import subprocess
@@ -263,6 +264,47 @@ def test_a_typical_mistake_fails_where_it_should(name, mistake, patches, step, f
 def test_every_exercise_has_two_typical_mistakes():
     counts = {name: sum(m[0] == name for m in MISTAKES) for name in E.EXERCISES}
     assert min(counts.values()) >= 2, counts
+
+
+def _differs(value, default):
+    if isinstance(value, np.ndarray) or isinstance(default, np.ndarray):
+        return value is not default
+    try:
+        return bool(value != default)
+    except (TypeError, ValueError):                   # a Generator, a RopeScaling ...
+        return value is not default
+
+
+@pytest.mark.parametrize("name", [n for n, e in E.EXERCISES.items() if e.case is not None])
+def test_every_keyword_argument_is_graded_at_another_value_than_its_default(name):
+    """Issue 41: every keyword argument of the signature at a non-default value in some case (a forward's keyword
+    among a case's inputs, a backward's among its backward_options; cross_entropy's dloss is the upstream
+    gradient the grader passes to every call)."""
+    exercise = E.EXERCISES[name]
+    forward, backward = (exercise.reference_functions()[n] for n in exercise.names)
+    cases = [exercise.case, *exercise.edge_cases, *exercise.keyword_cases]
+    if name == "scaled_dot_product_attention":        # its own keyword step adds the dropout case
+        from numformer.exercises.catalog import scaled_dot_product_attention as sdpa
+        assert "dropout_p=P_DROP, rng=NewRng(" in inspect.getsource(sdpa.step_keywords_and_dropout)
+        cases.append(E.checker.Case("dropout_p", lambda rng: {"dropout_p": sdpa.P_DROP, "rng": rng}))
+    inputs = [case.inputs() for case in cases]
+    for p in inspect.signature(forward).parameters.values():
+        if p.default is not inspect.Parameter.empty:
+            assert any(_differs(i.get(p.name, p.default), p.default) for i in inputs), \
+                f"{name}: no case sets {forward.__name__}'s {p.name} to another value than {p.default!r}"
+    upstream = exercise.calls.cache_first and list(inspect.signature(backward).parameters)[1]
+    for p in inspect.signature(backward).parameters.values():
+        if p.default is not inspect.Parameter.empty and p.name != upstream:
+            assert any(_differs(dict(c.backward_options).get(p.name, p.default), p.default) for c in cases), \
+                f"{name}: no case calls {backward.__name__} with {p.name} other than {p.default!r}"
+
+
+def test_adamws_keyword_cases_set_every_keyword():
+    from numformer.exercises.catalog import adamw
+
+    defaults = {p.name for p in inspect.signature(E.EXERCISES["adamw"].reference_functions()["adamw_step"])
+                .parameters.values() if p.default is not inspect.Parameter.empty}
+    assert defaults == {k for options in adamw.KEYWORDS for k in options}
 
 
 def test_a_failure_says_where_without_the_code(tmp_path):

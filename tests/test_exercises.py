@@ -470,12 +470,31 @@ def replay(tmp_path, steps=None):
         done = numformer(*args, *(["--steps", str(steps)] if args[:2] == ["exercises", "train"] and steps else []),
                          cwd=tmp_path)
         got = done.stdout.rstrip("\n")
+        if args[:2] == ["exercises", "train"]:
+            got, expected = (_rounding_as_zero(text) for text in (got, expected))
         if args[:2] == ["exercises", "train"] and steps:
             got, expected = (_to_first_step(text) for text in (got, expected))
             got = got.replace(f"for {steps} steps", "for 300 steps")
         assert got == expected, f"`{command}` printed:\n{got}\n\nthe page shows:\n{expected}"
         ran += 1
     return ran
+
+
+def _rounding_as_zero(text):
+    """The training's output with each difference of the two curves below 1e-13 written "0 (rounding)": which
+    steps round apart in the last bit (8.9e-16) depends on the CPU's BLAS kernels, not on the code, and the
+    page's session was run on another machine."""
+    def zero(m):
+        return m.group(1) + "0 (rounding)" if float(m.group(2)) < 1e-13 else m.group(0)
+    text = re.sub(r"(\d\.\d{12}\s+)(\d\.\de[-+]\d\d)$", zero, text, flags=re.M)
+    return re.sub(r"(equals the library's to )(\d\.\de[-+]\d\d)", zero, text)
+
+
+def test_rounding_in_the_training_output_is_not_compared():
+    a = "    75      2.681011444751      2.681011444751     8.9e-16\n   300      2.362141354764      2.362241354764     1.0e-04\n" \
+        "Your ops trained the GPT: its loss equals the library's to 1.3e-15 at every one of the"
+    b = a.replace("8.9e-16", "0.0e+00").replace("1.3e-15", "8.9e-16")
+    assert _rounding_as_zero(a) == _rounding_as_zero(b) and "1.0e-04" in _rounding_as_zero(a)
 
 
 def _to_first_step(text):

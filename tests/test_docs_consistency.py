@@ -151,3 +151,44 @@ def test_every_layer_the_readme_calls_derived_has_its_derivation():
                 for m in re.finditer(r"^#{2,3} (.+)$", page.read_text(encoding="utf-8"), re.M)}
     missing = {layer: heading for layer, heading in DERIVED.items() if heading not in headings}
     assert not missing, f"README.md says these are derived, but no tutorial has the section: {missing}"
+
+
+# -- "Where a new part belongs" (engine page) and "Adding a model family": the files and names they send a reader to
+PACKAGE = ROOT / "src" / "numformer"
+FILE_NAME = re.compile(r"`((?:[\w]+/)*[\w]+\.py)`'s `(\w+)`")          # `models/config.py`'s `from_keywords`
+PATH = re.compile(r"`((?:src/numformer/)?(?:[\w]+/)+(?:[\w]+\.py)?)`")   # `ops/`, `interop/hf/families.py`
+
+
+def _section(page, heading):
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end < 0 else text[start:end]
+
+
+@pytest.mark.parametrize("page, heading", [("reference/engine.md", "## Where a new part belongs"),
+                                           ("how-to/adding-a-model-family.md", "## The files a family touches")])
+def test_the_files_and_names_a_new_part_goes_to_exist(page, heading):
+    """Every folder and file the section names exists, and every `file.py`'s `name` is defined in that file (the
+    section once sent a new tokenizer to data/tokenizers.py, which had become a package)."""
+    text = _section(page, heading)
+    paths = {p.removeprefix("src/numformer/") for p in PATH.findall(text) if "FAMILY" not in p}
+    assert len(paths) >= 3, paths
+    for path in sorted(paths):
+        assert (PACKAGE / path).exists() or (ROOT / path).exists(), f"docs/{page} names `{path}`, which is not there"
+    named = FILE_NAME.findall(text)
+    for path, name in named:
+        source = next(p for p in (PACKAGE / path, ROOT / path) if p.exists()).read_text(encoding="utf-8")
+        assert re.search(rf"^\s*(def |class )?{name}\b", source, re.M), f"docs/{page}: {path} defines no {name}"
+
+
+def test_a_files_line_count_quoted_by_the_docs_is_its_own():
+    """"(`interop/hf/qwen3.py`, 62 lines)": the file has that many lines (the how-to said 70 for a 62-line file)."""
+    quoted = re.compile(r"`((?:[\w]+/)*[\w]+\.py)`, (\d+) lines")
+    found = 0
+    for page in [*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]:
+        for path, n in quoted.findall(page.read_text(encoding="utf-8")):
+            lines = len((PACKAGE / path).read_text(encoding="utf-8").splitlines())
+            assert lines == int(n), f"{page.relative_to(ROOT)} says {path} has {n} lines; it has {lines}"
+            found += 1
+    assert found

@@ -62,6 +62,17 @@ def test_each_list_of_families_names_every_family(place):
     assert not missing, f"{place} does not name {missing}: {text[:300]}"
 
 
+def test_the_how_to_sends_a_new_family_to_every_list():
+    """docs/how-to/adding-a-model-family.md's table names this test and every file whose list it checks (the table
+    once ended at the Hugging Face page, and a new family failed here)."""
+    table = (ROOT / "docs" / "how-to" / "adding-a-model-family.md").read_text(encoding="utf-8")
+    table = table[table.index("## The files a family touches"):table.index("That is all")]
+    files = {"tests/test_family_lists.py", "src/numformer/commands/import_hf.py", "src/numformer/commands/export.py"}
+    files |= {place.split(",")[0] for place in PLACES if not place.startswith("numformer")}
+    for path in sorted(files):
+        assert (ROOT / path).is_file() and f"`{path}`" in table, path
+
+
 def _pip_lines(page):
     return [line for line in page.splitlines() if line.strip().startswith("pip install")]
 

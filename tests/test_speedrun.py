@@ -135,6 +135,22 @@ def test_flops_per_token_by_hand(kv_heads, activation, tied):
     assert training_flops_per_token(model, T) == 3 * forward_flops_per_token(model, T)
 
 
+def test_flops_are_what_the_modules_answer_for_adapted_and_quantized_layers():
+    """Each module counts its own products (no search of the model by type): a LoRA layer counts its frozen base
+    and its adapters, 2·r·(d_in + d_out) each, and an int8 layer the float layer's products."""
+    from numformer.lora import add_lora
+    from numformer.quantize import quantize_model
+
+    d, L, h, V, T, r = 16, 2, 2, 20, 8, 4
+    make = lambda: GPT(V, T, n_layers=L, n_heads=h, d_model=d, rng=np.random.default_rng(0))  # noqa: E731
+    plain = forward_flops_per_token(make(), T)
+    adapted = add_lora(make(), r=r, alpha=8, target_modules=["q_proj", "v_proj"], rng=0)
+    assert forward_flops_per_token(adapted, T) == plain + L * 2 * (2 * r * (d + d))
+    quantized = make()
+    quantize_model(quantized)
+    assert forward_flops_per_token(quantized, T) == plain
+
+
 def test_the_profile_times_every_family_of_a_step():
     from numformer.bench.profile import profile_training_step
     from numformer.nn.dispatch import OPS

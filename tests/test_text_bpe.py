@@ -92,6 +92,26 @@ def test_a_folder_of_token_files_trains(tmp_path):
         make_task({"task": "text", "tokens_dir": str(tmp_path), "block_size": 16})
 
 
+def test_a_folder_of_uint32_token_files_and_a_meta_json_that_does_not_match_its_files(tmp_path):
+    """Vocabularies past 65,536 tokens take uint32 ids; meta.json's dtype is one of the two, and its token counts
+    are the files' (a uint32 file read as uint16 would train on the halves of its ids)."""
+    assert token_dtype(1 << 16) == np.uint16 and token_dtype((1 << 16) + 1) == np.uint32
+    tok = ByteLevelBPE.train(corpus(tmp_path).read_text(), 300)
+    ids = tok.encode(corpus(tmp_path, seed=3, name="b.txt").read_text())
+    folder = tmp_path / "tokens"
+    write_tokens_dir(folder, {"train": [ids[:3000]], "val": [ids[3000:]]}, tok.to_dict(), np.uint32, {})
+    assert (folder / "train.bin").stat().st_size == 4 * 3000
+    assert make_task({"task": "text", "tokens_dir": str(folder), "block_size": 16}).splits["train"][:].tolist() \
+        == ids[:3000]
+    meta = json.loads((folder / "meta.json").read_text())
+    for dtype, message in (("uint16", r"train.bin holds 6,000 uint16 ids but .*meta.json says 3000"),
+                           ("float32", r"meta.json gives dtype 'float32'; token files hold \"uint16\" or \"uint32\""),
+                           ("nonsense", r"gives dtype 'nonsense'")):
+        (folder / "meta.json").write_text(json.dumps({**meta, "dtype": dtype}))
+        with pytest.raises(ValueError, match=message):
+            read_tokens_dir(folder)
+
+
 def test_language_model_tokenizer_choices(tmp_path):
     path = corpus(tmp_path)
     with pytest.raises(ValueError, match="\"char\" \\(characters\\) or \"bpe\""):

@@ -110,12 +110,9 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     seq0, was_1d = _as_batch(idx, "prompt", model.vocab_size)
     shift = _check_generate_args(block_size, max_new_tokens, temperature, top_k, top_p, shift, stream)
     stop = None if stop_tokens is None else _as_batch(np.atleast_1d(stop_tokens), "stop_tokens", model.vocab_size)[0]
-    sampling = not (greedy or temperature == 0)
-    rng = _as_rng(rng) if sampling else None
-
+    rng = None if greedy or temperature == 0 else _as_rng(rng)
     B, T0 = seq0.shape
-    seq = np.empty((B, T0 + max_new_tokens), dtype=np.int64)
-    seq[:, :T0] = seq0
+    seq = _output_buffer(seq0, max_new_tokens)
     mask = None if attention_mask is None else _left_padding_mask(attention_mask, seq0.shape, max_new_tokens)
     trace = np.empty((B, max_new_tokens, model.vocab_size), dtype=model.dtype) if return_logits else None
     n, start = T0, 0                 # seq[:, :n] is generated so far; the window is seq[:, start:n]
@@ -128,18 +125,32 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
             logits = _next_logits(model, seq, start, n, mask, cache)
             if return_logits:
                 trace[:, step] = logits
-            tok = sample_next(logits, rng, temperature, top_k, top_p, greedy)
-            if stop is not None:
-                tok = np.where(finished, seq[:, n - 1], tok)
-                finished |= np.isin(tok, stop)
+            tok = _finished_rows_repeat(sample_next(logits, rng, temperature, top_k, top_p, greedy), seq[:, n - 1],
+                                        stop, finished)
             seq[:, n] = tok
             n += 1
             halt = stream is not None and stream(int(tok[0]) if B == 1 else tok.copy()) is True
             if halt or finished.all():
                 break
-    seq, trace = seq[:, :n], None if trace is None else trace[:, :n - T0]
-    out = seq[0] if was_1d else seq
-    return (out, trace) if return_logits else out
+    out = seq[0, :n] if was_1d else seq[:, :n]
+    return (out, trace[:, :n - T0]) if return_logits else out
+
+
+def _output_buffer(prompt, max_new_tokens):
+    """(B, T + max_new_tokens) int64 ids with the prompt (B, T) written first."""
+    seq = np.empty((prompt.shape[0], prompt.shape[1] + max_new_tokens), dtype=np.int64)
+    seq[:, :prompt.shape[1]] = prompt
+    return seq
+
+
+def _finished_rows_repeat(tok, last, stop, finished):
+    """The sampled tokens (B,), where a row that has produced a stop token repeats its last token; marks in
+    ``finished`` (B,) the rows whose token is a stop token. ``stop`` None: no stop tokens."""
+    if stop is None:
+        return tok
+    tok = np.where(finished, last, tok)
+    finished |= np.isin(tok, stop)
+    return tok
 
 
 def _next_logits(model, seq, start, n, mask, cache):

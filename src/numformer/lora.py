@@ -74,6 +74,15 @@ class LoRAAdapter(Module):
         self.lora_B.accumulate(dB)
         return ops.dropout_backward(dxd, mask)
 
+    def flops_per_token(self, context):
+        """None of its own: the ``LoRALinear`` that runs it counts its products (it may also be registered
+        under its Hugging Face name, and would be counted twice)."""
+        return 0
+
+    def products_per_token(self):
+        """2 · r · (d_in + d_out): x Aᵀ, then u Bᵀ."""
+        return 2 * self.r * (self.lora_A.shape[1] + self.lora_B.shape[0])
+
     def delta_weight(self):
         """ΔW = s · B A, (d_out, d_in): what ``merge_lora`` adds to the base weight."""
         return self.scaling * (self.lora_B.data @ self.lora_A.data)
@@ -116,6 +125,11 @@ class LoRALinear(Module):
         for rows, adapter in self._adapters:
             dx = dx + adapter.backward(np.ascontiguousarray(dy[..., rows]))
         return dx
+
+    def flops_per_token(self, context):
+        """The base layer's products and its adapters' (the base layer is not a sub-module: its weights are
+        this layer's own)."""
+        return self._base.flops_per_token(context) + sum(a.products_per_token() for _, a in self._adapters)
 
     def extra_repr(self):
         return f"{self._base.extra_repr()}, adapters on rows {[(s.start, s.stop) for s, _ in self._adapters]}"

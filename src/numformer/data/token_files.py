@@ -117,8 +117,27 @@ def read_tokens_dir(folder) -> tuple[dict, dict]:
                          f"(the ids, uint16 or uint32) and the tokenizer.json that made them")
     meta = _read_json(folder / "meta.json") if (folder / "meta.json").is_file() else {}
     document = _read_json(folder / "tokenizer.json")
-    return {split: TokenFile(folder / name, meta.get("dtype") or _dtype_of(document))
-            for split, name in SPLIT_FILES.items()}, document
+    dtype = _meta_dtype(folder, meta) or _dtype_of(document)
+    files = {split: TokenFile(folder / name, dtype) for split, name in SPLIT_FILES.items()}
+    counts = meta.get("tokens") if isinstance(meta, dict) else None
+    for split, f in files.items():
+        n = counts.get(split) if isinstance(counts, dict) else None
+        if n is not None and n != len(f):
+            raise ValueError(f"{f.path} holds {len(f):,} {f.dtype.name} ids but {folder / 'meta.json'} says "
+                             f"{n!r}: the file is damaged or was written with another dtype; write the folder "
+                             f"again")
+    return files, document
+
+
+def _meta_dtype(folder, meta):
+    """meta.json's dtype ("uint16" or "uint32"), None when it gives none; a ValueError naming the file otherwise."""
+    dtype = meta.get("dtype") if isinstance(meta, dict) else None
+    if dtype is None:
+        return None
+    if dtype not in ("uint16", "uint32"):
+        raise ValueError(f"{folder / 'meta.json'} gives dtype {dtype!r}; token files hold \"uint16\" or \"uint32\" "
+                         f"ids")
+    return np.dtype(dtype).newbyteorder("<")
 
 
 def _dtype_of(document):

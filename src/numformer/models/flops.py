@@ -14,20 +14,12 @@ optimizer count nothing.
 """
 from __future__ import annotations
 
-from ..nn.attention import MultiHeadAttention
-from ..nn.layers import Linear
-
 
 def forward_flops_per_token(model, context):
-    """Operations of one token's forward pass through ``model`` with ``context`` tokens of attention span."""
-    total = 0
-    for _, module in model.named_modules():
-        if isinstance(module, Linear):
-            n_out, n_in = module.weight.shape
-            total += 2 * n_in * n_out
-        elif isinstance(module, MultiHeadAttention):
-            total += 2 * 2 * context * module.n_heads * module.d_head
-    return total
+    """Operations of one token's forward pass through ``model`` with ``context`` tokens of attention span: what
+    each of its modules answers (``Module.flops_per_token``: a linear layer its product, an attention layer
+    its scores and weighted sum)."""
+    return sum(module.flops_per_token(context) for _, module in model.named_modules())
 
 
 def training_flops_per_token(model, context):

@@ -462,6 +462,11 @@ class MultiHeadAttention(Module):
     def residual_weights(self):
         return [self.out_proj.weight]
 
+    def flops_per_token(self, context):
+        """The scores q·kᵀ and the weighted sum of v: 2 · context · n_heads · d_head each (the projections are
+        its sub-modules')."""
+        return 2 * 2 * context * self.n_heads * self.d_head
+
     # -- step 1: projections ------------------------------------------------------------------------------
     def _project(self, query, key, value):
         """The per-head queries, keys and values, each (B, H, T, d_head) (keys and values: H_kv heads), and

@@ -46,6 +46,10 @@ class Linear(Module):
         self._cache = None
         return dx
 
+    def flops_per_token(self, context):
+        """2 · in_features · out_features: a multiply and an add per weight."""
+        return 2 * self.in_features * self.out_features
+
     def extra_repr(self):
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
 

@@ -143,6 +143,12 @@ class Module:
         by default, what the sub-modules answer."""
         return [p for m in self.children() for p in m.residual_weights()]
 
+    def flops_per_token(self, context):
+        """Floating-point operations of this module's own products for one token's forward pass, with
+        ``context`` positions of attention span (``numformer.models.flops``); its sub-modules answer for
+        themselves. By default none (norms, activations and lookups count nothing)."""
+        return 0
+
     def hidden_matrices(self):
         """The weight matrices of the hidden layers, in model order: what Muon updates. A module answers for
         itself: by default, what its sub-modules answer (a Transformer block answers with every trainable

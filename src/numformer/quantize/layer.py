@@ -75,6 +75,10 @@ class QuantizedLinear(Module):
         fn = reference.quantized_linear_forward if using_reference() else kernel.quantized_linear_forward
         return fn(x, q, scales, self.group_size, b)
 
+    def flops_per_token(self, context):
+        """The float layer's count, 2 · in_features · out_features: the same products on int8 weights."""
+        return 2 * self.in_features * self.out_features
+
     def backward(self, dy):
         raise RuntimeError("QuantizedLinear is for inference only (int8 weights have no gradient): train or "
                            "fine-tune the float model, then quantize it")

@@ -5,11 +5,11 @@ the hints) and one line in ``EXERCISES`` below: its place in ``numformer exercis
 """
 from __future__ import annotations
 
-from . import (adamw, bpe_merge, cross_entropy, dropout, embedding, gelu, layer_norm, linear, log_softmax, merge_heads,
-               repeat_kv, rms_norm, rope, scaled_dot_product_attention, softmax, split_heads, swiglu)
+from . import (adamw, bpe_merge, cross_entropy, dropout, embedding, gelu, layer_norm, linear, log_softmax, lora,
+               merge_heads, repeat_kv, rms_norm, rope, scaled_dot_product_attention, softmax, split_heads, swiglu)
 
 # in the order of the tutorials: tutorial 1-2 (attention, backpropagation), 4 (the optimizer), 9 (BPE),
-# 10 (Llama)
+# 12 (Llama), 13 (LoRA)
 EXERCISES = {e.name: e for e in (
     softmax.EXERCISE,
     log_softmax.EXERCISE,
@@ -28,4 +28,5 @@ EXERCISES = {e.name: e for e in (
     swiglu.EXERCISE,
     rope.EXERCISE,
     repeat_kv.EXERCISE,
+    lora.EXERCISE,
 )}

@@ -520,6 +520,23 @@ def test_rope_kernel_equals_reference(dtype, shape, offset, positions, rng):
     _assert_pairs_close(_pairs("rope", strided, offset), TOLERANCE[dtype], "rope strided")
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("offset", [0, 300])
+def test_rope_kernel_on_heads_side_by_side_equals_reference(dtype, offset, rng):
+    """Queries seen as (B, H, T, d) in a fused projection's output (B, T, heads, d), the layout the attention
+    layer hands over: the kernel rotates them along the rows of its memory (tables repeated for the heads);
+    the same values and gradients as the reference, whose gradient comes in that layout too or not."""
+    B, T, H, d = 2, 5, 3, 8
+    qkv = rng.standard_normal((B, T, H + 2, d)).astype(dtype)
+    q = qkv[:, :, :H].transpose(0, 2, 1, 3)
+    y, cache = kernels.rope_forward(q, offset)
+    y_ref, ref_cache = ops.rope_forward(q, offset)
+    assert_close(y, y_ref, TOLERANCE[dtype], "forward")
+    dy = rng.standard_normal((B, T, H, d)).astype(dtype)
+    for g in (dy.transpose(0, 2, 1, 3), np.ascontiguousarray(dy.transpose(0, 2, 1, 3))):
+        assert_close(kernels.rope_backward(g, cache), ops.rope_backward(g, ref_cache), TOLERANCE[dtype], "backward")
+
+
 def test_rope_kernel_errors_as_the_reference(rng):
     for lib in (ops, kernels):
         with pytest.raises(ValueError, match="even head size"):

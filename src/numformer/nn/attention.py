@@ -611,7 +611,9 @@ class MultiHeadAttention(Module):
             grads = views
         else:
             Tk, Hk = views[1].shape[2], self.n_kv_heads if kernel.grouped else H
-            grads = (np.empty(dctx.shape, dctx.dtype),) + tuple(np.empty((B, Hk, Tk, dh), dctx.dtype) for _ in "kv")
+            # stored (B, T, heads, d_head) as grad_rows: RoPE's backward and the copies below run along rows
+            grads = (_as_heads(np.empty((B, Tq, H, dh), dctx.dtype)),) + \
+                tuple(_as_heads(np.empty((B, Tk, Hk, dh), dctx.dtype)) for _ in "kv")
             kernel.backward(dctx, attn_cache, *grads)
             grads = self._undo_transforms(*grads, rope_cache, share_cache)
         for view, g, hook in zip(views, grads, (self.hook_q, self.hook_k, self.hook_v)):

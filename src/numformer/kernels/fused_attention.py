@@ -43,8 +43,9 @@ import numpy as np
 from .._runtime import parallel_for, products_in_pieces
 from ..ops.attention import check_attn_mask, check_qkv
 
-# Causal attention over long sequences is computed in blocks of this many queries: block [q0, q1) only
-# needs the keys [0, q1), so the scores (and their softmax) above the diagonal blocks are never computed.
+# Causal attention over long sequences is computed in blocks of this many queries (divided by the query heads
+# per key/value head): block [q0, q1) only needs the keys [0, q1), so the scores (and their softmax) above the
+# diagonal blocks are never computed.
 CAUSAL_BLOCK = 64
 # The causal masks of the most recent shapes are kept (read-only); past this many, start afresh.
 MASK_CACHE_SIZE = 64
@@ -134,12 +135,14 @@ def _products_in_pieces(t_q, t_k, d_k, d_v):
     return products_in_pieces(t, t, max(d_k, d_v))
 
 
-def _blocks(t_q, t_k, is_causal):
-    """(q0, q1, kv): query blocks and the number of keys each one sees (top-left aligned causal mask)."""
-    if not is_causal or t_q <= CAUSAL_BLOCK:
+def _blocks(t_q, t_k, is_causal, rep=1):
+    """(q0, q1, kv): query blocks and the number of keys each one sees (top-left aligned causal mask). A block
+    has CAUSAL_BLOCK / rep queries of each of the ``rep`` heads sharing a key/value head: about CAUSAL_BLOCK
+    columns of scores per item, whatever the grouping (smaller blocks skip more of the masked half)."""
+    size = max(1, CAUSAL_BLOCK // rep)
+    if not is_causal or t_q <= size:
         return [(0, t_q, t_k)]
-    return [(q0, min(q0 + CAUSAL_BLOCK, t_q), min(q0 + CAUSAL_BLOCK, t_q, t_k))
-            for q0 in range(0, t_q, CAUSAL_BLOCK)]
+    return [(q0, min(q0 + size, t_q), min(q0 + size, t_q, t_k)) for q0 in range(0, t_q, size)]
 
 
 def _merged(a, axes):
@@ -241,7 +244,7 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if out is None:
         out = np.empty(lead + (t_q, v.shape[-1]), dt)
-    fw = _Forward(q, k, v, out, rep, dt, scale, _blocks(t_q, t_k, is_causal), is_causal,
+    fw = _Forward(q, k, v, out, rep, dt, scale, _blocks(t_q, t_k, is_causal, rep), is_causal,
                   None if attn_mask is None else _grouped_mask_t(attn_mask, lead, t_q, t_k, rep, dt))
     items = k.shape[:-2]
     _Split(items[0], _split_grain(items, rep * t_q, t_k),

@@ -35,6 +35,7 @@ def split_everything(monkeypatch, threads):
     threads(3)
     monkeypatch.setattr(attn_ops, "_split_grain", lambda lead, t_q, t_k: 1)
     monkeypatch.setattr(attn_ops, "CAUSAL_BLOCK", 2)              # causal attention in blocks of 2 queries
+    monkeypatch.setattr(attn_ops, "FEW_QUERIES", 0)               # ... each with the unshifted softmax
     monkeypatch.setattr(norm_ops, "_row_grain", lambda d: 1)
     monkeypatch.setattr(act_kernels, "_CHUNK", 7)
     monkeypatch.setattr(fast_gelu, "CHUNK", 7)
@@ -630,13 +631,16 @@ def test_fused_attention_shares_key_value_heads_as_repeat_kv(kind, dtype, heads,
         assert np.array_equal(g, g1)
 
 
+@pytest.mark.parametrize("few", [0, 10 ** 6])
 @pytest.mark.parametrize("dtype, size", [(np.float32, -200.0), (np.float32, 200.0), (np.float64, -1000.0),
                                          (np.float64, 1000.0)])
-def test_fused_attention_with_scores_beyond_the_unshifted_exp(dtype, size, rng, split_everything):
+def test_fused_attention_with_scores_beyond_the_unshifted_exp(dtype, size, few, rng, split_everything, monkeypatch):
     """Scores far below or far above what exp takes without subtracting the largest (the kernel's fast softmax
     underflows or overflows there): the items concerned are computed again as the reference, and every item
     equals the reference (float64: forward and gradients; float32: the forward, whose gradients at such
-    scores lose digits in the reference's float32 arithmetic as in the kernel's)."""
+    scores lose digits in the reference's float32 arithmetic as in the kernel's). ``few``: every block takes
+    the unshifted softmax (0) or the shifted one of a cached step's few queries."""
+    monkeypatch.setattr(attn_ops, "FEW_QUERIES", few)
     B, H, T, dk = 3, 2, 6, 4
     q, k, v = (rng.standard_normal((B, H, T, dk)).astype(dtype) for _ in range(3))
     q[1, 0] = np.abs(q[1, 0]) * size                   # large scores of one sign in one item only

@@ -51,6 +51,10 @@ CAUSAL_BLOCK = 64
 MASK_CACHE_SIZE = 64
 # A thread's share of the batch is at least this many scores (smaller pieces cost more to hand out than to do).
 SCORES_PER_THREAD = 32768
+# Blocks with fewer query columns (rep · queries) per item than this (a cached generation step) sum exp over
+# the keys with a reduction rather than a product per item, and skip setting NumPy's error state (a cost of the
+# order of the whole step there) when their largest score cannot overflow exp.
+FEW_QUERIES = 16
 # exp(S) without a shift is trusted when every query's z = Σ exp(S) lies in [tiny · e^MARGIN · Tk,
 # max / e^MARGIN]: no score overflowed, and every query's largest term is a normal number far from underflow
 # (z ≤ Tk · its largest term), so the terms that matter keep every digit.
@@ -104,23 +108,41 @@ def _causal_diagonal(rows, n_q, rep, dtype):
 
 
 def _trusted_range(dtype, t_k):
-    """(lowest, highest) z of a query for which exp without a shift is trusted (see MARGIN)."""
+    """(lowest, highest) z of a query for which exp without a shift is trusted (see MARGIN), and a score below
+    which exp cannot overflow."""
     key = (np.dtype(dtype).str, t_k)
     if key not in _LIMITS:
         info = np.finfo(dtype)
-        _LIMITS[key] = (float(info.tiny) * math.exp(MARGIN) * max(t_k, 1), float(info.max) * math.exp(-MARGIN))
+        _LIMITS[key] = (float(info.tiny) * math.exp(MARGIN) * max(t_k, 1), float(info.max) * math.exp(-MARGIN),
+                        math.log(float(info.max)) - 1.0)
     return _LIMITS[key]
 
 
 def _grouped_mask_t(attn_mask, lead, t_q, t_k, rep, dtype):
-    """A functional mask (bool True = may attend, or float added) as an additive float mask in the scores'
-    layout (items..., Tk, rep, Tq): broadcast over the leading axes (a view), transposed, heads split."""
-    attn_mask = check_attn_mask(attn_mask, lead, t_q, t_k)
+    """A checked functional mask (bool True = may attend, or float added) as an additive float mask in the
+    scores' layout (items..., Tk, rep, Tq): broadcast over the leading axes (a view), transposed, heads split."""
     if attn_mask.dtype == bool:
         attn_mask = np.where(attn_mask, 0.0, -np.inf).astype(dtype)
     full = np.broadcast_to(attn_mask.astype(dtype, copy=False), lead + (t_q, t_k))
     split = full.reshape(lead[:-1] + (lead[-1] // rep, rep, t_q, t_k))
-    return np.moveaxis(split, (-3, -2, -1), (-2, -1, -3))
+    n = split.ndim
+    return split.transpose(tuple(range(n - 3)) + (n - 1, n - 3, n - 2))
+
+
+_ONES = {}
+
+
+def _ones(n, dtype):
+    """A read-only vector of n ones (z = Σ_keys E as a product), cached."""
+    key = (n, np.dtype(dtype).str)
+    v = _ONES.get(key)
+    if v is None:
+        v = np.ones(n, dtype)
+        v.setflags(write=False)
+        if len(_ONES) > MASK_CACHE_SIZE:
+            _ONES.clear()
+        _ONES[key] = v
+    return v
 
 
 def _split_grain(lead, t_q, t_k):
@@ -237,7 +259,8 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     t_q, t_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
     if attn_mask is not None:
-        wider = np.broadcast_shapes(lead, check_attn_mask(attn_mask, lead, t_q, t_k).shape[:-2])
+        attn_mask = check_attn_mask(attn_mask, lead, t_q, t_k)
+        wider = np.broadcast_shapes(lead, attn_mask.shape[:-2])
         if wider != lead:                         # a mask with more leading axes than q: broadcast q, k, v
             k, v = (np.repeat(a, rep, axis=-3) for a in (k, v)) if rep > 1 else (k, v)
             q, k, v, rep, lead = (*(np.broadcast_to(a, wider + a.shape[-2:]) for a in (q, k, v)), 1, wider)
@@ -253,6 +276,18 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     return (out[0] if squeezed else out), cache
 
 
+def _shifted_softmax(flat):
+    """Pᵀ from Sᵀ + M in place over the key axis (-2) as the reference: each query's largest score subtracted
+    before exp (0 for a query that sees no key, whose weights are then all 0)."""
+    m = np.max(flat, axis=-2, keepdims=True)
+    m[~np.isfinite(m)] = 0
+    flat -= m
+    np.exp(flat, out=flat)
+    z = np.add.reduce(flat, axis=-2, keepdims=True)
+    z[z == 0] = 1
+    flat /= z
+
+
 class _Forward:
     """The buffers and stages of one forward call (see ``fused_attention_forward``)."""
 
@@ -264,7 +299,7 @@ class _Forward:
         self.p = [np.empty(items + (kv, rep, q1 - q0), dt) for q0, q1, kv in blocks]
         self.diag = [_causal_diagonal(kv - q0, q1 - q0, rep, dt) if is_causal and kv > q0 else None
                      for q0, q1, kv in blocks]
-        self.ones = [np.ones(kv, dt) for _, _, kv in blocks]
+        self.ones = [_ones(kv, dt) for _, _, kv in blocks]
         self.trusted = _trusted_range(dt, k.shape[-2])
         self.untrusted = [[] for _ in blocks]         # the (lo, hi) item ranges of each block to compute again
 
@@ -296,7 +331,9 @@ class _Forward:
         if self.diag[b] is not None:                                        # keys q0 … kv-1 meet the diagonal
             rows = _flat(p[..., q0:kv, :, :], self.diag[b].size)
             rows += self.diag[b]
-        if self.mask_t is not None:
+        if self.mask_t is not None and p.shape[-1] * p.shape[-2] == 1:     # one query (a cached step): along keys
+            _merged(p, 3)[...] += self.mask_t[lo:hi, ..., :kv, 0, q0]
+        elif self.mask_t is not None:
             p += self.mask_t[lo:hi, ..., :kv, :, q0:q1]
 
     def softmax(self, b, lo, hi):
@@ -305,11 +342,15 @@ class _Forward:
         p = self.p[b][lo:hi]
         self._masked(b, p, lo, hi)
         flat = _merged(p, 2)                                                # (items, kv, rep · nq)
-        with np.errstate(over="ignore"):                                    # an overflow is caught on z below
-            np.exp(flat, out=flat)
-        z = np.matmul(self.ones[b], flat)                                   # (items, rep · nq)
-        low, high = self.trusted
-        if z.size and not (low <= z.min() and z.max() <= high):            # also catches NaN
+        few = flat.shape[-1] < FEW_QUERIES
+        if few and flat.size and np.maximum.reduce(flat, axis=None) < self.trusted[2]:
+            np.exp(flat, out=flat)                                          # no overflow: no error state to set
+        else:
+            with np.errstate(over="ignore"):                                # an overflow is caught on z below
+                np.exp(flat, out=flat)
+        z = np.add.reduce(flat, axis=-2) if few else np.matmul(self.ones[b], flat)      # (items, rep · nq)
+        low, high, _ = self.trusted
+        if z.size and not (low <= np.minimum.reduce(z, axis=None) and np.maximum.reduce(z, axis=None) <= high):
             rows = _flat(z, z.shape[-1])
             bad = ~((rows.min(axis=1) >= low) & (rows.max(axis=1) <= high))
             first, *rest = np.unravel_index(np.nonzero(bad)[0], z.shape[:-1])
@@ -320,8 +361,7 @@ class _Forward:
 
     def redo_untrusted(self, b, lo, hi):
         """The softmax of block b's untrusted items among lo:hi computed again as the reference: the scores,
-        then each query's largest score subtracted before exp (0 for a query that sees no key, whose weights
-        are all 0)."""
+        then each query's largest score subtracted before exp."""
         q0, q1, kv = self.blocks[b]
         for item in [i for i in self.untrusted[b] if lo <= i[0] < hi]:
             p = self.p[b][item]                                             # (kv, rep, nq)
@@ -331,14 +371,7 @@ class _Forward:
                 p[q0:kv] += self.diag[b].reshape(p[q0:kv].shape)
             if self.mask_t is not None:
                 p += self.mask_t[item][:kv, :, q0:q1]
-            flat = p.reshape(kv, -1)
-            m = np.max(flat, axis=0)
-            m[~np.isfinite(m)] = 0
-            flat -= m
-            np.exp(flat, out=flat)
-            z = np.add.reduce(flat, axis=0)
-            z[z == 0] = 1
-            flat /= z
+            _shifted_softmax(p.reshape(kv, -1))
 
     def weighted_sum(self, b, lo, hi):
         """O = P V for block b's queries, written into ``out``: (items, rep, nq, d_v)."""

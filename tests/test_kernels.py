@@ -35,6 +35,7 @@ def split_everything(monkeypatch, threads):
     threads(3)
     monkeypatch.setattr(attn_ops, "_split_grain", lambda lead, t_q, t_k: 1)
     monkeypatch.setattr(attn_ops, "CAUSAL_BLOCK", 2)              # causal attention in blocks of 2 queries
+    monkeypatch.setattr(attn_ops, "FEW_QUERIES", 0)               # ... each with the unshifted softmax
     monkeypatch.setattr(norm_ops, "_row_grain", lambda d: 1)
     monkeypatch.setattr(act_kernels, "_CHUNK", 7)
     monkeypatch.setattr(fast_gelu, "CHUNK", 7)
@@ -520,6 +521,23 @@ def test_rope_kernel_equals_reference(dtype, shape, offset, positions, rng):
     _assert_pairs_close(_pairs("rope", strided, offset), TOLERANCE[dtype], "rope strided")
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("offset", [0, 300])
+def test_rope_kernel_on_heads_side_by_side_equals_reference(dtype, offset, rng):
+    """Queries seen as (B, H, T, d) in a fused projection's output (B, T, heads, d), the layout the attention
+    layer hands over: the kernel rotates them along the rows of its memory (tables repeated for the heads);
+    the same values and gradients as the reference, whose gradient comes in that layout too or not."""
+    B, T, H, d = 2, 5, 3, 8
+    qkv = rng.standard_normal((B, T, H + 2, d)).astype(dtype)
+    q = qkv[:, :, :H].transpose(0, 2, 1, 3)
+    y, cache = kernels.rope_forward(q, offset)
+    y_ref, ref_cache = ops.rope_forward(q, offset)
+    assert_close(y, y_ref, TOLERANCE[dtype], "forward")
+    dy = rng.standard_normal((B, T, H, d)).astype(dtype)
+    for g in (dy.transpose(0, 2, 1, 3), np.ascontiguousarray(dy.transpose(0, 2, 1, 3))):
+        assert_close(kernels.rope_backward(g, cache), ops.rope_backward(g, ref_cache), TOLERANCE[dtype], "backward")
+
+
 def test_rope_kernel_errors_as_the_reference(rng):
     for lib in (ops, kernels):
         with pytest.raises(ValueError, match="even head size"):
@@ -577,6 +595,66 @@ def test_attention_kernels_equal_reference_with_every_mask(kind, dtype, rng, spl
         assert_close(out, ref, tol, name + " out")
         for g, g_ref, which in zip(grads, ref_grads, "qkv"):
             assert_close(g, g_ref, tol, f"{name} d{which}")
+
+
+def _grouped_reference(q, k, v, mask, causal, dout):
+    """ops.repeat_kv_forward, then the reference attention, and back: (out, dq, dk, dv)."""
+    rep = q.shape[1] // k.shape[1]
+    (kr, ck), (vr, cv) = ops.repeat_kv_forward(k, rep), ops.repeat_kv_forward(v, rep)
+    out, _, cache = ops.scaled_dot_product_attention_forward(q, kr, vr, mask, causal)
+    dq, dk, dv = ops.scaled_dot_product_attention_backward(dout, cache)
+    return out, dq, ops.repeat_kv_backward(dk, ck), ops.repeat_kv_backward(dv, cv)
+
+
+@pytest.mark.parametrize("kind", ["none", "causal", "float", "padding", "all_masked_row"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("heads", [(4, 2), (3, 1), (2, 2)])
+def test_fused_attention_shares_key_value_heads_as_repeat_kv(kind, dtype, heads, rng, split_everything):
+    """Keys and values with fewer heads than the queries (grouped-query attention): the fused kernel equals
+    repeat_kv + the reference, forward and gradients, the same under any thread split."""
+    (H, H_kv), B, Tq, Tk = heads, 2, 5, 5
+    q = rng.standard_normal((B, H, Tq, 4)).astype(dtype)
+    k, v = (rng.standard_normal((B, H_kv, Tk, 4)).astype(dtype) for _ in range(2))
+    mask, causal, _ = _mask(kind, rng, B, H, Tq, Tk)
+    if mask is not None and mask.dtype != bool:
+        mask = mask.astype(dtype)
+    dout = rng.standard_normal((B, H, Tq, 4)).astype(dtype)
+    out, cache = kernels.fused_attention_forward(q, k, v, mask, causal)
+    grads = kernels.fused_attention_backward(dout, cache)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out,) + grads, _grouped_reference(q, k, v, mask, causal, dout)):
+        assert a.dtype == dtype and a.shape == b.shape, name
+        assert_close(a, b, TOLERANCE[dtype], name)
+    _runtime.set_num_threads(1)
+    out1, cache1 = kernels.fused_attention_forward(q, k, v, mask, causal)
+    assert np.array_equal(out, out1)
+    for g, g1 in zip(grads, kernels.fused_attention_backward(dout, cache1)):
+        assert np.array_equal(g, g1)
+
+
+@pytest.mark.parametrize("few", [0, 10 ** 6])
+@pytest.mark.parametrize("dtype, size", [(np.float32, -200.0), (np.float32, 200.0), (np.float64, -1000.0),
+                                         (np.float64, 1000.0)])
+def test_fused_attention_with_scores_beyond_the_unshifted_exp(dtype, size, few, rng, split_everything, monkeypatch):
+    """Scores far below or far above what exp takes without subtracting the largest (the kernel's fast softmax
+    underflows or overflows there): the items concerned are computed again as the reference, and every item
+    equals the reference (float64: forward and gradients; float32: the forward, whose gradients at such
+    scores lose digits in the reference's float32 arithmetic as in the kernel's). ``few``: every block takes
+    the unshifted softmax (0) or the shifted one of a cached step's few queries."""
+    monkeypatch.setattr(attn_ops, "FEW_QUERIES", few)
+    B, H, T, dk = 3, 2, 6, 4
+    q, k, v = (rng.standard_normal((B, H, T, dk)).astype(dtype) for _ in range(3))
+    q[1, 0] = np.abs(q[1, 0]) * size                   # large scores of one sign in one item only
+    k[1, 0] = np.abs(k[1, 0])
+    dout = rng.standard_normal(q.shape).astype(dtype)
+    with np.errstate(over="raise", invalid="raise"):
+        out, cache = kernels.fused_attention_forward(q, k, v, is_causal=True)
+    ref, _, ref_cache = ops.scaled_dot_product_attention_forward(q, k, v, is_causal=True)
+    assert np.isfinite(out).all()
+    assert_close(out, ref, TOLERANCE[dtype], "out")
+    if dtype == np.float64:
+        for g, g_ref, name in zip(kernels.fused_attention_backward(dout, cache),
+                                  ops.scaled_dot_product_attention_backward(dout, ref_cache), "qkv"):
+            assert_close(g, g_ref, TOLERANCE[dtype], "d" + name)
 
 
 # -- whole models on both paths -------------------------------------------------------------------------

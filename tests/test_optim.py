@@ -78,6 +78,32 @@ def test_adamw_with_schedule_matches_torch():
              lr_schedule=make_schedule("cosine", 1e-2, warmup_steps=10, max_steps=80, min_lr=1e-3))
 
 
+@pytest.mark.parametrize("cls", [Adam, AdamW])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_builtin_update_equals_the_step_function(cls, dtype):
+    """The optimizer's own update (temporaries in a reused scratch buffer) gives exactly what its readable
+    step function (adam_step / adamw_step, called when another function is put in its place) gives."""
+    rng = np.random.default_rng(0)
+    shapes = [(5, 3), (7,), (2, 4, 3)]
+    runs = []
+    for replaced in (False, True):
+        params = [Parameter(rng.standard_normal(s).astype(dtype)) for s in shapes]
+        rng = np.random.default_rng(0)
+        opt = cls(params, lr=1e-2, weight_decay=0.1)
+        if replaced:
+            own = opt.step_function
+            opt.step_function = lambda *args: own(*args)
+        grads = np.random.default_rng(1)
+        for _ in range(5):
+            for p in params:
+                p.grad = grads.standard_normal(p.shape).astype(dtype)
+            opt.step()
+        runs.append([p.data.copy() for p in params])
+    for a, b in zip(*runs):
+        assert a.dtype == dtype
+        np.testing.assert_array_equal(a, b)
+
+
 def test_optimizer_state_roundtrip():
     opt = run_pair(AdamW, torch.optim.AdamW, {"lr": 1e-2})
     arrays, meta = opt.state_dict()

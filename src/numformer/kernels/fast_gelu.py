@@ -4,7 +4,7 @@ The fast version of that reference for float32.
 
 The reference computes Φ through ``ops.special.erf`` and exp(-x²/2) separately, each step a temporary
 the size of the input; this kernel uses one rational approximation of erf accurate to float32 (absolute
-error below 1.5e-7), works over chunks of ``CHUNK`` elements whose temporaries stay in the L2 cache, reuses the same exp(-x²/2)
+error below 1.5e-7), works over chunks of ``CHUNK`` elements whose temporaries stay near the core, reuses the same exp(-x²/2)
 for the value and the derivative, and splits the chunks across numformer's threads. Each element is
 computed by the same operations whatever the split. tests/test_kernels.py compares it with the
 reference (within 1e-6, as torch's own float32 GELU) and across thread counts.
@@ -17,8 +17,9 @@ import numpy as np
 
 from .._runtime import parallel_for
 
-# Elements per pass (and per thread at least): a chunk's temporaries stay in L2.
-CHUNK = 32768
+# Elements per pass (and per thread at least): a chunk's temporaries stay near the core (measured fastest of
+# 16K-96K on AMD EPYC (Zen 4, 1 MB L2) for a training step's hidden layer).
+CHUNK = 65536
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -26,7 +27,7 @@ _SIGN_BIT = np.uint32(0x80000000)
 
 
 def gelu_erf_f32(x):
-    """Exact GELU in float32 and its derivative, over L2-sized chunks split across threads.
+    """Exact GELU in float32 and its derivative, over cache-sized chunks split across threads.
 
     With u = x/√2 and e = exp(-u²) = exp(-x²/2), the A&S 7.1.26
     approximation gives erf(|u|) = 1 - P(t)·e (absolute error below 1.5e-7),

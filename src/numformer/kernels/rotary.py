@@ -7,7 +7,10 @@ tables, and the halves are swapped as two blocks of bytes rather than element by
 
     y = x ⊙ [cos, cos] + [x₂, x₁] ⊙ [-sin, sin]         (backward: dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin])
 
-three full-width passes and the swap, in place in two buffers. Explicit ``positions`` (left-padded prompts)
+three full-width passes and the swap, in place in two buffers. Queries or keys of several heads stored with the
+heads side by side, (..., T, H, d) in memory and seen as (..., H, T, d) (the heads of a fused q/k/v projection),
+are rotated in that memory order against tables repeated for the H heads, so that each pass runs along H · d
+contiguous numbers instead of d at a time. Explicit ``positions`` (left-padded prompts)
 take their rows from the tables by index. A scaled RoPE (``scaling``) has tables of its own; "dynamic"
 scaling past its context (frequencies that change with the sequence length) is computed for the call.
 """
@@ -18,6 +21,7 @@ import numpy as np
 from ..ops.rotary import rope_angles
 
 _TABLES = {}
+_TILED = {}
 
 
 def _signed(cos, sin):
@@ -28,9 +32,10 @@ def _signed(cos, sin):
     return cos, forward, -forward
 
 
-def _tables(length, head_dim, theta, dtype, scaling=None):
-    """Read-only (cos, forward sine, backward sine), each (≥ length, head_dim), for positions 0, 1, …; cached.
-    ``scaling`` must not depend on the sequence length (see ``_fixed_scaling``)."""
+def _tables(length, head_dim, theta, dtype, scaling=None, heads=1):
+    """Read-only (cos, forward sine, backward sine), each (≥ length, heads · head_dim), for positions 0, 1, …,
+    repeated for ``heads`` heads side by side; cached. ``scaling`` must not depend on the sequence length
+    (see ``_fixed_scaling``)."""
     key = (int(head_dim), float(theta), np.dtype(dtype).str, scaling)
     tables = _TABLES.get(key)
     if tables is None or tables[0].shape[0] < length:
@@ -41,7 +46,25 @@ def _tables(length, head_dim, theta, dtype, scaling=None):
         if len(_TABLES) >= 16:
             _TABLES.clear()
         _TABLES[key] = tables
-    return tables
+    if heads == 1:
+        return tables
+    tiled = _TILED.get((key, heads))
+    if tiled is None or tiled[0].shape[0] != tables[0].shape[0]:
+        tiled = tuple(np.tile(t, (1, heads)) for t in tables)
+        for t in tiled:
+            t.setflags(write=False)
+        if len(_TILED) >= 32:
+            _TILED.clear()
+        _TILED[(key, heads)] = tiled
+    return tiled
+
+
+def _heads_side_by_side(x):
+    """H when x (..., H, T, d), H > 1, is stored as (..., T, H, d) with each position's heads contiguous (a view
+    of a fused projection's output), else None."""
+    if x.ndim < 3 or x.shape[-3] < 2 or x.strides[-1] != x.itemsize or x.strides[-3] != x.shape[-1] * x.itemsize:
+        return None
+    return x.shape[-3]
 
 
 def _fixed_scaling(scaling, seq_len):
@@ -61,8 +84,16 @@ def _swap_halves(x):
     return np.ascontiguousarray(x.view(block)[..., ::-1]).view(x.dtype)
 
 
-def _rotate(x, cos, sin):
-    """x ⊙ cos + swap_halves(x) ⊙ sin, with the sign of the rotation in ``sin``."""
+def _rotate(x, cos, sin, heads=None):
+    """x ⊙ cos + swap_halves(x) ⊙ sin, with the sign of the rotation in ``sin``. ``heads``: x's heads are side by
+    side in memory (``_heads_side_by_side``) and the tables (T, heads · d) repeated for them."""
+    if heads:
+        rows = x.swapaxes(-3, -2)                                   # (..., T, H, d) in memory order
+        y = np.multiply(rows.reshape(rows.shape[:-2] + (-1,)), cos)   # (..., T, H · d)
+        t = _swap_halves(rows).reshape(y.shape)
+        t *= sin
+        y += t
+        return y.reshape(rows.shape).swapaxes(-3, -2)
     y = np.multiply(x, cos)
     t = _swap_halves(x)
     if t.dtype == y.dtype:
@@ -77,8 +108,8 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
     """Rotate queries or keys x: (..., T, d) by their positions (``ops.rope_forward``); returns (y, cache).
 
     Positions offset … offset+T-1, or ``positions`` (T,) or (B, T) for x of shape (B, H, T, d);
-    ``scaling``: a ``RopeScaling`` or None. The cache is (cos, backward sine) of the rows used, views of the
-    cached tables.
+    ``scaling``: a ``RopeScaling`` or None. The cache is (cos, backward sine, heads) of the rows used, views of
+    the cached tables (repeated for ``heads`` heads side by side, or None).
     """
     x = np.asarray(x)
     if x.ndim < 2:
@@ -87,23 +118,30 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
     dtype = x.dtype if x.dtype.kind == "f" else np.float64
     fixed = _fixed_scaling(scaling, offset + t)
     if positions is None and offset >= 0 and fixed is not False:
-        cos, sin, sin_back = (table[offset:offset + t] for table in _tables(offset + t, d, theta, dtype, fixed))
-    else:
-        positions = np.arange(offset, offset + t) if positions is None else np.asarray(positions)
-        if positions.shape[-1] != t:
-            raise ValueError(f"positions of shape {positions.shape} do not match the sequence length {t}")
-        n = int(positions.max()) + 1 if positions.size else 0
-        fixed = _fixed_scaling(scaling, n)
-        if positions.size and positions.min() >= 0 and fixed is not False:
-            cos, sin, sin_back = (table[positions] for table in _tables(n, d, theta, dtype, fixed))
-        else:                               # negative positions, or dynamic scaling past its context
-            cos, sin, sin_back = _signed(*rope_angles(positions, d, theta, dtype, scaling))
-        if positions.ndim == 2 and x.ndim == 4:                # (B, T, d) -> (B, 1, T, d) for the head axis
-            cos, sin, sin_back = cos[:, None], sin[:, None], sin_back[:, None]
-    return _rotate(x, cos, sin), (cos, sin_back)
+        heads = _heads_side_by_side(x) if x.dtype == dtype else None
+        cos, sin, sin_back = (table[offset:offset + t] for table in _tables(offset + t, d, theta, dtype, fixed,
+                                                                             heads or 1))
+        return _rotate(x, cos, sin, heads), (cos, sin_back, heads)
+    positions = np.arange(offset, offset + t) if positions is None else np.asarray(positions)
+    if positions.shape[-1] != t:
+        raise ValueError(f"positions of shape {positions.shape} do not match the sequence length {t}")
+    n = int(positions.max()) + 1 if positions.size else 0
+    fixed = _fixed_scaling(scaling, n)
+    if positions.size and positions.min() >= 0 and fixed is not False:
+        cos, sin, sin_back = (table[positions] for table in _tables(n, d, theta, dtype, fixed))
+    else:                                   # negative positions, or dynamic scaling past its context
+        cos, sin, sin_back = _signed(*rope_angles(positions, d, theta, dtype, scaling))
+    if positions.ndim == 2 and x.ndim == 4:                    # (B, T, d) -> (B, 1, T, d) for the head axis
+        cos, sin, sin_back = cos[:, None], sin[:, None], sin_back[:, None]
+    return _rotate(x, cos, sin), (cos, sin_back, None)
 
 
 def rope_backward(dy, cache):
     """dx = the inverse rotation of dy (``ops.rope_backward``): dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin]."""
-    cos, sin_back = cache
+    cos, sin_back, heads = cache
+    dy = np.asarray(dy)
+    if heads and _heads_side_by_side(dy) == heads and dy.dtype == cos.dtype:
+        return _rotate(dy, cos, sin_back, heads)
+    if heads:                                                       # the tables of one head
+        cos, sin_back = cos[..., :dy.shape[-1]], sin_back[..., :dy.shape[-1]]
     return _rotate(dy, cos, sin_back)

@@ -8,7 +8,8 @@ each a module or an op pair with its own backward:
 1. project: the ``qkv_proj`` module (a ``QKVProjection``: [W^Q; W^K; W^V] as one Linear, the layout of
    torch's ``in_proj_weight``; one matmul for self-attention) gives the per-head q, k, v (B, H, T, d_head);
 2. transform q and k: q/k RMSNorm over each head (``q_norm``, ``k_norm``; Qwen3, Gemma 3), then RoPE;
-3. share the key/value heads among the query heads (grouped-query attention);
+3. share the key/value heads among the query heads (grouped-query attention): repeated for the kernel, unless
+   the kernel shares them itself (``dispatch.AttentionKernel.grouped``, the fused kernel);
 4. the kernel: scores S = q kᵀ · scale (scale 1/√d_head unless given), an optional soft-cap c·tanh(S/c),
    the mask, softmax, the weighted sum of v; chosen in ``nn.dispatch.ATTENTION``;
 5. ``out_proj`` maps the merged heads (n_heads · head_dim) back to d_model.
@@ -499,11 +500,11 @@ class MultiHeadAttention(Module):
         return self.qkv_proj.backward_parts(flat)
 
     # -- step 2: q/k norm and positions; step 3: shared key/value heads ------------------------------------
-    @property
-    def _plain_heads(self):
-        """True for the 2017 attention: q, k, v go to the kernel as projected (no norm, no positions inside,
-        as many key/value heads as query heads), so the kernel can write its gradients into dqkv directly."""
-        return self.positional is None and self.n_kv_heads == self.n_heads and self.q_norm is None
+    def _plain_heads(self, kernel):
+        """True when q, k, v go to ``kernel`` as projected (no norm, no positions inside, as many key/value heads
+        as query heads or a grouped kernel), so the kernel can write its gradients into dqkv directly."""
+        return self.positional is None and self.q_norm is None and (self.n_kv_heads == self.n_heads
+                                                                     or kernel.grouped)
 
     def _transform_qk(self, q, k, offset, positions=None):
         """q/k RMSNorm (each head vector), then RoPE at positions offset, offset+1, … or ``positions`` (B, T)
@@ -517,10 +518,10 @@ class MultiHeadAttention(Module):
         k, ck = F.rope_forward(k, offset, self.rope_theta, positions, scaling=self.rope_scaling)
         return self.hook_rot_q.seq_first(q), self.hook_rot_k.seq_first(k), (cq, ck)
 
-    def _share_kv(self, k, v):
-        """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d).
-        Returns (k, v, caches of the two repeats)."""
-        rep = self.n_heads // self.n_kv_heads
+    def _share_kv(self, k, v, name):
+        """Repeat each key/value head for its n_heads / n_kv_heads query heads: (B, H_kv, T, d) -> (B, H, T, d),
+        unless the kernel ``name`` shares them itself (grouped). Returns (k, v, caches of the two repeats)."""
+        rep = 1 if self._kernel(name).grouped else self.n_heads // self.n_kv_heads
         (k, ck), (v, cv) = F.repeat_kv_forward(k, rep), F.repeat_kv_forward(v, rep)
         return k, v, (ck, cv)
 
@@ -588,10 +589,10 @@ class MultiHeadAttention(Module):
         (q, k, v), counts = self._project(query, key, value)            # 1. q: (B, H, T, d_head); k, v: H_kv
         q, k, v = self._hook_qkv(q, k, v)
         q, k, rope_cache = self._transform_qk(q, k, 0, positions)       # 2. q/k norm, RoPE
-        k, v, share_cache = self._share_kv(k, v)                        # 3. shared key/value heads
-        masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal, window=key is query)
         p_drop = self.dropout_p if self.training else 0.0
         name = self.kernel_name(p_drop)
+        k, v, share_cache = self._share_kv(k, v, name)                  # 3. shared key/value heads
+        masks = self._masks(q, k, attn_mask, key_padding_mask, is_causal, window=key is query)
         ctx, attn_cache = self._attend(name, q, k, v, masks, p_drop)   # 4. (B, Tq, H, d_head)
         self._cache = (name, counts, [x.shape[:2] for x in (query, key, value)[:len(counts)]], attn_cache,
                        rope_cache, share_cache)
@@ -609,14 +610,16 @@ class MultiHeadAttention(Module):
         grad_rows = [np.empty((b, t, sum(c), dh), dtype=dctx.dtype) for (b, t), c in zip(shapes, counts)]
         views = tuple(v for g, c in zip(grad_rows, counts)
                       for v in _split_groups(g.reshape(g.shape[:2] + (-1,)), c))     # dq, dk, dv
-        backward = self._kernel(name).backward
-        if self._plain_heads:
-            backward(dctx, attn_cache, *views)                          # writes into grad_rows
+        kernel = self._kernel(name)
+        if self._plain_heads(kernel):
+            kernel.backward(dctx, attn_cache, *views)                   # writes into grad_rows
             grads = views
         else:
-            Tk = views[1].shape[2]
-            grads = (np.empty(dctx.shape, dctx.dtype),) + tuple(np.empty((B, H, Tk, dh), dctx.dtype) for _ in "kv")
-            backward(dctx, attn_cache, *grads)
+            Tk, Hk = views[1].shape[2], self.n_kv_heads if kernel.grouped else H
+            # stored (B, T, heads, d_head) as grad_rows: RoPE's backward and the copies below run along rows
+            grads = (_as_heads(np.empty((B, Tq, H, dh), dctx.dtype)),) + \
+                tuple(_as_heads(np.empty((B, Tk, Hk, dh), dctx.dtype)) for _ in "kv")
+            kernel.backward(dctx, attn_cache, *grads)
             grads = self._undo_transforms(*grads, rope_cache, share_cache)
         for view, g, hook in zip(views, grads, (self.hook_q, self.hook_k, self.hook_v)):
             g = hook.backward_seq_first(g)
@@ -637,14 +640,14 @@ class MultiHeadAttention(Module):
                 (kv,) = self.qkv_proj.project_parts(((key, (Hkv, Hkv)),), first_head=H)
                 k_mem, v_mem = _split_groups(kv, (Hkv, Hkv))
                 cache.append(self.hook_k.seq_first(k_mem), self.hook_v.seq_first(v_mem))
-            k, v, _ = self._share_kv(*cache.view())
+            k, v, _ = self._share_kv(*cache.view(), self.kernel_name(0.0))
             offset = 0
         else:
             if not (key is query and value is query):
                 raise ValueError("a growing KVCache is for self-attention; use KVCache(static=True) for a memory")
             q, k_new, v_new = self._hook_qkv(*_split_groups(self.qkv_proj(query), (H, Hkv, Hkv)))
             q, k_new, _ = self._transform_qk(q, k_new, offset, positions)  # the cache keeps rotated keys, H_kv heads
-            k, v, _ = self._share_kv(*cache.append(k_new, v_new))
+            k, v, _ = self._share_kv(*cache.append(k_new, v_new), self.kernel_name(0.0))
         causal = is_causal and not cache.static and query.shape[1] > 1
         if not cache.static:
             offset = k.shape[2] - query.shape[1]        # stored keys before the queries (a window drops old ones)

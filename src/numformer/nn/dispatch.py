@@ -134,7 +134,9 @@ F = _Table()
 # -- attention ------------------------------------------------------------------------------------------------
 # Each kernel is a pair. forward(layer, q, k, v, masks, p_drop, out) writes the context (B, H, Tq, d_head) into
 # ``out`` and returns (weights or None, cache); backward(dctx, cache, dq, dk, dv) writes the gradients into the
-# given (B, H, T, d_head) arrays. ``layer`` (a MultiHeadAttention) gives the scale, the soft-cap, the dropout
+# given (B, H, T, d_head) arrays. A ``grouped`` kernel takes k, v (and writes dk, dv) with the layer's
+# n_kv_heads heads, each serving n_heads / n_kv_heads query heads; the others get them repeated to n_heads.
+# ``layer`` (a MultiHeadAttention) gives the scale, the soft-cap, the dropout
 # generator and the flash block sizes; ``masks`` (its ``Masks``) the masks in the module convention, which each
 # forward turns into its kernel's.
 
@@ -190,13 +192,15 @@ class AttentionKernel(NamedTuple):
     dropout: bool          # attention dropout
     softcap: bool          # soft-capped scores
     weights: bool          # the attention weights, for ``record_weights``
+    grouped: bool = False  # takes k, v with their n_kv_heads heads (grouped-query attention), dk, dv likewise
 
 
-#  name          forward             backward                                               dropout softcap weights
+#  name          forward             backward                                    dropout softcap weights grouped
 ATTENTION = {
-    "reference": AttentionKernel(_reference_forward, _writing(_reference_backward), True, True, True),
-    "fused":     AttentionKernel(_fused_forward, kernels.fused_attention_backward, False, False, True),
-    "flash":     AttentionKernel(_flash_forward, _writing(kernels.flash_attention_backward), False, False, False),
+    "reference": AttentionKernel(_reference_forward, _writing(_reference_backward), True, True, True, False),
+    "fused":     AttentionKernel(_fused_forward, kernels.fused_attention_backward, False, False, True, True),
+    "flash":     AttentionKernel(_flash_forward, _writing(kernels.flash_attention_backward), False, False, False,
+                                 False),
 }
 
 

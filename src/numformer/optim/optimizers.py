@@ -238,6 +238,26 @@ def _adam_moments_and_update(param, grad, m, v, t, lr, betas, eps):
     param -= step_size * (m / denom)
 
 
+def _adam_update_in_place(param, grad, m, v, t, lr, betas, eps, scratch):
+    """``_adam_moments_and_update`` with its temporaries in one ``scratch`` array of param's shape: the same
+    operations on each number in the same order (identical results), without allocating four arrays the size
+    of the parameter per update (fresh memory is slower to write than a reused, cached buffer)."""
+    beta1, beta2 = betas
+    np.subtract(grad, m, out=scratch)           # m += (1 - β₁)(g - m)
+    scratch *= 1.0 - beta1
+    m += scratch
+    v *= beta2                                  # v += (1 - β₂) g²  after  v *= β₂
+    np.multiply(grad, grad, out=scratch)
+    scratch *= 1.0 - beta2
+    v += scratch
+    np.sqrt(v, out=scratch)                     # denom = √v / √(1 - β₂ᵗ) + ε
+    scratch /= math.sqrt(1.0 - beta2 ** t)
+    scratch += eps
+    np.divide(m, scratch, out=scratch)          # θ -= lr / (1 - β₁ᵗ) · m / denom
+    scratch *= lr / (1.0 - beta1 ** t)
+    param -= scratch
+
+
 class Adam(Optimizer):
     """Adam (Kingma & Ba 2015) with torch's L2 weight decay (added to the gradient).
 
@@ -257,6 +277,7 @@ class Adam(Optimizer):
     _buffers = ("exp_avg", "exp_avg_sq")
     # the update of one parameter, in place: (param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, wd)
     step_function = staticmethod(adam_step)
+    _scratch = np.empty(0, np.float32)      # the built-in update's temporaries (see _builtin_update)
 
     def _validate(self):
         super()._validate()
@@ -273,8 +294,25 @@ class Adam(Optimizer):
             st["exp_avg"] = np.zeros_like(p.data)
             st["exp_avg_sq"] = np.zeros_like(p.data)
         st["step"] += 1
+        if self.step_function in (adam_step, adamw_step) and grad.dtype == p.data.dtype and p.data.flags.c_contiguous:
+            self._builtin_update(p.data, grad, st, g)
+            return
         self.step_function(p.data, grad, st["exp_avg"], st["exp_avg_sq"], st["step"], g["lr"], g["betas"], g["eps"],
                            g["weight_decay"])
+
+    def _builtin_update(self, param, grad, st, g):
+        """``adam_step`` / ``adamw_step`` (the class's own, not one put in its place), their temporaries in a
+        scratch buffer kept for all parameters: the same results."""
+        lr, wd = g["lr"], g["weight_decay"]
+        if wd and self.step_function is adamw_step:
+            param *= 1.0 - lr * wd
+        elif wd:
+            grad = grad + wd * param
+        if self._scratch.size < param.size or self._scratch.dtype != param.dtype:
+            self._scratch = np.empty(max(param.size, self._scratch.size), param.dtype)
+        scratch = self._scratch[:param.size].reshape(param.shape)
+        _adam_update_in_place(param, grad, st["exp_avg"], st["exp_avg_sq"], st["step"], lr, g["betas"], g["eps"],
+                              scratch)
 
 
 class AdamW(Adam):

@@ -82,14 +82,18 @@ def test_the_estimate_is_unbiased_where_the_first_windows_are_easy(corpus, tmp_p
 
 
 def test_the_saved_weights_are_the_best_on_the_whole_split(corpus, tmp_path, monkeypatch, capsys):
-    """Best step before the last: the selected weights are saved, and the summary's best_val_loss is their
-    whole-split loss, which `numformer eval` prints."""
+    """Best step before the last: the step chosen on the fixed sample is saved (its whole-split loss beats the
+    last step's), and the summary's best_val_loss is its whole-split loss, which `numformer eval` prints.
+    (The sample ranks the steps, so its best need not be the whole split's best among all steps: the test
+    recomputes the sample's ranking rather than assuming the two agree, which depends on rounding.)"""
     trainer = Trainer(config(corpus), tmp_path / "run", quiet=True)
-    snapshots, real = {}, trainer.evaluation.periodic
+    snapshots, estimates, real = {}, {}, trainer.evaluation.periodic
 
     def evaluate_and_snapshot(step):
         snapshots[trainer.step] = {k: v.copy() for k, v in trainer.model.state_dict().items()}
-        return real(step)
+        result, key = real(step)
+        estimates[trainer.step] = result[key]
+        return result, key
 
     monkeypatch.setattr(trainer.evaluation, "periodic", evaluate_and_snapshot)
     summary = trainer.train()
@@ -97,10 +101,11 @@ def test_the_saved_weights_are_the_best_on_the_whole_split(corpus, tmp_path, mon
     for step, weights in snapshots.items():
         trainer.model.load_state_dict(weights)
         whole[step] = evaluate_loss(trainer.model, trainer.task, "val", EVAL_BS)
-    best_step = min(whole, key=whole.get)
-    assert best_step != summary["last_step"] == 150
-    assert summary["best_step"] == summary["selected_step"] == best_step and summary["weights"] == "best"
-    assert summary["best_val_loss"] == pytest.approx(whole[best_step], abs=1e-9)
+    sample_best = min(estimates, key=estimates.get)
+    assert sample_best != summary["last_step"] == 150
+    assert whole[sample_best] < whole[150], "the constructed corpus must make an early step best"
+    assert summary["best_step"] == summary["selected_step"] == sample_best and summary["weights"] == "best"
+    assert summary["best_val_loss"] == pytest.approx(whole[sample_best], abs=1e-9)
     assert summary["last_val_loss"] == pytest.approx(whole[150], abs=1e-9)
     assert summary["selected_on"] == "val_loss_estimate" and summary["estimate_examples"] == EVAL_BATCHES * EVAL_BS
     assert eval_cli_loss(trainer.run_dir, capsys) == pytest.approx(summary["best_val_loss"], abs=1e-6)

@@ -24,9 +24,9 @@ more than one along contiguous memory, so the kernel makes few passes, along mem
   queries [q0, q1) only computes its scores against the keys [0, q1), skipping the blocks above the
   diagonal; the mask is added only where a block meets the diagonal, along contiguous memory.
 * The backward pass takes r_i = dO_i · O_i from the outputs (as FlashAttention-2), and its subtraction rides
-  in a product: dSᵀ · scale = Pᵀ ⊙ ([V | 1] [dO · scale ; -r · scale]ᵀ).
+  in a product: ``dSᵀ · scale = Pᵀ ⊙ ([V | 1] [dO · scale ; -r · scale]ᵀ)``.
 * NumPy hands a stacked product to the BLAS fast only when its second operand is not a transposed view:
-  (Q · scale)ᵀ and [dO · scale ; -r · scale]ᵀ are the two transposed copies made for that.
+  ``(Q · scale)ᵀ`` and ``[dO · scale ; -r · scale]ᵀ`` are the two transposed copies made for that.
 * The first leading axis (batch) is split across numformer's threads (``numformer.set_num_threads``), and
   dq, dk, dv can be written straight into the caller's layout (e.g. the fused QKV gradient).
 

@@ -207,10 +207,12 @@ def test_one_seed_is_no_scatter(tmp_path, commit):
 
 
 # -- --seeds and the records of the other parts ----------------------------------------------------------------
+@pytest.mark.parametrize("seeds", [-1, 0])
 @pytest.mark.parametrize("name", ["shakespeare_speedrun", ABLATION, "shakespeare_char"])
-def test_seeds_that_are_not_a_count_are_one_line(tmp_path, name):
-    rc, err = reproduce(tmp_path, name, "--seeds", -1)
-    assert "--seeds -1: give a positive number of seeds" in one_error_line(rc, err, "reproduce")
+def test_seeds_that_are_not_a_count_are_one_line(tmp_path, name, seeds):
+    """--seeds 0 is refused too (it ran the experiment's default number of seeds, as if left out)."""
+    rc, err = reproduce(tmp_path, name, "--seeds", seeds)
+    assert f"--seeds {seeds}: give a positive number of seeds" in one_error_line(rc, err, "reproduce")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
 
 

@@ -113,3 +113,29 @@ def test_objective_and_task_must_go_together(tmp_path):
         Trainer(chat, tmp_path / "b", quiet=True)
     with pytest.raises(ValueError, match=r'objective = "dpo" trains in one process; set \[train\] processes = 1'):
         Trainer({**c, "train": {**c["train"], "processes": 2}}, tmp_path / "c", quiet=True)
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("another tensor", r"holds \['logps'\], not the one tensor 'reference'"),
+    ("another shape", r"'reference' is float64 of shape \(3, 2\), not .* of the 12 pairs \(12, 2\)"),
+    ("ints", r"'reference' is int64 of shape \(12, 2\)"),
+    ("nan", r"'reference' holds values that are not log-probabilities"),
+    ("positive", r"'reference' holds values that are not log-probabilities"),
+    ("truncated", r"reference_logps.safetensors"),
+])
+def test_a_damaged_reference_is_one_line_naming_it(tmp_path, damage, says):
+    """A resumed DPO run reads its reference log-probabilities back: another tensor was a KeyError, another
+    shape an IndexError later on, NaN or a positive 'log-probability' trained silently."""
+    from safetensors.numpy import save
+
+    base = sft_base(tmp_path)
+    Trainer(dpo_config(tmp_path, base, max_steps=2, checkpoint_every=2), tmp_path / "dpo", quiet=True).train()
+    path = tmp_path / "dpo" / REFERENCE
+    good = checkpoint_arrays_of(path)
+    arrays = {"another tensor": {"logps": good}, "another shape": {"reference": good[:3]},
+              "ints": {"reference": good.astype(np.int64)}, "nan": {"reference": np.where(good < -3, np.nan, good)},
+              "positive": {"reference": -good}}
+    path.write_bytes(path.read_bytes()[:100] if damage == "truncated" else save(arrays[damage]))
+    with pytest.raises(ValueError, match=says) as e:
+        Trainer(None, tmp_path / "dpo", resume=True, overrides=["train.max_steps=4"], quiet=True)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)

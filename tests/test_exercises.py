@@ -503,3 +503,14 @@ def test_the_graders_reference_agrees_with_torch_on_its_cases(name, case):
     for k, g in grads.items():
         if g is not None and isinstance(tensors.get(k), torch.Tensor):
             np.testing.assert_allclose(g, tensors[k].grad.numpy(), rtol=1e-9, atol=1e-10, err_msg=f"d{k}")
+
+
+@pytest.mark.parametrize("memory", ["[" * 100_000 + "]" * 100_000, '{"hints_seen": {"rope": "x"}}',
+                                    '{"hints_seen": {"rope": [1]}}', '{"hints_seen": {"rope": true}}', "\udcff",
+                                    '{"hints_seen": {"rope": -3}}', "[1, 2]"])
+def test_a_damaged_hint_memory_starts_the_hints_again(tmp_path, memory):
+    """The hint memory is read within the bounds of every JSON file numformer reads (a deep one was a
+    RecursionError, a count that is not a number a TypeError): a damaged one starts again at hint 1."""
+    (tmp_path / E.HINTS_FILE).write_bytes(memory.encode("utf-8", "surrogateescape"))
+    assert E.next_hint("rope", tmp_path)[0] == 1
+    assert E.next_hint("rope", tmp_path)[0] == 2

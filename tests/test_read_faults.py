@@ -276,3 +276,38 @@ def test_a_damaged_bpe_tokenizer_of_a_classifier_or_translator_is_one_line(bpe_r
     line = fails(run_cli, *[a.format(run=folder) for a in command])
     assert "tokenizer.json" in line and "damaged" in line and "hf_json" in line
     assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("data, says", [
+    (b'{"messages": []}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nests 100,000 levels deep"),
+    (b'{"messages": "\xff"}\n', r"is not UTF-8 text \(invalid start byte at byte 14\)"),
+    (b'{"messages": []}\n{"messages": \n', r", line 2: not valid JSON"),
+    (b"[" * 5000 + b"]" * 5000, "nests 5,000 levels deep"),
+    (b'[{"messages": [', "is not valid JSON"),
+])
+def test_a_damaged_chat_or_preference_file_is_one_line_naming_it(tmp_path, data, says):
+    """The records of [data] task = "chat" / "preference" (a deep JSON line was a RecursionError, a byte that is
+    not UTF-8 the decoder's message without the file)."""
+    from numformer.data.chat_tasks import read_records
+
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=says) as e:
+        read_records(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("meta", ['[1]', '{"dtype": "float64"}', '{"dtype": 5}', '"uint16"'])
+def test_a_damaged_meta_json_of_token_files_is_one_line_naming_it(tmp_path, meta):
+    from numformer.data.token_files import read_tokens_dir
+
+    for name in ("train.bin", "val.bin"):
+        (tmp_path / name).write_bytes(b"\x00\x00" * 4)
+    (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (tmp_path / "meta.json").write_text(meta)
+    with pytest.raises(ValueError, match="must be an object whose \"dtype\" is \"uint16\" or \"uint32\"") as e:
+        read_tokens_dir(tmp_path)
+    assert str(tmp_path / "meta.json") in str(e.value)
+    (tmp_path / "meta.json").unlink()
+    (tmp_path / "tokenizer.json").write_text('{"model": [1], "added_tokens": 3}')   # the dtype from a damaged one
+    assert read_tokens_dir(tmp_path)[0]["train"].dtype == np.uint16

@@ -290,3 +290,75 @@ def test_a_damaged_seed_study_record_leaves_the_page_written(tmp_path, commit):
     assert rc == 0 and f"key 'seeds[1].val_loss' is a string, expected a number" in err
     page = (tmp_path / "results" / "shakespeare_char.md").read_text(encoding="utf-8")
     assert "The seed study could not be read" in page
+
+
+# -- the class: every experiment that reuses a run ------------------------------------------------------------
+# experiment -> its arguments. Each module of numformer.experiments that calls _runs.reusable_run has its
+# experiments here (a new reuser fails test_every_reuser_is_tested until added). A seed study reuses its seeds'
+# runs, not the experiment's own run (runs/NAME, replaced only with --overwrite): the test removes that one.
+REUSERS = {
+    ABLATION: ("--seeds", 1),
+    "shakespeare_char": ("--seeds", 2),                 # the seed study (language_model.py)
+    "shakespeare_char_llama": ("--seeds", 2),
+    "gpt_to_llama": (),
+}
+SEED_STUDIES = ("shakespeare_char", "shakespeare_char_llama")
+
+
+def test_every_reuser_is_tested():
+    import ast
+    from pathlib import Path
+
+    import numformer.experiments as package
+    from numformer.experiments import EXPERIMENTS, load_all
+
+    load_all()
+    reusing = {path.stem for path in Path(package.__file__).parent.glob("*.py") if path.name != "_runs.py"
+               and any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "reusable_run"
+                       for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert reusing == {"speedrun", "language_model", "gpt_to_llama"}
+    modules = {name: EXPERIMENTS[name].custom or EXPERIMENTS[name].seed_study for name in REUSERS}
+    assert {f.__module__.rsplit(".", 1)[1] for f in modules.values()} == reusing
+
+
+def _runs_of(root):
+    return sorted(p.parent for p in (root / "runs").rglob("summary.json"))
+
+
+def _reproduce_again(root, name, *args):
+    if name in SEED_STUDIES:
+        shutil.rmtree(root / "runs" / name, ignore_errors=True)
+    return reproduce(root, name, *args)
+
+
+@pytest.mark.parametrize("name", sorted(REUSERS))
+def test_every_reused_run_is_checked_before_reuse(tmp_path, commit, name):
+    """Each reuser, run again: reuses (or resumes) only runs of the same config trained by this same commit and
+    finished (or, for a resumable study, with a checkpoint); a run of another commit, another config, or one
+    that cannot be checked is refused by name before anything trains, and --overwrite trains it again."""
+    args = REUSERS[name]
+    assert reproduce(tmp_path, name, *args)[0] == 0
+    assert _reproduce_again(tmp_path, name, *args)[0] == 0                  # the same commit: reused
+    run_dir = _runs_of(tmp_path)[-1]
+    kept = {name: (run_dir / name).read_bytes() for name in ("summary.json", "config.json")}
+    for damage, reason in [("commit", "it was trained by commit def5678, not this commit abc1234"),
+                           ("config", "its config.json differs from the config wanted (train.lr 0.5 -> "),
+                           ("summary", "summary.json: key 'steps' is missing")]:
+        for file, data in kept.items():                                   # the previous damage undone
+            (run_dir / file).write_bytes(data)
+        path = run_dir / ("config.json" if damage == "config" else "summary.json")
+        obj = json.loads(path.read_text(encoding="utf-8"))
+        if damage == "commit":
+            obj["commit"] = "def5678"
+        elif damage == "config":
+            obj["train"]["lr"] = 0.5
+        else:
+            obj.pop("steps")
+        path.write_text(json.dumps(obj), encoding="utf-8")
+        line = one_error_line(*_reproduce_again(tmp_path, name, *args), "reproduce")
+        before = snapshot(tmp_path / "runs")
+        one_error_line(*_reproduce_again(tmp_path, name, *args), "reproduce")
+        assert f"{run_dir} (not reused: " in line and reason in line and "--overwrite" in line, line
+        assert snapshot(tmp_path / "runs") == before
+    assert reproduce(tmp_path, name, *args, "--overwrite")[0] == 0
+    assert json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["commit"] == "abc1234"

@@ -161,7 +161,7 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("name", ["summary.json", "config.json"])
-@pytest.mark.parametrize("damage", list(DAMAGE) + ["a key missing", "a key of another type"])
+@pytest.mark.parametrize("damage", list(DAMAGE) + ["a key missing", "a key of another type", "a number or null"])
 def test_a_damaged_record_of_a_reused_run_is_one_line_naming_the_file(ablation, commit, name, damage):
     run_dir = run_dirs(ablation)[2]
     path = run_dir / name
@@ -176,15 +176,21 @@ def test_a_damaged_record_of_a_reused_run_is_one_line_naming_the_file(ablation, 
         obj = json.loads(text)
         obj["steps" if name == "summary.json" else "model"] = "many"
         data = json.dumps(obj).encode()
+    elif damage == "a number or null":          # a schema of nested types, (NUMBER, None): an AttributeError
+        obj = json.loads(text)
+        obj["best_val_loss" if name == "summary.json" else "train"] = "low"
+        data = json.dumps(obj).encode()
     else:
         data = DAMAGE[damage]
     path.write_bytes(data)
     before = snapshot(ablation)
     line = one_error_line(*reproduce(ablation, ABLATION, "--seeds", 2), "reproduce")
     assert str(path) in line and f"{run_dir} (not reused:" in line
-    if damage.startswith("a key"):
-        key = {"summary.json": {"a key missing": "best_val_loss", "a key of another type": "steps"},
-               "config.json": {"a key missing": "train", "a key of another type": "model"}}[name][damage]
+    if damage.startswith("a key") or damage == "a number or null":
+        key = {"summary.json": {"a key missing": "best_val_loss", "a key of another type": "steps",
+                                "a number or null": "best_val_loss"},
+               "config.json": {"a key missing": "train", "a key of another type": "model",
+                               "a number or null": "train"}}[name][damage]
         assert f"key '{key}'" in line
     assert snapshot(ablation) == before
     assert reproduce(ablation, ABLATION, "--seeds", 2, "--overwrite")[0] == 0       # --overwrite trains it again

@@ -222,3 +222,14 @@ def test_every_kind_of_run_ends_within_its_budget(tmp_path, fake_clock, monkeypa
     assert end - start <= 60.0, (kind, end - start)
     if kind in ("classifier", "translation"):
         assert s["test"]
+
+
+def test_a_budgeted_training_on_a_terminal_shows_the_time_left(tmp_path, fake_clock, monkeypatch, capsys):
+    """The trainer gives its terminal bar the budget's time left (training.md's promise), not only the bar."""
+    import sys
+
+    fake_clock.tick = 0.01
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    Trainer(apply_overrides(GPT, ["train.budget_minutes=0.05", "train.max_steps=100000"]), tmp_path / "r").train()
+    shown = re.findall(r"left=(\d+):(\d\d)", capsys.readouterr().err)
+    assert shown and int(shown[0][0]) * 60 + int(shown[0][1]) <= 3

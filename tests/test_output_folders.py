@@ -267,7 +267,7 @@ def test_every_command_says_what_it_writes():
 
 
 # command -> its arguments; {mine} is a folder that holds a file of the user's (runs/... for reproduce): notes.txt,
-# or for a run folder, whose rule is about the names it writes, a tokenizer.json of the user's
+# or where the rule is about the names a command writes (a run folder, an exercise's stub), a file of that name
 FOREIGN = {
     "train": ["train", "{root}/char.toml", "--out", "{mine}", "--quiet"],
     "import-hf": ["import-hf", "{root}/hf", "--out", "{mine}"],
@@ -279,6 +279,7 @@ FOREIGN = {
     "bench --out": ["bench", "depth", "--quick", "--out", "{mine}"],
     "bench quantize": ["bench", "quantize", "--quick", "--out", "{tmp}/results"],
     "analyze --out": ["analyze", "{root}/char", "--out", "{mine}", "--no-ablation", "--no-occlusion"],
+    "exercises start": ["exercises", "start", "layer_norm", "--dir", "{mine}"],
 }
 
 
@@ -290,7 +291,8 @@ def test_a_folder_holding_the_users_files_is_refused_and_left_as_it_was(two_runs
     mine = {"reproduce --runs": tmp_path / "runs" / "copy",
             "bench quantize": tmp_path / "runs" / "bench_quantize_speedrun"}.get(case, tmp_path / "mine")
     mine.mkdir(parents=True)
-    name = "tokenizer.json" if case in ("train", "import-hf") else "notes.txt"
+    names = {"train": "tokenizer.json", "import-hf": "tokenizer.json", "exercises start": "layer_norm.py"}
+    name = names.get(case, "notes.txt")
     (mine / name).write_text("the user's")
     import numformer.bench.quantize as quantize
 

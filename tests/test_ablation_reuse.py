@@ -161,7 +161,7 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("name", ["summary.json", "config.json"])
-@pytest.mark.parametrize("damage", list(DAMAGE) + ["a key missing", "a key of another type"])
+@pytest.mark.parametrize("damage", list(DAMAGE) + ["a key missing", "a key of another type", "a number or null"])
 def test_a_damaged_record_of_a_reused_run_is_one_line_naming_the_file(ablation, commit, name, damage):
     run_dir = run_dirs(ablation)[2]
     path = run_dir / name
@@ -176,15 +176,21 @@ def test_a_damaged_record_of_a_reused_run_is_one_line_naming_the_file(ablation, 
         obj = json.loads(text)
         obj["steps" if name == "summary.json" else "model"] = "many"
         data = json.dumps(obj).encode()
+    elif damage == "a number or null":          # a schema of nested types, (NUMBER, None): an AttributeError
+        obj = json.loads(text)
+        obj["best_val_loss" if name == "summary.json" else "train"] = "low"
+        data = json.dumps(obj).encode()
     else:
         data = DAMAGE[damage]
     path.write_bytes(data)
     before = snapshot(ablation)
     line = one_error_line(*reproduce(ablation, ABLATION, "--seeds", 2), "reproduce")
     assert str(path) in line and f"{run_dir} (not reused:" in line
-    if damage.startswith("a key"):
-        key = {"summary.json": {"a key missing": "best_val_loss", "a key of another type": "steps"},
-               "config.json": {"a key missing": "train", "a key of another type": "model"}}[name][damage]
+    if damage.startswith("a key") or damage == "a number or null":
+        key = {"summary.json": {"a key missing": "best_val_loss", "a key of another type": "steps",
+                                "a number or null": "best_val_loss"},
+               "config.json": {"a key missing": "train", "a key of another type": "model",
+                               "a number or null": "train"}}[name][damage]
         assert f"key '{key}'" in line
     assert snapshot(ablation) == before
     assert reproduce(ablation, ABLATION, "--seeds", 2, "--overwrite")[0] == 0       # --overwrite trains it again
@@ -207,10 +213,12 @@ def test_one_seed_is_no_scatter(tmp_path, commit):
 
 
 # -- --seeds and the records of the other parts ----------------------------------------------------------------
+@pytest.mark.parametrize("seeds", [-1, 0])
 @pytest.mark.parametrize("name", ["shakespeare_speedrun", ABLATION, "shakespeare_char"])
-def test_seeds_that_are_not_a_count_are_one_line(tmp_path, name):
-    rc, err = reproduce(tmp_path, name, "--seeds", -1)
-    assert "--seeds -1: give a positive number of seeds" in one_error_line(rc, err, "reproduce")
+def test_seeds_that_are_not_a_count_are_one_line(tmp_path, name, seeds):
+    """--seeds 0 is refused too (it ran the experiment's default number of seeds, as if left out)."""
+    rc, err = reproduce(tmp_path, name, "--seeds", seeds)
+    assert f"--seeds {seeds}: give a positive number of seeds" in one_error_line(rc, err, "reproduce")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
 
 
@@ -288,3 +296,76 @@ def test_a_damaged_seed_study_record_leaves_the_page_written(tmp_path, commit):
     assert rc == 0 and f"key 'seeds[1].val_loss' is a string, expected a number" in err
     page = (tmp_path / "results" / "shakespeare_char.md").read_text(encoding="utf-8")
     assert "The seed study could not be read" in page
+
+
+# -- the class: every experiment that reuses a run ------------------------------------------------------------
+# experiment -> its arguments. Each module of numformer.experiments that calls _runs.reusable_run has its
+# experiments here (a new reuser fails test_every_reuser_is_tested until added). A seed study reuses its seeds'
+# runs, not the experiment's own run (runs/NAME, replaced only with --overwrite): the test removes that one.
+REUSERS = {
+    ABLATION: ("--seeds", 1),
+    "shakespeare_char": ("--seeds", 2),                 # the seed study (language_model.py)
+    "shakespeare_char_llama": ("--seeds", 2),
+    "gpt_to_llama": (),
+}
+SEED_STUDIES = ("shakespeare_char", "shakespeare_char_llama")
+
+
+def test_every_reuser_is_tested():
+    import ast
+    from pathlib import Path
+
+    import numformer.experiments as package
+    from numformer.experiments import EXPERIMENTS, load_all
+
+    load_all()
+    reusing = {path.stem for path in Path(package.__file__).parent.glob("*.py") if path.name != "_runs.py"
+               and any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "reusable_run"
+                       for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert reusing == {"speedrun", "language_model", "gpt_to_llama"}
+    modules = {name: EXPERIMENTS[name].custom or EXPERIMENTS[name].seed_study for name in REUSERS}
+    assert {f.__module__.rsplit(".", 1)[1] for f in modules.values()} == reusing
+
+
+def _runs_of(root):
+    return sorted(p.parent for p in (root / "runs").rglob("summary.json"))
+
+
+def _reproduce_again(root, name, *args):
+    if name in SEED_STUDIES:
+        shutil.rmtree(root / "runs" / name, ignore_errors=True)
+    return reproduce(root, name, *args)
+
+
+@pytest.mark.parametrize("name", sorted(REUSERS))
+def test_every_reused_run_is_checked_before_reuse(tmp_path, commit, name):
+    """Each reuser, run again: reuses (or resumes) only runs of the same config trained by this same commit and
+    finished (or, for a resumable study, with a checkpoint); a run of another commit, another config, or one
+    that cannot be checked is refused by name before anything trains, and --overwrite trains it again."""
+    args = REUSERS[name]
+    assert reproduce(tmp_path, name, *args)[0] == 0
+    assert _reproduce_again(tmp_path, name, *args)[0] == 0                  # the same commit: reused
+    run_dir = _runs_of(tmp_path)[-1]
+    kept = {name: (run_dir / name).read_bytes() for name in ("summary.json", "config.json")}
+    for damage, reason in [("commit", "it was trained by commit def5678, not this commit abc1234"),
+                           ("config", "its config.json differs from the config wanted (train.lr 0.5 -> "),
+                           ("summary", "summary.json: key 'steps' is missing")]:
+        for file, data in kept.items():                                   # the previous damage undone
+            (run_dir / file).write_bytes(data)
+        path = run_dir / ("config.json" if damage == "config" else "summary.json")
+        obj = json.loads(path.read_text(encoding="utf-8"))
+        if damage == "commit":
+            obj["commit"] = "def5678"
+        elif damage == "config":
+            obj["train"]["lr"] = 0.5
+        else:
+            obj.pop("steps")
+        path.write_text(json.dumps(obj), encoding="utf-8")
+        if name in SEED_STUDIES:
+            shutil.rmtree(tmp_path / "runs" / name, ignore_errors=True)
+        before = snapshot(tmp_path / "runs")
+        line = one_error_line(*reproduce(tmp_path, name, *args), "reproduce")
+        assert f"{run_dir} (not reused: " in line and reason in line and "--overwrite" in line, line
+        assert snapshot(tmp_path / "runs") == before
+    assert reproduce(tmp_path, name, *args, "--overwrite")[0] == 0
+    assert json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["commit"] == "abc1234"

@@ -152,3 +152,84 @@ def test_a_terminal_bar_writes_an_evaluation_line_once_per_interval():
     bar.close()
     written = [line for line in re.split(r"[\r\n]", out.getvalue()) if line.startswith("step ")]
     assert len(written) == 9 and written[0] == "step 10: train loss 1.0000, val_loss 1.0000 at step 10"
+
+
+# -- the class: every kind of run ends within its budget ----------------------------------------------------------
+def costly_module_calls(monkeypatch, clock, seconds_per_value=1e-5):
+    """Every call of a numformer module (a model, a block, a layer: training, evaluation, decoding, beam search)
+    advances the fake clock in proportion to the size of its first array argument."""
+    from numformer.nn import Module
+
+    call = Module.__call__
+
+    def timed(self, *args, **kwargs):
+        first = next((a for a in (*args, *kwargs.values()) if hasattr(a, "size")), None)
+        clock.now += seconds_per_value * (getattr(first, "size", 1) or 1)
+        return call(self, *args, **kwargs)
+    monkeypatch.setattr(Module, "__call__", timed)
+
+
+def _text_file(tmp_path):
+    from numformer.data.text import read_corpus
+
+    (tmp_path / "small.txt").write_text(read_corpus("")[:20000], encoding="utf-8")
+    return str(tmp_path / "small.txt")
+
+
+def _kind_config(kind, tmp_path):
+    """A budgeted run of each kind whose end differs: the test split scored (classifier: accuracy; translation:
+    greedy and beam-search BLEU), bits per byte (BPE), a frozen base with adapters, DPO's reference and rewards."""
+    train = {"max_steps": 100000, "batch_size": 8, "eval_every": 25, "processes": 1, "log_every": 5,
+             "budget_minutes": 1.0}
+    if kind == "classifier":
+        return classifier_config(tmp_path, budget_minutes=1.0)
+    if kind == "translation":
+        from test_translation import write_reversal_corpus
+
+        data = write_reversal_corpus(tmp_path / "data")
+        return {"model": {"type": "transformer", "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+                "data": {"task": "multi30k", "path": str(data), "tokenizer": "word", "min_freq": 1, "max_len": 12,
+                         "buckets": 1, "beam_size": 3},
+                "train": train}
+    text = {"task": "text", "path": _text_file(tmp_path), "block_size": 16}
+    if kind == "gpt":
+        return {**GPT, "data": text, "train": train}
+    if kind == "bpe":
+        return {**GPT, "data": {**text, "tokenizer": "bpe", "vocab_size": 300}, "train": train}
+    if kind == "lora":
+        Trainer({**GPT, "data": text, "train": {**train, "budget_minutes": 0.0, "max_steps": 2}}, tmp_path / "base",
+                quiet=True).train()
+        return {"model": {"init_from": str(tmp_path / "base")}, "data": text, "train": train,
+                "lora": {"r": 2, "alpha": 4.0, "target_modules": ["c_attn", "c_fc"]}}
+    from test_dpo import dpo_config, sft_base
+
+    config = dpo_config(tmp_path, sft_base(tmp_path))
+    return {**config, "train": {**config["train"], **train, "max_steps": 100000, "batch_size": 4}}
+
+
+@pytest.mark.parametrize("kind", ["gpt", "bpe", "classifier", "translation", "lora", "dpo"])
+def test_every_kind_of_run_ends_within_its_budget(tmp_path, fake_clock, monkeypatch, kind):
+    """Budgets cover everything the command does, for each kind of run: setup (DPO's reference log-probabilities
+    included), steps, evaluations, checkpoints and each end (the whole-split scoring, the test split's metrics,
+    the saves), on a fake clock where every module call costs time."""
+    config = _kind_config(kind, tmp_path)
+    costly_module_calls(monkeypatch, fake_clock)
+    start = fake_clock.now
+    s = Trainer(config, tmp_path / "run", quiet=True).train()
+    end = fake_clock.now
+    assert s["stopped_by"] == "time budget" and s["steps"] >= 10, s
+    assert s["budget_used_seconds"] <= s["budget_seconds"] == 60.0
+    assert end - start <= 60.0, (kind, end - start)
+    if kind in ("classifier", "translation"):
+        assert s["test"]
+
+
+def test_a_budgeted_training_on_a_terminal_shows_the_time_left(tmp_path, fake_clock, monkeypatch, capsys):
+    """The trainer gives its terminal bar the budget's time left (training.md's promise), not only the bar."""
+    import sys
+
+    fake_clock.tick = 0.01
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    Trainer(apply_overrides(GPT, ["train.budget_minutes=0.05", "train.max_steps=100000"]), tmp_path / "r").train()
+    shown = re.findall(r"left=(\d+):(\d\d)", capsys.readouterr().err)
+    assert shown and int(shown[0][0]) * 60 + int(shown[0][1]) <= 3

@@ -3,7 +3,8 @@ cannot go stale (issue 36: training.md's list of valid [model] keys lacked four 
 
 - training.md's example errors are what ``numformer train`` prints for them (the list of valid [model] keys
   included), and its [train] table has a row for every key of ``config._train_keys``;
-- run-folder.md names exactly the [train] keys ``--resume --set`` refuses (``config.RESUME_REFUSED``).
+- run-folder.md names exactly the [train] keys ``--resume --set`` refuses (``config.RESUME_REFUSED``), and the
+  keys of [model], [data] and [lora] it may change (``config.RESUMABLE``).
 
 After a change of the keys, ``python tests/test_docs_keys.py --write`` rewrites training.md's example errors
 from what the command prints now."""
@@ -77,6 +78,15 @@ def test_run_folder_md_names_the_keys_resume_refuses():
     refused = page.split("Refused, because the checkpoint was made with them:", 1)[1].split("For example", 1)[0]
     named = {k for k in re.findall(r"`(\w+)`", refused) if k in _train_keys()}
     assert named == set(RESUME_REFUSED) | {"budget_minutes"}        # budget_minutes: turned on or off
+
+
+def test_run_folder_md_names_the_keys_resume_may_change_in_the_other_sections():
+    from numformer.config import RESUMABLE
+
+    page = " ".join(RUN_FOLDER.read_text(encoding="utf-8").split())
+    for section, keys in RESUMABLE.items():
+        listed = page.split(f"in `[{section}]` ", 1)[1].split("(", 1)[1].split(")", 1)[0]
+        assert re.findall(r"`(\w+)`", listed) == list(keys), section
 
 
 def write():

@@ -113,3 +113,50 @@ def test_objective_and_task_must_go_together(tmp_path):
         Trainer(chat, tmp_path / "b", quiet=True)
     with pytest.raises(ValueError, match=r'objective = "dpo" trains in one process; set \[train\] processes = 1'):
         Trainer({**c, "train": {**c["train"], "processes": 2}}, tmp_path / "c", quiet=True)
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("another tensor", r"holds \['logps'\], not the one tensor 'reference'"),
+    ("another shape", r"'reference' is float64 of shape \(3, 2\), not .* of the 12 pairs \(12, 2\)"),
+    ("ints", r"'reference' is int64 of shape \(12, 2\)"),
+    ("nan", r"'reference' holds values that are not log-probabilities"),
+    ("positive", r"'reference' holds values that are not log-probabilities"),
+    ("truncated", r"reference_logps.safetensors"),
+])
+def test_a_damaged_reference_is_one_line_naming_it(tmp_path, damage, says):
+    """A resumed DPO run reads its reference log-probabilities back: another tensor was a KeyError, another
+    shape an IndexError later on, NaN or a positive 'log-probability' trained silently."""
+    from safetensors.numpy import save
+
+    base = sft_base(tmp_path)
+    Trainer(dpo_config(tmp_path, base, max_steps=2, checkpoint_every=2), tmp_path / "dpo", quiet=True).train()
+    path = tmp_path / "dpo" / REFERENCE
+    good = checkpoint_arrays_of(path)
+    arrays = {"another tensor": {"logps": good}, "another shape": {"reference": good[:3]},
+              "ints": {"reference": good.astype(np.int64)}, "nan": {"reference": np.where(good < -3, np.nan, good)},
+              "positive": {"reference": -good}}
+    path.write_bytes(path.read_bytes()[:100] if damage == "truncated" else save(arrays[damage]))
+    with pytest.raises(ValueError, match=says) as e:
+        Trainer(None, tmp_path / "dpo", resume=True, overrides=["train.max_steps=4"], quiet=True)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_dpo_lora_run_resumed_with_new_train_values_uses_them(tmp_path, monkeypatch):
+    """[train] keys on --resume (tests/test_resume_overrides.py) on the newer runs: beta reaches the DPO loss of
+    every resumed step, weight_decay the adapters' optimizer; both are recorded."""
+    import numformer.train.trainer as trainer_module
+
+    base = sft_base(tmp_path)
+    Trainer(dpo_config(tmp_path, base, True, max_steps=2, checkpoint_every=2), tmp_path / "dpo", quiet=True).train()
+    betas, loss = [], trainer_module.dpo_loss_and_backward
+    monkeypatch.setattr(trainer_module, "dpo_loss_and_backward",
+                        lambda model, batch, beta, scale: betas.append(beta) or loss(model, batch, beta, scale))
+    t = Trainer(None, tmp_path / "dpo", resume=True, quiet=True,
+                overrides=["train.beta=0.25", "train.weight_decay=0.1", "train.max_steps=4"])
+    t.train()
+    t.close()
+    assert betas == [0.25, 0.25]
+    assert {g["weight_decay"] for g in t.optimizer.param_groups if g["weight_decay"]} == {0.1}
+    assert all(n.endswith(("lora_A", "lora_B")) for n, p in t.model.named_parameters() if p.requires_grad)
+    train = json.loads((tmp_path / "dpo" / "config.json").read_text())["train"]
+    assert train["beta"] == 0.25 and train["weight_decay"] == 0.1

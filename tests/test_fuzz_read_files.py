@@ -1,5 +1,7 @@
 """Fuzzing every file numformer reads from a run folder or a Hugging Face folder (issue 27): config.json,
-tokenizer.json, metrics.jsonl, the safetensors files' header and metadata. Each example damages one file of a
+tokenizer.json, metrics.jsonl, the safetensors files' header and metadata; the experiment records (issue 36);
+and the newer surfaces' files: a LoRA run's, a DPO run's reference_logps.safetensors, chat data, token files
+(meta.json, tokenizer.json), the exercises' hint memory. Each example damages one file of a
 fresh copy (a random truncation, random bytes, a JSON value replaced by one of another type, deep nesting)
 and runs the command that reads it; the only allowed outcomes are success or exit code 2 with exactly one
 line ``numformer COMMAND: error: ...`` and no traceback.
@@ -147,7 +149,50 @@ def folders(tmp_path_factory):
     hf_bpe_folder(hf, text)
     assert cli("generate", hf, "--prompt", "The", "--max-new-tokens", "2")[0] == 0
     assert cli("import-hf", hf, "--out", root / "imported", "--data", root / "small.txt")[0] == 0
+    newer_surfaces(root)
     return root
+
+
+def newer_surfaces(root):
+    """The runs and files of the newer surfaces: a LoRA run fine-tuned from the text run, a DPO run with its
+    reference_logps.safetensors, a chat data file with its config, a folder of token files, an exercises
+    folder with its hint memory."""
+    import tomllib
+
+    from numformer.train import Trainer
+    from test_dpo import dpo_config, sft_base
+
+    text = tomllib.loads((root / "text.toml").read_text())
+    Trainer({"model": {"init_from": str(root / "text")}, "data": text["data"], "train": text["train"],
+             "lora": {"r": 2, "alpha": 4.0, "target_modules": ["c_attn"]}}, root / "lora", quiet=True).train()
+    dpo = root / "dpo_data"
+    dpo.mkdir()
+    Trainer(dpo_config(dpo, sft_base(dpo), max_steps=2, checkpoint_every=2), root / "dpo", quiet=True).train()
+    chat = root / "chat"
+    chat.mkdir()
+    assert cli("train", root / "text.toml", "--out", root / "chat_base", "--quiet",
+               "--set", "data.block_size=64")[0] == 0
+    turns = [[{"role": "user", "content": "hi " * (i + 1)}, {"role": "assistant", "content": "dull."}]
+             for i in range(6)]
+    (chat / "chat.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in turns))
+    (chat / "chat.toml").write_text(f'[model]\ninit_from = "{root / "chat_base"}"\n[data]\ntask = "chat"\n'
+                                    f'block_size = 64\nval_size = 2\n[train]\nmax_steps = 1\nbatch_size = 2\n'
+                                    f'processes = 1\n')
+    tokens = root / "tokens"
+    (tokens / "src").mkdir(parents=True)
+    (tokens / "src" / "t.txt").write_text((root / "small.txt").read_text())
+    (tokens / "bpe.toml").write_text(tiny_text_toml(tokens / "src" / "t.txt").replace(
+        'block_size = 16', 'block_size = 16\ntokenizer = "bpe"\nvocab_size = 300'))
+    assert cli("train", tokens / "bpe.toml", "--out", root / "bpe_run", "--quiet")[0] == 0
+    from numformer.data.token_files import token_cache
+
+    cached = next(p.parent for p in token_cache().parent.rglob("meta.json")
+                  if str(tokens / "src" / "t.txt") in p.read_text(encoding="utf-8"))
+    for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json"):
+        shutil.copy(cached / name, tokens / name)
+    exercises = root / "exercises"
+    exercises.mkdir()
+    assert cli("exercises", "hint", "rope", "--dir", exercises)[0] == 0
 
 
 # (folder, file, command): the command that reads the file
@@ -166,6 +211,19 @@ TARGETS = [
     ("hf", "config.json", ["generate", "{dir}", "--prompt", "The", "--max-new-tokens", "2"]),
     ("hf", "tokenizer.json", ["import-hf", "{dir}", "--out", "{tmp}/imported"]),
     ("hf", "model.safetensors", ["generate", "{dir}", "--prompt", "The", "--max-new-tokens", "2"]),
+    # the newer surfaces (issue 36): LoRA and DPO runs, chat data, token files, the exercises' hint memory
+    ("lora", "config.json", ["eval", "{dir}"]),
+    ("lora", "checkpoint.safetensors", ["train", "--out", "{dir}", "--resume", "--quiet", "--set",
+                                        "train.max_steps=5"]),
+    ("dpo", "reference_logps.safetensors", ["train", "--out", "{dir}", "--resume", "--quiet", "--set",
+                                            "train.max_steps=3"]),
+    ("chat", "chat.jsonl", ["train", "{dir}/chat.toml", "--out", "{dir}/out", "--quiet", "--set",
+                            "data.path=\"{dir}/chat.jsonl\""]),
+    ("tokens", "meta.json", ["train", "{dir}/bpe.toml", "--out", "{dir}/out", "--quiet", "--set",
+                             "data.tokens_dir=\"{dir}\"", "--set", "data.path=\"\""]),
+    ("tokens", "tokenizer.json", ["train", "{dir}/bpe.toml", "--out", "{dir}/out", "--quiet", "--set",
+                                  "data.tokens_dir=\"{dir}\"", "--set", "data.path=\"\""]),
+    ("exercises", ".numformer-exercises.json", ["exercises", "hint", "rope", "--dir", "{dir}"]),
 ]
 
 
@@ -173,6 +231,10 @@ TARGETS = [
 def test_a_damaged_file_gives_success_or_one_line(folders, folder, name, command):
     source = folders / folder
     original = (source / name).read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:          # undamaged, the command succeeds: it reads the file
+        shutil.copytree(source, Path(tmp) / folder)
+        rc, err = cli(*[a.format(dir=Path(tmp) / folder, tmp=tmp) for a in command])
+        assert rc == 0, err
 
     @FUZZ
     @given(st.data())

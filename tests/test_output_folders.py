@@ -239,3 +239,98 @@ def test_bench_writes_only_into_a_results_folder_of_numformer(tmp_path, run_cli)
     rc, _, err = run_cli("bench", "depth", "--quick", "--out", mine)
     assert f"--out {mine} holds files that numformer did not write" in one_error_line(rc, err, "bench")
     assert snapshot(mine) == before
+
+
+# -- the class: every command of the CLI -------------------------------------------------------------------------
+# What each command writes. A command that writes a folder is refused when that folder holds someone else's
+# file (unless --overwrite); the table must name every command, so a new one is decided when it is added.
+WRITES = {
+    "analyze": "--out (default RUN_DIR/report): new, empty or an earlier report's, else --overwrite",
+    "bench": "--out: a results folder of numformer's; quantize without --run-dir its run folder: --overwrite",
+    "chat": None, "classify": None, "eval": None, "generate": None, "params": None, "translate": None,
+    "data": "numformer's own data cache (NUMFORMER_CACHE), entries named by their hashes",
+    "exercises": "start: NAME.py in --dir, replaced only with --overwrite; hint: its memory file in --dir",
+    "export": "--out: new or empty, or an earlier export with --overwrite (only EXPORT_FILES)",
+    "import-hf": "--out: a run folder, as train's",
+    "reproduce": "--runs: every run folder planned, before anything trains; --results: numformer's",
+    "train": "--out: a run folder: one holding a file of a run file's name only with --overwrite (other files "
+             "are left beside the run, docs/reference/run-folder.md)",
+}
+
+
+def test_every_command_says_what_it_writes():
+    from numformer.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.choices and isinstance(a.choices, dict)]
+    assert set(sub.choices) == set(WRITES)
+
+
+# command -> its arguments; {mine} is a folder that holds a file of the user's (runs/... for reproduce): notes.txt,
+# or where the rule is about the names a command writes (a run folder, an exercise's stub), a file of that name
+FOREIGN = {
+    "train": ["train", "{root}/char.toml", "--out", "{mine}", "--quiet"],
+    "import-hf": ["import-hf", "{root}/hf", "--out", "{mine}"],
+    "export": ["export", "{root}/char", "--out", "{mine}"],
+    "export --overwrite": ["export", "{root}/char", "--out", "{mine}", "--overwrite"],
+    "reproduce --runs": ["reproduce", "copy", "--quick", "--runs", "{mine}/..", "--results", "{tmp}/results",
+                         "--quiet"],
+    "reproduce --results": ["reproduce", "copy", "--quick", "--runs", "{tmp}/runs", "--results", "{mine}", "--quiet"],
+    "bench --out": ["bench", "depth", "--quick", "--out", "{mine}"],
+    "bench quantize": ["bench", "quantize", "--quick", "--out", "{tmp}/results"],
+    "analyze --out": ["analyze", "{root}/char", "--out", "{mine}", "--no-ablation", "--no-occlusion"],
+    "exercises start": ["exercises", "start", "layer_norm", "--dir", "{mine}"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOREIGN))
+def test_a_folder_holding_the_users_files_is_refused_and_left_as_it_was(two_runs, tmp_path, monkeypatch, run_cli,
+                                                                        case):
+    root = two_runs[1].parent
+    monkeypatch.chdir(tmp_path)
+    mine = {"reproduce --runs": tmp_path / "runs" / "copy",
+            "bench quantize": tmp_path / "runs" / "bench_quantize_speedrun"}.get(case, tmp_path / "mine")
+    mine.mkdir(parents=True)
+    names = {"train": "tokenizer.json", "import-hf": "tokenizer.json", "exercises start": "layer_norm.py"}
+    name = names.get(case, "notes.txt")
+    (mine / name).write_text("the user's")
+    import numformer.bench.quantize as quantize
+
+    monkeypatch.setattr(quantize, "speed", lambda *a, **k: pytest.fail("measured before the folder was checked"))
+    args = [a.format(root=root, mine=mine, tmp=tmp_path) for a in FOREIGN[case]]
+    rc, _, err = run_cli(*args)
+    line = one_error_line(rc, err, args[0])
+    assert str(mine) in line or mine.name in line, line
+    assert [p.name for p in mine.iterdir()] == [name] and (mine / name).read_text() == "the user's"
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if not p.is_relative_to(mine))
+    assert written == sorted(str(p.relative_to(tmp_path)) for p in mine.parents if p.is_relative_to(tmp_path)
+                             and p != tmp_path), written
+
+
+def test_analyze_writes_again_into_an_earlier_report_and_elsewhere_only_with_overwrite(two_runs, tmp_path, run_cli):
+    char = two_runs[1]
+    fast = ["--no-ablation", "--no-occlusion"]
+    out = tmp_path / "report"
+    assert run_cli("analyze", char, "--out", out, *fast)[0] == 0
+    (out / "notes.txt").write_text("kept")
+    assert run_cli("analyze", char, "--out", out, *fast)[0] == 0          # its own earlier report: written again
+    assert (out / "notes.txt").read_text() == "kept"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    assert run_cli("analyze", char, "--out", mine, "--overwrite", *fast)[0] == 0
+    assert (mine / "report.md").is_file() and (mine / "notes.txt").read_text() == "the user's"
+
+
+def test_bench_quantize_trains_into_its_folder_again_only_with_overwrite(tmp_path, monkeypatch):
+    import numformer.bench.quantize as quantize
+
+    monkeypatch.chdir(tmp_path)
+    quantize.check_training_folder(None, overwrite=False)                  # new: trained there
+    (tmp_path / quantize.RUN_DIR).mkdir(parents=True)
+    quantize.check_training_folder(None, overwrite=False)                  # empty
+    (tmp_path / quantize.RUN_DIR / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"already holds files: give --run-dir .* or --overwrite"):
+        quantize.check_training_folder(None, overwrite=False)
+    quantize.check_training_folder(None, overwrite=True)
+    quantize.check_training_folder("runs/x", overwrite=False)               # measured, not trained

@@ -276,3 +276,107 @@ def test_a_damaged_bpe_tokenizer_of_a_classifier_or_translator_is_one_line(bpe_r
     line = fails(run_cli, *[a.format(run=folder) for a in command])
     assert "tokenizer.json" in line and "damaged" in line and "hf_json" in line
     assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("data, says", [
+    (b'{"messages": []}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nests 100,000 levels deep"),
+    (b'{"messages": "\xff"}\n', r"is not UTF-8 text \(invalid start byte at byte 14\)"),
+    (b'{"messages": []}\n{"messages": \n', r", line 2: not valid JSON"),
+    (b"[" * 5000 + b"]" * 5000, "nests 5,000 levels deep"),
+    (b'[{"messages": [', "is not valid JSON"),
+])
+def test_a_damaged_chat_or_preference_file_is_one_line_naming_it(tmp_path, data, says):
+    """The records of [data] task = "chat" / "preference" (a deep JSON line was a RecursionError, a byte that is
+    not UTF-8 the decoder's message without the file)."""
+    from numformer.data.chat_tasks import read_records
+
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=says) as e:
+        read_records(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("meta", ['[1]', '{"dtype": "float64"}', '{"dtype": 5}', '"uint16"'])
+def test_a_damaged_meta_json_of_token_files_is_one_line_naming_it(tmp_path, meta):
+    from numformer.data.token_files import read_tokens_dir
+
+    for name in ("train.bin", "val.bin"):
+        (tmp_path / name).write_bytes(b"\x00\x00" * 4)
+    (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (tmp_path / "meta.json").write_text(meta)
+    with pytest.raises(ValueError, match="must be an object whose \"dtype\" is \"uint16\" or \"uint32\"") as e:
+        read_tokens_dir(tmp_path)
+    assert str(tmp_path / "meta.json") in str(e.value)
+    (tmp_path / "meta.json").unlink()
+    (tmp_path / "tokenizer.json").write_text('{"model": [1], "added_tokens": 3}')   # the dtype from a damaged one
+    assert read_tokens_dir(tmp_path)[0]["train"].dtype == np.uint16
+
+
+# -- the class: every parse of JSON, TOML or a safetensors header goes through the bounded readers --------------
+# (file, function) -> why its parser call is bounded and named. A call of json/tomllib/pickle/np.load or
+# safetensors' safe_open anywhere else fails this test: read the file with numformer._limits (read_json_file,
+# bounded_json, check_bounds) or interop.safetensors_reader, or add it here with the reason.
+BOUNDED_PARSES = {
+    ("_limits.py", "bounded_json"): "the bounded reader: size and depth checked first, errors name the file",
+    ("config.py", "load_config"): "check_bounds(toml=True) and the size first; TOML errors name the file",
+    ("config.py", "parse_value"): "check_bounds of the --set value first",
+    ("interop/safetensors_reader.py", "read_header"): "the header's length and check_bounds first; errors name it",
+    ("data/chat_tasks.py", "_json_line"): "read_records ran check_bounds over the whole file first",
+    ("data/files.py", "_read_jsonl"): "check_bounds over the whole file first; errors name the file and line",
+    ("train/run_folder.py", "holds_run"): "at most 1 MB, RecursionError caught: only asks whether it is a run",
+    ("commands/chat.py", "template_variables"): "check_bounds of the --template-var value first",
+    ("run_files.py", "_load_safetensors"): "safetensors' own bounded header parser; every error names the file",
+    ("run_files.py", "load_metadata"): "safetensors' own bounded header parser; every error names the file",
+    ("experiments/_runs.py", "reusable_run"): "json.loads(json.dumps(config)): a copy in memory, no file",
+    ("experiments/speedrun.py", "ladder_configs"): "json.loads(json.dumps(...)): a copy in memory, no file",
+    ("experiments/speedrun.py", "run_torch_anchor"): "json.loads(json.dumps(...)): a copy in memory, no file",
+    ("bench/mpi.py", "__init__"): "json.loads(json.dumps(config)): a copy in memory, no file",
+    ("bench/mpi.py", "_answer"): "a line the benchmark's own child process printed",
+    ("bench/_measure.py", "run_child"): "the last line the benchmark's own child process printed",
+    ("bench/tokenizer.py", "measure"): "the tokenizers library's serialization of a tokenizer trained in memory",
+    ("data/tokenizers/pretrained.py", "token_bytes"): "the tokenizers library's serialization of a tokenizer "
+                                                      "already read through hf_json's bounded reader",
+}
+PARSERS = {("json", "loads"), ("json", "load"), ("tomllib", "loads"), ("tomllib", "load"), ("np", "load"),
+           ("numpy", "load"), ("pickle", "loads"), ("pickle", "load")}
+
+
+def _parser_calls(path):
+    import ast
+
+    calls = []
+
+    def visit(node, function):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and (f.value.id, f.attr) in PARSERS
+                    or isinstance(f, ast.Name) and f.id in ("safe_open", "load_file")):
+                calls.append((function, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+    visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
+    return calls
+
+
+def test_every_file_parse_goes_through_the_bounded_readers():
+    from pathlib import Path
+
+    import numformer
+
+    root = Path(numformer.__file__).parent
+    found = {(path.relative_to(root).as_posix(), function): line for path in sorted(root.rglob("*.py"))
+             for function, line in _parser_calls(path)}
+    unbounded = sorted(f"{p}:{line} in {f}()" for (p, f), line in found.items() if (p, f) not in BOUNDED_PARSES)
+    assert not unbounded, f"parsed outside numformer._limits' readers: {unbounded}"
+    assert set(BOUNDED_PARSES) <= set(found), sorted(set(BOUNDED_PARSES) - set(found))    # no stale entry
+
+
+def test_a_deep_template_variable_is_one_line():
+    from numformer.commands.chat import template_variables
+
+    assert template_variables(["enable_thinking=false", "name=Ada"]) == {"enable_thinking": False, "name": "Ada"}
+    with pytest.raises(ValueError, match="--template-var x nests 5,000 levels deep"):
+        template_variables(["x=" + "[" * 5000 + "]" * 5000])

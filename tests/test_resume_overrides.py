@@ -228,3 +228,146 @@ def test_a_muon_run_resumed_with_a_new_lr_keeps_muon_lr_as_training_md_says(base
     trainer.close()
     assert _group(trainer, "lr") == pytest.approx(0.02, rel=1e-12)
     assert _group(trainer, "lr", adamw=True) == 5e-3
+
+
+# -- the other sections: [model], [data], [lora] ----------------------------------------------------------------
+# `--resume --set data.tokenizer="bpe"` on a character-level run recorded "bpe" in config.json while the run went on
+# with its saved characters; `model.activation` changed a trained model's architecture unannounced; `lora.r` was
+# "checkpoint is incomplete or damaged". Each key of these sections now takes effect (config.RESUMABLE) or is refused.
+def _every_data_key():
+    from numformer.data.base import DATA_KEYS, TASKS, import_builtin_tasks
+
+    import_builtin_tasks()
+    return set(DATA_KEYS) | {k for cls in TASKS.values() for k in cls.data_keys}
+
+
+def _section_keys():
+    from numformer.config import _lora_keys
+    from numformer.models import model_keys
+
+    return {"model": set(model_keys()) | {"init_from"}, "data": _every_data_key(), "lora": set(_lora_keys())}
+
+
+def test_the_keys_resume_may_change_are_keys_of_their_sections():
+    from numformer.config import RESUMABLE
+
+    keys = _section_keys()
+    assert set(RESUMABLE) == set(keys) and all(set(RESUMABLE[s]) <= keys[s] for s in RESUMABLE)
+
+
+@pytest.mark.parametrize("section", ["model", "data", "lora"])
+def test_every_key_of_the_other_sections_takes_effect_or_is_refused_by_name(section):
+    """The rule decides every key of every task and model: a change is a note naming it (RESUMABLE) or one
+    line naming it and the reason; a [lora] section added to a run without one is refused."""
+    from numformer.config import RESUMABLE, resume_section_changes
+
+    for key in sorted(_section_keys()[section]):
+        saved = {"train": {}, section: {key: "before"}}
+        wanted = {"train": {}, section: {key: "after"}}
+        if key in RESUMABLE[section]:
+            assert resume_section_changes(saved, wanted) == [
+                f"note: [{section}] {key} 'before' -> 'after' in effect from this step on"]
+        else:
+            with pytest.raises(ValueError, match=rf"^--resume cannot change \[{section}\] {key} 'before' -> 'after' "
+                                                 rf"\(the .*\); remove the --set"):
+                resume_section_changes(saved, wanted)
+    assert resume_section_changes({"train": {}}, {"train": {}}) == []
+    with pytest.raises(ValueError, match=r"\[lora\] r None -> 4 \(the run was trained without \[lora\]\)"):
+        resume_section_changes({"train": {}}, {"train": {}, "lora": {"r": 4}})
+
+
+TEXT = {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
+        "data": {"task": "text", "block_size": 16},
+        "train": {"max_steps": 2, "batch_size": 4, "eval_every": 2, "processes": 1, "dtype": "float64"}}
+
+
+@pytest.fixture(scope="module")
+def text_runs(tmp_path_factory):
+    """A character-level text run and a LoRA run fine-tuned from it."""
+    from numformer.data.text import read_corpus
+
+    root = tmp_path_factory.mktemp("sections")
+    (root / "small.txt").write_text(read_corpus("")[:3000], encoding="utf-8")
+    text = {**TEXT, "data": {**TEXT["data"], "path": str(root / "small.txt")}}
+    Trainer(text, root / "base", quiet=True).train()
+    lora = {"model": {"init_from": str(root / "base")}, "data": text["data"], "train": text["train"],
+            "lora": {"r": 2, "alpha": 4.0, "target_modules": ["c_attn"]}}
+    Trainer(lora, root / "lora", quiet=True).train()
+    return root
+
+
+def _modules(model, kind):
+    from numformer.lora import LoRAAdapter
+    from numformer.nn import MultiHeadAttention
+
+    cls = {"attention": MultiHeadAttention, "lora": LoRAAdapter}[kind]
+    return [m for _, m in model.named_modules() if isinstance(m, cls)]
+
+
+# (run, --set value, probe(trainer) -> truthy when the value is in effect)
+IN_EFFECT = {
+    "model.dropout": ("base", 0.25, lambda t: {m.dropout_p for m in _modules(t.model, "attention")} == {0.25}),
+    "model.attention": ("base", "flash", lambda t: {m.attention for m in _modules(t.model, "attention")} == {"flash"}),
+    "model.gradient_checkpointing": ("base", True, lambda t: t.model.gradient_checkpointing is True),
+    "lora.alpha": ("lora", 8.0, lambda t: {m.scaling for m in _modules(t.model, "lora")} == {4.0}),
+    "lora.dropout": ("lora", 0.5, lambda t: {m.dropout for m in _modules(t.model, "lora")} == {0.5}),
+    "lora.use_rslora": ("lora", True, lambda t: {m.scaling for m in _modules(t.model, "lora")} == {4.0 / math.sqrt(2)}),
+    "data.path": ("base", "moved.txt", lambda t: t.task.config["path"].endswith("moved.txt")),
+}
+
+
+@pytest.mark.parametrize("dotted", sorted(IN_EFFECT))
+def test_a_key_resume_may_change_is_in_effect_and_recorded(dotted, text_runs, tmp_path, capsys):
+    from numformer.config import RESUMABLE
+
+    section, key = dotted.split(".")
+    assert key in RESUMABLE[section]
+    name, value, probe = IN_EFFECT[dotted]
+    run = tmp_path / name
+    shutil.copytree(text_runs / name, run)
+    if key == "path":                                   # the same data, moved
+        value = str(tmp_path / value)
+        shutil.copy(text_runs / "small.txt", value)
+    trainer = Trainer(None, run, resume=True, overrides=[f"{dotted}={json.dumps(value)}", "train.max_steps=3"])
+    assert f"[{section}] {key} " in capsys.readouterr().err
+    trainer.train()
+    trainer.close()
+    assert probe(trainer), dotted
+    assert json.loads((run / "config.json").read_text())[section][key] == value
+
+
+@pytest.mark.parametrize("run_name, dotted, value", [
+    ("base", "model.activation", "relu"),          # the weights fit: it was taken unannounced
+    ("base", "model.n_layers", 2),                  # was "checkpoint ... is incomplete or damaged"
+    ("base", "data.tokenizer", "bpe"),              # was recorded while the saved characters went on
+    ("base", "data.block_size", 8),
+    ("base", "data.val_fraction", 0.5),
+    ("base", "lora.r", 2),                          # a [lora] section added
+    ("lora", "lora.r", 4),
+    ("lora", "lora.target_modules", ["c_attn", "c_fc"]),
+    ("lora", "model.n_layers", 2),
+    ("lora", "model.init_from", "elsewhere"),
+])
+def test_a_key_resume_cannot_change_is_refused_by_name_and_nothing_changes(text_runs, tmp_path, run_name, dotted,
+                                                                          value):
+    section, key = dotted.split(".")
+    run = tmp_path / run_name
+    shutil.copytree(text_runs / run_name, run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    with pytest.raises(ValueError) as e:
+        Trainer(None, run, resume=True, overrides=[f"{dotted}={json.dumps(value)}", "train.max_steps=3"], quiet=True)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(f"--resume cannot change [{section}] {key} ") and "new run" in line
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_a_fine_tuned_run_resumes_from_another_folder(text_runs, tmp_path, monkeypatch):
+    """config.json records init_from resolved (as [data] path), so a run fine-tuned from a relative folder
+    resumes from anywhere (its relative name was looked up on the Hugging Face hub)."""
+    monkeypatch.chdir(text_runs)
+    rel = {"model": {"init_from": "base"}, "data": {**TEXT["data"], "path": "small.txt"}, "train": TEXT["train"],
+           "lora": {"r": 2, "alpha": 4.0, "target_modules": ["c_attn"]}}
+    Trainer(rel, tmp_path / "ft", quiet=True).train()
+    assert json.loads((tmp_path / "ft" / "config.json").read_text())["model"]["init_from"] == str(text_runs / "base")
+    monkeypatch.chdir(tmp_path)
+    Trainer(None, tmp_path / "ft", resume=True, overrides=["train.max_steps=3"], quiet=True).train()

@@ -77,6 +77,11 @@ DAMAGE = {
                        r"shape \[-4\], not a list of non-negative integers"),
     "unknown dtype": (dict(ln_f__bias={"dtype": "F8_E4M3", "shape": [16], "data_offsets": [16, 32]}),
                       r"dtype 'F8_E4M3'; numformer reads"),
+    # found by tests/test_fuzz_read_files.py at NUMFORMER_FUZZ_EXAMPLES=300: a TypeError (unhashable) before
+    "dtype a list": (dict(ln_f__bias={"dtype": ["F32"], "shape": [4], "data_offsets": [16, 32]}),
+                     r"dtype \['F32'\]; numformer reads"),
+    "dtype an object": (dict(ln_f__bias={"dtype": {"F32": 1}, "shape": [4], "data_offsets": [16, 32]}),
+                        r"dtype \{'F32': 1\}; numformer reads"),
     "missing field": (dict(ln_f__bias={"dtype": "F32", "shape": [4]}),
                       r"tensor 'ln_f\.bias' is not described by exactly dtype, shape and data_offsets"),
 }

@@ -95,12 +95,19 @@ def _kind(value):
             type(None): "null"}.get(type(value), type(value).__name__)
 
 
+def _types(schema):
+    """The types of a type schema, flat: ``(NUMBER, type(None))`` is (int, float, NoneType)."""
+    if not isinstance(schema, tuple):
+        return (schema,)
+    return tuple(t for part in schema for t in _types(part))
+
+
 def _expected(schema):
     if isinstance(schema, dict):
         return "an object"
     if isinstance(schema, list):
         return "a list"
-    types = schema if isinstance(schema, tuple) else (schema,)
+    types = _types(schema)
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
              dict: "an object", list: "a list"}
     words = list(dict.fromkeys("a number" if t is int and float in types else names.get(t, t.__name__)
@@ -109,7 +116,7 @@ def _expected(schema):
 
 
 def _fits(value, schema):
-    types = schema if isinstance(schema, tuple) else (schema,)
+    types = _types(schema)
     if isinstance(value, bool):
         return bool in types
     return isinstance(value, types)
@@ -150,7 +157,7 @@ def check_record(value, schema, where, key=""):
         for i, item in enumerate(value):
             check_record(item, schema[0], where, f"{key}[{i}]")
         return value
-    types = schema if isinstance(schema, tuple) else (schema,)
+    types = _types(schema)
     if float in types and int not in types:
         types = types + (int,)
     if not _fits(value, types):

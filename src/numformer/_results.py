@@ -4,7 +4,8 @@ Each command rewrites its own files there (results/NAME.json and NAME.md, figure
 bench.json and bench.md): regenerating them is what the commands are for. So that they never write among
 someone else's files (``--results .`` in a project of one's own would replace its README.md), a results
 folder must be new, empty, or one that numformer wrote, recognized by the first line of its index or of the
-benchmarks' page.
+benchmarks' page. ``numformer analyze --out DIR`` follows the same rule with its report (``report.md``,
+recognized by its title, ``REPORT_TITLE``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ._platform import LOCK_FILE
 
 INDEX_TITLE = "# Results"                   # the first line of results/README.md (experiments.runner.write_index)
 BENCH_TITLE = "# numformer benchmarks"      # the first line of bench.md (bench.runner.render_markdown)
+REPORT_TITLE = "# Analysis report"         # the start of report.md's first line (analysis.report.write_report)
 _PAGES = {"README.md": INDEX_TITLE, "bench.md": BENCH_TITLE}
 
 
@@ -26,8 +28,10 @@ def _first_line(path):
         return None
 
 
-def is_results_folder(path):
-    """Whether ``path`` is new, empty, or a folder of results numformer wrote."""
+def is_results_folder(path, pages=None):
+    """Whether ``path`` is new, empty, or a folder of results numformer wrote: one of ``pages`` ({file: its first
+    line}, default the results index and the benchmarks' page; given, {file: the start of its first line}) is
+    there."""
     path = Path(path)
     if not os.path.lexists(path):
         return True
@@ -35,7 +39,8 @@ def is_results_folder(path):
         return False
     if not any(entry.name != LOCK_FILE for entry in path.iterdir()):
         return True
-    return any(_first_line(path / page) == title for page, title in _PAGES.items() if (path / page).is_file())
+    lines = {page: _first_line(path / page) or "" for page in (pages or _PAGES) if (path / page).is_file()}
+    return any(line == _PAGES[page] if pages is None else line.startswith(pages[page]) for page, line in lines.items())
 
 
 def check_results_folder(path, option="--results", overwrite=False):
@@ -48,3 +53,16 @@ def check_results_folder(path, option="--results", overwrite=False):
     raise ValueError(f"{option} {path} holds files that numformer did not write (it has no results index "
                      f"README.md or bench.md of numformer's): results and their index would be written among "
                      f"them; choose another {option}" + (", or give --overwrite" if option == "--results" else ""))
+
+
+def check_report_folder(path, overwrite=False):
+    """ValueError naming ``path`` (analyze's --out) unless it is new, empty, holds an earlier analysis report
+    (its report.md), or ``overwrite``: the report's report.md and figures are never written among other files."""
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ValueError(f"--out {path} is a file, not a folder; choose another --out")
+    if overwrite or is_results_folder(path, {"report.md": REPORT_TITLE}):
+        return
+    raise ValueError(f"--out {path} holds files that are not an analysis report of numformer's (no report.md "
+                     f"starting with '{REPORT_TITLE}'): report.md and its figures would be written among them; "
+                     f"choose another --out, or give --overwrite")

@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 
 from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
-from .interop.sources import read_source
+from .interop.sources import FINE_TUNING_OPTIONS, read_source
 from .lora import LORA_DEFAULTS, TARGET_MODULES, check_lora_options
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
 from .models import MODEL_TYPES, apply_preset, check_model_together, model_arguments, model_keys
@@ -209,6 +209,44 @@ def resume_changes(saved, train):
     return notes
 
 
+# `--resume --set` on the other sections: the keys listed here take effect from the resumed step on (and are
+# recorded); any other change is refused, for the section's reason: the checkpoint and tokenizer.json were made
+# with it. A [lora] section added to a run without one is refused with its keys.
+RESUMABLE = {
+    "model": FINE_TUNING_OPTIONS,                      # how the same weights compute (as when fine-tuning)
+    "lora": ("alpha", "dropout", "use_rslora"),         # the adapters' scaling and dropout, not their shapes
+    "data": ("path", "paths", "train_file", "test_path", "tokens_dir"),     # where the same data is now
+}
+RESUME_REFUSED_SECTIONS = {
+    "model": "the checkpoint holds the weights of the run's architecture",
+    "lora": "the checkpoint holds the adapters of the run's rank on its target modules",
+    "data": "the run's vocabulary (tokenizer.json), held-out splits and examples were made with it",
+}
+
+
+def resume_section_changes(saved, config):
+    """The note on a resumed run's changed [model], [data] and [lora] values (``saved``: config.json, resolved;
+    ``config``: resolved with the --set values); ValueError naming every change ``RESUMABLE`` does not allow."""
+    changed, refused = [], []
+    for section, may in RESUMABLE.items():
+        a, b = saved.get(section), config.get(section)
+        if a is None and b is None:
+            continue
+        why = RESUME_REFUSED_SECTIONS[section] if a is not None else f"the run was trained without [{section}]"
+        a, b = a or {}, b or {}
+        for key in sorted(set(a) | set(b), key=lambda k: (k == "layers", k)):
+            if a.get(key) != b.get(key):
+                item = f"[{section}] {key} {a.get(key)!r} -> {b.get(key)!r}"
+                (changed if key in may and saved.get(section) is not None else refused).append((why, item))
+    if refused:
+        reasons = "; ".join(f"{item} ({why})" for why, item in refused[:4])
+        more = f" and {len(refused) - 4} more" if len(refused) > 4 else ""
+        raise ValueError(f"--resume cannot change {reasons}{more}; remove the --set, or start a new run with "
+                         f"`numformer train CONFIG --out NEW_DIR` (init_from = RUN_DIR starts it from this run's "
+                         f"weights)")
+    return ["note: " + ", ".join(item for _, item in changed) + " in effect from this step on"] if changed else []
+
+
 def _schedule_keys(t):
     """The [train] keys the learning-rate schedule of the [train] section ``t`` depends on."""
     keys = {"schedule", "lr", "warmup_steps"}
@@ -248,6 +286,8 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     if init_from is not None and (not isinstance(init_from, str) or not init_from):
         raise ValueError(f"[model] init_from = {init_from!r} must be a string: a run folder, a Hugging Face "
                          f"folder or a hub id")
+    if init_from is not None and Path(init_from).expanduser().is_dir():    # a folder: stored resolved, as [data]
+        init_from = str(Path(init_from).expanduser().resolve())           # path, so the run resumes from anywhere
     source_model = None
     if init_from is not None and build_task:
         source = read_source(init_from)
@@ -336,9 +376,6 @@ def _resolve_model_kind(model, data, task_cls, written):
     if kind not in allowed:
         raise ValueError(f"task {data['task']!r} trains a {' or '.join(allowed)} model, but [model] type = {kind!r}")
     return kind, model
-
-
-FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
 
 
 def merge_init_from(source, model, source_model, from_data):

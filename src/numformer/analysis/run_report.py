@@ -20,6 +20,7 @@ import numpy as np
 from ..data.base import Task
 from ..data.tokenizers import BOS, EOS, SpecialsTokenizer, SymbolTokenizer, token_labels, tokenizer_from_dict
 from ..train import evaluate_loss, load_config_json, load_model, load_task, load_tokenizer_state
+from .._results import check_report_folder
 from ..run_files import CHECKPOINT, MODEL
 from .report import write_report
 
@@ -28,11 +29,14 @@ ABLATION_BATCH_SIZE = 32      # at most this many sequences per batch
 
 
 def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True, occlusion=True, split="val",
-                log=None):
-    """Write RUN_DIR's analysis report into ``out`` (default RUN_DIR/report); returns the path of report.md."""
+                log=None, overwrite=False):
+    """Write RUN_DIR's analysis report into ``out`` (default RUN_DIR/report), a folder that is new, empty or holds
+    an earlier report (else ``overwrite``: ``_results.check_report_folder``); returns the path of report.md."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     run_dir = Path(run_dir)
     config = _check_run(run_dir, log)
+    out = Path(out) if out is not None else run_dir / "report"
+    check_report_folder(out, overwrite)
     kind, data = config["model"]["type"], config.get("data", {})
     text, src = _check_options(kind, run_dir, text, src, tgt)
     model = load_model(run_dir, config)
@@ -47,7 +51,6 @@ def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True,
         inputs, labels, how = _task_example(task, split, decode)
     metric, metric_name, metric_text = (_ablation_metric(task, task_error, config, split) if ablation
                                         else (None, None, None))
-    out = Path(out) if out is not None else run_dir / "report"
     log(f"analyzing {run_dir} ({kind}, {model.num_parameters():,} parameters) into {out} ...")
     path = write_report(out, model, inputs, decode_tokens=decode, tokens=labels,
                         metrics_path=run_dir / "metrics.jsonl", metric=metric, metric_name=metric_name,

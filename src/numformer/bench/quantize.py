@@ -218,13 +218,21 @@ def _cpu_seconds(fn):
     return time.process_time() - t
 
 
-def trained_run(run_dir, quick, log):
+def check_training_folder(run_dir, overwrite):
+    """Without ``--run-dir`` the part trains into ``RUN_DIR``: refused, before anything is measured, when that
+    folder holds files and ``overwrite`` was not given (as every folder numformer writes)."""
+    if run_dir is None and RUN_DIR.exists() and any(RUN_DIR.iterdir()) and not overwrite:
+        raise ValueError(f"{RUN_DIR} already holds files: give --run-dir {RUN_DIR} to measure the run it holds, or "
+                         f"--overwrite to train the speedrun's model there again")
+
+
+def trained_run(run_dir, quick, log, overwrite=False):
     """(the speedrun's run folder to measure, whether it was trained here)."""
     if run_dir is not None:
         return Path(run_dir), False
     budget = 0.25 if quick else 10.0
     log(f"  training the speedrun's model for {budget} minutes into {RUN_DIR} (give --run-dir RUN_DIR to reuse one)")
-    Trainer(load_config(find_config("shakespeare_speedrun")), RUN_DIR, overwrite=True,
+    Trainer(load_config(find_config("shakespeare_speedrun")), RUN_DIR, overwrite=overwrite,
             overrides=[f"train.budget_minutes={budget}"], quiet=True).train()
     return RUN_DIR, True
 
@@ -254,15 +262,17 @@ def accuracy(run_dir, sweep, log, max_batches=0):
             "val_tokens": (max_batches * batch_size or task.eval_size("val")) * config["data"]["block_size"]}
 
 
-def run(quick=False, run_dir=None, group_size=None, shape=None, sweep=None, log=print):
+def run(quick=False, run_dir=None, group_size=None, shape=None, sweep=None, log=print, overwrite=False):
     """The speed part at ``shape`` (default Qwen3-0.6B's) and the accuracy part on the run folder ``run_dir``
-    (default: the speedrun's model trained here) over ``sweep`` ([(bits, group size)]); see the module
-    docstring. ``group_size``: of the speed measurement and the headline ``val_loss_increase``."""
+    (default: the speedrun's model trained here, into ``RUN_DIR``: new or empty, else ``overwrite``) over
+    ``sweep`` ([(bits, group size)]); see the module docstring. ``group_size``: of the speed measurement and the
+    headline ``val_loss_increase``."""
+    check_training_folder(run_dir, overwrite)
     load = (lambda: os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     load_start = load()
     shape = shape or (QUICK_SHAPE if quick else QWEN3_06B)
     result = {"speed": speed(shape, group_size, quick, log)}
-    folder, trained = trained_run(run_dir, quick, log)
+    folder, trained = trained_run(run_dir, quick, log, overwrite)
     sweep = list(sweep or (QUICK_SWEEP if quick else SWEEP))
     sweep = sweep if (8, group_size) in sweep else [(8, group_size), *sweep]
     result["accuracy"] = {**accuracy(folder, sweep, log, 2 if quick else 0), "trained_here": trained}

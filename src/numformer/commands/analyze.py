@@ -1,4 +1,4 @@
-"""numformer analyze RUN_DIR [--text TEXT | --src TEXT [--tgt TEXT]] [--out DIR] [--no-ablation]
+"""numformer analyze RUN_DIR [--text TEXT | --src TEXT [--tgt TEXT]] [--out DIR] [--overwrite] [--no-ablation]
 [--no-occlusion] [--split val]: look inside a trained model; writes report.md and PNG figures.
 
 The report (``numformer.analysis.write_report``) holds the attention maps of every layer and
@@ -16,7 +16,8 @@ def run(args):
     from ..analysis import analyze_run
 
     path = analyze_run(args.run_dir, out=args.out, text=args.text, src=args.src, tgt=args.tgt,
-                       ablation=not args.no_ablation, occlusion=not args.no_occlusion, split=args.split)
+                       ablation=not args.no_ablation, occlusion=not args.no_occlusion, split=args.split,
+                       overwrite=args.overwrite)
     print(f"report written to {path}")
 
 
@@ -30,7 +31,11 @@ def register(sub):
     p.add_argument("--src", default=None, help="Transformer runs: the source text")
     p.add_argument("--tgt", default=None,
                    help="Transformer runs: the target text (default: the model's greedy translation of --src)")
-    p.add_argument("--out", default=None, metavar="DIR", help="report folder (default RUN_DIR/report)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="report folder (default RUN_DIR/report): new, empty, or an earlier report's")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write the report into a --out folder that holds other files (files of the same names are "
+                        "replaced)")
     p.add_argument("--no-ablation", action="store_true", help="skip the head ablation (one evaluation per head)")
     p.add_argument("--no-occlusion", action="store_true",
                    help="skip occlusion (one forward pass per input position)")

@@ -7,7 +7,8 @@ def run(args):
 
     parts = [p.replace("-", "_") for p in args.parts]     # hf-generate names the part hf_generate
     run_parts(parts, quick=args.quick, out_dir=args.out,
-              options={"run_dir": args.run_dir, "group_size": args.group_size, "quantize": args.quantize})
+              options={"run_dir": args.run_dir, "group_size": args.group_size, "quantize": args.quantize,
+                       "overwrite": args.overwrite or None})
 
 
 def register(sub):
@@ -21,6 +22,9 @@ def register(sub):
     p.add_argument("--out", default="results", help="folder for bench.json, bench.md and figures/ (default results)")
     p.add_argument("--run-dir", default=None, metavar="RUN_DIR",
                    help="quantize: a trained speedrun run folder to measure the loss on (default: train one)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="quantize without --run-dir: train the speedrun's model again into "
+                        "runs/bench_quantize_speedrun when that folder holds files")
     p.add_argument("--quantize", choices=["int8"], default=None,
                    help="generate: measure the model with int8 weights (written as the section generate_int8)")
     p.add_argument("--group-size", type=int, default=None,

@@ -57,11 +57,14 @@ def sampling_settings(args, folder):
 
 def template_variables(pairs):
     """{name: value} of ``--template-var KEY=VALUE`` (a JSON value, else the text itself)."""
+    from .._limits import check_bounds
+
     out = {}
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         if not sep or not key.isidentifier():
             raise ValueError(f"--template-var {pair!r}: write KEY=VALUE, e.g. enable_thinking=false")
+        check_bounds(value, f"--template-var {key}", max_bytes=1 << 20, hint="give a short JSON value or text")
         try:
             out[key] = json.loads(value)
         except ValueError:

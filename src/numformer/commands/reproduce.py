@@ -18,8 +18,11 @@ def run(args):
 
     results = Path(args.results) if args.results else Path("results") / ("quick" if args.quick else "")
     runs = Path(args.runs) if args.runs else Path("runs") / ("quick" if args.quick else "")
+    if args.seeds is not None and args.seeds < 1:       # 0 is no count of seeds either (left out: the default)
+        raise ValueError(f"--seeds {args.seeds}: give a positive number of seeds (or leave it out for the "
+                         f"experiment's default)")
     ctx = Context(runs_dir=runs, results_dir=results, quick=args.quick, overrides=args.set, quiet=args.quiet,
-                  overwrite=args.overwrite, seeds=args.seeds)
+                  overwrite=args.overwrite, seeds=args.seeds or 0)
     check_context(ctx)
     experiments = resolve(args.name)
     for exp in experiments:         # every folder this command writes, checked before the first one starts
@@ -50,7 +53,7 @@ def register(sub):
                    help="replace the run folders these experiments train into, training every run again (no earlier "
                         "run is reused); write results into a folder that is not numformer's")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
-    p.add_argument("--seeds", type=int, default=0, metavar="N",
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="train the experiment with N seeds and report their spread (shakespeare_char, shakespeare_char_llama, shakespeare_speedrun, shakespeare_speedrun_ablation)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
-from .._limits import bounded_json
+from .._limits import bounded_json, check_bounds
 from .base import IGNORE, Batch, Task, register_task
 from .chat import ChatFormat, alpaca_messages, encode_chat
 from .tokenizers import tokenizer_from_dict
@@ -38,15 +38,25 @@ def read_records(path):
                          f"({{\"messages\": [...]}}), Alpaca records ({{\"instruction\", \"input\", \"output\"}}) or "
                          f"preference pairs ({{\"prompt\", \"chosen\", \"rejected\"}})")
     raw = path.read_bytes()
-    text = raw.decode("utf-8").lstrip()
     try:
-        records = bounded_json(raw, str(path)) if text.startswith("[") else \
-            [json.loads(line) for line in text.splitlines() if line.strip()]
-    except ValueError as e:
-        raise ValueError(f"{path} is not JSON or JSON lines ({e})") from None
+        text = raw.decode("utf-8").lstrip()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    if text.startswith("["):
+        records = bounded_json(text, str(path))
+    else:       # every line's nesting at once, as data/files.py reads JSON lines (a dataset may be large)
+        check_bounds(text, str(path), max_bytes=len(text) + 1, hint="a record nests a few levels")
+        records = [_json_line(line, path, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not isinstance(records, list):
         raise ValueError(f"{path} holds a JSON {type(records).__name__}; give a list of records or JSON lines")
     return records
+
+
+def _json_line(line, path, n):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}); JSON lines hold one record per line") from None
 
 
 def read_conversations(path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
@@ -172,7 +173,11 @@ class TextTask(LanguageModelTask):
             if tokenizer_state is not None and tokenizer_state != document:
                 raise ValueError(f"the tokenizer.json of [data] tokens_dir {c['tokens_dir']} is not the one this "
                                  f"run was trained with; point tokens_dir at the run's token files")
-            self.tokenizer, self.source = ByteLevelBPE.from_dict(document), f"token files in {c['tokens_dir']}"
+            try:
+                self.tokenizer = ByteLevelBPE.from_dict(document)
+            except ValueError as e:
+                raise ValueError(f"{Path(c['tokens_dir']) / 'tokenizer.json'}: {e}; restore it") from None
+            self.source = f"token files in {c['tokens_dir']}"
             self._document = document
             return
         corpus = TextFiles(corpus_files(c["path"], c["paths"]), c["encoding"], c["val_fraction"])

@@ -445,6 +445,30 @@ class Multi30kTask(Task):
                                length_penalty=lp, max_length=max_length, max_src_len=self.config["max_len"],
                                batch_size=int(self.config["eval_batch_size"]))
 
+    def time_metrics(self, model, split: str, examples: int = 8) -> float:
+        """Seconds per pair of ``evaluate``'s decoding on ``split`` (greedy, and beam search on "test") at its
+        slowest, what a time budget plans the end's test BLEU with: ``examples`` sources spread over the split are
+        decoded as one batch, and each decoding's time is scaled from the steps it took to the model's
+        ``max_len``, which no translation exceeds (whatever the weights, now or after training)."""
+        import time
+
+        sources = self.sources(split)
+        sources = [sources[i] for i in np.linspace(0, len(sources) - 1, min(examples, len(sources)), dtype=int)]
+        ids = [truncate(x, self.config["max_len"]) or [0] for x in self.src_tokenizer.encode_batch(sources)]
+        src = np.zeros((len(ids), max(map(len, ids))), dtype=np.int64)
+        for row, x in enumerate(ids):
+            src[row, :len(x)] = x
+        limit = min(model.max_len, int(1.5 * src.shape[1]) + 10)
+        beams = [1] + ([int(self.config["beam_size"])] if split == "test" and self.config["beam_size"] > 1 else [])
+        seconds = 0.0
+        for k in beams:
+            started = time.perf_counter()
+            hyps = model.generate(src, max_length=limit, bos_id=self.bos_id, eos_id=self.eos_id,
+                                  **({"greedy": True} if k == 1 else {"beam_size": k}))
+            steps = min(limit, max(map(len, hyps)) + 1)
+            seconds += (time.perf_counter() - started) * model.max_len / steps
+        return seconds / len(ids)
+
     def evaluate(self, model, split: str) -> dict:
         """Corpus BLEU (sacrebleu defaults) of the split's translations; see the class docstring."""
         import time

@@ -117,6 +117,9 @@ def read_tokens_dir(folder) -> tuple[dict, dict]:
                          f"(the ids, uint16 or uint32) and the tokenizer.json that made them")
     meta = _read_json(folder / "meta.json") if (folder / "meta.json").is_file() else {}
     document = _read_json(folder / "tokenizer.json")
+    if not isinstance(document, dict):
+        raise ValueError(f"{folder / 'tokenizer.json'} holds a JSON {type(document).__name__}, not a tokenizer "
+                         f"(an object); restore it")
     dtype = _meta_dtype(folder, meta) or _dtype_of(document)
     files = {split: TokenFile(folder / name, dtype) for split, name in SPLIT_FILES.items()}
     counts = meta.get("tokens") if isinstance(meta, dict) else None
@@ -131,7 +134,11 @@ def read_tokens_dir(folder) -> tuple[dict, dict]:
 
 def _meta_dtype(folder, meta):
     """meta.json's dtype ("uint16" or "uint32"), None when it gives none; a ValueError naming the file otherwise."""
-    dtype = meta.get("dtype") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{folder / 'meta.json'} must be an object whose \"dtype\" is \"uint16\" or \"uint32\" "
+                         f"(the type of the ids in the token files); restore it, or delete it to take the dtype from "
+                         f"the vocabulary's size")
+    dtype = meta.get("dtype")
     if dtype is None:
         return None
     if dtype not in ("uint16", "uint32"):
@@ -141,9 +148,13 @@ def _meta_dtype(folder, meta):
 
 
 def _dtype_of(document):
-    model = document.get("model", {}) if isinstance(document, dict) else {}
-    ids = [*model.get("vocab", {}).values(), *(t.get("id", 0) for t in document.get("added_tokens") or [])]
-    return token_dtype(max(ids, default=0) + 1)
+    """The dtype of the ids of the tokenizer ``document`` (its largest id); the tokenizer itself is checked where
+    it is parsed, so a malformed part counts no id here."""
+    model, added = document.get("model"), document.get("added_tokens")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    ids = [*(vocab.values() if isinstance(vocab, dict) else ()),
+           *(t.get("id") for t in (added if isinstance(added, list) else ()) if isinstance(t, dict))]
+    return token_dtype(max((i for i in ids if isinstance(i, int) and not isinstance(i, bool)), default=0) + 1)
 
 
 def _read_json(path):

@@ -18,6 +18,7 @@ import textwrap
 import traceback
 from pathlib import Path
 
+from .._limits import read_json_file
 from .catalog import EXERCISES
 from .checker import STANDARD_STEPS, Exercise, Failure, Report, check
 
@@ -159,13 +160,15 @@ def next_hint(name, folder="."):
     (after the last hint, the last one again)."""
     exercise = get(name)
     state_path = Path(folder) / HINTS_FILE
-    try:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:        # within the bounds of every JSON file numformer reads; a damaged memory starts the hints again
+        state = read_json_file(state_path, "hint memory") if state_path.exists() else {}
+    except ValueError:
         state = {}
     state = state if isinstance(state, dict) else {}
     seen = state.get("hints_seen") if isinstance(state.get("hints_seen"), dict) else {}
-    number = min(int(seen.get(exercise.name, 0)) + 1, len(exercise.hints))
+    count = seen.get(exercise.name, 0)
+    count = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0
+    number = min(count + 1, len(exercise.hints))
     seen[exercise.name] = number
     state_path.write_text(json.dumps({**state, "hints_seen": seen}, indent=1) + "\n", encoding="utf-8")
     return number, len(exercise.hints), exercise.hints[number - 1]

@@ -17,7 +17,6 @@ afresh.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import sys
 
@@ -104,7 +103,7 @@ def strategy_samples(run_dir, tokenizer):
 def write_strategy_samples(run_dir, tokenizer, results_dir, name, quick=False):
     """results/{name}_samples.json: the samples of ``strategy_samples`` of the run's saved weights, with the
     whole-validation loss of those weights (the page that prints the samples is checked against this file)."""
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summary = read_record(run_dir / "summary.json", {"best_val_loss": NUMBER, "best_step": int}, "summary")
     record = {"command": f"numformer reproduce {name}" + (" --quick" if quick else ""), "commit": git_commit(),
               "date": datetime.date.today().isoformat(), "run_dir": str(run_dir),
               "val_loss": summary["best_val_loss"], "step": summary["best_step"], "prompt": PROMPT,

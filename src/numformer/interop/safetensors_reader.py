@@ -78,7 +78,7 @@ def read_header(path):
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise _bad(path, f"tensor {name!r} is not described by exactly dtype, shape and data_offsets")
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise _bad(path, f"tensor {name!r} has dtype {dtype!r}; numformer reads {sorted(DTYPES)}")
         if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
             raise _bad(path, f"tensor {name!r} has shape {shape!r}, not a list of non-negative integers")

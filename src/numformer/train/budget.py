@@ -13,9 +13,10 @@ is what the learning-rate schedule decays over (``Schedule.at``), and a step is 
 ``reserve`` is the final phase's measured cost: the seconds per evaluation example (timed on one batch of the
 validation split at the start) times the split's examples, once per whole-split evaluation the end runs;
 for a task that scores the kept weights on its test split at the end (classification, translation), the
-test examples at that rate plus the task's metrics at their rate (timed at each periodic evaluation that
-computes them; before the first, one more forward pass per example); plus the measured time of saving a
-checkpoint and the weights, with a margin. A periodic evaluation or checkpoint due after the next step is
+test examples at that rate plus the task's metrics at their rate (a task whose metrics decode, translation,
+times them on a few test examples at the start: ``Task.time_metrics``; else timed at each periodic evaluation
+that computes them, and before the first, one more forward pass per example); plus the measured time of
+saving a checkpoint and the weights, with a margin. A periodic evaluation or checkpoint due after the next step is
 counted with its own measured time.
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Budget:
         self.val_examples = 0
         self.test_examples = 0                   # scored (loss and metrics) at the end; 0: no test scoring
         self.metric_seconds_per_example = None   # of the task's metrics, once a periodic evaluation timed them
+        self.test_metric_seconds_per_example = None   # of the test split's metrics, where the task times them
 
     def used(self):
         """Seconds of the budget spent so far (earlier parts of a resumed run included)."""
@@ -74,7 +76,8 @@ class Budget:
         """Seconds kept for the final phase: its whole-split evaluations, the test split's scoring (its loss and
         the task's metrics), a checkpoint and the weights."""
         per_example = self.eval_seconds_per_example
-        metrics = per_example if self.metric_seconds_per_example is None else self.metric_seconds_per_example
+        metrics = next(rate for rate in (self.test_metric_seconds_per_example, self.metric_seconds_per_example,
+                                         per_example) if rate is not None)
         evaluations = (self.final_evaluations * self.val_examples * per_example
                        + self.test_examples * (per_example + metrics))
         return MARGIN * (evaluations + 2 * self.save_seconds) + MARGIN_S
@@ -103,12 +106,15 @@ class Budget:
         """Before the first step: measure what the end costs (``evaluation``: the run's ``Evaluation``): the
         seconds per evaluation example, on one batch; the whole-split evaluations the end runs (two with
         ``restore_best``, which scores two sets of weights), the test split it scores; a first guess of a
-        save's time (``save_bytes``: the checkpoint's weights and moments)."""
+        save's time (``save_bytes``: the checkpoint's weights and moments); the test metrics' rate where the task
+        times it (``Evaluation.time_test_metrics``)."""
         self.val_examples = evaluation.examples("val", whole=True)
         self.final_evaluations = 2 if restore_best else 1
         self.test_examples = evaluation.examples("test", whole=True) if evaluation.reports_test else 0
         self.guess_save_seconds(save_bytes)
         self.timed_evaluation(*evaluation.time_one_batch())
+        if self.test_examples:
+            self.test_metric_seconds_per_example = evaluation.time_test_metrics()
 
     def after_step(self, evaluates, examples, checkpoints):
         """The seconds the next step adds beyond its update: its evaluation (``evaluates``, of ``examples``

@@ -36,10 +36,28 @@ def set_reference_logprobs(model, task, run_dir, resumed, write):
         if not path.is_file():
             raise ValueError(f"{path} is missing: the DPO run cannot be resumed without the reference "
                              f"log-probabilities it started with; train again")
-        reference = read_safetensors_file(path)["reference"]
+        reference = read_reference(path, len(task.examples))
     else:
         from safetensors.numpy import save
         reference = sequence_logprobs(model, task, np.arange(len(task.examples)))
         if write:
             write_atomic(path, save({"reference": reference}))
     task.set_reference(reference)
+
+
+def read_reference(path, n_pairs):
+    """The (n_pairs, 2) reference log-probabilities stored in ``path``; ValueError naming the file when it does not
+    hold them (another tensor, shape or type, a value that is not a finite log-probability <= 0)."""
+    tensors = read_safetensors_file(path)
+    reference = tensors.get("reference")
+    if reference is None or set(tensors) != {"reference"}:
+        raise ValueError(f"{path} holds {sorted(tensors)}, not the one tensor 'reference' of a DPO run's reference "
+                         f"log-probabilities; restore it, or train again")
+    if reference.shape != (n_pairs, 2) or reference.dtype.kind != "f":
+        raise ValueError(f"{path}: 'reference' is {reference.dtype} of shape {reference.shape}, not the float "
+                         f"log-probabilities of the chosen and rejected replies of the {n_pairs} pairs ({n_pairs}, 2) "
+                         f"of the run's data; restore it, or train again")
+    if not np.all(np.isfinite(reference) & (reference <= 0)):
+        raise ValueError(f"{path}: 'reference' holds values that are not log-probabilities (finite, at most 0); "
+                         f"restore it, or train again")
+    return reference

@@ -126,6 +126,21 @@ class Evaluation:
             self.budget.timed_metrics(time.perf_counter() - started, self.examples("val", whole=True))
         return metrics
 
+    def time_test_metrics(self):
+        """Seconds per example of the task's metrics on the test split scored at the end, timed on a few examples
+        by the task where one forward pass per example is no fair guess (``time_metrics``: translation decodes
+        word by word, with beam search); else None."""
+        timer = getattr(self.task, "time_metrics", None)
+        if not self.reports_test or timer is None:
+            return None
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return timer(self.model, "test")
+        finally:
+            self.model.train(was_training)
+            self.model.clear_cache()
+
     def loss(self, split, sample=0, bytes_seen=None):
         """(loss, counted targets) over the whole split, or over the run's fixed sample of ``sample`` examples
         (``bytes_seen``: a ``ByteCount`` of the same batches)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import apply_overrides, load_config_json, resolve_config, resume_changes
+from ..config import apply_overrides, load_config_json, resolve_config, resume_changes, resume_section_changes
 from ..data.base import make_task
 from ..interop.sources import load_run_model, tokenizer_from_state
 from ..run_files import load_tokenizer_state
@@ -40,13 +40,16 @@ def load_task(run_dir, config=None):
 def resumed_config(run_dir, overrides=None):
     """(resolved config, task, notes) of a run to resume: its config.json with ``overrides`` (--set) applied, the
     task with the saved vocabulary (so that ids mean what they meant), and a note line on each change the
-    overrides make (``config.resume_changes``, which refuses in one line a change that cannot be made)."""
+    overrides make (``config.resume_changes`` for [train], ``config.resume_section_changes`` for [model], [data]
+    and [lora]; each refuses in one line a change that cannot be made)."""
     saved, tokenizer_state = load_config_json(run_dir), load_tokenizer_state(run_dir)
+    wanted = apply_overrides(saved, overrides)
+    resume_section_changes(saved, wanted)       # a change refused by name before any data or source is read
     try:
-        config, task = resolve_config(apply_overrides(saved, overrides), tokenizer_state)
+        config, task = resolve_config(wanted, tokenizer_state)
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         if tokenizer_state is None:
             raise
         raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} is damaged or does not fit the run's "
                          f"[data] ({type(e).__name__}: {e}); restore it or retrain") from None
-    return config, task, resume_changes(saved["train"], config["train"])
+    return config, task, resume_changes(saved["train"], config["train"]) + resume_section_changes(saved, config)

@@ -117,6 +117,13 @@ def test_the_static_page_is_self_contained(loaded, tmp_path):
     (tmp_path / "other.html").write_text("<html></html>")
     with pytest.raises(ValueError, match="not a page written by `numformer explore --static`"):
         read_page_data(tmp_path / "other.html")
+    with pytest.raises(ValueError, match="exists and is not a page `numformer explore --static` wrote"):
+        write_static_page(tmp_path / "other.html", data)                       # a file of the user's: refused
+    assert (tmp_path / "other.html").read_text() == "<html></html>"
+    (tmp_path / "deep.html").write_text('<script type="application/json" id="explorer-data">' + "[" * 200 + "]" * 200 + "</script>")
+    with pytest.raises(ValueError, match="nest"):
+        read_page_data(tmp_path / "deep.html")                                 # within _limits' bounds
+    assert read_page_data(write_static_page(path, {**data, "prompt_text": "again"}))["prompt_text"] == "again"
 
 
 def read_data_text(page):

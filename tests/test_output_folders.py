@@ -249,6 +249,8 @@ WRITES = {
     "bench": "--out: a results folder of numformer's; quantize without --run-dir its run folder: --overwrite",
     "chat": None, "classify": None, "eval": None, "generate": None, "params": None, "translate": None,
     "data": "numformer's own data cache (NUMFORMER_CACHE), entries named by their hashes",
+    "explore": "--static OUT.html: a new file, or a page explore --static wrote (replaced); any other file is "
+               "refused",
     "exercises": "start: NAME.py in --dir, replaced only with --overwrite; hint: its memory file in --dir",
     "export": "--out: new or empty, or an earlier export with --overwrite (only EXPORT_FILES)",
     "import-hf": "--out: a run folder, as train's",
@@ -280,6 +282,7 @@ FOREIGN = {
     "bench quantize": ["bench", "quantize", "--quick", "--out", "{tmp}/results"],
     "analyze --out": ["analyze", "{root}/char", "--out", "{mine}", "--no-ablation", "--no-occlusion"],
     "exercises start": ["exercises", "start", "layer_norm", "--dir", "{mine}"],
+    "explore --static": ["explore", "{root}/char", "--prompt", "To be", "--static", "{mine}/page.html"],
 }
 
 
@@ -291,7 +294,8 @@ def test_a_folder_holding_the_users_files_is_refused_and_left_as_it_was(two_runs
     mine = {"reproduce --runs": tmp_path / "runs" / "copy",
             "bench quantize": tmp_path / "runs" / "bench_quantize_speedrun"}.get(case, tmp_path / "mine")
     mine.mkdir(parents=True)
-    names = {"train": "tokenizer.json", "import-hf": "tokenizer.json", "exercises start": "layer_norm.py"}
+    names = {"train": "tokenizer.json", "import-hf": "tokenizer.json", "exercises start": "layer_norm.py",
+             "explore --static": "page.html"}
     name = names.get(case, "notes.txt")
     (mine / name).write_text("the user's")
     import numformer.bench.quantize as quantize

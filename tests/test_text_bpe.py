@@ -105,8 +105,9 @@ def test_a_folder_of_uint32_token_files_and_a_meta_json_that_does_not_match_its_
         == ids[:3000]
     meta = json.loads((folder / "meta.json").read_text())
     for dtype, message in (("uint16", r"train.bin holds 6,000 uint16 ids but .*meta.json says 3000"),
-                           ("float32", r"meta.json gives dtype 'float32'; token files hold \"uint16\" or \"uint32\""),
-                           ("nonsense", r"gives dtype 'nonsense'")):
+                           ("float32", r"meta.json must be an object whose \"dtype\" is \"uint16\" or \"uint32\" .*not "
+                                       r"dtype 'float32'"),
+                           ("nonsense", r"not dtype 'nonsense'")):
         (folder / "meta.json").write_text(json.dumps({**meta, "dtype": dtype}))
         with pytest.raises(ValueError, match=message):
             read_tokens_dir(folder)

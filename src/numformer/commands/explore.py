@@ -17,6 +17,7 @@ def run(args):
     import numpy as np
 
     from ..explorer import Explorer, make_server, page_data, prompt_ids, write_static_page
+    from ..explorer.page import check_static_path
     from ..sampling import sample_next
     from .generate import load_generator
 
@@ -25,6 +26,8 @@ def run(args):
         raise ValueError("--static writes the page of one prompt; give it with --prompt TEXT")
     if static and args.port is not None:
         raise ValueError("--port is the server's; --static writes a file and serves nothing: give one of them")
+    if static:
+        check_static_path(args.static)                  # before anything is computed
     sampling = {"temperature": 0.0 if args.greedy else args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     sample_next(np.zeros(1), 0, **sampling)             # the sampling flags checked before the model is loaded
     model, tokenizer = load_generator(args.run_dir)

@@ -134,17 +134,13 @@ def read_tokens_dir(folder) -> tuple[dict, dict]:
 
 def _meta_dtype(folder, meta):
     """meta.json's dtype ("uint16" or "uint32"), None when it gives none; a ValueError naming the file otherwise."""
-    if not isinstance(meta, dict):
+    dtype = meta.get("dtype") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or dtype not in (None, "uint16", "uint32"):
+        given = f"dtype {dtype!r}" if isinstance(meta, dict) else f"a JSON {type(meta).__name__}"
         raise ValueError(f"{folder / 'meta.json'} must be an object whose \"dtype\" is \"uint16\" or \"uint32\" "
-                         f"(the type of the ids in the token files); restore it, or delete it to take the dtype from "
-                         f"the vocabulary's size")
-    dtype = meta.get("dtype")
-    if dtype is None:
-        return None
-    if dtype not in ("uint16", "uint32"):
-        raise ValueError(f"{folder / 'meta.json'} gives dtype {dtype!r}; token files hold \"uint16\" or \"uint32\" "
-                         f"ids")
-    return np.dtype(dtype).newbyteorder("<")
+                         f"(the type of the ids in the token files), not {given}; restore it, or delete it to take "
+                         f"the dtype from the vocabulary's size")
+    return None if dtype is None else np.dtype(dtype).newbyteorder("<")
 
 
 def _dtype_of(document):

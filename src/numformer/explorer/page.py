@@ -17,6 +17,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
+from .._limits import MAX_JSON_BYTES, bounded_json
 from .data import FORMAT
 
 PLACEHOLDER = re.compile(r"\{\{(TITLE|CSS|JS|DATA)\}\}")
@@ -42,20 +43,48 @@ def render_page(data):
 
 def write_static_page(path, data):
     """Write the page with ``data`` (its ``mode`` set to "static") to ``path``; returns the path."""
-    path = Path(path)
-    if path.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"{path}: the static page is an HTML file; give a name ending in .html")
+    path = check_static_path(path)
     path.write_text(render_page({**data, "mode": "static"}), encoding="utf-8")
     return path
 
 
+def check_static_path(path):
+    """``path`` as a Path where a static page may be written: a name ending in .html, new or a page
+    ``write_static_page`` wrote (numformer replaces only its own pages); a ValueError saying what to do
+    otherwise."""
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"{path}: the static page is an HTML file; give a name ending in .html")
+    if path.exists() and not is_explorer_page(path):
+        raise ValueError(f"{path} exists and is not a page `numformer explore --static` wrote: numformer replaces "
+                         f"only its own pages; give another name, or move the file away")
+    return path
+
+
+def is_explorer_page(path):
+    """Whether ``path`` is a file holding a page written by ``write_static_page``."""
+    try:
+        read_page_data(path)
+    except ValueError:
+        return False
+    return True
+
+
 def read_page_data(path):
-    """The data a page written by ``write_static_page`` embeds."""
-    text = Path(path).read_text(encoding="utf-8")
+    """The data a page written by ``write_static_page`` embeds (read within ``_limits``' bounds)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if not path.is_file() or size > MAX_JSON_BYTES:
+            raise ValueError(f"{path} is not a page written by `numformer explore --static` (not a file, or larger "
+                             f"than {MAX_JSON_BYTES:,} bytes)")
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} cannot be read as a page written by `numformer explore --static` ({e})") from None
     m = DATA_ELEMENT.search(text)
     if m is None:
         raise ValueError(f"{path} is not a page written by `numformer explore --static` (no explorer data in it)")
-    return json.loads(m.group(1))
+    return bounded_json(m.group(1), f"the explorer data of {path}")
 
 
 def refresh_static_page(path):

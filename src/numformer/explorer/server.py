@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
+from .._limits import bounded_json
 from ..sampling import sample_next
 from .data import analyse, check_ids, position_logits, run
 from .page import render_page
@@ -149,8 +150,8 @@ class Handler(BaseHTTPRequestHandler):
         if not 0 < length <= MAX_BODY:
             raise ValueError(f"send a JSON object of at most {MAX_BODY} bytes")
         try:
-            body = json.loads(self.rfile.read(length).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+            body = bounded_json(self.rfile.read(length), "the request", max_bytes=MAX_BODY)
+        except ValueError:
             raise ValueError("the request is not JSON") from None
         if not isinstance(body, dict):
             raise ValueError("send a JSON object")

@@ -41,7 +41,7 @@ def read_records(path):
     text = raw.decode("utf-8").lstrip()
     try:
         records = bounded_json(raw, str(path)) if text.startswith("[") else \
-            [json.loads(line) for line in text.splitlines() if line.strip()]
+            [json.loads(line) for line in text.split("\n") if line.strip()]
     except ValueError as e:
         raise ValueError(f"{path} is not JSON or JSON lines ({e})") from None
     if not isinstance(records, list):
@@ -126,11 +126,12 @@ class ChatTask(Task):
         return read_conversations(path)
 
     def _example(self, messages):
-        """(ids, labels) of a conversation cut to the context, or None when no label is left in it."""
+        """(ids, labels) of a conversation cut to the context, as int32 arrays (a list of Python ints takes
+        nine times the memory), or None when no label is left in it."""
         n = self.config["block_size"] + 1
         ids, labels = encode_chat(self, messages, self.config["train_on"])
-        ids, labels = ids[:n], labels[:n]
-        return None if len(ids) < 2 or all(t == IGNORE for t in labels[1:]) else (ids, labels)
+        ids, labels = np.asarray(ids[:n], dtype=np.int32), np.asarray(labels[:n], dtype=np.int32)
+        return None if len(ids) < 2 or np.all(labels[1:] == IGNORE) else (ids, labels)
 
     def _encode(self, conversations):
         examples = [self._example(m) for m in conversations]
@@ -159,7 +160,7 @@ class ChatTask(Task):
         return self.tokenizer.to_dict()
 
     def describe(self):
-        labelled = sum(sum(t != IGNORE for t in labels[1:]) for _, labels in self.examples)
+        labelled = sum(int(np.sum(labels[1:] != IGNORE)) for _, labels in self.examples)
         total = sum(len(ids) - 1 for ids, _ in self.examples)
         return (f"chat: {len(self.examples):,} conversations of {self.config['path']} ({len(self.splits['train']):,} "
                 f"train, {len(self.splits['val']):,} val; {self.dropped} without an assistant token in the context "

@@ -69,6 +69,10 @@ def stages_section(r):
     for name, t in r["timing"].items():
         what = STAGE_WHAT.get(name) or (f"supervised fine-tuning, LoRA rank {name.rsplit('_r', 1)[1]}"
                                         if name.startswith("sft_lora") else "")
+        if t.get("val_bpb") is not None:
+            what += f": {t['val_bpb']:.4f} bits per byte on its validation reviews, commit {t['commit']}"
+        if t.get("test_accuracy") is not None:
+            what += f": test accuracy {t['test_accuracy']:.4f}, commit {t['commit']}"
         steps = t.get("steps")
         rows.append(f"| {name} | {what} | {t['source']} | {'' if steps is None else f'{steps:,}'} | "
                     f"{t['seconds'] / 60:.1f} min |")
@@ -76,7 +80,9 @@ def stages_section(r):
     rows += ["", f"Wall time of the whole command {r['wall_time_s'] / 60:.1f} min on {r['machine']['cores']} cores "
                  f"({r['machine']['cpu']})" + (f"; load average at the end {load[0]:.1f} (1 min), {load[1]:.1f} "
                                                f"(5 min), {load[2]:.1f} (15 min)" if load else "")
-             + ". A reused run took no time here; its own page says how long it trained."]
+             + ". A reused or given run took no time here. The base runs are the ones named (their folders under "
+               "--runs); results/imdb_lm.md and results/imdb.md describe the committed runs of those experiments, "
+               "which may be other runs."]
     return rows
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._limits import read_json_file
 from ..bench._measure import max_rss_bytes
 from ..config import apply_overrides, load_config, resolve_config
 from ..data.fetch import data_dir, locate
@@ -103,11 +105,25 @@ def base_overrides(name, ctx, cfg):
 
 def base_resolved(name, ctx, cfg):
     """The resolved config a base experiment (imdb_lm, imdb) trains, as its own ``reproduce`` resolves it;
-    with the run's saved tokenizer when it has one (so the vocabulary sizes are the run's)."""
-    exp = EXPERIMENTS[name]
-    config = apply_overrides(load_config(find_config(exp.config_name())),
-                             (list(exp.quick_overrides) if ctx.quick else []) + base_overrides(name, ctx, cfg))
-    return resolve_config(config, tokenizer_state=load_tokenizer_state(ctx.runs_dir / name))[0]
+    with the run's saved tokenizer when it has one (so the vocabulary sizes are the run's). Resolving builds
+    the task (minutes for imdb), so a command that checks its folders, then runs, resolves once."""
+    exp, run_dir = EXPERIMENTS[name], ctx.runs_dir / name
+    overrides = (tuple(exp.quick_overrides) if ctx.quick else ()) + tuple(base_overrides(name, ctx, cfg))
+    files = tuple(_stamp(p) for p in (find_config(exp.config_name()), run_dir / "tokenizer.json"))
+    return json.loads(_resolved(exp.config_name(), str(run_dir), overrides, files))
+
+
+def _stamp(path):
+    path = Path(path)
+    return (str(path), path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else (str(path), None, None)
+
+
+@functools.lru_cache(maxsize=8)
+def _resolved(config_name, run_dir, overrides, stamps):
+    """The resolved config as JSON text (see ``base_resolved``; ``stamps`` name the files it was read from, so
+    that an edited file is read again)."""
+    config = apply_overrides(load_config(find_config(config_name)), list(overrides))
+    return json.dumps(resolve_config(config, tokenizer_state=load_tokenizer_state(run_dir))[0])
 
 
 def folders(ctx, cfg):
@@ -194,16 +210,18 @@ def run_dirs(exp, ctx):
 # -- training ---------------------------------------------------------------------------------------------------
 def run_base(stage, ctx, cfg):
     """The base experiment's run: given, reused, or trained by ``numformer reproduce NAME`` (which writes its
-    page)."""
-    if stage.summary is not None:
-        given = cfg["pipeline"]["lm_run" if stage.name == BASE_LM else "judge_run"]
-        return {"source": "given" if given else "reused", "steps": stage.summary["steps"], "seconds": 0.0,
-                "run_dir": str(stage.run_dir), "commit": stage.summary["commit"]}
-    started = time.perf_counter()
-    sub = dataclasses.replace(ctx, overrides=base_overrides(stage.name, ctx, cfg), seeds=0)
-    record = run_experiment(EXPERIMENTS[stage.name], sub)
-    return {"source": "trained", "steps": record.get("steps"), "seconds": round(time.perf_counter() - started, 1),
-            "run_dir": str(stage.run_dir), "commit": record.get("commit")}
+    page); returns how it was obtained and its figures (steps, bits per byte or test accuracy, commit)."""
+    started, source = time.perf_counter(), "reused"
+    if cfg["pipeline"]["lm_run" if stage.name == BASE_LM else "judge_run"]:
+        source = "given"
+    elif stage.summary is None:
+        run_experiment(EXPERIMENTS[stage.name], dataclasses.replace(ctx, overrides=base_overrides(stage.name, ctx, cfg),
+                                                                    seeds=0))
+        source = "trained"
+    s = read_json_file(stage.run_dir / "summary.json", "summary")
+    return {"source": source, "seconds": round(time.perf_counter() - started, 1) if source == "trained" else 0.0,
+            "steps": s.get("steps"), "run_dir": str(stage.run_dir), "commit": s.get("commit"),
+            "val_bpb": s.get("best_val_bpb"), "test_accuracy": (s.get("test") or {}).get("test_accuracy")}
 
 
 def train_measured(stage, ctx):

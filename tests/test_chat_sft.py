@@ -10,7 +10,7 @@ import pytest
 
 from numformer import ops
 from numformer.data.chat import ChatFormat, encode_chat
-from numformer.data.chat_tasks import ChatTask, pad_examples, record_messages
+from numformer.data.chat_tasks import ChatTask, pad_examples, read_conversations, record_messages
 from numformer.data.tokenizers import ByteLevelBPE
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
@@ -93,6 +93,14 @@ def test_alpaca_and_messages_records(tmp_path):
     assert record_messages({"instruction": "Sum:", "input": "2, 3", "output": "5"})[0]["content"] == "Sum:\n\n2, 3"
     with pytest.raises(ValueError, match=r"record 0 is neither"):
         record_messages({"prompt": "x"})
+
+
+def test_json_lines_split_at_line_feeds_only(tmp_path):
+    """U+2028, U+0085 and a form feed are valid unescaped in a JSON string: a JSON-lines file breaks at "\\n"."""
+    record = {"messages": [{"role": "user", "content": "a\u2028b\x85c\x0cd"}, {"role": "assistant", "content": "e"}]}
+    (tmp_path / "odd.jsonl").write_text(json.dumps(record, ensure_ascii=False) + "\r\n" + json.dumps(record) + "\n",
+                                        encoding="utf-8")
+    assert read_conversations(tmp_path / "odd.jsonl") == [record["messages"]] * 2
 
 
 def write_data(tmp_path):

@@ -44,9 +44,11 @@ def read_records(path):
         raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
     if text.startswith("["):
         records = bounded_json(text, str(path))
-    else:       # every line's nesting at once, as data/files.py reads JSON lines (a dataset may be large)
+    else:
+        # every line's nesting at once, as data/files.py reads JSON lines (a dataset may be large); lines split at
+        # line feeds only: JSON strings may hold U+2028, U+0085 or form feeds unescaped
         check_bounds(text, str(path), max_bytes=len(text) + 1, hint="a record nests a few levels")
-        records = [_json_line(line, path, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        records = [_json_line(line, path, n) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not isinstance(records, list):
         raise ValueError(f"{path} holds a JSON {type(records).__name__}; give a list of records or JSON lines")
     return records
@@ -136,11 +138,12 @@ class ChatTask(Task):
         return read_conversations(path)
 
     def _example(self, messages):
-        """(ids, labels) of a conversation cut to the context, or None when no label is left in it."""
+        """(ids, labels) of a conversation cut to the context, as int32 arrays (a list of Python ints takes
+        nine times the memory), or None when no label is left in it."""
         n = self.config["block_size"] + 1
         ids, labels = encode_chat(self, messages, self.config["train_on"])
-        ids, labels = ids[:n], labels[:n]
-        return None if len(ids) < 2 or all(t == IGNORE for t in labels[1:]) else (ids, labels)
+        ids, labels = np.asarray(ids[:n], dtype=np.int32), np.asarray(labels[:n], dtype=np.int32)
+        return None if len(ids) < 2 or np.all(labels[1:] == IGNORE) else (ids, labels)
 
     def _encode(self, conversations):
         examples = [self._example(m) for m in conversations]
@@ -169,7 +172,7 @@ class ChatTask(Task):
         return self.tokenizer.to_dict()
 
     def describe(self):
-        labelled = sum(sum(t != IGNORE for t in labels[1:]) for _, labels in self.examples)
+        labelled = sum(int(np.sum(labels[1:] != IGNORE)) for _, labels in self.examples)
         total = sum(len(ids) - 1 for ids, _ in self.examples)
         return (f"chat: {len(self.examples):,} conversations of {self.config['path']} ({len(self.splits['train']):,} "
                 f"train, {len(self.splits['val']):,} val; {self.dropped} without an assistant token in the context "

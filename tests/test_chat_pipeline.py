@@ -1,0 +1,141 @@
+"""numformer reproduce chat_pipeline: the conversations and pairs it builds, its measures (Wilson intervals, labels
+read from replies), and its quick version end to end on the real data (skipped when ../shared/data is absent)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numformer.cli import main
+from numformer.data.chat import ChatFormat, encode_chat
+from numformer.data.tokenizers import ByteLevelBPE
+from numformer.experiments import _chat_data as cd
+from numformer.experiments._chat_eval import parse_label, reply_text, wilson
+
+SHARED = Path(os.environ.get("NUMFORMER_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
+needs_shared = pytest.mark.skipif(not (SHARED / "aclImdb_v1.tar.gz").is_file()
+                                  or not (SHARED / "instructions").is_dir(),
+                                  reason=f"shared datasets not found at {SHARED}")
+
+POS = "A wonderful film, moving and funny. I loved the horror of it. " * 3
+NEG = "A dull comedy. The plot was boring and the acting awful, a waste of time. " * 2
+
+
+@pytest.fixture(scope="module")
+def tok():
+    corpus = (POS + NEG + "Is this review positive or negative? Write a review about a movie. User: Assistant: ") * 20
+    return ByteLevelBPE.train([corpus], 400, special_tokens=[cd.END])
+
+
+def test_topics_are_the_first_genre_word_of_the_review():
+    assert cd.topic_of("A slow western, then a horror ending.") == "a western"
+    assert cd.topic_of("The HORROR! Zombies everywhere.") == "a horror film"
+    assert cd.topic_of("I saw it twice.") == cd.DEFAULT_TOPIC
+    assert cd.topic_of("a sci-fi romance") == "a science fiction film"
+
+
+def test_a_long_review_keeps_its_head_and_its_end_within_the_room(tok):
+    ids = tok.encode(POS * 10 + "The end was awful.")
+    text = cd.fit_review(tok, ids, 60, 20)
+    assert text.startswith(tok.decode(ids[:20]).rstrip()) and text.endswith("The end was awful.")
+    assert cd.CUT in text and len(tok.encode(text)) <= 60
+    assert cd.fit_review(tok, ids[:30], 60, 20) == tok.decode(ids[:30])
+
+
+def test_conversations_take_the_loss_on_the_label_and_the_end_of_text(tok):
+    fmt = ChatFormat.default()
+    ids, labels = encode_chat((tok, fmt), cd.classify_messages(POS, 1))
+    taken = tok.decode([i for i, label in zip(ids, labels) if label != -100])
+    assert taken == f" positive{cd.END}\n\n" and tok.eos_id in [i for i, lab in zip(ids, labels) if lab != -100]
+    assert fmt.render(cd.write_messages(0, "a comedy")).startswith("User: Write a negative review about a comedy.")
+    room = cd.review_room(tok, 128)
+    review = cd.fit_review(tok, tok.encode(POS * 20), room, 16)
+    assert len(encode_chat((tok, fmt), cd.classify_messages(review, 0))[0]) <= 129
+
+
+def test_preference_pairs_match_lengths_and_use_each_review_once_per_side(tok):
+    texts = [POS[:40 * (i + 1)] for i in range(4)] + [NEG[:35 * (i + 1)] for i in range(4)]
+    reviews = cd.Reviews(texts, [1] * 4 + [0] * 4, tok)
+    pairs = cd.preference_pairs(reviews, {0: [4, 5, 6, 7], 1: [3, 2, 1, 0]})
+    assert len(pairs) == 8
+    assert sorted(p["chosen"] for p in pairs) == sorted(t.strip() + cd.END for t in texts)
+    assert sorted(p["rejected"] for p in pairs) == sorted(p["chosen"] for p in pairs)
+    for p in pairs:           # the shortest positive is matched with the shortest negative, and so on
+        assert abs(len(p["chosen"]) - len(p["rejected"])) <= 35 * 4 - 40 * 3
+        assert ("positive" in p["prompt"]) == p["chosen"].startswith("A wonderful")
+
+
+def test_short_reviews_are_drawn_per_label_within_the_limit(tok):
+    reviews = cd.Reviews([POS[:20], POS * 5, NEG[:30], NEG[:25], POS[:30]], [1, 1, 0, 0, 1], tok)
+    short = cd.short_reviews(reviews, 20, np.random.default_rng(0), need=2)
+    assert sorted(short[1]) == [0, 4] and sorted(short[0]) == [2, 3]
+    assert list(cd.short_reviews(reviews, 20, np.random.default_rng(0), need=2, skip=[0])[1]) == [4]
+
+
+def test_the_instruction_split_is_85_10_5_in_file_order():
+    train, test, val = cd.instruction_split(list(range(1100)))
+    assert (len(train), len(test), len(val)) == (935, 110, 55) and train[-1] == 934 and test[0] == 935
+
+
+def test_wilson_interval_and_labels_read_from_replies(tok):
+    lo, hi = wilson(85, 100)
+    assert abs(lo - 0.7672) < 1e-3 and abs(hi - 0.9069) < 1e-3        # the textbook values
+    assert wilson(0, 0) == (0.0, 1.0) and wilson(10, 10)[1] == pytest.approx(1.0)
+    assert parse_label(" Positive.") == 1 and parse_label("negative, clearly") == 0 and parse_label("") is None
+    assert parse_label("It is positive") is None
+    ids = tok.encode(" negative" + cd.END + "\n\nUser: more")
+    assert reply_text(tok, ids, tok.eos_id) == "negative"
+    assert reply_text(tok, tok.encode(" A good film.\nUser: next"), tok.eos_id) == "A good film."
+
+
+@needs_shared
+def test_quick_chat_pipeline_on_the_real_data(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NUMFORMER_DATA", str(SHARED))
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    assert main(["reproduce", "chat_pipeline", "--quick", "--results", str(results), "--runs", str(runs),
+                 "--quiet"]) == 0
+    r = json.loads((results / "chat_pipeline.json").read_text())
+    assert set(r["targets"]) == {"accuracy", "judged_share"} and r["floor"] == {"accuracy": 0.8}
+    for key in ("accuracy", "judged_share", "dpo_accuracy", "dpo_judged_share", "dpo_reward_accuracy",
+                "lora_r8_accuracy", "lora_r16_accuracy"):
+        assert 0 <= r["figures"][key] <= 1, key
+    assert list(r["runs"]) == ["sft_full", "sft_lora_r8", "sft_lora_r16", "dpo"]
+    full, r8, r16 = (r["runs"][k]["measured"] for k in ("sft_full", "sft_lora_r8", "sft_lora_r16"))
+    assert full["trainable_parameters"] == full["parameters"]
+    assert 0 < r8["trainable_parameters"] < r16["trainable_parameters"] < full["parameters"]
+    assert all(m["peak_rss_bytes"] > 20 * 2 ** 20 for m in (full, r8, r16))
+    assert r["run_configs"]["sft_lora_r8"]["lora"]["r"] == 8 and r["run_configs"]["dpo"]["train"]["objective"] == "dpo"
+    assert r["timing"]["imdb_lm"]["source"] == "trained" and (results / "imdb_lm.md").is_file()
+    assert r["results"]["sft_full"]["classify"]["n"] == 24 and r["results"]["dpo"]["write"]["n"] == 8
+    assert len(r["chat"]["input"]) == 3 and r["chat"]["command"].startswith("numformer chat ")
+    page = (results / "chat_pipeline.md").read_text()
+    for heading in ("## The stages", "## Full fine-tuning against LoRA", "## DPO: before and after",
+                    "## A chat session", "(quick run)"):
+        assert heading in page
+    assert (results / "figures" / "chat_pipeline_curves.png").stat().st_size > 1000
+    assert "[chat_pipeline](chat_pipeline.md)" in (results / "README.md").read_text()
+    sft = [json.loads(line) for line in (runs / "chat_pipeline" / "data" / "sft.jsonl").read_text().splitlines()]
+    assert len(sft) == 48 + 24 + 16
+    assert all(c["messages"][-1]["content"].endswith(cd.END) for c in sft)
+
+
+def test_every_run_folder_is_planned_and_one_holding_files_is_refused(tmp_path, monkeypatch):
+    from numformer.experiments import EXPERIMENTS, Context, resolve
+    from numformer.experiments.runner import check_before_running
+
+    exp = resolve("chat_pipeline")[0]
+    ctx = Context(runs_dir=tmp_path / "runs", results_dir=tmp_path / "results", quick=True)
+    planned = exp.run_dirs(exp, ctx)
+    root = tmp_path / "runs" / "chat_pipeline"
+    assert planned == [(tmp_path / "runs" / "imdb_lm", None), (tmp_path / "runs" / "imdb", None)] + [
+        (root / name, None) for name in ("sft_full", "sft_lora_r8", "sft_lora_r16", "dpo")]
+    (root / "sft_lora_r8").mkdir(parents=True)
+    (root / "sft_lora_r8" / "notes.txt").write_text("mine")
+    why = dict(exp.run_dirs(exp, ctx))[root / "sft_lora_r8"]
+    assert why == "the run it starts from (imdb_lm) is trained again"
+    with pytest.raises(ValueError, match="sft_lora_r8 .*already holds a run"):
+        check_before_running(exp, ctx)
+    assert "imdb_lm" in EXPERIMENTS and "imdb" in EXPERIMENTS

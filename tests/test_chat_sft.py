@@ -103,6 +103,23 @@ def test_json_lines_split_at_line_feeds_only(tmp_path):
     assert read_conversations(tmp_path / "odd.jsonl") == [record["messages"]] * 2
 
 
+def test_every_line_reader_of_the_data_files_splits_at_line_feeds_only(tmp_path):
+    """The same class in the datasets' readers: JSON-lines tables, TSV pairs and parallel text files keep a
+    sentence holding U+2028, U+0085 or a form feed on its line (a split there would break a record or shift
+    every later pair)."""
+    from numformer.data.files import read_lines, read_pairs, read_table
+
+    odd = "a\u2028b\x85c\x0cd"
+    (tmp_path / "t.jsonl").write_text(json.dumps({"text": odd, "label": 1}, ensure_ascii=False) + "\r\n"
+                                      + json.dumps({"text": "e", "label": 0}) + "\n", encoding="utf-8")
+    columns, rows = read_table(tmp_path / "t.jsonl")
+    assert [r["text"] for _, r in rows] == [odd, "e"]
+    (tmp_path / "p.tsv").write_text(f"{odd}\tx\r\ny\tz\n", encoding="utf-8")
+    assert read_pairs(tmp_path / "p.tsv") == ([odd, "y"], ["x", "z"])
+    (tmp_path / "l.txt").write_text(f"{odd}\nlast", encoding="utf-8")
+    assert read_lines(tmp_path / "l.txt") == [odd, "last"]
+
+
 def write_data(tmp_path):
     lines = [json.dumps({"messages": c}) for c in CONVERSATIONS] * 6
     alpaca = [{"instruction": "Is this review positive or negative?", "input": "A wonderful film.",

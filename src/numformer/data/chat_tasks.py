@@ -27,6 +27,7 @@ from .. import ops
 from .._limits import bounded_json, check_bounds
 from .base import IGNORE, Batch, Task, register_task
 from .chat import ChatFormat, alpaca_messages, encode_chat
+from .files import split_lines
 from .tokenizers import tokenizer_from_dict
 
 
@@ -48,7 +49,7 @@ def read_records(path):
         # every line's nesting at once, as data/files.py reads JSON lines (a dataset may be large); lines split at
         # line feeds only: JSON strings may hold U+2028, U+0085 or form feeds unescaped
         check_bounds(text, str(path), max_bytes=len(text) + 1, hint="a record nests a few levels")
-        records = [_json_line(line, path, n) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+        records = [_json_line(line, path, n) for n, line in enumerate(split_lines(text), 1) if line.strip()]
     if not isinstance(records, list):
         raise ValueError(f"{path} holds a JSON {type(records).__name__}; give a list of records or JSON lines")
     return records

@@ -121,9 +121,19 @@ def _decode_part(path, part: bytes, encoding, offset, lines, first):
     return text.removeprefix("\ufeff") if first else text
 
 
+def split_lines(text: str) -> list[str]:
+    """``text``'s lines without their ends, split at line feeds (and "\\r\\n") only: ``str.splitlines`` also
+    splits at U+2028, U+0085 and form feeds, which a sentence or a JSON string may hold, and would break a
+    record or shift a parallel file's lines."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
 def read_lines(path) -> list[str]:
     """The lines of a UTF-8 file without their line ends (an empty file is an error)."""
-    return read_text(path).splitlines()
+    return split_lines(read_text(path))
 
 
 def expand_paths(path: str = "", paths=()) -> list[str]:
@@ -214,7 +224,7 @@ def _read_jsonl(path, text):
     # every line's nesting at once (one vectorized pass); a dataset may be larger than the files numformer writes
     check_bounds(text, str(path), max_bytes=len(text) + 1, hint="a JSONL row is one flat JSON object")
     columns, rows = {}, []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(split_lines(text), 1):
         if not line.strip():
             continue
         try:
@@ -279,7 +289,7 @@ def read_parallel(src_path, tgt_path) -> tuple[list[str], list[str]]:
 def read_pairs(path) -> tuple[list[str], list[str]]:
     """(sources, targets) from a TSV of pairs: one ``source<TAB>target`` per line (blank lines skipped)."""
     src, tgt = [], []
-    for n, line in enumerate(read_text(path).splitlines(), 1):
+    for n, line in enumerate(split_lines(read_text(path)), 1):
         if not line.strip():
             continue
         fields = line.split("\t")

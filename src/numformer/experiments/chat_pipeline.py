@@ -25,6 +25,7 @@ runs, when the run it starts from is reused too.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import functools
@@ -110,7 +111,7 @@ def base_resolved(name, ctx, cfg):
     exp, run_dir = EXPERIMENTS[name], ctx.runs_dir / name
     overrides = (tuple(exp.quick_overrides) if ctx.quick else ()) + tuple(base_overrides(name, ctx, cfg))
     files = tuple(_stamp(p) for p in (find_config(exp.config_name()), run_dir / "tokenizer.json"))
-    return json.loads(_resolved(exp.config_name(), str(run_dir), overrides, files))
+    return copy.deepcopy(_resolved(exp.config_name(), str(run_dir), overrides, files))
 
 
 def _stamp(path):
@@ -120,10 +121,10 @@ def _stamp(path):
 
 @functools.lru_cache(maxsize=8)
 def _resolved(config_name, run_dir, overrides, stamps):
-    """The resolved config as JSON text (see ``base_resolved``; ``stamps`` name the files it was read from, so
-    that an edited file is read again)."""
+    """The resolved config (see ``base_resolved``, which hands out copies; ``stamps`` name the files it was read
+    from, so that an edited file is read again)."""
     config = apply_overrides(load_config(find_config(config_name)), list(overrides))
-    return json.dumps(resolve_config(config, tokenizer_state=load_tokenizer_state(run_dir))[0])
+    return resolve_config(config, tokenizer_state=load_tokenizer_state(run_dir))[0]
 
 
 def folders(ctx, cfg):
@@ -241,7 +242,7 @@ def train_measured(stage, ctx):
         seconds, source = round(time.perf_counter() - started, 1), "trained"
     else:
         seconds, source = 0.0, "reused"
-    measured = json.loads((stage.run_dir / MEASURED).read_text(encoding="utf-8"))
+    measured = read_json_file(stage.run_dir / MEASURED, "the training process's measures")
     return {"summary": read_summary(stage.run_dir), "measured": measured, "source": source, "seconds": seconds}
 
 
@@ -254,7 +255,7 @@ def _child_env():
 def train_child(spec_path):
     """In a fresh process: train the run of ``spec_path`` and write ``MEASURED``: the process's peak resident
     memory (``VmHWM``), its CPU seconds, and the trainable and total parameters."""
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    spec = read_json_file(spec_path, "the training's specification")
     trainer = Trainer(spec["config"], Path(spec["run_dir"]), overwrite=spec["overwrite"], quiet=spec["quiet"])
     trainer.train()
     params = list(trainer.model.parameters())
@@ -395,7 +396,7 @@ def run_pipeline(exp, ctx):
     for name in (BASE_LM, JUDGE):
         timing[name] = run_base(stages[name], ctx, cfg)
     f = folders(ctx, cfg)
-    tokenizer, lm_config = load_tokenizer(f["lm"]), json.loads((f["lm"] / "config.json").read_text())
+    tokenizer, lm_config = load_tokenizer(f["lm"]), read_json_file(f["lm"] / "config.json", "the language model's config")
     block_size = lm_config["data"]["block_size"]
     t0 = time.perf_counter()
     info, test, evaluation = build_data(ctx, cfg, tokenizer, block_size)
@@ -448,7 +449,7 @@ def make_record(exp, ctx, cfg, info, runs, results, pairs, chat, timing, evaluat
               "config": cfg, "data": info, "runs": runs, "results": results, "pairs": pairs,
               "chat": {"command": chat[0], "input": evaluation["chat"], "output": chat[1]},
               "timing": timing, "seed": cfg["pipeline"]["seed"],
-              "run_configs": {name: json.loads((Path(r["summary"]["run_dir"]) / "config.json").read_text())
+              "run_configs": {name: read_json_file(Path(r["summary"]["run_dir"]) / "config.json", "a run's config")
                               for name, r in runs.items()}}
     if ctx.quick:
         record["quick_overrides"] = list(QUICK)

@@ -143,3 +143,25 @@ def test_gemma3_fine_tunes_with_init_from_and_exports(tmp_path):
     with torch.no_grad():
         ref = transformers.AutoModelForCausalLM.from_pretrained(out).eval()(torch.from_numpy(idx)).logits.numpy()
     assert rel_err(tuned.eval()(idx), ref) < 1e-4
+
+
+def test_gemma3_generation_benchmark_part_measures_speed_and_the_sliding_layers_cache(tmp_path):
+    """The quick part: one sliding layer (window 8) and one full layer, a prompt of 3 windows then 8 tokens."""
+    from numformer.bench import gemma3_generate
+
+    result = gemma3_generate.run(quick=True, log=None)
+    assert [r["batch"] for r in result["rows"].values()] == [1, 8]
+    assert all(r["same_tokens_fraction"] == 1.0 and r["ratio"] > 0 for r in result["rows"].values())
+    kv, m = result["kv_cache"], result["model"]
+    p, w = kv["bytes_per_position"], kv["window"]
+    assert (m["sliding_layers"], m["n_layers"], w) == (1, 2, 8) and kv["same_tokens_fraction"] == 1.0
+    assert p == 2 * m["n_kv_heads"] * m["head_dim"] * 4                              # keys and values, float32
+    positions = kv["prompt_tokens"] + kv["new_tokens"] - 1                           # the last token is not fed
+    assert kv["end"]["positions"] == positions and kv["prompt_tokens"] == 3 * w
+    assert kv["after_prompt"]["sliding"]["held"] == 3 * w * p                       # the prompt's queries need all
+    assert kv["sliding_array_max_while_decoding"] <= 2 * (w + 1) * p                # bounded by the window
+    assert w * p <= kv["sliding_held_max_while_decoding"] <= 2 * (w + 1) * p
+    assert kv["end"]["full"]["held"] == positions * p == kv["transformers"]["full"]["held"]   # every position
+    assert kv["transformers"]["sliding"]["held"] == (w - 1) * p
+    text = gemma3_generate.markdown(result, tmp_path)
+    assert "| numformer sliding (×1) |" in text and "| transformers full (×1) |" in text

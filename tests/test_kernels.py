@@ -92,6 +92,27 @@ def test_products_split_by_numformer_equal_unsplit_ones(rng, threads, native_bla
     assert not _runtime.owns_blas()
 
 
+@pytest.mark.skipif(_runtime._openblas_thread_functions() is None, reason="needs OpenBLAS thread control")
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_products_with_few_rows_are_split_by_columns(rng, threads, native_blas_afterwards, monkeypatch, rows, dtype,
+                                                     tol):
+    """A decoding step's product (a batch of rows times the weights): each thread computes its own columns,
+    reading its own part of the weights, and the result is the whole product's."""
+    x = rng.standard_normal((rows, 48)).astype(dtype)
+    W = rng.standard_normal((301, 48)).astype(dtype)
+    numformer.set_fast_runtime(blas="numformer")
+    threads(3)
+    monkeypatch.setattr(_runtime, "MATMUL_GRAIN", 64)
+    pieces = []
+    split = _runtime.parallel_for
+    monkeypatch.setattr(_runtime, "parallel_for", lambda n, fn, grain: split(n, lambda lo, hi: pieces.append(
+        (lo, hi)) or fn(lo, hi), grain))
+    y = _runtime.matmul(x, W.T)
+    assert sorted(pieces) == [(0, 100), (100, 200), (200, 301)]                  # three column blocks
+    assert y.dtype == dtype and np.abs(y - x @ W.T).max() <= tol * np.abs(x @ W.T).max()
+
+
 def test_parallel_for_covers_the_range_once_and_propagates_errors(threads):
     threads(4)
     seen = np.zeros(103, dtype=int)

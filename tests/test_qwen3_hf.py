@@ -55,3 +55,17 @@ def test_qwen3_import_export_round_trip_and_transformers_runs_the_export(tmp_pat
     with torch.no_grad():
         ref = transformers_model(out, torch.float64)(torch.from_numpy(idx)).logits.numpy()
     assert rel_err(model(idx), ref) < 1e-9
+
+
+def test_qwen3_generation_benchmark_part_measures_both_libraries_at_batch_1_and_8(tmp_path):
+    from numformer.bench import qwen3_generate
+
+    result = qwen3_generate.run(quick=True, log=None)
+    assert [(k, r["batch"]) for k, r in result["rows"].items()] == [("1", 1), ("8", 8)]
+    for row in result["rows"].values():
+        assert row["same_tokens_fraction"] == 1.0 and row["transformers_tokens_per_s"] > 0 and row["ratio"] > 0
+        assert row["ratio"] == max(row["numformer_tokens_per_s"].values()) / row["transformers_tokens_per_s"]
+    m = result["model"]                                              # an own head size, as Qwen3-0.6B's
+    assert m["head_dim"] * m["n_heads"] != m["d_model"] and m["sliding_layers"] == 0
+    text = qwen3_generate.markdown(result, tmp_path)
+    assert "| batch | numformer one_thread |" in text and "| 8 |" in text

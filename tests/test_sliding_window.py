@@ -124,6 +124,21 @@ def test_kv_cache_memory_is_flat_beyond_the_window():
     assert cache_bytes(full, 256)[0] >= 256 / 32 * sizes[256][0]              # the full cache keeps growing
 
 
+def test_kv_cache_arrays_shrink_to_the_window_after_a_long_prompt():
+    """A prompt of ten windows leaves its keys in the arrays (its own queries need them); the next step keeps
+    the last W - 1 and reallocates the arrays to 2·(W + 1) positions, and the logits are those without a cache."""
+    model = GPT(50, 64, n_layers=2, n_heads=2, d_model=8, positional="rope", norm="rms", sliding_window=4,
+                rng=np.random.default_rng(0), dtype=np.float64).eval()
+    ids = np.random.default_rng(1).integers(0, 50, (1, 48))
+    caches = model.new_kv_caches()
+    steps = [model(ids[:, :40], kv_caches=caches)]
+    assert [c.k.shape[2] for c in caches] == [40, 40]
+    for t in range(40, 48):
+        steps.append(model(ids[:, t:t + 1], kv_caches=caches))
+        assert all(c.k.shape[2] <= 2 * (4 + 1) and c.stored <= 2 * (4 + 1) for c in caches)
+    assert np.abs(np.concatenate(steps, axis=1) - model(ids)).max() < 1e-12
+
+
 # -- transformers' Mistral: window < context < sequence length ---------------------------------------------------
 def mistral_folder(tmp_path, window=5, context=12):
     torch = pytest.importorskip("torch")

@@ -380,20 +380,28 @@ def products_in_pieces(m, n, k):
 
 # Multiply-adds per thread below which a product is not split.
 MATMUL_GRAIN = 1 << 21
+# Products with at most this many rows in ``a`` (a decoding step's batch) are split by the columns of ``b``: split
+# by rows, every thread would read all of b (the weights), and such products take their time reading b.
+FEW_ROWS = 16
 
 
 def matmul(a, b, out=None):
     """a @ b for 2-D operands: the fast version of ``np.matmul(a, b)`` (the reference, which this returns
     whenever the product is small or numformer does not own the BLAS threads). When numformer owns the BLAS
-    threads (see set_fast_runtime), a large product is split by rows of ``a`` across numformer's threads.
-    Each row block computes the same sums as the whole product; whether it rounds them identically depends
-    on the BLAS kernel (see the module docstring). tests/test_fast_kernels.py compares the two."""
+    threads (see set_fast_runtime), a large product is split by rows of ``a`` across numformer's threads, or
+    by columns of ``b`` when ``a`` has at most ``FEW_ROWS`` rows. Each block computes the same sums as the
+    whole product; whether it rounds them identically depends on the BLAS kernel (see the module docstring).
+    tests/test_fast_kernels.py compares the two."""
     m, k = a.shape
     n = b.shape[1]
     if not _state["own_blas"] or get_num_threads() == 1 or m * n * k < 2 * MATMUL_GRAIN:
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((m, n), np.result_type(a, b))
+    if m <= FEW_ROWS:          # a decoding step: each thread reads its own columns of b (the weights) once
+        parallel_for(n, lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]),
+                     max(1, MATMUL_GRAIN // max(m * k, 1)))
+        return out
     rows = max(1, MATMUL_GRAIN // max(n * k, 1))
     parallel_for(m, lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), rows)
     return out

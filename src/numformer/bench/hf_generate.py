@@ -23,6 +23,7 @@ and a copy of a 256 MiB array (read + write).
 """
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -93,33 +94,49 @@ class _mode:
         return False
 
 
-def measure(model, tmodel, batch, prompt_len, new_tokens, threads, repeats, modes=MODES, log=None):
-    """tokens/s of numformer (each mode) and transformers for one batch size; whether the tokens agree."""
+def measure(model, tmodel, batch, prompt_len, new_tokens, threads, repeats, modes=MODES, log=None,
+            torch_threads=None):
+    """tokens/s of numformer (each mode) and transformers (on each count of ``torch_threads``, default
+    (``threads``,)) for one batch size, the best of ``repeats`` rounds; each round times every contender once,
+    so a load that changes during the run weighs on all of them. Whether numformer's tokens equal transformers'."""
     import torch
 
     idx = np.random.default_rng(batch).integers(0, model.vocab_size, (batch, prompt_len))
-    torch.set_num_threads(threads)
-    with torch.inference_mode():                # warm-up: first calls pay for allocations and lazy set-up
-        tmodel.generate(torch.from_numpy(idx), attention_mask=torch.ones_like(torch.from_numpy(idx)),
-                        do_sample=False, max_new_tokens=2, pad_token_id=0, eos_token_id=None)
-    model.generate(idx, 2, greedy=True)
-    with torch.inference_mode():
-        t_ids = torch.from_numpy(idx)
-        secs, ref = _measure.best_of(lambda: tmodel.generate(t_ids, attention_mask=torch.ones_like(t_ids), do_sample=False,
-                                                       max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                                       pad_token_id=0, eos_token_id=None), repeats)
-    n = batch * new_tokens
-    row = {"batch": batch, "transformers_tokens_per_s": n / secs, "numformer_tokens_per_s": {}}
-    for mode in modes:
+    t_ids = torch.from_numpy(idx)
+
+    def theirs(count, tokens):
+        torch.set_num_threads(count)
+        with torch.inference_mode():
+            return tmodel.generate(t_ids, attention_mask=torch.ones_like(t_ids), do_sample=False,
+                                   max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0,
+                                   eos_token_id=None).numpy()
+
+    def ours(mode, tokens):
         with _mode(mode, threads):
-            s, ours = _measure.best_of(lambda: model.generate(idx, new_tokens, greedy=True), repeats)
-        row["numformer_tokens_per_s"][mode] = n / s
-        row["same_tokens_fraction"] = float((ours[:, prompt_len:] == ref.numpy()[:, prompt_len:]).mean())
-        if log:
-            log(f"  batch {batch}: numformer ({mode}) {n / s:,.1f} tokens/s, transformers {n / secs:,.1f}")
-    best = max(row["numformer_tokens_per_s"], key=row["numformer_tokens_per_s"].get)
-    row["best_mode"] = best
-    row["ratio"] = row["numformer_tokens_per_s"][best] / row["transformers_tokens_per_s"]
+            return model.generate(idx, tokens, greedy=True)
+
+    counts = tuple(torch_threads or (threads,))
+    runs = {**{("transformers", c): functools.partial(theirs, c) for c in counts},
+            **{("numformer", m): functools.partial(ours, m) for m in modes}}
+    for fn in runs.values():                    # warm-up: first calls pay for allocations and lazy set-up
+        fn(2)
+    seconds, out = dict.fromkeys(runs, float("inf")), {}
+    for _ in range(repeats):
+        for key, fn in runs.items():
+            s, out[key] = _measure.best_of(functools.partial(fn, new_tokens))
+            seconds[key] = min(seconds[key], s)
+    torch.set_num_threads(threads)
+    n = batch * new_tokens
+    ref = out[("transformers", counts[0])][:, prompt_len:]
+    row = {"batch": batch, "numformer_tokens_per_s": {m: n / seconds[("numformer", m)] for m in modes},
+           "transformers_tokens_per_s_by_threads": {str(c): n / seconds[("transformers", c)] for c in counts},
+           "same_tokens_fraction": min(float((out[("numformer", m)][:, prompt_len:] == ref).mean()) for m in modes)}
+    row["transformers_tokens_per_s"] = max(row["transformers_tokens_per_s_by_threads"].values())
+    row["best_mode"] = max(row["numformer_tokens_per_s"], key=row["numformer_tokens_per_s"].get)
+    row["ratio"] = row["numformer_tokens_per_s"][row["best_mode"]] / row["transformers_tokens_per_s"]
+    if log:
+        log(f"  batch {batch}: " + ", ".join(f"{lib} {how} {n / seconds[(lib, how)]:,.2f}" for lib, how in runs)
+            + " tokens/s")
     return row
 
 

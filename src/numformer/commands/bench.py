@@ -16,7 +16,8 @@ def register(sub):
                                      "writes results/bench.json and results/bench.md")
     p.add_argument("parts", nargs="+", metavar="PART",
                    help="a part of numformer.bench (throughput, attention, checkpointing, generate, depth, "
-                        "hf-generate, llama-generate, qwen2-generate, blas-kernels, tokenizer, mpi, mpi-scaling, quantize) or 'all'")
+                        "hf-generate, llama-generate, qwen2-generate, qwen3-generate, gemma3-generate, blas-kernels, "
+                        "tokenizer, mpi, mpi-scaling, quantize) or 'all'")
     p.add_argument("--quick", action="store_true", help="small smoke run (under a minute per part); "
                                                        "figures not for reporting")
     p.add_argument("--out", default="results", help="folder for bench.json, bench.md and figures/ (default results)")

@@ -64,8 +64,9 @@ class KVCache:
 
     ``window=W`` (sliding-window attention: a query attends to the W most recent positions, itself included)
     keeps only what the next queries can attend to: before new positions are appended into a full array, all
-    but the last W - 1 stored positions are dropped, so the arrays stay at most about 2·(W + new positions)
-    long however long the generation (memory flat beyond W).
+    but the last W - 1 stored positions are dropped, and arrays longer than 2·(W + new positions) (left by a
+    long prompt) are reallocated to that, so they stay at most about 2·(W + new positions) long however long
+    the prompt and the generation (memory flat beyond W).
     """
 
     def __init__(self, static=False, window=None):
@@ -86,10 +87,12 @@ class KVCache:
         if self.window is not None and self.k is not None and self.stored + T > self.k.shape[2]:
             self._drop_outside_window()
         need = self.stored + T
-        if self.k is None or need > self.k.shape[2]:
+        bound = None if self.window is None else max(need, 2 * (self.window + T))
+        # a window's arrays are reallocated when too small, and when a long prompt left them longer than the bound
+        if self.k is None or need > self.k.shape[2] or (bound is not None and self.k.shape[2] > bound):
             cap = max(need, 2 * (0 if self.k is None else self.k.shape[2]), 16)
-            if self.window is not None:
-                cap = max(need, min(cap, 2 * (self.window + T)))
+            if bound is not None:
+                cap = min(cap, bound)
             new_k = np.empty((B, H, cap, dh), dtype=k.dtype)
             new_v = np.empty((B, H, cap, dh), dtype=v.dtype)
             if self.stored:

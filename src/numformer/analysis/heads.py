@@ -4,8 +4,8 @@
     scores.induction            # (L, H): attention from a token's second occurrence to the token after its first
     scores.plot(path="heads.png")
 
-A sequence of ``seq_len`` random tokens followed by the same tokens again, x = [r, r]: in the second half the
-token at position i appeared before at i - seq_len. Each score is an average attention weight, 0 to 1:
+A sequence of ``seq_len`` random tokens (distinct where the vocabulary allows) followed by the same tokens
+again, x = [r, r]: in the second half the token at position i appeared before at i - seq_len, and only there. Each score is an average attention weight, 0 to 1:
 
 - previous-token: from every position i ≥ 1 to i - 1 (the first half and the second);
 - duplicate-token: from i in the second half to i - seq_len (the earlier copy of the same token);
@@ -30,9 +30,18 @@ SCORES = ("previous_token", "duplicate_token", "induction")
 
 
 def repeated_random_tokens(vocab_size, seq_len, batch=1, rng=None, low=0):
-    """(batch, 2·seq_len) int64: random tokens in [low, vocab_size), then the same tokens again."""
+    """(batch, 2·seq_len) int64: random tokens in [low, vocab_size), then the same tokens again.
+
+    Each row's seq_len tokens are distinct when the vocabulary has that many (drawn without replacement), so
+    every token of the second half has exactly one earlier occurrence: with a small vocabulary (characters)
+    tokens drawn with replacement would repeat inside the first half, and a perfect induction head would
+    split its attention among the tokens after each earlier occurrence (a score near 0.6, not 1, for 40
+    tokens of 65)."""
     rng = np.random.default_rng(rng)
-    first = rng.integers(low, vocab_size, (batch, seq_len))
+    if seq_len <= vocab_size - low:
+        first = np.stack([rng.permutation(np.arange(low, vocab_size))[:seq_len] for _ in range(batch)])
+    else:
+        first = rng.integers(low, vocab_size, (batch, seq_len))
     return np.concatenate([first, first], axis=1)
 
 

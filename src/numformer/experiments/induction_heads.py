@@ -4,10 +4,9 @@ Two attention-only Transformers (no feed-forward sub-layers), one with 1 layer a
 on tiny Shakespeare's characters with the same recipe. Every ``eval_every`` steps, on held-out text (fixed
 windows of the validation split), the experiment records
 
-- the in-context score: the loss at an early position minus the mean loss at late positions of a
-  ``context``-token window (nats; positive when the earlier context helps; the negative of Olsson et al.'s
-  in-context learning score). The early loss is the mean over positions [early - 10, early + 10) around
-  ``early`` (one position alone is noisier than the effect);
+- the in-context score: the loss at an early position (``early``, 50) minus the mean loss at the late
+  positions [``late_from``, ``context``) of ``context``-token windows (nats; positive when the earlier context
+  helps; the negative of Olsson et al.'s in-context learning score), each loss the mean over the windows;
 - every head's scores on repeated random tokens (``analysis.head_scores``): induction (prefix matching),
   previous-token, duplicate-token.
 
@@ -43,16 +42,15 @@ from . import Experiment, Target, register
 
 SETTINGS = {
     "data": {"corpus": "bpe", "vocab_size": 512},
-    "model": {"d_model": 64, "n_heads": 4, "positional": "rope"},
+    "model": {"d_model": 64, "n_heads": 4, "positional": "rope", "tie_weights": False},
     "train": {"steps": 12000, "one_layer_steps": 12000, "batch_size": 4, "lr": 3e-3, "warmup_steps": 200,
-              "min_lr": 3e-4, "seed": 0},
+              "min_lr": 3e-4, "weight_decay": 0.0, "seed": 0},
     "eval": {"context": 256, "early": 50, "late_from": 200, "eval_every": 500, "windows": 128,
              "score_seq_len": 40, "score_batch": 4},
 }
 QUICK = ["data.corpus=char", "train.steps=6", "train.one_layer_steps=6", "train.batch_size=2", "train.warmup_steps=1",
          "eval.context=48", "eval.early=12", "eval.late_from=30", "eval.eval_every=3", "eval.windows=4",
          "eval.score_seq_len=8", "eval.score_batch=2", "model.d_model=16"]
-EARLY_HALF_WIDTH = 10
 INDUCTION_THRESHOLD = 0.2      # a head counts as an induction head from this induction score (and half the best)
 
 
@@ -65,10 +63,9 @@ def resolved_settings(overrides):
             raise ValueError(f"induction_heads has no setting {section}.{sorted(unknown)[0] if unknown else ''}; "
                              f"its settings: {', '.join(f'{s}.{k}' for s in SETTINGS for k in SETTINGS[s])}")
     e = settings["eval"]
-    if not (e["early"] - EARLY_HALF_WIDTH >= 0 and e["early"] + EARLY_HALF_WIDTH <= e["late_from"] < e["context"]):
-        raise ValueError(f"induction_heads: the eval positions need early - {EARLY_HALF_WIDTH} >= 0 and "
-                         f"early + {EARLY_HALF_WIDTH} <= late_from < context, got {e['early']}, "
-                         f"{e['late_from']}, {e['context']}")
+    if not 0 <= e["early"] < e["late_from"] < e["context"]:
+        raise ValueError(f"induction_heads: the eval positions need 0 <= early < late_from < context, got "
+                         f"{e['early']}, {e['late_from']}, {e['context']}")
     return settings
 
 
@@ -112,29 +109,37 @@ def windows(ids, n, length, rng):
 
 # -- one model's training, measured along the way -----------------------------------------------------------------
 def in_context(losses, e):
-    early = float(np.mean(losses[e["early"] - EARLY_HALF_WIDTH:e["early"] + EARLY_HALF_WIDTH]))
-    return early - float(np.mean(losses[e["late_from"]:e["context"]])), \
-        in_context_score(losses, e["early"], (e["late_from"], e["context"]))
+    """The in-context score of per-position losses (T,): the loss at ``early`` minus the mean at the late ones."""
+    return in_context_score(losses, e["early"], (e["late_from"], e["context"]))
 
 
 def measure(model, held_out, e, step):
     losses = per_position_loss(model, held_out, batch_size=32)
-    score, at_one_position = in_context(losses, e)
     scores = head_scores(model, seq_len=e["score_seq_len"], batch=e["score_batch"], rng=1)
-    return {"step": step, "loss": float(losses.mean()), "in_context_score": score,
-            "in_context_score_at_early": at_one_position,
+    return {"step": step, "loss": float(losses.mean()), "in_context_score": in_context(losses, e),
+            "early_loss": float(losses[e["early"]]),
             "late_loss": float(np.mean(losses[e["late_from"]:e["context"]])),
             "induction": scores.induction.tolist(), "previous_token": scores.previous_token.tolist(),
             "duplicate_token": scores.duplicate_token.tolist()}
 
 
+def build_model(n_layers, settings, vocab_size):
+    """An attention-only GPT of ``n_layers`` (no feed-forward sub-layers, no dropout), as Olsson et al.'s: the
+    token embedding and the unembedding are separate matrices unless ``model.tie_weights`` (tied, the direct
+    path from a token to the next-token logits, E·Eᵀ, is symmetric and cannot hold the bigram statistics that an
+    attention-only model has no MLP to learn elsewhere)."""
+    m = settings["model"]
+    return GPT(vocab_size, settings["eval"]["context"], n_layers=n_layers, n_heads=m["n_heads"], d_model=m["d_model"],
+               positional=m["positional"], tie_weights=m["tie_weights"], feed_forward=False, dropout=0.0,
+               rng=settings["train"]["seed"])
+
+
 def train_model(n_layers, steps, settings, data, quiet):
     """Train one attention-only GPT; returns (model, [measurement, ...])."""
     train_ids, held_out, vocab_size = data
-    m, t, e = settings["model"], settings["train"], settings["eval"]
-    model = GPT(vocab_size, e["context"], n_layers=n_layers, n_heads=m["n_heads"], d_model=m["d_model"],
-                positional=m["positional"], feed_forward=False, dropout=0.0, rng=t["seed"])
-    optimizer = AdamW(list(model.parameters()), lr=t["lr"], weight_decay=0.0)
+    t, e = settings["train"], settings["eval"]
+    model = build_model(n_layers, settings, vocab_size)
+    optimizer = AdamW(list(model.parameters()), lr=t["lr"], weight_decay=t["weight_decay"])
     schedule = make_schedule("cosine", t["lr"], t["warmup_steps"], steps, t["min_lr"])
     rng = np.random.default_rng(t["seed"] + 1)
     history, started = [], time.time()
@@ -168,6 +173,13 @@ def phase_change(history):
     return i, (history[i]["step"] + history[min(i + 1, len(history) - 1)]["step"]) / 2
 
 
+def induction_heads_of(scores):
+    """The induction heads [(layer, head), ...] of induction scores (L, H): those with a score of at least
+    ``INDUCTION_THRESHOLD`` and at least half the best one's."""
+    scores = np.asarray(scores)
+    return [tuple(int(i) for i in ix) for ix in np.argwhere(scores >= max(INDUCTION_THRESHOLD, 0.5 * scores.max()))]
+
+
 def ablation(model, held_out, heads):
     """Mean-ablate ``heads`` [(layer, head), ...]: (per-position losses with them ablated, without)."""
     names = sorted({f"blocks.{layer}.attn.hook_z" for layer, _ in heads})
@@ -186,8 +198,13 @@ def ablation(model, held_out, heads):
     return ablated, plain
 
 
+def load_average():
+    """The 1-minute load average (None where the platform has none): the machine's other work, beside a time."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def run_induction_heads(exp, ctx):
-    started = time.time()
+    started, cpu_started, load_start = time.time(), time.process_time(), load_average()
     settings = resolved_settings((exp.quick_overrides if ctx.quick else []) + list(ctx.overrides))
     t, e = settings["train"], settings["eval"]
     train_ids, val_ids, vocab, described = corpus(settings["data"])
@@ -196,7 +213,7 @@ def run_induction_heads(exp, ctx):
     two, two_history = train_model(2, t["steps"], settings, data, ctx.quiet)
     one, one_history = train_model(1, t["one_layer_steps"], settings, data, ctx.quiet)
     final = np.array(two_history[-1]["induction"])
-    heads = [tuple(int(i) for i in ix) for ix in np.argwhere(final >= max(INDUCTION_THRESHOLD, 0.5 * final.max()))]
+    heads = induction_heads_of(final)
     ablated, plain = ablation(two, held_out, heads) if heads else (None, per_position_loss(two, held_out, 32))
     index, step = phase_change(two_history)
     figures = {
@@ -211,7 +228,7 @@ def run_induction_heads(exp, ctx):
     if heads:                            # with no induction head there is nothing to ablate: no figure
         late = slice(e["late_from"], e["context"])
         figures["ablation_loss_increase"] = float(np.mean(ablated[late] - plain[late]))
-        figures["ablated_in_context_score"] = in_context(ablated, e)[0]
+        figures["ablated_in_context_score"] = in_context(ablated, e)
     figures["in_context_score_rise"] = figures["in_context_score_after"] - figures["in_context_score_before"]
     figures["in_context_score_gap"] = figures["in_context_score_after"] - figures["one_layer_in_context_score_after"]
     paths = draw_figures(Path(ctx.results_dir) / "figures", two_history, one_history, ablated, plain, heads, e,
@@ -225,6 +242,8 @@ def run_induction_heads(exp, ctx):
         "per_position_loss": {"two_layers": plain.round(4).tolist(),
                               "ablated": None if ablated is None else ablated.round(4).tolist()},
         "steps": t["steps"] + t["one_layer_steps"], "stopped_early": False, "wall_time_s": round(time.time() - started, 1),
+        "cpu_time_s": round(time.process_time() - cpu_started, 1),
+        "load_average": {"start": load_start, "end": load_average()},
         "time_limit_minutes": exp.time_limit_minutes, "seed": t["seed"], "commit": git_commit(),
         "date": datetime.date.today().isoformat(), "machine": machine_info(),
         "command": f"numformer reproduce {exp.name}" + (" --quick" if ctx.quick else "")
@@ -312,7 +331,7 @@ def markdown(record, paths, results_dir):
     for k, v in f.items():
         rows.append(f"| {k} | {v:.4f} | {record['targets'].get(k, '')} | "
                     f"{'' if met.get(k) is None else ('yes' if met[k] else 'no')} |")
-    wall = record["wall_time_s"]
+    wall, cpu, load = record["wall_time_s"], record["cpu_time_s"], record["load_average"]
     verdict = "reproduced: every criterion is met" if all(met.values()) else \
         "not reproduced: " + ", ".join(k for k, ok in met.items() if not ok) + " missed"
     found = ", ".join(f"{a}.{b}" for a, b in record["induction_heads"]) or \
@@ -320,8 +339,9 @@ def markdown(record, paths, results_dir):
     lines = [
         f"# {record['name']}" + (" (quick run)" if "quick_overrides" in record else ""), "", record["description"],
         "", f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
-        f"{record['machine']['cores']} cores); wall time {wall:.0f} s ({wall / 60:.1f} min, limit "
-        f"{record['time_limit_minutes']:g} min). Data: {record['task']}.", "",
+        f"{record['machine']['cpu']}, {record['machine']['cores']} cores); wall time {wall:.0f} s ({wall / 60:.1f} min, "
+        f"limit {record['time_limit_minutes']:g} min), CPU time {cpu:.0f} s (all threads), load average "
+        f"{load['start']} at the start and {load['end']} at the end. Data: {record['task']}.", "",
         f"Models: attention-only GPTs, d_model {s['model']['d_model']}, {s['model']['n_heads']} heads, "
         f"{s['model']['positional']} positions, context {s['eval']['context']}; AdamW lr {s['train']['lr']:g} "
         f"(warm-up {s['train']['warmup_steps']}, cosine to {s['train']['min_lr']:g}), batch "

@@ -153,12 +153,13 @@ def hf_bpe_folder(folder, text, vocab_size=300):
 def set_commit(monkeypatch, value):
     """Make ``value`` the git commit numformer records in a run's summary and an experiment's record, and
     compares before reusing a run (the same in every module that asks)."""
+    import numformer.experiments.chat_pipeline as chat_pipeline
     import numformer.experiments.gpt_to_llama as gpt_to_llama
     import numformer.experiments.language_model as language_model
     import numformer.experiments.speedrun as speedrun
     import numformer.train.trainer as trainer
 
-    for module in (trainer, speedrun, language_model, gpt_to_llama):
+    for module in (trainer, speedrun, language_model, gpt_to_llama, chat_pipeline):
         monkeypatch.setattr(module, "git_commit", lambda: value)
 
 

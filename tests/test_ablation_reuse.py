@@ -322,7 +322,11 @@ def test_every_reuser_is_tested():
     reusing = {path.stem for path in Path(package.__file__).parent.glob("*.py") if path.name != "_runs.py"
                and any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "reusable_run"
                        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))}
-    assert reusing == {"speedrun", "language_model", "gpt_to_llama"}
+    # chat_pipeline's check (its plan, whose runs train in child processes) is tested in test_chat_pipeline.py
+    assert reusing == {"speedrun", "language_model", "gpt_to_llama", "chat_pipeline"}
+    assert "def test_a_base_run_of_another_commit_or_config_is_not_reused_and_named(" in \
+        (Path(__file__).parent / "test_chat_pipeline.py").read_text(encoding="utf-8")
+    reusing.discard("chat_pipeline")
     modules = {name: EXPERIMENTS[name].custom or EXPERIMENTS[name].seed_study for name in REUSERS}
     assert {f.__module__.rsplit(".", 1)[1] for f in modules.values()} == reusing
 

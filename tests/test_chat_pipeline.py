@@ -139,3 +139,36 @@ def test_every_run_folder_is_planned_and_one_holding_files_is_refused(tmp_path, 
     with pytest.raises(ValueError, match="sft_lora_r8 .*already holds a run"):
         check_before_running(exp, ctx)
     assert "imdb_lm" in EXPERIMENTS and "imdb" in EXPERIMENTS
+
+
+def test_a_base_run_of_another_commit_or_config_is_not_reused_and_named(tmp_path, monkeypatch):
+    """The pipeline's reuse check is _runs.reusable_run's (the class of tests/test_ablation_reuse.py): a finished
+    base run is reused only when its config and commit are the ones wanted, and the runs fine-tuned from a base
+    trained again are trained again too."""
+    import numformer.experiments.chat_pipeline as cp
+    from numformer.experiments import Context
+
+    from conftest import set_commit
+
+    set_commit(monkeypatch, "abc1234")
+    wanted = {"model": {"type": "gpt"}, "data": {"task": "imdb_lm"}, "train": {"lr": 0.002}}
+    monkeypatch.setattr(cp, "base_resolved", lambda name, ctx, cfg: json.loads(json.dumps(wanted)))
+    ctx = Context(runs_dir=tmp_path / "runs", results_dir=tmp_path / "results", quick=True)
+    cfg = cp.pipeline_config(ctx)
+    summary = {"steps": 10, "best_val_loss": 4.0, "tokens_seen": 100, "tokens_per_s": 1.0, "train_seconds": 1.0,
+               "parameters": 5, "stopped_by": "max_steps", "interrupted": False, "commit": "abc1234"}
+    for name in ("imdb_lm", "imdb"):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps(wanted))
+        (run / "summary.json").write_text(json.dumps(summary))
+    stages = {s.name: s for s in cp.plan(ctx, cfg)}
+    assert stages["imdb_lm"].summary is not None and stages["imdb"].summary is not None      # both reused
+    (tmp_path / "runs" / "imdb_lm" / "summary.json").write_text(json.dumps({**summary, "commit": "def5678"}))
+    stages = {s.name: s for s in cp.plan(ctx, cfg)}
+    assert stages["imdb_lm"].summary is None and "trained by commit def5678, not this commit abc1234" in \
+        stages["imdb_lm"].why
+    assert all(stages[n].summary is None for n in ("sft_full", "sft_lora_r8", "dpo"))     # built on it: again
+    (tmp_path / "runs" / "imdb" / "config.json").write_text(json.dumps({**wanted, "train": {"lr": 0.5}}))
+    stages = {s.name: s for s in cp.plan(ctx, cfg)}
+    assert "its config.json differs from the config wanted (train.lr 0.5 -> 0.002)" in stages["imdb"].why

@@ -48,14 +48,14 @@ from ..keys import check_section
 from ..lora import merge_lora
 from ..provenance import git_commit, machine_info
 from ..run_files import load_tokenizer_state, write_json_atomic
-from ..train import Trainer, load_model
+from ..train import load_model
 from ..train.run import load_tokenizer
 from . import EXPERIMENTS, Experiment, Target, register
 from . import _chat_data as cd
 from . import _chat_eval as ce
 from ._chat_page import chat_markdown, draw_curves
-from ._runs import holds_anything, read_summary, reusable_run
-from .runner import find_config, run_experiment
+from ._runs import holds_anything, read_summary, reusable_run, start_run
+from .runner import Context, find_config, run_experiment
 
 NAME, BASE_LM, JUDGE = "chat_pipeline", "imdb_lm", "imdb"
 MEASURED = "measured.json"          # written into a fine-tuning run folder by its training process
@@ -256,7 +256,9 @@ def train_child(spec_path):
     """In a fresh process: train the run of ``spec_path`` and write ``MEASURED``: the process's peak resident
     memory (``VmHWM``), its CPU seconds, and the trainable and total parameters."""
     spec = read_json_file(spec_path, "the training's specification")
-    trainer = Trainer(spec["config"], Path(spec["run_dir"]), overwrite=spec["overwrite"], quiet=spec["quiet"])
+    ctx = Context(runs_dir=Path(spec["run_dir"]).parent, results_dir=Path(spec["run_dir"]).parent,
+                  overwrite=spec["overwrite"], quiet=spec["quiet"])
+    trainer = start_run(ctx, spec["config"], Path(spec["run_dir"]))
     trainer.train()
     params = list(trainer.model.parameters())
     cpu = os.times()

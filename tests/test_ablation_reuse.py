@@ -341,7 +341,12 @@ def _reproduce_again(root, name, *args):
     return reproduce(root, name, *args)
 
 
-@pytest.mark.parametrize("name", sorted(REUSERS))
+# the two seed studies share language_model.py's code: one of them (and the llama ladder) in the slow run
+SLOW_REUSERS = ("shakespeare_char_llama", "gpt_to_llama")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_REUSERS else n
+                                  for n in sorted(REUSERS)])
 def test_every_reused_run_is_checked_before_reuse(tmp_path, commit, name):
     """Each reuser, run again: reuses (or resumes) only runs of the same config trained by this same commit and
     finished (or, for a resumable study, with a checkpoint); a run of another commit, another config, or one

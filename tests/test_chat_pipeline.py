@@ -91,6 +91,7 @@ def test_wilson_interval_and_labels_read_from_replies(tok):
     assert reply_text(tok, tok.encode(" A good film.\nUser: next"), tok.eos_id) == "A good film."
 
 
+@pytest.mark.slow        # the whole pipeline on the real data, about a minute (make test-slow)
 @needs_shared
 def test_quick_chat_pipeline_on_the_real_data(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("NUMFORMER_DATA", str(SHARED))

@@ -244,6 +244,7 @@ def test_the_profile_example_of_the_benchmarks_page_runs(capsys, monkeypatch):
     assert "linear (matrix products)" in out and "MFU" in out
 
 
+@pytest.mark.slow        # about a minute of two trainings (make test-slow)
 def test_quick_pytorch_anchor_trains_both_recipes_within_the_budget(tmp_path, fake_clock):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

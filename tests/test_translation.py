@@ -197,6 +197,7 @@ def test_bleu_equals_sacrebleu_and_the_definition():
 @needs_multi30k
 def test_quick_reproduce_multi30k(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[1])          # [data] path is relative to the project
+    monkeypatch.setenv("NUMFORMER_DATA", str(SHARED))                 # the data the skip condition found
     results, runs = tmp_path / "results", tmp_path / "runs"
     assert main(["reproduce", "multi30k", "--quick", "--results", str(results), "--runs", str(runs),
                  "--quiet"]) == 0

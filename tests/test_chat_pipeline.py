@@ -2,6 +2,7 @@
 read from replies), and its quick version end to end on the real data (skipped when ../shared/data is absent)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -173,3 +174,56 @@ def test_a_base_run_of_another_commit_or_config_is_not_reused_and_named(tmp_path
     (tmp_path / "runs" / "imdb" / "config.json").write_text(json.dumps({**wanted, "train": {"lr": 0.5}}))
     stages = {s.name: s for s in cp.plan(ctx, cfg)}
     assert "its config.json differs from the config wanted (train.lr 0.5 -> 0.002)" in stages["imdb"].why
+
+
+def test_a_target_met_by_a_numpy_figure_is_a_json_boolean():
+    """A share computed with NumPy is an np.float64, which compares to an np.bool_ that json cannot write: the
+    real pipeline's record failed to be written after an hour of training (the quick run's shares were floats)."""
+    from numformer.experiments import Target
+
+    met = {t: Target("accuracy", 0.85, op).met({"accuracy": np.float64(0.9)}) for t, op in (("a", ">="), ("b", "<="))}
+    assert met == {"a": True, "b": False} and all(type(v) is bool for v in met.values())
+    assert json.loads(json.dumps(met)) == met
+
+
+def test_given_runs_are_used_whatever_commit_trained_them_but_only_with_the_config_wanted(tmp_path, monkeypatch):
+    """pipeline.given_runs names an earlier pipeline's fine-tuning runs, evaluated again without training (as
+    lm_run / judge_run name base runs): any commit (the page names it), but the config this pipeline would train,
+    a finished run and its measured.json; anything else is one error naming the folder."""
+    import numformer.experiments.chat_pipeline as cp
+    from numformer.experiments import Context
+
+    from conftest import set_commit
+
+    set_commit(monkeypatch, "abc1234")
+    ctx = Context(runs_dir=tmp_path / "runs", results_dir=tmp_path / "results", quick=True)
+    given = tmp_path / "earlier"
+    cfg = cp.pipeline_config(dataclasses.replace(ctx, overrides=["pipeline.lm_run=" + str(tmp_path / "lm"),
+                                                                 "pipeline.judge_run=" + str(tmp_path / "judge"),
+                                                                 "pipeline.given_runs=" + str(given)]))
+    summary = {"steps": 4, "best_val_loss": 4.0, "tokens_seen": 100, "tokens_per_s": 1.0, "train_seconds": 1.0,
+               "parameters": 5, "stopped_by": "max_steps", "interrupted": False, "commit": "def5678"}
+    for name in ("lm", "judge"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(cp, "resolve_config", lambda c, sizes_only=False: ({**c, "resolved": True}, None))
+    for name, config in cp.stage_configs(cfg, ctx).items():
+        (given / name).mkdir(parents=True)
+        (given / name / "config.json").write_text(json.dumps({**config, "resolved": True}))
+        (given / name / "summary.json").write_text(json.dumps(summary))
+        (given / name / cp.MEASURED).write_text("{}")
+    stages = cp.plan(ctx, cfg)
+    assert [s.name for s in stages if s.given] == ["imdb_lm", "imdb", "sft_full", "sft_lora_r8", "sft_lora_r16",
+                                                   "dpo"]
+    assert all(s.summary["commit"] == "def5678" for s in stages)                # another commit: used
+    (given / "dpo" / cp.MEASURED).unlink()
+    with pytest.raises(ValueError, match=r"given_runs: .*dpo cannot be used as the dpo run: it has no measured"):
+        cp.plan(ctx, cfg)
+    (given / "dpo" / cp.MEASURED).write_text("{}")
+    (given / "sft_full" / "summary.json").write_text(json.dumps({**summary, "stopped_by": "interrupted"}))
+    with pytest.raises(ValueError, match="sft_full run: its run did not finish"):
+        cp.plan(ctx, cfg)
+    (given / "sft_full" / "summary.json").write_text(json.dumps(summary))
+    (given / "sft_lora_r8" / "config.json").write_text(json.dumps({"model": {}, "data": {}, "train": {}}))
+    with pytest.raises(ValueError, match="sft_lora_r8 run: its config.json differs from the config wanted"):
+        cp.plan(ctx, cfg)

@@ -73,6 +73,8 @@ def stages_section(r):
             what += f": {t['val_bpb']:.4f} bits per byte on its validation reviews, commit {t['commit']}"
         if t.get("test_accuracy") is not None:
             what += f": test accuracy {t['test_accuracy']:.4f}, commit {t['commit']}"
+        if t.get("train_seconds") is not None:
+            what += f" (its training steps took {t['train_seconds'] / 60:.1f} min, commit {t['commit']})"
         steps = t.get("steps")
         rows.append(f"| {name} | {what} | {t['source']} | {'' if steps is None else f'{steps:,}'} | "
                     f"{t['seconds'] / 60:.1f} min |")

@@ -85,10 +85,11 @@ def same_code(trained_by, commit):
     return None
 
 
-def reusable_run(run_dir, resolved, commit, resumable=False):
+def reusable_run(run_dir, resolved, commit, resumable=False, same_commit=True):
     """(summary, None) when ``run_dir`` holds a run that may be reused in place of training ``resolved`` (the
     resolved config wanted) at ``commit``; (None, why not) when it holds anything else; (None, None) when it is
-    new or empty. The run must have finished, or with ``resumable``, have a checkpoint to continue from."""
+    new or empty. The run must have finished, or with ``resumable``, have a checkpoint to continue from.
+    ``same_commit=False`` (a run the user names, used as it is) leaves the commit out of the check."""
     run_dir = Path(run_dir)
     if not holds_anything(run_dir):
         return None, None
@@ -102,7 +103,7 @@ def reusable_run(run_dir, resolved, commit, resumable=False):
     wanted = json.loads(json.dumps(resolved))
     if saved != wanted:
         return None, f"its config.json differs from the config wanted ({config_difference(saved, wanted)})"
-    why = same_code(summary["commit"], commit)
+    why = same_code(summary["commit"], commit) if same_commit else None
     if why:
         return None, why
     if resumable:

@@ -61,7 +61,7 @@ NAME, BASE_LM, JUDGE = "chat_pipeline", "imdb_lm", "imdb"
 MEASURED = "measured.json"          # written into a fine-tuning run folder by its training process
 SECTIONS = {"pipeline", "sft", "dpo"}
 PIPELINE_DEFAULTS = {
-    "seed": 0, "data_path": "", "instructions": "", "lm_run": "", "judge_run": "", "classify": 12000, "write": 4000, "write_tokens": 200,
+    "seed": 0, "data_path": "", "instructions": "", "lm_run": "", "judge_run": "", "given_runs": "", "classify": 12000, "write": 4000, "write_tokens": 200,
     "instruction_records": 935, "instruction_repeats": 1, "head_tokens": 64, "lora_ranks": [8, 16],
     "lora_alpha_per_rank": 2.0, "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                         "up_proj", "down_proj"],
@@ -163,6 +163,7 @@ class Stage:
     config: dict | None          # a fine-tuning stage's run config (None for the base experiments)
     summary: dict | None         # the summary of the run reused, or None: trained by this command
     why: str | None              # why the run in the folder is not reused
+    given: bool = False          # a run named by pipeline.lm_run / judge_run / given_runs, used as it is
 
 
 def plan(ctx, cfg):
@@ -172,13 +173,16 @@ def plan(ctx, cfg):
     stages, fresh = [], set()
     for name, key in ((BASE_LM, "lm"), (JUDGE, "judge")):
         if cfg["pipeline"][f"{key}_run"]:
-            stages.append(Stage(name, f[key], None, read_summary(f[key]), None))
+            stages.append(Stage(name, f[key], None, read_summary(f[key]), None, given=True))
             continue
         summary, why = _check_reuse(ctx, f[key], lambda n=name: base_resolved(n, ctx, cfg), commit)
         stages.append(Stage(name, f[key], None, summary, why))
         if summary is None:
             fresh.add(name)
     for name, config in stage_configs(cfg, ctx).items():
+        if cfg["pipeline"]["given_runs"]:
+            stages.append(given_stage(name, Path(cfg["pipeline"]["given_runs"]).resolve() / name, config))
+            continue
         parent = BASE_LM if name.startswith("sft") else "sft_full"
         run_dir = f["root"] / name
         if parent in fresh:
@@ -193,6 +197,20 @@ def plan(ctx, cfg):
         if summary is None:
             fresh.add(name)
     return stages
+
+
+def given_stage(name, run_dir, config):
+    """The fine-tuning stage ``name`` from a folder named by pipeline.given_runs (an earlier pipeline's runs,
+    evaluated again without training): used as it is, whatever commit trained it (the page names it), but only
+    when it finished, has its ``MEASURED`` and was trained with the config this pipeline would train; else a
+    ValueError naming the folder and why."""
+    summary, why = reusable_run(run_dir, resolve_config(config, sizes_only=True)[0], None, same_commit=False)
+    if summary is not None and not (run_dir / MEASURED).is_file():
+        why = f"it has no {MEASURED} (its memory was not measured)"
+    if why or summary is None:
+        raise ValueError(f"pipeline.given_runs: {run_dir} cannot be used as the {name} run: "
+                         f"{why or 'it holds no run'}; name the runs folder of an earlier chat_pipeline")
+    return Stage(name, run_dir, config, summary, None, given=True)
 
 
 def _check_reuse(ctx, run_dir, resolved, commit):
@@ -241,7 +259,7 @@ def train_measured(stage, ctx):
             raise RuntimeError(f"the {stage.name} run failed (exit {proc.returncode}); its output is above")
         seconds, source = round(time.perf_counter() - started, 1), "trained"
     else:
-        seconds, source = 0.0, "reused"
+        seconds, source = 0.0, "given" if stage.given else "reused"
     measured = read_json_file(stage.run_dir / MEASURED, "the training process's measures")
     return {"summary": read_summary(stage.run_dir), "measured": measured, "source": source, "seconds": seconds}
 
@@ -408,7 +426,8 @@ def run_pipeline(exp, ctx):
         if stage.config is not None:
             runs[name] = train_measured(stage, ctx)
             timing[name] = {k: runs[name][k] for k in ("source", "seconds")}
-            timing[name]["steps"] = runs[name]["summary"]["steps"]
+            timing[name].update(steps=runs[name]["summary"]["steps"], commit=runs[name]["summary"]["commit"],
+                                train_seconds=runs[name]["summary"]["train_seconds"])
     results, models = {}, {}
     for name, stage in stages.items():
         if stage.config is None:

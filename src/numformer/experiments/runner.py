@@ -40,10 +40,12 @@ class Target:
     op: str = ">="
 
     def met(self, figures):
+        """True or False (a Python bool, for the JSON record; a NumPy figure compares to np.bool_), or None
+        when ``figures`` lack the metric."""
         v = figures.get(self.metric)
         if v is None:
             return None
-        return v >= self.value if self.op == ">=" else v <= self.value
+        return bool(v >= self.value if self.op == ">=" else v <= self.value)
 
     def text(self):
         return f"{self.op} {self.value:g}"

@@ -13,9 +13,30 @@ from ._runtime import openblas_core
 _PACKAGE = Path(__file__).resolve().parent
 
 
+_first_commit = {}      # this process's first answer of git_commit()
+
+
 def git_commit():
-    """The numformer source commit (with "+dirty" when src/ or configs/ have uncommitted changes), or None
-    outside a git checkout."""
+    """The source commit of the code this process runs (with "+dirty" when src/ or configs/ have uncommitted
+    changes), or None outside a git checkout.
+
+    A process runs the code it loaded when it started, so the first answer is kept: a later call returns that
+    commit again, with "+dirty" added when the checkout has moved since (another commit checked out, files
+    edited), because the figures of this process can then no longer be tied to one commit. A run therefore
+    asks once at its start (``Trainer.__init__``, each experiment's plan) and records the answer at its end."""
+    now = _checkout_commit()
+    if "first" not in _first_commit:
+        _first_commit["first"] = now
+    first = _first_commit["first"]
+    if now != first:
+        _first_commit["moved"] = True       # once moved, files of either commit may have been loaded
+    if first is None or first.endswith("+dirty") or not _first_commit.get("moved"):
+        return first
+    return first + "+dirty"
+
+
+def _checkout_commit():
+    """The commit the checkout holding numformer's source is at now (see git_commit), or None."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=_PACKAGE)

@@ -62,6 +62,7 @@ class Trainer:
 
     def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False, world=None):
         clock_start = time.perf_counter()       # a time budget counts the setup too
+        git_commit()            # the commit is read at the start: the summary names the code this process loaded
         self.run_dir, self.world, self.resumed = Path(run_dir), world, resume
         self._writer = world is None or world.is_writer         # the one process that writes the run folder
         self.quiet = quiet or not self._writer

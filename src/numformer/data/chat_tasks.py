@@ -18,16 +18,15 @@ the seed, are held out for validation.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from .. import ops
-from .._limits import bounded_json, check_bounds
+from .._limits import bounded_json
 from .base import IGNORE, Batch, Task, register_task
 from .chat import ChatFormat, alpaca_messages, encode_chat
-from .files import split_lines
+from .files import json_lines
 from .tokenizers import tokenizer_from_dict
 
 
@@ -46,20 +45,10 @@ def read_records(path):
     if text.startswith("["):
         records = bounded_json(text, str(path))
     else:
-        # every line's nesting at once, as data/files.py reads JSON lines (a dataset may be large); lines split at
-        # line feeds only: JSON strings may hold U+2028, U+0085 or form feeds unescaped
-        check_bounds(text, str(path), max_bytes=len(text) + 1, hint="a record nests a few levels")
-        records = [_json_line(line, path, n) for n, line in enumerate(split_lines(text), 1) if line.strip()]
+        records = [record for _, record in json_lines(text, path, hint="a record nests a few levels")]
     if not isinstance(records, list):
         raise ValueError(f"{path} holds a JSON {type(records).__name__}; give a list of records or JSON lines")
     return records
-
-
-def _json_line(line, path, n):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}); JSON lines hold one record per line") from None
 
 
 def read_conversations(path):

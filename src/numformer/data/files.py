@@ -220,17 +220,25 @@ def csv_rows(path, lines, fmt="csv"):
             yield reader.line_num, row
 
 
-def _read_jsonl(path, text):
-    # every line's nesting at once (one vectorized pass); a dataset may be larger than the files numformer writes
-    check_bounds(text, str(path), max_bytes=len(text) + 1, hint="a JSONL row is one flat JSON object")
-    columns, rows = {}, []
+def json_lines(text, path, hint):
+    """(line number, value) of each non-blank line of the JSON-lines ``text`` of ``path``; one error naming the
+    line that is not JSON. Every line's nesting is checked at once (one vectorized pass: a dataset may be larger
+    than the files numformer writes, ``hint`` says what a line should hold); lines are split at line feeds only
+    (``split_lines``: JSON strings may hold U+2028, U+0085 or form feeds unescaped)."""
+    check_bounds(text, str(path), max_bytes=len(text) + 1, hint=hint)
     for n, line in enumerate(split_lines(text), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}); JSONL holds one object per line") from None
+            raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}); JSON lines hold one value per line") \
+                from None
+
+
+def _read_jsonl(path, text):
+    columns, rows = {}, []
+    for n, obj in json_lines(text, path, hint="a JSONL row is one flat JSON object"):
         if not isinstance(obj, dict):
             raise ValueError(f"{path}, line {n}: a JSON {type(obj).__name__}, but JSONL rows must be objects "
                              '({"text": ..., "label": ...})')

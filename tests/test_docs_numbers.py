@@ -2,10 +2,11 @@
 
 A quoted figure carries a marker right after it, invisible on GitHub and on the site:
 ``1.9116<!-- result: shakespeare_char.json figures.test_loss -->``: the file under results/, the dotted
-key of the figure, and optionally a divisor (``wall_time_s /60`` quotes seconds as minutes). The figure
-written before the marker must equal the file's value rounded to the decimals the page shows; thousands
-separators are allowed. In the pages that quote the most (README, docs/index.md, the training reference and every
-tutorial), every figure next to a results link must carry a marker.
+key of the figure (a number indexes a list: ``rows.1.val_bpb``), and optionally a divisor (``wall_time_s /60``
+quotes seconds as minutes). The figure written before the marker must equal the file's value rounded to the
+decimals the page shows; thousands separators are allowed. In the pages that quote the most (README,
+docs/index.md, the training reference and every tutorial), every figure next to a results link must carry a
+marker.
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def _markers():
 
 
 def lookup(data, dotted):
+    """The value at a dotted key; a number indexes a list (``rows.1.val_bpb``)."""
     for part in dotted.split("."):
-        data = data[part]
+        data = data[int(part)] if isinstance(data, list) else data[part]
     return data
 
 

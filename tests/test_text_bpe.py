@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -326,6 +327,12 @@ def test_quick_reproduce_characters_against_bpe(tmp_path, capsys):
     assert rows["characters"]["val_bytes"] == rows["BPE 300"]["val_bytes"] == 111_540      # the same text
     assert rows["characters"]["bytes_per_token"] == 1.0 and rows["BPE 300"]["bytes_per_token"] > 1.2
     assert "| characters | 0 | 65 |" in (results / "shakespeare_tokenizers.md").read_text()
+    for row in rows.values():       # passes over the training tokens; the lowest periodic estimate and its step
+        assert row["epochs"] == row["tokens_seen"] / row["train_tokens"] > 0
+        metrics = [json.loads(line) for line in (Path(row["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        estimates = {m["step"]: m["val_bpb_estimate"] for m in metrics if "val_bpb_estimate" in m}
+        assert row["lowest_val_bpb_estimate"] == min(estimates.values())
+        assert estimates[row["lowest_estimate_step"]] == row["lowest_val_bpb_estimate"]
 
 
 def test_tokenizer_benchmark_quick(tmp_path):

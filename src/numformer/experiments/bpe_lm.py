@@ -146,7 +146,7 @@ def run_comparison(exp, ctx):
     for (label, _, overrides), (seed, run_dir) in comparison_runs(exp, ctx):
         trainer, figures = budgeted_run(ctx, config, run_dir, overrides + quick + list(ctx.overrides)
                                         + [f"train.seed={seed}"])
-        rows.append({"tokenizer": label, "seed": seed, **figures})
+        rows.append({"tokenizer": label, "seed": seed, **figures, **epochs_and_lowest_estimate(figures)})
     figs = ctx.results_dir / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     plot_runs_against_time({f"{r['tokenizer']} (seed {r['seed']})": curve_with_final_score(r) for r in rows},
@@ -162,6 +162,18 @@ def run_comparison(exp, ctx):
     return record, comparison_markdown(record)
 
 
+def epochs_and_lowest_estimate(figures):
+    """The passes over the training tokens a run made, and the lowest of its periodic validation estimates
+    (bits per byte) with its step: the recipe measures its last weights, so a run whose last figure lies above
+    its lowest estimate was over-fitting its training tokens when it stopped."""
+    path = Path(figures["run_dir"]) / "metrics.jsonl"
+    estimates = [r for r in (read_metrics(path) if path.is_file() else []) if "val_bpb_estimate" in r]
+    lowest = min(estimates, key=lambda r: r["val_bpb_estimate"], default=None)
+    return {"epochs": figures["tokens_seen"] / figures["train_tokens"],
+            "lowest_val_bpb_estimate": lowest and lowest["val_bpb_estimate"],
+            "lowest_estimate_step": lowest and lowest["step"]}
+
+
 def curve_with_final_score(row):
     """A run's metrics records, and the whole-split bits per byte of its saved weights at its last step."""
     path = Path(row["run_dir"]) / "metrics.jsonl"
@@ -175,17 +187,26 @@ def comparison_markdown(r):
                          f"{r['budget_minutes']:g} minutes of wall time, everything included (learning the BPE and "
                          f"encoding the text when they are not cached); the validation text is the same for every "
                          f"row (the last 10% of tiny Shakespeare, {r['rows'][0]['val_bytes']:,} bytes).")
-    lines += ["| tokenizer | seed | vocabulary | parameters | steps | tokens/s | bytes per token | "
-              "validation loss (nats per token) | **bits per byte** |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| tokenizer | seed | vocabulary | parameters | steps | tokens/s | bytes per token | epochs | "
+              "validation loss (nats per token) | **bits per byte** | lowest periodic estimate (step) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
+        lowest = row.get("lowest_val_bpb_estimate")
+        lowest = "" if lowest is None else f"{lowest:.4f} ({row['lowest_estimate_step']:,})"
         lines.append(f"| {row['tokenizer']} | {row['seed']} | {row['vocab_size']:,} | {row['parameters']:,} | "
                      f"{row['steps']:,} | {row['tokens_per_s']:,.0f} | {row['bytes_per_token']:.2f} | "
-                     f"{row['val_loss']:.4f} | **{row['val_bpb']:.4f}** |")
+                     f"{row['tokens_seen'] / row['train_tokens']:.1f} | {row['val_loss']:.4f} | "
+                     f"**{row['val_bpb']:.4f}** | {lowest} |")
     lines += ["", f"Lowest bits per byte: {r['best']} ({r['figures']['best_val_bpb']:.4f}; characters: "
                   f"{r['figures']['char_val_bpb']:.4f}). Bits per byte = the loss of the whole validation split in "
                   f"bits over its bytes (special tokens left out; `numformer.train.bits_per_byte`); for "
                   f"characters of this ASCII text it is the loss in bits per character, "
                   f"{r['figures']['char_val_bpb'] * math.log(2):.4f} nats.", "",
+              "The recipe measures its last weights (no dropout, `restore_best` off), as the speedrun does. A BPE "
+              "model has fewer training tokens (the same text in fewer, longer pieces) and passes over them more "
+              "often in the same time (epochs); the lowest periodic estimate (on a sample of the validation split) "
+              "shows where each run stood at its best: a run whose last figure lies well above it was over-fitting "
+              "its training tokens when the budget ended.", "",
               f"![Validation bits per byte against training time](figures/{COMPARISON}.png)", ""]
     return "\n".join(lines)
 

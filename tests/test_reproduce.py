@@ -103,3 +103,19 @@ def test_quick_llama_experiment_compares_seed_studies(tmp_path):
     mean = sum(r["val_loss"] for r in theirs["seeds"][:2]) / 2          # seeds 0 and 1 only: the common ones
     assert "## Against `shakespeare_char`" in md and f"| shakespeare_char | {mean:.4f} |" in md
     assert "nanoGPT's 1.88" not in md
+
+
+def test_the_committed_results_index_is_the_one_its_records_generate(tmp_path):
+    """results/README.md lists every committed result as write_index makes it from the JSON records (a record
+    copied in from a run elsewhere must come with the index regenerated)."""
+    import shutil
+    from pathlib import Path
+
+    from numformer.experiments.runner import write_index
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    for path in [*results.glob("*.json"), results / "bench.md"]:
+        shutil.copy(path, tmp_path / path.name)
+    write_index(tmp_path)
+    assert (tmp_path / "README.md").read_text() == (results / "README.md").read_text(), \
+        "results/README.md is stale: regenerate it with numformer.experiments.runner.write_index('results')"

@@ -132,3 +132,19 @@ def test_blas_kernels_runs_each_family_in_its_own_process(tmp_path):
         assert rows["SkylakeX"]["core"] == "SkylakeX"
     md = (tmp_path / "bench.md").read_text()
     assert "## blas_kernels" in md and "| default |" in md and "1.00x" in md
+
+
+@pytest.mark.parametrize("load, says", [
+    ({"start": 1.6, "end": 1.8}, "counts the benchmark's own threads, and stayed within this machine's 2 cores"),
+    ({"start": 1.2, "end": 3.1}, "above this machine's 2 cores, other processes shared them"),
+    (4.0, "at the end of the run: above this machine's 2 cores"),
+])
+def test_the_load_average_is_read_against_the_cores(load, says):
+    """A generation bench's load note: within the cores the benchmark's own threads explain it; above, other
+    work shared the cores (a load of 1.8 from the benchmark's own two threads is not noise from elsewhere)."""
+    from numformer.bench.hf_generate import _load_text
+
+    text = _load_text({"load_average": load, "_run": {"machine": {"cores": 2}}})
+    assert says in text
+    assert _load_text({"load_average": load}).endswith("(on a shared machine these figures are noisy).")
+    assert _load_text({}) == ""

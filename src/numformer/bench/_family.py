@@ -124,4 +124,4 @@ def page(heading, model_text, result, more=()):
     ``more`` and the load averages."""
     return "\n".join([f"## {heading}", "", f"{model_text} {setting_text(result)}", "", *speed_table(result["rows"]),
                       "", profile_text(result["profile"], result["model"]["vocab_size"]), "", *more,
-                      *([""] if more else []), _load_text(result["load_average"])])
+                      *([""] if more else []), _load_text(result)])

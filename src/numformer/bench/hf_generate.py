@@ -164,14 +164,25 @@ def run(quick=False, log=print):
             "blas_threads_env": _measure.blas_env()}
 
 
-def _load_text(load):
-    """The machine's 1-minute load average as recorded (a number: at the end; a dict: at start and end)."""
+def _load_text(result):
+    """The machine's 1-minute load average as ``result`` recorded it (a number: at the end; a dict: at start and
+    end), read against the machine's cores: the average counts the benchmark's own threads, so only a load above
+    the cores says that other work shared them."""
+    load = result.get("load_average")
     if load is None:
         return ""
+    cores = result.get("_run", {}).get("machine", {}).get("cores")
     if isinstance(load, dict):
-        return (f"Load average {load.get('start') or 0:.1f} at the start and {load.get('end') or 0:.1f} at the end "
-                f"(near or above the core count, other processes shared the cores: the figures are noisy).")
-    return f"Load average {load:.1f} at the end of the run (a shared machine makes these figures noisy)."
+        text = f"Load average {load.get('start') or 0:.1f} at the start and {load.get('end') or 0:.1f} at the end"
+        busiest = max(load.get("start") or 0, load.get("end") or 0)
+    else:
+        text, busiest = f"Load average {load:.1f} at the end of the run", load
+    if cores is None:
+        return f"{text} (on a shared machine these figures are noisy)."
+    if busiest <= cores + 0.5:
+        return (f"{text}: it counts the benchmark's own threads, and stayed within this machine's {cores} cores "
+                f"(no other work of note ran).")
+    return f"{text}: above this machine's {cores} cores, other processes shared them (the figures are noisy)."
 
 
 def markdown(result, fig_dir):
@@ -197,5 +208,5 @@ def markdown(result, fig_dir):
     lines += ["", f"Bandwidth bound = batch × measured bandwidth ({bw['bytes_per_s'] / 1e9:.1f} GB/s: best of a "
                   f"matrix-vector product, {bw['matvec_bytes_per_s'] / 1e9:.1f} GB/s, and a copy, "
                   f"{bw['copy_bytes_per_s'] / 1e9:.1f} GB/s) ÷ weight bytes read per step "
-                  f"({result['weight_bytes'] / 1e6:.0f} MB). {_load_text(result.get('load_average'))}"]
+                  f"({result['weight_bytes'] / 1e6:.0f} MB). {_load_text(result)}"]
     return "\n".join(lines)

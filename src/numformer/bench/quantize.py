@@ -383,6 +383,6 @@ def markdown(result, fig_dir):
                   f"threading), `speedup_b1_one_thread_cpu` = {result['speedup_b1_one_thread_cpu']:.2f}x, "
                   f"`val_loss_increase` = {100 * result['val_loss_increase']:+.3f}% (target <= "
                   f"{100 * t['val_loss_increase']:.1f}%: {'met' if close else 'NOT met'}). "
-                  f"{_load_text(result.get('load_average'))}", "",
+                  f"{_load_text(result)}", "",
               image_link(path, "validation loss increase against group size at each bit width", fig_dir)]
     return "\n".join(lines)

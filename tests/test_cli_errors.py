@@ -256,8 +256,9 @@ def test_ctrl_c_during_generate_for_real(text_run):
     try:
         proc.stdout.read(20)                                   # it is generating
         proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=60)
-        err = proc.stderr.read().decode()
+        # read its output while it exits: a full pipe nobody reads would block its last flush (and the test)
+        _, err = proc.communicate(timeout=60)
+        rc, err = proc.returncode, err.decode()
     finally:
         if proc.poll() is None:
             proc.kill()

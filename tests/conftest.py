@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 
 import numpy as np
@@ -28,6 +29,18 @@ def _no_downloads(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_as_at_a_terminal():
+    """Ctrl-C (SIGINT) at its default in the test processes, as at a terminal, so that the tests' own SIGINT
+    and the numformer processes they start and interrupt behave as a user's would. A test run started in the
+    background of a script (``make test &``) inherits SIGINT ignored (bash ignores it for ``&`` jobs); Python
+    keeps an ignored SIGINT ignored, and so would every process started from here, where Ctrl-C would then
+    do nothing."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 @pytest.fixture

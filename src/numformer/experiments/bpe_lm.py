@@ -195,7 +195,7 @@ def comparison_markdown(r):
         lowest = "" if lowest is None else f"{lowest:.4f} ({row['lowest_estimate_step']:,})"
         lines.append(f"| {row['tokenizer']} | {row['seed']} | {row['vocab_size']:,} | {row['parameters']:,} | "
                      f"{row['steps']:,} | {row['tokens_per_s']:,.0f} | {row['bytes_per_token']:.2f} | "
-                     f"{row['tokens_seen'] / row['train_tokens']:.1f} | {row['val_loss']:.4f} | "
+                     f"{row['epochs']:.1f} | {row['val_loss']:.4f} | "
                      f"**{row['val_bpb']:.4f}** | {lowest} |")
     lines += ["", f"Lowest bits per byte: {r['best']} ({r['figures']['best_val_bpb']:.4f}; characters: "
                   f"{r['figures']['char_val_bpb']:.4f}). Bits per byte = the loss of the whole validation split in "

@@ -29,6 +29,23 @@ def test_char_tokenizer_roundtrip_and_unknowns():
         tok.decode([99])
 
 
+
+@pytest.mark.parametrize("text", ["hello world", "zé😀a\U0010FFFF\n", "a\ud800b", "x"])
+def test_char_tokenizer_arrays_equal_the_plain_encoding(text):
+    """from_text and encode_array (vectorized over code points) give sorted(set(text)) and encode's ids."""
+    tok = CharTokenizer.from_text(text)
+    assert tok.chars == sorted(set(text))
+    ids = tok.encode_array(text * 3)
+    assert ids.dtype == np.int64 and ids.tolist() == tok.encode(text * 3)
+    assert tok.encode_array("").shape == (0,)
+    shuffled = CharTokenizer(tok.chars[::-1])                       # a vocabulary not in code-point order
+    assert shuffled.encode_array(text).tolist() == shuffled.encode(text)
+    for unknown in ("q", "\U0010FFFE", "\x00"):
+        if unknown not in text:
+            with pytest.raises(ValueError, match=r"1 character\(s\) not in the vocabulary"):
+                tok.encode_array(text + unknown)
+
+
 # ------------------------------------------------------------------------------------------------ word
 def test_normalize_and_split():
     assert normalize_text("A<br />B<br>C<BR/>d") == "a b c d"

@@ -77,7 +77,8 @@ class CharTokenizer(Tokenizer):
     def from_text(cls, text: str) -> "CharTokenizer":
         if not text:
             raise ValueError("cannot build a character vocabulary from empty text")
-        return cls(sorted(set(text)))
+        code_points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        return cls([chr(c) for c in np.flatnonzero(np.bincount(code_points))])    # = sorted(set(text)), faster
 
     @property
     def vocab_size(self) -> int:
@@ -91,6 +92,18 @@ class CharTokenizer(Tokenizer):
             raise ValueError(f"{len(unknown)} character(s) not in the vocabulary of {self.vocab_size}: "
                              f"{''.join(unknown)[:50]!r}; remove them or rebuild the tokenizer "
                              "from a text that contains them") from None
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode`` as an int64 array, vectorized: a table from code point to id (-1 outside the
+        vocabulary), so that a corpus of a million characters takes milliseconds."""
+        code_points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        vocab = np.array([ord(c) for c in self.chars], dtype=np.intp)
+        table = np.full(int(vocab.max()) + 2, -1, dtype=np.int64)      # the last entry: beyond the vocabulary
+        table[vocab] = np.arange(len(vocab))
+        ids = table.take(np.minimum(code_points, len(table) - 1).astype(np.intp))
+        if ids.size and ids.min() < 0:
+            self.encode(text)                       # raises the ValueError naming the unknown characters
+        return ids
 
     def token_bytes(self) -> np.ndarray:
         """The UTF-8 length of each character (1 for ASCII), for bits per byte."""

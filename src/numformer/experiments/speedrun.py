@@ -165,9 +165,13 @@ def _command(exp, ctx):
     return " ".join(parts)
 
 
-def _peaks():
+def _peaks(quick=False):
+    """The float32 matrix-product peak on one thread and on every core; ``quick`` (the tests' runs): a
+    256-size product for a moment, a rough figure in milliseconds instead of seconds."""
     cores = os.cpu_count() or 1
-    return {"cores": cores, "one_thread": matmul_peak(threads=1), "all_cores": matmul_peak(threads=cores)}
+    size = {"n": 256, "min_seconds": 0.05} if quick else {}
+    return {"cores": cores, "one_thread": matmul_peak(threads=1, **size),
+            "all_cores": matmul_peak(threads=cores, **size)}
 
 
 # -- the experiments -------------------------------------------------------------------------------------------
@@ -182,7 +186,7 @@ def run_speedrun(exp, ctx):
     """The recipe at its full budget over ``--seeds`` seeds (default 1); the page gathers the other parts."""
     config = speedrun_config()
     overrides = (list(exp.quick_overrides) if ctx.quick else []) + list(ctx.overrides)
-    peaks = _peaks()
+    peaks = _peaks(ctx.quick)
     rows, first = [], None
     for seed, run_dir in _speedrun_dirs(ctx):
         row, trainer = budgeted_run(ctx, config, run_dir, seed, overrides, peaks["all_cores"])
@@ -322,7 +326,7 @@ def run_profile(exp, ctx):
     path = ctx.results_dir / f"{exp.name}.json"
     earlier = read_record(path, PROFILE_RECORD)["profiles"] if path.is_file() else []
     started = time.perf_counter()
-    peaks = _peaks()
+    peaks = _peaks(ctx.quick)
     cores = peaks["cores"]
     profile = profile_training_step(config, processes=cores, steps=3 if ctx.quick else 20)
     entry = {"commit": git_commit(), "date": datetime.date.today().isoformat(), **profile,

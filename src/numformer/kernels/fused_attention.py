@@ -167,19 +167,27 @@ def _blocks(t_q, t_k, is_causal, rep=1):
     return [(q0, min(q0 + size, t_q), min(q0 + size, t_q, t_k)) for q0 in range(0, t_q, size)]
 
 
-def _merged(a, axes):
-    """``a`` with its last ``axes`` axes merged into one, as a view (a ValueError if that would need a copy:
-    the kernel writes through these views)."""
+def _view(a, shape):
+    """``a`` reshaped as a view, a ValueError where that would need a copy (the kernel writes through these
+    views): ``np.reshape(copy=False)`` from NumPy 2.1, setting the shape of a view before (deprecated since)."""
+    if _RESHAPE_HAS_COPY:
+        return np.reshape(a, shape, copy=False)
     view = a.view()
-    view.shape = a.shape[:a.ndim - axes] + ((-1,) if a.size else (0,))
+    view.shape = shape
     return view
+
+
+_RESHAPE_HAS_COPY = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
+
+
+def _merged(a, axes):
+    """``a`` with its last ``axes`` axes merged into one, as a view (see ``_view``)."""
+    return _view(a, a.shape[:a.ndim - axes] + ((-1,) if a.size else (0,)))
 
 
 def _flat(a, width):
-    """``a`` seen as (-1, width) rows, a view (see ``_merged``)."""
-    view = a.view()
-    view.shape = (-1, width) if a.size else (0, width)
-    return view
+    """``a`` seen as (-1, width) rows, a view (see ``_view``)."""
+    return _view(a, (-1, width) if a.size else (0, width))
 
 
 def _heads(a, rep):

@@ -6,7 +6,15 @@ import os
 import signal
 import subprocess
 
-import numpy as np
+# Under pytest-xdist (``-n 2``) the workers share the cores: each computes on one thread (numformer's
+# kernels, OpenBLAS, PyTorch's OpenMP), as two threads each would oversubscribe the cores (OpenBLAS's and
+# PyTorch's waiting threads spin). Results do not depend on the threads (tests/test_kernels.py splits the
+# work across 2-4 threads explicitly). Set before NumPy loads OpenBLAS; processes the tests start inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _variable in ("NUMFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_variable, "1")
+
+import numpy as np  # noqa: E402
 import pytest
 
 from numformer.gradcheck import check_gradients

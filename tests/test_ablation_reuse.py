@@ -160,9 +160,11 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("name", ["summary.json", "config.json"])
-@pytest.mark.parametrize("damage", list(DAMAGE) + ["a key missing", "a key of another type", "a number or null"])
-def test_a_damaged_record_of_a_reused_run_is_one_line_naming_the_file(ablation, commit, name, damage):
+DAMAGES = list(DAMAGE) + ["a key missing", "a key of another type", "a number or null"]
+
+
+def _damage_run_record(ablation, name, damage):
+    """Damage the record ``name`` of the third run as ``damage`` says: (its run folder, the file's path)."""
     run_dir = run_dirs(ablation)[2]
     path = run_dir / name
     text = path.read_bytes()
@@ -183,6 +185,13 @@ def test_a_damaged_record_of_a_reused_run_is_one_line_naming_the_file(ablation, 
     else:
         data = DAMAGE[damage]
     path.write_bytes(data)
+    return run_dir, path
+
+
+@pytest.mark.parametrize("name", ["summary.json", "config.json"])
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_record_of_a_reused_run_is_one_line_naming_the_file(ablation, commit, name, damage):
+    run_dir, path = _damage_run_record(ablation, name, damage)
     before = snapshot(ablation)
     line = one_error_line(*reproduce(ablation, ABLATION, "--seeds", 2), "reproduce")
     assert str(path) in line and f"{run_dir} (not reused:" in line
@@ -193,7 +202,15 @@ def test_a_damaged_record_of_a_reused_run_is_one_line_naming_the_file(ablation, 
                                "a number or null": "train"}}[name][damage]
         assert f"key '{key}'" in line
     assert snapshot(ablation) == before
-    assert reproduce(ablation, ABLATION, "--seeds", 2, "--overwrite")[0] == 0       # --overwrite trains it again
+
+
+# --overwrite does not read the old records: two damages run by default, every one in the slow run
+@pytest.mark.parametrize("name", ["summary.json", "config.json"])
+@pytest.mark.parametrize("damage", [d if d == "truncated" else pytest.param(d, marks=pytest.mark.slow)
+                                    for d in DAMAGES])
+def test_overwrite_trains_a_run_with_a_damaged_record_again(ablation, commit, name, damage):
+    _, path = _damage_run_record(ablation, name, damage)
+    assert reproduce(ablation, ABLATION, "--seeds", 2, "--overwrite")[0] == 0
     assert json.loads(path.read_text(encoding="utf-8"))
 
 

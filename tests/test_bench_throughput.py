@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -74,9 +73,7 @@ def native_blas_afterwards():
 def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch, native_blas_afterwards):
     configs = {"gpt": TINY["gpt"], "clf": TINY["clf"]}
     plan = {"gpt": (1, 2, 2), "clf": (1, 2, 2)}
-    peak_threads = []
-    monkeypatch.setattr(throughput, "matmul_peak",
-                        lambda n, threads, min_seconds: peak_threads.append(threads) or 100.0)
+    monkeypatch.setattr(throughput, "matmul_peak", lambda n=0, repeats=0: 100.0)
     monkeypatch.setattr(throughput, "torch_matmul_peak", lambda n=0, repeats=0: 100.0)
     original = throughput.run
     monkeypatch.setattr(throughput, "run", lambda quick=False: original(quick, configs, plan))
@@ -89,7 +86,6 @@ def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch, nat
         assert 0 < r["numformer_mfu"] and 0 < r["torch_mfu"]
         assert abs(r["first_loss"]["numformer"] - r["first_loss"]["torch"]) < 1e-4
         assert r["single_core"]["numformer_cpu_ms_per_step"] > 0 and r["single_core"]["ratio"] > 0
-    assert peak_threads == [os.cpu_count()] * 2          # the peak on every core, before and after
     saved = json.loads((out / "bench.json").read_text())
     assert "throughput" in saved and saved["throughput"]["_run"]["quick"] is True
     md = (out / "bench.md").read_text()

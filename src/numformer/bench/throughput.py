@@ -292,7 +292,7 @@ def run(quick=False, configs=None, plan=None):
     configs = CONFIGS if configs is None else configs
     plan = (QUICK_PLAN if quick else PLAN) if plan is None else plan
     n_peak = 1024 if quick else 2048
-    peak = matmul_peak(n_peak, threads=os.cpu_count() or 1, min_seconds=0.5 if quick else 2.0)
+    peak = matmul_peak(n_peak, 3 if quick else 5)
     torch_peak = torch_matmul_peak(n_peak, 3)
     results = {}
     for name, cfg in configs.items():
@@ -302,7 +302,7 @@ def run(quick=False, configs=None, plan=None):
     for name, cfg in configs.items():
         _, rounds, steps = plan[name]
         results[name]["single_core"] = measure_single_core(cfg, max(2, rounds // 2), max(1, steps // 2))
-    peak_after = matmul_peak(n_peak, threads=os.cpu_count() or 1, min_seconds=0.5 if quick else 2.0)
+    peak_after = matmul_peak(n_peak, 3 if quick else 5)
     # MFU of both frameworks against the best product this machine ran (either library's)
     machine_peak = max(peak, peak_after, torch_peak)
     for r in results.values():

@@ -73,7 +73,8 @@ def native_blas_afterwards():
 def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch, native_blas_afterwards):
     configs = {"gpt": TINY["gpt"], "clf": TINY["clf"]}
     plan = {"gpt": (1, 2, 2), "clf": (1, 2, 2)}
-    monkeypatch.setattr(throughput, "matmul_peak", lambda n=0, repeats=0: 100.0)
+    peaks = []
+    monkeypatch.setattr(throughput, "matmul_peak", lambda **kw: peaks.append(kw) or 100e9)     # FLOP/s
     monkeypatch.setattr(throughput, "torch_matmul_peak", lambda n=0, repeats=0: 100.0)
     original = throughput.run
     monkeypatch.setattr(throughput, "run", lambda quick=False: original(quick, configs, plan))
@@ -86,6 +87,8 @@ def test_tiny_throughput_run_writes_json_and_markdown(tmp_path, monkeypatch, nat
         assert 0 < r["numformer_mfu"] and 0 < r["torch_mfu"]
         assert abs(r["first_loss"]["numformer"] - r["first_loss"]["torch"]) < 1e-4
         assert r["single_core"]["numformer_cpu_ms_per_step"] > 0 and r["single_core"]["ratio"] > 0
+    assert [p["threads"] for p in peaks] == [throughput.get_num_threads()] * 2      # every thread, before and after
+    assert result["matmul_peak_gflops"] == 100.0
     saved = json.loads((out / "bench.json").read_text())
     assert "throughput" in saved and saved["throughput"]["_run"]["quick"] is True
     md = (out / "bench.md").read_text()

@@ -37,6 +37,7 @@ from .._runtime import blas_threads, fast_runtime_status, get_num_threads, set_f
 from ..models import EncoderClassifier, GPT
 from ..optim import AdamW, param_groups
 from ..train.parallel import ClosesOnExit, DataParallel, usable_processes
+from .profile import matmul_peak
 from .runner import image_link
 
 OPTIM = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
@@ -78,24 +79,6 @@ def model_flops_per_step(cfg):
     else:
         per_token += 2 * d * m["n_classes"] / T
     return 3.0 * per_token * cfg["batch"] * T
-
-
-def matmul_peak(n=2048, repeats=5):
-    """Best float32 GFLOP/s of an n×n×n np.matmul on all of numformer's threads (the machine's peak for MFU).
-
-    OpenBLAS gets the thread count for the measurement: under ``set_fast_runtime()`` it is otherwise on
-    one thread, which would measure one core's peak against a model that uses them all."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    best = math.inf
-    with blas_threads(get_num_threads()):
-        a @ b
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best / 1e9
 
 
 def torch_matmul_peak(n=2048, repeats=5):
@@ -292,7 +275,10 @@ def run(quick=False, configs=None, plan=None):
     configs = CONFIGS if configs is None else configs
     plan = (QUICK_PLAN if quick else PLAN) if plan is None else plan
     n_peak = 1024 if quick else 2048
-    peak = matmul_peak(n_peak, 3 if quick else 5)
+    # on all of numformer's threads (the machine's peak for MFU): under set_fast_runtime() OpenBLAS is
+    # otherwise on one thread, which would measure one core's peak against a model that uses them all
+    peak_of = {"n": n_peak, "threads": get_num_threads(), "min_seconds": 0.2 if quick else 0.5}
+    peak = matmul_peak(**peak_of) / 1e9
     torch_peak = torch_matmul_peak(n_peak, 3)
     results = {}
     for name, cfg in configs.items():
@@ -302,7 +288,7 @@ def run(quick=False, configs=None, plan=None):
     for name, cfg in configs.items():
         _, rounds, steps = plan[name]
         results[name]["single_core"] = measure_single_core(cfg, max(2, rounds // 2), max(1, steps // 2))
-    peak_after = matmul_peak(n_peak, 3 if quick else 5)
+    peak_after = matmul_peak(**peak_of) / 1e9
     # MFU of both frameworks against the best product this machine ran (either library's)
     machine_peak = max(peak, peak_after, torch_peak)
     for r in results.values():

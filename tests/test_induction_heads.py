@@ -9,8 +9,8 @@ import pytest
 
 from numformer.cli import main
 from numformer.analysis import head_scores, per_position_loss
-from numformer.experiments.induction_heads import (ablation, build_model, in_context, induction_heads_of,
-                                                   phase_change, resolved_settings, windows)
+from numformer.experiments.induction_heads import (ablation, build_model, early_positions, in_context,
+                                                   induction_heads_of, phase_change, resolved_settings, windows)
 from numformer.models import GPT
 
 FIGURES = ("in_context_score_before", "in_context_score_after", "one_layer_in_context_score_after",
@@ -46,8 +46,11 @@ def test_an_unknown_setting_is_one_clear_error():
     with pytest.raises(ValueError, match="induction_heads has no setting train.stpes"):
         resolved_settings(["train.stpes=3"])
     assert resolved_settings(["train.steps=3"])["train"]["steps"] == 3
-    with pytest.raises(ValueError, match="the eval positions need 0 <= early < late_from < context"):
-        resolved_settings(["eval.late_from=300"])
+    for bad in (["eval.late_from=300"], ["eval.early_band=60"], ["eval.early_band=150"]):
+        with pytest.raises(ValueError, match="the eval positions need 0 <= early - early_band and early "
+                                             "\\+ early_band < late_from < context"):
+            resolved_settings(bad)
+    assert resolved_settings(["eval.early_band=0"])["eval"]["early_band"] == 0
 
 
 def test_the_phase_change_is_the_steepest_rise_of_the_best_induction_score():
@@ -137,7 +140,8 @@ def test_the_loss_by_position_and_the_in_context_score_on_the_hand_built_circuit
     assert losses.shape == (e["context"],)
     assert np.all(losses[:61] > 3.0) and np.all(losses[61:] < 0.01)         # log 64 = 4.2 before, ~0 after
     score = in_context(losses, e)
-    assert score == pytest.approx(losses[50] - losses[200:256].mean()) and score > 3.0      # positive: it helps
+    assert score == pytest.approx(losses[40:61].mean() - losses[200:256].mean()) and score > 3.0   # it helps
+    assert early_positions(e) == (40, 61)
     ablated, plain = ablation(model, text, [(1, 0)])
     np.testing.assert_allclose(plain, losses)
     assert np.mean(ablated[200:256] - plain[200:256]) > 3.0                # the induction head carried it
@@ -147,7 +151,8 @@ def test_the_loss_by_position_and_the_in_context_score_on_the_hand_built_circuit
 
 
 def test_the_models_are_attention_only_causal_with_an_unembedding_of_their_own():
-    settings = resolved_settings(["eval.context=32", "eval.early=4", "eval.late_from=20", "model.d_model=16"])
+    settings = resolved_settings(["eval.context=32", "eval.early=4", "eval.early_band=2", "eval.late_from=20",
+                                  "model.d_model=16"])
     for n_layers in (1, 2):
         model = build_model(n_layers, settings, vocab_size=11).eval()
         names = [name for name, _ in model.named_parameters()]

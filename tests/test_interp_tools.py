@@ -199,7 +199,18 @@ def test_repeated_random_tokens_and_the_in_context_score():
     assert A.in_context_score(losses, early=50, late=(200, 256)) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="at least 302 tokens"):
         A.in_context_score(losses, late=(250, 300 + 1))
+    assert A.in_context_score(losses, early=(40, 61), late=(200, 256)) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"the early positions \[150, 210\) must come before the late ones from 200"):
+        A.in_context_score(losses, early=(150, 210))
     model = gpt()
-    per_position = A.per_position_loss(model, np.random.default_rng(0).integers(0, V, (5, 9)), batch_size=2)
+    ids = np.random.default_rng(0).integers(0, V, (5, 9))
+    per_position = A.per_position_loss(model, ids, batch_size=2)
     assert per_position.shape == (8,) and np.all(per_position > 0)
+    per_window = A.per_window_loss(model, ids, batch_size=2)           # one row per window, the same losses
+    assert per_window.shape == (5, 8) and per_window.dtype == np.float64
+    np.testing.assert_allclose(per_window.mean(axis=0), per_position, rtol=1e-12)
+    np.testing.assert_allclose(A.per_window_loss(model, ids[2:3])[0], per_window[2], rtol=1e-6)
+    scores = A.in_context_score(per_window, early=(1, 3), late=(5, 8))      # a score per window, mean = score
+    assert scores.shape == (5,)
+    assert scores.mean() == pytest.approx(A.in_context_score(per_position, early=(1, 3), late=(5, 8)), rel=1e-12)
 

@@ -29,8 +29,8 @@ from .curves import (ema, eval_metric_names, plot_eval_metrics, plot_learning_ra
                      plot_runs_against_time, read_metrics, series)
 from ._common import new_figure, save_figure
 from .diagram import format_model_diagram, model_diagram, plot_model_diagram
-from .heads import (SCORES, HeadScores, head_scores, in_context_score, per_position_loss, repeated_random_tokens,
-                    scores_from_patterns)
+from .heads import (SCORES, HeadScores, head_scores, in_context_score, per_position_loss, per_window_loss,
+                    repeated_random_tokens, scores_from_patterns)
 from .lens import LogitAttribution, LogitLens, direct_logit_attribution, logit_lens, plot_layer_head, unembed
 from .patching import LogitDifference, PatchingResult, activation_patching, attribution_patching
 from .positional import (dominant_wavelengths, plot_position_similarity, plot_positional_encoding,

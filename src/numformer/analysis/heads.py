@@ -93,11 +93,11 @@ def head_scores(model, seq_len=50, batch=8, rng=0, low=0):
     return scores_from_patterns(np.stack([cache["pattern", layer] for layer in range(model.n_layers)]), seq_len)
 
 
-def per_position_loss(model, ids, batch_size=16):
-    """(T - 1,) mean cross-entropy (nats) of predicting ids[:, t + 1] at each position t, over the rows of ids
-    (B, T), in batches of ``batch_size``."""
+def per_window_loss(model, ids, batch_size=16):
+    """(B, T - 1) cross-entropy (nats, float64) of predicting ids[:, t + 1] at each position t of each row of
+    ids (B, T), computed in batches of ``batch_size`` rows."""
     ids = np.asarray(ids)
-    total = np.zeros(ids.shape[1] - 1)
+    rows = []
     with eval_mode(model):
         for start in range(0, len(ids), batch_size):
             x = ids[start:start + batch_size]
@@ -105,20 +105,34 @@ def per_position_loss(model, ids, batch_size=16):
             model.clear_cache()
             top = logits.max(axis=-1, keepdims=True)
             log_z = top[..., 0] + np.log(np.exp(logits - top).sum(axis=-1))
-            total += np.sum(log_z - np.take_along_axis(logits, x[:, 1:, None], axis=-1)[..., 0], axis=0)
-    return total / len(ids)
+            rows.append(log_z - np.take_along_axis(logits, x[:, 1:, None], axis=-1)[..., 0])
+    return np.concatenate(rows) if rows else np.zeros((0, ids.shape[1] - 1))
+
+
+def per_position_loss(model, ids, batch_size=16):
+    """(T - 1,) mean cross-entropy (nats) of predicting ids[:, t + 1] at each position t, over the rows of ids
+    (B, T): ``per_window_loss`` averaged over the rows."""
+    return per_window_loss(model, ids, batch_size).mean(axis=0)
 
 
 def in_context_score(losses, early=50, late=(200, 256)):
-    """loss at position ``early`` minus the mean loss over positions [late[0], late[1]) (nats; positive when
-    the context helps), from ``per_position_loss``'s (T - 1,) losses; the negative of Olsson et al.'s
-    in-context learning score."""
+    """The mean loss at the early positions minus the mean loss over positions [late[0], late[1]) (nats;
+    positive when the context helps); the negative of Olsson et al.'s in-context learning score.
+
+    losses: (T - 1,) per-position losses (``per_position_loss``), or (B, T - 1) of B windows
+    (``per_window_loss``: a score per window, whose mean is the score of the mean losses and whose spread
+    gives its standard error). early: a position, or a range (start, stop) of positions.
+    """
     losses = np.asarray(losses)
-    if late[1] > len(losses):
+    start, stop = (early, early + 1) if np.ndim(early) == 0 else early
+    if late[1] > losses.shape[-1]:
         raise ValueError(f"late positions up to {late[1]} need a context of at least {late[1] + 1} tokens, "
-                         f"got losses for {len(losses)} positions")
-    return float(losses[early] - losses[late[0]:late[1]].mean())
+                         f"got losses for {losses.shape[-1]} positions")
+    if not 0 <= start < stop <= late[0]:
+        raise ValueError(f"the early positions [{start}, {stop}) must come before the late ones from {late[0]}")
+    score = losses[..., start:stop].mean(axis=-1) - losses[..., late[0]:late[1]].mean(axis=-1)
+    return float(score) if np.ndim(score) == 0 else score
 
 
 __all__ = ["HeadScores", "SCORES", "head_scores", "repeated_random_tokens", "scores_from_patterns",
-           "per_position_loss", "in_context_score"]
+           "per_position_loss", "per_window_loss", "in_context_score"]

@@ -4,9 +4,11 @@ Two attention-only Transformers (no feed-forward sub-layers), one with 1 layer a
 on tiny Shakespeare's characters with the same recipe. Every ``eval_every`` steps, on held-out text (fixed
 windows of the validation split), the experiment records
 
-- the in-context score: the loss at an early position (``early``, 50) minus the mean loss at the late
-  positions [``late_from``, ``context``) of ``context``-token windows (nats; positive when the earlier context
-  helps; the negative of Olsson et al.'s in-context learning score), each loss the mean over the windows;
+- the in-context score: the mean loss at the early positions (``early`` ± ``early_band``: 40 to 60) minus the
+  mean loss at the late positions [``late_from``, ``context``) of ``context``-token windows (nats; positive when
+  the earlier context helps; the negative of Olsson et al.'s in-context learning score, whose loss at token 50
+  is a mean over far more text than these windows: one position of 128 windows varies by ~0.2 nats), each
+  loss the mean over the windows, with its standard error over the windows;
 - every head's scores on repeated random tokens (``analysis.head_scores``): induction (prefix matching),
   previous-token, duplicate-token.
 
@@ -31,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
-from ..analysis import head_scores, in_context_score, new_figure, per_position_loss, plot_layer_head, save_figure
+from ..analysis import (head_scores, in_context_score, new_figure, per_position_loss, per_window_loss, plot_layer_head,
+                        save_figure)
 from ..config import apply_overrides
 from ..data.text import read_corpus
 from ..data.tokenizers import ByteLevelBPE
@@ -45,11 +48,11 @@ SETTINGS = {
     "model": {"d_model": 64, "n_heads": 4, "positional": "rope", "tie_weights": False},
     "train": {"steps": 12000, "one_layer_steps": 12000, "batch_size": 4, "lr": 3e-3, "warmup_steps": 200,
               "min_lr": 3e-4, "weight_decay": 0.0, "seed": 0},
-    "eval": {"context": 256, "early": 50, "late_from": 200, "eval_every": 500, "windows": 128,
+    "eval": {"context": 256, "early": 50, "early_band": 10, "late_from": 200, "eval_every": 500, "windows": 128,
              "score_seq_len": 40, "score_batch": 4},
 }
 QUICK = ["data.corpus=char", "train.steps=6", "train.one_layer_steps=6", "train.batch_size=2", "train.warmup_steps=1",
-         "eval.context=48", "eval.early=12", "eval.late_from=30", "eval.eval_every=3", "eval.windows=4",
+         "eval.context=48", "eval.early=12", "eval.early_band=2", "eval.late_from=30", "eval.eval_every=3", "eval.windows=4",
          "eval.score_seq_len=8", "eval.score_batch=2", "model.d_model=16"]
 INDUCTION_THRESHOLD = 0.2      # a head counts as an induction head from this induction score (and half the best)
 
@@ -63,9 +66,10 @@ def resolved_settings(overrides):
             raise ValueError(f"induction_heads has no setting {section}.{sorted(unknown)[0] if unknown else ''}; "
                              f"its settings: {', '.join(f'{s}.{k}' for s in SETTINGS for k in SETTINGS[s])}")
     e = settings["eval"]
-    if not 0 <= e["early"] < e["late_from"] < e["context"]:
-        raise ValueError(f"induction_heads: the eval positions need 0 <= early < late_from < context, got "
-                         f"{e['early']}, {e['late_from']}, {e['context']}")
+    if not (0 <= e["early_band"] <= e["early"] and e["early"] + e["early_band"] < e["late_from"] < e["context"]):
+        raise ValueError(f"induction_heads: the eval positions need 0 <= early - early_band and "
+                         f"early + early_band < late_from < context, got early {e['early']}, early_band "
+                         f"{e['early_band']}, late_from {e['late_from']}, context {e['context']}")
     return settings
 
 
@@ -108,16 +112,26 @@ def windows(ids, n, length, rng):
 
 
 # -- one model's training, measured along the way -----------------------------------------------------------------
+def early_positions(e):
+    """The early positions [start, stop): ``early`` ± ``early_band``."""
+    return e["early"] - e["early_band"], e["early"] + e["early_band"] + 1
+
+
 def in_context(losses, e):
-    """The in-context score of per-position losses (T,): the loss at ``early`` minus the mean at the late ones."""
-    return in_context_score(losses, e["early"], (e["late_from"], e["context"]))
+    """The in-context score of per-position losses (T,), or one per window of (B, T): the mean loss at the
+    early positions minus the mean at the late ones."""
+    return in_context_score(losses, early_positions(e), (e["late_from"], e["context"]))
 
 
 def measure(model, held_out, e, step):
-    losses = per_position_loss(model, held_out, batch_size=32)
+    window_losses = per_window_loss(model, held_out, batch_size=32)
+    losses = window_losses.mean(axis=0)
+    per_window = in_context(window_losses, e)
     scores = head_scores(model, seq_len=e["score_seq_len"], batch=e["score_batch"], rng=1)
+    start, stop = early_positions(e)
     return {"step": step, "loss": float(losses.mean()), "in_context_score": in_context(losses, e),
-            "early_loss": float(losses[e["early"]]),
+            "in_context_score_se": float(per_window.std(ddof=1) / np.sqrt(len(per_window))),
+            "early_loss": float(losses[start:stop].mean()),
             "late_loss": float(np.mean(losses[e["late_from"]:e["context"]])),
             "induction": scores.induction.tolist(), "previous_token": scores.previous_token.tolist(),
             "duplicate_token": scores.duplicate_token.tolist()}
@@ -220,6 +234,8 @@ def run_induction_heads(exp, ctx):
         "in_context_score_before": two_history[index]["in_context_score"],
         "in_context_score_after": two_history[-1]["in_context_score"],
         "one_layer_in_context_score_after": one_history[-1]["in_context_score"],
+        "in_context_score_after_se": two_history[-1]["in_context_score_se"],
+        "one_layer_in_context_score_after_se": one_history[-1]["in_context_score_se"],
         "induction_score_max": float(final.max()),
         "one_layer_induction_score_max": float(np.max(one_history[-1]["induction"])),
         "phase_change_step": step,
@@ -264,7 +280,10 @@ def draw_figures(folder, two_history, one_history, ablated, plain, heads, e, mod
     left, right = fig.subplots(1, 2)
     for history, label, style in ((two_history, "2 layers", "-"), (one_history, "1 layer", "--")):
         steps = [h["step"] for h in history]
-        left.plot(steps, [h["in_context_score"] for h in history], style, marker=".", label=label)
+        score = np.array([h["in_context_score"] for h in history])
+        se = np.array([h.get("in_context_score_se", 0.0) for h in history])
+        line, = left.plot(steps, score, style, marker=".", label=label)
+        left.fill_between(steps, score - se, score + se, color=line.get_color(), alpha=0.2, lw=0)   # ± 1 s.e.
         induction = np.array([h["induction"] for h in history])              # (evals, L, H)
         for layer in range(induction.shape[1]):
             for head in range(induction.shape[2]):
@@ -274,8 +293,9 @@ def draw_figures(folder, two_history, one_history, ablated, plain, heads, e, mod
         ax.axvline(step, color="0.5", ls=":", lw=1.0)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
-    left.set_ylabel(f"in-context score (nats): loss@{e['early']} - loss@{e['late_from']}..{e['context']}")
-    left.set_title("in-context learning on held-out text", fontsize=9)
+    start, stop = early_positions(e)
+    left.set_ylabel(f"in-context score (nats): loss@{start}..{stop - 1} - loss@{e['late_from']}..{e['context'] - 1}")
+    left.set_title("in-context learning on held-out text (band: ± 1 standard error)", fontsize=9)
     left.legend(fontsize=7)
     right.set_ylabel("induction score (prefix matching)")
     right.set_ylim(-0.02, 1.02)
@@ -351,6 +371,9 @@ def markdown(record, paths, results_dir):
         f"{f['phase_change_step']:.0f}; induction heads (score at least {INDUCTION_THRESHOLD} and half the "
         f"best): {found}.", "",
         *rows, "",
+        f"in-context score = the mean loss at positions {early_positions(s['eval'])[0]} to "
+        f"{early_positions(s['eval'])[1] - 1} minus the mean loss at positions {s['eval']['late_from']} to "
+        f"{s['eval']['context'] - 1} of the held-out windows (its _se: the standard error over the windows); "
         "in_context_score_rise = after - before (the score at the evaluation where the steepest rise starts); "
         "in_context_score_gap = the 2-layer model's final score minus the 1-layer model's.", "",
     ]

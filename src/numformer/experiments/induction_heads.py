@@ -294,8 +294,9 @@ def draw_figures(folder, two_history, one_history, ablated, plain, heads, e, mod
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     start, stop = early_positions(e)
-    left.set_ylabel(f"in-context score (nats): loss@{start}..{stop - 1} - loss@{e['late_from']}..{e['context'] - 1}")
-    left.set_title("in-context learning on held-out text (band: ± 1 standard error)", fontsize=9)
+    left.set_ylabel("in-context score (nats)")
+    left.set_title(f"loss at {start}-{stop - 1} minus loss at {e['late_from']}-{e['context'] - 1}, held-out text\n"
+                   "(band: ± 1 standard error over the windows)", fontsize=9)
     left.legend(fontsize=7)
     right.set_ylabel("induction score (prefix matching)")
     right.set_ylim(-0.02, 1.02)

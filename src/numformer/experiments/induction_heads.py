@@ -237,6 +237,8 @@ def run_induction_heads(exp, ctx):
         "in_context_score_after_se": two_history[-1]["in_context_score_se"],
         "one_layer_in_context_score_after_se": one_history[-1]["in_context_score_se"],
         "induction_score_max": float(final.max()),
+        # the first half of the circuit: the best previous-token head of layer 0 (0.05 or so at random)
+        "previous_token_score_max": float(np.max(two_history[-1]["previous_token"][0])),
         "one_layer_induction_score_max": float(np.max(one_history[-1]["induction"])),
         "phase_change_step": step,
         "loss_after": two_history[-1]["loss"], "one_layer_loss_after": one_history[-1]["loss"],

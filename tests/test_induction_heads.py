@@ -27,7 +27,8 @@ def test_quick_reproduce_writes_the_record_the_page_and_the_figures(tmp_path):
     assert set(record["targets"]) == {"in_context_score_rise", "in_context_score_gap", "induction_score_max",
                                       "ablation_loss_increase"}
     assert 0.0 <= record["figures"]["induction_score_max"] <= 1.0
-    assert record["figures"]["previous_token_score_max"] == max(record["history"]["two_layers"][-1]["previous_token"][0])
+    two_final = record["history"]["two_layers"][-1]
+    assert record["figures"]["previous_token_score_max"] == max(two_final["previous_token"][0])
     assert all(h["in_context_score_se"] > 0 for h in record["history"]["two_layers"])   # a spread over 4 windows
     # an ablation only of heads that are induction heads (none after 6 steps): no figure, the target unmet
     assert record["induction_heads"] == [] and "ablation_loss_increase" not in record["figures"]

@@ -1,8 +1,8 @@
 """``numformer reproduce induction_heads``: the induction-head phase change (Olsson et al. 2022) on a CPU.
 
 Two attention-only Transformers (no feed-forward sub-layers), one with 1 layer and one with 2, are trained
-on tiny Shakespeare's characters with the same recipe. Every ``eval_every`` steps, on held-out text (fixed
-windows of the validation split), the experiment records
+on tiny Shakespeare (byte-level BPE tokens by default, or its characters) with the same recipe. Every
+``eval_every`` steps, on held-out text (fixed windows of the validation split), the experiment records
 
 - the in-context score: the mean loss at the early positions (``early`` ± ``early_band``: 40 to 60) minus the
   mean loss at the late positions [``late_from``, ``context``) of ``context``-token windows (nats; positive when
@@ -53,8 +53,8 @@ SETTINGS = {
              "score_seq_len": 40, "score_batch": 4},
 }
 QUICK = ["data.corpus=char", "train.steps=6", "train.one_layer_steps=6", "train.batch_size=2", "train.warmup_steps=1",
-         "eval.context=48", "eval.early=12", "eval.early_band=2", "eval.late_from=30", "eval.eval_every=3", "eval.windows=4",
-         "eval.score_seq_len=8", "eval.score_batch=2", "model.d_model=16"]
+         "eval.context=48", "eval.early=12", "eval.early_band=2", "eval.late_from=30", "eval.eval_every=3",
+         "eval.windows=4", "eval.score_seq_len=8", "eval.score_batch=2", "model.d_model=16"]
 INDUCTION_THRESHOLD = 0.2      # a head counts as an induction head from this induction score (and half the best)
 
 

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from .. import _runtime
-from .._runtime import blas_threads, fast_runtime_status, get_num_threads, set_fast_runtime
+from .._runtime import fast_runtime_status, get_num_threads, set_fast_runtime
 from ..models import EncoderClassifier, GPT
 from ..optim import AdamW, param_groups
 from ..train.parallel import ClosesOnExit, DataParallel, usable_processes

@@ -350,7 +350,7 @@ def draw_pattern(model, head, e, path):
 
 def markdown(record, paths, results_dir):
     f, s = record["figures"], record["settings"]
-    met = record["met"]
+    met, early = record["met"], early_positions(record["settings"]["eval"])
     rows = ["| figure | value | target | reached |", "|---|---|---|---|"]
     for k, v in f.items():
         rows.append(f"| {k} | {v:.4f} | {record['targets'].get(k, '')} | "
@@ -375,8 +375,8 @@ def markdown(record, paths, results_dir):
         f"{f['phase_change_step']:.0f}; induction heads (score at least {INDUCTION_THRESHOLD} and half the "
         f"best): {found}.", "",
         *rows, "",
-        f"in-context score = the mean loss at positions {early_positions(s['eval'])[0]} to "
-        f"{early_positions(s['eval'])[1] - 1} minus the mean loss at positions {s['eval']['late_from']} to "
+        f"in-context score = the mean loss at positions {early[0]} to "
+        f"{early[1] - 1} minus the mean loss at positions {s['eval']['late_from']} to "
         f"{s['eval']['context'] - 1} of the held-out windows (its _se: the standard error over the windows); "
         "in_context_score_rise = after - before (the score at the evaluation where the steepest rise starts); "
         "in_context_score_gap = the 2-layer model's final score minus the 1-layer model's.", "",

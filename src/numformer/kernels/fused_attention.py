@@ -167,6 +167,9 @@ def _blocks(t_q, t_k, is_causal, rep=1):
     return [(q0, min(q0 + size, t_q), min(q0 + size, t_q, t_k)) for q0 in range(0, t_q, size)]
 
 
+_RESHAPE_HAS_COPY = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
+
+
 def _view(a, shape):
     """``a`` reshaped as a view, a ValueError where that would need a copy (the kernel writes through these
     views): ``np.reshape(copy=False)`` from NumPy 2.1, setting the shape of a view before (deprecated since)."""
@@ -175,9 +178,6 @@ def _view(a, shape):
     view = a.view()
     view.shape = shape
     return view
-
-
-_RESHAPE_HAS_COPY = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
 
 
 def _merged(a, axes):

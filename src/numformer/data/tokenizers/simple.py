@@ -59,6 +59,11 @@ class SymbolTokenizer(Tokenizer):
         return cls(tokens)
 
 
+def _code_points(text: str) -> np.ndarray:
+    """The code point of each character of ``text``, (len(text),) uint32 (lone surrogates included)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 class CharTokenizer(Tokenizer):
     """One id per character. ``CharTokenizer.from_text(corpus)`` uses the sorted distinct characters.
@@ -77,7 +82,7 @@ class CharTokenizer(Tokenizer):
     def from_text(cls, text: str) -> "CharTokenizer":
         if not text:
             raise ValueError("cannot build a character vocabulary from empty text")
-        code_points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        code_points = _code_points(text)
         return cls([chr(c) for c in np.flatnonzero(np.bincount(code_points))])    # = sorted(set(text)), faster
 
     @property
@@ -96,7 +101,7 @@ class CharTokenizer(Tokenizer):
     def encode_array(self, text: str) -> np.ndarray:
         """``encode`` as an int64 array, vectorized: a table from code point to id (-1 outside the
         vocabulary), so that a corpus of a million characters takes milliseconds."""
-        code_points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        code_points = _code_points(text)
         vocab = np.array([ord(c) for c in self.chars], dtype=np.intp)
         table = np.full(int(vocab.max()) + 2, -1, dtype=np.int64)      # the last entry: beyond the vocabulary
         table[vocab] = np.arange(len(vocab))

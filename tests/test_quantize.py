@@ -86,8 +86,9 @@ def test_kernel_equals_reference(N, K, group_size, batch, dtype, rng, monkeypatc
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("own_blas", [True, False])
 def test_kernel_threads_and_blas_modes(threads, own_blas, rng, monkeypatch):
-    """The result does not depend on how the blocks are shared among threads, nor on who owns the BLAS."""
+    """The result does not depend on how the rows are shared among threads, nor on who owns the BLAS."""
     monkeypatch.setattr(kernel, "BLOCK_BYTES", 8192)
+    monkeypatch.setattr(kernel, "MIN_PIECE_WEIGHTS", 1)            # split even this small matrix
     monkeypatch.setitem(_runtime._threads, "n", threads)
     monkeypatch.setitem(_runtime._state, "own_blas", own_blas)
     W = rng.standard_normal((203, 96))
@@ -95,6 +96,32 @@ def test_kernel_threads_and_blas_modes(threads, own_blas, rng, monkeypatch):
     for m in (1, 8):
         x = rng.standard_normal((m, 96))
         assert rel_err(kernel.quantized_linear_forward(x, q, s, 32), quantized_linear_forward(x, q, s, 32)) < 1e-12
+
+
+@pytest.mark.parametrize("N,K", [(3 * 1024, 1024), (1024, 3072), (1024, 1024), (200, 96)])
+def test_the_threads_share_the_rows_equally(N, K, monkeypatch):
+    """Each thread gets half the output rows (to 8) of a matrix worth splitting, whatever its number of blocks
+    (three 4 MiB blocks, four uneven ones, one): the time of a product is its slowest thread's. A matrix of
+    fewer than 2 · MIN_PIECE_WEIGHTS weights stays on one thread."""
+    monkeypatch.setitem(_runtime._threads, "n", 2)
+    monkeypatch.setattr(kernel, "BLOCK_BYTES", 4 << 20)
+    shares = []
+
+    def spy(n, fn, grain):
+        pieces = min(2, n // grain)
+        bounds = [n * i // pieces for i in range(pieces + 1)] if pieces > 1 else [0, n]
+        shares.extend(min(hi * kernel.ROW_UNIT, N) - lo * kernel.ROW_UNIT for lo, hi in zip(bounds, bounds[1:]))
+        for lo, hi in zip(bounds, bounds[1:]):
+            fn(lo, hi)
+
+    monkeypatch.setattr(kernel, "parallel_for", spy)
+    q, s = quantize(np.ones((N, K), np.float32))
+    y = kernel.quantized_linear_forward(np.ones((1, K), np.float32), q, s)
+    assert np.allclose(y, K)
+    if N * K >= 2 * kernel.MIN_PIECE_WEIGHTS:
+        assert len(shares) == 2 and abs(shares[0] - shares[1]) <= kernel.ROW_UNIT and sum(shares) == N
+    else:
+        assert shares == [N]
 
 
 def test_fast_dequantize_equals_reference(rng):

@@ -15,8 +15,8 @@ and for each block:
 so every weight byte comes from memory once per call, and the float block is read from cache. What is
 left per weight is the conversion and the product: int8 is faster than float32 where reading four bytes
 from memory takes longer than those two passes in the cache (``numformer bench quantize`` measures it). The
-blocks are shared among numformer's threads (``_runtime.parallel_for``), with the BLAS on one thread inside
-them. A larger batch (a prompt's prefill, an evaluation) dequantizes the matrix once and makes one
+output rows are shared equally among numformer's threads (``_runtime.parallel_for``), each walking its share
+in blocks, with the BLAS on one thread inside them. A larger batch (a prompt's prefill, an evaluation) dequantizes the matrix once and makes one
 product (``_runtime.matmul``). Summation order differs from the reference's, so results agree to rounding
 (tests/test_quantize.py: float32 1e-5, float64 1e-12).
 """
@@ -34,6 +34,8 @@ from .reference import group_width
 __all__ = ["quantized_linear_forward", "dequantize", "SMALL_BATCH", "BLOCK_BYTES", "l2_cache_bytes"]
 
 SMALL_BATCH = 16                 # rows of x up to which the weight is dequantized block by block
+ROW_UNIT = 8                     # the threads' shares of output rows are multiples of this
+MIN_PIECE_WEIGHTS = 1 << 18      # no thread gets fewer weights than this: a smaller share costs more to hand out
 
 
 def l2_cache_bytes(default=1 << 20):
@@ -113,21 +115,24 @@ def _small_batch(x2, q, scales, g):
     per_row = scales[:, 0] if m == 1 else scales                # the one-scale-per-row case: (N,) or (N, 1)
     R = _block_rows(K, x2.dtype.itemsize)
 
-    def rows(b0, b1):
-        lo, hi = b0 * R, min(b1 * R, N)
-        block = _block(min(R, hi - lo), K, x2.dtype)
-        for r0 in range(lo, hi, R):
-            r1 = min(r0 + R, N)
+    def rows(u0, u1):                                           # rows [u0, u1) · ROW_UNIT: one thread's share
+        lo, hi = u0 * ROW_UNIT, min(u1 * ROW_UNIT, N)
+        step = -(-(hi - lo) // -(-(hi - lo) // R))              # equal blocks of at most R rows
+        block = _block(step, K, x2.dtype)
+        for r0 in range(lo, hi, step):
+            r1 = min(r0 + step, hi)
             B = block[:r1 - r0]
-            np.copyto(B, q[r0:r1], casting="unsafe")           # int8 -> float, into the L2-resident block
+            np.copyto(B, q[r0:r1], casting="unsafe")           # int8 -> float, into the cache-resident block
             if G > 1:
                 _scale_groups(B, scales[r0:r1], g)
             np.matmul(B, xT, out=yT[r0:r1])                     # the BLAS reads B from the cache
         if G == 1:
             yT[lo:hi] *= per_row[lo:hi]                         # one scale per row: on N × m sums, not N × K
 
+    # The threads share the rows equally (then each walks its share in blocks): sharing whole blocks instead
+    # left a thread idle on every matrix of fewer blocks than threads, and one of three blocks' worth waiting.
     with _one_blas_thread():
-        parallel_for(-(-N // R), rows, 1)
+        parallel_for(-(-N // ROW_UNIT), rows, max(1, -(-MIN_PIECE_WEIGHTS // (K * ROW_UNIT))))
     return yT.reshape(1, N) if m == 1 else np.ascontiguousarray(yT.T)
 
 

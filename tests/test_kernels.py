@@ -5,6 +5,7 @@ both paths (numformer.reference_mode)."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -129,8 +130,41 @@ def test_parallel_for_covers_the_range_once_and_propagates_errors(threads):
 
     with pytest.raises(RuntimeError, match="piece failed"):
         _runtime.parallel_for(100, boom, grain=10)
+
+    def boom_on_the_calling_thread(lo, hi):
+        if lo == 0:
+            raise RuntimeError("first piece failed")
+        time.sleep(0.01)                     # the other pieces finish after the caller's error
+
+    with pytest.raises(RuntimeError, match="first piece failed"):
+        _runtime.parallel_for(100, boom_on_the_calling_thread, grain=10)
+    for _ in range(20):                      # the workers are handed back ready: no piece skipped or run twice
+        seen[:] = 0
+        _runtime.parallel_for(103, fill, grain=10)
+        assert (seen == 1).all()
     with pytest.raises(ValueError):
         _runtime.set_num_threads(0)
+
+
+def test_parallel_for_from_several_threads_at_once(threads):
+    """Callers on other threads (a server's requests, a user's own threads) each get their own workers."""
+    import threading
+
+    threads(3)
+    results = {}
+
+    def caller(c):
+        out = np.zeros(600, dtype=int)
+        for _ in range(30):
+            _runtime.parallel_for(600, lambda lo, hi: out.__setitem__(slice(lo, hi), out[lo:hi] + 1), grain=50)
+        results[c] = out
+
+    callers = [threading.Thread(target=caller, args=(c,)) for c in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=60)
+    assert sorted(results) == [0, 1, 2, 3] and all((out == 30).all() for out in results.values())
 
 
 # -- GELU -----------------------------------------------------------------------------------------------

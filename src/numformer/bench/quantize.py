@@ -321,8 +321,8 @@ def _speed_lines(s):
              f"same model with int8 weights ({groups}): a prompt of {PROMPT} tokens continued greedily, the two "
              f"alternating round by round (best of the rounds), in each of numformer's threading modes on "
              f"{s['threads']} threads (one_thread: everything on the calling thread; numformer: OpenBLAS on one "
-             f"thread, numformer's threads split the products and share the int8 blocks; OpenBLAS's own threads "
-             f"are left out, their spinning measures the machine's load). CPU time: the process's, "
+             f"thread, numformer's threads split the float32 products and the int8 kernel's rows; OpenBLAS's own "
+             f"threads are left out, their spinning measures the machine's load). CPU time: the process's, "
              f"which other processes sharing the cores disturb less than the wall time (on one thread, where no "
              f"thread spins waiting for another). {s['quantized']}.", "",
              "| threading | batch | float32 tokens/s | int8 tokens/s | speedup | speedup in CPU time "

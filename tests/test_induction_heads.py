@@ -40,6 +40,9 @@ def test_quick_reproduce_writes_the_record_the_page_and_the_figures(tmp_path):
     assert record["command"] == "numformer reproduce induction_heads --quick"
     md = (results / "induction_heads.md").read_text()
     assert "| induction_score_max |" in md and "Verdict: not reproduced" in md and "nothing to ablate" in md
+    # no induction head: no phase change is placed, and no caption speaks of one or of an ablation
+    assert "No phase change to place" in md and "Phase change (steepest" not in md
+    assert "dotted: the phase change" not in md and "with and without the induction heads" not in md
     for name in ("curves", "positions", "scores", "pattern"):
         assert f"figures/induction_heads_{name}.png" in md
         assert (results / "figures" / f"induction_heads_{name}.png").stat().st_size > 1000

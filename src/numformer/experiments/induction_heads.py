@@ -293,7 +293,8 @@ def draw_figures(folder, two_history, one_history, ablated, plain, heads, e, mod
                 right.plot(steps, induction[:, layer, head], style, lw=1.0,
                            label=f"{label}: head {layer}.{head}" if len(heads) < 12 else None)
     for ax in (left, right):
-        ax.axvline(step, color="0.5", ls=":", lw=1.0)
+        if heads:                        # a phase change only where an induction head formed
+            ax.axvline(step, color="0.5", ls=":", lw=1.0, label="phase change" if ax is left else None)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     start, stop = early_positions(e)
@@ -318,7 +319,8 @@ def draw_figures(folder, two_history, one_history, ablated, plain, heads, e, mod
     ax.set_ylabel("loss (nats), held-out text")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title("loss by position: the context helps through the induction heads", fontsize=9)
+    ax.set_title("loss by position: the context helps through the induction heads" if heads else
+                 "loss by position (no induction head formed: none ablated)", fontsize=9)
     paths["positions"] = folder / "induction_heads_positions.png"
     save_figure(fig, paths["positions"])
 
@@ -371,9 +373,10 @@ def markdown(record, paths, results_dir):
         f"(warm-up {s['train']['warmup_steps']}, cosine to {s['train']['min_lr']:g}), batch "
         f"{s['train']['batch_size']}, {s['train']['steps']} steps (2 layers) and {s['train']['one_layer_steps']} "
         f"(1 layer), seed {record['seed']}.", "",
-        f"Verdict: {verdict}. Phase change (steepest rise of the best induction score) at step "
-        f"{f['phase_change_step']:.0f}; induction heads (score at least {INDUCTION_THRESHOLD} and half the "
-        f"best): {found}.", "",
+        f"Verdict: {verdict}. " + (f"Phase change (steepest rise of the best induction score) at step "
+                                   f"{f['phase_change_step']:.0f}; " if record["induction_heads"] else
+                                   "No phase change to place (no induction head formed); ")
+        + f"induction heads (score at least {INDUCTION_THRESHOLD} and half the best): {found}.", "",
         *rows, "",
         f"in-context score = the mean loss at positions {early[0]} to "
         f"{early[1] - 1} minus the mean loss at positions {s['eval']['late_from']} to "
@@ -381,9 +384,10 @@ def markdown(record, paths, results_dir):
         "in_context_score_rise = after - before (the score at the evaluation where the steepest rise starts); "
         "in_context_score_gap = the 2-layer model's final score minus the 1-layer model's.", "",
     ]
-    captions = {"curves": "In-context score and every head's induction score through training (dotted: the phase "
-                          "change)",
-                "positions": "Loss at each position of held-out windows, with and without the induction heads",
+    captions = {"curves": "In-context score and every head's induction score through training"
+                          + (" (dotted: the phase change)" if record["induction_heads"] else ""),
+                "positions": "Loss at each position of held-out windows"
+                             + (", with and without the induction heads" if record["induction_heads"] else ""),
                 "scores": "Induction score of each head of the 2-layer model",
                 "pattern": "The head with the best induction score, on repeated random tokens"}
     for key, caption in captions.items():

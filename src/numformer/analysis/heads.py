@@ -15,8 +15,9 @@ again, x = [r, r]: in the second half the token at position i appeared before at
 Random tokens carry no meaning the model could use otherwise, so a head that attends there does it by
 matching tokens, or by position alone: the repeat comes at the fixed distance ``seq_len``, so a head that
 attends ``seq_len - 1`` back scores high on induction without matching anything (a model trained on such
-repeats learns that shortcut). ``in_context_score`` is Olsson et al.'s measure of in-context learning on real text, turned so that
-positive is good: the loss at an early position minus the mean loss at late positions (nats).
+repeats learns that shortcut). ``in_context_score`` is Olsson et al.'s measure of in-context learning on
+real text, turned so that positive is good: the loss at an early position minus the mean loss at late
+positions (nats).
 """
 from __future__ import annotations
 

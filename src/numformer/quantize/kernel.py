@@ -16,9 +16,9 @@ so every weight byte comes from memory once per call, and the float block is rea
 left per weight is the conversion and the product: int8 is faster than float32 where reading four bytes
 from memory takes longer than those two passes in the cache (``numformer bench quantize`` measures it). The
 output rows are shared equally among numformer's threads (``_runtime.parallel_for``), each walking its share
-in blocks, with the BLAS on one thread inside them. A larger batch (a prompt's prefill, an evaluation) dequantizes the matrix once and makes one
-product (``_runtime.matmul``). Summation order differs from the reference's, so results agree to rounding
-(tests/test_quantize.py: float32 1e-5, float64 1e-12).
+in blocks, with the BLAS on one thread inside them. A larger batch (a prompt's prefill, an evaluation)
+dequantizes the matrix once and makes one product (``_runtime.matmul``). Summation order differs from the
+reference's, so results agree to rounding (tests/test_quantize.py: float32 1e-5, float64 1e-12).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ __all__ = ["quantized_linear_forward", "dequantize", "SMALL_BATCH", "BLOCK_BYTES
 
 SMALL_BATCH = 16                 # rows of x up to which the weight is dequantized block by block
 ROW_UNIT = 8                     # the threads' shares of output rows are multiples of this
-MIN_PIECE_WEIGHTS = 1 << 19      # no thread gets fewer weights: ~0.1 ms of work, about what handing a piece to a thread costs
+MIN_PIECE_WEIGHTS = 1 << 19      # no thread gets fewer weights (~0.1 ms of work: about what a handoff costs)
 
 
 def l2_cache_bytes(default=1 << 20):
@@ -129,8 +129,8 @@ def _small_batch(x2, q, scales, g):
         if G == 1:
             yT[lo:hi] *= per_row[lo:hi]                         # one scale per row: on N × m sums, not N × K
 
-    # The threads share the rows equally (then each walks its share in blocks): sharing whole blocks instead
-    # left a thread idle on every matrix of fewer blocks than threads, and one of three blocks' worth waiting.
+    # Equal shares of rows, each walked in blocks: shares of whole blocks would leave a thread idle on a matrix
+    # of fewer blocks than threads, and one waiting for another on a matrix of three.
     with _one_blas_thread():
         parallel_for(-(-N // ROW_UNIT), rows, max(1, -(-MIN_PIECE_WEIGHTS // (K * ROW_UNIT))))
     return yT.reshape(1, N) if m == 1 else np.ascontiguousarray(yT.T)

@@ -105,14 +105,13 @@ def test_the_threads_share_the_rows_equally(N, K, monkeypatch):
     fewer than 2 · MIN_PIECE_WEIGHTS weights stays on one thread."""
     monkeypatch.setitem(_runtime._threads, "n", 2)
     monkeypatch.setattr(kernel, "BLOCK_BYTES", 4 << 20)
-    shares = []
+    shares, split = [], kernel.parallel_for
 
-    def spy(n, fn, grain):
-        pieces = min(2, n // grain)
-        bounds = [n * i // pieces for i in range(pieces + 1)] if pieces > 1 else [0, n]
-        shares.extend(min(hi * kernel.ROW_UNIT, N) - lo * kernel.ROW_UNIT for lo, hi in zip(bounds, bounds[1:]))
-        for lo, hi in zip(bounds, bounds[1:]):
+    def spy(n, fn, grain):                  # the real split, each piece's rows recorded
+        def piece(lo, hi):
+            shares.append(min(hi * kernel.ROW_UNIT, N) - lo * kernel.ROW_UNIT)
             fn(lo, hi)
+        split(n, piece, grain)
 
     monkeypatch.setattr(kernel, "parallel_for", spy)
     q, s = quantize(np.ones((N, K), np.float32))

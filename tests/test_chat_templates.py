@@ -249,7 +249,9 @@ def test_clear_errors():
         apply_chat_template([{"role": "user", "content": "x"}], "x", tools=[print])
 
 
-def test_missing_jinja2_is_one_clear_error(monkeypatch):
+@pytest.fixture
+def without_jinja2(monkeypatch):
+    """Importing jinja2 fails from here on (and no template compiled before is reused)."""
     import builtins
 
     real_import = builtins.__import__
@@ -261,8 +263,34 @@ def test_missing_jinja2_is_one_clear_error(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_jinja)
     chat.compile_chat_template.cache_clear()
+    yield
+    chat.compile_chat_template.cache_clear()
+
+
+def test_missing_jinja2_is_one_clear_error(without_jinja2):
     with pytest.raises(ValueError, match=r"needs jinja2: pip install 'numformer\[chat\]'"):
         apply_chat_template([{"role": "user", "content": "x"}], "{{ 1 }}")
+
+
+@pytest.fixture
+def default_format_by_jinja():
+    """Conversations and what Jinja renders of them with DEFAULT_TEMPLATE, without and with the prompt."""
+    conversations = [[{"role": "system", "content": "Be kind."}, {"role": "user", "content": " Hi \n"}],
+                     [{"role": "USER", "content": "é, 🙂"}, {"role": "assistant", "content": "Hello.", "x": None},
+                      {"role": "user", "content": None}],
+                     [{"role": "assistant", "content": ["a", 1]}, {"content": "no role"}]]
+    jinja_rendered = [chat.compile_chat_template(chat.DEFAULT_TEMPLATE).render(
+        messages=chat._messages(c), add_generation_prompt=g) for c in conversations for g in (False, True)]
+    assert jinja_rendered[1] == "System: Be kind.\n\nUser: Hi\n\nAssistant:"
+    return conversations, jinja_rendered
+
+
+def test_the_default_format_needs_no_jinja2_and_renders_as_jinja_does(default_format_by_jinja, without_jinja2):
+    conversations, jinja_rendered = default_format_by_jinja
+    assert [apply_chat_template(c, chat.DEFAULT_TEMPLATE, g) for c in conversations for g in (False, True)] \
+        == jinja_rendered
+    assert ChatFormat.default().render(conversations[0], True) == jinja_rendered[1]
+    assert generation_spans(conversations[0], chat.DEFAULT_TEMPLATE) == (jinja_rendered[0], [])
 
 
 def test_default_format_for_models_without_a_template(tmp_path):

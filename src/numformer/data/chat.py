@@ -25,7 +25,8 @@ named "default" is used ("tool_use" when tools are given), or the one you name.
 
 ``ChatSession`` keeps the history of a conversation with a model: each ``send`` renders it, trims the oldest
 turns to fit the context, generates the reply with the key/value cache (``decoding.generate``), stops at
-the end-of-turn tokens, and streams the text as it comes. Jinja2 is the ``numformer[chat]`` extra.
+the end-of-turn tokens, and streams the text as it comes. Jinja2 is the ``numformer[chat]`` extra;
+numformer's own plain format (``DEFAULT_TEMPLATE``) is rendered without it.
 """
 from __future__ import annotations
 
@@ -51,6 +52,14 @@ DEFAULT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] | trim }}\n\n"
     "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
 DEFAULT_STOP_STRINGS = ("\nUser:", "\nSystem:", "\nAssistant:")
+
+
+def render_default(messages, add_generation_prompt=False):
+    """``DEFAULT_TEMPLATE`` rendered in Python, as Jinja renders it (``capitalize``: first letter upper, the
+    rest lower; ``trim``: surrounding whitespace off; a missing key renders as ""), so that chatting with a
+    model of one's own needs no jinja2. messages: normalized (``_messages``)."""
+    turns = (f"{str(m.get('role', '')).capitalize()}: {str(m.get('content', '')).strip()}\n\n" for m in messages)
+    return "".join(turns) + ("Assistant:" if add_generation_prompt else "")
 
 
 # -- the Jinja environment ----------------------------------------------------------------------------------
@@ -236,14 +245,17 @@ def generation_spans(messages, chat_template, add_generation_prompt=False, tools
 
 def _render(messages, chat_template, add_generation_prompt, tools, documents, special_tokens, template_name,
             variables, spans):
-    jinja2 = _jinja()
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("a conversation is a non-empty list of messages {'role': ..., 'content': ...}")
     if tools is not None and any(not isinstance(t, Mapping) for t in tools):
         raise ValueError("tools must be JSON schemas (dicts); numformer does not build schemas from functions")
     if documents is not None and any(not isinstance(d, Mapping) for d in documents):
         raise ValueError("documents must be a list of dicts with 'title' and 'text' keys")
-    template = compile_chat_template(select_chat_template(chat_template, template_name, tools))
+    source = select_chat_template(chat_template, template_name, tools)
+    if source == DEFAULT_TEMPLATE:          # numformer's own format needs no Jinja (nor the chat extra)
+        return render_default(_messages(messages), add_generation_prompt)
+    jinja2 = _jinja()
+    template = compile_chat_template(source)
     context = {**_plain(dict(special_tokens or {})), **_plain(variables), "messages": _messages(messages),
                "tools": _plain(tools), "documents": _plain(documents), "add_generation_prompt": add_generation_prompt}
     try:

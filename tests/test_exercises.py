@@ -432,6 +432,14 @@ def test_the_command_line_session(tmp_path):
     assert unknown.returncode == 2 and "no exercise 'layernorm'" in unknown.stderr
     missing = numformer("exercises", "check", "rms_norm", "ex/nothing.py", cwd=tmp_path)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+    (tmp_path / "notes.md").write_text("# my notes\n", encoding="utf-8")
+    not_python = numformer("exercises", "check", "rms_norm", "notes.md", cwd=tmp_path)
+    assert not_python.returncode == 1 and "notes.md is not a Python file" in not_python.stdout
+    (tmp_path / "broken.py").write_text("def rms_norm_forward(x:\n", encoding="utf-8")
+    for bad, says in (("notes.md", "is not a Python file"), ("broken.py", "is not valid Python")):
+        train = numformer("exercises", "train", bad, "--steps", "2", cwd=tmp_path)
+        assert train.returncode == 2 and says in train.stderr and "Traceback" not in train.stderr
+        assert train.stderr.count("\n") == 1
 
 
 # -- the session of docs/exercises.md, replayed -----------------------------------------------------------------

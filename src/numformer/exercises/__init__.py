@@ -50,6 +50,9 @@ def load_functions(path):
         raise FileNotFoundError(2, "no such file", str(path))
     name = f"_numformer_exercise_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None:                # Python makes a module of a .py file only
+        raise Failure(f"{path} is not a Python file: give the .py file with your functions (`numformer exercises "
+                      f"start NAME` writes NAME.py)")
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.resolve().parent))
     sys.modules[name] = module

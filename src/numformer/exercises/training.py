@@ -23,7 +23,7 @@ from ..models import build_model
 from ..nn.dispatch import OPS, reference_mode, using_ops
 from ..optim import clip_grad_norm, make_schedule
 from ..train.build import make_optimizer
-from . import EXERCISES, check, format_report, load_functions, wrap
+from . import EXERCISES, Failure, check, format_report, load_functions, wrap
 
 MODELS = {"gpt": "shakespeare_char", "llama": "shakespeare_char_llama"}     # configs/NAME.toml
 CURVE_TOL = 1e-10          # |your loss - the library's| at every step, float64
@@ -56,7 +56,10 @@ def find_ops(paths):
     """The exercises whose functions the files define (all of an exercise's functions, in one file)."""
     functions, files = {}, {}
     for path in paths:
-        namespace = load_functions(path)
+        try:
+            namespace = load_functions(path)
+        except Failure as failure:      # a file that does not run: one error line, as ``check`` reports it
+            raise ValueError(str(failure)) from None
         found = [e for e in EXERCISES.values() if all(callable(namespace.get(n)) for n in e.names)]
         if not found:
             raise ValueError(f"{path} defines the functions of no exercise (e.g. layer_norm_forward and "

@@ -214,7 +214,7 @@ def test_template_flags(folder, tmp_path, run_cli, monkeypatch, cli_error):
     assert session.format.render(session.messages()[:2], True) == SYSTEM + "Hi::"
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
     assert "--template-var 'oops': write KEY=VALUE" in cli_error("chat", folder, "--template-var", "oops")
-    assert "top_p" in cli_error("chat", folder, "--top-p", "0")
+    assert "--top-p must be a number in (0, 1], got 0.0" in cli_error("chat", folder, "--top-p", "0")
     assert "--max-new-tokens must be at least 1" in cli_error("chat", folder, "--max-new-tokens", "0")
 
 

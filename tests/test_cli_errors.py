@@ -89,6 +89,17 @@ def test_damaged_tokenizer_for_generate(text_run, copy_of, cli_error, damage, ex
     assert expected in cli_error("generate", run, "--max-new-tokens", "3")
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "explore", "eval", "analyze"])
+def test_a_run_config_without_its_model_section_is_not_taken_for_hugging_faces(text_run, copy_of, cli_error,
+                                                                               command):
+    run = copy_of(text_run)
+    config = json.loads((run / "config.json").read_text())
+    del config["model"]
+    (run / "config.json").write_text(json.dumps(config))
+    line = cli_error(command, run)
+    assert "config.json" in line and "model" in line and "model_type" not in line
+
+
 @pytest.mark.parametrize("args,expected", [
     (["eval", "{tmp}/missing"], "run folder {tmp}/missing does not exist"),
     (["eval", "{tmp}/copy.toml"], "{tmp}/copy.toml is a file, not a run folder"),
@@ -144,12 +155,38 @@ def test_run_folder_stores_the_data_path_resolved(text_run, run_cli, tmp_path, m
 
 
 # -- generate, eval --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("option", [["--top-p", "2"], ["--top-k", "0"], ["--temperature", "-1"],
-                                    ["--max-new-tokens", "-1"]])
+SAMPLING_OPTIONS = [["--top-p", "2"], ["--top-k", "0"], ["--temperature", "-1"], ["--temperature", "nan"],
+                    ["--max-new-tokens", "-1"], ["--seed", "-1"]]
+
+
+@pytest.mark.parametrize("option", SAMPLING_OPTIONS)
 def test_generate_rejects_options_before_printing(text_run, run_cli, option):
     rc, out, err = run_cli("generate", text_run, "--prompt", "First", *option)
-    one_error_line(rc, err, "generate")
+    assert f"error: {option[0]} must be" in one_error_line(rc, err, "generate")     # the flag, by its name
     assert out == ""                                              # not even the prompt
+
+
+@pytest.mark.parametrize("command", ["chat", "explore"])
+@pytest.mark.parametrize("option", SAMPLING_OPTIONS)
+def test_chat_and_explore_name_the_bad_sampling_flag(text_run, run_cli, command, option):
+    rc, out, err = run_cli(command, text_run, *option)
+    assert f"error: {option[0]} must be" in one_error_line(rc, err, command)
+
+
+@pytest.mark.parametrize("args,command,flag,meant", [
+    (["generate", "RUN", "--promt", "x"], "generate", "--promt", "--prompt"),
+    (["explore", "RUN", "--statc", "a.html"], "explore", "--statc", "--static"),
+    (["exercises", "check", "layer_norm", "a.py", "--hint"], "exercises check", "--hint", None),
+    (["generate", "RUN", "--temprature=0.5"], "generate", "--temprature=0.5", "--temperature"),
+])
+def test_an_unknown_flag_is_the_commands_error_with_a_guess(text_run, capsys, args, command, flag, meant):
+    with pytest.raises(SystemExit) as exit:
+        main([str(text_run) if a == "RUN" else a for a in args])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.startswith(f"usage: numformer {command} ")
+    line = err.splitlines()[-1]
+    assert line.startswith(f"numformer {command}: error: unrecognized arguments: {flag}")
+    assert (f"did you mean {meant} for {flag}?" in line) if meant else "did you mean" not in line
 
 
 def test_generate_out_of_memory(text_run, cli_error):

@@ -234,7 +234,7 @@ def test_explore_static_writes_a_page(explorer_run, run_cli, tmp_path, loaded):
     (["--static", "p.html"], "--static writes the page of one prompt; give it with --prompt TEXT"),
     (["--static", "p.html", "--prompt", "a", "--port", "1"], "--port is the server's"),
     (["--static", "p.html", "--prompt", "ROMEO:", "--max-new-tokens", "40"], "at most 26 new tokens fit"),
-    (["--prompt", "a", "--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--prompt", "a", "--temperature", "-1"], "--temperature must be a number >= 0 (0: greedy), got -1.0"),
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--static", "p.txt", "--prompt", "a"], "ending in .html"),
     (["--prompt", "\u00e9"], "not in the vocabulary of 52: '\u00e9'"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import importlib
 import pkgutil
@@ -37,9 +38,31 @@ def build_parser():
     return parser
 
 
+def parse_arguments(parser, argv=None):
+    """The parsed command line; an argument the command does not know is the command's own error (its usage,
+    ``numformer COMMAND: error: ...``, and the flag it was probably meant to be), not the top-level one."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = _innermost_parser(parser, args)
+        flags = [f for action in command._actions for f in action.option_strings if f.startswith("--")]
+        guesses = {u: difflib.get_close_matches(u.split("=", 1)[0], flags, n=1) for u in unknown if u.startswith("-")}
+        hints = "".join(f"; did you mean {g[0]} for {u}?" for u, g in guesses.items() if g)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{hints}")
+    return args
+
+
+def _innermost_parser(parser, args):
+    """The parser of the (sub-)command the arguments chose: ``numformer exercises check`` -> its ``check``."""
+    while True:
+        chooser = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if chooser is None or getattr(args, chooser.dest, None) not in chooser.choices:
+            return parser
+        parser = chooser.choices[getattr(args, chooser.dest)]
+
+
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     if args.command != "bench":  # bench sets up (and compares) the runtime modes itself
         from numformer._runtime import set_fast_runtime
         # Token-by-token generation is matrix-vector work, where the BLAS's own threads measured fastest

@@ -30,9 +30,10 @@ def load_chat_model(source, args=None):
     loading of ``numformer generate``; quantized when ``args`` asks for it with ``--quantize``)."""
     from ..interop.hf import resolve_source
     from ..interop.sources import is_run_folder
-    from .generate import check_quantize_arguments, load_generator, quantize_if_asked
+    from .generate import check_quantize_arguments, check_sampling_arguments, load_generator, quantize_if_asked
 
     if args is not None:
+        check_sampling_arguments(args)
         check_quantize_arguments(args)
     model, tokenizer = load_generator(source, getattr(args, "adapter", None))
     if args is not None:

@@ -14,13 +14,11 @@ STATIC_NEW_TOKENS = 20         # tokens a static page steps through when --max-n
 
 
 def run(args):
-    import numpy as np
-
     from ..explorer import Explorer, make_server, page_data, prompt_ids, write_static_page
     from ..explorer.page import check_static_path
-    from ..sampling import sample_next
-    from .generate import load_generator
+    from .generate import check_sampling_arguments, load_generator
 
+    check_sampling_arguments(args)
     static = args.static is not None
     if static and args.prompt is None:
         raise ValueError("--static writes the page of one prompt; give it with --prompt TEXT")
@@ -29,7 +27,6 @@ def run(args):
     if static:
         check_static_path(args.static)                  # before anything is computed
     sampling = {"temperature": 0.0 if args.greedy else args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-    sample_next(np.zeros(1), 0, **sampling)             # the sampling flags checked before the model is loaded
     model, tokenizer = load_generator(args.run_dir)
     new_tokens = args.max_new_tokens if args.max_new_tokens is not None else STATIC_NEW_TOKENS if static else 0
     ids, n_prompt = None, 0

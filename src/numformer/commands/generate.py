@@ -5,6 +5,7 @@ comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``
 SOURCE: a run folder, or a Hugging Face GPT-2 (a folder, or a hub id written ``hf:gpt2``)."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def load_generator(source, adapter=None):
 def run(args):
     from ..generate import generate
 
+    check_sampling_arguments(args)
     check_quantize_arguments(args)
     model, tokenizer = load_generator(args.run_dir, args.adapter)
     quantize_if_asked(model, args)
@@ -92,6 +94,24 @@ def add_sampling_arguments(p, max_new_tokens=500, temperature=1.0, temperature_d
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable sample")
+
+
+SAMPLING_FLAGS = (        # flag, its attribute, whether a value is valid, what it must be
+    ("--max-new-tokens", "max_new_tokens", lambda v: v >= 0, "an integer >= 0"),
+    ("--temperature", "temperature", lambda v: math.isfinite(v) and v >= 0, "a number >= 0 (0: greedy)"),
+    ("--top-k", "top_k", lambda v: v >= 1, "an integer >= 1"),
+    ("--top-p", "top_p", lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    ("--seed", "seed", lambda v: v >= 0, "an integer >= 0"),
+)
+
+
+def check_sampling_arguments(args):
+    """The one error of the sampling flags (``generate``, ``chat``, ``explore``), in the flags' names and before
+    any model is loaded; a flag left unset (None) is not checked."""
+    for flag, name, valid, wanted in SAMPLING_FLAGS:
+        value = getattr(args, name)
+        if value is not None and not valid(value):
+            raise ValueError(f"{flag} must be {wanted}, got {value}")
 
 
 def add_quantize_arguments(p):

@@ -89,6 +89,10 @@ def read_hf_config(folder):
         raise ValueError(f"{path} is a JSON {type(config).__name__}, not a Hugging Face config (an object with "
                          f"model_type)")
     if not isinstance(config.get("model_type"), str):
+        if {"data", "train"} & set(config):         # a numformer run's config.json that lost its [model] section
+            raise ValueError(f"{path} is a numformer run's config without its [model] section (it has "
+                             f"{sorted({'data', 'train'} & set(config))}); restore the file from a copy, or train "
+                             f"the run again")
         raise ValueError(f"{path} has no model_type; numformer imports {sorted(FAMILIES)}")
     return config
 

@@ -314,6 +314,14 @@ def test_every_figure_is_a_png(tmp_path):
     for f in expected:
         assert f"({f})" in text
     assert "| layer | head | entropy |" in text and "## Head ablation" in text
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(expected)       # nothing else
+
+    # Again into the same folder, without the ablation and the curves: their figures of the first report go,
+    # a file of the user's stays.
+    (out / "mine.png").write_bytes(b"not a report's")
+    A.write_report(out, gpt, text="abcdeabcde", encode=lambda s: [vocab.index(c) for c in s], ablation=False)
+    left = {"head_ablation.png", "loss.png", "lr.png", "eval_metrics.png"}
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(set(expected) - left | {"mine.png"})
 
     # The stand-alone plotting functions, including the sinusoidal table and a long thinned input.
     figs = tmp_path / "figs"

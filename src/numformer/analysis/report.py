@@ -8,6 +8,7 @@ and tokenizer of a run and call::
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +132,23 @@ def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_
     md += _positional_section(out, model, max_positions)
     path = out / "report.md"
     path.write_text("\n".join(md), encoding="utf-8")
+    _remove_stale_figures(out, md)
     return path
+
+
+# The figures a report may draw: those of an earlier report into the same folder that this one did not draw
+# (a section left out, a model without that input) are removed, so that the folder holds this report's alone.
+REPORT_FIGURES = ("model_diagram.png", "attention_*.png", "head_stats_*.png", "head_ablation.png",
+                  "position_importance.png", "loss.png", "lr.png", "eval_metrics.png", "positional_*.png",
+                  "position_similarity_*.png", "wavelengths.png")
+
+
+def _remove_stale_figures(out, md):
+    drawn = set(re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", "\n".join(md)))
+    for pattern in REPORT_FIGURES:
+        for figure in out.glob(pattern):
+            if figure.name not in drawn:
+                figure.unlink()
 
 
 # -- the report's sections: each draws its figures into ``out`` and returns its markdown lines --------------

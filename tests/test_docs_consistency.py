@@ -192,3 +192,21 @@ def test_a_files_line_count_quoted_by_the_docs_is_its_own():
             assert lines == int(n), f"{page.relative_to(ROOT)} says {path} has {n} lines; it has {lines}"
             found += 1
     assert found
+
+
+def test_the_experiments_reference_lists_every_experiment():
+    from numformer.experiments import EXPERIMENTS, load_all
+
+    load_all()
+    table = (ROOT / "docs" / "reference" / "reproduce.md").read_text(encoding="utf-8").split("\n\n", 3)[2]
+    named = set(re.findall(r"`(\w+)`", "\n".join(line.split(" | ")[0] for line in table.splitlines())))
+    assert sorted(set(EXPERIMENTS) - named) == []
+
+
+def test_the_cli_reference_names_every_benchmark_part():
+    from numformer.bench.runner import available_parts
+
+    text = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    listed = text[text.index("`numformer bench PART` takes"):]
+    listed = set(re.findall(r"`([\w-]+)`", listed[:listed.index("([Benchmarks]")]))
+    assert sorted({p.replace("_", "-") for p in available_parts()} - listed) == []

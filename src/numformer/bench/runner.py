@@ -53,7 +53,8 @@ def available_parts():
 def load_part(name):
     """Import ``numformer.bench.<name>`` and check it exposes run() and markdown()."""
     if name not in available_parts():
-        raise ValueError(f"unknown benchmark part {name!r}; choose one of {available_parts() + ['all']}")
+        raise ValueError(f"unknown benchmark part {name.replace('_', '-')!r}; choose one of "
+                         f"{', '.join(p.replace('_', '-') for p in available_parts() + ['all'])}")
     module = importlib.import_module(f"{__package__}.{name}")
     missing = [f for f in ("run", "markdown") if not callable(getattr(module, f, None))]
     if missing:

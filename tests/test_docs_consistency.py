@@ -210,3 +210,12 @@ def test_the_cli_reference_names_every_benchmark_part():
     listed = text[text.index("`numformer bench PART` takes"):]
     listed = set(re.findall(r"`([\w-]+)`", listed[:listed.index("([Benchmarks]")]))
     assert sorted({p.replace("_", "-") for p in available_parts()} - listed) == []
+
+
+def test_a_tutorials_next_link_is_the_next_tutorial_of_the_nav():
+    paths = [path for _, _, path in nav_tutorials()]
+    for here, after in zip(paths, paths[1:]):
+        next_lines = [line for line in (ROOT / "docs" / here).read_text(encoding="utf-8").splitlines()
+                      if line.startswith("Next:")]
+        for line in next_lines:
+            assert re.search(r"\]\(([\w-]+\.md)", line).group(1) == Path(after).name, f"{here}: {line}"

@@ -62,3 +62,19 @@ def test_the_tutorial_shows_the_ladders_parameters():
     shown = re.findall(r"^\| (\d) \| [^|]+ \| [^|]+ \| ([\d,]+) \|", text, re.M)
     assert [(int(n), int(p.replace(",", ""))) for n, p in shown] == \
         [(n, r["parameters"]) for n, r in enumerate(record["rungs"])]
+
+
+def test_the_committed_page_is_the_records_markdown():
+    record = json.loads(RESULT.read_text(encoding="utf-8"))
+    assert RESULT.with_suffix(".md").read_text(encoding="utf-8") == ladder.markdown(record)
+
+
+def test_the_page_gives_the_runs_training_time_when_earlier_calls_trained_them():
+    record = json.loads(RESULT.read_text(encoding="utf-8"))
+    for rung in record["rungs"]:
+        for run in rung["runs"]:
+            run["train_seconds"] = 60.0
+    record["wall_time_s"] = 3600.0                   # trained in this call: its wall time alone
+    assert "in 60.0 minutes. Each rung" in ladder.markdown(record)
+    record["wall_time_s"] = 84.8                     # only scored again: the runs' training time too
+    assert "in 1.4 minutes of this call; the 15 runs' training took 15 minutes in all" in ladder.markdown(record)

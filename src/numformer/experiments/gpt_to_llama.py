@@ -148,12 +148,23 @@ def markdown(record):
         f"# {record['name']}" + (" (quick run)" if "--quick" in record["command"] else ""), "",
         record["description"], "",
         f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
-        f"{record['machine']['cores']} cores) in {record['wall_time_s'] / 60:.1f} minutes. Each rung is the one "
+        f"{record['machine']['cores']} cores) in {_timing(record)}. Each rung is the one "
         f"above with one more change, trained with seeds {seeds}; the loss is that of the saved weights on the "
         f"whole validation text (mean and sd over the seeds); the last column is what the rung's change gained.",
         "", "| # | rung | change | parameters | loss | sd | gain |", "|---|---|---|---|---|---|---|", *rows, "",
         f"From {first:.4f} to {last:.4f}: {first - last:.4f} in all.", "", "Each seed:", "", *per_seed, "",
         f"![The loss of every rung](figures/{record['name']}.png)", ""])
+
+
+def _timing(record):
+    """The call's wall time, and the runs' own training time where earlier calls trained them (the call then
+    resumed them, or only scored a finished run again)."""
+    runs = [x for r in record["rungs"] for x in r["runs"]]
+    wall, trained = record["wall_time_s"] / 60, sum(x["train_seconds"] for x in runs) / 60
+    if trained <= wall:
+        return f"{wall:.1f} minutes"
+    return (f"{wall:.1f} minutes of this call; the {len(runs)} runs' training took {trained:.0f} minutes in all, "
+            f"partly in earlier calls (a run trained before is resumed, or only scored again when it finished)")
 
 
 def _gain(record, n):

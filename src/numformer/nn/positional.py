@@ -16,7 +16,8 @@ from .module import Module, Parameter
 def sinusoidal_table(max_len, d_model, base=10000.0):
     """PE(p, 2i) = sin(p / base^(2i/d)),  PE(p, 2i+1) = cos(p / base^(2i/d));  shape (max_len, d_model).
 
-    Wavelengths grow geometrically from 2π to base·2π along the dimensions.
+    Wavelengths 2π·base^(2i/d) grow geometrically along the dimension pairs i = 0 … d/2 − 1, from 2π to
+    2π·base^((d−2)/d) (just under 2π·base).
     """
     positions = np.arange(max_len, dtype=np.float64)[:, None]
     inv_freq = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)

@@ -203,6 +203,21 @@ def test_sampling_follows_the_flags_then_generation_config(tmp_path):
     assert sampling_settings(_args(), tmp_path)["greedy"]
 
 
+def test_unset_sampling_values_of_generation_config_take_transformers_defaults(tmp_path):
+    GenerationConfig = pytest.importorskip("transformers").GenerationConfig
+    if not hasattr(GenerationConfig, "_get_default_generation_params"):
+        pytest.skip("this transformers fills in generate()'s defaults elsewhere")
+    for written, top_k in (({"do_sample": True}, 50), ({"do_sample": True, "top_k": None, "top_p": None}, 50),
+                           ({"do_sample": True, "top_k": 0, "temperature": 0.7}, None)):
+        (tmp_path / "generation_config.json").write_text(json.dumps(written))
+        settings = sampling_settings(_args(), tmp_path)
+        # what transformers' generate() fills in for the values the file leaves unset
+        filled = GenerationConfig.from_dict(written)
+        filled.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+        assert settings == {"temperature": filled.temperature, "top_k": top_k, "top_p": filled.top_p, "greedy": False}
+        assert (filled.top_k or None) == top_k
+
+
 def test_template_flags(folder, tmp_path, run_cli, monkeypatch, cli_error):
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}{{ suffix }}")

@@ -41,16 +41,25 @@ def load_chat_model(source, args=None):
     return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)
 
 
+# What transformers' generate() uses for a sampling value a generation_config.json leaves unset or null
+# (GenerationConfig._get_default_generation_params).
+TRANSFORMERS_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
 def sampling_settings(args, folder):
     """{temperature, top_k, top_p, greedy}: the flags given (any of them replaces the file), else the
-    folder's generation_config.json read as transformers reads it (no do_sample: greedy), else generate's."""
+    folder's generation_config.json read as transformers reads it (no do_sample: greedy; an unset value takes
+    transformers' default, top_k 50; top_k 0: no top-k filtering), else generate's."""
     from ..data.chat import read_json_object
 
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
     path = Path(folder) / "generation_config.json"
     if path.is_file() and not args.greedy and all(v is None for k, v in settings.items() if k != "greedy"):
         gen = read_json_object(path)
-        settings = {"greedy": gen.get("do_sample") is not True, **{k: gen.get(k) for k in settings if k != "greedy"}}
+        settings = {"greedy": gen.get("do_sample") is not True,
+                    **{k: default if gen.get(k) is None else gen[k]
+                       for k, default in TRANSFORMERS_SAMPLING_DEFAULTS.items()}}
+        settings["top_k"] = settings["top_k"] or None
     if settings["temperature"] is None:
         settings["temperature"] = 1.0
     return settings

@@ -107,7 +107,8 @@ def register(sub):
     p = sub.add_parser("export", help=what, description=what[0].upper() + what[1:] + ".")
     p.add_argument("run_dir", help="a run folder (from `numformer train` or `numformer import-hf`)")
     p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, "
-                   "or LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM for a RoPE model; the default)")
+                   "or for a RoPE model the Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 its options need; "
+                   "the default)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write (new or empty)")
     p.add_argument("--merge", action="store_true",
                    help="a LoRA run: merge the adapters into the weights and write one model (default: the "

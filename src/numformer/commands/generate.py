@@ -2,7 +2,8 @@
 [--greedy] [--seed S] [--quantize int8 [--group-size G]]: continue a prompt with a GPT, printing the text as it
 comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``).
 
-SOURCE: a run folder, or a Hugging Face GPT-2 (a folder, or a hub id written ``hf:gpt2``)."""
+SOURCE: a run folder, or a Hugging Face model of a family numformer loads (GPT-2, Llama, Mistral, Qwen2, Qwen3,
+Gemma 2, Gemma 3): a folder, or a hub id written ``hf:NAME``."""
 from __future__ import annotations
 
 import math
@@ -70,7 +71,8 @@ def run(args):
 def register(sub):
     p = sub.add_parser("generate", help="continue a prompt with a GPT (streams to the terminal)")
     p.add_argument("run_dir", metavar="SOURCE", help="a run folder written by `numformer train` or `import-hf`, or "
-                                                     "a Hugging Face GPT-2 folder or hub id (hf:gpt2)")
+                                                     "a Hugging Face model folder or hub id (hf:gpt2) of a family "
+                                                     "numformer loads")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     add_adapter_argument(p)
     add_sampling_arguments(p)

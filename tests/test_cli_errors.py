@@ -375,6 +375,15 @@ def test_resume_with_a_new_schedule_says_so(tmp_path, cfg, run_cli):
     assert np.isfinite(json.loads((tmp_path / "r" / "summary.json").read_text())["best_val_loss"])
 
 
+def test_resume_to_fewer_steps_than_taken_is_refused_and_leaves_the_run(tmp_path, cfg, run_cli, cli_error):
+    assert run_cli("train", cfg, "--out", tmp_path / "r", "--quiet")[0] == 0          # 4 steps
+    before = {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()}
+    line = cli_error("train", "--out", tmp_path / "r", "--resume", "--set", "train.max_steps=2")
+    assert "is at step 4, past max_steps = 2: resuming would train nothing" in line
+    assert {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()} == before
+    assert run_cli("train", "--out", tmp_path / "r", "--resume", "--quiet")[0] == 0    # a finished run: scored again
+
+
 def test_params_of_a_run_folder(text_run, run_cli, monkeypatch):
     """A run folder's config.json holds the exact sizes: the same count as its config, nothing else read."""
     monkeypatch.chdir(text_run.parent)          # the config's data path is relative to it

@@ -132,6 +132,10 @@ class Trainer:
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
             raise ValueError(f"checkpoint {path} is damaged (its state metadata: {type(e).__name__}: {e}); it "
                              f"cannot be resumed: restore it or train again") from None
+        if self.step > self.train_cfg["max_steps"]:
+            raise ValueError(f"{self.run_dir} is at step {self.step}, past max_steps = "
+                             f"{self.train_cfg['max_steps']}: resuming would train nothing; give --set "
+                             f"train.max_steps=N with N >= {self.step}")
         self.early.load_state_dict(state["early_stopping"])
         self.workers.restore(state)
         d, w = state.get("divergence"), state.get("log_window")

@@ -47,6 +47,21 @@ def test_export_writes_only_files_it_declares(two_runs, tmp_path, run_cli):
     assert {p.name for p in (tmp_path / "bpe").iterdir()} == set(EXPORT_FILES) - set(ADAPTER_FILES)
 
 
+def test_a_refused_export_leaves_no_folder_of_its_own_making(two_runs, tmp_path, run_cli, monkeypatch):
+    import numformer.interop.hf as hf
+
+    def refuse(*args, **kwargs):
+        raise ValueError("this model cannot be written")
+    monkeypatch.setattr(hf, "export_hf", refuse)
+    _, char = two_runs
+    rc, _, err = run_cli("export", char, "--out", tmp_path / "new" / "deeper")
+    assert "cannot be written" in one_error_line(rc, err, "export")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()                         # a folder the user made stays
+    rc, _, err = run_cli("export", char, "--out", tmp_path / "mine")
+    assert rc == 2 and (tmp_path / "mine").is_dir()
+
+
 def test_a_lora_export_is_replaced_whole_and_refused_when_its_base_holds_another_file(two_runs, tmp_path, run_cli):
     """--overwrite over a LoRA export (the adapter in DIR, its base model in DIR/base) removes only its files;
     a file numformer did not write, also inside base/, is refused before anything is removed."""

@@ -41,22 +41,42 @@ def run(args):
     model = load_model(args.run_dir, config)
     state = load_tokenizer_state(args.run_dir)
     tokenizer = tokenizer_from_state(state, args.run_dir) if state else None
+    made = [p for p in (out, *out.parents) if not p.exists()]       # the folders mkdir makes, deepest first
     out.mkdir(parents=True, exist_ok=True)
-    with run_folder.RunLock(out, exclusive=True, what="export into"):   # no training writes it meanwhile
-        if run_folder.holds_run(out):
-            raise ValueError(f"--out {out} holds a numformer run; exporting into it would destroy that run: "
-                             f"choose another --out")
-        clear_export_folder(out, args.overwrite)
-        if getattr(model, "lora_config", None) and not args.merge:
-            save_adapter(model, out, base_model_name_or_path=str((out / BASE_DIR).resolve()))
-            export_hf(unload_lora(model), out / BASE_DIR, tokenizer)
-        else:
-            export_hf(merge_lora(model) if getattr(model, "lora_config", None) else model, out, tokenizer)
+    try:
+        with run_folder.RunLock(out, exclusive=True, what="export into"):   # no training writes it meanwhile
+            if run_folder.holds_run(out):
+                raise ValueError(f"--out {out} holds a numformer run; exporting into it would destroy that run: "
+                                 f"choose another --out")
+            clear_export_folder(out, args.overwrite)
+            if getattr(model, "lora_config", None) and not args.merge:
+                save_adapter(model, out, base_model_name_or_path=str((out / BASE_DIR).resolve()))
+                export_hf(unload_lora(model), out / BASE_DIR, tokenizer)
+            else:
+                export_hf(merge_lora(model) if getattr(model, "lora_config", None) else model, out, tokenizer)
+    except BaseException:
+        _remove_if_empty(made)          # a refused export leaves no folder of its own making behind
+        raise
     files = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES or p.name == BASE_DIR)
     how = (f"peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(out / BASE_DIR)!r}), "
            f"{str(out)!r})" if (out / "adapter_config.json").is_file() else
            f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     print(f"wrote {out}: {', '.join(files)}; load it with {how}")
+
+
+def _remove_if_empty(folders):
+    """Remove each of ``folders`` (deepest first) that holds nothing (but the lock file of platforms that need
+    one); stop at the first that holds something."""
+    from .._platform import LOCK_FILE
+
+    for folder in folders:
+        try:
+            if any(p.name != LOCK_FILE for p in folder.iterdir()):
+                return
+            (folder / LOCK_FILE).unlink(missing_ok=True)
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _written_by_export(name):

@@ -7,6 +7,15 @@ import math
 import time
 
 
+def resumable_step(step, max_steps, run_dir):
+    """``step``, the step a checkpoint of ``run_dir`` reached, when a run resumed there can go on to ``max_steps``
+    (or, at ``max_steps``, is scored again); a ValueError when ``max_steps`` was set below it."""
+    if step > max_steps:
+        raise ValueError(f"{run_dir} is at step {step}, past max_steps = {max_steps}: resuming would train nothing; "
+                         f"give --set train.max_steps=N with N >= {step}")
+    return step
+
+
 def check_state(state):
     """A checkpoint's trainer state has the fields, types and ranges ``Trainer._state`` writes: counts are
     integers >= 0, times and losses finite numbers (TypeError or KeyError naming the first that is not)."""

@@ -44,7 +44,7 @@ from .parallel import usable_processes
 from .progress import progress
 from .run import resumed_config
 from .run_writer import RunWriter
-from .state import DivergenceGuard, LogWindow, TrainingDiverged, check_state
+from .state import DivergenceGuard, LogWindow, TrainingDiverged, check_state, resumable_step
 from .step import dpo_loss_and_backward
 from .workers import Workers
 
@@ -132,16 +132,12 @@ class Trainer:
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
             raise ValueError(f"checkpoint {path} is damaged (its state metadata: {type(e).__name__}: {e}); it "
                              f"cannot be resumed: restore it or train again") from None
-        if self.step > self.train_cfg["max_steps"]:
-            raise ValueError(f"{self.run_dir} is at step {self.step}, past max_steps = "
-                             f"{self.train_cfg['max_steps']}: resuming would train nothing; give --set "
-                             f"train.max_steps=N with N >= {self.step}")
         self.early.load_state_dict(state["early_stopping"])
         self.workers.restore(state)
         d, w = state.get("divergence"), state.get("log_window")
         self.divergence = DivergenceGuard(d["first_loss"], d["steps_above"]) if d else self.divergence
         self._window = LogWindow(w["losses"], w["tokens"]) if w else self._window   # the same steps as unstopped
-        self._checkpoint_step = self.step
+        self._checkpoint_step = resumable_step(self.step, self.train_cfg["max_steps"], self.run_dir)
         if self.budget is not None and state.get("budget"):    # a resumed run goes on spending the same budget
             self.budget.used_before = state["budget"]["used"]
             self.budget.warmup_end = state["budget"]["warmup_end"]

@@ -1,10 +1,11 @@
 """The import graph of numformer's own modules, read from the source with ``ast`` (nothing is imported).
 
-Imports run one way: (ops, run_files) <- kernels <- nn <- models <- (data, optim) <- interop <- config <- train
-<- (analysis, experiments, bench, exercises) <- commands <- cli. Every import statement counts, at module level and inside function
-bodies alike, so a cycle cannot hide in a function. Outside the CLI (``cli.py``, ``commands/``, which import
-lazily to keep ``numformer --help`` fast) a function body imports numformer modules only where
-``FUNCTION_IMPORTS_ALLOWED`` says why.
+Imports run one way, as ``LAYERS`` below lists them: (ops, run_files, ...) <- kernels <- nn <- quantize
+<- (sampling, decoding, generate) <- (models, lora) <- (data, optim) <- interop <- config <- train
+<- (analysis, explorer, experiments, bench, exercises) <- commands <- numformer <- cli. Every import statement
+counts, at module level and inside function bodies alike, so a cycle cannot hide in a function. Outside the
+CLI (``cli.py``, ``commands/``, which import lazily to keep ``numformer --help`` fast) a function body imports
+numformer modules only where ``FUNCTION_IMPORTS_ALLOWED`` says why.
 """
 from __future__ import annotations
 

@@ -205,3 +205,27 @@ def test_a_lora_run_loads_with_its_adapters(tmp_path):
     assert model.lora_config["target_modules"] == ["q_proj", "v_proj", "down_proj"]
     ids = np.array([[1, 2, 3, 4]])
     np.testing.assert_array_equal(model(ids), trainer.model.eval()(ids))
+
+
+def test_a_run_fine_tuning_a_lora_run_starts_from_its_merged_weights(tmp_path):
+    """init_from a LoRA run (its weights hold the adapters): the new run's model is the LoRA model merged, with
+    the same logits, and may carry adapters of its own."""
+    from numformer.lora import merge_lora
+    from numformer.train.run import load_model
+
+    Trainer(lora_config(), tmp_path / "lora", quiet=True).train()
+    merged = merge_lora(load_model(tmp_path / "lora"))
+    for lora in (None, {"r": 2, "alpha": 4, "dropout": 0.0, "target_modules": ["o_proj"]}):
+        c = lora_config()
+        c["model"]["init_from"] = str(tmp_path / "lora")
+        c["train"]["max_steps"] = 1
+        del c["lora"]
+        if lora:
+            c["lora"] = lora
+        trainer = Trainer(c, tmp_path / f"next_{lora is not None}", quiet=True)
+        start = trainer.model.state_dict()
+        for name, value in merged.state_dict().items():
+            np.testing.assert_array_equal(start[name], value, err_msg=name)
+        ids = np.array([[1, 2, 3, 4]])
+        np.testing.assert_allclose(trainer.model.eval()(ids), load_model(tmp_path / "lora")(ids),   # float32: the
+                                   rtol=1e-5, atol=1e-6)                  # merge rounds W + s·BA once

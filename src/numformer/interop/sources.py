@@ -20,7 +20,7 @@ import numpy as np
 from .._limits import bounded_json
 from ..data.tokenizers import tokenizer_from_dict
 from ..keys import Key
-from ..lora import add_lora, check_lora_options
+from ..lora import add_lora, check_lora_options, merge_lora
 from ..models import build_model, check_model_section, model_arguments
 from ..run_files import CHECKPOINT, MODEL, check_run_dir, load_model_weights, load_tokenizer_state, read_json
 from .hf import checkpoints as hf
@@ -83,8 +83,13 @@ def _read_run(folder):
 
 def load_weights(model, source):
     """Copy the weights of ``source`` (run folder, Hugging Face folder or hub id) into ``model``, a model
-    built from its [model] section; returns the model."""
+    built from its [model] section; a LoRA run's adapters merged into its base weights. Returns the model."""
     if is_run_folder(source):
+        src = read_source(source)
+        if src.lora:        # its weights hold the adapters: start from the model they make (PEFT's merge_and_unload)
+            merged = merge_lora(load_run_model(src.folder, src.model, src.dtype, src.lora))
+            model.load_state_dict(merged.state_dict())
+            return model
         for name in (MODEL, CHECKPOINT):
             if (Path(source) / name).is_file():
                 load_model_weights(Path(source) / name, model)

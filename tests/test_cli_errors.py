@@ -89,6 +89,14 @@ def test_damaged_tokenizer_for_generate(text_run, copy_of, cli_error, damage, ex
     assert expected in cli_error("generate", run, "--max-new-tokens", "3")
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "explore"])
+def test_a_missing_source_says_how_a_hub_id_is_written(tmp_path, cli_error, command, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = cli_error(command, "HuggingFaceTB/SmolLM2-135M")
+    assert "run folder HuggingFaceTB/SmolLM2-135M does not exist (a Hugging Face hub id is written " \
+           "hf:HuggingFaceTB/SmolLM2-135M" in line
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "explore", "eval", "analyze"])
 def test_a_run_config_without_its_model_section_is_not_taken_for_hugging_faces(text_run, copy_of, cli_error,
                                                                                command):

@@ -20,6 +20,9 @@ def load_generator(source, adapter=None):
 
     run = not str(source).startswith("hf:") and not (Path(source, "config.json").is_file()
                                                     and not is_run_folder(source))
+    if run and not Path(source).exists():
+        raise ValueError(f"run folder {source} does not exist (a Hugging Face hub id is written hf:{source}, read "
+                         f"from the Hugging Face cache)")
     if run:
         config = load_config_json(source)          # the whole config.json checked, as every command does
         if config["model"]["type"] != "gpt":

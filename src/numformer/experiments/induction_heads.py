@@ -9,7 +9,7 @@ on tiny Shakespeare (byte-level BPE tokens by default, or its characters) with t
   the earlier context helps; the negative of Olsson et al.'s in-context learning score, whose loss at token 50
   is a mean over far more text than these windows), each loss the mean over the windows, with its standard
   error over the windows (a band of early positions, not position 50 alone, keeps that error well below the
-  0.1 nats the criteria ask to see; the researcher tutorial has the figures);
+  0.1 nats the criteria ask to see);
 - every head's scores on repeated random tokens (``analysis.head_scores``): induction (prefix matching),
   previous-token, duplicate-token.
 

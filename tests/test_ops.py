@@ -173,6 +173,13 @@ def test_erf_float32_and_float64_accuracy():
     assert ops.erf(x32).dtype == np.float32
 
 
+def test_erf_of_integers_is_computed_in_float64_as_torch_promotes_them():
+    got = ops.erf(np.array([0, 1, -2]))
+    ref = torch.special.erf(torch.tensor([0, 1, -2])).double().numpy()      # torch: float32 for integers
+    assert got.dtype == np.float64 and np.abs(got - ref).max() < 1e-7 and got[1] > 0.84
+    assert ops.erf(np.array([True]))[0] == ops.erf(1.0)
+
+
 def test_dropout_statistics_and_gradient(rng):
     x = np.ones((200, 500))
     y, mask = ops.dropout_forward(x, 0.3, np.random.default_rng(0))

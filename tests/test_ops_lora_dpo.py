@@ -49,6 +49,20 @@ def test_sequence_logprob(rng):
         torch_parity(fwd, ops.sequence_logprob_backward, tfn, arrays, dtype, tol)
 
 
+def test_sequence_logprob_takes_label_lists_and_refuses_labels_not_one_per_position(rng):
+    logits = rng.standard_normal((1, 3, 4))
+    listed = ops.sequence_logprob_forward(logits, [[0, 1, -100]])[0]
+    assert listed == ops.sequence_logprob_forward(logits, np.array([[0, 1, -100]]))[0]
+    for labels in (np.array([[2]]), np.array([[0, 1, 2, 3]]), np.array([[0.0, 1.0, 2.0]])):
+        with pytest.raises(ValueError, match=r"integer labels of shape \(B, T\) = \(1, 3\)"):
+            ops.sequence_logprob_forward(logits, labels)
+
+
+def test_dpo_loss_takes_lists():
+    loss, cache = ops.dpo_loss_forward([0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], 0.1)
+    assert loss == ops.dpo_loss_forward(np.array([0.0, 1.0]), np.zeros(2), np.zeros(2), np.zeros(2), 0.1)[0]
+
+
 def _dpo_case(rng, n=6):
     return ({"policy_chosen": rng.standard_normal(n) * 3, "policy_rejected": rng.standard_normal(n) * 3},
             rng.standard_normal(n) * 3, rng.standard_normal(n) * 3)

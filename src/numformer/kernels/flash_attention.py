@@ -34,16 +34,16 @@ means the query **may attend** the key; a float mask is added to the scores):
   e.g. cached keys). Key blocks entirely in the future are skipped, so causal
   attention costs about half; no (Tq, Tk) mask is built.
 - ``key_mask``: (B, Tk), per batch element and key (e.g. padding: False at padding
-  keys); applied as (B, 1, …, 1, Tk), sliced per key block.
-- ``attn_mask``: any mask broadcastable to (..., Tq, Tk), sliced per block (a
-  (B, 1, 1, Tk) mask stays that small).
+  keys; (Tk,) for q without leading axes); applied as (B, 1, …, 1, Tk), sliced per key block.
+- ``attn_mask``: any mask broadcastable to the scores (..., Tq, Tk) without adding
+  leading axes to them, sliced per block (a (B, 1, 1, Tk) mask stays that small).
 - ``alibi_slopes``: (H,) slopes of ALiBi (``numformer.ops.alibi``) for q of shape (..., H, Tq, d):
   the bias -m_h · |(i + causal_offset) - j| is computed per block, so it costs no
   (Tq, Tk) array either.
 
 A query row whose keys are all masked gets a zero output and zero gradients,
 never NaN. Attention dropout is not implemented here (``dropout_p > 0`` raises);
-use the plain kernel for it.
+use the reference ``ops.scaled_dot_product_attention_forward`` for it.
 """
 from __future__ import annotations
 
@@ -161,10 +161,12 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, key_mask=N
     """softmax(Q Kᵀ · scale + M) V block by block, batched over all leading axes (batch, heads).
 
     q: (..., Tq, d_k)   k: (..., Tk, d_k)   v: (..., Tk, d_v)
-    attn_mask: broadcastable to (..., Tq, Tk); bool (True = may attend) or float (added).
+    attn_mask: broadcastable to the scores (..., Tq, Tk), adding no leading axes; bool (True = may attend)
+    or float (added).
     is_causal: query i attends keys j <= i + causal_offset (offset 0: top-left aligned, as torch).
-    key_mask: (B, Tk) with B = q.shape[0]; bool (True = may attend) or float (added).
-    scale: defaults to 1/√d_k.  block_q, block_k: rows / columns of a score block.
+    key_mask: (B, Tk) with B = q.shape[0] ((Tk,) for q of shape (Tq, d_k)); bool (True = may attend) or
+    float (added).
+    scale: defaults to 1/√d_k.  block_q, block_k: rows / columns of a score block (default 256 each).
     dropout_p: must be 0 (no attention dropout in this kernel).
     alibi_slopes: (H,) with H = q.shape[-3]: adds the ALiBi bias -m_h |(i + causal_offset) - j| block by block.
 
@@ -216,7 +218,10 @@ def flash_attention_forward(q, k, v, attn_mask=None, is_causal=False, key_mask=N
 
 
 def flash_attention_backward(dout, cache):
-    """Gradients (dq, dk, dv) of flash_attention_forward, recomputing the probabilities block by block."""
+    """Gradients (dq, dk, dv) of flash_attention_forward, recomputing the probabilities block by block.
+
+    dout: (..., Tq, d_v)   ->   dq, dk, dv with the shapes of q, k, v (the equations of the module docstring).
+    """
     qs, k, v, out, lse, attn_mask, key_mask, is_causal, offset, slopes, scale, block_q, block_k = cache
     t_q, t_k = qs.shape[-2], k.shape[-2]
     dtype = out.dtype

@@ -2,8 +2,9 @@
 heads shared by groups of query heads as ``ops.grouped_query`` (``repeat_kv_forward/backward``) shares them.
 
 The fast version of that reference (without dropout): the same softmax(Q Kᵀ · scale + M) V and the same
-gradients, computed for speed on a CPU. This is the kernel ``nn.MultiHeadAttention`` runs whenever attention
-dropout is off (and the reference ops are not switched on); tests/test_kernels.py
+gradients, computed for speed on a CPU. This is the kernel ``nn.MultiHeadAttention`` runs when attention
+dropout is off, the scores are not soft-capped and the module does not ask for ``attention="flash"``
+(outside ``reference_mode()``: ``nn.dispatch.attention_kernel``); tests/test_kernels.py
 checks it against the reference (values, gradients by finite differences, any thread split).
 
 What it does differently from the reference, and why (at the sizes a CPU trains, a pass over the scores
@@ -20,7 +21,7 @@ more than one along contiguous memory, so the kernel makes few passes, along mem
   overflows or underflows a query away, which the kernel checks on z; a block where z is out of the safe
   range (scores beyond about ±55 in float32) is computed again with each query's largest score subtracted
   first, as the reference does.
-* Causal attention over more than ``CAUSAL_BLOCK`` queries is computed block by block: the block of
+* Causal attention over more than ``CAUSAL_BLOCK / rep`` queries is computed block by block: the block of
   queries [q0, q1) only computes its scores against the keys [0, q1), skipping the blocks above the
   diagonal; the mask is added only where a block meets the diagonal, along contiguous memory.
 * The backward pass takes r_i = dO_i · O_i from the outputs (as FlashAttention-2), and its subtraction rides
@@ -246,6 +247,7 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     ``ops.attention.scaled_dot_product_attention_forward``; same conventions (bool mask True = may attend).
 
     q: (..., Tq, d_k)   k: (..., Tk, d_k)   v: (..., Tk, d_v)   attn_mask: broadcastable to (..., Tq, Tk).
+    is_causal: query i attends keys j <= i (top-left aligned, as torch).   scale: defaults to 1/√d_k.
     Grouped-query attention: k and v may have H_kv heads (..., H_kv, Tk, d) where q has H = rep · H_kv; key/value
     head g serves query heads g·rep … g·rep + rep - 1 (``ops.repeat_kv_forward`` then the reference).
     ``out`` (optional, shape (..., Tq, d_v), any strides with a unit last stride)
@@ -394,7 +396,8 @@ def fused_attention_backward(dout, cache, dq=None, dk=None, dv=None):
     """Gradients for ``fused_attention_forward`` (the fast version of
     ``ops.attention.scaled_dot_product_attention_backward``, summed over each group of query heads for the
     shared keys and values as ``ops.repeat_kv_backward``). dq, dk, dv may be given as output arrays (any
-    unit-last-stride views, e.g. into a fused (B, T, 3, H, d_head) gradient). Returns (dq, dk, dv).
+    unit-last-stride views, e.g. into a fused (B, T, 3, H, d_head) gradient). dout: (..., Tq, d_v). Returns
+    (dq, dk, dv) with the shapes of q, k, v.
 
     dV = Pᵀ dO     dP = dO Vᵀ     dS = P ⊙ (dP - r),  r_i = Σ_j P_ij dP_ij = dO_i · O_i
     dQ = dS K · scale      dK = dSᵀ Q · scale

@@ -2,7 +2,8 @@
 
 The speed path: the products are split by rows across numformer's threads when numformer owns the BLAS
 threads (``_runtime.matmul``), dx and dW are computed concurrently (``_runtime.matmul_pair``), and the bias
-gradient is a BLAS vector-matrix product instead of a reduction over rows. Same cache as the reference.
+gradient is a BLAS vector-matrix product instead of a reduction over rows. The cache is its own, (x as
+(N, d_in), W, has_bias, x's shape): pass it to this module's ``linear_backward``, not the reference's.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def linear_backward(dy, cache, weight_grad=True):
     """Gradients of y = x Wᵀ + b, as ``ops.linear_backward``.
 
     dx = dy W      dW = dyᵀ x (summed over all leading axes)      db = Σ dy
+
+    dy: (..., d_out)   ->   dx: (..., d_in)   dW: (d_out, d_in)   db: (d_out,)
 
     Returns (dx, dW, db); db is None when the forward had no bias, dW None with ``weight_grad=False``.
     """

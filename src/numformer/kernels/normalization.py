@@ -37,7 +37,7 @@ def _row_grain(d):
 def layer_norm_forward(x, gamma, beta, eps=1e-5):
     """LayerNorm(x) = (x - μ) / √(σ² + ε) ⊙ γ + β, statistics over the last axis (``ops.layer_norm_forward``).
 
-    x: (..., d)   gamma, beta: (d,)   ->   y: (..., d)
+    x: (..., d)   gamma, beta: (d,) (beta may be None)   ->   y: (..., d)
     μ and σ² (biased) are computed per position, as in the paper and torch.
     Rows are split across threads (``numformer.set_num_threads``).
     """
@@ -97,6 +97,7 @@ def _backward_start(dy, xhat, r, gamma):
 def layer_norm_backward(dy, cache):
     """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ (``ops.layer_norm_backward``).
 
+    dy: (..., d)   ->   dx: (..., d)   dgamma, dbeta: (d,)
     Returns (dx, dgamma, dbeta), the parameter gradients summed over all
     leading axes. The row means of g and g ⊙ x̂ are matrix-vector products
     (dy γ and (dy ⊙ x̂) γ), so only dy ⊙ x̂ and dx are full passes.
@@ -154,6 +155,7 @@ def rms_norm_forward(x, gamma, eps=1e-6):
 def rms_norm_backward(dy, cache):
     """dx = r (g - x̂ · mean(g ⊙ x̂)), r = 1/rms, g = dy ⊙ γ (``ops.rms_norm_backward``).
 
+    dy: (..., d)   ->   dx: (..., d)   dgamma: (d,)
     Returns (dx, dgamma). With p = dy ⊙ x̂ (the one product both need), dgamma = Σ_rows p and
     mean(g ⊙ x̂) = (p γ) / d are BLAS matrix-vector products; dx is built in place in its own buffer.
     """

@@ -1,7 +1,7 @@
 """Reference: ``numformer.ops.rotary`` (``rope_forward/backward``, rotary position embeddings, half-split layout).
 
-The speed path: cos(p θ_i) and sin(p θ_i) are computed once per (head size, base, dtype) for positions
-0 … L-1 (the reference's ``rope_angles``, so the same values; the table grows when a longer sequence or a
+The speed path: cos(p θ_i) and sin(p θ_i) are computed once per (head size, base, dtype, scaling) for
+positions 0 … L-1 (the reference's ``rope_angles``, so the same values; the table grows when a longer sequence or a
 larger offset comes) and each call slices its rows, a view. The sign of rotate_half is folded into the sine
 tables, and the halves are swapped as two blocks of bytes rather than element by element:
 
@@ -108,8 +108,9 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
     """Rotate queries or keys x: (..., T, d) by their positions (``ops.rope_forward``); returns (y, cache).
 
     Positions offset … offset+T-1, or ``positions`` (T,) or (B, T) for x of shape (B, H, T, d);
-    ``scaling``: a ``RopeScaling`` or None. The cache is (cos, backward sine, heads) of the rows used, views of
-    the cached tables (repeated for ``heads`` heads side by side, or None).
+    ``theta``: the base (``rope_theta``); ``scaling``: a ``RopeScaling`` or None. y is shaped as x.
+    The cache is (cos, backward sine, heads) of the rows used, views of the cached tables (repeated for
+    ``heads`` heads side by side, or None).
     """
     x = np.asarray(x)
     if x.ndim < 2:
@@ -137,7 +138,8 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
 
 
 def rope_backward(dy, cache):
-    """dx = the inverse rotation of dy (``ops.rope_backward``): dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin]."""
+    """dx = the inverse rotation of dy (``ops.rope_backward``): dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin];
+    dx shaped as dy."""
     cos, sin_back, heads = cache
     dy = np.asarray(dy)
     if heads and _heads_side_by_side(dy) == heads and dy.dtype == cos.dtype:

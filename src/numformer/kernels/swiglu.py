@@ -94,8 +94,8 @@ def silu_gate_forward(a, b):
 
 
 def silu_gate_backward(dh, cache):
-    """da = dh ⊙ b ⊙ SiLU'(a), db = dh ⊙ SiLU(a) (``ops.silu_gate_backward``), in place.
-    Returns (da, db)."""
+    """da = dh ⊙ b ⊙ SiLU'(a), db = dh ⊙ SiLU(a) (``ops.silu_gate_backward``), written straight into two new
+    arrays, the elements split across threads. Returns (da, db), each shaped as a."""
     g, d, b = cache
     dh = np.asarray(dh)
     if not _plain(dh, g, d, b):

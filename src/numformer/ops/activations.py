@@ -1,7 +1,8 @@
 """Softmax, log-softmax, ReLU and GELU (exact and tanh): the references.
 
-The speed path (threaded ReLU and GELU backward, the chunked float32 GELU, in-place softmax) is
-``numformer.kernels.activations``.
+The speed path (threaded ReLU and GELU backward, the chunked float32 GELU) is
+``numformer.kernels.activations``; softmax has no kernel of its own (``kernels.fused_attention`` runs it in
+place on the attention scores).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from .special import erf
 
 
 def softmax_forward(x, axis=-1):
-    """softmax(x)_i = exp(x_i - max x) / Σ_j exp(x_j - max x).
+    """softmax(x)_i = exp(x_i - max x) / Σ_j exp(x_j - max x), over ``axis`` (default the last).
 
+    x: any shape   ->   y: shaped as x; returns (y, cache), the cache (y, axis).
     A row that is entirely -inf (every key masked) gives zeros, never NaN.
     """
     x = np.asarray(x)
@@ -27,14 +29,15 @@ def softmax_forward(x, axis=-1):
 
 
 def softmax_backward(dy, cache):
-    """dx = y ⊙ (dy - Σ_j dy_j y_j)."""
+    """dx = y ⊙ (dy - Σ_j dy_j y_j), the sum over the forward's axis; dx shaped as dy."""
     y, axis = cache
     return y * (dy - np.sum(dy * y, axis=axis, keepdims=True))
 
 
 def log_softmax_forward(x, axis=-1):
-    """log softmax(x)_i = x_i - max x - log Σ_j exp(x_j - max x) (log-sum-exp, stable).
+    """log softmax(x)_i = x_i - max x - log Σ_j exp(x_j - max x) (log-sum-exp, stable), over ``axis``.
 
+    x: any shape   ->   y: shaped as x; returns (y, cache), the cache (y, axis).
     A row that is entirely -inf gives -inf (the log of softmax's zeros), never NaN.
     """
     x = np.asarray(x)
@@ -47,13 +50,13 @@ def log_softmax_forward(x, axis=-1):
 
 
 def log_softmax_backward(dy, cache):
-    """dx = dy - softmax(x) Σ_j dy_j."""
+    """dx = dy - softmax(x) Σ_j dy_j (softmax(x) = exp(y), the sum over the forward's axis); dx shaped as dy."""
     y, axis = cache
     return dy - np.exp(y) * np.sum(dy, axis=axis, keepdims=True)
 
 
 def relu_forward(x):
-    """ReLU(x) = max(0, x); the cache is y."""
+    """ReLU(x) = max(0, x), elementwise: x any shape, y shaped as x; returns (y, cache), the cache is y."""
     y = np.maximum(x, 0)
     return y, y
 
@@ -93,8 +96,8 @@ def gelu_forward(x, approximate="none"):
     approximate="none":  Φ(x) = ½ (1 + erf(x / √2))         (torch.nn.GELU())
     approximate="tanh":  Φ(x) ≈ ½ (1 + tanh(√(2/π)(x + 0.044715 x³)))
 
-    The cache holds the derivative dGELU/dx, computed here from the same
-    intermediate values (so backward is a single multiply).
+    x: any shape   ->   y: shaped as x; returns (y, cache). The cache holds the derivative dGELU/dx
+    (and ``approximate``), computed here from the same intermediate values (so backward is a single multiply).
     """
     if approximate == "none":
         y, grad = gelu_erf(x)

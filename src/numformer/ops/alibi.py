@@ -28,7 +28,11 @@ from ._checks import with_features
 
 
 def alibi_slopes(n_heads):
-    """The n_heads slopes m_h (float64, shape (n_heads,)), largest first; any positive head count."""
+    """The n_heads slopes m_h (float64, shape (n_heads,)); any positive head count.
+
+    Largest first for a power of 2; otherwise the p slopes of the lower power of 2 come first, largest first,
+    then the extra slopes taken from 2p (6 heads: 1/4, 1/16, 1/64, 1/256, 1/2, 1/8).
+    """
     if int(n_heads) != n_heads or n_heads < 1:
         raise ValueError(f"ALiBi needs a positive number of heads, got {n_heads!r}")
     n_heads = int(n_heads)
@@ -61,7 +65,10 @@ def alibi_bias(slopes, t_q, t_k, offset=0, dtype=np.float64):
 
 
 def alibi_forward(scores, slopes, offset=0):
-    """scores: (..., H, Tq, Tk), slopes: (H,) -> (scores + bias, cache); masks are applied afterwards."""
+    """scores: (..., H, Tq, Tk), slopes: (H,) -> (scores + bias, cache); masks are applied afterwards.
+
+    offset: the number of cached positions before the queries (query i sits at position i + offset).
+    """
     scores = np.asarray(scores)
     if scores.ndim < 3 or scores.shape[-3] != np.shape(slopes)[0]:
         raise ValueError(f"ALiBi scores must have shape (..., heads={np.shape(slopes)[0]}, Tq, Tk), "
@@ -72,7 +79,7 @@ def alibi_forward(scores, slopes, offset=0):
 
 
 def alibi_backward(dy, cache):
-    """(dscores, dslopes): dscores = dy, dslopes_h = -Σ dy_…hij · |(i + offset) - j|."""
+    """(dscores, dslopes): dscores = dy (..., H, Tq, Tk), dslopes_h = -Σ dy_…hij · |(i + offset) - j| (H,)."""
     t_q, t_k, offset, shape = cache
     dist = alibi_distance(t_q, t_k, offset, dy.dtype)
     per_head = dy.reshape(-1, shape[-3], t_q, t_k).sum(axis=0)

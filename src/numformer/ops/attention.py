@@ -39,7 +39,7 @@ class AttentionCache(NamedTuple):
     weights: np.ndarray        # softmax probabilities, before dropout: (..., Tq, Tk)
     dropout_mask: np.ndarray | None
     scale: float
-    softcap: np.ndarray | None = None    # the soft-cap's cache (tanh of the capped scores), None without a cap
+    softcap: np.ndarray | None = None    # the soft-cap's cache t = tanh(S / c), S the scaled scores; None: no cap
 
 
 def causal_mask(t_q, t_k=None):
@@ -134,9 +134,10 @@ def scaled_dot_product_attention_backward(dout, cache):
 
     dV = Pᵀ dout      dP = dout Vᵀ      dS = P ⊙ (dP - rowsum(dP ⊙ P))
     dQ = dS K · scale      dK = dSᵀ Q · scale
-    (with a soft-cap, dS is first multiplied by the cap's derivative 1 - tanh²: ``ops.softcap_backward``)
+    (with dropout, P is P ⊙ D in dV and dP is multiplied by D, D the kept mask / (1 - dropout_p);
+    with a soft-cap, dS is multiplied by the cap's derivative 1 - tanh² before the scale: ``ops.softcap_backward``)
 
-    Returns (dq, dk, dv) with the shapes of q, k, v.
+    dout: (..., Tq, d_v). Returns (dq, dk, dv) with the shapes of q, k, v.
     """
     q, k, v, p, drop, scale, capped = cache
     used = p if drop is None else p * drop

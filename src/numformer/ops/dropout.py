@@ -5,9 +5,10 @@ import numpy as np
 
 
 def dropout_forward(x, p, rng, training=True):
-    """y = x ⊙ m / (1 - p), m_i ~ Bernoulli(1 - p) drawn from ``rng``.
+    """y = x ⊙ m / (1 - p), m_i ~ Bernoulli(1 - p) drawn from ``rng`` (a ``np.random.Generator``), 0 <= p < 1.
 
-    In evaluation (training=False) or with p == 0 this is the identity.
+    x: any shape   ->   y: shaped as x; returns (y, cache), the cache m / (1 - p) in x's dtype.
+    In evaluation (training=False) or with p == 0 this is the identity: (x itself, None).
     """
     x = np.asarray(x)
     if not training or p == 0.0:
@@ -21,5 +22,5 @@ def dropout_forward(x, p, rng, training=True):
 
 
 def dropout_backward(dy, cache):
-    """dx = dy ⊙ m / (1 - p)."""
+    """dx = dy ⊙ m / (1 - p) (dy itself when the cache is None); dx shaped as dy."""
     return dy if cache is None else dy * cache

@@ -6,7 +6,11 @@ import numpy as np
 
 
 def embedding_forward(ids, E):
-    """ids: integer array (...), E: (V, d)   ->   y: (..., d) with y[...] = E[ids[...]]."""
+    """ids: integer array (...), E: (V, d)   ->   y: (..., d) with y[...] = E[ids[...]]; returns (y, cache).
+
+    The ids are not checked: one >= V is NumPy's IndexError, a negative one counts from the end of E
+    (``nn.Embedding`` refuses both with a ValueError).
+    """
     ids = np.asarray(ids)
     return E[ids], (ids, E.shape)
 

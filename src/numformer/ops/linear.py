@@ -27,6 +27,7 @@ def linear_backward(dy, cache, weight_grad=True):
 
     dx = dy W      dW = dyᵀ x (summed over all leading axes)      db = Σ dy
 
+    dy: (..., d_out)   ->   dx: (..., d_in)   dW: (d_out, d_in)   db: (d_out,)
     Returns (dx, dW, db); db is None when the forward had no bias, dW None with ``weight_grad=False``
     (a frozen W: the product is skipped).
     """

@@ -32,6 +32,8 @@ def lora_backward(dy, cache):
     """Gradients of Δh = s · (x Aᵀ) Bᵀ: returns (dx, dA, dB).
 
     du = s · dΔh B      dB = s · dΔhᵀ u      dA = duᵀ x      dx = du A    (dB, dA summed over leading axes)
+
+    dy: (..., d_out)   ->   dx: (..., d_in)   dA: (r, d_in)   dB: (d_out, r)
     """
     x, u, A, B, s = cache
     dy2 = dy.reshape(-1, B.shape[0])                   # (N, d_out), N = all leading positions

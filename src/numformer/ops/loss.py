@@ -9,7 +9,7 @@ from ._checks import with_features
 def cross_entropy_forward(logits, targets, ignore_index=-100, label_smoothing=0.0):
     """Mean cross-entropy of ``logits`` against integer ``targets``, with torch's semantics.
 
-    logits: (..., C)   targets: (...) integers in [0, C) or ``ignore_index``   ->   scalar
+    logits: (..., C)   targets: (...) integers in [0, C) or ``ignore_index``   ->   (loss, cache), loss a float
 
     loss_n = (1 - ε) · (-log p_n[y_n]) + ε · mean_c(-log p_n[c])     (ε = label_smoothing)
     loss   = Σ_n loss_n / N_valid, over the positions whose target is not ignore_index.
@@ -52,7 +52,10 @@ def _checked_targets(logits, targets, ignore_index, label_smoothing):
 
 
 def cross_entropy_backward(cache, dloss=1.0):
-    """dlogits = (softmax(z) - q) / N_valid, with q = (1-ε) onehot(y) + ε / C; zero on ignored rows."""
+    """dlogits = dloss · (softmax(z) - q) / N_valid, with q = (1-ε) onehot(y) + ε / C; zero on ignored rows.
+
+    cache first, then dloss (the gradient of the scalar loss, default 1)   ->   dlogits: (..., C), as the logits
+    """
     probs, t, valid, n_valid, eps, shape = cache
     C = probs.shape[1]
     g = probs.copy()                                            # (N, C)

@@ -1,7 +1,7 @@
 """Normalizations: layer norm, RMS norm, and a batch-statistics norm.
 
-All three share the form  y = x̂ ⊙ γ + β  with a different x̂. These are the
-references; the speed path of layer norm is ``numformer.kernels.normalization``.
+All three share the form  y = x̂ ⊙ γ + β  with a different x̂ (RMS norm has no β). These are the
+references; the speed path of layer norm and RMS norm is ``numformer.kernels.normalization``.
 """
 from __future__ import annotations
 
@@ -27,9 +27,12 @@ def layer_norm_forward(x, gamma, beta, eps=1e-5):
 
 
 def layer_norm_backward(dy, cache):
-    """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ.
+    """dx = (1/σ) (g - mean(g) - x̂ · mean(g ⊙ x̂)), with g = dy ⊙ γ, 1/σ = 1/√(σ² + ε) (the forward's
+    ``rstd``) and the means over the last axis.
 
-    Returns (dx, dgamma, dbeta), the parameter gradients summed over all leading axes.
+    dy: (..., d)   ->   dx: (..., d)   dgamma, dbeta: (d,)
+    Returns (dx, dgamma, dbeta), the parameter gradients summed over all leading axes (dbeta = Σ dy even
+    when the forward had no beta).
     """
     xhat, rstd, gamma = cache
     d = xhat.shape[-1]
@@ -52,7 +55,10 @@ def rms_norm_forward(x, gamma, eps=1e-6):
 
 
 def rms_norm_backward(dy, cache):
-    """dx = r (g - x̂ · mean(g ⊙ x̂)), with r = 1/rms and g = dy ⊙ γ. Returns (dx, dgamma)."""
+    """dx = r (g - x̂ · mean(g ⊙ x̂)), with r = 1/√(mean(x²) + ε) and g = dy ⊙ γ. Returns (dx, dgamma).
+
+    dy: (..., d)   ->   dx: (..., d)   dgamma: (d,), summed over all leading axes
+    """
     xhat, rrms, gamma = cache
     d = xhat.shape[-1]
     dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)            # (d,)
@@ -62,7 +68,7 @@ def rms_norm_backward(dy, cache):
 
 
 def batch_norm_forward(x, gamma, beta, eps=1e-5):
-    """Layer normalization simplified to batch statistics: one mean and variance per feature.
+    """Batch normalization in training mode: layer norm's form with one mean and variance per feature.
 
     Each feature is normalized with the mean and (biased) variance over all
     leading axes (batch and sequence), as ``torch.nn.functional.batch_norm``
@@ -84,7 +90,10 @@ def batch_norm_forward(x, gamma, beta, eps=1e-5):
 
 
 def batch_norm_backward(dy, cache):
-    """As layer_norm_backward, with the means taken over the rows. Returns (dx, dgamma, dbeta)."""
+    """As layer_norm_backward, with the means taken over the rows (all leading positions) instead of the
+    features: dx = (1/σ) (g - mean_rows(g) - x̂ · mean_rows(g ⊙ x̂)).
+    Returns (dx, dgamma, dbeta): (..., d), (d,), (d,).
+    """
     xhat, rstd, gamma, shape = cache
     dy2 = dy.reshape(-1, shape[-1])
     dgamma = (dy2 * xhat).sum(axis=0)

@@ -9,8 +9,8 @@ r(x, y) = β (log π(y|x) - log π_ref(y|x)), and the loss is the logistic loss 
 
 With dL/dz = -σ(-z) / N the gradients reach the policy's log-probabilities only (the reference is a
 constant): dL/d log π(y_w|x) = -β σ(-z) / N and dL/d log π(y_l|x) = +β σ(-z) / N. A sequence's
-log-probability is a sum over its response tokens, log π(y|x) = Σ_t log softmax(z_t)[y_t], whose gradient
-with respect to the logits is onehot(y_t) - softmax(z_t) on the counted positions.
+log-probability is a sum over its response tokens, log π(y|x) = Σ_t log softmax(ℓ_t)[y_t] (ℓ_t the logits at
+t), whose gradient with respect to the logits is onehot(y_t) - softmax(ℓ_t) on the counted positions.
 """
 from __future__ import annotations
 
@@ -23,11 +23,15 @@ def sequence_logprob_forward(logits, labels, ignore_index=-100):
     """Σ_t log softmax(logits[b, t])[labels[b, t]] over the positions whose label is not ``ignore_index``.
 
     logits: (B, T, V)   labels: (B, T) integers, already aligned with the logits (labels[b, t] is the token
-    that logits[b, t] predicts)   ->   (B,) one log-probability per sequence
+    that logits[b, t] predicts)   ->   (logp, cache), logp (B,) one log-probability per sequence
     """
     logits = with_features(logits, "sequence_logprob", "(B, T, V)")
     if logits.ndim != 3:
         raise ValueError(f"sequence_logprob expects logits of shape (B, T, V), got shape {logits.shape}")
+    labels = np.asarray(labels)
+    if labels.shape != logits.shape[:2] or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"sequence_logprob expects integer labels of shape (B, T) = {logits.shape[:2]}, one per "
+                         f"position of the logits, got {labels.dtype} labels of shape {labels.shape}")
     valid = labels != ignore_index                                      # (B, T)
     safe = np.where(valid, labels, 0)
     m = logits.max(axis=-1, keepdims=True)
@@ -56,7 +60,9 @@ def dpo_loss_forward(policy_chosen, policy_rejected, reference_chosen, reference
 
     z = β [(π_w - ref_w) - (π_l - ref_l)]      L = mean(-log σ(z)) = mean(log(1 + e^{-z})), stably
     """
-    shapes = [np.shape(a) for a in (policy_chosen, policy_rejected, reference_chosen, reference_rejected)]
+    policy_chosen, policy_rejected, reference_chosen, reference_rejected = (
+        np.asarray(a) for a in (policy_chosen, policy_rejected, reference_chosen, reference_rejected))
+    shapes = [a.shape for a in (policy_chosen, policy_rejected, reference_chosen, reference_rejected)]
     if any(len(shape) != 1 for shape in shapes) or len(set(shapes)) != 1:
         raise ValueError(f"dpo_loss expects four (N,) arrays of sequence log-probabilities, one per pair, got "
                          f"shapes {', '.join(map(str, shapes))}")
@@ -66,7 +72,10 @@ def dpo_loss_forward(policy_chosen, policy_rejected, reference_chosen, reference
 
 
 def dpo_loss_backward(cache, dloss=1.0):
-    """(d policy_chosen, d policy_rejected) = (-β σ(-z), +β σ(-z)) · dloss / N; the reference gets none."""
+    """(d policy_chosen, d policy_rejected) = (-β σ(-z), +β σ(-z)) · dloss / N, each (N,); the reference gets none.
+
+    cache first, then dloss (the gradient of the scalar loss, default 1).
+    """
     z, beta, n = cache
     dz = -dloss * _sigmoid(-z) / n
     return beta * dz, -beta * dz

@@ -76,6 +76,7 @@ class RopeScaling:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RopeScaling":
+        """The RopeScaling of a dict of its fields (``to_dict``'s form); an unknown field: ValueError."""
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"RoPE scaling has unknown fields {unknown}; known: {[f.name for f in fields(cls)]}")

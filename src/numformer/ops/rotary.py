@@ -31,6 +31,7 @@ def rope_angles(positions, head_dim, theta=10000.0, dtype=np.float64, scaling=No
     """cos and sin of p·θ_i for each position, repeated over both halves: each (*positions.shape, head_dim).
 
     positions: integer array (T,) or (B, T) (or any shape); computed in float64, then cast to ``dtype``.
+    head_dim: d, even.  theta: the base (``rope_theta``).
     scaling: a ``RopeScaling`` (θ → θ', cos and sin times the attention factor), or None for plain RoPE.
     """
     positions = np.asarray(positions)
@@ -65,7 +66,7 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
     positions), or ``positions`` given explicitly: (T,) or (B, T) for x of shape
     (B, H, T, d) (e.g. per-sequence positions of left-padded prompts).
     y = x ⊙ cos(pθ) + rotate_half(x) ⊙ sin(pθ); the cache is (cos, sin).
-    scaling: a ``RopeScaling`` (scaled RoPE, see the module docstring), or None.
+    theta: the base (``rope_theta``).  scaling: a ``RopeScaling`` (scaled RoPE, see the module docstring), or None.
     """
     x = np.asarray(x)
     if x.ndim < 2:

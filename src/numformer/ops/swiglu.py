@@ -34,7 +34,8 @@ def _sigmoid(a):
 
 
 def silu_forward(x):
-    """SiLU(x) = x σ(x); the cache holds the derivative σ(x) (1 + x (1 - σ(x)))."""
+    """SiLU(x) = x σ(x), elementwise: x any shape, y shaped as x; returns (y, cache), the cache the derivative
+    σ(x) (1 + x (1 - σ(x)))."""
     x = np.asarray(x)
     s = _sigmoid(x)
     y = x * s
@@ -80,6 +81,7 @@ def gelu_gate_backward(dh, cache):
 def swiglu_forward(x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None):
     """x: (..., d_model) -> (..., d_model) through the gated hidden layer of size d_ff; returns (y, cache).
 
+    w_gate, w_up: (d_ff, d_model)   w_down: (d_model, d_ff)   (torch.nn.Linear layout)
     Optional biases b_gate, b_up: (d_ff,), b_down: (d_model,) (Llama has none).
     """
     x = with_features(x, "swiglu_forward", "(..., d_model)")
@@ -91,7 +93,8 @@ def swiglu_forward(x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None)
 
 
 def swiglu_backward(dy, cache):
-    """Returns (dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down); the bias gradients are None without biases."""
+    """Returns (dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down), shaped as x and the weights and biases
+    (the equations of the module docstring); the bias gradients are None without biases."""
     c_gate, c_up, c_down, c_h = cache
     dh, dw_down, db_down = linear_backward(dy, c_down)
     da, dbv = silu_gate_backward(dh, c_h)

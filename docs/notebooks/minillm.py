@@ -44,9 +44,10 @@ print(repr("".join(tok.chars)))
 # %% [markdown]
 # ## Build the model
 #
-# The configuration of `configs/shakespeare_char_full.toml`: pre-LN blocks (a LayerNorm before
-# attention and before the feed-forward layer, and a final one), GELU, learned positions, and an
-# output layer that shares the token embedding's weights.
+# The configuration of `configs/shakespeare_char_full.toml`, but with biases (the config has
+# `bias = false`): pre-LN blocks (a LayerNorm before attention and before the feed-forward layer,
+# and a final one), GELU, learned positions, and an output layer that shares the token
+# embedding's weights.
 
 # %%
 config = dict(vocab_size=tok.vocab_size, block_size=256, n_layers=6, n_heads=6,

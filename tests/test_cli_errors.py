@@ -313,6 +313,24 @@ def test_ctrl_c_during_generate_for_real(text_run):
     assert rc == 130 and "Traceback" not in err
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(text_run):
+    """`numformer generate ... | head -c 20`: the closed pipe stops the command with SIGPIPE's exit code 141 and
+    nothing on stderr, as other command-line tools."""
+    proc = subprocess.Popen([sys.executable, "-m", "numformer.cli", "generate", str(text_run), "--max-new-tokens",
+                             "100000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=src_env())
+    try:
+        proc.stdout.read(20)                                   # it is generating
+        proc.stdout.close()                                    # the reader goes away
+        err = proc.stderr.read().decode()
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert rc == 141 and err == ""
+
+
 @pytest.mark.parametrize("error", [OSError(30, "Read-only file system", "/runs/x/metrics.jsonl"),
                                    OSError(13, "Permission denied", "/runs/x"),
                                    MemoryError("Unable to allocate 7.28 TiB")])

@@ -225,9 +225,9 @@ def test_explore_static_writes_a_page(explorer_run, run_cli, tmp_path, loaded):
     ids, n_prompt = prompt_ids(model, tokenizer, "ROMEO:", 20, seed=1, top_p=0.9)
     assert data == json.loads(json.dumps(page_data(model, tokenizer, ids, n_prompt, str(explorer_run), "static",
                                                    {"top_p": 0.9}, inline_logits=True)))
-    rc, out, _ = run_cli("explore", explorer_run, "--static", tmp_path / "g.html", "--prompt", "ROMEO:", "--greedy",
-                         "--max-new-tokens", 3)
-    assert rc == 0 and read_page_data(tmp_path / "g.html")["sampling"]["temperature"] == 0
+    rc, out, _ = run_cli("explore", explorer_run, "--static", tmp_path / "new" / "g.html", "--prompt", "ROMEO:",
+                         "--greedy", "--max-new-tokens", 3)        # into a folder not made yet, as export and train
+    assert rc == 0 and read_page_data(tmp_path / "new" / "g.html")["sampling"]["temperature"] == 0
 
 
 @pytest.mark.parametrize("args, message", [

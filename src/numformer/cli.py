@@ -18,13 +18,14 @@ import contextlib
 import difflib
 import errno
 import importlib
+import os
 import pkgutil
 import sys
 import traceback
 
 from . import __version__, commands
 
-EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BUG = 2, 130, 1
+EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BUG, EXIT_BROKEN_PIPE = 2, 130, 1, 141     # 141: as SIGPIPE
 
 
 def build_parser():
@@ -75,6 +76,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:         # the reader of the output went away (`numformer data list | head`)
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except Exception as e:          # noqa: BLE001 -- sorted into expected failures and bugs
         message = error_message(e)
         if message is None:
@@ -85,6 +89,15 @@ def main(argv=None):
         print(f"numformer {args.command}: error: {message}", file=sys.stderr)
         return EXIT_ERROR
     return 0 if result is None else int(result)
+
+
+def _silence_stdout():
+    """Point stdout at the null device, so that Python's flush at exit does not fail on the closed pipe again
+    (what the Python documentation advises for SIGPIPE)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):    # no file descriptor (stdout replaced by a test or an IDE)
+        pass
 
 
 TEXT_ARGUMENTS = ("text", "texts", "prompt", "src", "tgt", "system")    # the arguments that are text to encode

@@ -33,6 +33,12 @@ def run(args):
         print(f"{exp.name}: {figures}; wall time {record['wall_time_s'] / 60:.1f} min -> {results / exp.name}.md")
 
 
+def _with_seeds():
+    from ..experiments import with_seeds
+
+    return with_seeds()
+
+
 def _names():
     from ..experiments import EXPERIMENTS, GROUPS, load_all
 
@@ -54,6 +60,6 @@ def register(sub):
                         "run is reused); write results into a folder that is not numformer's")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
-                   help="train the experiment with N seeds and report their spread (shakespeare_char, shakespeare_char_llama, shakespeare_speedrun, shakespeare_speedrun_ablation)")
+                   help=f"train the experiment with N seeds and report their spread ({', '.join(_with_seeds())})")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)

@@ -28,6 +28,12 @@ def load_all():
             importlib.import_module(f"{__name__}.{info.name}")
 
 
+def with_seeds():
+    """The names of the experiments that take ``--seeds N`` (a seed study, or seeds trained by their own code)."""
+    load_all()
+    return sorted(name for name, exp in EXPERIMENTS.items() if exp.seed_study is not None or exp.seeds_in_custom)
+
+
 def resolve(name):
     """The experiments a name stands for (a group or one experiment)."""
     load_all()

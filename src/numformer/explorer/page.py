@@ -42,8 +42,10 @@ def render_page(data):
 
 
 def write_static_page(path, data):
-    """Write the page with ``data`` (its ``mode`` set to "static") to ``path``; returns the path."""
+    """Write the page with ``data`` (its ``mode`` set to "static") to ``path`` (its folders made as needed);
+    returns the path."""
     path = check_static_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_page({**data, "mode": "static"}), encoding="utf-8")
     return path
 

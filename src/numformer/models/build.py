@@ -87,9 +87,11 @@ def model_keys():
 
 
 def build_model(config, rng=None, dtype=np.float32):
-    """Build a model from a dict such as ``{"type": "gpt", "vocab_size": 65, "block_size": 64, ...}``.
+    """Build a model from a dict such as ``{"type": "gpt", "vocab_size": 65, "block_size": 64, ...}``, with
+    ``rng`` (a Generator, a seed or None) and the parameters' ``dtype``.
 
-    Unknown keys raise one ValueError naming them and listing the valid ones.
+    Keys not given take the keyword form's defaults (no preset: ``apply_preset`` does that). Unknown keys
+    raise one ValueError naming them and listing the valid ones; a missing type or required key too.
     """
     config = dict(config)
     kind = config.pop("type", None)

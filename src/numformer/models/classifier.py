@@ -28,7 +28,8 @@ class EncoderClassifier(HookedModel, Module):
 
     Built from an ``EncoderClassifierConfig`` or its keyword form (the same arguments); ``model.config``.
 
-    If ``pad_id`` is set and no mask is given, positions equal to pad_id are padding.
+    ``key_padding_mask`` (B, T) bool, True at padding. If ``pad_id`` is set (0 by default) and no mask is
+    given, positions equal to pad_id are padding.
     ``scale_embeddings`` multiplies token embeddings by √d_model, as in the paper.
     ``attention="flash"``: memory-efficient attention kernel; ``gradient_checkpointing``:
     recompute each encoder block's activations in backward. ``positional="rope"`` / ``"alibi"``
@@ -93,6 +94,7 @@ class EncoderClassifier(HookedModel, Module):
         return self.head(self.head_drop(pooled))
 
     def backward(self, dlogits):
+        """Accumulate every parameter's gradient from dL/dlogits (B, n_classes)."""
         if self._cache is None:
             raise RuntimeError("backward called without a forward pass to go back through (call forward first)")
         weights, h_shape = self._cache

@@ -348,8 +348,8 @@ def keyword_arguments(kind):
 
 
 def config_from(cls, args, keywords):
-    """A model constructor's config: its one positional argument when that is a config of ``cls``, else the
-    keyword form's (``args`` in the keyword form's order, as the constructors always took them)."""
+    """A model constructor's config: its one positional argument (or ``config=``) when that is a config of
+    ``cls``, else the keyword form's (``args`` in the keyword form's order)."""
     if "config" in keywords:
         args, keywords = (keywords.pop("config"),) + tuple(args), keywords
     if args and isinstance(args[0], cls):

@@ -55,7 +55,7 @@ class GPT(HookedModel, Module):
     ``bias``) biases of the attention projections and ``qkv_bias`` (default ``attn_bias``) of the
     q/k/v projections alone (Qwen2: q/k/v biases only); ``sliding_window=W``: each position
     attends to the W most recent positions, itself included (Mistral), in training, in every
-    attention kernel and in the KV cache, which then keeps only the last W positions;
+    attention kernel and in the KV cache, whose memory then stays bounded (``KVCache(window=W)``);
     ``attn_scale``, ``attn_logit_softcap`` and ``final_logit_softcap`` (Gemma);
     ``padding_idx``: a token id whose embedding row gets no gradient from the lookup (as torch's).
     """
@@ -138,7 +138,9 @@ class GPT(HookedModel, Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False, rng=None,
                  **kwargs):
         """Continue idx (T,) or (B, T) by max_new_tokens sampled tokens: ``numformer.decoding.generate``
-        (key/value cache, sliding window past block_size, ``stream=`` callback, ``use_cache``, ``shift``)."""
+        (key/value cache, sliding window past block_size, ``stream=`` callback, ``use_cache``, ``shift``).
+        Returns the prompt followed by the new tokens, (T + max_new_tokens,) or (B, T + max_new_tokens) int64
+        (fewer when generation stops early)."""
         return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         greedy=greedy, rng=rng, **kwargs)
 
@@ -146,7 +148,7 @@ class GPT(HookedModel, Module):
         """idx: (B, T) token ids -> logits (B, T, vocab_size).
 
         With ``kv_caches`` (from ``new_kv_caches``), idx holds only the new
-        tokens; their positions continue after the cached ones.
+        tokens; their positions continue after the cached ones (inference: no backward).
 
         ``attention_mask`` (B, T_past + T), as Hugging Face's: 1 for a real token, 0 for padding,
         covering the cached positions and the new ones. Padding is never attended to, and each

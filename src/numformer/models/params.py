@@ -20,7 +20,8 @@ def parameter_counts(model):
 
 
 def parameter_report(model, depth=2):
-    """Rows (path, count) down to ``depth`` levels, plus the sub-modules of the first layer of each stack.
+    """(rows, total): rows (path, count) down to ``depth`` levels, plus the sub-modules of the first layer of
+    each stack (components without parameters left out), and the model's total.
 
     The first layer's breakdown (attention, feed-forward, norms) is what the
     per-layer counts of the textbook exercises are about; the other layers repeat it.
@@ -39,7 +40,7 @@ def parameter_report(model, depth=2):
 
 
 def format_parameter_report(model, depth=2):
-    """A text table of parameter_report, indented by depth, with the total."""
+    """A text table of parameter_report, each row indented by its nesting, with the total."""
     rows, total = parameter_report(model, depth)
     width = max([len(p) + 2 * p.count(".") for p, _ in rows] + [len("component")]) + 2  # generous bound
     lines = [f"{'component':<{width}}{'parameters':>14}"]

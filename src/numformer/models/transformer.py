@@ -26,8 +26,8 @@ class Transformer(Module):
     Built from a ``TransformerConfig`` or its keyword form (the same arguments); ``model.config``.
 
     Padding masks are derived from ``src_pad_id`` / ``tgt_pad_id`` when given;
-    the decoder's self-attention is always causal. ``final_norm`` (default:
-    ``norm_first``) adds a norm after each stack, as torch.nn.Transformer does.
+    the decoder's self-attention is always causal. ``final_norm`` (None: ``norm_first``)
+    adds a norm after each stack (torch.nn.Transformer always has one).
     ``share_embeddings`` shares one table between source and target (same
     vocabulary); ``tie_output`` ties the output layer to the target embedding.
     ``attention="flash"``: memory-efficient attention kernel (no attention dropout);
@@ -79,9 +79,11 @@ class Transformer(Module):
 
     # -- masks ---------------------------------------------------------------------
     def src_padding_mask(self, src):
+        """(B, S) bool, True where src is ``src_pad_id`` (None when src_pad_id is None)."""
         return None if self.src_pad_id is None else np.asarray(src) == self.src_pad_id
 
     def tgt_padding_mask(self, tgt):
+        """(B, T) bool, True where tgt is ``tgt_pad_id`` (None when tgt_pad_id is None)."""
         return None if self.tgt_pad_id is None else np.asarray(tgt) == self.tgt_pad_id
 
     # -- forward -------------------------------------------------------------------
@@ -143,9 +145,10 @@ class Transformer(Module):
 
         Samples with ``temperature`` (and top_k / top_p) by default, drawing from ``rng`` (a seed or a
         Generator; None: fresh randomness); ``greedy=True`` (or temperature 0) takes the argmax;
-        ``beam_size=K`` runs beam search with ``length_penalty``. ``bos_id`` / ``eos_id`` default to the
-        model's own (``Transformer(..., bos_id=, eos_id=)``, set by the task for a trained run); a
-        model without them needs them passed. See ``numformer.generate``.
+        ``beam_size=K`` runs beam search with ``length_penalty`` instead (the sampling arguments unused).
+        Other keywords go to ``decoding.sample_decode`` or ``decoding.beam_search``. ``bos_id`` / ``eos_id``
+        default to the model's own (``Transformer(..., bos_id=, eos_id=)``, set by the task for a trained
+        run); a model without them needs them passed. See ``numformer.generate``.
         """
         bos_id = self.bos_id if bos_id is None else bos_id
         eos_id = self.eos_id if eos_id is None else eos_id

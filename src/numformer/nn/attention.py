@@ -17,8 +17,9 @@ each a module or an op pair with its own backward:
 Backward runs them in reverse. Hook points (``nn.hooks``; TransformerLens's names and layouts) sit between
 the steps: ``hook_q``, ``hook_k``, ``hook_v`` after step 1, (B, T, heads, d_head), the keys and values with
 their n_kv_heads heads (TransformerLens's grouped-query attention); ``hook_rot_q``, ``hook_rot_k`` after RoPE;
-``hook_attn_scores`` (scaled, soft-capped and masked scores) and ``hook_pattern`` (the softmax), (B, heads,
-Tq, Tk), inside step 4; ``hook_z`` (the weighted sums of the values, (B, T, heads, d_head)) before step 5.
+``hook_attn_scores`` (scaled, soft-capped and masked scores, ALiBi's bias included) and ``hook_pattern`` (the
+softmax), (B, heads, Tq, Tk), inside step 4; ``hook_z`` (the weighted sums of the values, (B, T, heads,
+d_head)) before step 5.
 A hook on the scores or the pattern runs step 4 as its visible steps (``STEPWISE_ATTENTION``, the
 reference's arithmetic) instead of a fused kernel.
 
@@ -59,8 +60,8 @@ class KVCache:
     Used for incremental decoding: each call appends the new positions' keys
     and values, so a step costs O(T) instead of recomputing O(T²).
     ``static=True`` (cross-attention) computes them once from the memory.
-    Arrays: (batch, heads, capacity, d_head); the first ``stored`` rows are valid, the keys and values of the
-    last ``stored`` of the ``length`` positions processed so far.
+    Arrays: (batch, n_kv_heads, capacity, d_head); the first ``stored`` rows are valid, the keys and values of
+    the last ``stored`` of the ``length`` positions processed so far.
 
     ``window=W`` (sliding-window attention: a query attends to the W most recent positions, itself included)
     keeps only what the next queries can attend to: before new positions are appended into a full array, all
@@ -83,6 +84,8 @@ class KVCache:
             self.stored = keep
 
     def append(self, k, v):
+        """Store the new positions' k, v (B, H_kv, T, d_head); returns the stored keys and values, each
+        (B, H_kv, stored, d_head)."""
         B, H, T, dh = k.shape
         if self.window is not None and self.k is not None and self.stored + T > self.k.shape[2]:
             self._drop_outside_window()
@@ -105,9 +108,11 @@ class KVCache:
         return self.k[:, :, :need], self.v[:, :, :need]
 
     def view(self):
+        """The stored keys and values, each (B, H_kv, stored, d_head)."""
         return self.k[:, :, :self.stored], self.v[:, :, :self.stored]
 
     def reset(self):
+        """Empty the cache (length and stored 0)."""
         self.k = self.v = None
         self.length = self.stored = 0
 
@@ -178,9 +183,10 @@ def _with_window(attn_mask, t_q, t_k, window, offset):
 
 def build_attention_mask(t_q, t_k, dtype, attn_mask=None, key_padding_mask=None, is_causal=False,
                          batch=None, n_heads=None, causal_offset=0):
-    """Combine the module-level masks into one additive float mask, or None.
+    """Combine the module-level masks into one additive float mask of ``dtype``, or None.
 
-    attn_mask: (Tq, Tk), (B·H, Tq, Tk) or (B, H, Tq, Tk); bool True = blocked, float added.
+    attn_mask: (Tq, Tk), (B·H, Tq, Tk) (needs ``batch`` and ``n_heads``) or (B, H, Tq, Tk); bool True =
+    blocked, float added.
     key_padding_mask: (B, Tk); bool True = padding (blocked), float added.
     is_causal: query i may attend key j only if j <= i + causal_offset
     (causal_offset = number of cached positions, for incremental decoding).
@@ -332,24 +338,31 @@ class MultiHeadAttention(Module):
     forward(query (B, Tq, E), key=None, value=None, ...) -> (B, Tq, E).
     key defaults to query (self-attention), value to key (cross-attention on a memory).
 
-    backward(dout (B, Tq, E)) returns one gradient per distinct input, in the
-    order query, key, value: dquery for self-attention (key and value are the
-    query), (dquery, dkey) when value is key (cross-attention on a memory),
-    (dquery, dkey, dvalue) otherwise.
+    backward(dout (B, Tq, E)) returns the inputs' gradients, in the order query, key,
+    value: dquery when key and value are the query (self-attention), (dquery, dkey) when
+    value is key (cross-attention on a memory), (dquery, dkey, dvalue) otherwise (also
+    when key is the query but value is not: the caller adds dkey to dquery).
+
+    ``dropout``: attention dropout, on the softmax weights in training mode. ``bias``: biases of the
+    output projection (and of the q/k/v projection unless ``qkv_bias`` says otherwise); ``rng``: the
+    generator of the initialization and of the dropout masks; ``dtype``: the parameters'. Initialized as
+    torch's: W^Q, W^K, W^V Xavier-uniform, ``out_proj`` U(-1/√fan_in, 1/√fan_in), biases 0.
 
     Set ``record_weights = True`` to keep the last attention weights (B, h, Tq, Tk)
-    in ``last_weights``; set ``head_mask`` (h,) to scale each head's output
-    (0 ablates a head).
+    in ``last_weights`` (after attention dropout, as torch returns them); set ``head_mask`` (h,)
+    to scale each head's output (0 ablates a head).
 
     ``attention="flash"`` computes the attention with the memory-efficient kernel
     (``kernels.flash_attention``: block-wise online softmax, recomputation in backward,
     memory linear in the sequence length) instead of the plain one (``"plain"``).
     Results and gradients are the same. The flash kernel has no attention
-    dropout: in training mode with ``dropout > 0`` forward raises a ValueError.
+    dropout: in training mode with ``dropout > 0`` forward raises a ValueError (unless recorded weights,
+    soft-capped scores or a hook on the scores or the pattern send the call to a kernel that drops).
     ``flash_block_q`` / ``flash_block_k`` set its block sizes. Which kernel runs
     (``kernel_name``) is ``nn.dispatch.attention_kernel``'s choice: the fastest that computes
-    the call (recorded weights, attention dropout and soft-capped scores run the reference
-    ``ops.attention``; so does everything inside ``numformer.reference_mode()``).
+    the call (recorded weights run the fused kernel, which records them; attention dropout and
+    soft-capped scores run the reference ``ops.attention``; so does everything inside
+    ``numformer.reference_mode()``).
 
     Options of the Llama family and later: ``n_kv_heads`` (a divisor of n_heads, default n_heads)
     key/value heads (``qkv_proj`` and the KV cache hold n_kv_heads heads); ``positional``
@@ -581,8 +594,14 @@ class MultiHeadAttention(Module):
     # -- forward / backward ------------------------------------------------------------------------------
     def forward(self, query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
                 kv_cache=None, positions=None):
-        """``positions`` (B, Tq): the tokens' positions for positional='rope' (default 0 … Tq-1, after the
-        cached ones with a KVCache)."""
+        """query (B, Tq, E); key, value (B, Tk, E) (defaults above) -> (B, Tq, E).
+
+        ``attn_mask`` (Tq, Tk), (B·H, Tq, Tk) or (B, H, Tq, Tk) and ``key_padding_mask`` (B, Tk): bool True =
+        blocked, or float added to the scores (``build_attention_mask``); ``is_causal``: query i attends keys
+        j <= i. ``kv_cache``: a KVCache for incremental decoding (no backward; a growing cache for
+        self-attention, whose key_padding_mask then covers every position processed, a static one for a
+        memory). ``positions`` (B, Tq): the tokens' positions for positional='rope' (default 0 … Tq-1, after
+        the cached ones with a KVCache)."""
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)

@@ -161,8 +161,11 @@ class _Block(Module):
     sandwich, one more norm after each sub-layer (``post_norm1`` …).
 
     Built as ``Block(d_model, config, dropout=, norm=, layer_norm_eps=, rng=, dtype=, attention=, positional=)``
-    with a ``BlockConfig``, or in the keyword form of torch's layers, ``Block(d_model, n_heads, d_ff, dropout,
-    activation, norm_first, ...)``, which builds the config.
+    with a ``BlockConfig`` (the keywords of the config's fields are then not read), or in the keyword form of
+    torch's layers, ``Block(d_model, n_heads, d_ff, dropout, activation, norm_first, ...)``, which builds the
+    config. ``dropout`` (0.1) applies to the attention weights, the hidden layer of an ungated feed-forward
+    and each sub-layer's output; ``norm`` ("layer") is the kind of every norm (``make_norm``),
+    ``layer_norm_eps`` (1e-5) their ε, the q/k norms' included.
     """
 
     CROSS_ATTENTION = False
@@ -255,8 +258,10 @@ class _Block(Module):
 class EncoderBlock(_Block):
     """Self-attention and feed-forward sub-layers, each with a residual connection and its norms.
 
-    x: (B, T, d_model) -> (B, T, d_model). Masks follow torch.nn (bool True = blocked).
-    Keyword form: ``attn_bias`` (default: ``bias``) switches the attention projections' biases separately;
+    x: (B, T, d_model) -> (B, T, d_model); ``backward(dy)`` returns dx. Masks follow torch.nn (bool True =
+    blocked). Keyword form (defaults ``d_ff=None``: ``default_d_ff``, ``dropout=0.1``, ``activation="relu"``,
+    ``norm_first=False``: post-norm, as torch's layers): ``attn_bias`` (default: ``bias``) switches the
+    attention projections' biases separately;
     ``attention``: "plain" or "flash" (memory-efficient kernel, see MultiHeadAttention); ``activation``
     "swiglu" / "geglu": the gated feed-forwards (GatedFeedForward); ``n_kv_heads``, ``positional``
     ("rope" / "alibi", else None), ``rope_theta``, ``qkv_bias`` (default: ``attn_bias``; biases on the q/k/v
@@ -266,8 +271,9 @@ class EncoderBlock(_Block):
     """
 
     def forward(self, x, attn_mask=None, key_padding_mask=None, is_causal=False, kv_cache=None, positions=None):
-        """``positions`` (B, T): each row's token positions, for positional='rope' (default: 0 … T-1 after
-        the cached ones)."""
+        """x (B, T, d_model) -> (B, T, d_model). ``attn_mask``, ``key_padding_mask``, ``is_causal``,
+        ``kv_cache``: as ``MultiHeadAttention.forward``'s. ``positions`` (B, T): each row's token positions,
+        for positional='rope' (default: 0 … T-1 after the cached ones)."""
         where = {} if positions is None else {"positions": positions}
 
         def attend(z):
@@ -287,15 +293,20 @@ class DecoderBlock(_Block):
 
     x: (B, T, d_model), memory: (B, S, d_model) -> (B, T, d_model).
     backward(dy) returns (dx, dmemory). ``attention``: "plain" or "flash" (both attention layers).
-    ``n_kv_heads`` and ``head_dim`` apply to both attention layers; ``positional`` ("rope" / "alibi") and
-    ``rope_theta`` to the self-attention only (the memory's positions are the encoder's business).
+    ``n_kv_heads``, ``head_dim`` and ``attn_bias`` apply to both attention layers; ``positional`` ("rope" /
+    "alibi"), ``rope_theta``, ``rope_scaling``, ``qkv_bias``, ``sliding_window``, ``qk_norm``, ``attn_scale``
+    and ``attn_logit_softcap`` to the self-attention only (the memory's positions are the encoder's business).
     """
 
     CROSS_ATTENTION = True
 
     def forward(self, x, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, cache=None):
-        """``cache`` = (self-attention KVCache, static cross-attention KVCache) for incremental decoding."""
+        """x (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model). ``tgt_mask`` (T, T) and
+        ``tgt_key_padding_mask`` (B, T) mask the self-attention, ``memory_mask`` (T, S) and
+        ``memory_key_padding_mask`` (B, S) the cross-attention (bool True = blocked); ``tgt_is_causal``: causal
+        self-attention. ``cache`` = (self-attention KVCache, static cross-attention KVCache) for incremental
+        decoding."""
         self_cache, cross_cache = (None, None) if cache is None else cache
 
         def self_attend(z):
@@ -327,7 +338,8 @@ class Encoder(Module):
     """A stack of EncoderBlocks with an optional final norm (needed after pre-LN blocks).
 
     ``gradient_checkpointing=True``: each block keeps only its input in forward and
-    recomputes its activations in backward (same gradients, see ``nn.checkpoint``).
+    recomputes its activations in backward (same gradients, see ``nn.checkpoint``); not in a
+    forward with ``kv_caches`` or with a forward hook attached, which keep every activation.
     """
 
     def __init__(self, layers, norm=None, gradient_checkpointing=False):
@@ -337,6 +349,8 @@ class Encoder(Module):
         self.gradient_checkpointing = gradient_checkpointing
 
     def forward(self, x, mask=None, key_padding_mask=None, is_causal=False, kv_caches=None):
+        """x (B, T, d_model) -> (B, T, d_model). ``mask`` is each block's ``attn_mask``; ``kv_caches``: one
+        KVCache per block."""
         # a hooked forward keeps every block's activations: a recomputation in backward could not rerun its hooks
         recompute = self.gradient_checkpointing and kv_caches is None and not has_forward_hooks(self)
         for i, layer in enumerate(self.layers):
@@ -354,9 +368,11 @@ class Encoder(Module):
 
 
 class Decoder(Module):
-    """A stack of DecoderBlocks with an optional final norm. backward returns (dx, dmemory).
+    """A stack of DecoderBlocks with an optional final norm. backward returns (dx, dmemory), dmemory summed
+    over the blocks.
 
-    ``gradient_checkpointing=True``: as in ``Encoder``.
+    ``gradient_checkpointing=True``: as in ``Encoder``, not in a forward with ``caches`` (forward hooks do
+    not turn it off here).
     """
 
     def __init__(self, layers, norm=None, gradient_checkpointing=False):
@@ -367,6 +383,8 @@ class Decoder(Module):
 
     def forward(self, x, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, caches=None):
+        """x (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model); the masks as ``DecoderBlock.forward``'s,
+        ``caches``: one (self, cross) KVCache pair per block."""
         for i, layer in enumerate(self.layers):
             x = checkpoint.run(layer, self.gradient_checkpointing and caches is None, x, memory, tgt_mask,
                                memory_mask, tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,

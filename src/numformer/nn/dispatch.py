@@ -209,7 +209,8 @@ def attention_kernel(attention, p_drop=0.0, need_weights=False, softcap=None):
     "flash") with attention dropout ``p_drop``, recorded weights or not, soft-capped scores or not: the
     reference inside ``reference_mode()``; else, in order of preference ("flash" first when asked for, then
     "fused"), the first kernel that computes all of it; else the reference. Asking "flash" for attention
-    dropout is an error (a model trained with it would silently not drop)."""
+    dropout, with neither recorded weights nor a soft-cap, is an error (a model trained with it would
+    silently not drop)."""
     if _use_reference:
         return "reference"
     if attention == "flash" and p_drop > 0.0 and not need_weights and softcap is None:

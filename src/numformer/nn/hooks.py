@@ -4,7 +4,7 @@ TransformerLens's names and calling conventions, so that its users' habits carry
     logits, cache = model.run_with_cache(ids)               # cache["blocks.0.attn.hook_pattern"]: (B, H, T, T)
     logits = model.run_with_hooks(ids, fwd_hooks=[("blocks.1.hook_resid_pre", fn)])
     def fn(activation, hook):                               # hook.name is the hook point's name
-        return replacement                                  # or None: the activation is left as it is
+        return replacement                                  # or None: the array given, as the hook left it
 
 A module marks a place in its forward pass with a ``HookPoint``: ``x = self.hook_resid_pre(x)``, and its
 backward passes the gradient back through it: ``dx = self.hook_resid_pre.backward(dx)``. With no hook
@@ -29,7 +29,8 @@ they may return a replacement. They fire only while attached, so attach them aro
     with model.hooks(bwd_hooks=[("blocks.0.hook_resid_post", save_grad)]):
         logits = model(ids); model.backward(dlogits)
 
-Hook functions receive copies: keeping or changing the array they are given never changes the model's own.
+Hook functions receive copies: keeping the array they are given, or changing it in place (TransformerLens's
+``act[:, pos] = ...``, which with a None return replaces the activation), never touches the model's own arrays.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ class HookPoint:
                 return
 
     def remove_hooks(self, dir="both"):
+        """Detach every hook of direction ``dir``: "fwd", "bwd" or "both"."""
         if dir in ("fwd", "both"):
             self.fwd_hooks = []
         if dir in ("bwd", "both"):

@@ -14,7 +14,12 @@ from .module import Module, Parameter
 
 
 class Linear(Module):
-    """y = x Wᵀ + b with W: (out_features, in_features), as torch.nn.Linear."""
+    """y = x Wᵀ + b with W: (out_features, in_features), as torch.nn.Linear: x (..., in_features) ->
+    y (..., out_features); ``backward(dy)`` returns dx and accumulates dW (and db).
+
+    W and b (``bias=False``: None) are initialized U(-1/√in_features, 1/√in_features), as torch's; ``rng``: a
+    Generator, an integer seed or None (fresh randomness).
+    """
 
     def __init__(self, in_features, out_features, bias=True, rng=None, dtype=np.float32):
         super().__init__()
@@ -55,10 +60,13 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    """Lookup table E: (num_embeddings, dim); forward(ids) = E[ids]. Initialized N(0, 1) as torch.
+    """Lookup table E: (num_embeddings, embedding_dim); forward(ids (...) ints) = E[ids], (..., embedding_dim).
+    Initialized N(0, std²), std=1.0 by default as torch. ``backward(dy)`` accumulates dE and returns None
+    (integer ids have no gradient).
 
-    ``padding_idx``: as torch's, the row E[padding_idx] gets no gradient from the lookup (positions holding
-    that id contribute nothing to dE; a tied output layer still adds its own gradient to the row).
+    ``padding_idx``: the row E[padding_idx] gets no gradient from the lookup (positions holding that id
+    contribute nothing to dE; a tied output layer still adds its own gradient to the row). Unlike torch's, the
+    row is not zeroed at initialization and the index is used as given (a negative one matches no id).
     """
 
     def __init__(self, num_embeddings, embedding_dim, rng=None, dtype=np.float32, std=1.0, padding_idx=None):
@@ -130,7 +138,9 @@ class _Norm(Module):
 
 
 class LayerNorm(_Norm):
-    """LayerNorm over the last axis with learnable γ (``weight``) and β (``bias``), eps=1e-5 as torch."""
+    """y = (x - μ) / √(σ² + eps) ⊙ γ + β over the last axis (μ, σ² biased, per position), x (..., d) ->
+    y (..., d); learnable γ (``weight``, ones) and β (``bias``, zeros; None with ``bias=False``), eps=1e-5 as
+    torch."""
 
     OP = "layer_norm"
 
@@ -144,7 +154,8 @@ class LayerNorm(_Norm):
 
 
 class RMSNorm(_Norm):
-    """RMSNorm over the last axis with learnable γ (``weight``): y = x / rms(x) ⊙ γ."""
+    """y = x / rms(x) ⊙ γ, rms(x) = √(mean(x²) + eps), over the last axis: x (..., d) -> y (..., d); learnable
+    γ (``weight``, ones), no bias, eps=1e-6."""
 
     OP = "rms_norm"
     OFFSET = 0.0
@@ -169,7 +180,9 @@ class RMSNormPlusOne(RMSNorm):
 
 
 class BatchStatNorm(_Norm):
-    """Batch-statistics norm: per-feature statistics over batch and sequence (see ops.batch_norm_forward)."""
+    """Batch-statistics norm: y = (x - μ) / √(σ² + eps) ⊙ γ + β with per-feature μ and σ² (biased) over batch
+    and sequence (see ops.batch_norm_forward), x (..., d) -> y (..., d). There are no running statistics: eval
+    mode also normalizes with the statistics of the batch it is given."""
 
     OP = "batch_norm"
 
@@ -187,7 +200,8 @@ RMS_NORMS = ("rms", "rms_plus_one")
 
 def make_norm(kind, d, eps=1e-5, bias=True, dtype=np.float32):
     """Build a norm by name: 'layer' (default), 'rms', 'rms_plus_one' (Gemma's, scaled by 1 + w) or 'batch'
-    (per-feature statistics over batch and sequence)."""
+    (per-feature statistics over batch and sequence), with ``eps`` (1e-5 for every kind). ``bias`` applies to
+    'layer' only: the RMS norms have no bias, the batch norm always has one."""
     if kind not in NORMS:
         raise ValueError(f"unknown norm {kind!r}; choose one of {sorted(NORMS)}")
     if kind == "layer":
@@ -196,7 +210,9 @@ def make_norm(kind, d, eps=1e-5, bias=True, dtype=np.float32):
 
 
 class Dropout(Module):
-    """Inverted dropout, active only in training mode; masks come from the shared generator."""
+    """Inverted dropout: in training mode each element is zeroed with probability ``p`` and the others scaled
+    by 1/(1 - p); the identity in eval mode. Masks are drawn from ``rng`` (a Generator, shared with the
+    modules built with it; an integer seed; None: fresh randomness)."""
 
     def __init__(self, p=0.0, rng=None):
         super().__init__()
@@ -226,7 +242,8 @@ FEED_FORWARD_ACTIVATIONS = ACTIVATIONS + tuple(GATED)
 
 
 class Activation(Module):
-    """ReLU, GELU (exact, erf), GELU with the tanh approximation, or SiLU (x σ(x))."""
+    """Element-wise, by ``kind``: "relu", "gelu" (exact, erf), "gelu_tanh" (the tanh approximation) or "silu"
+    (x σ(x))."""
 
     def __init__(self, kind="relu"):
         super().__init__()
@@ -259,8 +276,10 @@ class Activation(Module):
 
 
 class FeedForward(Module):
-    """Position-wise FFN(x) = W₂ · dropout(act(W₁ x + b₁)) + b₂, d_model -> d_ff -> d_model. Hook points
-    (TransformerLens's ``mlp.hook_pre`` / ``hook_post``): the hidden layer before and after the activation."""
+    """Position-wise FFN(x) = W₂ · dropout(act(W₁ x + b₁)) + b₂, d_model -> d_ff -> d_model: x (..., d_model)
+    -> (..., d_model), on ``linear1`` / ``linear2``. ``activation``: one of ``ACTIVATIONS`` (see Activation);
+    ``dropout``: on the hidden layer; ``bias=False``: no b₁, b₂. Hook points (TransformerLens's
+    ``mlp.hook_pre`` / ``hook_post``): the hidden layer before and after the activation."""
 
     def __init__(self, d_model, d_ff, activation="relu", dropout=0.0, bias=True, rng=None, dtype=np.float32):
         super().__init__()
@@ -283,8 +302,10 @@ class FeedForward(Module):
 
 
 class GatedFeedForward(Module):
-    """A gated FFN(x) = down_proj(act(gate_proj(x)) ⊙ up_proj(x)), d_model -> d_ff -> d_model (Shazeer 2020):
-    ``kind="swiglu"`` (SiLU gate, Llama's MLP) or ``"geglu"`` (tanh-GELU gate, Gemma's MLP).
+    """A gated FFN(x) = down_proj(act(gate_proj(x)) ⊙ up_proj(x)), d_model -> d_ff -> d_model (Shazeer 2020),
+    x (..., d_model) -> (..., d_model): ``kind="swiglu"`` (SiLU gate, Llama's MLP) or ``"geglu"`` (tanh-GELU
+    gate, Gemma's MLP). ``bias=True`` (the default) gives each of the three Linear layers a bias; Llama and
+    Gemma have none (``bias=False``).
 
     The computation of ``ops.swiglu_forward`` / ``swiglu_backward`` (where its backward is derived), on three
     Linear modules named as Hugging Face's LlamaMLP, with the gated product act(a) ⊙ b one op of the table
@@ -309,8 +330,8 @@ class GatedFeedForward(Module):
         if x.shape[-1] != self.gate_proj.in_features:
             raise ValueError(f"{type(self).__name__} expects inputs with last dimension "
                              f"{self.gate_proj.in_features}, got shape {x.shape}")
-        a = self.hook_pre(self.gate_proj(x))                        # a = x W_gateᵀ
-        b = self.hook_pre_linear(self.up_proj(x))                   # b = x W_upᵀ
+        a = self.hook_pre(self.gate_proj(x))                        # a = x W_gateᵀ (+ b_gate)
+        b = self.hook_pre_linear(self.up_proj(x))                   # b = x W_upᵀ (+ b_up)
         h, self._cache = getattr(F, GATED[self.kind] + "_forward")(a, b)      # h = act(a) ⊙ b
         return self.down_proj(self.hook_post(h))
 
@@ -339,7 +360,7 @@ class SwiGLUFeedForward(GatedFeedForward):
 
 def make_feed_forward(d_model, d_ff, activation="relu", dropout=0.0, bias=True, rng=None, dtype=np.float32):
     """A FeedForward with ``activation`` (relu, gelu, gelu_tanh, silu), or a GatedFeedForward for 'swiglu' or
-    'geglu'."""
+    'geglu' (which has no dropout: ``dropout`` is then unused)."""
     if activation in GATED:
         return GatedFeedForward(d_model, d_ff, bias, rng, dtype, kind=activation)
     if activation not in ACTIVATIONS:

@@ -151,7 +151,7 @@ class Module:
 
     def hidden_matrices(self):
         """The weight matrices of the hidden layers, in model order: what Muon updates. A module answers for
-        itself: by default, what its sub-modules answer (a Transformer block answers with every trainable
+        itself: by default, what its sub-modules answer (a Transformer block answers with every weight
         matrix inside it; token embeddings and output heads, outside the blocks, answer nothing)."""
         found, seen = [], set()
         for m in self.children():
@@ -184,7 +184,8 @@ class Module:
         return OrderedDict((name, p.data) for name, p in self.named_parameters())
 
     def load_state_dict(self, state, strict=True):
-        """Copy arrays into the parameters, checking names and shapes; one error lists every problem."""
+        """Copy arrays into the parameters, checking names and shapes; one ValueError lists every problem.
+        ``strict=False`` skips missing and unexpected names (shapes are still checked). Returns None."""
         own = dict(self.named_parameters())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -205,7 +206,8 @@ class Module:
                 p.data[...] = np.asarray(state[k], dtype=p.dtype)
 
     def astype(self, dtype):
-        """Convert every parameter to ``dtype`` in place (e.g. float64 for gradient checks); returns self."""
+        """Convert every parameter to ``dtype`` in place (e.g. float64 for gradient checks) and drop its
+        gradient (``grad`` None); returns self."""
         for m in self.modules():
             for name, p in m._parameters.items():
                 p.data = p.data.astype(dtype)

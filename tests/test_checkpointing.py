@@ -162,3 +162,24 @@ def test_recompute_without_checkpoint_is_an_error():
     block = EncoderBlock(8, 2, 16, dropout=0.0)
     with pytest.raises(RuntimeError, match="nothing to recompute"):
         checkpoint.recompute(block)
+
+
+def test_a_forward_hook_turns_the_decoders_checkpointing_off(rng):
+    """A forward hook that changes an activation must reach backward: the recomputation of a checkpointed block
+    would run without it (the hook is removed after the forward, as run_with_hooks does), so the decoder, like
+    the encoder and the GPT, does not checkpoint while one is attached."""
+    src, tgt = rng.integers(1, 13, (2, 9)), rng.integers(1, 13, (2, 7))
+    grads = []
+    for checkpointing in (False, True):
+        model = Transformer(13, 13, d_model=8, n_heads=2, n_layers=2, d_ff=16, rng=np.random.default_rng(0),
+                            dtype=np.float64, gradient_checkpointing=checkpointing)
+        point = model.decoder.layers[0].hook_mlp_out
+        zero = lambda act, hook: np.zeros_like(act)      # noqa: E731
+        point.add_hook(zero)
+        logits = model(src, tgt)
+        point.remove_hook(zero)
+        model.backward(np.ones_like(logits))
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert not grads[0]["decoder.layers.0.ff.linear2.weight"].any()          # the zeroed output's weights
+    for name in grads[0]:
+        np.testing.assert_allclose(grads[1][name], grads[0][name], atol=1e-13, err_msg=name)

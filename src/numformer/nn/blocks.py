@@ -371,8 +371,8 @@ class Decoder(Module):
     """A stack of DecoderBlocks with an optional final norm. backward returns (dx, dmemory), dmemory summed
     over the blocks.
 
-    ``gradient_checkpointing=True``: as in ``Encoder``, not in a forward with ``caches`` (forward hooks do
-    not turn it off here).
+    ``gradient_checkpointing=True``: as in ``Encoder``, not in a forward with ``caches`` or while forward
+    hooks are attached (the recomputation in backward would run without them).
     """
 
     def __init__(self, layers, norm=None, gradient_checkpointing=False):
@@ -385,8 +385,9 @@ class Decoder(Module):
                 memory_key_padding_mask=None, tgt_is_causal=False, caches=None):
         """x (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model); the masks as ``DecoderBlock.forward``'s,
         ``caches``: one (self, cross) KVCache pair per block."""
+        recompute = self.gradient_checkpointing and caches is None and not has_forward_hooks(self)
         for i, layer in enumerate(self.layers):
-            x = checkpoint.run(layer, self.gradient_checkpointing and caches is None, x, memory, tgt_mask,
+            x = checkpoint.run(layer, recompute, x, memory, tgt_mask,
                                memory_mask, tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
                                cache=None if caches is None else caches[i])
         return x if self.norm is None else self.norm(x)

@@ -66,6 +66,12 @@ def test_the_runner_passes_options_only_to_the_parts_that_take_them(tmp_path):
         run_parts(["generate"], quick=True, out_dir=tmp_path, options={"run_dir": "x"})
 
 
+def test_a_group_size_without_quantize_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="--group-size 32 is the int8 weights' group size: give it with --quantize"):
+        run_parts(["generate"], quick=True, out_dir=tmp_path, options={"group_size": 32})
+    assert not (tmp_path / "bench.json").exists()
+
+
 def test_bench_command_takes_the_quantize_options(monkeypatch, run_cli, tmp_path):
     """`numformer bench quantize --run-dir R --group-size G` reaches run() with those values."""
     seen = {}

@@ -7,7 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from numformer.cli import main
+from numformer.cli import build_parser, main
+from numformer.experiments import with_seeds
 from numformer.data.base import spread_sample
 from numformer.train import Trainer, evaluate_loss
 from numformer.train import evaluation as evaluation_module
@@ -164,8 +165,10 @@ def test_reproduce_seeds_writes_the_seed_study(tmp_path, capsys):
     summary = json.loads((runs / "shakespeare_char" / "summary.json").read_text())
     assert main_run["figures"]["test_loss"] == pytest.approx(summary["best_val_loss"], abs=1e-9)
     assert main(["reproduce", "copy", "--quick", "--seeds", "2", "--results", str(results), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "'copy' takes no seeds" in err and "gpt_to_llama" in err and "shakespeare_tokenizers" in err
+    assert "'copy' takes no seeds (`numformer reproduce --help` names those that do)" in capsys.readouterr().err
+    help_text = build_parser()._subparsers._group_actions[0].choices["reproduce"].format_help()
+    assert all(name in " ".join(help_text.split()) for name in with_seeds())
+    assert {"gpt_to_llama", "shakespeare_tokenizers", "shakespeare_char"} <= set(with_seeds())
 
 
 def test_reproduce_seeds_resumes_a_seed_run_instead_of_restarting_it(tmp_path, monkeypatch):

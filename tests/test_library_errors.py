@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from numformer import GPT, Transformer, ops
+from numformer import GPT, Transformer, nn, ops
 from numformer.models import EncoderClassifier
 from numformer.sampling import sample_next
 
@@ -52,6 +52,19 @@ def test_backward_before_forward_and_with_a_wrong_shape():
     with pytest.raises(ValueError, match=r"the gradient must have the shape of the forward output \(2, 3, 10\), "
                                          r"got \(2, 3, 9\)"):
         m.backward(np.zeros((2, 3, 9), np.float32))
+    m.backward(np.zeros((2, 3, 10), np.float32))              # the pass is still there after a wrong shape
+    with pytest.raises(RuntimeError, match="each forward allows one backward"):
+        m.backward(np.zeros((2, 3, 10), np.float32))
+    m(np.zeros((2, 3), dtype=int), logits_to_keep=1)
+    with pytest.raises(RuntimeError, match="backward after a forward with logits_to_keep=1"):
+        m.backward(np.zeros((2, 1, 10), np.float32))
+    m(np.zeros((2, 3), dtype=int), kv_caches=m.new_kv_caches())
+    with pytest.raises(RuntimeError, match="backward after a forward with kv_caches"):
+        m.backward(np.zeros((2, 3, 10), np.float32))
+    for layer, dy in ((nn.Embedding(10, 4, rng=0), np.ones((1, 2, 4), np.float32)),
+                      (nn.MultiHeadAttention(8, 2, rng=0), np.ones((1, 3, 8), np.float32))):
+        with pytest.raises(RuntimeError, match="backward called without a forward pass"):
+            layer.backward(dy)
     c = EncoderClassifier(10, 2, d_model=8, n_heads=2, rng=0)
     with pytest.raises(RuntimeError, match="backward called without a forward pass"):
         c.backward(np.zeros((1, 2), np.float32))

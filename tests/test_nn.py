@@ -27,6 +27,40 @@ def test_embedding_module_repeated_ids():
     assert_gradcheck(module_gradcheck(m, {}, lambda: m(ids)))
 
 
+@pytest.mark.parametrize("padding_idx", [3, -1])
+def test_embedding_padding_idx_as_torch(padding_idx):
+    """The padding row starts at zero and gets no lookup gradient; a negative index counts from the end."""
+    import torch
+
+    m = nn.Embedding(10, 4, rng=0, padding_idx=padding_idx, dtype=F64)
+    t = torch.nn.Embedding(10, 4, padding_idx=padding_idx, dtype=torch.float64)
+    with torch.no_grad():
+        t.weight.copy_(torch.from_numpy(m.weight.data))
+    assert m.padding_idx == t.padding_idx and not m.weight.data[t.padding_idx].any()
+    ids = np.array([[9, 1, 3], [3, 9, 0]])
+    dy = np.random.default_rng(1).standard_normal((2, 3, 4))
+    m(ids)
+    m.backward(dy)
+    t(torch.from_numpy(ids)).backward(torch.from_numpy(dy))
+    np.testing.assert_allclose(m.weight.grad, t.weight.grad.numpy(), atol=1e-15)
+    for bad in (10, -11):
+        with pytest.raises(ValueError, match=f"padding_idx {bad} is outside the table of 10 rows"):
+            nn.Embedding(10, 4, padding_idx=bad)
+
+
+def test_a_batch_norm_without_bias_is_refused():
+    with pytest.raises(ValueError, match="the batch norm always has a bias"):
+        nn.make_norm("batch", 4, bias=False)
+
+
+def test_a_block_config_with_keyword_form_arguments_is_refused():
+    from numformer.models.config import BlockConfig
+
+    with pytest.raises(TypeError, match=r"give either a BlockConfig or the keyword form.*bogus, norm_first, qk_norm"):
+        nn.EncoderBlock(16, BlockConfig(n_heads=2), qk_norm=True, norm_first=True, bogus=3)
+    nn.EncoderBlock(16, BlockConfig(n_heads=2), dropout=0.0, norm="rms")     # the block's own arguments
+
+
 @pytest.mark.parametrize("kind", ["layer", "rms", "batch"])
 def test_norm_modules(rng, kind):
     m = nn.make_norm(kind, 5, dtype=F64)

@@ -92,6 +92,9 @@ def generation_latency(model, n_tokens, use_cache, seed=0):
 
 def run(quick=False, config=None, lengths=None, repeats=None, generation_tokens=None, log=None, quantize=None,
         group_size=None):
+    if group_size is not None and quantize is None:
+        raise ValueError(f"--group-size {group_size} is the int8 weights' group size: give it with --quantize int8 "
+                         f"(or leave it out for float32)")
     config = dict(config or CONFIG)
     lengths = [L for L in (lengths or (QUICK_LENGTHS if quick else LENGTHS)) if L <= config["block_size"]]
     repeats = repeats or (3 if quick else 7)

@@ -117,8 +117,8 @@ def check_before_running(exp, ctx):
     docstring): one line naming each folder."""
     check_context(ctx)
     if ctx.seeds and not exp.seeds_in_custom and exp.seed_study is None:
-        from . import with_seeds
-        raise ValueError(f"--seeds: experiment {exp.name!r} takes no seeds (these do: {', '.join(with_seeds())})")
+        raise ValueError(f"--seeds: experiment {exp.name!r} takes no seeds (`numformer reproduce --help` names "
+                         f"those that do)")
     check_results_folder(ctx.results_dir, "--results", ctx.overwrite)
     taken = [(folder, why) for folder, why in planned_runs(exp, ctx) if holds_anything(folder)]
     if taken and not ctx.overwrite:

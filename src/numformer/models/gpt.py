@@ -24,6 +24,7 @@ import numpy as np
 from ..decoding import generate
 from ..nn import Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, make_norm, make_positional
 from ..nn import checkpoint, init
+from ..nn.module import NO_FORWARD
 from ..nn.dispatch import F
 from ..nn.hooks import HookedModel, HookPoint, add_through_hook, add_through_hook_backward, has_forward_hooks
 from .config import GPTConfig, config_from
@@ -85,6 +86,7 @@ class GPT(HookedModel, Module):
             self.hook_pos_embed = HookPoint()
         self._cache = None
         self._positions_apart = False        # the last forward added hook_pos_embed's array itself
+        self._no_backward = NO_FORWARD       # why backward cannot run now (None: the last forward allows it)
 
     def _init_weights(self, rng, dtype):
         """nanoGPT's initialization: every matrix of the blocks N(0, 0.02), those writing into the residual
@@ -159,6 +161,11 @@ class GPT(HookedModel, Module):
         (inference: generation needs the last one; backward is not supported then).
         """
         idx = np.asarray(idx)
+        self._no_backward = (
+            "backward after a forward with kv_caches: a cached (inference) forward keeps nothing for backward; "
+            "train with a forward without kv_caches" if kv_caches is not None else
+            f"backward after a forward with logits_to_keep={logits_to_keep}: only the last positions' logits were "
+            f"computed; train with a forward without logits_to_keep" if logits_to_keep else None)
         if idx.ndim != 2 or 0 in idx.shape:
             raise ValueError(f"idx must have shape (batch, seq) with batch >= 1 and seq >= 1, got {idx.shape}")
         offset = 0 if kv_caches is None else kv_caches[0].length
@@ -201,9 +208,12 @@ class GPT(HookedModel, Module):
 
     def backward(self, dlogits):
         """Accumulate every parameter's gradient from dL/dlogits (B, T, vocab_size)."""
+        if self._no_backward is not None:
+            raise RuntimeError(self._no_backward)
         if self.config.final_logit_softcap is not None and self._cache is not None:
             dlogits, self._cache = F.softcap_backward(dlogits, self._cache), None
         dx = self.lm_head.backward(dlogits)
+        self._no_backward = NO_FORWARD                # the pass is consumed (a wrong dlogits shape leaves it)
         if self.norm_f is not None:
             dx = self.norm_f.backward(dx)
         for block in reversed(list(self.blocks)):

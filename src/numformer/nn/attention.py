@@ -51,7 +51,7 @@ from . import dispatch, init
 from .dispatch import F
 from .hooks import HookPoint
 from .layers import RMS_NORMS, Linear, make_norm
-from .module import Module
+from .module import NO_FORWARD, Module
 
 
 class KVCache:
@@ -622,6 +622,8 @@ class MultiHeadAttention(Module):
 
     def backward(self, dout):
         """Gradients of the inputs (see the class docstring for what is returned); accumulates the parameters'."""
+        if self._cache is None:
+            raise RuntimeError(NO_FORWARD + "; a forward with kv_cache keeps nothing for backward")
         name, counts, shapes, attn_cache, rope_cache, share_cache = self._cache
         self._cache = None
         B, Tq, _ = dout.shape

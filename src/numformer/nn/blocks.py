@@ -22,6 +22,7 @@ norms the residual hook points hold the normed sums, norm(resid_pre + attn_out) 
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
@@ -176,6 +177,13 @@ class _Block(Module):
         super().__init__()
         if isinstance(n_heads, BlockConfig):
             config = n_heads
+            named = dict(d_ff=d_ff, activation=activation, norm_first=norm_first, bias=bias, attn_bias=attn_bias,
+                         n_kv_heads=n_kv_heads, rope_theta=rope_theta, qkv_bias=qkv_bias, sliding_window=sliding_window)
+            defaults = inspect.signature(_Block.__init__).parameters
+            given = sorted([*more, *(k for k, v in named.items() if v != defaults[k].default)])
+            if given:
+                raise TypeError(f"give either a BlockConfig or the keyword form, not both: the config's fields "
+                                f"come from the config (got {', '.join(given)})")
         else:
             placement = more.pop("norm_placement", None) or ("pre" if norm_first else "post")
             config = BlockConfig(n_heads=n_heads, d_ff=d_ff, activation=activation, norm_placement=placement,

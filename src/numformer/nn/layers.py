@@ -10,7 +10,7 @@ import numpy as np
 from . import init
 from .dispatch import F
 from .hooks import HookPoint
-from .module import Module, Parameter
+from .module import NO_FORWARD, Module, Parameter
 
 
 class Linear(Module):
@@ -38,8 +38,7 @@ class Linear(Module):
 
     def backward(self, dy):
         if self._cache is None:
-            raise RuntimeError("backward called without a forward pass to go back through (call forward first; "
-                               "each forward allows one backward)")
+            raise RuntimeError(NO_FORWARD)
         if np.shape(dy) != self._out_shape:
             raise ValueError(f"the gradient must have the shape of the forward output {self._out_shape}, "
                              f"got {np.shape(dy)}")
@@ -64,17 +63,23 @@ class Embedding(Module):
     Initialized N(0, std²), std=1.0 by default as torch. ``backward(dy)`` accumulates dE and returns None
     (integer ids have no gradient).
 
-    ``padding_idx``: the row E[padding_idx] gets no gradient from the lookup (positions holding that id
-    contribute nothing to dE; a tied output layer still adds its own gradient to the row). Unlike torch's, the
-    row is not zeroed at initialization and the index is used as given (a negative one matches no id).
+    ``padding_idx``: as torch's, the row E[padding_idx] starts at zero and gets no gradient from the lookup
+    (positions holding that id contribute nothing to dE; a tied output layer still adds its own gradient to the
+    row); a negative index counts from the end, and one outside the table is refused.
     """
 
     def __init__(self, num_embeddings, embedding_dim, rng=None, dtype=np.float32, std=1.0, padding_idx=None):
         super().__init__()
         rng = init.default_rng(rng)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"padding_idx {padding_idx} is outside the table of {num_embeddings} rows")
+            padding_idx %= num_embeddings
         self.padding_idx = padding_idx
         self.weight = Parameter(init.normal(rng, (num_embeddings, embedding_dim), std, dtype))
+        if padding_idx is not None:
+            self.weight.data[padding_idx] = 0
         self._cache = None
 
     def forward(self, ids):
@@ -91,6 +96,8 @@ class Embedding(Module):
     parameter_kind = "embedding"
 
     def backward(self, dy):
+        if self._cache is None:
+            raise RuntimeError(NO_FORWARD)
         p = self.weight
         if not p.requires_grad:                               # frozen: no scatter at all
             self._cache = None
@@ -201,9 +208,12 @@ RMS_NORMS = ("rms", "rms_plus_one")
 def make_norm(kind, d, eps=1e-5, bias=True, dtype=np.float32):
     """Build a norm by name: 'layer' (default), 'rms', 'rms_plus_one' (Gemma's, scaled by 1 + w) or 'batch'
     (per-feature statistics over batch and sequence), with ``eps`` (1e-5 for every kind). ``bias`` applies to
-    'layer' only: the RMS norms have no bias, the batch norm always has one."""
+    'layer' only: the RMS norms have no bias, the batch norm always has one (``bias=False`` is refused)."""
     if kind not in NORMS:
         raise ValueError(f"unknown norm {kind!r}; choose one of {sorted(NORMS)}")
+    if kind == "batch" and not bias:
+        raise ValueError("the batch norm always has a bias (β); bias=False applies to the layer norm, or use "
+                         "norm='rms' for a norm without one")
     if kind == "layer":
         return LayerNorm(d, eps, bias=bias, dtype=dtype)
     return NORMS[kind](d, eps, dtype=dtype)

@@ -55,6 +55,11 @@ class Parameter:
         return f"Parameter(shape={self.shape}, dtype={self.dtype}{frozen})"
 
 
+# What backward says when there is no forward pass to go back through (a layer keeps one pass's cache).
+NO_FORWARD = ("backward called without a forward pass to go back through (call forward first; each forward "
+              "allows one backward)")
+
+
 class Module:
     """Base class: registers Parameters and sub-Modules assigned as attributes, in order."""
 

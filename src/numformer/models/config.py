@@ -51,7 +51,8 @@ class GPTConfig:
     block_size: int = field(metadata={"doc": "context length (positions)"})
     d_model: int = _doc(128, "width of the residual stream")
     layers: tuple = _doc((BlockConfig(),) * 4, "one BlockConfig per layer (below)")
-    dropout: float = _doc(0.0, "dropout of the embeddings, the residuals and the attention weights")
+    dropout: float = _doc(0.0, "dropout of the embeddings, the residuals, the attention weights and "
+                                          "the hidden layer of an ungated feed-forward")
     positional: str = _doc("learned", "learned or sinusoidal (a table added to the embeddings), rope or alibi "
                                       "(inside attention)")
     norm: str = _doc("layer", "every norm: layer (LayerNorm), rms (RMSNorm), rms_plus_one (RMSNorm scaled by 1 + w, "

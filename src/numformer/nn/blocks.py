@@ -71,7 +71,8 @@ class BlockConfig:
     attn_scale: float | None = _doc(None, "the scores' factor (None: 1/√head_dim; Gemma: "
                                           "query_pre_attn_scalar^-½)")
     attn_logit_softcap: float | None = _doc(None, "c: scores capped to c·tanh(S/c) before the mask (Gemma 2)")
-    bias: bool = _doc(True, "biases of the feed-forward and of the block's norms")
+    bias: bool = _doc(True, "biases of the feed-forward and of the block's layer norms (the "
+                                              "batch norm always has one)")
     attn_bias: bool | None = _doc(None, "bias of the attention output projection (None: bias)")
     qkv_bias: bool | None = _doc(None, "biases of the q/k/v projection (None: attn_bias; Qwen2: true alone)")
     feed_forward: bool = _doc(True, "a feed-forward sub-layer after the attention (false: an attention-only "

@@ -47,3 +47,19 @@ def check_typeset_math(site):
     for page in site.rglob("*.html"):
         assert 'class="arithmatex"' not in page.read_text(encoding="utf-8"), \
             f"{page.relative_to(site)} keeps LaTeX source that was not typeset"
+
+
+# The packages whose every public module the API reference renders: the equations (ops), their fast kernels,
+# the layers and models built on them, the optimizers, the quantized kernels and every Hugging Face family.
+RENDERED_IN_FULL = {"ops": "ops", "kernels": "kernels", "nn": "nn", "models": "models", "optim": "optim",
+                    "quantize": "quantize", "interop/hf": "interop"}
+
+
+@pytest.mark.parametrize("package, page", sorted(RENDERED_IN_FULL.items()))
+def test_the_api_reference_renders_every_module_of(package, page):
+    text = (ROOT / "docs" / "api" / f"{page}.md").read_text(encoding="utf-8")
+    modules = sorted(p.stem for p in (ROOT / "src" / "numformer" / package).glob("*.py")
+                     if not p.stem.startswith("_"))
+    dotted = "numformer." + package.replace("/", ".")
+    missing = [m for m in modules if f"::: {dotted}.{m}\n" not in text + "\n"]
+    assert not missing, f"docs/api/{page}.md renders no `::: {dotted}.NAME` for {missing}"

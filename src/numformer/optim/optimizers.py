@@ -161,7 +161,14 @@ def _same_kind(saved, current):
 
 
 class SGD(Optimizer):
-    """p ← p - lr · d, with d = g + wd·p, optionally momentum (b ← μb + (1-τ)d) and Nesterov (d ← d + μb).
+    """Stochastic gradient descent with torch.optim.SGD's momentum, dampening, Nesterov and L2 weight decay.
+
+    For each parameter p with gradient g (the buffer b only when μ > 0):
+
+        d ← g + wd·p                                  (weight decay added to the gradient)
+        b ← d at the first step, then b ← μ·b + (1 - τ)·d
+        d ← d + μ·b   (nesterov)   or   d ← b
+        p ← p - lr·d
 
     SGD(params, **options): params is an iterable of Parameters or of groups
     (dicts with "params" and per-group options). Options (torch.optim.SGD's):
@@ -202,25 +209,20 @@ class SGD(Optimizer):
 
 
 def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-    """One Adam update, in place, with torch's L2 weight decay (λ θ added to the gradient): as adamw_step with
-    g ← g + λθ instead of the decoupled decay."""
+    """One Adam update of ``param``, in place: the equations of ``Adam`` (weight decay added to the gradient).
+
+    param, grad, exp_avg (m), exp_avg_sq (v): arrays of one shape; m and v start at 0 and are updated in place;
+    step: t, the number of this update (1 for the first); lr, betas, eps, weight_decay: as Adam's options."""
     if weight_decay:
         grad = grad + weight_decay * param
     _adam_moments_and_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps)
 
 
 def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
-    """One AdamW update of ``param``, in place (Loshchilov & Hutter 2019; torch.optim.AdamW's arithmetic).
+    """One AdamW update of ``param``, in place: the equations of ``AdamW`` (decoupled weight decay).
 
     param, grad, exp_avg (m), exp_avg_sq (v): arrays of one shape; m and v start at 0 and are updated in place;
-    step: t, the number of this update (1 for the first).
-
-        θ ← θ (1 - lr·λ)                              (decoupled weight decay, λ = weight_decay)
-        m ← β₁ m + (1 - β₁) g,   v ← β₂ v + (1 - β₂) g²
-        θ ← θ - lr · m̂ / (√v̂ + ε),   m̂ = m / (1 - β₁ᵗ),   v̂ = v / (1 - β₂ᵗ)
-
-    The bias corrections undo the start at 0: after t steps of a constant gradient g, m = (1 - β₁ᵗ) g.
-    """
+    step: t, the number of this update (1 for the first); lr, betas, eps, weight_decay: as AdamW's options."""
     if weight_decay:
         param *= 1.0 - lr * weight_decay
     _adam_moments_and_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps)
@@ -259,10 +261,16 @@ def _adam_update_in_place(param, grad, m, v, t, lr, betas, eps, scratch):
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba 2015) with torch's L2 weight decay (added to the gradient).
+    """Adam (Kingma & Ba 2015) with L2 weight decay added to the gradient, as torch.optim.Adam.
 
-    m ← β₁m + (1-β₁)g,  v ← β₂v + (1-β₂)g²,
-    p ← p - (lr / (1-β₁ᵗ)) · m / (√v / √(1-β₂ᵗ) + ε)
+    For each parameter p with gradient g, at its t-th update (t = 1, 2 …; m and v start at 0):
+
+        g ← g + wd·p                                  (L2 weight decay, only when wd > 0)
+        m ← β₁·m + (1 - β₁)·g,   v ← β₂·v + (1 - β₂)·g²
+        p ← p - lr · m̂ / (√v̂ + ε),   m̂ = m / (1 - β₁ᵗ),   v̂ = v / (1 - β₂ᵗ)
+
+    The bias corrections undo the start at 0: after t steps of a constant gradient g, m = (1 - β₁ᵗ)·g.
+    The update of one parameter is ``step_function`` (``adam_step``).
 
     Adam(params, **options): params is an iterable of Parameters or of groups
     (dicts with "params" and per-group options). Options (torch.optim.Adam's):
@@ -316,7 +324,15 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """AdamW (Loshchilov & Hutter 2019): weight decay decoupled from the gradient, p ← p(1 - lr·wd) first.
+    """AdamW (Loshchilov & Hutter 2019): Adam with weight decay decoupled from the gradient, as torch.optim.AdamW.
+
+    For each parameter p with gradient g, at its t-th update (t = 1, 2 …; m and v start at 0):
+
+        p ← p · (1 - lr·wd)                           (decoupled weight decay, before the Adam step)
+        m ← β₁·m + (1 - β₁)·g,   v ← β₂·v + (1 - β₂)·g²
+        p ← p - lr · m̂ / (√v̂ + ε),   m̂ = m / (1 - β₁ᵗ),   v̂ = v / (1 - β₂ᵗ)
+
+    The update of one parameter is ``step_function`` (``adamw_step``).
 
     AdamW(params, **options): params is an iterable of Parameters or of groups
     (dicts with "params" and per-group options; ``param_groups(model, wd)`` makes
@@ -366,7 +382,7 @@ class Muon(Optimizer):
 
         M ← μ·M + G                                   (momentum buffer, M₀ = 0)
         U = G + μ·M   (nesterov)   or   U = M
-        O = newton_schulz(U, ns_steps)                singular values ≈ 1 (0.68 … 1.21)
+        O = newton_schulz(U, ns_steps)                singular values ≈ 1 (newton_schulz: 0.68 … 1.21)
         W ← W - lr · (√max(1, rows/cols) · O + wd · W)
 
     The weight decay is decoupled, as AdamW's (lr·wd·W, with Muon's lr), and applied with the W before
@@ -464,6 +480,8 @@ class Muon(Optimizer):
         return arrays, meta
 
     def load_state_dict(self, arrays, meta, keep_options=False):
+        """``Optimizer.load_state_dict`` for Muon's groups, then the AdamW's from its part of the state; a
+        ValueError when one of the state and this Muon has an AdamW and the other has none."""
         if meta.get("type") == type(self).__name__ and (meta.get("adamw") is None) != (self.adamw is None):
             raise ValueError("optimizer state is for Muon with an AdamW for the other parameters, this Muon has none"
                              if self.adamw is None else
@@ -489,7 +507,8 @@ NO_DECAY_KINDS = ("bias", "norm", "embedding")
 
 
 def param_groups(model, weight_decay, no_decay=("bias", "norm")):
-    """Split a model's parameters into a decayed group and a group without weight decay.
+    """A model's trainable parameters as optimizer groups: ``[{"params": decayed, "weight_decay": weight_decay},
+    {"params": the others, "weight_decay": 0.0}]`` (the second group only when it has parameters).
 
     no_decay lists kinds to exclude: "bias" (every ``bias``), "norm" (LayerNorm,
     RMSNorm and batch-statistics norm parameters), "embedding" (token and

@@ -2,19 +2,23 @@
 
 A schedule is a linear warmup over ``warmup_steps`` steps followed by a decay shape: the factor the
 peak ``lr`` is multiplied by as the run goes from the end of warmup (progress 0) to its end (progress 1),
-with ``min_lr`` the floor:
+with ``min_lr`` the floor. For the update of index ``step``:
 
-    lr(progress) = min_lr + shape(progress) · (lr - min_lr)
+    lr(step) = lr · (step + 1) / (warmup_steps + 1)     for step < warmup_steps (nanoGPT's warmup; torch's
+                                                        LinearLR with start_factor 1 / (warmup_steps + 1))
+    lr(step) = min_lr + shape(p) · (lr - min_lr)        afterwards, p the progress (below), clipped to [0, 1]
 
     constant  shape(p) = 1
     linear    shape(p) = 1 - p
     cosine    shape(p) = (1 + cos(π p)) / 2                 (nanoGPT's get_lr)
     wsd       shape(p) = 1 for p < 1 - c, then (1 - p) / c   (warmup-stable-decay, "trapezoidal":
-                                                              the last fraction c of the run decays)
+                                                              the last fraction c = ``cooldown`` decays)
 
-A run counted in steps has progress (step - warmup_steps) / (decay_steps - warmup_steps); a run under
-a wall-clock budget (``[train] budget_minutes``) has the fraction of its training time spent since
-warmup ended (``Schedule.at``). ``noam`` is the paper's schedule and has no end.
+The constant schedule ignores ``min_lr``. A run counted in steps has progress p = (step - warmup_steps) /
+max(decay_steps - warmup_steps, 1) (decay_steps: [train] decay_steps, else max_steps), so lr is min_lr from
+``decay_steps`` on; a run under a wall-clock budget (``[train] budget_minutes``) has the fraction of its
+training time spent since warmup ended (``Schedule.at``, ``train.budget.Budget.progress``). ``noam`` is the
+paper's schedule, with its own warmup and no end.
 
 Every schedule is a callable ``lr(step)`` with step = 0, 1, 2 … the index of the update about to be
 taken.
@@ -27,7 +31,7 @@ import numpy as np
 
 
 def _warmup(lr, step, warmup_steps):
-    # nanoGPT's warmup: lr·(step+1)/(warmup+1), i.e. torch LinearLR(start_factor=1/(warmup+1), total_iters=warmup).
+    # nanoGPT's warmup (the module docstring's formula)
     return lr * (step + 1) / (warmup_steps + 1)
 
 
@@ -45,8 +49,14 @@ SHAPES = {
 
 
 class Schedule:
-    """Warmup, then ``min_lr + shape(progress) · (lr - min_lr)``; callable by step (``lr(step)``) or, for a
-    run planned for a time budget, by the fraction of it done (``lr.at(step, progress)``)."""
+    """Warmup, then ``min_lr + shape(progress) · (lr - min_lr)`` (the module docstring's equations); callable by
+    step (``lr(step)``) or, for a run planned for a time budget, by the fraction of it done
+    (``lr.at(step, progress)``).
+
+    name: "constant", "linear", "cosine" or "wsd" (the shape); lr: the peak learning rate; warmup_steps (0);
+    decay_steps (1): the step where the decay reaches min_lr (0.0; "constant" ignores it); cooldown (0.2): the
+    c of "wsd".
+    """
 
     def __init__(self, name, lr, warmup_steps=0, decay_steps=1, min_lr=0.0, cooldown=0.2):
         self.name, self.lr, self.warmup_steps, self.decay_steps = name, lr, warmup_steps, decay_steps
@@ -100,8 +110,12 @@ SCHEDULES = ("constant", "linear", "cosine", "wsd", "noam")
 
 def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512, decay_steps=None,
                   cooldown=0.2):
-    """Build a schedule by name. For "noam", ``lr`` is the factor that scales the paper's formula; for
-    "wsd", ``cooldown`` is the fraction of the run (after warmup) spent decaying."""
+    """Build a schedule by name (one of ``SCHEDULES``; ValueError otherwise).
+
+    lr: the peak learning rate (for "noam", the factor that scales the paper's formula); warmup_steps (0; "noam"
+    needs > 0); decay_steps (None: max_steps, whose default is 1): the step where the decay reaches min_lr (0.0);
+    d_model (512): "noam"'s; cooldown (0.2): for "wsd", the fraction of the run (after warmup) spent decaying,
+    in (0, 1]."""
     decay_steps = max_steps if decay_steps is None else decay_steps
     if name == "noam":
         if warmup_steps <= 0:
@@ -115,9 +129,12 @@ def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512
 
 
 def clip_grad_norm(params, max_norm):
-    """Scale all gradients so their global L2 norm is at most max_norm (torch's clip_grad_norm_).
+    """Scale all gradients in place so their global L2 norm is at most max_norm (torch's clip_grad_norm_).
 
-    Returns the norm before clipping. max_norm <= 0 or None only measures.
+    params: Parameters (those whose grad is None are skipped). With N = √(Σ over every gradient of Σ g²),
+    each g ← g · max_norm / (N + 1e-6) when that factor is < 1. Returns N, the norm before clipping, a float
+    (0.0 when no parameter has a gradient). max_norm <= 0 or None only measures (torch would zero the gradients
+    for 0).
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:

@@ -17,7 +17,8 @@ class EarlyStopping:
         self.bad_evals = 0
 
     def update(self, value, step):
-        """Record an evaluation; returns True when it is a new best."""
+        """Record an evaluation; returns True when ``value`` is below the best by more than min_delta (it is then
+        the new best, of ``step``)."""
         if value < self.best - self.min_delta:
             self.best, self.best_step, self.bad_evals = value, step, 0
             return True
@@ -26,6 +27,7 @@ class EarlyStopping:
 
     @property
     def should_stop(self):
+        """Whether the last ``patience`` evaluations (patience > 0) brought no improvement."""
         return self.patience > 0 and self.bad_evals >= self.patience
 
     def state_dict(self):

@@ -26,8 +26,9 @@ update, one writer of the run folder), one level up:
   The flags (Ctrl-C, the time limit) make every rank stop at the same step.
 * Dropout: rank 0 keeps the trainer's generators; rank r > 0 reseeds the
   model's generators from (seed, r), and its forked workers from (seed, r, i),
-  so every share draws its own masks. ``gather_rng_states`` collects every
-  rank's states for the checkpoint, which rank 0 alone writes.
+  so every share draws its own masks. Every rank's ``rng_states()`` is
+  gathered on rank 0 for the checkpoint (``train.workers.Workers.state``),
+  which rank 0 alone writes.
 
 Requirements: ``mpi4py`` with an MPI library (``pip install "numformer[mpi]"``
 installs the ``mpich`` wheel, whose ``mpiexec`` lands in the environment's

@@ -111,10 +111,12 @@ def _unlock_folder(fd):
 
 
 class RunLock:
-    """An ``flock`` on a run folder, exclusive (writing) or shared (reading); a context manager.
+    """The lock on a run folder (``numformer._platform``: flock on POSIX, msvcrt on Windows), exclusive (writing)
+    or shared (reading); a context manager.
 
-    ``RunLock(path, exclusive=True)`` raises RunFolderBusy at once when another
-    process holds a conflicting lock (it never waits).
+    ``RunLock(path, exclusive=True, what="write")`` raises RunFolderBusy at once when another process holds a
+    conflicting lock (it never waits; ``what``: the verb its message uses, e.g. "train into"), and RunFolderGone
+    when this process holds ``path`` but the folder there was deleted or replaced since.
     """
 
     def __init__(self, path, exclusive=True, what="write"):

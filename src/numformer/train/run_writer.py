@@ -48,6 +48,8 @@ class RunWriter:
 
     @classmethod
     def silent(cls, run_dir):
+        """A writer of ``run_dir`` whose writes do nothing: an MPI rank other than 0's, or a new run's until its
+        config is valid."""
         return cls(run_dir, writes=False)
 
     def close(self):
@@ -108,6 +110,7 @@ class RunWriter:
             save_model(self.run_dir / MODEL, model, {**figures, **run_folder.weights_metadata(config)})
 
     def save_summary(self, summary):
+        """summary.json: the ``summary`` dict of a train() call."""
         if self.writes:
             self.check()
             write_json_atomic(self.run_dir / "summary.json", summary)

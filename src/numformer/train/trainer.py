@@ -4,20 +4,20 @@
     trainer = Trainer(config, run_dir)        # validates the whole config first
     summary = trainer.train()
 
-One update, as ``Trainer._train_step`` takes it::
+One update, as ``Trainer._train_step`` takes it (lr: the schedule's, by step or by a time budget's progress)::
 
-    optimizer.set_lr(schedule(step))
-    loss = loss_and_backward(model, batch.inputs, batch.targets)    # forward, loss, backward
+    optimizer.set_lr(lr)
+    losses = [loss_and_backward(model, b.inputs, b.targets, label_smoothing, grad_scale=1 / grad_accum)
+              for b in grad_accum micro-batches of batch_size examples]   # gradients summed into p.grad
+    loss = mean(losses)             # each a mean over its counted targets; the gradient is that of this mean
     clip_grad_norm(optimizer.params, grad_clip)
     optimizer.step(); optimizer.zero_grad()
 
-It writes a run folder (train/run_writer.py: config.json, tokenizer.json, metrics.jsonl,
-checkpoint.safetensors, model.safetensors, summary.json; docs/reference/run-folder.md).
-
-Resuming is exact: a run stopped at step N and resumed gives, bit for bit, the
-weights of an uninterrupted run (model, optimizer moments, both random
-generators and every counter are restored; metrics lines after the checkpoint
-are dropped and re-logged).
+It writes a run folder (train/run_writer.py: config.json, tokenizer.json, metrics.jsonl, checkpoint.safetensors,
+model.safetensors, summary.json; a DPO run also reference_logps.safetensors; docs/reference/run-folder.md).
+Resuming is exact: a run stopped at step N and resumed gives, bit for bit, the weights of an uninterrupted run
+(model, optimizer moments, both random generators and every counter are restored; metrics lines after the
+checkpoint are dropped and re-logged).
 """
 from __future__ import annotations
 
@@ -52,12 +52,12 @@ from .workers import Workers
 class Trainer:
     """Train a model described by a config into ``run_dir``.
 
-    config: the raw config dict (sections model/data/train) — ignored when
-    resuming, where run_dir/config.json is used with ``overrides`` applied.
-    The trainer holds the run folder's lock (run_folder.RunLock) from the
-    moment the config is valid until ``close()`` or the process ends.
-    world: the MPI world (``train.mpi.init_world()``) when this process is one of several ranks: every rank
-    trains its share of each batch, rank 0 alone writes the run folder and prints.
+    config: the raw config dict (sections model/data/train, optional lora), checked whole first; ignored with
+    ``resume``, which continues run_dir's run from its checkpoint and config.json. overrides: "section.key=value"
+    items (--set) applied to the config; overwrite: replace a run already in run_dir; quiet: no progress bar or
+    messages. world: the MPI world (``train.mpi.init_world()``) when this process is one of several ranks: every
+    rank trains its share of each batch, rank 0 alone writes the run folder and prints. The run folder's lock
+    (run_folder.RunLock; a new run's once its config is valid) is held until ``close()`` or the process ends.
     """
 
     def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False, world=None):
@@ -144,6 +144,7 @@ class Trainer:
         self.folder.truncate_metrics(self.step)
 
     def save_checkpoint(self):
+        """checkpoint.safetensors: model, optimizer and trainer state of this step (under MPI: call on every rank)."""
         started = time.perf_counter()
         state = self._state()           # collective under MPI: every rank calls it
         if self._writer:
@@ -166,7 +167,7 @@ class Trainer:
 
     # -- the step -----------------------------------------------------------------------------
     def _train_step(self):
-        """One optimizer update (grad_accum micro-batches); returns (mean loss, grad norm, tokens)."""
+        """One optimizer update (grad_accum micro-batches); returns (mean loss, grad norm before clipping, tokens)."""
         t, started = self.train_cfg, time.perf_counter()
         self._lr = self._planned_lr()
         self.optimizer.set_lr(self._lr)
@@ -210,10 +211,10 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------
     def train(self, stop_after=None):
-        """Train to max_steps (or ``stop_after`` more steps, for tests). Returns the summary dict.
+        """Train to max_steps (or ``stop_after`` more steps, for tests); returns the summary dict (summary.json).
 
-        Each step: an optimizer update, then (when due) a log line, an evaluation, a checkpoint, and the
-        stopping rules (time limit, early stopping, Ctrl-C)."""
+        Each step that fits the time budget: an update, then (when due) a log line, an evaluation, a checkpoint and
+        the stopping rules (time limit, early stopping, Ctrl-C). A divergence: summary.json, then TrainingDiverged."""
         t = self.train_cfg
         wall_start = time.perf_counter()
         n_params = self._start_run()
@@ -238,8 +239,7 @@ class Trainer:
                 self._log_step(last_step, loss, norm, bar)
                 if self._evaluates(self.step):
                     stop["stopped_early"] = self._evaluate_step()
-                # a periodic checkpoint is not written while the loss is above the divergence threshold: the one
-                # kept when the run is stopped as diverged is from before the divergence began
+                # no periodic checkpoint while the loss is above the divergence threshold (one from before is kept)
                 periodic = self.step % t["checkpoint_every"] == 0 and not self.divergence.steps_above
                 if periodic or self.step == last_step or stop["stopped_early"]:
                     self.save_checkpoint()
@@ -305,7 +305,7 @@ class Trainer:
         return n_params
 
     def _log_step(self, last_step, loss, norm, bar):
-        """Every log_every steps (and the first and last): a training line in metrics.jsonl (the mean loss and
+        """Every log_every steps, at step 1 and at ``last_step``: a training line in metrics.jsonl (the mean loss and
         the tokens/s since the previous line); every step: the progress bar's figures (this step's loss)."""
         if self.step % self.train_cfg["log_every"] == 0 or self.step == 1 or self.step == last_step:
             w = self._window

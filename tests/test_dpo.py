@@ -101,6 +101,18 @@ def test_dpo_run_resumes_bit_exact(tmp_path):
     assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+def test_a_dpo_run_stopped_before_its_first_step_is_trained_again_without_overwrite(tmp_path):
+    """The reference log-probabilities are written when the Trainer is built, config.json with the first step:
+    a folder holding the reference alone is no run, and a new run replaces it (resume has nothing to resume)."""
+    base = sft_base(tmp_path)
+    Trainer(dpo_config(tmp_path, base), tmp_path / "run", quiet=True).close()        # stopped before train()
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["reference_logps.safetensors"]
+    with pytest.raises(ValueError, match="no config.json"):
+        Trainer(None, tmp_path / "run", resume=True, quiet=True)
+    Trainer(dpo_config(tmp_path, base), tmp_path / "run", quiet=True).train(stop_after=2)
+    assert (tmp_path / "run" / "config.json").is_file()
+
+
 def test_objective_and_task_must_go_together(tmp_path):
     base = sft_base(tmp_path)
     c = dpo_config(tmp_path, base)

@@ -242,6 +242,22 @@ def test_training_with_muon_lowers_the_loss(tmp_path, corpus):
     assert losses[-1] < 0.75 * losses[0] and evals[-1] < 0.9 * evals[0]
 
 
+def test_muon_keeps_muon_lr_when_every_trainable_parameter_is_a_hidden_matrix(tmp_path, corpus):
+    """With LoRA only the adapters' matrices train: Muon alone, no AdamW, still at muon_lr (times the
+    schedule's factor), not at [train] lr."""
+    config = text_config(corpus, lr=1e-3, muon_lr=0.02, schedule="constant", warmup_steps=0)
+    config["lora"] = {"r": 2}
+    trainer = Trainer(config, tmp_path / "run", quiet=True)
+    try:
+        assert trainer.optimizer.adamw is None
+        trainer.train(stop_after=1)
+        assert [g["lr"] for g in trainer.optimizer.param_groups] == [pytest.approx(0.02)]
+    finally:
+        trainer.close()
+    with pytest.raises(ValueError, match="Muon's base_lr must be > 0"):
+        Muon([Parameter(np.ones((2, 2)))], base_lr=0.0)
+
+
 def test_muon_resume_is_bit_exact(tmp_path, corpus):
     from safetensors.numpy import load_file
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

@@ -127,6 +127,16 @@ def test_optimizer_option_errors():
         SGD(p, nesterov=True)
     with pytest.raises(ValueError, match="betas"):
         Adam(p, betas=(1.0, 0.9))
+    with pytest.raises(ValueError, match=r"betas must be a pair \(beta1, beta2\), got \(0.9,\)"):
+        AdamW(p, betas=(0.9,))
+    model = GPT(11, 8, n_layers=1, n_heads=2, d_model=8)
+    with pytest.raises(TypeError, match=r"AdamW takes an iterable of Parameters .* got a GPT: pass model.parameters"):
+        AdamW(model)
+    with pytest.raises(TypeError, match="got a Parameter: pass"):
+        AdamW(p[0])
+    with pytest.raises(ValueError, match=r"parameter groups are dicts with a 'params' key .* \[\['lr', 'weights'\]\]"):
+        AdamW([{"weights": p, "lr": 0.1}])
+    AdamW(model.parameters())                                   # a generator, as torch's
 
 
 def test_param_groups_exclude_biases_norms_embeddings():

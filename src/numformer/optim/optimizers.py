@@ -31,10 +31,17 @@ class Optimizer:
         if unknown:
             raise ValueError(f"{type(self).__name__} has no option(s) {sorted(unknown)}; "
                              f"valid: {sorted(self.defaults)}")
+        name = type(self).__name__
+        if isinstance(params, Parameter) or hasattr(params, "named_parameters"):
+            raise TypeError(f"{name} takes an iterable of Parameters or of groups (dicts with 'params'), got a "
+                            f"{type(params).__name__}: pass model.parameters() (or [param])")
         params = list(params)
         if not params:
             raise ValueError("optimizer got an empty parameter list")
         groups = params if isinstance(params[0], dict) else [{"params": params}]
+        if any(not isinstance(g, dict) or "params" not in g for g in groups):
+            raise ValueError(f"{name}'s parameter groups are dicts with a 'params' key (and options), got "
+                             f"{[sorted(g) if isinstance(g, dict) else type(g).__name__ for g in groups]}")
         self.param_groups = []
         seen = set()
         for g in groups:
@@ -290,6 +297,8 @@ class Adam(Optimizer):
     def _validate(self):
         super()._validate()
         for g in self.param_groups:
+            if np.ndim(g["betas"]) != 1 or len(g["betas"]) != 2:
+                raise ValueError(f"betas must be a pair (beta1, beta2), got {g['betas']!r}")
             b1, b2 = g["betas"]
             if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
                 raise ValueError(f"betas must be in [0, 1), got {g['betas']}")
@@ -393,7 +402,8 @@ class Muon(Optimizer):
     ``step``, ``zero_grad``, ``params`` and the state dict then include, so that one object serves a
     training loop. ``set_lr(lr)`` sets the AdamW's learning rate to lr and Muon's to lr · lr_ratio, the
     ratio of the two learning rates given at construction (a schedule scales both by one factor);
-    without an AdamW, lr_ratio is 1. Options:
+    without an AdamW, the ratio of lr to ``base_lr`` (the learning rate the schedule's values are relative to;
+    None: lr itself, a ratio of 1). Options:
 
     - lr (0.02): learning rate
     - momentum (0.95): μ, in [0, 1)
@@ -405,7 +415,7 @@ class Muon(Optimizer):
     defaults = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5, "weight_decay": 0.0}
     _buffers = ("momentum_buffer",)
 
-    def __init__(self, params, adamw=None, **options):
+    def __init__(self, params, adamw=None, base_lr=None, **options):
         if adamw is not None and not isinstance(adamw, AdamW):
             raise TypeError(f"Muon's adamw must be an AdamW, got {type(adamw).__name__}")
         self.adamw = adamw
@@ -418,8 +428,13 @@ class Muon(Optimizer):
             if not base > 0:
                 raise ValueError(f"Muon's AdamW learning rate must be > 0 (set_lr scales Muon's learning rate "
                                  f"by the same factor), got {base}")
+        elif base_lr is not None:
+            base = base_lr
+            if not base > 0:
+                raise ValueError(f"Muon's base_lr must be > 0 (set_lr scales Muon's learning rate by lr / base_lr), "
+                                 f"got {base}")
         for g in self.param_groups:
-            g["lr_ratio"] = g["lr"] / base if adamw is not None else 1.0
+            g["lr_ratio"] = g["lr"] / base if adamw is not None or base_lr is not None else 1.0
 
     def _validate(self):
         super()._validate()

@@ -39,7 +39,9 @@ def make_optimizer(model, train):
         rest = [{**g, "params": [p for p in g["params"] if id(p) not in taken]} for g in groups]
         rest = [g for g in rest if g["params"]]
         adamw = AdamW(rest, lr=train["lr"], betas=(train["beta1"], train["beta2"]), eps=train["eps"]) if rest else None
-        return Muon(matrices, adamw, lr=train["muon_lr"], momentum=train["muon_momentum"],
+        # base_lr: the schedule gives values relative to [train] lr; Muon's run at muon_lr / lr of them (also
+        # when every trainable parameter is a hidden matrix, as with LoRA, and no AdamW holds lr)
+        return Muon(matrices, adamw, base_lr=train["lr"], lr=train["muon_lr"], momentum=train["muon_momentum"],
                     nesterov=train["muon_nesterov"], ns_steps=train["muon_ns_steps"],
                     weight_decay=train["weight_decay"])
     if name == "sgd":

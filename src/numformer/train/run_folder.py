@@ -342,10 +342,11 @@ def metrics_records(path):
 def start_new_run(path, overwrite=False):
     """Make ``path`` ready for a new run (the caller holds its lock): refuse a folder that holds any run file
     unless ``overwrite``, which deletes the old run's files (weights first, config last, leftovers of an
-    interrupted write too)."""
+    interrupted write too). A DPO run's reference log-probabilities alone are no run (one stopped before it
+    began: its config.json comes with the first step) and are replaced: the new run computes its own."""
     path = Path(path)
     present = run_files(path)
-    if present and not overwrite:
+    if present and present != [REFERENCE] and not overwrite:
         raise ValueError(f"{path} already holds a run; continue it with --resume, or start afresh with "
                          f"--overwrite (it has {', '.join(present)})")
     for name in present:

@@ -7,10 +7,25 @@ applied in that order (temperature, then top-k, then top-p)::
     apply_temperature(logits, T)     logits / T                                     (T > 0)
     top_k_filter(logits, k)          keep the k largest logits; ties with the k-th are kept too
     top_p_filter(logits, p)          keep the smallest set of most probable tokens whose probability
-                                     reaches p (at least one token); the rest become -inf
+                                     reaches p (at least one token, ties with the last kept one too);
+                                     the rest become -inf
     warp_logits(logits, T, k, p)     the three in that order, in float64
     next_token_probabilities(logits, T, k, p)   softmax of the warped logits: what sample_next draws from
-    sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None, greedy=False) -> token ids
+    sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greedy=False) -> token ids
+
+The equations, for one row z = (z_1 … z_V) of a processor's input (V: the vocabulary size; each processor
+takes the previous one's output), with π = softmax(z)::
+
+    temperature T        z_i / T  for T > 0; T = 0 is greedy: argmax_i z_i (the first index among ties)
+    top-k, k >= 1        z_i kept if z_i >= z_(k), the k-th largest logit, else -inf (k >= V keeps all)
+    top-p, 0 < p <= 1    sort the tokens by decreasing π (ties: lower id first); the token of rank r is
+                         removed when π_(1) + … + π_(r-1) >= p - TOP_P_TOL (rank 1 is always kept);
+                         then every token whose logit equals the smallest kept logit is kept too
+                         (p = 1 keeps all)
+    sampling             one draw from softmax(z'), z' the logits after temperature, top-k and top-p
+    length penalty       beam search (``numformer.decoding.beam_search``) scores a finished hypothesis
+                         y_1 … y_L of a source x as (Σ_t log p(y_t | y_<t, x)) / L ** α, where
+                         α = length_penalty and L counts the generated tokens, eos included (bos not)
 
 The decoders that use them are in ``numformer.decoding``.
 """
@@ -74,9 +89,8 @@ def _check_logits(logits):
 
 # -- logits processors -----------------------------------------------------------------
 def apply_temperature(logits, temperature):
-    """logits / temperature (HF ``TemperatureLogitsWarper``); temperature must be > 0.
-
-    (``sample_next`` treats temperature 0 as greedy: argmax.)
+    """logits / temperature (HF ``TemperatureLogitsWarper``), in the logits' dtype; temperature must be > 0
+    (0 is a ValueError here; ``sample_next`` and ``next_token_probabilities`` treat 0 as greedy: argmax).
     """
     logits = _check_logits(logits)
     _check_temperature(temperature)
@@ -86,11 +100,12 @@ def apply_temperature(logits, temperature):
 
 
 def top_k_filter(logits, k, filter_value=-np.inf, min_tokens_to_keep=1):
-    """Keep the k largest logits of each row and set the others to ``filter_value`` (HF ``TopKLogitsWarper``).
+    """Keep the k largest logits of each row and set the others to ``filter_value`` (default -inf; HF
+    ``TopKLogitsWarper``). Returns a new array of the logits' shape and dtype.
 
-    k larger than the vocabulary keeps everything. As HF, a token is removed only if its logit
-    is strictly below the k-th largest, so tokens tied with the k-th are all kept (exactly k
-    survive when the logits are distinct).
+    k None or larger than the vocabulary keeps everything; k is raised to ``min_tokens_to_keep``
+    (default 1). As HF, a token is removed only if its logit is strictly below the k-th largest,
+    so tokens tied with the k-th are all kept (exactly k survive when the logits are distinct).
     """
     logits = _check_logits(logits)
     _check_top_k(k)
@@ -122,13 +137,15 @@ def _log_softmax64(x):
 
 def top_p_filter(logits, p, filter_value=-np.inf, min_tokens_to_keep=1):
     """Nucleus filtering (HF ``TopPLogitsWarper``): keep the smallest set of most probable tokens
-    whose cumulative probability reaches p; set the others to ``filter_value``.
+    whose cumulative probability reaches p; set the others to ``filter_value`` (default -inf).
+    Returns a new array of the logits' shape and dtype.
 
     Sorted by decreasing probability, token i is removed when the tokens before it already
     hold probability >= p (so a set summing to exactly p is complete; probabilities are
     computed in float64 and compared with a tolerance of ``TOP_P_TOL``). At least
     ``min_tokens_to_keep`` (default 1) tokens are kept, so a top token with probability
-    above p is kept alone. p = 1 keeps every token (HF's generate skips the warper then).
+    of p or more is kept alone (with the tokens tied with it). p None or 1 keeps every token
+    (HF's generate skips the warper then).
     Ties: a token whose logit equals the smallest kept logit is kept too (HF leaves the choice
     among tied tokens to its sort order; keeping all of them makes the result independent of
     token order, as HF's top-k is).
@@ -151,7 +168,9 @@ def top_p_filter(logits, p, filter_value=-np.inf, min_tokens_to_keep=1):
 
 
 def warp_logits(logits, temperature=1.0, top_k=None, top_p=None):
-    """Temperature, then top-k, then top-p, in float64 (the distribution ``sample_next`` samples from)."""
+    """Temperature, then top-k, then top-p: float64 logits (..., V), -inf where a token is filtered out; the
+    softmax of the result is the distribution ``sample_next`` samples from. Defaults: temperature 1, no
+    top-k, no top-p. temperature must be > 0 here (0, greedy, is a ValueError: see ``sample_next``)."""
     _check_sampling(temperature, top_k, top_p)
     x = _check_logits(logits).astype(np.float64)
     if temperature != 1:
@@ -174,12 +193,13 @@ def next_token_probabilities(logits, temperature=1.0, top_k=None, top_p=None):
 
 
 def sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greedy=False):
-    """Next token ids from logits (..., V) -> int64 array (...).
+    """Next token ids from logits (..., V) -> int64 array (...) (a NumPy int64 scalar for 1-D logits).
 
     greedy=True or temperature=0: argmax (the first index among ties). Otherwise one draw
     from softmax(warp_logits(logits, temperature, top_k, top_p)) per row, by inverse CDF with
     one ``rng.random()`` number per row, so a fixed seed repeats the same tokens.
-    rng: a numpy.random.Generator (or an integer seed; None draws fresh entropy).
+    rng: a numpy.random.Generator (or an integer seed; None, the default, draws fresh entropy).
+    Logits holding NaN, or a row that is entirely -inf, are a ValueError.
     """
     logits = _check_logits(logits)
     _check_sampling(temperature, top_k, top_p)

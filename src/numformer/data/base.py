@@ -42,7 +42,9 @@ class Batch:
     inputs:   e.g. {"idx": (B, T)} for GPT, {"ids": (B, T)} for EncoderClassifier,
               {"src": (B, S), "tgt": (B, T)} for Transformer (teacher forcing: tgt = targets shifted right).
     targets:  shape of logits[..., 0]: (B, T) for GPT/Transformer, (B,) for a classifier; IGNORE is skipped.
-    n_tokens: tokens processed in this batch (for tokens/s); defaults to the number of input ids.
+    n_tokens: tokens processed in this batch (for tokens/s); 0 (the default) counts the elements of every
+              input array.
+    extra:    anything a task's own metrics need (e.g. each row's index in the split).
     """
 
     inputs: dict
@@ -245,9 +247,9 @@ def spread_sample(n: int, k: int, seed: int = 0) -> np.ndarray:
     of (nearly) equal length and one index is drawn at random from each, with a generator seeded by ``seed``
     alone (the same indices at every call). All of range(n) when k >= n.
 
-    Every example is equally likely to be drawn (1/stretch length), so the mean over the sample estimates the
-    mean over the split without bias, and no part of the split is left out (as the first k would leave out
-    the rest).
+    Each example is drawn with probability 1/(the length of its stretch), k/n up to the rounding of the
+    stretches' lengths, so the mean over the sample estimates the mean over the split (without bias when k
+    divides n), and no part of the split is left out (as the first k would leave out the rest).
     """
     if k >= n:
         return np.arange(n)
@@ -257,7 +259,8 @@ def spread_sample(n: int, k: int, seed: int = 0) -> np.ndarray:
 
 
 def pad_sequences(seqs, pad_id, length=None, dtype=np.int64):
-    """Right-pad a list of id sequences into a (len(seqs), length) array (length: the longest by default)."""
+    """Right-pad a list of id sequences with ``pad_id`` into a (len(seqs), length) array of ``dtype`` (int64 by
+    default); length: the longest by default; longer sequences are cut to ``length``."""
     length = max((len(s) for s in seqs), default=0) if length is None else length
     out = np.full((len(seqs), length), pad_id, dtype=dtype)
     for i, s in enumerate(seqs):

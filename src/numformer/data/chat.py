@@ -203,9 +203,10 @@ def _messages(messages):
 
 
 def select_chat_template(chat_template, name=None, tools=None):
-    """The template source to use: ``chat_template`` itself, or from a dict of named templates the one called
-    ``name`` (a name not in the dict is taken as a template source, as transformers does), else "tool_use"
-    when tools are given and it exists, else "default"."""
+    """The template source to use. ``chat_template`` a string (or None): itself, or ``name`` when given (taken
+    as a template source, as transformers does). A dict of named templates: the one called ``name`` (a name
+    not in the dict is taken as a template source), else "tool_use" when tools are given and it exists, else
+    "default". No template at all, or a dict without "default", is a ValueError."""
     if not isinstance(chat_template, Mapping):
         if chat_template is None and name is None:
             raise ValueError("there is no chat template: give one (a Jinja string), or a model folder that has one")
@@ -225,9 +226,13 @@ def apply_chat_template(messages, chat_template, add_generation_prompt=False, to
     """The text of ``messages`` rendered with ``chat_template`` (a Jinja source, or a dict of named ones),
     as transformers' ``tokenizer.apply_chat_template(messages, tokenize=False, ...)`` renders it.
 
-    special_tokens: {"bos_token": "<s>", ...} (``read_chat_template`` gives a folder's); variables: extra
-    template variables (``enable_thinking=False``, ``date_string="26 Jul 2024"``), which win over the
-    special tokens. A template that refuses the conversation (``raise_exception``) is a ValueError.
+    messages: a non-empty list of message dicts (or dataclasses); add_generation_prompt: end with the
+    start of the assistant's turn (default False); tools: JSON schemas (dicts) of the tools; documents:
+    dicts with "title" and "text"; special_tokens: {"bos_token": "<s>", ...} (``read_chat_template``
+    gives a folder's); template_name: which of several named templates (``select_chat_template``);
+    variables: extra template variables (``enable_thinking=False``, ``date_string="26 Jul 2024"``),
+    which win over the special tokens. A template that refuses the conversation (``raise_exception``,
+    or any other Jinja template error) is a ValueError.
     """
     return _render(messages, chat_template, add_generation_prompt, tools, documents, special_tokens,
                    template_name, variables, spans=None)
@@ -322,7 +327,8 @@ def read_json_object(path):
 class ChatFormat:
     """How conversations with one model are written: its template (a Jinja source, or a dict of named
     templates), the special tokens the template may use, extra template variables (``enable_thinking``),
-    and the text at which a reply ends (``stop_strings``; the default template's turn markers)."""
+    the text at which a reply ends (``stop_strings``; the default template's turn markers), and whether
+    this is numformer's default format (``is_default``)."""
     template: str | dict
     special_tokens: dict = dataclasses.field(default_factory=dict)
     variables: dict = dataclasses.field(default_factory=dict)
@@ -343,6 +349,7 @@ class ChatFormat:
         return cls(template, tokens, dict(variables or {}))
 
     def render(self, messages, add_generation_prompt=False):
+        """The text of ``messages`` in this format (``apply_chat_template`` with its tokens and variables)."""
         return apply_chat_template(messages, self.template, add_generation_prompt,
                                    special_tokens=self.special_tokens, **self.variables)
 
@@ -402,6 +409,7 @@ class ChatSession:
     there, ``rng`` one Generator for the whole session) until a stop token (``stop_tokens``, e.g. the
     model's eos and end-of-turn ids) or a stop string, streams the reply's text to ``stream`` as it comes,
     and returns it. ``dropped`` counts the turns the last ``send`` dropped; ``reset()`` forgets the turns.
+    Defaults: no system prompt, max_new_tokens 256, no stop tokens, temperature 1, no top-k or top-p.
     """
 
     def __init__(self, model, tokenizer, chat_format, system=None, max_new_tokens=256, stop_tokens=(),
@@ -466,7 +474,8 @@ def _ids(value):
 def stop_token_ids(folder, tokenizer, chat_format):
     """The ids that end a reply of the model in ``folder``: ``eos_token_id`` of config.json and of
     generation_config.json (an id or a list: Llama 3's <|eot_id|>, Gemma's <end_of_turn>, ...), the
-    tokenizer's eos, and the template's ``eos_token``, each as far as the vocabulary has it."""
+    tokenizer's eos (``special_ids["<eos>"]``), and the template's ``eos_token`` (looked up in a
+    ``PretrainedTokenizer``'s vocabulary), each as far as the vocabulary has it; sorted."""
     ids = set()
     for name in ("config.json", "generation_config.json"):
         ids.update(_ids(read_json_object(Path(folder) / name).get("eos_token_id")))

@@ -4,8 +4,9 @@ The records of ``path`` are conversations, in either of the two formats people h
 
 - JSON lines (or a JSON list) of ``{"messages": [{"role": ..., "content": ...}, ...]}``, the format of Hugging
   Face's chat datasets and OpenAI's fine-tuning files;
-- Alpaca-style records ``{"instruction", "input", "output"}`` (``../shared/data/instructions/``), each read as
-  a user turn (the instruction, then its input after a blank line) and the assistant's reply.
+- Alpaca-style records ``{"instruction", "input", "output"}`` (such as the instruction data of
+  rasbt/LLMs-from-scratch), each read as a user turn (the instruction, then its input after a blank line)
+  and the assistant's reply.
 
 Each conversation is rendered with the chat template (``chat_template``: a Jinja file, as a Hugging Face model
 ships; else numformer's plain default, ``User: ...`` / ``Assistant: ...``) and encoded with the tokenizer of
@@ -13,8 +14,8 @@ the model being fine-tuned (the ``[model] init_from`` run or Hugging Face folder
 is taken on the assistant's tokens only (``train_on = "assistant"``; ``"all"`` takes it everywhere). A
 conversation longer than the context (``block_size`` + 1 tokens) is cut at its end; one whose kept part has
 no assistant token is left out. Batches pad each conversation to the longest of the batch (targets -100, so
-padding takes no loss; the causal mask keeps it from the real tokens). ``val_size`` conversations, drawn with
-the seed, are held out for validation.
+padding takes no loss; the causal mask keeps it from the real tokens). ``val_size`` conversations (at most
+half of them), drawn with the seed, are held out for validation.
 """
 from __future__ import annotations
 

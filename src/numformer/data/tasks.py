@@ -35,8 +35,9 @@ Which model. Every sequence task defaults to the decoder-only GPT format and
 also supports the encoder-decoder Transformer (``model_type = "transformer"``);
 the ``model_type`` key must match ``[model] type``. The GPT reads the prompt and
 its own previous outputs in one causal attention; the Transformer's
-cross-attention lets output step t read input position t (copy), 63 - t
-(reversal) or bit t (a parity scratchpad) at a fixed place whatever the length.
+cross-attention lets output step t read input position t (copy) or bit t (a
+parity scratchpad), the same place whatever the length, or L - 1 - t (reversal,
+at length L).
 configs/ picks one per task; docs/experiments.md records the measurements
 behind each choice.
 """

@@ -7,7 +7,8 @@ BPE (``ByteLevelBPE``, ``vocab_size`` tokens, the split ``pattern`` "gpt2", "gpt
 the training split only; every document ends with the end-of-text token ``<|endoftext|>``, and the
 tokenized splits are token files on disk (``lm_corpus``, ``token_files``), read window by window, so a
 corpus larger than memory trains in bounded memory. ``tokens_dir`` names a folder of such files made
-elsewhere (train.bin, val.bin, tokenizer.json, as nanoGPT's prepare scripts make them).
+elsewhere: train.bin and val.bin as nanoGPT's prepare scripts write them, with the tokenizer.json that
+made them (``token_files.read_tokens_dir``).
 
 Splits. ``text``: the first 90% (``1 - val_fraction``) of the characters for training, the rest for
 validation, as nanoGPT, so that losses compare. ``imdb_lm``: the training reviews (and the unlabelled ones

@@ -5,10 +5,11 @@ otherwise each file is found by ``numformer.data.fetch``: in the data folder
 named by ``NUMFORMER_DATA``, in the cache, or downloaded (checked against its
 hash) from the official source. ``numformer data list`` shows where each is.
 
-Splits: "test" is the official test set; "val" is a slice of the official
-training set held out with the run's seed (``val_size`` examples; 0 = a tenth),
-and "train" is the rest (optionally cut to ``n_train`` examples for quick runs).
-Tokenizers are trained on that "train" part only.
+Splits of the classification tasks: "test" is the official test set; "val" is a
+slice of the official training set held out with the run's seed (``val_size``
+examples; 0 = a tenth), and "train" is the rest (optionally cut to ``n_train``
+examples for quick runs). Multi30k uses its official train, val and test files.
+Tokenizers are trained on the "train" part only.
 
 Classification preprocessing (``encode_for_classifier``, shared by the tasks and
 ``numformer classify``): tokenize, prepend ``<cls>``, truncate to ``max_len``
@@ -178,9 +179,9 @@ class TextClassificationTask(Task):
         return Batch({"ids": ids}, self.data[split].labels[index], extra={"index": np.asarray(index)})
 
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
-        """Uniform (or length-bucketed) training texts; with ``token_dropout`` p, each word (not <cls>,
-        not padding) is replaced by <unk> with probability p (drawn from ``rng``): a regularizer that
-        keeps the classifier from leaning on a few words."""
+        """Uniform (or length-bucketed) training texts; with ``token_dropout`` p, each token (a word, or a
+        BPE piece; not <cls>, not padding) is replaced by <unk> with probability p (drawn from ``rng``): a
+        regularizer that keeps the classifier from leaning on a few words."""
         batch = self._batch("train", self.buckets.sample(batch_size, rng))
         p = float(self.config["token_dropout"])
         if p > 0:

@@ -17,8 +17,9 @@ out (``bpe``, ``bpe_train``, ``byte_level``), read and written as a Hugging Face
   (``<pad>`` = 0, ``<unk>`` = 1, ...), a prefix space, and a ``decode`` that drops the special tokens and
   strips the spaces around the text.
 
-``PretrainedTokenizer`` wraps Hugging Face ``tokenizers`` for pretrained models whose tokenizer is of
-another kind; ``tokenizers`` is otherwise only the tests' reference.
+``PretrainedTokenizer`` wraps Hugging Face ``tokenizers``: ``numformer.interop.hf`` loads every pretrained
+model's tokenizer with it (GPT-2's byte-level BPE as well as tokenizers of other kinds); ``tokenizers`` is
+otherwise only the tests' reference.
 """
 from .base import (BOS, CLS, EOS, OPTIONAL_SPECIALS, PAD, UNK, SpecialsTokenizer, Tokenizer, normalize_text,
                    special_tokens, split_words, token_labels)

@@ -14,8 +14,8 @@ Encoding a text takes four steps, each a few lines below:
    ids. Each piece's ids are remembered (a cache), so a word seen before costs one dictionary lookup.
 
 Decoding joins the tokens' bytes and reads them as UTF-8 (a token may hold part of a character; an
-incomplete character at the end becomes U+FFFD), so ``decode(encode(text)) == text`` for every text when
-the tokenizer has no normalizer.
+incomplete character becomes U+FFFD), so ``decode(encode(text)) == text`` for every text when the
+tokenizer has no normalizer and adds no prefix space (``add_prefix_space``: the added space is decoded).
 
 A ``ByteLevelBPE`` is written and read as a Hugging Face ``tokenizer.json`` (``save``, ``from_file``;
 ``to_dict`` / ``from_dict`` for the same document as a dict), which ``tokenizers.Tokenizer.from_file`` and
@@ -51,8 +51,11 @@ class ByteLevelBPE(Tokenizer):
     pre_tokenizer: the regex split (``PreTokenizer``); GPT-2's by default.
     normalizer:   ``NormalizerStep`` s applied to the text between added tokens (none by default).
     ignore_merges: a piece that is itself a token is that token, without merging (Llama 3's option).
-    eos_token / bos_token: the end-of-text and start tokens (``eos_id``, ``bos_id``); by default
-                  ``<|endoftext|>`` when the vocabulary has it, and none.
+    unk_token:    the token of a byte character missing from the vocabulary (None by default: such a byte
+                  is a ValueError).
+    eos_token / bos_token: the end-of-text and start tokens (``eos_id``, ``bos_id``, also given by
+                  ``special_id("<eos>")`` and ``special_id("<bos>")``); by default ``<|endoftext|>`` when it
+                  is one of the added tokens, and none.
     hf_fields:    other tokenizer.json entries written back unchanged (``post_processor``, ``decoder``, ...).
     """
 
@@ -277,7 +280,8 @@ class ByteLevelBPE(Tokenizer):
     @classmethod
     def from_dict(cls, d: dict, eos_token=None, bos_token=None) -> "ByteLevelBPE":
         """A tokenizer.json document of any byte-level BPE tokenizer (GPT-2, Llama 3, Qwen2 ...); what it
-        cannot implement is one ValueError naming it."""
+        cannot implement is one ValueError naming it. eos_token / bos_token: as the constructor's (the
+        document does not name them)."""
         try:
             return cls(**parse_document(d), eos_token=eos_token, bos_token=bos_token)
         except (KeyError, TypeError, AttributeError, IndexError) as e:
@@ -291,7 +295,7 @@ class ByteLevelBPE(Tokenizer):
 
     @classmethod
     def from_file(cls, path, eos_token=None, bos_token=None) -> "ByteLevelBPE":
-        """Read a tokenizer.json."""
+        """Read a tokenizer.json (``from_dict``; eos_token / bos_token as there)."""
         return cls.from_dict(read_json_file(path), eos_token, bos_token)
 
     @classmethod
@@ -306,5 +310,14 @@ class ByteLevelBPE(Tokenizer):
     @classmethod
     def train(cls, texts, vocab_size: int, pattern: str = "gpt2", special_tokens=(END_OF_TEXT,),
               min_frequency: int = 0, trainer: str = "fast", add_prefix_space: bool = False) -> "ByteLevelBPE":
-        """Learn a tokenizer of ``vocab_size`` tokens from ``texts`` (``bpe_train.train_bpe``)."""
+        """Learn a tokenizer of at most ``vocab_size`` tokens (special tokens and the 256 bytes included) from
+        ``texts``: a str, or an iterable of documents, each a str or an iterable of str chunks
+        (``bpe_train.train_bpe``).
+
+        pattern: the split, "gpt2" (default), "gpt4" or a regex; special_tokens: the added special tokens,
+        ids 0, 1, ... (default ``<|endoftext|>``); min_frequency (default 0): merging stops when the most
+        frequent pair occurs fewer than max(1, min_frequency) times; trainer: "fast" (default) or
+        "reference" (the same merges); add_prefix_space: a space in front of each piece that lacks one
+        (off by default).
+        """
         return train_bpe(cls, texts, vocab_size, pattern, special_tokens, min_frequency, trainer, add_prefix_space)

@@ -100,8 +100,9 @@ def merge_pair(word, pair, new_id) -> list:
 def train_reference(words: dict, tokens: list, size: int, min_frequency: int = 0, *, pair_of=most_frequent_pair,
                     merge=merge_pair) -> list:
     """Merges ([(left id, right id), ...] in order) learnt from ``words`` ({tuple of ids: count}); ``tokens``
-    (id -> text) grows to at most ``size`` entries. ``pair_of`` and ``merge`` are the two halves of a step
-    (the grader of ``numformer exercises check bpe_merge`` passes a learner's)."""
+    (id -> text) grows to at most ``size`` entries; merging stops earlier when the most frequent pair occurs
+    fewer than max(1, ``min_frequency``) times. ``pair_of`` and ``merge`` are the two halves of a step (the
+    grader of ``numformer exercises check bpe_merge`` passes a learner's)."""
     index = {t: i for i, t in enumerate(tokens)}
     counts, words = list(words.values()), [list(w) for w in words]
     merges = []

@@ -3,7 +3,7 @@
 Three steps, as GPT-2 introduced them and Hugging Face ``tokenizers`` describes them in a tokenizer.json
 (``normalizer``, ``pre_tokenizer``):
 
-1. **Normalization** (most byte-level tokenizers have none; Qwen2 applies NFC): ``Normalizer``.
+1. **Normalization** (most byte-level tokenizers have none; Qwen2 applies NFC): ``NormalizerStep`` s.
 2. **The regex split.** A regular expression cuts the text into pieces (words with their leading space,
    numbers, runs of punctuation, runs of white space), and BPE never merges across two pieces, so that
    "dog." and "dog!" share the token "dog". ``PATTERNS`` holds GPT-2's pattern and GPT-4's (cl100k, which

@@ -11,7 +11,8 @@ A tokenizer.json is one JSON object::
 
 ``tokenizers`` refuses unknown top-level keys, so numformer writes exactly these and nothing around them.
 Merges are written as "left right" strings, the form every version of ``tokenizers`` reads (a byte-level
-token never holds a space: the space is "Ġ"); both that form and the newer ``[left, right]`` lists are read.
+token never holds a space: the space is "Ġ"), or as ``[left, right]`` lists when a merge's token does hold
+one; both forms are read.
 Options of the BPE model or of the pre-tokenizer that ``ByteLevelBPE`` does not implement (dropout, byte
 fallback, a continuing-subword prefix, ...) are refused by name.
 """
@@ -33,7 +34,9 @@ _NEUTRAL_MODEL_OPTIONS = {"dropout": (None, 0.0), "continuing_subword_prefix": (
 @dataclass(frozen=True)
 class AddedToken:
     """A token matched in the text before any split (tokenizer.json's ``added_tokens``): ``special`` tokens
-    (``<|endoftext|>``) are the ones ``allowed_special`` governs and ``decode(skip_special=True)`` drops."""
+    (``<|endoftext|>``) are the ones ``allowed_special`` governs and ``decode(skip_special=True)`` drops.
+    ``normalized`` is read and written back, but every added token is matched in the text as given, before
+    the normalizer (``tokenizers`` matches a normalized one in the normalized text)."""
 
     content: str
     id: int

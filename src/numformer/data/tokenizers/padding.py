@@ -7,7 +7,8 @@ import numpy as np
 
 
 def truncate(ids: Sequence[int], max_len: int, keep: str = "head") -> list[int]:
-    """At most ``max_len`` ids: the first ones (keep="head") or the last ones (keep="tail")."""
+    """At most ``max_len`` ids, as a new list: the first ones (keep="head", the default) or the last ones
+    (keep="tail"); max_len <= 0 keeps them all."""
     ids = list(ids)
     if max_len <= 0 or len(ids) <= max_len:
         return ids
@@ -22,9 +23,10 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0, length: int | None
               max_len: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad id sequences into (ids (B, T), key_padding_mask (B, T)).
 
-    T is ``length`` if given, else the longest sequence (after truncation to
-    ``max_len`` when > 0). The mask is True at padding positions (torch.nn's
-    convention: True = masked out), so padding never receives attention; the
+    T is ``length`` if given, else the longest sequence (after truncation to ``max_len``
+    when > 0, keeping the head); a sequence longer than ``length`` is a ValueError. ids are
+    int64, padded with ``pad_id`` (default 0); the mask is bool, True at padding positions
+    (torch.nn's convention: True = masked out), so padding never receives attention; the
     models derive the same mask from ``pad_id`` when none is passed.
     """
     if max_len > 0:

@@ -1,5 +1,6 @@
-"""``PretrainedTokenizer``: a Hugging Face ``tokenizers`` tokenizer, for the pretrained models whose tokenizer is not
-byte-level BPE (``numformer.interop.hf`` loads their tokenizer.json with it). Needs ``tokenizers``.
+"""``PretrainedTokenizer``: a Hugging Face ``tokenizers`` tokenizer, for pretrained models (``numformer.interop.hf``
+loads every model folder's tokenizer.json, or GPT-2's vocab.json + merges.txt, with it, byte-level BPE or not).
+Needs ``tokenizers``.
 """
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ def _hf():
 
 
 class PretrainedTokenizer(Tokenizer):
-    """A Hugging Face ``tokenizers`` tokenizer used exactly as its model was trained with it
-    (GPT-2's byte-level BPE, ``numformer.interop.hf``): no normalization, no special ids of
-    numformer's own. ``decode`` keeps every space, so ``decode(encode(text)) == text``.
+    """A Hugging Face ``tokenizers`` tokenizer (``hf_tokenizer``) used exactly as its model was trained with
+    it (``numformer.interop.hf``): its own normalizer and pre-tokenizer, no special ids of numformer's own;
+    ``encode`` adds no special tokens (``add_special_tokens=False``). For byte-level BPE (GPT-2's)
+    ``decode`` keeps every space, so ``decode(encode(text)) == text``; other kinds of tokenizer may not
+    give the text back (a word-level one joins its tokens with spaces).
 
     ``eos_id`` / ``bos_id``: the model's end / start token ids (GPT-2: 50256, ``<|endoftext|>``), or None;
     ``special_id("<eos>")`` / ``special_id("<bos>")`` give them too.

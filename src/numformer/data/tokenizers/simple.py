@@ -133,13 +133,14 @@ class CharTokenizer(Tokenizer):
 
 # ---------------------------------------------------------------------------------------------------------------
 class WordTokenizer(SpecialsTokenizer):
-    """Lowercased words and punctuation; a vocabulary of the most frequent training words.
+    """Words and punctuation of normalized text (``normalize_text``: lowercased unless ``lowercase=False``);
+    a vocabulary of the most frequent training words.
 
-    Build with ``WordTokenizer.build(train_texts, min_freq=2, max_size=20000, bos=.., eos=.., cls=..)``:
-    words seen fewer than ``min_freq`` times are dropped, then the most frequent
-    are kept so that the vocabulary (special tokens included) has at most
-    ``max_size`` entries (0 = no limit). Ties are broken alphabetically, so the
-    vocabulary is a function of the texts alone. Unknown words map to ``<unk>`` (1).
+    Build with ``WordTokenizer.build(train_texts, min_freq=1, max_size=0, bos=False, eos=False,
+    cls_token=False, lowercase=True)`` (the defaults): words seen fewer than ``min_freq`` times are
+    dropped, then the most frequent are kept so that the vocabulary (special tokens included) has at
+    most ``max_size`` entries (0 = no limit). Ties are broken alphabetically, so the vocabulary is a
+    function of the texts alone. Unknown words map to ``<unk>`` (1).
     """
 
     def __init__(self, tokens: Sequence[str], lowercase: bool = True):
@@ -181,7 +182,9 @@ class WordTokenizer(SpecialsTokenizer):
         return self._wrap([get(w, unk) for w in self.tokenize(text)], add_bos, add_eos, add_cls)
 
     def decode(self, ids, skip_special: bool = True) -> str:
-        """Tokens joined by spaces (word tokenization is lossy: case and spacing are not restored)."""
+        """Tokens joined by spaces (word tokenization is lossy: case and spacing are not restored); with
+        ``skip_special`` (the default) ``<pad>``, ``<bos>``, ``<eos>`` and ``<cls>`` are left out (``<unk>``
+        is kept)."""
         n, out = self.vocab_size, []
         for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
             if not 0 <= i < n:

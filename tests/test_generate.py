@@ -173,6 +173,15 @@ def test_gpt_window_schedule():
     generate(model, [1, 2, 3], 12, greedy=True, shift=4)
     # (tokens fed, positions already cached): a prefill, single steps, a re-prefill of 8 - 4 + 1 tokens ...
     assert seen == [(3, 0), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7), (5, 0), (1, 5), (1, 6), (1, 7), (5, 0), (1, 5)]
+    for prompt_length in (9, 10, 12):                    # a prompt over block_size: its last 8 tokens, then shifts
+        for use_cache in (True, False):
+            seen.clear()
+            prompt = np.arange(prompt_length) % 11
+            out, trace = generate(model, prompt, 3, greedy=True, shift=4, use_cache=use_cache, return_logits=True)
+            assert seen[0][0] == 8, (prompt_length, use_cache, seen)
+            model.forward = forward
+            np.testing.assert_allclose(trace[0, 0], model(prompt[None, -8:])[0, -1], atol=EXACT)
+            model.forward = spy
 
 
 def test_gpt_fixed_seed_repeats_and_mode_is_restored():

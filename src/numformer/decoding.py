@@ -11,13 +11,16 @@ incremental decoding with the key/value cache; past the context length the windo
 
 Encoder-decoder (Transformer)::
 
-    greedy_decode(model, src, max_length, bos_id, eos_id)
-    sample_decode(model, src, max_length, bos_id, eos_id, temperature=1.0, top_k=None, top_p=None, rng=None)
-    beam_search(model, src, beam_size, max_length, bos_id, eos_id, length_penalty=1.0, early_stopping=False)
+    greedy_decode(model, src, max_length, bos_id, eos_id, use_cache=True, return_logits=False)
+    sample_decode(model, src, max_length, bos_id, eos_id, temperature=1.0, top_k=None, top_p=None,
+                  greedy=False, rng=None, use_cache=True, return_logits=False)
+    beam_search(model, src, beam_size=4, max_length=50, bos_id=None, eos_id=None, length_penalty=1.0,
+                early_stopping=False, n_best=1, use_cache=True, return_scores=False)
 
 all with the decoder's key/value caches (``use_cache=False`` recomputes every step, for checks).
-They return token-id lists without bos and eos. Each next token is chosen by
-``numformer.sampling.sample_next``.
+They return token-id lists without bos and eos (bos_id and eos_id are required). ``greedy_decode``
+and ``sample_decode`` choose each next token with ``numformer.sampling.sample_next``; ``beam_search``
+ranks candidates by summed log-probability (its length penalty: see ``beam_search``).
 
 Everything runs with the model in eval mode (dropout off); the previous mode is restored.
 """
@@ -78,28 +81,28 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
              use_cache=True, stream=None, shift=None, return_logits=False, attention_mask=None, stop_tokens=None):
     """Continue ``idx`` by ``max_new_tokens`` tokens with a decoder-only model (``GPT``).
 
-    idx: (T,) or (B, T) token ids (a non-empty prompt). Returns the prompt followed by the
-    new tokens, (T + max_new_tokens,) or (B, T + max_new_tokens) int64; with
-    ``return_logits=True`` also the raw logits of every step, (B, max_new_tokens, V)
-    (before temperature/top-k/top-p; for a 1-D prompt B = 1 is kept).
+    idx: (T,) or (B, T) token ids (a non-empty prompt). Returns the prompt followed by the new tokens,
+    (T + n,) or (B, T + n) int64, n = max_new_tokens unless ``stream`` or ``stop_tokens`` ended generation
+    earlier; with ``return_logits=True`` also the raw logits of every step, (B, n, V) in the model's dtype
+    (before temperature/top-k/top-p; B = 1 for a 1-D prompt).
 
     Sampling: see ``sample_next`` (greedy, temperature, top-k, top-p; rng a Generator or seed).
-    stream: called after each step with the new token id (an int for a single sequence,
-    a (B,) array for a batch), e.g. to print characters as they come; returning True stops.
+    stream: called after each step with the new token id (an int when B = 1, a (B,) array
+    otherwise), e.g. to print characters as they come; returning True stops.
     stop_tokens: an id or ids (Hugging Face's ``eos_token_id``): a row that produces one is
     finished (the stop token kept, then repeated); generation ends when every row is.
 
     Context window. The model sees at most ``model.block_size`` tokens, at positions
-    0 … block_size-1 counted from the start of its window. A prompt longer than that is
-    cropped to its last block_size tokens. When the window is full and a token must be
-    added, its ``shift`` oldest tokens are dropped (default ``max(1, block_size // 2)``):
-    the cache is rebuilt by one forward pass over the block_size - shift + 1 most recent
-    tokens (positions restart at 0), then decoding continues one token per step until the
-    window is full again. ``shift=1`` is nanoGPT's crop to the last block_size tokens at
-    every step (a full re-prefill per token, O(block_size²)); a larger shift amortizes the
-    rebuild over ``shift`` steps at the price of a shorter context just after it.
-    ``use_cache=False`` recomputes the whole window at every step, with the same window
-    schedule, so both paths give the same logits (to rounding).
+    0 … block_size-1 counted from the start of its window. When the window is full and a
+    token must be added, its ``shift`` oldest tokens are dropped (default
+    ``max(1, block_size // 2)``): the cache is rebuilt by one forward pass over the
+    block_size - shift + 1 most recent tokens (positions restart at 0), then decoding
+    continues one token per step until the window is full again. ``shift=1`` is nanoGPT's
+    crop to the last block_size tokens at every step (a full re-prefill per token,
+    O(block_size²)); a larger shift amortizes the rebuild over ``shift`` steps at the price
+    of a shorter context just after it. A longer prompt is cropped to its last block_size
+    tokens, as nanoGPT does. ``use_cache=False`` recomputes the whole window at every step, with
+    the same window schedule, so both paths give the same logits (to rounding).
 
     Prompts of different lengths: left-pad them to one length and pass ``attention_mask``
     (B, T), 1 for real tokens and 0 for padding, as Hugging Face does; padding is never
@@ -115,7 +118,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     seq = _output_buffer(seq0, max_new_tokens)
     mask = None if attention_mask is None else _left_padding_mask(attention_mask, seq0.shape, max_new_tokens)
     trace = np.empty((B, max_new_tokens, model.vocab_size), dtype=model.dtype) if return_logits else None
-    n, start = T0, 0                 # seq[:, :n] is generated so far; the window is seq[:, start:n]
+    n, start = T0, max(0, T0 - block_size)      # seq[:, :n] is generated so far; the window is seq[:, start:n]
     cache = {} if use_cache else None
     finished = np.zeros(B, dtype=bool)
     with _inference(model):
@@ -262,9 +265,11 @@ def sample_decode(model, src, max_length, bos_id, eos_id, temperature=1.0, top_k
 
     src: (S,) or (B, S) source ids (padding from ``model.src_pad_id`` is masked in the encoder
     and in cross-attention). Starts from bos_id, stops a row at eos_id, and generates at most
-    ``max_length`` tokens per row (eos included). Returns a list of token ids without bos/eos
-    (a list of such lists for a batch); with ``return_logits=True`` also the raw logits of
-    every step, (B, steps, V) (a finished row keeps being fed eos; its logits are meaningless).
+    ``max_length`` tokens per row (eos included; max_length <= ``model.max_len``). Returns a list of
+    token ids without bos/eos (a list of such lists for a batch); with ``return_logits=True``
+    also the raw logits of every step, (B, steps, V) in the model's dtype (B = 1 for a 1-D src;
+    a finished row keeps being fed eos; its logits are meaningless). ``use_cache=False``
+    recomputes the whole target prefix at every step (the reference for the cached path).
     """
     _check_seq2seq_args(model, max_length, bos_id, eos_id)
     _check_sampling(temperature, top_k, top_p)
@@ -305,16 +310,18 @@ def beam_search(model, src, beam_size=4, max_length=50, bos_id=None, eos_id=None
                 early_stopping=False, n_best=1, use_cache=True, return_scores=False):
     """Beam search over the decoder, batched over sources × beams, with the decoder's key/value caches.
 
+    src: (S,) or (B, S) source ids, as for ``sample_decode``; bos_id and eos_id are required.
     Each source keeps ``beam_size`` live hypotheses; at each step every live hypothesis is
     extended by every token and the best ``2·beam_size`` candidates (by summed log-probability)
     are examined in order: a candidate ending in eos among the top ``beam_size`` becomes a
-    finished hypothesis, the others fill the next beams (whose self-attention caches are
-    reordered along the batch axis). This is Hugging Face's beam search.
+    finished hypothesis (one ranked lower is dropped), the others fill the next beams (whose
+    self-attention caches are reordered along the batch axis). This is Hugging Face's beam
+    search. ``use_cache=False`` recomputes the whole target prefix at every step.
 
     Length penalty, HF's convention: a finished hypothesis scores
     ``sum of token log-probabilities / length ** length_penalty``, where length counts the
     generated tokens including eos (not bos). 0 ranks by total log-probability; > 0 favours
-    longer outputs. (GNMT's ((5 + length) / 6) ** alpha is not used.)
+    longer outputs, < 0 shorter ones. (GNMT's ((5 + length) / 6) ** alpha is not used.)
 
     Stopping (HF's ``early_stopping``), once a source has beam_size finished hypotheses:
     True stops at once; False (default) stops when the best live beam, normalized by its
@@ -325,7 +332,8 @@ def beam_search(model, src, beam_size=4, max_length=50, bos_id=None, eos_id=None
 
     Returns, for each source, the best hypothesis (token ids without bos/eos), or the
     ``n_best`` best as a list when n_best > 1; a 1-D src gives the result for that single
-    source. ``return_scores=True`` also returns the scores in the same structure.
+    source. ``return_scores=True`` also returns their scores (length-penalized, as above;
+    Python floats) in the same structure.
     """
     _check_seq2seq_args(model, max_length, bos_id, eos_id)
     _check_count(beam_size, "beam_size", 1)

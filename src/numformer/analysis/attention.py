@@ -95,7 +95,8 @@ class AttentionMaps(Mapping):
     def plot(self, group=None, tokens=None, batch_index=0, path=None, **kwargs):
         """Heatmaps of a group (default: the only or first group), labelled with ``tokens``.
 
-        ``tokens``: {input name: labels}, or one list of labels for single-input models.
+        ``tokens``: {input name: labels}, or one list of labels for single-input models; other keyword
+        arguments go to ``plot_attention`` (layers, heads, title, scale, cmap, dpi). Returns the Figure.
         """
         group = next(iter(self.weights)) if group is None else group
         if tokens is not None and not isinstance(tokens, dict):
@@ -107,16 +108,16 @@ class AttentionMaps(Mapping):
 
 
 def attention_maps(model, inputs, **forward_kwargs):
-    """Run ``model`` once in eval mode and return the attention weights of every layer and head.
+    """Run ``model`` once in eval mode and return the attention weights of every layer and head: an
+    ``AttentionMaps``, ``maps[group]`` (n_layers, B, n_heads, Tq, Tk) in the model's dtype.
 
     inputs: token ids as for ``model.forward`` (an array for GPT / EncoderClassifier, a
     ``(src, tgt)`` pair or a dict for Transformer; 1-D sequences get a batch axis).
     forward_kwargs: further arguments of ``model.forward`` (e.g. masks).
 
-    Each MultiHeadAttention's ``record_weights`` is switched on for the pass and then restored
-    (as are ``last_weights`` and the train/eval flags). The mask each layer used is recorded too
-    (``AttentionMaps.allowed``): the same masks the layer built, so causal and padding masks and
-    any mask passed in are all reflected.
+    Each MultiHeadAttention's ``record_weights`` is switched on for the pass and then restored (as are
+    ``last_weights`` and the train/eval flags). The mask each layer used is recorded too (``AttentionMaps.allowed``):
+    the masks the layer built, so causal and padding masks and any mask passed in are all reflected.
     """
     inputs = as_inputs(model, inputs)
     groups = attention_modules(model)
@@ -190,8 +191,9 @@ def plot_attention(weights, query_tokens=None, key_tokens=None, *, batch_index=0
     query_tokens / key_tokens: labels of the y (queries) and x (keys) axes; all are shown up to
     about 64 tokens at a readable size, longer inputs get every k-th label.
     allowed: same shape as weights (bool); masked-out cells are drawn grey.
+    layers / heads: the indices to draw (default all); title: the figure's title; cmap: a matplotlib colour map.
     scale: 'panel' (each panel from 0 to its own maximum, with a colour bar) or 'shared' (0 to 1).
-    Returns the Figure (written as PNG to ``path`` when given).
+    Returns the Figure (written as PNG to ``path`` when given, at ``dpi``).
     """
     w = _as_grid(weights, batch_index)
     a = None if allowed is None else _as_grid(np.broadcast_to(allowed, np.shape(weights)), batch_index)

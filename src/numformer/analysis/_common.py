@@ -15,7 +15,8 @@ from ..nn import Embedding
 
 
 def input_names(model):
-    """The token-id arguments of ``model.forward``: ('idx',) GPT, ('ids',) EncoderClassifier, ('src', 'tgt') Transformer."""
+    """The token-id arguments of ``model.forward``: ('idx',) GPT, ('ids',) EncoderClassifier, ('src', 'tgt')
+    Transformer; for another model, the first positional argument of its forward."""
     if isinstance(model, Transformer):
         return ("src", "tgt")
     if isinstance(model, EncoderClassifier):

@@ -64,6 +64,7 @@ class AblationResult:
 
     @property
     def delta(self):
+        """{group: (L, H)}: values[group] - baseline."""
         return {g: v - self.baseline for g, v in self.values.items()}
 
     def table(self, digits=4):
@@ -80,8 +81,10 @@ def head_ablation(model, metric, groups=None, metric_name="metric", progress=Fal
     """metric(model) with each head zeroed in turn, for every layer and head of the chosen groups.
 
     metric: callable(model) -> float (the caller decides: validation loss, accuracy, ...).
+    groups: the attention groups to ablate (default all, as ``attention_modules`` names them); metric_name:
+    the name the table and figure give the metric; progress: show a tqdm progress bar.
     The model is in eval mode throughout (no dropout), and left as it was.
-    Costs 1 + (number of heads) metric calls.
+    Costs 1 + (number of heads) metric calls. Returns an ``AblationResult`` (values[group] (L, H)).
     """
     mods = attention_modules(model)
     groups = list(mods) if groups is None else list(groups)
@@ -142,7 +145,8 @@ def loss_metric(model, inputs, targets=None, **forward_kwargs):
 
 
 def plot_head_ablation(result, path=None, title=None, dpi=100):
-    """One layer × head heatmap per group of the change in the metric (diverging colours, 0 = white)."""
+    """One layer × head heatmap per group of the change in the metric (diverging colours, 0 = white) of an
+    ``AblationResult``; returns the Figure (a PNG at ``path`` when given)."""
     delta = result.delta
     groups = list(delta)
     L = max(v.shape[0] for v in delta.values())

@@ -1,9 +1,9 @@
 """Training curves from a run's ``metrics.jsonl``.
 
 One JSON object per line. Training lines carry ``step``, ``train_loss``, ``lr``,
-``grad_norm``, ``tokens_per_s``; evaluation lines carry ``step``, ``val_loss`` (or
-``val_loss_estimate``, on a fixed sample of the split), ``val_tokens`` and possibly other
-metrics (``val_accuracy``, ``val_bleu``, ...).
+``grad_norm``, ``tokens_per_s``, ``elapsed_s``; evaluation lines carry ``step``, ``val_loss`` (or
+``val_loss_estimate``, on a fixed sample of the split), ``val_tokens``, ``val_bpb`` for language
+models, and the task's own metrics under their names (``accuracy``, ``exact_match``, ``bleu_greedy``, ...).
 """
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def ema(values, beta=0.9):
 
 
 def eval_metric_names(records):
-    """Numeric keys of the evaluation lines other than the step and the loss (e.g. val_accuracy)."""
+    """Numeric keys of the lines without ``train_loss``, in order of appearance, other than step, val_loss,
+    val_loss_estimate, val_tokens, epoch, time and elapsed (e.g. accuracy, val_bpb)."""
     names = []
     for r in _records(records):
         if "train_loss" in r:
@@ -66,7 +67,11 @@ def eval_metric_names(records):
 
 
 def plot_loss_curves(records, path=None, smooth=0.9, logy=False, title="loss", dpi=100):
-    """Training loss (raw, faint, and smoothed) and validation loss against the step."""
+    """Training loss (raw, faint, and smoothed) and validation loss against the step.
+
+    records: metrics records or a metrics.jsonl path; smooth: the EMA's beta of the smoothed training curve,
+    drawn when there are more than 20 points (0: raw only); logy: a log-scale y axis. Returns the Figure.
+    """
     records = _records(records)
     fig = new_figure(7.0, 4.2)
     ax = fig.subplots()
@@ -114,7 +119,8 @@ def plot_learning_rate(records, path=None, title="learning rate", dpi=100):
 
 
 def plot_eval_metrics(records, path=None, names=None, dpi=100):
-    """Each other evaluation metric (val_accuracy, ...) against the step; None if there is none."""
+    """Each other evaluation metric (``eval_metric_names``, or ``names``) against the step, one panel each;
+    None if there is none."""
     records = _records(records)
     names = eval_metric_names(records) if names is None else names
     if not names:

@@ -5,7 +5,8 @@
     scores.plot(path="heads.png")
 
 A sequence of ``seq_len`` random tokens (distinct where the vocabulary allows) followed by the same tokens
-again, x = [r, r]: in the second half the token at position i appeared before at i - seq_len, and only there. Each score is an average attention weight, 0 to 1:
+again, x = [r, r]: in the second half the token at position i appeared before at i - seq_len, and only there.
+Each score is an average attention weight, 0 to 1, over the batch and the query positions:
 
 - previous-token: from every position i ≥ 1 to i - 1 (the first half and the second);
 - duplicate-token: from i in the second half to i - seq_len (the earlier copy of the same token);
@@ -56,6 +57,7 @@ class HeadScores:
     induction: np.ndarray
 
     def as_dict(self):
+        """{score name: (L, H)} in the order of ``SCORES``."""
         return {name: getattr(self, name) for name in SCORES}
 
     def top(self, score="induction", k=3):
@@ -65,6 +67,7 @@ class HeadScores:
         return [tuple(int(i) for i in np.unravel_index(j, v.shape)) for j in order]
 
     def plot(self, score="induction", path=None, title=None, dpi=100):
+        """Layer × head heatmap of one score (0 to 1); returns the Figure (a PNG at ``path`` when given)."""
         return plot_layer_head(getattr(self, score), f"{score.replace('_', '-')} score", path,
                                title or f"{score.replace('_', '-')} score of each head", dpi, vmin=0.0, vmax=1.0)
 
@@ -86,7 +89,8 @@ def scores_from_patterns(patterns, seq_len):
 
 def head_scores(model, seq_len=50, batch=8, rng=0, low=0):
     """The ``HeadScores`` of a GPT on ``batch`` sequences of ``seq_len`` repeated random tokens in
-    [low, vocab_size) (``low`` skips special tokens at the start of the vocabulary)."""
+    [low, vocab_size) (``low`` skips special tokens at the start of the vocabulary; ``rng``: a seed or a
+    Generator), in eval mode. A model with a position table must hold 2·seq_len positions."""
     if not isinstance(model, GPT):
         raise ValueError(f"head scores read a decoder's attention on repeated tokens; got a {type(model).__name__}")
     ids = repeated_random_tokens(model.vocab_size, seq_len, batch, rng, low)

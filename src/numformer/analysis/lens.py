@@ -44,12 +44,13 @@ def unembed(model, resid):
 @dataclass
 class LogitLens:
     """logits (L + 1, B, T, V): stage 0 reads the embeddings (resid_pre of layer 0), stage l the output of
-    layer l - 1; the last stage is the model's own output. ids (B, T): the input."""
+    layer l - 1; the last stage is the model's own logits (before a final soft-cap). ids (B, T): the input."""
     logits: np.ndarray
     ids: np.ndarray
 
     @property
     def stage_names(self):
+        """["embeddings", "layer 0", ...]: the name of each stage (L + 1)."""
         return ["embeddings"] + [f"layer {layer}" for layer in range(len(self.logits) - 1)]
 
     def probabilities(self):
@@ -130,6 +131,7 @@ class LogitAttribution:
     logit: np.ndarray
 
     def total(self):
+        """(B,): the sum of every term."""
         return self.embed + self.heads.sum(axis=(1, 2)) + self.attn_bias.sum(axis=1) + self.mlp.sum(axis=1) \
             + self.norm_bias
 
@@ -194,7 +196,10 @@ def _direction(model, tokens, baseline_tokens, batch):
 
 def direct_logit_attribution(model, ids, tokens=None, baseline_tokens=None, position=-1, cache=None):
     """The ``LogitAttribution`` of the logit of ``tokens`` (an id, or one per batch row; default: the token the
-    model ranks first) at ``position``, or of the difference of logits ``tokens`` - ``baseline_tokens``."""
+    model ranks first) at ``position``, or of the difference of logits ``tokens`` - ``baseline_tokens``.
+
+    ids: (T,) or (B, T); cache: a ``run_with_cache`` cache of these ids with every hook, to reuse. The terms
+    are float64. Post-LN models are refused (ValueError)."""
     _check_gpt(model, "direct logit attribution")
     if any(b.norm_placement == "post" for b in model.config.layers):
         raise ValueError("direct logit attribution splits the residual stream, which post-LN blocks do not "

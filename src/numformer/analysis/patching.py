@@ -48,6 +48,7 @@ class LogitDifference:
         return float(np.mean(value - top - np.log(np.exp(z - top[:, None]).sum(axis=-1))))
 
     def grad(self, logits):
+        """d metric / d logits, the shape (B, T, V) and dtype of ``logits``."""
         z = np.asarray(logits, dtype=np.float64)
         g = np.zeros_like(z)
         B = len(z)

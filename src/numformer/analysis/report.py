@@ -100,7 +100,8 @@ def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_
     """Write ``out_dir/report.md`` and its figures; return the path of report.md.
 
     model: a GPT, EncoderClassifier or Transformer (its weights as trained).
-    inputs: token ids ((T,) or a dict / (src, tgt) pair for a Transformer), or
+    inputs: token ids ((T,) or a dict / (src, tgt) pair for a Transformer; only the first row of a batch is
+    analysed, cut to the length of the model's position table when it has one), or
     text: a string (a (source, target) pair for a Transformer) with
     encode: text -> ids (one function, or one per input as a tuple/dict);
     decode_tokens: ids -> list of token strings, for the axis labels (same forms as encode);
@@ -115,6 +116,8 @@ def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_
     ``<unk>``'s id when the vocabulary has one). occlusion=False skips it (it runs one forward pass
     per input position, the slowest part on long inputs).
     max_positions: rows of the positional tables drawn.
+    title: the report's heading (default "Analysis report: <model class>").
+    Figures an earlier report left in ``out_dir`` that this one does not draw are removed.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

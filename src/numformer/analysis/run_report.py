@@ -31,7 +31,11 @@ ABLATION_BATCH_SIZE = 32      # at most this many sequences per batch
 def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True, occlusion=True, split="val",
                 log=None, overwrite=False):
     """Write RUN_DIR's analysis report into ``out`` (default RUN_DIR/report), a folder that is new, empty or holds
-    an earlier report (else ``overwrite``: ``_results.check_report_folder``); returns the path of report.md."""
+    an earlier report (else ``overwrite``: ``_results.check_report_folder``); returns the path of report.md.
+
+    text / src / tgt: the input (see the module docstring; src and tgt for a Transformer only); split: the
+    split of the task's example and of the ablation's loss (default "val"); ablation / occlusion: False skips
+    that section; log: called with each progress line (default: print to stderr)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     run_dir = Path(run_dir)
     config = _check_run(run_dir, log)

@@ -42,11 +42,13 @@ class LogitTarget:
         return logits if logits.ndim == 2 else logits[:, self.position]
 
     def resolve(self, logits):
+        """This target with ``token`` fixed: itself when given, else the arg-max of ``logits``."""
         if self.token is not None:
             return self
         return LogitTarget(np.argmax(self._row(logits), axis=-1), self.position)
 
     def select(self, b):
+        """The target of example ``b`` alone (a batch of one)."""
         tok = np.asarray(self.token)
         return self if tok.ndim == 0 else LogitTarget(tok[b:b + 1], self.position)
 
@@ -63,6 +65,7 @@ class LogitTarget:
         return scores, d
 
     def describe(self, decode=None):
+        """Words for the report: "logit of TOKEN at position P" (``decode``: ids -> token strings)."""
         tok = np.asarray(self.token).reshape(-1)
         name = ", ".join(repr(decode([int(t)])[0]) if decode else str(int(t)) for t in tok[:4])
         where = "" if self.position is None else f" at position {self.position}"
@@ -79,9 +82,11 @@ class LossTarget:
         self.targets, self.ignore_index = np.asarray(targets), ignore_index
 
     def resolve(self, logits):
+        """Itself (the targets are given)."""
         return self
 
     def select(self, b):
+        """The target of example ``b`` alone (a batch of one)."""
         return self if self.targets.shape[0] == 1 else LossTarget(self.targets[b:b + 1], self.ignore_index)
 
     def __call__(self, logits):

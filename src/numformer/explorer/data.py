@@ -1,7 +1,8 @@
 """What the explorer page shows, computed by numformer and written as JSON-ready Python values.
 
+    ids, n_prompt = prompt_ids(model, tokenizer, "ROMEO:", max_new_tokens=20, seed=0)   # prompt + generated
     analysis = analyse(model, tokenizer, ids)        # attention, logits, logit lens of a token sequence
-    data = page_data(model, tokenizer, prompt_ids, generated_ids, source="runs/x")   # the page's whole data
+    data = page_data(model, tokenizer, ids, n_prompt, "runs/x", "static")   # the page's whole data
 
 Every number comes from numformer: one ``model.run_with_cache`` gives the logits and every layer's attention
 pattern (``blocks.{l}.attn.hook_pattern``), and ``numformer.analysis.logit_lens`` reads the cached residual
@@ -116,7 +117,8 @@ def analyse(model, tokenizer, ids, inline_logits=None):
 
 
 def position_logits(model, ids, position):
-    """{logits: [V], vocab: {id: text}} of one position, for a page whose analysis left the logits out."""
+    """The logits of one position of ``ids`` (a list of V floats, exact as in ``analyse``), for a page whose
+    analysis left the logits out; computed on ids[:position + 1]."""
     ids = check_ids(model, ids)
     if not 0 <= position < len(ids):
         raise ValueError(f"position must be in [0, {len(ids)}), got {position}")

@@ -1,7 +1,7 @@
 """The explorer's local server: the page, and a JSON API the page calls. Standard library only (http.server),
 bound to 127.0.0.1, so nothing outside this computer can reach it.
 
-    explorer = Explorer(model, tokenizer, source="runs/x", seed=0)
+    explorer = Explorer(model, tokenizer, seed=0)
     server = make_server(explorer, port=8000, data=page_data(...))     # port 0: any free port
     server.serve_forever()                                           # server.url says where
     with serving(server):                                            # or in a thread, for a with block
@@ -57,6 +57,7 @@ class Explorer:
         return check_ids(self.model, ids)
 
     def analyze(self, body):
+        """/api/analyze: ``data.analyse`` of body["text"] (encoded with the tokenizer) or of body["ids"]."""
         if "text" in body:
             if not isinstance(body["text"], str):
                 raise ValueError("'text' must be a string")
@@ -66,12 +67,16 @@ class Explorer:
         return analyse(self.model, self.tokenizer, ids)
 
     def logits(self, body):
+        """/api/logits: {"logits": [V]} of position body["position"] of body["ids"] (``data.position_logits``)."""
         position = body.get("position")
         if not isinstance(position, int) or isinstance(position, bool):
             raise ValueError("'position' must be an integer")
         return {"logits": position_logits(self.model, self._ids(body), position)}
 
     def step(self, body):
+        """/api/step: {"token": id, "analysis": ...}: the next token of body["ids"] drawn by ``sample_next``
+        (temperature 1.0, top_k and top_p None, greedy false unless the body says otherwise) with ``rng``,
+        and the analysis of the ids with it appended; a ValueError when the ids fill block_size."""
         ids = self._ids(body)
         if len(ids) >= self.model.block_size:
             raise ValueError(f"the context is full: the model reads at most {self.model.block_size} tokens")

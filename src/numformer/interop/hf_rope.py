@@ -9,8 +9,10 @@
 When both are present ``rope_scaling`` wins; a ``rope_theta`` inside the dict wins over the top-level one;
 llama3 and yarn default ``original_max_position_embeddings`` to ``max_position_embeddings``. The result is
 numformer's description: the base θ and a ``RopeScaling`` (``numformer.ops.rope_scaling``), or None for
-plain RoPE. A RoPE numformer does not compute (longrope, multimodal sections, a partial rotary factor) is
-one ValueError naming the field.
+plain RoPE. A RoPE numformer does not compute (longrope, multimodal sections, a partial rotary factor other
+than 1) is one ValueError naming the field. The family files read config.json through their field tables
+(``hf.fields.standard_rope``, ``gemma3_rope_parameters``) and this module's ``rope_settings`` and
+``read_gemma3_rope``; ``read_rope`` reads a whole config.json with one RoPE at once.
 
     theta, scaling = read_rope(config)                          # one RoPE for every layer
     per_type = read_gemma3_rope(config, layer_types)            # {"full_attention": (theta, scaling), ...}
@@ -141,9 +143,12 @@ def hf_rope_parameters(theta, scaling):
 
 
 def read_rope(config, default_theta=DEFAULT_THETA, max_position_embeddings=None):
-    """(θ, RopeScaling or None) of a config.json whose layers share one RoPE (Llama, Mistral, Qwen2, Qwen3).
+    """(θ, RopeScaling or None) of a config.json whose layers share one RoPE (Llama, Mistral, Qwen2, Qwen3,
+    Gemma 2).
 
-    max_position_embeddings: the family's value when the file has none (used by dynamic and yarn)."""
+    default_theta: the base when the file gives none; max_position_embeddings: the family's value when the
+    file has none (used by dynamic and yarn, and as llama3's and yarn's original_max_position_embeddings
+    when they lack one)."""
     config = _with_context(config, max_position_embeddings)
     params = rope_parameters(config, default_theta)
     nested = [k for k in params if k in (config.get("layer_types") or ())]
@@ -156,7 +161,8 @@ def read_rope(config, default_theta=DEFAULT_THETA, max_position_embeddings=None)
 def read_gemma3_rope(config, layer_types, max_position_embeddings=None):
     """{layer type: (θ, RopeScaling or None)} of a Gemma 3 config.json, for the layer types in
     ``layer_types``. transformers' YaRN reads ``truncate`` from the top level of the nested dict, where it
-    never is, so YaRN truncates for Gemma 3 whatever the layer's dict says; numformer does the same."""
+    never is, so YaRN truncates for Gemma 3 whatever the layer's dict says; numformer does the same.
+    max_position_embeddings: the family's value when the file has none."""
     config = _with_context(config, max_position_embeddings)
     params = gemma3_rope_parameters(config)
     out = {}

@@ -36,7 +36,8 @@ REFUSED = {"use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "bias": "
 
 
 def adapter_keys(model, model_type=None):
-    """{PEFT key: (LoRAAdapter, "lora_A" | "lora_B")} of a model with adapters, in model order."""
+    """{PEFT key: (LoRAAdapter, "lora_A" | "lora_B")} of a model with adapters, in model order; the keys name
+    the modules of the family ``model_type`` (default: the one ``export_hf`` writes, ``default_export_type``)."""
     fam = family(model_type or default_export_type(model.config))
     keys = {}
     for prefix, adapter, layer_path, _ in lora_adapters(model):
@@ -85,7 +86,8 @@ def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
 
 
 def read_adapter_config(folder):
-    """The [lora] options of a PEFT LoRA adapter folder; one ValueError naming what numformer cannot load."""
+    """The [lora] options of a PEFT LoRA adapter folder ({r, alpha, dropout, target_modules, use_rslora}, with
+    PEFT's defaults r 8, lora_alpha 8 when absent); one ValueError naming what numformer cannot load."""
     path = Path(folder) / ADAPTER_CONFIG
     if not path.is_file():
         raise ValueError(f"{folder} is not a PEFT adapter folder (no {ADAPTER_CONFIG})")
@@ -110,7 +112,9 @@ def read_adapter_config(folder):
 def load_adapter(model, folder, model_type=None):
     """Put the PEFT LoRA adapter in ``folder`` on ``model`` (a model of the adapter's base): its options
     become ``add_lora``'s, every tensor is read into its adapter (names and shapes checked: a key the model
-    does not have, or one it lacks, is an error, never an adapter left at zero). Returns the model."""
+    does not have, or one it lacks, is an error, never an adapter left at zero), cast to the model's dtype.
+    ``model_type``: the Hugging Face family whose module names the keys use (default: the one ``export_hf``
+    writes for the model). Returns the model."""
     options = read_adapter_config(folder)
     path = Path(folder) / ADAPTER_WEIGHTS
     if not path.is_file():

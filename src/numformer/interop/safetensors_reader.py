@@ -17,8 +17,8 @@ offsets counted from the start of the data. ``read_safetensors_file`` accepts a 
 Anything else raises one ValueError naming the file and what is wrong. bfloat16 (NumPy has none) is read as
 float32 exactly (a bfloat16 is the upper half of a float32); every other dtype is kept.
 
-Sharded checkpoints (``model.safetensors.index.json``): ``shard_files`` returns the shards named by the
-index's ``weight_map``, each a plain file name inside the folder (no absolute path, no ``..``).
+Sharded checkpoints (``model.safetensors.index.json``): ``shard_files`` returns the index's ``weight_map``
+and the shards it names, each a plain file name inside the folder (no absolute path, no ``..``).
 """
 from __future__ import annotations
 
@@ -124,8 +124,9 @@ def read_safetensors_file(path, select=None):
 
 
 def shard_files(folder, index_path):
-    """The shard files named by a ``model.safetensors.index.json``, sorted; each must be a plain relative name
-    inside ``folder`` (one ValueError naming the index and the offending name otherwise)."""
+    """(weight_map {tensor name: shard file name}, [shard paths, sorted]) of a ``model.safetensors.index.json``;
+    each shard must be a plain relative name inside ``folder`` (one ValueError naming the index and the
+    offending name otherwise)."""
     folder, index_path = Path(folder), Path(index_path)
     index = bounded_json(index_path.read_bytes(), str(index_path))
     weight_map = index.get("weight_map") if isinstance(index, dict) else None

@@ -2,12 +2,12 @@
 
     model, tokenizer = numformer.load("runs/shakespeare")     # or "gpt2", "hf:gpt2", "path/to/hf_folder"
 
-``load`` is the one loading function: the CLI (``generate``, ``import-hf``) calls it, and so, in halves,
-do a config's ``[model] init_from`` and the trainer's fine-tuning start. ``read_source`` reads what a source
-says without its weights (its [model] section, in the keyword form of ``GPTConfig.to_dict``, and its
-tokenizer); ``load_weights`` copies the source's weights into a model built from that section. This module
-sits below the configs and training, which call it, and above the models and the Hugging Face files, which
-it uses; nothing registers anything when numformer is imported.
+``load`` is the one loading function: ``numformer generate`` (and ``explore``, ``chat``) calls it; in halves,
+so do ``numformer import-hf``, a config's ``[model] init_from`` and the trainer's fine-tuning start.
+``read_source`` reads what a source says without its weights (its [model] section, in the keyword form of
+``GPTConfig.to_dict``, and its tokenizer); ``load_weights`` copies the source's weights into a model built
+from that section. This module sits below the configs and training, which call it, and above the models and
+the Hugging Face files, which it uses; nothing registers anything when numformer is imported.
 """
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may
 
 @dataclass(frozen=True)
 class Source:
-    """What a source says, without its weights. kind: "run" or "hf"; model: its [model] section (with its
-    type); tokenizer_state: the tokenizer's saved state, or None; dtype: the weights' dtype name."""
+    """What a source says, without its weights. kind: "run" or "hf"; folder: the run folder or the Hugging Face
+    folder (a hub id's cached snapshot); model: its [model] section (with its type); tokenizer_state: the
+    tokenizer's saved state, or None; dtype: the weights' dtype name (a run's [train] dtype; float32 for a
+    Hugging Face source); lora: a LoRA run's [lora] section, else None."""
     kind: str
     folder: Path
     model: dict
@@ -103,7 +105,7 @@ def load(source, dtype=None, **overrides):
 
     dtype: the weights' dtype (default: the run's, float32 for a Hugging Face model); overrides: the
     options that do not change the weights (``FINE_TUNING_OPTIONS``: dropout, attention,
-    gradient_checkpointing).
+    gradient_checkpointing). A LoRA run's model carries its adapters, unmerged.
     """
     changed = sorted(set(overrides) - set(FINE_TUNING_OPTIONS))
     if changed:

@@ -170,6 +170,7 @@ class TorchAdapter(Module):
         self.inner = inner
 
     def backward(self, dout):
+        """The gradients with respect to the array inputs (see each adapter), from ``inner.backward``."""
         return self.inner.backward(dout)
 
 
@@ -282,8 +283,12 @@ _SEQ2SEQ_ATTRIBUTES = ("transformer", "src_emb", "tgt_emb", "out_proj", "max_len
 
 
 def from_torch(module):
-    """Build the equivalent numformer module from a torch.nn module, weights copied, in its dtype.
-    Any other module (or object) is a TypeError naming the modules it converts."""
+    """Build the equivalent numformer module from a torch.nn module, weights copied, in its dtype: for
+    MultiheadAttention, TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder, TransformerDecoder
+    and Transformer an adapter called with the torch module's arguments (``MultiheadAttentionAdapter`` ...,
+    ``TransformerAdapter``); for a ``TorchSeq2Seq`` (``to_torch`` of a numformer Transformer) a
+    ``numformer.models.Transformer``. Any other module (or object) is a TypeError naming the modules it
+    converts."""
     nn = _torch().nn
     if not isinstance(module, nn.Module):
         raise TypeError(f"from_torch converts a torch.nn.Module, got {type(module).__name__}; it converts "
@@ -328,7 +333,9 @@ def from_torch_seq2seq(transformer, src_embed, tgt_embed, generator, max_len=512
     (the same module or weight = shared embeddings); generator: ``nn.Linear(d_model, tgt_vocab,
     bias=False)`` (its weight may be tgt_embed's: tied output). Positions: the sinusoidal table of
     "Attention Is All You Need" (sin on even, cos on odd features) when src_pos / tgt_pos are None,
-    else learned tables (max_len, d_model) given as tensors or arrays. ``final_norm`` follows the
+    else learned tables (max_len, d_model) given as tensors or arrays. src_pad_id / tgt_pad_id: the ids
+    whose positions the padding masks hide (None: no padding mask). A generator bias must be zero. dropout,
+    activation, norm order and sizes come from the first encoder layer; ``final_norm`` follows the
     torch stacks (nn.Transformer has final norms; custom stacks may not).
     """
     torch = _torch()
@@ -418,7 +425,8 @@ def _make_torch_seq2seq_class():
             if learned_positions:
                 self.src_pos, self.tgt_pos = nn.Embedding(max_len, d), nn.Embedding(max_len, d)
             else:
-                self.register_buffer("pos_table", torch.from_numpy(sinusoidal_table(max_len, d)))  # float64; .to() casts
+                # float64; .to() casts it
+                self.register_buffer("pos_table", torch.from_numpy(sinusoidal_table(max_len, d)))
             self.drop = nn.Dropout(dropout)
             self.transformer = transformer
             self.out_proj = nn.Linear(d, tgt_vocab, bias=False)
@@ -446,6 +454,11 @@ def _make_torch_seq2seq_class():
 
 
 def TorchSeq2Seq(*args, **kwargs):  # noqa: N802 - builds the torch class on first use (torch imported lazily)
+    """A torch ``nn.Module``, numformer.models.Transformer in torch: ``TorchSeq2Seq(src_vocab, tgt_vocab,
+    transformer, max_len, learned_positions, embed_scale, src_pad_id=None, tgt_pad_id=None, dropout=0.0,
+    share_embeddings=False, tie_output=False)``, ``transformer`` an ``nn.Transformer`` (batch_first=True).
+    forward(src (B, S), tgt (B, T)) -> logits (B, T, tgt_vocab), with the causal target mask and the padding
+    masks of the pad ids. ``to_torch`` of a Transformer builds one, ``from_torch`` converts it back."""
     global _TORCH_SEQ2SEQ
     if _TORCH_SEQ2SEQ is None:
         _TORCH_SEQ2SEQ = _make_torch_seq2seq_class()
@@ -473,7 +486,11 @@ def _torch_norm(norm):
 
 
 def to_torch(module):
-    """The torch.nn module equivalent to a numformer module (or adapter), weights copied, in its dtype."""
+    """The torch.nn module equivalent to a numformer module (or adapter), weights copied, in its dtype:
+    MultiHeadAttention -> nn.MultiheadAttention, EncoderBlock / DecoderBlock -> nn.TransformerEncoderLayer /
+    nn.TransformerDecoderLayer, Encoder / Decoder -> nn.TransformerEncoder / nn.TransformerDecoder,
+    ``EncoderDecoder`` -> nn.Transformer, numformer.models.Transformer -> ``TorchSeq2Seq`` (all batch_first).
+    Blocks must use LayerNorm (a ValueError otherwise); any other module is a TypeError."""
     torch = _torch()
     nn = torch.nn
     m = _inner(module)

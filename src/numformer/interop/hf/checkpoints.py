@@ -5,14 +5,15 @@
 
 A model family is a ``GPTConfig`` of the existing ``GPT``, not a model of its own. ``FAMILIES``
 (``families``) maps a Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3_text)
-to the ``Family`` of its file: the table of every config.json field transformers reads (each honoured with transformers' default, or
-refused by name), the map from config.json to a ``GPTConfig`` and back, and the table of tensors pairing
-each numformer parameter with the Hugging Face tensor(s) holding it. This module does the rest, the same
-for every family: finding the files, reading them, mapping names and shapes.
+to the ``Family`` of its file: the table of every config.json field transformers reads (each honoured with
+transformers' default, or refused by name), the map from config.json to a ``GPTConfig`` and back, and the
+table of tensors pairing each numformer parameter with the Hugging Face tensor(s) holding it. This module
+does the rest, the same for every family: finding the files, reading them, mapping names and shapes.
 
 Weights are read from safetensors only (``model.safetensors`` or the shards of
 ``model.safetensors.index.json``); a pickle file (``pytorch_model.bin``) is
-never loaded, because loading one can run arbitrary code. A hub id is fetched
+never loaded, because loading one can run arbitrary code. Export writes one
+``model.safetensors`` (never shards) in the model's dtype. A hub id is fetched
 with ``huggingface_hub`` (the ``numformer[hf]`` extra) into its usual cache
 (``~/.cache/huggingface/hub``, or ``$HF_HOME``); a copy already there is used
 without the network.
@@ -79,6 +80,8 @@ def resolve_source(source):
 
 
 def read_hf_config(folder):
+    """The dict of ``folder``'s config.json, which must be a JSON object with a string ``model_type`` (any
+    model_type: ``family`` checks it is supported); one ValueError naming the file otherwise."""
     folder = Path(folder)
     path = folder / CONFIG
     if not path.is_file():
@@ -183,7 +186,12 @@ def hf_model_config(folder, hf_config):
 def to_numformer_state(fam, config, hf_state, expected, where="checkpoint"):
     """Checkpoint tensors (Hugging Face names) -> {numformer name: array}, checking every name and shape.
 
-    expected: {numformer name: shape}. Raises one ValueError naming missing, unexpected or misshapen tensors.
+    fam: the ``Family``; config: the model's ``GPTConfig``; hf_state: {checkpoint name: array} (names without
+    the family's prefix, as a headless model saves them, are accepted; buffers matching ``fam.ignored`` are
+    skipped); expected: {numformer name: shape}; where: the file named in errors. Transposed (GPT-2's Conv1D)
+    and separate q/k/v tensors become numformer's (out, in) layout and fused ``qkv_proj``. A tied model
+    (``config.tie_weights``) drops a stored ``lm_head.weight`` equal to the embedding and refuses one that
+    differs. Raises one ValueError naming missing, unexpected or misshapen tensors.
     """
     state = {fam.canonical(k): v for k, v in hf_state.items() if not re.search(fam.ignored, fam.canonical(k))}
     emb = fam.tensors(config)[0].hf[0]
@@ -221,7 +229,9 @@ def to_numformer_state(fam, config, hf_state, expected, where="checkpoint"):
 
 
 def to_hf_state(fam, config, nf_state):
-    """{numformer name: array} -> {Hugging Face name: array}, the inverse of ``to_numformer_state``."""
+    """{numformer name: array} -> {Hugging Face name: array}, the inverse of ``to_numformer_state``: every
+    tensor of ``fam.tensors(config)`` (``nf_state`` must hold each one), ``qkv_proj`` split into q, k, v,
+    GPT-2's Conv1D weights transposed to (in, out), no ``lm_head.weight`` for a tied model."""
     out = {}
     for row in fam.tensors(config):
         a = nf_state[row.nf]
@@ -234,7 +244,9 @@ def to_hf_state(fam, config, nf_state):
 # -- import -------------------------------------------------------------------------------------------
 def load_tokenizer(folder, hf_config=None):
     """The folder's tokenizer (tokenizer.json, else vocab.json + merges.txt as GPT-2's byte-level BPE) as a
-    ``PretrainedTokenizer``, or None when the folder has neither."""
+    ``PretrainedTokenizer``, or None when the folder has neither. Its end id is ``hf_config``'s eos_token_id
+    (default: the id of ``<|endoftext|>``), its start id bos_token_id (default: the end id); a list of ids or
+    an id outside the vocabulary gives None."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     folder = Path(folder)
@@ -264,10 +276,13 @@ def load_tokenizer(folder, hf_config=None):
 
 
 def load_pretrained(source, dtype=np.float32, **overrides):
-    """(GPT, tokenizer or None) from a Hugging Face folder or hub id; weights checked name by name.
+    """(GPT in eval mode, tokenizer or None) from a Hugging Face folder or hub id; weights checked name by name.
 
-    overrides: ``GPTConfig`` options that do not change the weights' shapes (``dropout``, ``attention``,
-    ``gradient_checkpointing``); dropout is 0 unless given (set it to fine-tune with dropout, as nanoGPT).
+    The config is ``hf_model_config``'s (a stored lm_head.weight that differs from the embedding unties them);
+    the tensors (safetensors, one file or shards; bfloat16, float16, float32 or float64) are cast to ``dtype``
+    (default float32; the file's dtype is not kept). overrides: ``GPTConfig`` options that do not change the
+    weights (``dropout``, ``attention``, ``gradient_checkpointing``); dropout is 0 unless given (set it to
+    fine-tune with dropout, as nanoGPT). The tokenizer is ``load_tokenizer``'s.
     """
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
@@ -282,7 +297,8 @@ def load_pretrained(source, dtype=np.float32, **overrides):
 
 
 def load_hf_weights(model, folder):
-    """Copy the weights of a Hugging Face folder into ``model`` (a GPT of its config), name by name."""
+    """Copy the weights of a Hugging Face folder into ``model`` (a GPT of its config, ``hf_model_config``), name
+    by name (``to_numformer_state``), cast to the model's dtype. Returns the model."""
     fam = family(read_hf_config(folder)["model_type"])
     expected = {n: p.shape for n, p in model.named_parameters()}
     model.load_state_dict(to_numformer_state(fam, model.config, read_safetensors(folder), expected,
@@ -311,13 +327,19 @@ def _full_state(fam, model):
 
 
 def export_hf(model, out_dir, tokenizer=None, model_type=None):
-    """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json for a
-    tokenizer with a Hugging Face form). ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)``
-    loads it. ``model_type``: a key of ``FAMILIES`` (gpt2, llama, mistral, qwen2, qwen3, gemma2,
-    gemma3_text); by default ``default_export_type`` (gpt2 for a position table; for a RoPE model gemma3_text
-    or gemma2 with Gemma's 1 + w norms, qwen3 with q/k norms, qwen2 with q/k/v-only biases or windows on
-    some layers, mistral with one window for every layer, else llama). Raises ValueError naming a feature the family
-    cannot express.
+    """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json plus
+    tokenizer_config.json for a tokenizer with a Hugging Face form), which transformers'
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads. ``model_type``: a key of ``FAMILIES`` (gpt2,
+    llama, mistral, qwen2, qwen3, gemma2, gemma3_text); by default ``default_export_type`` (gpt2 for a position
+    table; for a RoPE model gemma3_text or gemma2 with Gemma's 1 + w norms, qwen3 with q/k norms, qwen2 with
+    q/k/v-only biases or windows on some layers, mistral with one window for every layer, else llama). Raises
+    ValueError naming a feature the family cannot express, or for a model with LoRA adapters (merge them
+    first).
+
+    The weights go into one model.safetensors in the model's dtype (config.json's ``dtype`` says which); a
+    tied output layer is written once, as the embedding (``tie_word_embeddings`` true, no lm_head.weight);
+    biases the family stores but the model lacks are written as zeros, a sinusoidal position table as its
+    fixed values. config.json's bos/eos ids are the tokenizer's (null without one).
 
     numformer's ``generate`` continues past the model's context (block_size) by sliding its window over the
     last block_size tokens; transformers' does not (GPT-2 raises an IndexError past n_positions, a RoPE model

@@ -13,6 +13,7 @@ FAMILIES = {m.MODEL_TYPE: m.FAMILY for m in (gpt2, llama, mistral, qwen2, qwen3,
 
 
 def family(model_type):
+    """The ``Family`` of a config.json ``model_type``; a ValueError naming the supported ones for any other."""
     if model_type not in FAMILIES:
         raise ValueError(f"model_type {model_type!r} is not supported; numformer imports {sorted(FAMILIES)}")
     return FAMILIES[model_type]
@@ -26,7 +27,7 @@ def resolve(model_type, c):
 def default_export_type(config):
     """The family a GPTConfig exports to by default: gpt2 for a position table; for RoPE with Gemma's 1 + w
     norms gemma3_text (with q/k norms) or gemma2; else qwen3 for q/k norms, qwen2 for q/k/v-only biases or
-    windows on some layers only, mistral for one window on every layer, llama otherwise."""
+    windows on some layers only, mistral for a window on every layer, llama otherwise."""
     if config.positional != "rope":
         return "gpt2"
     qk_norm = any(b.qk_norm for b in config.layers)

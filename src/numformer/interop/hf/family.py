@@ -30,8 +30,8 @@ class TensorMap:
 class Module_:
     """One numformer module <- Hugging Face module(s): ``nf`` and ``hf`` name modules (".weight" / ".bias"
     appended), ``{i}`` the layer; ``bias``: which of the layer's bias switches gives it a bias ("ff", "attn",
-    "qkv", "always", "never"); ``split``: hf modules stacked as (q, k, v); ``when``: the layers that have the
-    module (a test on their BlockConfig; every layer when None)."""
+    "qkv", "always", "never"); ``transpose``: the weight is stored (in, out); ``split``: hf modules stacked as
+    (q, k, v); ``when``: the layers that have the module (a test on their BlockConfig; every layer when None)."""
 
     nf: str
     hf: tuple
@@ -43,6 +43,9 @@ class Module_:
 
 @dataclass(frozen=True)
 class Layout:
+    """A family's tensor table: ``Module_`` rows before, in and after the layers, the checkpoint names'
+    prefixes, and a regular expression of the checkpoint tensors that are buffers (skipped on import)."""
+
     top: tuple                       # modules before the layers (embeddings)
     layer: tuple                     # per layer, "{i}" the index
     final: tuple                     # after the layers (final norm)
@@ -51,7 +54,9 @@ class Layout:
 
 
 def expand(layout, config):
-    """[TensorMap, ...] covering every numformer parameter of a ``GPTConfig`` under ``layout``."""
+    """[TensorMap, ...]: every tensor a checkpoint of ``config`` holds under ``layout``: the position table
+    unless the model uses RoPE or ALiBi, each layer's modules (a bias where the module's bias switch gives
+    one), the final modules, and ``lm_head.weight`` when the output layer is not tied."""
     rows = []
     for mod in layout.top:
         if mod.nf == "pos_emb" and config.positional in ("rope", "alibi"):
@@ -81,6 +86,7 @@ def _rows(mod, nf, hf, block):
 class Family:
     """How one Hugging Face ``model_type`` maps onto numformer.
 
+    model_type:              config.json's ``model_type`` (the key of ``families.FAMILIES``).
     fields:                  the field table (``fields.Field``): every config.json field transformers reads.
     to_config(hf_config) ->  the ``GPTConfig``; raises ValueError naming a config field numformer cannot
                              reproduce.
@@ -96,6 +102,7 @@ class Family:
     layout: Layout
 
     def tensors(self, config):
+        """The ``TensorMap`` rows of a ``GPTConfig`` (``expand``)."""
         return expand(self.layout, config)
 
     def canonical(self, name):
@@ -107,6 +114,7 @@ class Family:
 
     @property
     def ignored(self):
+        """The regular expression of checkpoint tensors that are buffers, not weights (skipped on import)."""
         return self.layout.ignored
 
 

@@ -35,6 +35,7 @@ class Field:
     refuse:   (value, resolved fields) -> why numformer cannot reproduce this value, or None.
     aliases:  other names transformers maps onto this field (GPT-2's ``attribute_map``).
     type:     the value's type as transformers annotates it ("int", "float | None", "list[str] | None" ...).
+    note:     the docs' wording of what numformer does with it (the ``GPTConfig`` option it sets ...).
     """
 
     name: str
@@ -59,6 +60,7 @@ def documented(text):
 
 
 def only(*allowed, why=""):
+    """The rule that accepts the values ``allowed`` only (``why``: the reason appended to the refusal)."""
     shown = " or ".join(map(repr, allowed))
     return documented(shown)(lambda v, _: None if v in allowed else f"numformer reproduces only {shown}{why}")
 
@@ -72,6 +74,7 @@ positive_or_null = documented("a positive integer or null")(lambda v, r: None if
 
 
 def same(name):
+    """A default equal to the resolved field ``name``."""
     return lambda r: r[name]
 
 
@@ -111,21 +114,24 @@ def fits(value, type_text):
 
 
 def describe(type_text):
+    """A type annotation in words ("int | None" -> "an integer or null")."""
     words = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
              "dict": "an object", "None": "null", "list[str]": "a list of strings", "list[int]": "a list of integers"}
     return " or ".join(words.get(p, p) for p in type_text.split(" | "))
 
 
 # -- RoPE ---------------------------------------------------------------------------------------------------
-# transformers' default RoPE base (RotaryEmbeddingConfigMixin.default_theta), the same for the four classes
+# transformers' default RoPE base (RotaryEmbeddingConfigMixin.default_theta): Llama, Mistral, Qwen2, Qwen3, Gemma 2
 DEFAULT_THETA = 10000.0
 
 
 def standard_rope(c, max_position_embeddings=None):
     """transformers' rope standardization (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict):
     ``rope_scaling`` wins over ``rope_parameters`` when set; a missing rope_theta falls back to the top-level
-    ``rope_theta``, then 10000; ``rope_type`` falls back to the older key ``type``, then 'default'; llama3 and
-    yarn take ``original_max_position_embeddings`` from ``max_position_embeddings`` when they lack it."""
+    ``rope_theta``, then 10000; a top-level ``partial_rotary_factor`` is copied in when the dict lacks one;
+    ``rope_type`` falls back to the older key ``type``, then 'default'; llama3, yarn and longrope take
+    ``original_max_position_embeddings`` from ``max_position_embeddings`` when they lack it. A dict nested by
+    layer type gets the key ``nested`` (the layer types), which ``rope_refusal`` refuses."""
     params = dict(c.get("rope_scaling") or c.get("rope_parameters") or {})
     nested = sorted(k for k in params if k in ("full_attention", "sliding_attention"))
     theta = c.get("rope_theta", DEFAULT_THETA)

@@ -2,7 +2,8 @@
 0), four norms per block (before and after the attention and the feed-forward: the "sandwich"), a GeGLU
 feed-forward with tanh GELU, scores scaled by ``query_pre_attn_scalar^-½`` and soft-capped (c·tanh(S/c),
 after the scale, before the mask), a window on the sliding layers (without ``layer_types``, the even layers
-from 0), tied embeddings, and the final logits soft-capped.
+from 0), the output layer tied to the embedding unless ``tie_word_embeddings`` is false, biases on the four
+attention projections only with ``attention_bias``, and the final logits soft-capped.
 
     GPTConfig.from_keywords(norm="rms_plus_one", norm_placement="sandwich", activation="geglu",
                             scale_embeddings=True, attn_scale=query_pre_attn_scalar ** -0.5,
@@ -164,7 +165,9 @@ def to_hf(config):
 
 
 def layout(q_k_norms):
-    """The Gemma tensors: four norms per block (input, post-attention, pre- and post-feed-forward)."""
+    """The Gemma tensors: four norms per block (input, post-attention, pre- and post-feed-forward), and with
+    ``q_k_norms`` (Gemma 3) the query and key norms; q/k/v and output biases with attention_bias, none in the
+    feed-forward."""
     norms = (Module_("self_attn.q_norm", ("model.layers.{i}.self_attn.q_norm",), "never"),
              Module_("self_attn.k_norm", ("model.layers.{i}.self_attn.k_norm",), "never")) if q_k_norms else ()
     return Layout(

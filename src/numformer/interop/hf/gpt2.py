@@ -1,5 +1,6 @@
 """GPT-2 (``GPT2LMHeadModel``): a learned position table, LayerNorm before each sub-layer and at the end,
-a tanh-GELU feed-forward of 4·n_embd, biases everywhere, the output layer tied to the token embedding.
+a feed-forward of 4·n_embd (``n_inner``) with tanh GELU (``activation_function``: also exact GELU or ReLU),
+biases everywhere, the output layer tied to the token embedding unless ``tie_word_embeddings`` is false.
 
     GPTConfig.from_keywords(positional="learned", activation="gelu_tanh", norm="layer", bias=True,
                             tie_weights=tie_word_embeddings, ...)

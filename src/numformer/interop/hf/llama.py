@@ -5,7 +5,8 @@ stacked into numformer's fused ``qkv_proj``.
     GPTConfig.from_keywords(positional="rope", activation="swiglu", norm="rms", n_kv_heads=num_key_value_heads,
                             head_dim=head_dim, attn_bias=attention_bias, bias=mlp_bias, ...)
 
-``COMMON_FIELDS`` and ``config_keywords`` are what every Llama-like family shares (Mistral, Qwen2).
+``COMMON_FIELDS``, ``config_keywords``, ``hf_fields`` and ``LAYOUT`` are what every Llama-like family shares
+(Mistral, Qwen2, Qwen3; Qwen2 and Qwen3 change the layout's biases and norms).
 """
 from __future__ import annotations
 
@@ -116,7 +117,8 @@ def hf_fields(name, config, qk_norm=False):
 
 
 def to_hf(config):
-    """The Llama config.json of a GPTConfig."""
+    """The Llama config.json of a GPTConfig; ValueError naming what Llama cannot express (besides
+    ``hf_fields``' checks: sliding windows, q/k/v biases without the output projection's)."""
     bias, attn, qkv, window = shared(config, "Llama", "bias", "attn_bias", "qkv_bias", "sliding_window")
     check_export("Llama", [(qkv == attn, "q/k/v biases without an output projection bias (qkv_bias != attn_bias; "
                                          "export as qwen2)"),

@@ -31,7 +31,9 @@ def prompts(differ_at=(3,), batch=2):
 # -- the logit lens and direct logit attribution ---------------------------------------------------------------
 @pytest.mark.parametrize("family", [{}, dict(positional="rope", norm="rms", activation="swiglu", n_kv_heads=1,
                                              bias=False),
-                                    dict(norm_placement="sandwich", norm="rms", qk_norm=True, head_dim=5)])
+                                    dict(norm_placement="sandwich", norm="rms", qk_norm=True, head_dim=5),
+                                    dict(norm_placement="sandwich", norm="rms_plus_one", positional="rope",
+                                         activation="geglu", bias=False, scale_embeddings=True)])   # Gemma's
 def test_logit_lens_last_stage_is_the_output_and_attribution_adds_up_to_the_logit(family):
     model = gpt(**family)
     ids = np.random.default_rng(2).integers(0, V, (3, T))

@@ -174,9 +174,10 @@ def plot_layer_head(values, label, path=None, title=None, dpi=100, diverging=Fal
 def _frozen(norm, total):
     """The norm ``norm`` as a linear map with its scale frozen at its value on ``total`` (..., d): (f, β) with
     f(c) = γ ⊙ (c - mean c) / σ(total) (LayerNorm) or γ ⊙ c / rms(total) (RMSNorm), so that
-    norm(total) = f(total) + β and f(Σ terms) = Σ f(term)."""
+    norm(total) = f(total) + β and f(Σ terms) = Σ f(term). γ is the scale the norm applies: Gemma's RMSNorm
+    scales by 1 + weight (``RMSNormPlusOne.OFFSET``)."""
     x = total.astype(np.float64)
-    gamma = norm.weight.data.astype(np.float64)
+    gamma = norm.weight.data.astype(np.float64) + getattr(norm, "OFFSET", 0.0)
     if isinstance(norm, RMSNorm):
         scale = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + norm.eps)
         return (lambda c: gamma * c / scale), np.zeros_like(gamma)

@@ -367,6 +367,24 @@ def test_model_diagram_text_matches_the_model():
     assert gpt(np.zeros((3, 9), int)).shape == (3, 9, gpt.vocab_size)
 
 
+def test_model_diagram_of_a_gemma_style_gpt(tmp_path):
+    """RoPE acts in attention (nothing added to the embeddings), a sandwich block has a norm after each sub-layer
+    too, grouped-query attention has fewer key/value heads, and the embedding is scaled by √d."""
+    from numformer.models import GPTConfig
+
+    c = GPTConfig.from_keywords(vocab_size=50, block_size=16, n_layers=2, n_heads=2, d_model=16, d_ff=32,
+                                positional="rope", norm="rms_plus_one", norm_placement="sandwich",
+                                activation="geglu", bias=False, n_kv_heads=1, scale_embeddings=True)
+    text = A.format_model_diagram(GPT(c, rng=0), 1, 8)
+    assert "sinusoidal" not in text and "E[ids]·√d" in text and "dropout (positions act in attention)" in text
+    assert "sandwich-norm block × 2" in text and "1 key/value head, RoPE on q, k" in text
+    assert "Q (1, 2, 8, 8), K,V (1, 1, 8, 8)" in text and "GeGLU" in text
+    block = [line[4:].split("  ")[0] for line in text.splitlines() if line.startswith("  │")]
+    assert block[:4] == ["RMSNorm (1 + w)", block[1], "RMSNorm (1 + w)", "+ residual"]
+    A.plot_model_diagram(GPT(c, rng=0), 1, 8, path=tmp_path / "d.png")                  # the picture draws too
+    assert (tmp_path / "d.png").stat().st_size > 1000
+
+
 def test_read_metrics_tolerates_a_truncated_last_line(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text('{"step": 1, "train_loss": 2.0, "lr": 0.1}\n\n{"step": 2, "val_loss": 1.5}\n{"step": 3, "tr')

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..models import GPT, EncoderClassifier, Transformer
-from ..nn import LearnedPositionalEncoding
+from ..nn import LearnedPositionalEncoding, SinusoidalPositionalEncoding
 from ._common import new_figure, save_figure
 
 NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm", "rms_plus_one": "RMSNorm (1 + w)", "batch": "BatchStatNorm"}
@@ -55,11 +55,16 @@ def _block_stages(block, B, T, S=None, causal=False, decoder=False):
     """Stages of one encoder/decoder block and its residual pairs, in the block's own norm order."""
     d, h = block.d_model, block.n_heads
     dh, dff = block.self_attn.d_head, block.d_ff
+    kv = block.self_attn.n_kv_heads
     norm = _norm_name(block)
-    act = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)"}.get(block.activation, block.activation)
+    act = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "swiglu": "SwiGLU (SiLU gate)",
+           "geglu": "GeGLU (GELU gate)"}.get(block.activation, block.activation)
     x = (B, T, d)
-    self_label = ("masked " if causal else "") + f"multi-head self-attention, {h} heads × {dh}"
-    attn = Stage(self_label, x, "attn", f"Q,K,V {(B, h, T, dh)}; weights {(B, h, T, T)}")
+    in_attention = {"rope": ", RoPE on q, k", "alibi": ", ALiBi bias"}.get(block.self_attn.positional, "")
+    self_label = (("masked " if causal else "") + f"multi-head self-attention, {h} heads × {dh}"
+                  + (f", {kv} key/value head{'s' * (kv != 1)}" if kv != h else "") + in_attention)
+    qkv = f"Q {(B, h, T, dh)}, K,V {(B, kv, T, dh)}" if kv != h else f"Q,K,V {(B, h, T, dh)}"
+    attn = Stage(self_label, x, "attn", f"{qkv}; weights {(B, h, T, T)}")
     ff = Stage(f"feed-forward {d}→{dff}→{d}, {act}", x, "ff", f"hidden {(B, T, dff)}")
     subs = [attn]
     if decoder:
@@ -69,7 +74,9 @@ def _block_stages(block, B, T, S=None, causal=False, decoder=False):
     stages, residuals = [], []
     for sub in subs:
         start = len(stages)
-        if block.norm_first:
+        if _placement(block) == "sandwich":
+            stages += [Stage(norm, x, "norm"), sub, Stage(norm, x, "norm"), Stage("+ residual", x, "add")]
+        elif block.norm_first:
             stages += [Stage(norm, x, "norm"), sub, Stage("+ residual", x, "add")]
         else:
             stages += [sub, Stage(f"+ residual, {norm}", x, "add")]
@@ -78,9 +85,19 @@ def _block_stages(block, B, T, S=None, causal=False, decoder=False):
     return stages, residuals, cross
 
 
+def _placement(block):
+    """"pre", "post" or "sandwich" (a norm before and after each sub-layer, Gemma's)."""
+    config = getattr(block, "config", None)
+    return getattr(config, "norm_placement", None) or ("pre" if block.norm_first else "post")
+
+
 def _positional_label(pos, length="T"):
-    return f"+ learned positions P[0:{length}]" if isinstance(pos, LearnedPositionalEncoding) else \
-        f"+ sinusoidal positions PE[0:{length}]"
+    """The positions added to the embeddings ("" when they act inside attention: RoPE, ALiBi)."""
+    if isinstance(pos, LearnedPositionalEncoding):
+        return f"+ learned positions P[0:{length}]"
+    if isinstance(pos, SinusoidalPositionalEncoding):
+        return f"+ sinusoidal positions PE[0:{length}]"
+    return ""
 
 
 def model_diagram(model, batch_size=1, seq_len=None, tgt_len=None):
@@ -109,9 +126,10 @@ def _stack(title, inputs, blocks, final_norm, tail, block_name, B, T, S=None, ca
     stages, res, cross = _block_stages(blocks[0], B, T, S, causal=causal, decoder=decoder)
     after = [Stage(f"final {_norm_name(blocks[0])}", (B, T, d), "norm")] if final_norm is not None else []
     before = [Stage(ids, (B, T), "io"), Stage(embedding, (B, T, d), "embed"),
-              Stage(positions + ", dropout", (B, T, d), "embed")]
-    return Column(title, before, stages, len(blocks), f"{'pre' if blocks[0].norm_first else 'post'}-LN {block_name}",
-                  res, after + tail, cross)
+              Stage(positions + ", dropout" if positions else "dropout (positions act in attention)", (B, T, d),
+                    "embed")]
+    placement = {"pre": "pre-LN", "post": "post-LN", "sandwich": "sandwich-norm"}[_placement(blocks[0])]
+    return Column(title, before, stages, len(blocks), f"{placement} {block_name}", res, after + tail, cross)
 
 
 def _gpt_diagram(model, B, seq_len, tgt_len):
@@ -119,7 +137,8 @@ def _gpt_diagram(model, B, seq_len, tgt_len):
     d, V = model.d_model, model.vocab_size
     tied = " (tied to E)" if model.tie_weights else ""
     col = _stack("GPT (decoder-only)",
-                 ("token ids", f"token embedding E[ids], {V}×{d}", _positional_label(model.pos_emb)),
+                 ("token ids", f"token embedding E[ids]{'·√d' if model.config.scale_embeddings else ''}, {V}×{d}",
+                  _positional_label(model.pos_emb)),
                  list(model.blocks), model.norm_f, [Stage(f"linear → vocabulary{tied}", (B, T, V), "head", "logits")],
                  "block", B, T, causal=True)
     return f"GPT: B={B}, T={T}, d_model={d}, {_layers(model.n_layers)}, vocab {V}", [col]

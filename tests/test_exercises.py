@@ -155,6 +155,8 @@ MISTAKES = [
     ("rope", "the attention factor forgotten",
      [("cos, sin = a * np.cos(angles), a * np.sin(angles)", "cos, sin = np.cos(angles), np.sin(angles)")],
      KEYWORDS, "keyword case 'scaling yarn'"),
+    ("rope", "dynamic scaling's n taken as T", [("int(np.max(positions)) + 1)", "x.shape[-2])")], KEYWORDS,
+     "keyword case 'scaling dynamic'"),
     ("swiglu", "SiLU' = σ", [("(s + a * s * (1 - s))", "s")], BACKWARD, "(dw_up, dw_down"),
     ("swiglu", "gate on the up projection", [("s = 1 / (1 + np.exp(-a))", "s = 1 / (1 + np.exp(-b))"),
                                              ("h = a * s * b", "h = b * s * a")], FORWARD, "y differs"),
@@ -191,6 +193,16 @@ MISTAKES = [
      "edge case 'batch axes'"),
     ("lora", "dx not given the shape of x", [("dx = (du @ A).reshape(x.shape)", "dx = du @ A")], EDGE,
      "dx has shape (6, 6); (2, 3, 6) is expected"),
+    ("cross_entropy", "ignored targets overwritten in the caller's array",
+     [("    t = np.asarray(targets).reshape(-1)\n    keep = t != ignore_index\n    t = np.where(keep, t, 0)\n",
+       "    t = targets.reshape(-1)\n    keep = t != ignore_index\n    t[~keep] = 0\n")], EDGE,
+     "changed its argument targets in place"),
+    ("rms_norm", "dgamma summed over two batch axes only",
+     [("dgamma = (dy * xhat).reshape(-1, d).sum(axis=0)", "dgamma = (dy * xhat).sum(axis=(0, 1))")], FD,
+     "returns dgamma of shape"),
+    ("dropout", "kept entries multiplied by 1 - p", [("mask = (rng.random(x.shape) >= p) / (1 - p)",
+                                                     "mask = (rng.random(x.shape) >= p) * (1 - p)")],
+     "forward: zeroed with probability p, the rest scaled", "y[0, 0] = 0.0880112 for x[0, 0]"),
     ("bpe_merge", "ties broken by the first pair counted (max(stats, key=stats.get))",
      [("best = min(stats, key=lambda p: (-stats[p], p[0], p[1]))", "best = max(stats, key=stats.get)")],
      "ties, as ByteLevelBPE breaks them", "the smallest left id, then the smallest right id"),
@@ -259,6 +271,24 @@ def test_a_typical_mistake_fails_where_it_should(name, mistake, patches, step, f
     report = E.check_file(name, write_mistake(tmp_path, name, patches))
     assert report.failed == step, f"{mistake}: failed at {report.failed!r}, not {step!r}:\n{report.message}"
     assert fragment in report.message, f"{mistake}: {fragment!r} is not in the message:\n{report.message}"
+
+
+def test_an_output_none_on_both_sides_is_not_called_a_match(tmp_path):
+    """need_weights=False: the weights are None in both; a wrong output is not followed by '(weights matches.)'."""
+    report = E.check_file("scaled_dot_product_attention", write_mistake(
+        tmp_path, "scaled_dot_product_attention", [("scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / q.shape[-1]")]))
+    assert not report.ok and "weights match" not in report.message, report.message
+
+
+def test_numpy_integers_are_integers_to_the_bpe_grader(tmp_path):
+    """A correct most_frequent_pair written with NumPy returns NumPy integers: that is no mistake."""
+    text = solution("bpe_merge").replace("    return best, stats[best]",
+                                         "    return (np.int64(best[0]), np.int64(best[1])), np.int64(stats[best])")
+    assert "np.int64(best[0])" in text
+    path = tmp_path / "bpe_merge.py"
+    path.write_text("import numpy as np\n" + text, encoding="utf-8")
+    report = E.check_file("bpe_merge", path)
+    assert report.ok, report.message
 
 
 def test_every_exercise_has_two_typical_mistakes():
@@ -406,6 +436,23 @@ def test_train_with_the_llama_model_uses_rope_and_rms_norm(capsys):
     assert training.train(files, steps=2, model="llama", every=1, overrides=SMALL) == 0
     assert "Your ops in the model: repeat_kv, rms_norm, rope; not called by this model: swiglu" in \
         " ".join(capsys.readouterr().out.split())
+
+
+def test_train_refuses_ops_the_model_does_not_call():
+    with pytest.raises(ValueError, match=r"the gpt model calls none of your ops \(rms_norm, rope\).*--model llama"):
+        training.train([SOLUTIONS / "rope.py", SOLUTIONS / "rms_norm.py"], steps=2, overrides=SMALL)
+    with pytest.raises(ValueError, match=r"calls none of your ops \(softmax\).*checked, not trained"):
+        training.train([SOLUTIONS / "softmax.py"], steps=2, overrides=SMALL)
+
+
+@pytest.mark.parametrize("name", list(E.EXERCISES))
+def test_an_exercise_says_which_model_calls_it(name):
+    """in_model and model agree with the calls a training step of that model makes (so the pass message sends
+    the learner to a `numformer exercises train` that uses the op)."""
+    exercise = E.EXERCISES[name]
+    config, _ = training.configure(exercise.model, SMALL)
+    used, _ = training.used_by(config["model"], training.find_ops([SOLUTIONS / f"{name}.py"]))
+    assert (used == [name]) == exercise.in_model, (name, exercise.model, used)
 
 
 def numformer(*args, cwd):

@@ -94,8 +94,10 @@ def format_report(report, path):
             lines.append(wrap(report.message, "     "))
             break
     if report.ok and exercise.in_model:
+        llama = exercise.model == "llama"
         lines.append(wrap(f"{exercise.name} passes every step: it equals numformer's reference to 1e-10. Plug it "
-                          f"into a GPT: numformer exercises train {path}"))
+                          f"into a {'Llama-style ' if llama else ''}GPT: numformer exercises train {path}"
+                          + (" --model llama" if llama else "")))
     elif report.ok:
         lines.append(wrap(f"{exercise.name} passes every step: it computes what numformer's reference computes."))
     else:

@@ -106,7 +106,8 @@ class Exercise:
     keyword_cases: steps 6 and 7; page: where the docs derive the op; plug: the entries of
     ``numformer.nn.dispatch.OPS`` the learner's functions replace in ``numformer exercises train`` (a callable
     from the learner's functions to {name: function}); steps: replaces the standard steps; in_model: False for an
-    exercise no model calls (the BPE merge step), which ``numformer exercises train`` has no use for.
+    exercise no model calls (the BPE merge step, or an op the models run fused), which ``numformer exercises
+    train`` has no use for; model: the model that calls it ("gpt" or "llama", tests/test_exercises.py checks).
     """
     name: str
     summary: str
@@ -123,6 +124,7 @@ class Exercise:
     plug: Callable | None = None
     steps: tuple | None = None
     in_model: bool = True
+    model: str = "gpt"          # the model of ``numformer exercises train --model`` that calls the op
 
     @property
     def names(self):
@@ -221,7 +223,8 @@ def upstream_for(outputs, exercise, seed=SEED + 1):
 
 
 # -- comparing ------------------------------------------------------------------------------------------------
-def _index(i):
+def index_text(i):
+    """An array index as Python writes it: [0, 3] (NumPy's own integers would print as np.int64(0))."""
     return "[" + ", ".join(str(int(k)) for k in i) + "]" if len(i) else ""
 
 
@@ -243,11 +246,11 @@ def difference(label, got, want, tol=TOL):
     bad = ~np.isfinite(got) & ~same_inf
     if bad.any():
         i = np.argwhere(bad)[0]
-        return (f"{label} is {got[tuple(i)]} at {label}{_index(i)} where the reference is {want[tuple(i)]:.6g} "
+        return (f"{label} is {got[tuple(i)]} at {label}{index_text(i)} where the reference is {want[tuple(i)]:.6g} "
                 f"({int(bad.sum())} entr{'ies' if bad.sum() > 1 else 'y'} not finite)")
     if (np.isinf(want) & ~same_inf).any():
         i = np.argwhere(np.isinf(want) & ~same_inf)[0]
-        return f"{label}{_index(i)} is {got[tuple(i)]:.6g} where the reference is {want[tuple(i)]}"
+        return f"{label}{index_text(i)} is {got[tuple(i)]:.6g} where the reference is {want[tuple(i)]}"
     finite = np.isfinite(want)
     if not finite.any():
         return None
@@ -257,7 +260,7 @@ def difference(label, got, want, tol=TOL):
         return None
     i = np.unravel_index(int(err.argmax()), err.shape)
     return (f"{label} differs from the reference by up to {err.max() / scale:.2g} (relative to its largest entry; "
-            f"the tolerance is {tol:g}), most at {label}{_index(i)}: yours {got[i]:.10g}, the reference's "
+            f"the tolerance is {tol:g}), most at {label}{index_text(i)}: yours {got[i]:.10g}, the reference's "
             f"{want[i]:.10g}")
 
 
@@ -266,7 +269,10 @@ def differences(values, reference, prefix="", tol=TOL):
     wrong, right = [], []
     for name, want in reference.items():
         message = difference(prefix + name, values.get(name), want, tol)
-        (wrong if message else right).append(message or prefix + name)
+        if message:
+            wrong.append(message)
+        elif want is not None:                  # None on both sides (weights not asked for) matches nothing
+            right.append(prefix + name)
     return wrong, right
 
 
@@ -380,8 +386,10 @@ def _compare_case(exercise, learner, reference, case, what):
 
 def _compare(exercise, learner, reference, case, inputs):
     call_text = f"{exercise.names[0]}({describe(inputs)})"
+    kept = {k: v.copy() for k, v in inputs.items() if isinstance(v, np.ndarray)}
     try:
         outputs, cache = run_forward(exercise, learner, inputs)
+        _inputs_unchanged(exercise.names[0], kept, inputs)
     except Failure as failure:
         raise Failure(f"on {call_text}: {failure}") from None
     ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
@@ -442,6 +450,10 @@ def step_finite_differences(exercise, learner, reference):
         dout = float(dout) if np.ndim(dout) == 0 else dout
         return {k: v for k, v in run_backward(exercise, learner, cache, {first: dout}).items() if k in arrays}
 
+    for k, dk in backward(np.ones_like(forward())).items():      # a wrong shape is no error of the maths
+        if np.shape(dk) != arrays[k].shape:
+            raise Failure(f"on {describe(inputs)}, your backward returns d{k} of shape {np.shape(dk)}; the shape of "
+                          f"{k}, {arrays[k].shape}, is expected (the sum over the batch axes, whatever their number?)")
     errors = check_gradients(forward, backward, arrays)
     bad = {k: e for k, e in errors.items() if not e < FD_TOL}
     if bad:

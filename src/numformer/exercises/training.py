@@ -153,6 +153,12 @@ def train(paths, steps=300, model="gpt", every=25, overrides=(), out=print):
             return 1
     config, task = configure(model, overrides)
     used, unused = used_by(config["model"], learner)
+    if not used:
+        other = [n for n in unused if EXERCISES[n].in_model and EXERCISES[n].model != model]
+        raise ValueError(f"the {model} model calls none of your ops ({', '.join(unused)}), so training would compare "
+                         f"the library with itself"
+                         + (f"; {', '.join(other)}: train with --model {EXERCISES[other[0]].model}" if other else
+                            "; these exercises are checked, not trained"))
     out(wrap(f"Your ops in the model: {', '.join(used) or 'none'}"
              + (f"; not called by this model: {', '.join(unused)}" if unused else "")))
     out(wrap(f"Training {MODELS[model]} (configs/{MODELS[model]}.toml) in float64 for {steps} steps, your ops "

@@ -2,6 +2,8 @@
 repeats (``data.tokenizers.bpe_train``: ``most_frequent_pair`` and ``merge_pair``)."""
 from __future__ import annotations
 
+import numpy as np
+
 from ...data.tokenizers import bpe_train
 from ...data.tokenizers.byte_level import byte_alphabet
 from ..checker import STANDARD_STEPS, Exercise, Failure, Function, Step, call
@@ -58,8 +60,8 @@ def step_types(exercise, learner, reference):
     if words != UNIQUE[0] or counts != UNIQUE[1]:
         raise Failure(f"{count_name} changed its arguments words or counts; it only reads them")
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], tuple)
-            and len(result[0]) == 2 and all(isinstance(i, int) for i in (*result[0], result[1]))):
-        raise Failure(f"{count_name} must return (pair, count): a tuple of two ids (ints) and an int; it "
+            and len(result[0]) == 2 and all(isinstance(i, (int, np.integer)) for i in (*result[0], result[1]))):
+        raise Failure(f"{count_name} must return (pair, count): a tuple of two ids (integers) and an integer; it "
                       f"returned {result!r}")
     word = list(MERGES[0][0])
     merged = call(merge_name, learner[merge_name], word, MERGES[0][1], MERGES[0][2])
@@ -137,7 +139,8 @@ EXERCISE = Exercise(
     functions=(
         Function("most_frequent_pair", """\
 The most frequent pair of adjacent ids, and its count: returns (pair, count),
-pair a tuple (left id, right id); (None, 0) when no word has two ids.
+pair a tuple (left id, right id); (None, 0) when no word has two ids. The ids and
+the count are integers (Python's or NumPy's).
 
 words: a list of words, each a list of token ids (ints); counts: how often each
 word occurs in the training text (one int per word). Every adjacent pair of every

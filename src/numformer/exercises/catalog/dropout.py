@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checker import (STANDARD_STEPS, Case, Exercise, Failure, Function, NewRng, Step, describe, run_backward,
-                       run_forward, step_edge_cases, step_keywords)
+from ..checker import (STANDARD_STEPS, Case, Exercise, Failure, Function, NewRng, Step, describe, index_text,
+                       run_backward, run_forward, step_edge_cases, step_keywords)
 
 P = 0.3
 
@@ -29,8 +29,8 @@ def _check_rate(exercise, learner, p):
     kept, dropped = np.isclose(y, x / (1 - p), rtol=1e-12, atol=0), y == 0
     if not np.all(kept | dropped):
         i = tuple(np.argwhere(~(kept | dropped))[0])
-        raise Failure(where + f"every entry of y is either 0 or x / (1 - p); y{list(i)} = {y[i]:.6g} for "
-                              f"x{list(i)} = {x[i]:.6g}")
+        raise Failure(where + f"every entry of y is either 0 or x / (1 - p); y{index_text(i)} = {y[i]:.6g} for "
+                              f"x{index_text(i)} = {x[i]:.6g}")
     if abs(dropped.mean() - p) > 0.02:
         raise Failure(where + f"{100 * dropped.mean():.1f}% of the entries are zeroed; each one is zeroed with "
                               f"probability p = {p}")
@@ -55,8 +55,8 @@ def step_backward(exercise, learner, reference):
     i = np.unravel_index(int(np.abs(dx - want).argmax()), want.shape)
     if dx.shape != want.shape or not np.allclose(dx, want, rtol=1e-12, atol=1e-12):
         what = "a dropped entry" if y[i] == 0 else "a kept entry"
-        raise Failure(f"{exercise.names[1]} after {exercise.names[0]}(x (100, 300), p={P}, rng): dx{list(i)} = "
-                      f"{dx[i]:.6g} for dy{list(i)} = {dy[i]:.6g} at {what} of the forward's mask")
+        raise Failure(f"{exercise.names[1]} after {exercise.names[0]}(x (100, 300), p={P}, rng): dx{index_text(i)} = "
+                      f"{dx[i]:.6g} for dy{index_text(i)} = {dy[i]:.6g} at {what} of the forward's mask")
 
 
 def step_keywords_and_rates(exercise, learner, reference):

@@ -42,7 +42,7 @@ product.""",
     case=Case("x (5, 4), W (3, 4), b (3,)", _inputs()),
     edge_cases=(
         Case("batch axes", _inputs((2, 3)),
-             why="x has two leading axes (batch, time), as in a model: dW sums over every position"),
+             why="x has two leading axes (batch, time), as in a model: dW and db sum over every position"),
         Case("one vector", _inputs(()), why="x is a single vector of shape (d_in,)"),
     ),
     keyword_cases=(

@@ -24,6 +24,7 @@ def _masked_row(rng):
 
 EXERCISE = Exercise(
     name="log_softmax",
+    in_model=False,                 # the models run it fused (attention's kernel, the gated feed-forward)
     summary="log-softmax by log-sum-exp, and its backward",
     functions=(
         Function("log_softmax_forward", """\

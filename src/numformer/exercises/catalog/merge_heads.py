@@ -10,6 +10,7 @@ def _x(shape):
 
 EXERCISE = Exercise(
     name="merge_heads",
+    in_model=False,                 # the models run it fused (attention's kernel, the gated feed-forward)
     summary="(B, h, T, d_h) -> (B, T, h·d_h), and its backward",
     functions=(
         Function("merge_heads_forward", """\

@@ -14,8 +14,8 @@ EXERCISE = Exercise(
     functions=(
         Function("repeat_kv_forward", """\
 y[b, g·n_rep + t] = x[b, g] for t = 0 … n_rep - 1: each of the H_kv key (or value)
-heads repeated n_rep times in place, so that query head h reads key/value head
-h // n_rep (Hugging Face's repeat_kv). Returns (y, cache).
+heads repeated n_rep times, the copies next to each other, so that query head h
+reads key/value head h // n_rep (Hugging Face's repeat_kv). Returns (y, cache).
 
 x: (B, H_kv, T, d)   ->   y: (B, H_kv·n_rep, T, d). n_rep = 1 may return x itself.""",
                  todos=("repeat every head n_rep times, next to itself", "return y and your cache")),

@@ -20,6 +20,7 @@ def _zero_row(rng):
 
 EXERCISE = Exercise(
     name="rms_norm",
+    model="llama",
     summary="RMSNorm (Llama's normalization), and its backward",
     functions=(
         Function("rms_norm_forward", """\

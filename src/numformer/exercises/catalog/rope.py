@@ -13,6 +13,7 @@ def _x(shape=(2, 2, 5, 8), **options):
 
 EXERCISE = Exercise(
     name="rope",
+    model="llama",
     summary="rotary position embeddings; the backward rotates by -θ",
     functions=(
         Function("rope_forward", """\
@@ -54,6 +55,13 @@ inverse.""",
         Case("scaling yarn", _x(offset=6, scaling=ops.RopeScaling("yarn", factor=4.0,
                                                                    original_max_position_embeddings=4)),
              why="YaRN: other frequencies, and cos and sin times the attention factor a"),
+        Case("scaling dynamic", _x(offset=6, scaling=ops.RopeScaling("dynamic", factor=4.0,
+                                                                      max_position_embeddings=4)),
+             why="dynamic NTK: θ's base grows with n, the largest position + 1 (here offset 6 + T = 11), not T"),
+        Case("scaling llama3", _x(offset=2, scaling=ops.RopeScaling("llama3", factor=8.0, low_freq_factor=1.0,
+                                                                     high_freq_factor=4.0,
+                                                                     original_max_position_embeddings=8)),
+             why="Llama 3.1: the low frequencies divided by the factor, the high ones kept, a blend between"),
     ),
     hints=(
         "Build the angles as np.outer-like products of positions and θ (shape (T, d/2)), then concatenate the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checker import (FD_TOL, STANDARD_STEPS, Calls, Case, Exercise, Failure, Function, NewRng, Step,
-                       check_gradients, describe, run_backward, run_forward, step_keywords)
+                       check_gradients, describe, index_text, run_backward, run_forward, step_keywords)
 
 
 def _qkv(lead=(2, 2), t_q=3, t_k=5, d_k=4, d_v=3, **options):
@@ -53,7 +53,7 @@ def step_keywords_and_dropout(exercise, learner, reference):
     dropped = weights == 0
     if not np.all(kept | dropped):
         i = tuple(np.argwhere(~(kept | dropped))[0])
-        raise Failure(where + f"a weight after dropout is either 0 or the weight divided by 1 - p; at {list(i)} "
+        raise Failure(where + f"a weight after dropout is either 0 or the weight divided by 1 - p; at {index_text(i)} "
                               f"it is {weights[i]:.6g}, and the weight is {probs[i]:.6g}")
     share = dropped.mean()
     if abs(share - P_DROP) > 0.15:

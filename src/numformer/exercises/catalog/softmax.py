@@ -19,6 +19,7 @@ def _masked_row(rng):
 
 EXERCISE = Exercise(
     name="softmax",
+    in_model=False,                 # the models run it fused (attention's kernel, the gated feed-forward)
     summary="softmax along an axis, stable, and its backward",
     functions=(
         Function("softmax_forward", """\

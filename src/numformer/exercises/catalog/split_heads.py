@@ -10,6 +10,7 @@ def _x(shape, n_heads):
 
 EXERCISE = Exercise(
     name="split_heads",
+    in_model=False,                 # the models run it fused (attention's kernel, the gated feed-forward)
     summary="(B, T, E) -> (B, h, T, E/h), and its backward",
     functions=(
         Function("split_heads_forward", """\

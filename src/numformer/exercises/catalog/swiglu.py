@@ -19,6 +19,7 @@ def _inputs(lead=(2, 3), scale=1.0, biases=False):
 
 EXERCISE = Exercise(
     name="swiglu",
+    in_model=False,                 # the models run it fused (attention's kernel, the gated feed-forward)
     summary="Llama's gated feed-forward and its seven gradients",
     functions=(
         Function("swiglu_forward", """\

@@ -1,5 +1,5 @@
 """numformer analyze RUN_DIR [--text TEXT | --src TEXT [--tgt TEXT]] [--out DIR] [--overwrite] [--no-ablation]
-[--no-occlusion] [--split val]: look inside a trained model; writes report.md and PNG figures.
+[--no-occlusion] [--split val|test]: look inside a trained model; writes report.md and PNG figures.
 
 The report (``numformer.analysis.write_report``) holds the attention maps of every layer and
 head with token labels, per-head statistics, the head ablation grid, position importance

@@ -1,6 +1,6 @@
 """numformer chat SOURCE [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--greedy]
-[--seed S] [--template-var KEY=VALUE ...] [--chat-template FILE] [--quantize int8 [--group-size G]]: talk with a
-chat model in the terminal.
+[--seed S] [--adapter DIR] [--template-var KEY=VALUE ...] [--chat-template FILE] [--quantize int8 [--group-size G]]:
+talk with a chat model in the terminal.
 
 SOURCE: a Hugging Face model folder (``hf download ... --local-dir FOLDER``), a hub id written ``hf:ID``, or a
 run folder. Each line you type is a message; the reply streams as it is generated (the key/value cache) and
@@ -8,12 +8,13 @@ ends at the model's end-of-turn or eos tokens. The conversation is rendered with
 template (``numformer.data.chat``); a model without one (a run folder trained here) gets numformer's plain
 default format (``User: ...`` / ``Assistant:``), and a note says so. The oldest turns are dropped when the
 conversation no longer fits the model's context; the system prompt stays. ``/reset`` starts over, ``/quit``
-(or end of input) ends. When stdin is not a terminal, lines are read from it one by one and each reply is
-printed on stdout (notes go to stderr), so a chat can be scripted: ``printf 'Hi\\n' | numformer chat DIR``.
+(or ``/exit``, or end of input) ends. When stdin is not a terminal, lines are read from it one by one and each
+reply is printed on stdout (notes go to stderr), so a chat can be scripted: ``printf 'Hi\\n' | numformer chat DIR``.
 
-Sampling: the flags you give, else the settings of the folder's generation_config.json (do_sample,
-temperature, top_k, top_p, as transformers uses them: without do_sample it picks the most likely token),
-else those of ``numformer generate``. ``--quantize int8`` replies from int8 weights, as ``numformer generate``
+Sampling: the flags you give (with any of --temperature, --top-k, --top-p or --greedy the file is not read, and
+the flags left out take generate's defaults), else the settings of the folder's generation_config.json
+(do_sample, temperature, top_k, top_p, as transformers uses them: without do_sample it picks the most likely
+token), else those of ``numformer generate``. ``--quantize int8`` replies from int8 weights, as ``numformer generate``
 (``numformer.quantize.quantize_model``; what it quantized goes to stderr).
 """
 from __future__ import annotations
@@ -173,7 +174,8 @@ def register(sub):
     p.add_argument("--system", default=None, help="system prompt (kept when old turns are dropped)")
     add_adapter_argument(p)
     add_sampling_arguments(p, max_new_tokens=512, temperature=None,
-                           temperature_default="generation_config.json's, else 1.0")
+                           temperature_default="generation_config.json's, with its top_k, top_p and "
+                                              "do_sample, when no other sampling flag is given; else 1.0")
     p.add_argument("--template-var", action="append", metavar="KEY=VALUE",
                    help="a chat-template variable, e.g. enable_thinking=false (Qwen3); repeatable")
     p.add_argument("--chat-template", metavar="FILE", default=None,

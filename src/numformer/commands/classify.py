@@ -1,4 +1,4 @@
-"""numformer classify RUN_DIR "some text" [more texts ...]: the predicted label and its probability.
+"""numformer classify RUN_DIR "some text" [more texts ...] [--json] [-v]: the predicted label and its probability.
 
 The texts go through exactly the preprocessing of the run: its saved tokenizer
 (tokenizer.json), ``<cls>`` if the run used it, truncation to its ``max_len``
@@ -37,5 +37,6 @@ def register(sub):
     p.add_argument("run_dir", help="a classifier run folder (e.g. runs/imdb after `numformer reproduce imdb`)")
     p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more texts (quote each)")
     p.add_argument("--json", action="store_true", help="one JSON object per text (all class probabilities)")
-    p.add_argument("-v", "--verbose", action="store_true", help="also print every class probability")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print every class probability, the token count and whether the text was truncated")
     p.set_defaults(func=run)

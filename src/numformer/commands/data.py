@@ -1,8 +1,9 @@
-"""numformer data list | fetch NAME|all: the public datasets, where each file is, and downloading them.
+"""numformer data list | fetch NAME|all [--quiet]: the public datasets, where each file is, and downloading them.
 
 Files are looked for in the data folder ($NUMFORMER_DATA), then the cache
-($NUMFORMER_CACHE, else pooch's per-user cache); ``fetch`` downloads what is
-missing into the cache and checks every file's hash (see numformer.data.fetch).
+($NUMFORMER_CACHE, else pooch's per-user cache); ``fetch`` leaves a file of the
+data folder as it is, downloads what is missing into the cache and checks the
+hash of every file it downloads or finds in the cache (see numformer.data.fetch).
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def register(sub):
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     ls = actions.add_parser("list", help="each dataset: size, source, whether it is here, and where")
     ls.set_defaults(func=run_list)
-    fe = actions.add_parser("fetch", help="download a dataset (or all) into the cache, checking every hash")
+    fe = actions.add_parser("fetch", help="download what the data folder lacks of a dataset (or all) into the "
+                                          "cache, checking each file's hash")
     fe.add_argument("name", help="imdb, agnews, multi30k, or all")
     fe.add_argument("--quiet", action="store_true", help="no announcement or progress bar")
     fe.set_defaults(func=run_fetch)

@@ -1,5 +1,5 @@
-"""numformer eval RUN_DIR [--split val|test]: loss (and perplexity, bits per token, bits per byte) and the task's
-metrics."""
+"""numformer eval RUN_DIR [--split val|test] [--json]: loss (and perplexity, bits per token, bits per byte) and
+the task's metrics."""
 from __future__ import annotations
 
 import json
@@ -39,8 +39,10 @@ def run(args):
 
 
 def register(sub):
-    p = sub.add_parser("eval", help="evaluate a trained run: loss, perplexity, bits per token and per byte, task metrics")
+    p = sub.add_parser("eval", help="evaluate a trained run: loss, perplexity, bits per token and per byte, "
+                                    "task metrics")
     p.add_argument("run_dir", help="a run folder written by `numformer train`")
-    p.add_argument("--split", default="val", choices=["val", "test"], help="which split (default val)")
+    p.add_argument("--split", default="val", choices=["val", "test"],
+                   help="which split (default val); a text task has no test split: test evaluates val, and says so")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)

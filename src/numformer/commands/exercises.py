@@ -68,14 +68,18 @@ def register(sub):
     check.set_defaults(func=_check)
     hint = actions.add_parser("hint", help="the next hint of an exercise (never the code)")
     hint.add_argument("name", help="the exercise")
-    hint.add_argument("--dir", default=".", help="where to remember which hints you saw (default: here)")
+    hint.add_argument("--dir", default=".", help="where to remember which hints you saw (default: the current folder)")
     hint.set_defaults(func=_hint)
     train = actions.add_parser("train", help="train a GPT on your ops and compare its loss curve with the library's")
     train.add_argument("files", nargs="+", help="your exercise files (each op in them must pass its check)")
-    train.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    train.add_argument("--steps", type=int, default=300,
+                       help="training steps (default 300; the learning-rate schedule keeps the config's "
+                            "train.max_steps)")
     train.add_argument("--model", default="gpt", choices=["gpt", "llama"],
-                       help="gpt: configs/shakespeare_char.toml (default); llama: shakespeare_char_llama.toml")
-    train.add_argument("--every", type=int, default=25, help="print every N steps (default 25)")
+                       help="gpt: configs/shakespeare_char.toml (default); llama: configs/shakespeare_char_llama.toml")
+    train.add_argument("--every", type=int, default=25,
+                       help="print the losses every EVERY steps (default 25), and at the first and last step and "
+                            "the first where the curves part")
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override a value of the model's config (e.g. model.n_layers=1)")
+                       help="override a value of the model's config, e.g. model.n_layers=1 (repeatable)")
     train.set_defaults(func=_train)

@@ -56,7 +56,8 @@ def register(sub):
     p.add_argument("--port", type=int, default=None,
                    help=f"serve on http://127.0.0.1:PORT/ (default {DEFAULT_PORT}; 0: any free port, printed)")
     p.add_argument("--static", metavar="OUT.html", type=Path, default=None,
-                   help="write a self-contained page of --prompt (data embedded, no server) instead of serving")
+                   help="write a self-contained page of --prompt (data embedded, no server) instead of serving: a "
+                        "new .html file, or a page written this way before, which is replaced")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"tokens generated after the prompt, to step through (default {STATIC_NEW_TOKENS} with "
                         f"--static, else 0: the page's 'next token' button samples more)")

@@ -1,7 +1,7 @@
-"""numformer export RUN_DIR --format hf --out DIR: a trained GPT as a Hugging Face folder, GPT-2 or (for a RoPE
-model) Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 (config.json, model.safetensors, and tokenizer.json with
-tokenizer_config.json when the run's tokenizer has a Hugging Face form), which
-``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits.
+"""numformer export RUN_DIR [--format hf] --out DIR [--merge] [--overwrite]: a trained GPT as a Hugging Face
+folder, GPT-2 or (for a RoPE model) Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 (config.json,
+model.safetensors, and tokenizer.json with tokenizer_config.json when the run's tokenizer has a Hugging Face
+form), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits.
 
 ``--out`` must be new or empty; ``--overwrite`` replaces an earlier export there: the files an export writes
 (``EXPORT_FILES``) are removed first (the weights first, config.json last), so the folder then holds only the
@@ -125,14 +125,15 @@ def register(sub):
     what = ("write a trained GPT as a Hugging Face folder (config.json + model.safetensors): GPT-2, or Llama, "
             "Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 for a RoPE model")
     p = sub.add_parser("export", help=what, description=what[0].upper() + what[1:] + ".")
-    p.add_argument("run_dir", help="a run folder (from `numformer train` or `numformer import-hf`)")
+    p.add_argument("run_dir", help="a GPT run folder (from `numformer train` or `numformer import-hf`)")
     p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, "
                    "or for a RoPE model the Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 its options need; "
                    "the default)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to write (new or empty)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="folder to write: new or empty (or an earlier export, with --overwrite)")
     p.add_argument("--merge", action="store_true",
                    help="a LoRA run: merge the adapters into the weights and write one model (default: the "
-                        "adapter in PEFT's format, its base model in DIR/base)")
+                        "adapter in PEFT's format, its base model in DIR/base); no effect on other runs")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier export in --out (its files are removed first; a folder holding other "
                         "files is refused)")

@@ -1,6 +1,6 @@
-"""numformer generate SOURCE --prompt TEXT --max-new-tokens N [--temperature T] [--top-k K] [--top-p P]
-[--greedy] [--seed S] [--quantize int8 [--group-size G]]: continue a prompt with a GPT, printing the text as it
-comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``).
+"""numformer generate SOURCE [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
+[--greedy] [--seed S] [--adapter DIR] [--quantize int8 [--group-size G]]: continue a prompt with a GPT, printing
+the text as it comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``).
 
 SOURCE: a run folder, or a Hugging Face model of a family numformer loads (GPT-2, Llama, Mistral, Qwen2, Qwen3,
 Gemma 2, Gemma 3): a folder, or a hub id written ``hf:NAME``."""
@@ -98,7 +98,8 @@ def add_sampling_arguments(p, max_new_tokens=500, temperature=1.0, temperature_d
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable sample")
+    p.add_argument("--seed", type=int, default=None,
+                   help="random seed, for a repeatable sample (default: a new sample each time)")
 
 
 SAMPLING_FLAGS = (        # flag, its attribute, whether a value is valid, what it must be
@@ -124,7 +125,7 @@ def add_quantize_arguments(p):
     p.add_argument("--quantize", choices=["int8"], default=None,
                    help="generate from int8 weights (symmetric absmax; embeddings and norms stay float)")
     p.add_argument("--group-size", type=int, default=None,
-                   help="with --quantize: one scale per G inputs of each output row (default: one per row)")
+                   help="with --quantize: one scale per GROUP_SIZE inputs of each output row (default: one per row)")
 
 
 def check_quantize_arguments(args):

@@ -1,7 +1,7 @@
-"""numformer import-hf SOURCE --out RUN_DIR [--data TEXT_FILE] [--block-size N]: a run folder from a
-Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 model (a folder or a hub id such as gpt2), used by every command:
-generate, eval (on --data, by default the built-in tiny Shakespeare), analyze, export, and fine-tuning with
-``[model] init_from = "RUN_DIR"``."""
+"""numformer import-hf SOURCE --out RUN_DIR [--data TEXT_FILE] [--block-size N] [--dtype float32|float64]
+[--overwrite]: a run folder from a Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 model (a
+folder or a hub id such as gpt2), used by every command: generate, eval (on --data, by default the built-in tiny
+Shakespeare), analyze, export, and fine-tuning with ``[model] init_from = "RUN_DIR"``."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,15 +45,17 @@ def run(args):
 
 
 def register(sub):
-    what = "make a run folder from a Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 model (folder or hub id)"
+    what = ("make a run folder from a Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 model "
+            "(folder or hub id)")
     p = sub.add_parser("import-hf", help=what, description=what[0].upper() + what[1:] + ".")
     p.add_argument("source", help="a Hugging Face model folder (config.json + model.safetensors) or a hub id "
-                                  "such as gpt2 or HuggingFaceTB/SmolLM-135M")
+                                  "such as gpt2 or HuggingFaceTB/SmolLM-135M (also written hf:gpt2)")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder to write")
     p.add_argument("--data", default="", metavar="TEXT_FILE",
                    help="text file for `numformer eval` and `analyze` (default: the built-in tiny Shakespeare)")
     p.add_argument("--block-size", type=int, default=None, help="evaluation window in tokens (default: the "
                                                                  "model's context length)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="weights' dtype")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="weights' dtype (default float32)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in RUN_DIR")
     p.set_defaults(func=run)

@@ -1,4 +1,5 @@
-"""numformer params CONFIG|RUN_DIR: parameter count of a config's (or a run's) model, by component.
+"""numformer params CONFIG|RUN_DIR [--set section.key=value ...] [--depth N]: parameter count of a config's
+(or a run's) model, by component.
 
 The sizes a config's data decides (vocabulary, classes, context) are taken from the [data] config
 without reading the data where the task can tell them (``Task.sizes_from_config``: the built-in
@@ -50,9 +51,13 @@ def run(args):
 
 
 def register(sub):
-    p = sub.add_parser("params", help="parameter count of a config's model, broken down by component")
+    p = sub.add_parser("params", help="parameter count of a config's (or a run's) model, broken down by "
+                                      "component")
     p.add_argument("config", help="TOML config with a [model] section (and [data] for the sizes it sets), "
                                   "or a run folder")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
-    p.add_argument("--depth", type=int, default=2, help="levels of modules to list (default 2)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. --set model.n_layers=2 (repeatable; a TOML config only)")
+    p.add_argument("--depth", type=int, default=2,
+                   help="levels of modules to list (default 2); the first layer of each stack is broken down two "
+                        "levels further")
     p.set_defaults(func=run)

@@ -1,4 +1,5 @@
-"""numformer reproduce NAME: run an experiment end to end and write results/NAME.{json,md}.
+"""numformer reproduce NAME [--quick] [--runs DIR] [--results DIR] [--overwrite] [--set section.key=value ...]
+[--seeds N] [--quiet]: run an experiment end to end and write results/NAME.{json,md}.
 
 Like ``numformer train``, it refuses to replace anything in a run folder it would train into (runs/NAME, and
 every per-seed, per-row or baseline folder of the experiment: ``experiments.runner.planned_runs``) unless
@@ -48,17 +49,21 @@ def _names():
 
 
 def register(sub):
-    p = sub.add_parser("reproduce", help="run an experiment end to end and write results/NAME.json and NAME.md")
+    p = sub.add_parser("reproduce", help="run an experiment end to end and write results/NAME.json and NAME.md "
+                                         "(or into --results)")
     p.add_argument("name", help=_names())
     p.add_argument("--quick", action="store_true",
                    help="a tiny version that runs in seconds (runs go to runs/quick and results to results/quick "
                         "unless --runs / --results)")
-    p.add_argument("--results", default=None, help="folder for the results (default results/)")
-    p.add_argument("--runs", default=None, help="folder for the run folders (default runs/)")
+    p.add_argument("--results", default=None,
+                   help="folder for the results (default results/, or results/quick/ with --quick)")
+    p.add_argument("--runs", default=None,
+                   help="folder for the run folders (default runs/, or runs/quick/ with --quick)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run folders these experiments train into, training every run again (no earlier "
                         "run is reused); write results into a folder that is not numformer's")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value of every run the experiments train (repeatable)")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help=f"train the experiment with N seeds and report their spread ({', '.join(_with_seeds())})")
     p.add_argument("--quiet", action="store_true", help="no progress output")

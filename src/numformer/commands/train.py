@@ -1,4 +1,5 @@
-"""numformer train CONFIG --out RUN_DIR [--set section.key=value ...] [--resume] [--overwrite].
+"""numformer train CONFIG --out RUN_DIR [--set section.key=value ...] [--overwrite] [--quiet], or
+numformer train --out RUN_DIR --resume [--set section.key=value ...] [--quiet] (the run's own config.json).
 
 Under ``mpiexec -n N`` (or ``srun``) the N processes train one model together (``numformer.train.mpi``)."""
 from __future__ import annotations
@@ -45,7 +46,9 @@ def register(sub):
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder to write (or to resume)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
-    p.add_argument("--resume", action="store_true", help="continue the run in RUN_DIR from its checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in RUN_DIR from its checkpoint with its own config.json (give no CONFIG; "
+                        "--set changes values)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in RUN_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar or messages")
     p.set_defaults(func=run)

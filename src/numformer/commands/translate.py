@@ -1,5 +1,6 @@
-"""numformer translate RUN_DIR "Ein Mann fährt Fahrrad." [--beam K | --greedy] [--max-length N]:
-translate sentences with a trained encoder-decoder Transformer (e.g. the multi30k run)."""
+"""numformer translate RUN_DIR ["Ein Mann fährt Fahrrad." ...] [--file FILE] [--beam K | --greedy]
+[--length-penalty L] [--max-length N]: translate sentences with a trained encoder-decoder Transformer (e.g. the
+multi30k run)."""
 from __future__ import annotations
 
 import sys
@@ -52,13 +53,15 @@ def register(sub):
     p.add_argument("run_dir", help="a run folder written by `numformer train` or `numformer reproduce multi30k` "
                                    "(runs/multi30k)")
     p.add_argument("text", nargs="*", help="sentences to translate (one output line each)")
-    p.add_argument("--file", default=None, help="also translate each line of FILE ('-' reads standard input)")
+    p.add_argument("--file", default=None,
+                   help="also translate each line of FILE ('-' reads standard input); a blank line is refused")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--beam", type=int, default=None, help="beam size (default: the run's [data] beam_size)")
+    g.add_argument("--beam", type=int, default=None, help="beam size (default: the run's [data] beam_size, else 4)")
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the same as --beam 1)")
     p.add_argument("--length-penalty", type=float, default=None,
-                   help="beam score = log-probability / length ** PENALTY (default: the run's [data] length_penalty)")
+                   help="beam score = log-probability / length ** LENGTH_PENALTY (default: the run's [data] "
+                        "length_penalty, else 1.0)")
     p.add_argument("--max-length", type=int, default=None,
-                   help="most target tokens per sentence (default: 1.5 × the source length + 10, up to the "
-                        "model's max_len)")
+                   help="most target tokens per sentence, 1 to the model's max_len (default: 1.5 × the longest "
+                        "source of its batch + 10, at most max_len)")
     p.set_defaults(func=run)

@@ -123,10 +123,15 @@ def test_a_run_config_without_its_model_section_is_not_taken_for_hugging_faces(t
     (["train", "{tmp}/copy.toml", "--out", "{tmp}/copy.toml/r"], "{tmp}/copy.toml is a file, not a folder"),
     (["train", "{tmp}/copy.toml", "--out", "{tmp}/r", "--set", "train.lr"], "--set expects section.key=value"),
     (["reproduce", "bogus"], "unknown experiment 'bogus'"),
+    (["params", "{tmp}/typo.toml"], "unknown section(s) ['modl'] (did you mean 'model'?)"),
+    (["params", "{tmp}/train_only.toml"], "[model] needs type, one of ['classifier', 'gpt', 'transformer']"),
+    (["exercises", "train", "{tmp}/copy.toml", "--every", "0"], "--every must be at least 1"),
 ])
 def test_bad_arguments_and_files(tmp_path, cfg, cli_error, args, expected):
     (tmp_path / "bad.toml").write_bytes(b"\xff\xfe = 1")
     (tmp_path / "broken.toml").write_text("[model\n")
+    (tmp_path / "typo.toml").write_text('[modl]\ntype = "gpt"\n')
+    (tmp_path / "train_only.toml").write_text("[train]\nlr = 1e-3\n")
     line = cli_error(*[a.format(tmp=tmp_path) for a in args])
     assert expected.format(tmp=tmp_path) in line
 

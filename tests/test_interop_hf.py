@@ -341,11 +341,25 @@ def test_numformer_run_exports_to_transformers(tmp_path, hf_folder, capsys):
     run = tmp_path / "run"
     assert cli("import-hf", folder, "--out", run, "--data", tmp_path / "text.txt", "--block-size", 32) == 0
     assert cli("export", run, "--format", "hf", "--out", tmp_path / "exported") == 0
+    assert cli("import-hf", folder, "--out", run, "--data", tmp_path / "text.txt") == 2      # import-hf: no --resume
+    assert "already holds a run; replace it with --overwrite, or choose another --out" in capsys.readouterr().err
     idx = np.random.default_rng(2).integers(0, VOCAB, (2, 12))
     np.testing.assert_allclose(hf_logits(tmp_path / "exported", idx),
                                tmodel(torch.from_numpy(idx)).logits.detach().numpy(), rtol=1e-5, atol=1e-6)
     assert cli("export", run, "--out", tmp_path / "exported") == 2            # not empty, no --overwrite
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_export_of_a_run_that_is_no_gpt_is_one_line(tmp_path, capsys):
+    """A copy-task run (encoder-decoder): one error naming the model type, no traceback, no folder left."""
+    sets = ["model.n_layers=1", "model.d_model=16", "model.d_ff=16", "data.length=4", "data.n_val=8",
+            "data.n_test=8", "train.max_steps=2", "train.batch_size=4", "train.processes=1", "train.eval_every=2"]
+    assert cli("train", "configs/copy.toml", "--out", tmp_path / "run", "--quiet",
+               *[a for s in sets for a in ("--set", s)]) == 0
+    assert cli("export", tmp_path / "run", "--out", tmp_path / "hf") == 2
+    err = capsys.readouterr().err
+    assert "holds a transformer model; `numformer export` writes GPT runs" in err and "Traceback" not in err
+    assert not (tmp_path / "hf").exists()
 
 
 def test_char_run_exports_without_a_tokenizer(tmp_path, capsys):

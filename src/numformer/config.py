@@ -272,12 +272,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     (the task returned is then None), and from a built task otherwise. Raises
     ValueError naming the first problem found.
     """
-    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
-        raise ValueError("a config is a table of sections [model], [data] and [train]")
-    unknown = sorted(set(config) - set(SECTIONS))
-    if unknown:
-        raise ValueError(f"unknown section(s) {unknown}{did_you_mean(unknown, SECTIONS)}; a config has [model], "
-                         f"[data] and [train], and [lora] for LoRA adapters")
+    check_sections(config)
     train = {**TRAIN_DEFAULTS, **check_section("train", config.get("train", {}), _train_keys())}
     _check_train_together(train)
     data, task_cls, written = _resolve_data(dict(config.get("data", {})))
@@ -428,6 +423,16 @@ def check_saved_config(config, where):
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return resolved
+
+
+def check_sections(config):
+    """A config is a table of the known sections: one ValueError naming an unknown one (and the closest)."""
+    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+        raise ValueError("a config is a table of sections [model], [data] and [train]")
+    unknown = sorted(set(config) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown section(s) {unknown}{did_you_mean(unknown, SECTIONS)}; a config has [model], "
+                         f"[data] and [train], and [lora] for LoRA adapters")
 
 
 def load_config_json(run_dir):

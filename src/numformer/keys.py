@@ -16,6 +16,8 @@ from dataclasses import dataclass
 def did_you_mean(words, choices):
     """' (did you mean 'n_layers'?)' for the close matches (difflib) among ``choices`` of each of ``words`` (one
     word or a list), naming which word each is for when there are several; '' when none is close."""
+    if words is None:
+        return ""
     words = [words] if isinstance(words, str) else list(words)
     matches = [(w, m[0]) for w in words if isinstance(w, str)
                for m in [difflib.get_close_matches(w, [str(c) for c in choices], n=1, cutoff=0.6)] if m]

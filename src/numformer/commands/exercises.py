@@ -49,6 +49,8 @@ def _train(args):
 
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    if args.every < 1:
+        raise ValueError(f"--every must be at least 1 (a line every N steps), got {args.every}")
     return train(args.files, steps=args.steps, model=args.model, every=args.every, overrides=args.set)
 
 

@@ -33,6 +33,10 @@ def run(args):
     from ..interop.sources import tokenizer_from_state
 
     config = load_config_json(args.run_dir)
+    kind = config["model"].get("type")
+    if kind != "gpt":
+        raise ValueError(f"{args.run_dir} holds a {kind} model; `numformer export` writes GPT runs (a Hugging Face "
+                         f"causal language model)")
     out = Path(args.out)
     run_folder.check_out_folder(out)
     if out.exists() and os.path.samefile(out, args.run_dir):

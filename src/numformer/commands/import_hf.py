@@ -30,7 +30,7 @@ def import_run(source, out, data_path="", block_size=None, dtype="float32", over
     load_weights(model, source)
     out = Path(out)
     with run_folder.lock_for_writing(out):
-        run_folder.start_new_run(out, overwrite)
+        run_folder.start_new_run(out, overwrite, resumable=False)       # import-hf has no --resume
         write_json_atomic(out / "tokenizer.json", task.tokenizer_state())
         save_model(out / MODEL, model, {"source": str(source), **run_folder.weights_metadata(config)})
         write_json_atomic(out / "config.json", config)      # last: a folder with config.json is complete

@@ -14,7 +14,7 @@ from pathlib import Path
 
 def _model_config(source, overrides):
     """(model config, a line saying where the data's sizes came from, or "")."""
-    from ..config import apply_overrides, load_config, resolve_config
+    from ..config import apply_overrides, check_sections, load_config, resolve_config
     from ..models import check_model_section
 
     if Path(source).is_dir():
@@ -24,6 +24,7 @@ def _model_config(source, overrides):
             raise ValueError("--set applies to a TOML config, not to a run folder (its config.json is the run's)")
         return load_config_json(source)["model"], ""
     config = apply_overrides(load_config(source), overrides)
+    check_sections(config)
     if "data" not in config:
         return check_model_section(config.get("model", {})), ""
     resolved, task = resolve_config(config, sizes_only=True)

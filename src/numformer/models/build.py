@@ -112,6 +112,9 @@ def check_model_section(model):
     returns it with every default filled in."""
     model = dict(model)
     kind = model.pop("type", None)
+    if kind is None:
+        raise ValueError(f"[model] needs type, one of {sorted(MODEL_TYPES)} (and the model's sizes, or a [data] "
+                         f"section, which sets them)")
     if not isinstance(kind, str) or kind not in MODEL_TYPES:
         raise ValueError(f"[model] type = {kind!r} is not a model type{did_you_mean(kind, MODEL_TYPES)}; choose one "
                          f"of {sorted(MODEL_TYPES)}")

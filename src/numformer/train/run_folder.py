@@ -339,16 +339,17 @@ def metrics_records(path):
     return records
 
 
-def start_new_run(path, overwrite=False):
+def start_new_run(path, overwrite=False, resumable=True):
     """Make ``path`` ready for a new run (the caller holds its lock): refuse a folder that holds any run file
     unless ``overwrite``, which deletes the old run's files (weights first, config last, leftovers of an
-    interrupted write too). A DPO run's reference log-probabilities alone are no run (one stopped before it
+    interrupted write too); ``resumable``: whether the refusal may suggest --resume (not import-hf's). A DPO run's reference log-probabilities alone are no run (one stopped before it
     began: its config.json comes with the first step) and are replaced: the new run computes its own."""
     path = Path(path)
     present = run_files(path)
     if present and present != [REFERENCE] and not overwrite:
-        raise ValueError(f"{path} already holds a run; continue it with --resume, or start afresh with "
-                         f"--overwrite (it has {', '.join(present)})")
+        how = "continue it with --resume, or start afresh with --overwrite" if resumable else \
+            "replace it with --overwrite, or choose another --out"
+        raise ValueError(f"{path} already holds a run; {how} (it has {', '.join(present)})")
     for name in present:
         (path / name).unlink(missing_ok=True)
     remove_temp_files(path, RUN_FILES)          # writes cut short (write_atomic's temporary files)

@@ -360,6 +360,9 @@ def test_export_of_a_run_that_is_no_gpt_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds a transformer model; `numformer export` writes GPT runs" in err and "Traceback" not in err
     assert not (tmp_path / "hf").exists()
+    for command, more in (("generate", ()), ("explore", ("--static", tmp_path / "p.html", "--prompt", "x"))):
+        assert cli(command, tmp_path / "run", *more) == 2
+        assert f"holds a transformer model; `numformer {command}` works on a GPT" in capsys.readouterr().err
 
 
 def test_char_run_exports_without_a_tokenizer(tmp_path, capsys):

@@ -36,7 +36,7 @@ def load_chat_model(source, args=None):
     if args is not None:
         check_sampling_arguments(args)
         check_quantize_arguments(args)
-    model, tokenizer = load_generator(source, getattr(args, "adapter", None))
+    model, tokenizer = load_generator(source, getattr(args, "adapter", None), "chat")
     if args is not None:
         quantize_if_asked(model, args)
     return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)

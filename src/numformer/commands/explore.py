@@ -27,7 +27,7 @@ def run(args):
     if static:
         check_static_path(args.static)                  # before anything is computed
     sampling = {"temperature": 0.0 if args.greedy else args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-    model, tokenizer = load_generator(args.run_dir)
+    model, tokenizer = load_generator(args.run_dir, command="explore")
     new_tokens = args.max_new_tokens if args.max_new_tokens is not None else STATIC_NEW_TOKENS if static else 0
     ids, n_prompt = None, 0
     if args.prompt is not None:

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 
-def load_generator(source, adapter=None):
+def load_generator(source, adapter=None, command="generate"):
     """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``; ``adapter``:
-    a PEFT LoRA adapter folder put on the model (``numformer.interop.peft.load_adapter``)."""
+    a PEFT LoRA adapter folder put on the model (``numformer.interop.peft.load_adapter``); ``command``: the
+    command named in the errors (generate, chat, explore)."""
     from ..interop.peft import load_adapter
     from ..interop.sources import is_run_folder, load
     from ..train import load_config_json
@@ -26,8 +27,8 @@ def load_generator(source, adapter=None):
     if run:
         config = load_config_json(source)          # the whole config.json checked, as every command does
         if config["model"]["type"] != "gpt":
-            raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer generate` continues "
-                             f"text with a GPT (use `numformer translate` or `classify` for the others)")
+            raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer {command}` works on a "
+                             f"GPT (use `numformer translate` or `classify` for the others)")
     model, tokenizer = load(source)
     if adapter is not None:
         if getattr(model, "lora_config", None):

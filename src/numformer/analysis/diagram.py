@@ -87,8 +87,7 @@ def _block_stages(block, B, T, S=None, causal=False, decoder=False):
 
 def _placement(block):
     """"pre", "post" or "sandwich" (a norm before and after each sub-layer, Gemma's)."""
-    config = getattr(block, "config", None)
-    return getattr(config, "norm_placement", None) or ("pre" if block.norm_first else "post")
+    return block.config.norm_placement
 
 
 def _positional_label(pos, length="T"):

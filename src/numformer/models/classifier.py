@@ -18,6 +18,7 @@ import numpy as np
 from ..nn import Dropout, Embedding, Encoder, EncoderBlock, Linear, Module, make_norm, make_positional
 from ..nn import init
 from ..nn.hooks import HookedModel, HookPoint, add_through_hook, add_through_hook_backward
+from ..nn.module import NO_FORWARD
 from .config import EncoderClassifierConfig, config_from
 
 POOLINGS = ("mean", "first")
@@ -96,7 +97,7 @@ class EncoderClassifier(HookedModel, Module):
     def backward(self, dlogits):
         """Accumulate every parameter's gradient from dL/dlogits (B, n_classes)."""
         if self._cache is None:
-            raise RuntimeError("backward called without a forward pass to go back through (call forward first)")
+            raise RuntimeError(NO_FORWARD)
         weights, h_shape = self._cache
         dpooled = self.head_drop.backward(self.head.backward(dlogits))
         if weights is not None:

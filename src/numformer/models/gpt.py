@@ -24,9 +24,9 @@ import numpy as np
 from ..decoding import generate
 from ..nn import Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, ModuleList, make_norm, make_positional
 from ..nn import checkpoint, init
-from ..nn.module import NO_FORWARD
 from ..nn.dispatch import F
 from ..nn.hooks import HookedModel, HookPoint, add_through_hook, add_through_hook_backward, has_forward_hooks
+from ..nn.module import NO_FORWARD
 from .config import GPTConfig, config_from
 
 

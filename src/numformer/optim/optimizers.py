@@ -420,21 +420,14 @@ class Muon(Optimizer):
             raise TypeError(f"Muon's adamw must be an AdamW, got {type(adamw).__name__}")
         self.adamw = adamw
         super().__init__(params, **options)
-        if adamw is not None:
-            overlap = {id(p) for p in self._own_params()} & {id(p) for p in adamw.params}
-            if overlap:
-                raise ValueError("a parameter is given to both Muon and its AdamW")
-            base = adamw.param_groups[0]["lr"]
-            if not base > 0:
-                raise ValueError(f"Muon's AdamW learning rate must be > 0 (set_lr scales Muon's learning rate "
-                                 f"by the same factor), got {base}")
-        elif base_lr is not None:
-            base = base_lr
-            if not base > 0:
-                raise ValueError(f"Muon's base_lr must be > 0 (set_lr scales Muon's learning rate by lr / base_lr), "
-                                 f"got {base}")
+        if adamw is not None and {id(p) for p in self._own_params()} & {id(p) for p in adamw.params}:
+            raise ValueError("a parameter is given to both Muon and its AdamW")
+        base = adamw.param_groups[0]["lr"] if adamw is not None else base_lr     # what set_lr's lr is relative to
+        if base is not None and not base > 0:
+            raise ValueError(f"Muon's {'AdamW learning rate' if adamw is not None else 'base_lr'} must be > 0 "
+                             f"(set_lr scales Muon's learning rate by the same factor), got {base}")
         for g in self.param_groups:
-            g["lr_ratio"] = g["lr"] / base if adamw is not None or base_lr is not None else 1.0
+            g["lr_ratio"] = 1.0 if base is None else g["lr"] / base
 
     def _validate(self):
         super()._validate()

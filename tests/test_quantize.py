@@ -357,3 +357,7 @@ def test_generate_command_quantize(tmp_path, run_cli, cli_error):
     assert rc == 0 and out.startswith("The") and len(out.rstrip("\n")) >= 3
     assert "int8 (groups of 8)" in err
     assert "--group-size" in cli_error("generate", tmp_path / "run", "--group-size", "8")
+    assert "--group-size must be a positive number of inputs per scale" in cli_error(
+        "generate", tmp_path / "run", "--quantize", "int8", "--group-size", "0")
+    assert f"adapter folder {tmp_path / 'nope'} does not exist" in cli_error(
+        "generate", tmp_path / "run", "--adapter", tmp_path / "nope")

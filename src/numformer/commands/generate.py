@@ -133,6 +133,9 @@ def check_quantize_arguments(args):
     """The one error of the quantize flags, raised before any model is loaded."""
     if args.group_size is not None and args.quantize is None:
         raise ValueError("--group-size sets the groups of --quantize int8; add --quantize int8")
+    if args.group_size is not None and args.group_size < 1:
+        raise ValueError(f"--group-size must be a positive number of inputs per scale (or left out: one scale per "
+                         f"row), got {args.group_size}")
 
 
 def quantize_if_asked(model, args):

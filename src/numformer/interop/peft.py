@@ -89,6 +89,8 @@ def read_adapter_config(folder):
     """The [lora] options of a PEFT LoRA adapter folder ({r, alpha, dropout, target_modules, use_rslora}, with
     PEFT's defaults r 8, lora_alpha 8 when absent); one ValueError naming what numformer cannot load."""
     path = Path(folder) / ADAPTER_CONFIG
+    if not Path(folder).exists():
+        raise ValueError(f"adapter folder {folder} does not exist")
     if not path.is_file():
         raise ValueError(f"{folder} is not a PEFT adapter folder (no {ADAPTER_CONFIG})")
     c = bounded_json(path.read_bytes(), str(path))

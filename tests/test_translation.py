@@ -113,6 +113,11 @@ def test_translate_reads_a_file(toy_run, tmp_path, capsys):
     f.write_text("1 2 3\n4 5 6\n", encoding="utf-8")
     rc, out, _ = _translate(capsys, toy_run, "--file", f)
     assert rc == 0 and out.splitlines() == ["3 2 1", "6 5 4"]
+    f.write_text("1 2 3\n\n4 5 6\n", encoding="utf-8")
+    rc, out, err = _translate(capsys, toy_run, "7 8", "--file", f)
+    assert rc == 2 and out == "" and f"line 2 of --file {f} is empty: one sentence per line" in err
+    rc, _, err = _translate(capsys, toy_run, "1 2", "--max-length", "0")
+    assert rc == 2 and "--max-length must be at least 1 (target tokens), got 0" in err
 
 
 def test_unknown_source_tokens_map_to_unk(toy_run, capsys):

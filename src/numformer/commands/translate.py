@@ -11,6 +11,7 @@ def run(args):
     from ..train.inference import load_translator, unknown_words
 
     texts = list(args.text)
+    from_file = len(texts)                 # texts[from_file:] are the lines of --file
     if args.file:
         try:
             if args.file == "-":
@@ -28,12 +29,17 @@ def run(args):
         raise ValueError('nothing to translate: give a sentence, e.g. numformer translate RUN_DIR '
                          '"Ein Mann fährt Fahrrad.", or --file FILE')
     for i, t in enumerate(texts):
+        if not t.strip() and i >= from_file:
+            name = "standard input" if args.file == "-" else f"--file {args.file}"
+            raise ValueError(f"line {i - from_file + 1} of {name} is empty: one sentence per line, no blank lines")
         if not t.strip():
             where = "" if len(texts) == 1 else f" (number {i + 1})"
             raise ValueError(f"empty input{where}: give a sentence to translate, e.g. "
                              f"numformer translate {args.run_dir} \"Ein Mann fährt Fahrrad.\"")
     if args.beam is not None and args.beam < 1:
         raise ValueError(f"--beam must be >= 1, got {args.beam}")
+    if args.max_length is not None and args.max_length < 1:
+        raise ValueError(f"--max-length must be at least 1 (target tokens), got {args.max_length}")
     model, src_tok, tgt_tok, config = load_translator(args.run_dir)
     data = config.get("data", {})
     beam = 1 if args.greedy else (args.beam if args.beam is not None else int(data.get("beam_size", 4)))

@@ -126,6 +126,7 @@ def test_a_run_config_without_its_model_section_is_not_taken_for_hugging_faces(t
     (["params", "{tmp}/typo.toml"], "unknown section(s) ['modl'] (did you mean 'model'?)"),
     (["params", "{tmp}/train_only.toml"], "[model] needs type, one of ['classifier', 'gpt', 'transformer']"),
     (["exercises", "train", "{tmp}/copy.toml", "--every", "0"], "--every must be at least 1"),
+    (["params", "{tmp}/copy.toml", "--depth", "0"], "--depth must be at least 1 (the model's top-level modules)"),
 ])
 def test_bad_arguments_and_files(tmp_path, cfg, cli_error, args, expected):
     (tmp_path / "bad.toml").write_bytes(b"\xff\xfe = 1")

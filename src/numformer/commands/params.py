@@ -43,6 +43,8 @@ def _model_config(source, overrides):
 def run(args):
     from ..models import build_model, format_parameter_report
 
+    if args.depth < 1:
+        raise ValueError(f"--depth must be at least 1 (the model's top-level modules), got {args.depth}")
     model_config, note = _model_config(args.config, args.set)
     model = build_model({k: v for k, v in model_config.items() if k != "init_from"})
     print(f"{type(model).__name__} from {args.config}")

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from numformer import _runtime
 from numformer._results import BENCH_TITLE
 from numformer.bench import quantize as bench
 from numformer.bench.runner import run_parts
@@ -31,12 +32,13 @@ def speedrun_like_run(tmp_path_factory):
 
 
 def test_quantize_part_figures_and_markdown(speedrun_like_run, tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "MODES", ("one_thread", "numformer"))     # not OpenBLAS's threads under xdist
+    monkeypatch.setitem(_runtime._threads, "n", 2)                     # "processes" is measured with 2 threads
     result = bench.run(quick=True, run_dir=speedrun_like_run, group_size=16, shape=TINY_SHAPE,
                        sweep=[(8, None), (4, 8)], log=lambda *a: None)
     speed, acc = result["speed"], result["accuracy"]
-    assert [(r["mode"], r["batch"]) for r in speed["rows"]] == [(m, b) for m in ("one_thread", "numformer")
-                                                                for b in (1, 8)]
+    assert [(r["mode"], r["batch"]) for r in speed["rows"]] == [(m, b) for m in ("one_thread", "numformer",
+                                                                                 "processes") for b in (1, 8)]
+    assert bench.kernel._product_pool is None   # the workers are gone
     assert [r["batch"] for r in speed["best"]] == [1, 8]
     assert result["speedup_b1"] == max(r["int8_tokens_per_s"] for r in speed["rows"] if r["batch"] == 1) / max(
         r["float32_tokens_per_s"] for r in speed["rows"] if r["batch"] == 1)

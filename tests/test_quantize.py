@@ -344,7 +344,7 @@ def test_skip_and_modes_are_kept():
     assert "int8 (per channel)" in str(report) and "kept float" in str(report)
 
 
-def test_generate_command_quantize(tmp_path, run_cli, cli_error):
+def test_generate_command_quantize(tmp_path, run_cli, cli_error, monkeypatch):
     """`numformer generate RUN --quantize int8` generates and says what it quantized; --group-size needs it."""
     from numformer.data.text import read_corpus
     from conftest import tiny_text_toml
@@ -356,6 +356,17 @@ def test_generate_command_quantize(tmp_path, run_cli, cli_error):
                            "--quantize", "int8", "--group-size", "8")
     assert rc == 0 and out.startswith("The") and len(out.rstrip("\n")) >= 3
     assert "int8 (groups of 8)" in err
+    # on two threads the int8 products go through a worker process: the same text
+    from numformer.quantize import processes
+
+    pools = []
+    monkeypatch.setitem(_runtime._threads, "n", 2)
+    monkeypatch.setattr(processes, "MIN_PIECE_WEIGHTS", 1)
+    monkeypatch.setattr(processes.WorkerProcesses, "close", lambda self, close=processes.WorkerProcesses.close:
+                        (pools.append(self._job), close(self)))
+    assert run_cli("generate", tmp_path / "run", "--prompt", "The", "--max-new-tokens", "5", "--greedy",
+                   "--quantize", "int8", "--group-size", "8")[1] == out
+    assert len(pools) == 1 and pools[0] > 0
     assert "--group-size" in cli_error("generate", tmp_path / "run", "--group-size", "8")
     assert "--group-size must be a positive number of inputs per scale" in cli_error(
         "generate", tmp_path / "run", "--quantize", "int8", "--group-size", "0")

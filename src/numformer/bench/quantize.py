@@ -23,6 +23,7 @@ first validation batch (and on the random-weight model's 64-token prompt).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from .._runtime import get_num_threads
 from ..config import find_config, load_config
 from ..models import GPT
 from ..nn import Linear
-from ..quantize import QuantizedLinear, kernel, quantize_model
+from ..quantize import QuantizedLinear, kernel, quantize_model, worker_processes
 from ..train import Trainer, evaluate_loss, load_config_json, load_model, load_task
 from . import _measure
 from .hf_generate import _load_text, _mode, memory_bandwidth
@@ -46,8 +47,10 @@ QUICK_SHAPE = {"vocab_size": 2048, "d_model": 256, "n_layers": 2, "n_heads": 4, 
 PROMPT, NEW_TOKENS, BATCHES = 8, 16, (1, 8)
 # numformer's threading modes measured (of ``hf_generate.MODES``): "blas" (OpenBLAS's own threads for float32)
 # is left out: on a machine loaded by other processes its spinning threads made float32 five times slower than
-# either mode here (results/bench.md, 2026-11-25), which measures the load, not int8.
-MODES = ("one_thread", "numformer")
+# either mode here (results/bench.md, 2026-11-25), which measures the load, not int8. "processes" is "numformer"
+# with the int8 products' rows shared with worker processes (``numformer.quantize.worker_processes``; float32
+# runs as in "numformer"); measured only with more than one thread.
+MODES = ("one_thread", "numformer", "processes")
 SWEEP = [(8, None), (8, 128), (8, 64), (8, 32), (4, None), (4, 128), (4, 64), (4, 32), (3, None), (3, 64), (3, 32)]
 QUICK_SWEEP = [(8, None), (8, 32), (4, 32)]
 TARGETS = {"speedup_b1": 1.8, "val_loss_increase": 0.005}
@@ -100,11 +103,17 @@ def generation_speed(model, variants, batch, new_tokens, rounds):
             _use(model, layers)
             if r == 0:
                 model.generate(prompt, 2, greedy=True)                 # warm-up: allocations, thread pools
-            wall, cpu = time.perf_counter(), time.process_time()
+            wall, cpu = time.perf_counter(), _cpu_seconds_now()
             tokens[name] = model.generate(prompt, new_tokens, greedy=True)[:, PROMPT:]
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            wall, cpu = time.perf_counter() - wall, _cpu_seconds_now() - cpu
             best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
     return best, tokens
+
+
+def _cpu_seconds_now():
+    """CPU seconds of this process and of the int8 worker processes, if any (their polling counts)."""
+    pool = kernel._product_pool
+    return time.process_time() + (pool.cpu_seconds() if pool is not None else 0.0)
 
 
 def speed_row(model, variants, bytes_read, bandwidth, batch, new_tokens, rounds):
@@ -136,8 +145,8 @@ def speed(shape, group_size, quick, log):
     variants = {"float32": float_layers, "int8": int8_layers}
     costs = kernel_costs(model, float_layers, int8_layers, 2 if quick else 5, log)
     threads, rows, bandwidth = get_num_threads(), [], {}
-    for mode in MODES:
-        with _mode(mode, threads):
+    for mode in [m for m in MODES if m != "processes" or threads > 1]:
+        with _mode("numformer" if mode == "processes" else mode, threads), _workers(mode, model, int8_layers):
             bandwidth[mode] = memory_bandwidth(32 if quick else 256)
             for batch in BATCHES:
                 row = speed_row(model, variants, bytes_read, bandwidth[mode], batch, 4 if quick else NEW_TOKENS,
@@ -150,6 +159,15 @@ def speed(shape, group_size, quick, log):
             "layers_kept_float": len(report.kept_float), "bytes_per_token": bytes_read,
             "bandwidth": bandwidth, "threads": threads, "rows": rows, "best": best_of_modes(rows),
             "logits_error": {"max_relative": err, "top1_agreement": agree}, "kernel": costs}
+
+
+def _workers(mode, model, int8_layers):
+    """Worker processes over the int8 layers in mode "processes" (the model holds its int8 layers on entry and
+    gets them back on exit, their weights private again), else nothing."""
+    if mode != "processes":
+        return contextlib.nullcontext()
+    _use(model, int8_layers)
+    return worker_processes(model)
 
 
 def best_of_modes(rows):
@@ -321,8 +339,11 @@ def _speed_lines(s):
              f"same model with int8 weights ({groups}): a prompt of {PROMPT} tokens continued greedily, the two "
              f"alternating round by round (best of the rounds), in each of numformer's threading modes on "
              f"{s['threads']} threads (one_thread: everything on the calling thread; numformer: OpenBLAS on one "
-             f"thread, numformer's threads split the float32 products and the int8 kernel's rows; OpenBLAS's own "
-             f"threads are left out, their spinning measures the machine's load). CPU time: the process's, "
+             f"thread, numformer's threads split the float32 products and the int8 kernel's rows; processes: as "
+             f"numformer, the int8 products' rows shared with worker processes instead, "
+             f"`numformer.quantize.worker_processes`; OpenBLAS's own "
+             f"threads are left out, their spinning measures the machine's load). CPU time: the process's "
+             f"(and its worker processes', their polling included), "
              f"which other processes sharing the cores disturb less than the wall time (on one thread, where no "
              f"thread spins waiting for another). {s['quantized']}.", "",
              "| threading | batch | float32 tokens/s | int8 tokens/s | speedup | speedup in CPU time "

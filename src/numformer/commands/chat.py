@@ -111,6 +111,8 @@ def _check_count(value, name, minimum):
 
 
 def run(args):
+    from .generate import int8_worker_processes
+
     session, note = make_session(args)
     interactive = sys.stdin.isatty()
     say = (lambda text: print(text, file=sys.stderr))
@@ -118,6 +120,13 @@ def run(args):
         say(note)
     if interactive:
         say(f"chatting with {args.run_dir}; " + "; ".join(f"{c} {what}" for c, what in COMMANDS.items()))
+    with int8_worker_processes(session.model, args):
+        failed = _converse(session, interactive, say)
+    return 2 if failed and not interactive else 0
+
+
+def _converse(session, interactive, say):
+    """Answer the user's lines until /quit or the end of input; whether a message failed."""
     failed = False
     for line in _lines(interactive):
         text = line.strip()
@@ -130,7 +139,7 @@ def run(args):
             say("(the conversation is cleared)")
             continue
         failed |= not _reply(session, text, say)
-    return 2 if failed and not interactive else 0
+    return failed
 
 
 def _lines(interactive):

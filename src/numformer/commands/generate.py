@@ -1,11 +1,13 @@
 """numformer generate SOURCE [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
 [--greedy] [--seed S] [--adapter DIR] [--quantize int8 [--group-size G]]: continue a prompt with a GPT, printing
-the text as it comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``).
+the text as it comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``, the products
+shared with worker processes: ``numformer.quantize.worker_processes``).
 
 SOURCE: a run folder, or a Hugging Face model of a family numformer loads (GPT-2, Llama, Mistral, Qwen2, Qwen3,
 Gemma 2, Gemma 3): a folder, or a hub id written ``hf:NAME``."""
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from pathlib import Path
@@ -67,8 +69,9 @@ def run(args):
             out.flush()
             shown[0] = len(text)
 
-    generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-             top_p=args.top_p, greedy=args.greedy, rng=args.seed, stream=stream)
+    with int8_worker_processes(model, args):
+        generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                 top_p=args.top_p, greedy=args.greedy, rng=args.seed, stream=stream)
     out.write((tokenizer.decode(new)[shown[0]:] if shown else args.prompt) + "\n")
 
 
@@ -145,3 +148,16 @@ def quantize_if_asked(model, args):
 
         print(quantize_model(model, bits=8, group_size=args.group_size), file=sys.stderr)
     return model
+
+
+def int8_worker_processes(model, args):
+    """With ``--quantize int8`` and more than one of numformer's threads (``NUMFORMER_NUM_THREADS``): the int8
+    products shared with worker processes (``numformer.quantize.worker_processes``, one process per thread);
+    else nothing."""
+    from .._runtime import get_num_threads
+
+    if not args.quantize or get_num_threads() < 2:
+        return contextlib.nullcontext()
+    from ..quantize import worker_processes
+
+    return worker_processes(model)

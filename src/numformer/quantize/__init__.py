@@ -6,12 +6,17 @@
   time across numformer's threads, so that each int8 weight is read from memory once per token.
 - ``layer``: ``QuantizedLinear`` (inference only) and ``quantize_model``, which swaps a model's linear layers
   for it by name and reports what it changed.
+- ``processes``: ``worker_processes``, which shares each small-batch product's rows with worker processes
+  mapping the same int8 weights (a hand-off between processes costs far less than one between threads).
 
     from numformer.quantize import quantize_model
     print(quantize_model(model, bits=8, group_size=None))       # then model.generate(...) as before
+    with worker_processes(model):                                # optional: the products across processes
+        model.generate(prompt, 100)
 """
 from .layer import QuantizationReport, QuantizedLinear, QuantizedQKVProjection, quantize_model, weight_bytes
+from .processes import worker_processes
 from .reference import dequantize, quantize, quantized_linear_forward
 
 __all__ = ["quantize", "dequantize", "quantized_linear_forward", "QuantizedLinear", "quantize_model",
-           "QuantizationReport", "weight_bytes"]
+           "QuantizationReport", "weight_bytes", "worker_processes"]

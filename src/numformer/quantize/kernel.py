@@ -59,6 +59,7 @@ def l2_cache_bytes(default=1 << 20):
 BLOCK_BYTES = 4 * l2_cache_bytes()
 
 _buffers = threading.local()         # each thread's float block, reused across calls (grown when too small)
+_product_pool = None                 # the active ``processes.WorkerProcesses`` (set and cleared by it), or None
 
 
 def _block(rows, K, dtype):
@@ -107,33 +108,48 @@ def quantized_linear_forward(x, q, scales, group_size=None, b=None):
 
 def _small_batch(x2, q, scales, g):
     """x2 Ŵᵀ for x2: (m, K), m small, block by block of R output rows (see the module docstring). One row
-    (batch-1 decoding) is a matrix-vector product per block, straight into its slice of y."""
+    (batch-1 decoding) is a matrix-vector product per block, straight into its slice of y. Inside
+    ``numformer.quantize.worker_processes`` the rows are shared with the worker processes instead of threads."""
     m, K = x2.shape
-    N, G = scales.shape
+    if _product_pool is not None:
+        y = _product_pool.product(x2, q, scales, g)
+        if y is not None:
+            return y
+    N = q.shape[0]
     xT = x2[0] if m == 1 else np.ascontiguousarray(x2.T)       # (K,) or (K, m)
     yT = np.empty((N,) if m == 1 else (N, m), x2.dtype)
-    per_row = scales[:, 0] if m == 1 else scales                # the one-scale-per-row case: (N,) or (N, 1)
-    R = _block_rows(K, x2.dtype.itemsize)
 
     def rows(u0, u1):                                           # rows [u0, u1) · ROW_UNIT: one thread's share
-        lo, hi = u0 * ROW_UNIT, min(u1 * ROW_UNIT, N)
-        step = -(-(hi - lo) // -(-(hi - lo) // R))              # equal blocks of at most R rows
-        block = _block(step, K, x2.dtype)
-        for r0 in range(lo, hi, step):
-            r1 = min(r0 + step, hi)
-            B = block[:r1 - r0]
-            np.copyto(B, q[r0:r1], casting="unsafe")           # int8 -> float, into the cache-resident block
-            if G > 1:
-                _scale_groups(B, scales[r0:r1], g)
-            np.matmul(B, xT, out=yT[r0:r1])                     # the BLAS reads B from the cache
-        if G == 1:
-            yT[lo:hi] *= per_row[lo:hi]                         # one scale per row: on N × m sums, not N × K
+        product_rows(q, scales, g, xT, yT, u0 * ROW_UNIT, min(u1 * ROW_UNIT, N))
 
     # Equal shares of rows, each walked in blocks: shares of whole blocks would leave a thread idle on a matrix
     # of fewer blocks than threads, and one waiting for another on a matrix of three.
     with _one_blas_thread():
         parallel_for(-(-N // ROW_UNIT), rows, max(1, -(-MIN_PIECE_WEIGHTS // (K * ROW_UNIT))))
     return yT.reshape(1, N) if m == 1 else np.ascontiguousarray(yT.T)
+
+
+def product_rows(q, scales, g, xT, yT, lo, hi):
+    """yT[lo:hi] = Ŵ[lo:hi] xT with Ŵ = s · q, in equal blocks of at most R rows (one thread's or one process's
+    share of the rows; the BLAS on the calling thread).
+
+    q: (N, K) int8   scales: (N, G)   xT: (K,) or (K, m)   yT: (N,) or (N, m), written in rows [lo, hi) only
+    """
+    if hi <= lo:
+        return
+    K, G = q.shape[1], scales.shape[1]
+    R = _block_rows(K, yT.dtype.itemsize)
+    step = -(-(hi - lo) // -(-(hi - lo) // R))                  # equal blocks of at most R rows
+    block = _block(step, K, yT.dtype)
+    for r0 in range(lo, hi, step):
+        r1 = min(r0 + step, hi)
+        B = block[:r1 - r0]
+        np.copyto(B, q[r0:r1], casting="unsafe")               # int8 -> float, into the cache-resident block
+        if G > 1:
+            _scale_groups(B, scales[r0:r1], g)
+        np.matmul(B, xT, out=yT[r0:r1])                         # the BLAS reads B from the cache
+    if G == 1:                                                  # one scale per row: on N × m sums, not N × K
+        yT[lo:hi] *= scales[lo:hi, 0] if yT.ndim == 1 else scales[lo:hi]
 
 
 def _scale_groups(B, scales, g):

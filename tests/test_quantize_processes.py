@@ -1,0 +1,179 @@
+"""numformer.quantize.worker_processes: the int8 products' rows shared with worker processes, the same numbers
+as the threads (bit for bit: same shares, same blocks), generation unchanged, a sleeping worker woken, every
+failure reported, nothing left behind (no worker, no file, no view of the mapping in the layers)."""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from numformer import GPT, _runtime
+from numformer.nn import Linear, Module
+from numformer.quantize import QuantizedLinear, kernel, quantize_model, quantized_linear_forward, worker_processes
+from numformer.quantize import processes
+
+TOL = {np.float32: 1e-5, np.float64: 1e-12}
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+class Layers(Module):
+    """A bag of QuantizedLinear layers (worker_processes takes a model and finds its int8 layers)."""
+
+    def __init__(self, layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            setattr(self, f"layer{i}", layer)
+
+
+def int8_layer(rng, N, K, group_size=None, dtype=np.float32):
+    linear = Linear(K, N, bias=True, rng=rng)
+    linear.weight.data = rng.standard_normal((N, K)).astype(dtype)
+    linear.bias.data = rng.standard_normal(N).astype(dtype)
+    return QuantizedLinear.from_linear(linear, 8, group_size)
+
+
+def leftover_files():
+    return set(glob.glob("/dev/shm/numformer-int8-*")) | set(glob.glob(os.path.join(tempfile.gettempdir(),
+                                                                                    "numformer-int8-*")))
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    monkeypatch.setitem(_runtime._threads, "n", 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_products_are_the_threads_bit_for_bit(dtype, rng, monkeypatch, two_threads):
+    """Per channel and per group, batch 1 and 5, a row count that is not a multiple of 8, a slice of rows (as
+    cross-attention's project_parts takes): the pool's result is the two threads' exactly when they split the
+    rows alike (the same smallest share), and the reference's to rounding."""
+    monkeypatch.setattr(kernel, "MIN_PIECE_WEIGHTS", processes.MIN_PIECE_WEIGHTS)
+    layers = [int8_layer(rng, 1003, 256, None, dtype), int8_layer(rng, 1024, 200, 64, dtype)]
+    xs = {m: rng.standard_normal((m, 256)).astype(dtype) for m in (1, 5)}
+    xs.update({(m, 200): rng.standard_normal((m, 200)).astype(dtype) for m in (1, 5)})
+
+    def products():
+        out = []
+        for m in (1, 5):
+            out.append(layers[0](xs[m]))
+            out.append(layers[1](xs[(m, 200)]))
+            rows = slice(128, 1024)
+            out.append(layers[1]._product(xs[(m, 200)], layers[1].qweight[rows], layers[1].scales[rows], None))
+        return out
+
+    threads = products()
+    before = leftover_files()
+    with worker_processes(Layers(layers)) as pool:
+        assert pool.n_workers == 1 and kernel._product_pool is pool
+        assert pool._offset(layers[0].qweight) is not None            # the weights live in the mapping
+        shared = products()
+        assert int(pool.control[0, processes.DONE]) == pool._job == 6   # every product went through the worker
+    assert kernel._product_pool is None and leftover_files() <= before
+    for a, b in zip(shared, threads):
+        assert a.dtype == dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    layer = layers[1]
+    x = xs[(5, 200)]
+    ref = quantized_linear_forward(x, layer.qweight, layer.scales, 64, layer.bias.data)
+    assert rel_err(shared[4], ref) < TOL[dtype]
+
+
+def test_generation_is_unchanged_and_the_weights_come_back_private(rng, monkeypatch, two_threads):
+    """Greedy generation (prefill of 2 × 7 rows, then batch-2 steps) gives the same tokens and logits; after
+    the with, every layer holds a private copy of the same weights and no worker is left."""
+    monkeypatch.setattr(processes, "MIN_PIECE_WEIGHTS", 1)          # split even this small model's products
+    monkeypatch.setattr(kernel, "MIN_PIECE_WEIGHTS", 1)             # and the threads' alike
+    model = GPT(vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=64, rng=rng).eval()
+    quantize_model(model, group_size=16)
+    prompt = rng.integers(0, 97, (2, 7))
+    expected, logits = model.generate(prompt, 10, greedy=True, return_logits=True)
+    weights = {n: m.qweight.copy() for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    with worker_processes(model, processes=2) as pool:
+        got, got_logits = model.generate(prompt, 10, greedy=True, return_logits=True)
+        workers = list(pool._workers)
+        assert pool._job > 0
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got_logits, logits)
+    assert all(w.poll() is not None for w in workers)
+    for name, m in model.named_modules():
+        if isinstance(m, QuantizedLinear):
+            assert m.qweight.flags.owndata and m.scales.flags.owndata and m.qweight.flags.writeable
+            np.testing.assert_array_equal(m.qweight, weights[name])
+
+
+def test_a_sleeping_worker_wakes_for_each_product(rng, two_threads):
+    """spin_seconds=0: the worker sleeps on its pipe before every job; the numbers are the same."""
+    layer = int8_layer(rng, 512, 256)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    expected = layer(x)
+    with worker_processes(layer, spin_seconds=0) as pool:
+        for _ in range(5):
+            np.testing.assert_array_equal(layer(x), expected)
+        assert pool._job == 5
+
+
+def test_more_processes_share_the_rows(rng, monkeypatch):
+    """Three processes on a matrix of 1003 rows: three shares, the threads' numbers (three threads)."""
+    monkeypatch.setitem(_runtime._threads, "n", 3)
+    monkeypatch.setattr(kernel, "MIN_PIECE_WEIGHTS", processes.MIN_PIECE_WEIGHTS)
+    layer = int8_layer(rng, 1003, 256, 32)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    expected = layer(x)
+    with worker_processes(layer) as pool:
+        assert pool.n_workers == 2
+        np.testing.assert_array_equal(layer(x), expected)
+        assert [int(pool.control[i, processes.DONE]) for i in range(2)] == [1, 1]
+
+
+def test_what_cannot_take_the_path_runs_on_threads(rng, two_threads):
+    """A layer made inside the with, a float64 input to float32 weights and a batch above SMALL_BATCH run as
+    before, without the workers."""
+    layer = int8_layer(rng, 512, 256)
+    with worker_processes(layer) as pool:
+        other = int8_layer(rng, 512, 256)
+        x = rng.standard_normal((1, 256))
+        ref = quantized_linear_forward(x.astype(np.float32), other.qweight, other.scales, None, other.bias.data)
+        assert rel_err(other(x.astype(np.float32)), ref) < TOL[np.float32]
+        assert layer(x).dtype == np.float64
+        big = rng.standard_normal((kernel.SMALL_BATCH + 1, 256)).astype(np.float32)
+        layer(big)
+        assert pool._job == 0
+
+
+def test_a_worker_error_and_a_dead_worker_are_reported(rng, two_threads):
+    """An exception in the worker comes back as a RuntimeError with its text; a killed worker is named; the
+    with still cleans up."""
+    layer = int8_layer(rng, 512, 256)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    before = leftover_files()
+    with pytest.raises(RuntimeError, match="worker process 1 stopped"):
+        with worker_processes(layer) as pool:
+            q_offset = pool._offset(layer.qweight)
+            with pytest.raises(RuntimeError, match="worker process 1 failed: ValueError"):
+                pool._product(x, layer.qweight, layer.scales, 256, q_offset, pool.layout["size"])
+            ref = quantized_linear_forward(x, layer.qweight, layer.scales, None, layer.bias.data)
+            assert rel_err(layer(x), ref) < TOL[np.float32]             # the next product works again
+            pool._workers[0].kill()
+            pool._workers[0].wait()
+            layer(x)
+    assert kernel._product_pool is None and leftover_files() <= before
+    assert pool._workers == [] and layer.qweight.flags.owndata
+
+
+def test_arguments(rng):
+    layer = int8_layer(rng, 64, 32)
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="processes must be a positive integer"):
+            with worker_processes(layer, processes=bad):
+                pass
+    with pytest.raises(ValueError, match=r"run numformer.quantize.quantize_model\(model\) first"):
+        with worker_processes(GPT(vocab_size=11, block_size=4, n_layers=1, n_heads=2, d_model=8)):
+            pass
+    with worker_processes(layer, processes=1) as pool:         # one process: nothing changes
+        assert pool is None and kernel._product_pool is None

@@ -145,6 +145,54 @@ def test_special_tokens_allowed_or_refused_as_text():
     assert tok.decode([eot], skip_special=True) == ""
 
 
+# Added tokens of each kind: tokenizers matches one with normalized=true in the normalized text (its content
+# normalized too) and one with normalized=false in the raw text, before the normalizer.
+ADDED_TEXTS = ["Hello <EXTRA> <extra> world", "<Raw> <raw> <RAW>", "<SPEC><spec><RAWSPEC><rawspec>", "x<EXTRA",
+               "<ex-tra> <EX-TRA> <Ex--tra>", "<EXTRA>hi<Raw>yo<extra>", "x<ab>y <AB>", "hi <Raw>", "<Raw><Raw>"]
+
+
+TOKENIZERS_VERSION = tuple(int(part) for part in tokenizers.__version__.split(".")[:2])
+
+
+def with_added_tokens(normalizer):
+    """A GPT-2-style tokenizer with ``normalizer`` and added tokens normalized or not, special or not."""
+    tok = hf_trained(pre_tokenizers.ByteLevel(add_prefix_space=False), normalizer=normalizer)
+    tok.add_tokens([tokenizers.AddedToken("<EXTRA>", normalized=True, special=False),
+                    tokenizers.AddedToken("<Raw>", normalized=False, special=False),
+                    tokenizers.AddedToken("<ab>", normalized=True, special=False),
+                    tokenizers.AddedToken("b>", normalized=False, special=False)])      # overlaps "<ab>"
+    tok.add_special_tokens([tokenizers.AddedToken("<SPEC>", normalized=True, special=True),
+                            tokenizers.AddedToken("<RAWSPEC>", normalized=False, special=True)])
+    return tok
+
+
+@pytest.mark.parametrize("normalizer", [
+    None, normalizers.Lowercase(), normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()]),
+    normalizers.Sequence([normalizers.Replace("-", ""), normalizers.Lowercase()]),
+    normalizers.Sequence([normalizers.Prepend("_"), normalizers.Lowercase()])],
+    ids=["none", "lowercase", "nfc-lowercase", "replace-lowercase", "prepend-lowercase"])
+def test_added_tokens_are_matched_in_the_raw_or_the_normalized_text_as_tokenizers_does(normalizer):
+    hf = with_added_tokens(normalizer)
+    tok = ours(hf)
+    for text in ADDED_TEXTS + TEXTS:
+        expected = hf.encode(text, add_special_tokens=False).ids
+        assert tok.encode(text) == expected, text
+        if TOKENIZERS_VERSION >= (0, 23):        # before, tokenizers decoded a normalized one as its content
+            assert tok.decode(expected) == hf.decode(expected, skip_special_tokens=False), text
+    hf.encode_special_tokens = True                # tokenizers' way of encoding special tokens as text
+    for text in ADDED_TEXTS:
+        assert tok.encode(text, allowed_special="none") == hf.encode(text, add_special_tokens=False).ids, text
+
+
+def test_a_text_in_chunks_matches_normalized_added_tokens_across_the_cuts():
+    hf = with_added_tokens(normalizers.Lowercase())
+    tok = ours(hf)
+    text = "Say <EXTRA> twice: <extra>, and <SPEC> once"
+    expected = hf.encode(text, add_special_tokens=False).ids
+    for cut in range(len(text) + 1):
+        assert sum(tok.encode_chunks([text[:cut], text[cut:]]), []) == expected, cut
+
+
 def test_saved_tokenizer_json_is_read_by_tokenizers_and_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     for pattern in ("gpt2", "gpt4"):

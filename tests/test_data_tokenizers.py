@@ -116,6 +116,21 @@ def test_bpe_vocab_from_training_text_only():
     assert any("aaaa" in t for t in vocab) and not any("zzzz" in t for t in vocab)
 
 
+def test_bpe_special_tokens_written_in_a_review_are_ordinary_text():
+    """A review that writes "<pad>" must not get the padding id (the classifier would mask it out): no special
+    token is matched in raw text, as WordTokenizer never matches one either; encode's flags add them."""
+    pytest.importorskip("tokenizers")
+    tok = NormalizedBPE.build(TRAIN * 20, vocab_size=300, min_freq=2, bos=True, eos=True, cls_token=True)
+    specials = set(tok.special_ids.values())
+    assert specials == {0, 1, 2, 3, 4}
+    text = "A <pad> movie, <PAD>!<br />Plot: <unk><bos> great <eos><cls>"
+    for t in (tok, roundtrip(tok)):
+        ids = t.encode(text)
+        assert not specials & set(ids), ids
+        assert t.decode(ids) == normalize_text(text).strip()             # round trips, as any other text
+        assert t.encode(text, add_bos=True, add_eos=True, add_cls=True) == [2, 4] + ids + [3]
+
+
 def test_build_tokenizer_rejects_unknown_kind():
     with pytest.raises(ValueError, match="choose \"word\" or \"bpe\""):
         build_tokenizer("sentencepiece", TRAIN, 100, 1)

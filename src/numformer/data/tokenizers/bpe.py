@@ -3,10 +3,13 @@ language models.
 
 Encoding a text takes four steps, each a few lines below:
 
-1. special tokens (``<|endoftext|>`` ...) are cut out of the text first and become their own ids
-   (``allowed_special`` decides which may appear in the text);
+1. added tokens (``<|endoftext|>`` ...) are cut out of the text first and become their own ids
+   (``allowed_special`` decides which special ones may appear in the text);
 2. each stretch between them is normalized (most byte-level tokenizers do nothing here) and split into pieces
-   by a regex (``PreTokenizer``: words with their leading space, numbers, punctuation, white space);
+   by a regex (``PreTokenizer``: words with their leading space, numbers, punctuation, white space).
+   As in ``tokenizers``, step 1 matches only the added tokens marked ``normalized=False``; those marked
+   ``normalized=True`` are matched after the normalizer, in the normalized stretch, as normalized themselves
+   (with a Lowercase normalizer "<EXTRA>" matches "<extra>" too);
 3. each piece is written as bytes, one printable character per byte (``to_byte_chars``);
 4. each piece's characters are merged by the merge rules, lowest rank first (``bpe``): among the adjacent
    pairs of the piece the one whose merge was learnt earliest is merged, everywhere in the piece, and again
@@ -47,7 +50,8 @@ class ByteLevelBPE(Tokenizer):
 
     vocab:        {token: id}, every token written with byte characters ("Ġthe" is " the").
     merges:       [(left, right), ...] in rank order: merging left and right makes the token left + right.
-    added_tokens: ``AddedToken`` s, matched in the text before anything else.
+    added_tokens: ``AddedToken`` s, matched in the raw text (``normalized=False``) or in the normalized text
+                  (``normalized=True``) before the split.
     pre_tokenizer: the regex split (``PreTokenizer``); GPT-2's by default.
     normalizer:   ``NormalizerStep`` s applied to the text between added tokens (none by default).
     ignore_merges: a piece that is itself a token is that token, without merging (Llama 3's option).
@@ -96,12 +100,28 @@ class ByteLevelBPE(Tokenizer):
                                  f"vocabulary")
             self.merge_ranks[ids[0], ids[1]] = (rank, ids[2])
         self._added = added
-        self._added_rx = (re.compile("|".join(re.escape(c) for c in sorted(added, key=len, reverse=True)))
-                          if added else None)
+        self._build_added_matchers()
+        # an added token with normalized=True is decoded as its normalized form, the text it matches (as
+        # tokenizers >= 0.23 decodes it); every other token as itself
+        decoded = [self._normalized_forms.get(i, t) for i, t in enumerate(self.id_to_token)]
         byte_of = unicode_to_bytes()
         self._bytes = [b"" if t is None else (bytes(byte_of[c] for c in t) if all(c in byte_of for c in t)
-                                              else t.encode("utf-8")) for t in self.id_to_token]
+                                              else t.encode("utf-8")) for t in decoded]
         self._cache = {}
+
+    def _build_added_matchers(self):
+        """The added tokens matched in the raw text and those matched in the normalized text, each as
+        {text matched: AddedToken} and one regex (``_split_on_added``)."""
+        self._raw_added = {t.content: t for t in self.added_tokens if not t.normalized}
+        self._normalized_forms = {t.id: self._normalize(t.content) for t in self.added_tokens if t.normalized}
+        self._normalized_added = {}
+        for t in self.added_tokens:     # in id order: of two that normalize alike, the later wins (as tokenizers)
+            pattern = self._normalized_forms.get(t.id)
+            if pattern:                 # None: matched in the raw text; "": erased by the normalizer, never matched
+                self._normalized_added[pattern] = t
+        self._raw_added_rx = _alternation(self._raw_added)
+        self._normalized_added_rx = _alternation(self._normalized_added)
+        self._longest_added = max(map(len, [*self._raw_added, *self._normalized_added]), default=1)
 
     def _token_id(self, token, what):
         if token is None:
@@ -129,7 +149,7 @@ class ByteLevelBPE(Tokenizer):
             if token_id is not None:
                 ids.append(token_id)
             else:
-                self._encode_pieces(self.pre_tokenizer.pieces(self._normalize(segment)), ids)
+                self._encode_pieces(self.pre_tokenizer.pieces(segment), ids)
         return ids
 
     def encode_batch(self, texts: Iterable[str], allowed_special="all") -> list[list[int]]:
@@ -140,7 +160,6 @@ class ByteLevelBPE(Tokenizer):
         ``sum(encode_chunks(chunks), [])`` equals ``encode("".join(chunks))`` (``hold_back`` says why)."""
         if self.pre_tokenizer.byte_level.add_prefix_space:
             raise ValueError("a tokenizer that adds a prefix space cannot encode a text in chunks; encode it whole")
-        longest = max(map(len, self._added), default=1)
         carry = ""
         for chunk in chunks:
             segments = list(self._segments(carry + chunk, allowed_special))
@@ -149,24 +168,34 @@ class ByteLevelBPE(Tokenizer):
                 if token_id is not None:
                     ids.append(token_id)
                     continue
-                pieces = self.pre_tokenizer.pieces(self._normalize(segment))
+                pieces = self.pre_tokenizer.pieces(segment)
                 if k == len(segments) - 1:          # the end of the chunk: split again with the next one
-                    pieces, carry = hold_back(pieces, longest - 1)
+                    pieces, carry = hold_back(pieces, self._longest_added - 1)
                 self._encode_pieces(pieces, ids)
             yield ids
         if carry:
             yield self.encode(carry, allowed_special)
 
     def _segments(self, text, allowed_special):
-        """(text, None) for each stretch between added tokens and (content, id) for each added token that
-        counts as one here."""
-        if self._added_rx is None:
-            yield text, None
-            return
-        allowed = self._allowed(allowed_special)
+        """(normalized text, None) for each stretch between added tokens and (content, id) for each added token
+        that counts as one here. As ``tokenizers`` does: the tokens with normalized=False are cut out of the raw
+        text, each stretch between them is normalized, then the tokens with normalized=True are cut out of it."""
+        allowed = self._allowed(allowed_special) if self.added_tokens else set()
+        for raw, token_id in self._split_on_added(text, self._raw_added_rx, self._raw_added, allowed,
+                                                  allowed_special):
+            if token_id is not None:
+                yield raw, token_id
+            else:
+                yield from self._split_on_added(self._normalize(raw), self._normalized_added_rx,
+                                                self._normalized_added, allowed, allowed_special)
+
+    @staticmethod
+    def _split_on_added(text, matcher, added, allowed, allowed_special):
+        """(text, None) for each stretch of ``text`` between the matches of ``matcher`` and (content, id) for
+        each match that counts as an added token here (``added``: {text matched: AddedToken})."""
         start = 0
-        for m in self._added_rx.finditer(text):
-            token = self._added[m.group()]
+        for m in matcher.finditer(text) if matcher is not None else ():
+            token = added[m.group()]
             if token.special and token.content not in allowed:
                 if allowed_special == "none_raise":
                     raise ValueError(f"the text holds the special token {token.content!r}; encode it with "
@@ -321,3 +350,11 @@ class ByteLevelBPE(Tokenizer):
         (off by default).
         """
         return train_bpe(cls, texts, vocab_size, pattern, special_tokens, min_frequency, trainer, add_prefix_space)
+
+
+def _alternation(texts):
+    """A regex matching any of ``texts``, the longest where several start at one place (the leftmost-longest
+    match of ``tokenizers``' Aho-Corasick automaton), or None for no texts."""
+    if not texts:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))

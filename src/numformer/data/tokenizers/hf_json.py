@@ -35,8 +35,8 @@ _NEUTRAL_MODEL_OPTIONS = {"dropout": (None, 0.0), "continuing_subword_prefix": (
 class AddedToken:
     """A token matched in the text before any split (tokenizer.json's ``added_tokens``): ``special`` tokens
     (``<|endoftext|>``) are the ones ``allowed_special`` governs and ``decode(skip_special=True)`` drops.
-    ``normalized`` is read and written back, but every added token is matched in the text as given, before
-    the normalizer (``tokenizers`` matches a normalized one in the normalized text)."""
+    ``normalized``: False, matched in the raw text; True, matched after the normalizer, in the normalized
+    text, as normalized itself (as ``tokenizers`` does; see ``ByteLevelBPE``)."""
 
     content: str
     id: int

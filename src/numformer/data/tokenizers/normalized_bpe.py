@@ -6,7 +6,9 @@ It is ``ByteLevelBPE`` (one algorithm, one file format) used the way those tasks
 - the text is normalized first, exactly as for ``WordTokenizer`` (``normalize_text``: ``<br />`` tags
   become spaces and, by default, everything is lowercased), so encoding is lossy by design;
 - numformer's special ids come first: ``<pad>`` = 0, ``<unk>`` = 1, then ``<bos>``, ``<eos>``, ``<cls>`` when
-  asked for, and ``encode`` adds them on request (``add_bos``, ``add_eos``, ``add_cls``);
+  asked for, and ``encode`` adds them on request (``add_bos``, ``add_eos``, ``add_cls``) and only then: a
+  special token written in the text ("<pad>" in a review) is encoded as ordinary text, as ``WordTokenizer``
+  does, so raw text never yields the padding id the classifier masks out;
 - a space is put in front of the text (``add_prefix_space``), so a text's first word is encoded as it is
   inside a sentence, and ``decode`` drops the special tokens and strips the spaces around the text.
 
@@ -50,7 +52,9 @@ class NormalizedBPE(SpecialsTokenizer):
         return self.bpe.vocab_size
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False, add_cls: bool = False) -> list[int]:
-        return self._wrap(self.bpe.encode(normalize_text(text, self.lowercase)), add_bos, add_eos, add_cls)
+        # allowed_special="none": "<pad>", "<unk>", "<bos>" ... in the text are text, never their ids
+        ids = self.bpe.encode(normalize_text(text, self.lowercase), allowed_special="none")
+        return self._wrap(ids, add_bos, add_eos, add_cls)
 
     def encode_batch(self, texts: Iterable[str], add_bos=False, add_eos=False, add_cls=False) -> list[list[int]]:
         return [self.encode(t, add_bos, add_eos, add_cls) for t in texts]

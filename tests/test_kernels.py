@@ -617,6 +617,34 @@ def test_relu_kernel_equals_reference(dtype, rng, split_everything):
     assert np.array_equal(y, y_ref) and np.array_equal(dx, dx_ref) and dx.dtype == dtype     # exactly
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dy_kind", ["finite", "with inf and NaN"])
+def test_relu_kernel_equals_reference_and_torch_at_nan_and_inf(dtype, dy_kind, rng, split_everything):
+    """x = NaN passes dy on, x = ±inf is a number like any other, and where x <= 0 the gradient is 0 whatever dy
+    (inf or NaN too): kernel, reference and torch.relu's backward alike, split across threads or not (the
+    kernel gave NaN for a NaN x where the reference gave 0, torch dy)."""
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((6, 23)).astype(dtype)
+    x[0, :6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, np.nan]
+    x[4, 7] = np.nan                                           # in another thread's piece
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    if dy_kind != "finite":                                    # on x > 0, x <= 0 and x NaN alike
+        dy[0, :6] = [np.inf, np.nan, -np.inf, np.nan, np.inf, -np.inf]
+        dy[2, :5] = [np.inf, -np.inf, np.nan, np.inf, np.nan]
+    x_torch = torch.tensor(x, requires_grad=True)
+    torch.relu(x_torch).backward(torch.tensor(dy))
+    expected = x_torch.grad.numpy()
+    assert np.array_equal(expected[0, [0, 5]], dy[0, [0, 5]]) and expected[0, 2] == 0     # NaN x: dy; -inf: 0
+    for threads in (3, 1):
+        _runtime.set_num_threads(threads)
+        for lib in (ops, kernels):
+            y, cache = lib.relu_forward(x)
+            np.testing.assert_array_equal(y, np.maximum(x, 0), err_msg=f"{lib.__name__} forward")
+            dx = lib.relu_backward(dy, cache)
+            assert dx.dtype == dtype
+            np.testing.assert_array_equal(dx, expected, err_msg=f"{lib.__name__} backward, {threads} threads")
+
+
 @pytest.mark.parametrize("vocab", [7, 5000])                 # one-hot product / flat np.add.at
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_embedding_kernel_equals_reference(vocab, dtype, rng):

@@ -62,9 +62,13 @@ def relu_forward(x):
 
 
 def relu_backward(dy, cache):
-    """dx = dy ⊙ 1[x > 0]  (x > 0 exactly where y = ReLU(x) > 0)."""
+    """dx = 0 where y = ReLU(x) <= 0 (x <= 0), dy elsewhere: dy ⊙ 1[x > 0] for every x but NaN.
+
+    A NaN x (y NaN) passes dy on, and a zeroed element is 0 whatever dy (inf or NaN too, a select, not 0 · dy):
+    PyTorch's rule (its ReLU backward zeroes dy where y <= 0), so that a NaN shows up in the same gradients.
+    """
     y, dy = cache, np.asarray(dy)
-    return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
+    return np.where(y <= 0, 0, dy).astype(dy.dtype, copy=False)
 
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)

@@ -119,3 +119,47 @@ def test_the_committed_results_index_is_the_one_its_records_generate(tmp_path):
     write_index(tmp_path)
     assert (tmp_path / "README.md").read_text() == (results / "README.md").read_text(), \
         "results/README.md is stale: regenerate it with numformer.experiments.runner.write_index('results')"
+
+
+# --quick --seeds N trains the N seeds asked for: gpt_to_llama trained 1 and the speedrun ablation at most 2,
+# silently, while the record said --seeds N. Tiny settings (3,000 characters of text, a few steps or a short
+# budget on the fake clock): a few seconds each.
+QUICK_SEEDS = {"gpt_to_llama": ["train.max_steps=2", "train.eval_every=2", "train.checkpoint_every=2"],
+               "shakespeare_speedrun_ablation": ["train.budget_minutes=0.01"]}
+
+
+def _seeds_trained(name, record):
+    """The seeds each rung (gpt_to_llama) or row (the ablation) of a results record was trained with."""
+    parts = record["rungs"] if name == "gpt_to_llama" else record["rows"]
+    return {tuple(sorted(run["seed"] for run in part["runs"])) for part in parts}
+
+
+@pytest.mark.parametrize("name", list(QUICK_SEEDS))
+def test_quick_trains_every_seed_asked_for(tmp_path, fake_clock, name):
+    from numformer.data.text import read_corpus
+
+    fake_clock.tick = 0.05        # the ablation's budget runs on the fake clock: the same steps on any machine
+    (tmp_path / "small.txt").write_text(read_corpus("")[:3000])
+    settings = [*QUICK_SEEDS[name], f"data.path={tmp_path / 'small.txt'}"]
+    results = tmp_path / "results"
+    assert main(["reproduce", name, "--quick", "--seeds", "3", "--results", str(results), "--runs",
+                 str(tmp_path / "runs"), "--quiet", *(arg for s in settings for arg in ("--set", s))]) == 0
+    record = json.loads((results / f"{name}.json").read_text())
+    assert _seeds_trained(name, record) == {(0, 1, 2)} and "--seeds 3" in record["command"]
+
+
+@pytest.mark.parametrize("name, quick_seeds", [("gpt_to_llama", 1), ("shakespeare_speedrun_ablation", 2)])
+def test_quick_without_seeds_trains_its_own_count_and_says_so(tmp_path, name, quick_seeds):
+    """--quick alone trains the quick version's seeds, and ctx.seeds (the recorded --seeds) says how many;
+    --quick --seeds 3 plans all 3 (runner.seeds_context)."""
+    from numformer.experiments import Context
+    from numformer.experiments.runner import planned_runs, seeds_context
+
+    (exp,) = resolve(name)
+
+    def planned_seeds(seeds):
+        ctx = Context(tmp_path / "runs", tmp_path / "results", quick=True, seeds=seeds)
+        return {int(folder.name.rsplit("seed_", 1)[1]) for folder, _ in planned_runs(exp, ctx)}
+
+    assert seeds_context(exp, Context(tmp_path / "runs", tmp_path / "results", quick=True)).seeds == quick_seeds
+    assert planned_seeds(0) == set(range(quick_seeds)) and planned_seeds(3) == {0, 1, 2}

@@ -11,8 +11,9 @@ by hand"), over the same seeds, so that each change's share of the difference is
 The first rung is ``configs/shakespeare_char.toml`` and the last ``configs/shakespeare_char_llama.toml``, config
 for config (tests/test_gpt_to_llama.py). Each run's loss is that of its saved weights on the whole validation
 text. Writes results/gpt_to_llama.{json,md}; ``--seeds N`` (default 3) seeds per rung; ``--quick``: a tiny
-model, 12 steps, one seed. A run folder that holds a run of the same rung and seed is resumed (a
-finished one only scored again), so an interrupted ladder goes on where it stopped.
+model, 12 steps, one seed unless ``--seeds N`` is given (``runner.seeds_context``). A run folder that holds a
+run of the same rung and seed is resumed (a finished one only scored again), so an interrupted ladder goes on
+where it stopped.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def _ladder_plan(exp, ctx):
     """[(rung, config, seed, run folder, summary of a run to resume or None, why the run there is not resumed or
     None)]: a folder holding a run of the same config trained by this same code is resumed (an interrupted
     ladder goes on; a finished run is only scored again), unless ``--overwrite``."""
-    seeds = 1 if ctx.quick else (ctx.seeds or DEFAULT_SEEDS)
+    seeds = ctx.seeds or DEFAULT_SEEDS
     extra = (QUICK if ctx.quick else []) + list(ctx.overrides)
     commit, plan = git_commit(), []
     for n in range(len(RUNGS)):
@@ -84,7 +85,7 @@ def ladder_runs(exp, ctx):
 def run_ladder(exp, ctx):
     """Train every rung with seeds 0 .. N-1; the record holds each run's whole-validation loss and their mean."""
     started, commit = time.time(), git_commit()          # the code that trains, not the one at the end
-    seeds = 1 if ctx.quick else (ctx.seeds or DEFAULT_SEEDS)
+    seeds = ctx.seeds or DEFAULT_SEEDS
     plan, rungs = _ladder_plan(exp, ctx), []
     for n, (name, change, _) in enumerate(RUNGS):
         losses = []
@@ -175,4 +176,4 @@ register(Experiment(
     "gpt_to_llama",
     "From the GPT-2-style character model to the Llama-style one, one change at a time: RMSNorm, SwiGLU, RoPE, "
     "grouped-query attention.",
-    config=BASE, quick_overrides=QUICK, custom=run_ladder, run_dirs=ladder_runs, seeds_in_custom=True))
+    config=BASE, quick_overrides=QUICK, custom=run_ladder, run_dirs=ladder_runs, seeds_in_custom=True, quick_seeds=1))

@@ -14,6 +14,7 @@ results folder must be new, empty or numformer's (``_results``).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import sys
@@ -65,6 +66,9 @@ class Experiment:
     custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record
     seed_study: Callable | None = None     # seed_study(exp, ctx): trains ctx.seeds seeds (reproduce --seeds N)
     seeds_in_custom: bool = False          # custom() trains ctx.seeds seeds itself
+    # The seeds the --quick version trains when --seeds is left out (0: as without --quick); see
+    # ``seeds_context``. An explicit --seeds N is trained in full, --quick or not.
+    quick_seeds: int = 0
     # The run folders the experiment trains into, checked before it starts (``planned_runs``): each is
     # (folder, None), or (folder, why an earlier run there cannot be reused); reused folders are left out.
     run_dirs: Callable | None = None       # run_dirs(exp, ctx), for a custom experiment (required)
@@ -86,9 +90,19 @@ class Context:
     seeds: int = 0                # reproduce --seeds N: run the experiment's seed study first
 
 
+def seeds_context(exp, ctx):
+    """``ctx`` with the number of seeds ``exp`` trains: ``exp.quick_seeds`` for a --quick run without --seeds,
+    else ``ctx`` unchanged. The one place a quick run chooses its seeds, so that what an experiment trains and
+    records (``ctx.seeds``, its command line) is what the command asked for, never silently fewer."""
+    if ctx.quick and not ctx.seeds and exp.quick_seeds:
+        return dataclasses.replace(ctx, seeds=exp.quick_seeds)
+    return ctx
+
+
 def planned_runs(exp, ctx):
     """[(folder, why not reused or None)]: every run folder ``exp`` will train into under ``ctx`` (folders it
     will reuse are left out)."""
+    ctx = seeds_context(exp, ctx)
     if exp.custom is not None:
         if exp.run_dirs is None:
             raise TypeError(f"experiment {exp.name!r} has a custom pipeline but no run_dirs")
@@ -189,6 +203,7 @@ def train_and_evaluate(exp, ctx, config_overrides=()):
 def run_experiment(exp, ctx):
     """Run one experiment and write results/NAME.{json,md}; returns the record."""
     check_before_running(exp, ctx)
+    ctx = seeds_context(exp, ctx)
     if ctx.seeds and not exp.seeds_in_custom:
         exp.seed_study(exp, ctx)
     if exp.custom is not None:

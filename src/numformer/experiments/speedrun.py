@@ -225,10 +225,8 @@ def _sample(trainer):
 # -- the ablation: its rows, the runs each trains or reuses ----------------------------------------------------
 def _ablation_rows(ctx):
     """(seeds, [(row, change, raw config, {seed: resolved config})]) of every LADDER row under ``ctx``."""
-    seeds = list(range(ctx.seeds or ABLATION_SEEDS))
-    minutes = ABLATION_MINUTES
-    if ctx.quick:
-        minutes, seeds = 0.05, seeds[:2]
+    seeds = list(range(ctx.seeds or ABLATION_SEEDS))     # --quick: 2 unless --seeds N (runner.seeds_context)
+    minutes = 0.05 if ctx.quick else ABLATION_MINUTES
     rows = []
     for i, (change, config) in enumerate(ladder_configs(minutes)):
         config = apply_overrides(config, (_quick_overrides(config) if ctx.quick else []) + list(ctx.overrides))
@@ -617,7 +615,7 @@ register(Experiment(
     seeds_in_custom=True, run_dirs=lambda exp, ctx: [(d, None) for _, d in _speedrun_dirs(ctx)]), group="speedrun")
 register(Experiment(
     f"{NAME}_ablation", "The speedrun's recipe changes, one at a time, each over 3 seeds at a proxy budget.",
-    custom=run_ablation, seeds_in_custom=True, run_dirs=ablation_run_dirs), group="speedrun")
+    custom=run_ablation, seeds_in_custom=True, quick_seeds=2, run_dirs=ablation_run_dirs), group="speedrun")
 register(Experiment(
     f"{NAME}_torch", "The speedrun's budget given to PyTorch: the same recipe, and nanoGPT's CPU recipe.",
     custom=run_torch_anchor, run_dirs=lambda exp, ctx: []), group="speedrun")

@@ -88,14 +88,18 @@ class RunWriter:
         with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
-    def truncate_metrics(self, step):
-        """Drop the metrics lines logged after ``step`` (the checkpoint's): a resumed run logs them again."""
+    def truncate_metrics(self, step, keep_partial=True):
+        """Drop the metrics lines logged after ``step`` (the checkpoint's): a resumed run logs them again; with
+        ``keep_partial=False`` also the partial training line of ``step`` (a stop's: ``LogWindow.log_stop``), which
+        the next step's lines replace. Returns ``step`` when a partial line of it is kept, else None."""
         path = self.run_dir / METRICS
         if not self.writes or not path.exists():
-            return
+            return None
         self.check()
-        keep = [line for line, record in run_folder.metrics_records(path) if record["step"] <= step]
-        write_atomic(path, b"".join(k + b"\n" for k in keep))     # a full disk keeps the old file
+        keep = [(line, record) for line, record in run_folder.metrics_records(path) if record["step"] < step
+                or (record["step"] == step and (keep_partial or record.get("partial") is not True))]
+        write_atomic(path, b"".join(line + b"\n" for line, _ in keep))     # a full disk keeps the old file
+        return step if any(r["step"] == step and r.get("partial") is True for _, r in keep) else None
 
     def save_checkpoint(self, model, optimizer, state, config):
         """checkpoint.safetensors: the model, the optimizer and the trainer's ``state``."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
+
 
 def resumable_step(step, max_steps, run_dir):
     """``step``, the step a checkpoint of ``run_dir`` reached, when a run resumed there can go on to ``max_steps``
@@ -53,14 +55,49 @@ def check_state(state):
 
 
 class LogWindow:
-    """The training losses and tokens since the last metrics line, and when that line was written."""
+    """The training steps since the last regular metrics line (every log_every steps, step 1, max_steps): their
+    losses and tokens, when the window began (that line, or this process's start of training), and ``last``,
+    the learning rate and gradient norm of the latest step this process added (None before one).
+
+    A train() call that stops between two regular lines (early stopping, the time limit or budget, Ctrl-C,
+    ``stop_after``, a divergence) ends metrics.jsonl with a line for its last step over the window, averaged as
+    the regular lines are, and marked ``"partial": true`` (``log_stop``). The window stays: the checkpoint of the
+    stop holds its losses and tokens, so a run resumed there (or a further train() call) drops that line at its
+    first step (``drop_partial``) and logs those steps again in its next line, as an uninterrupted run does: the
+    same lines, never two for one step. A resumed run that takes no step (its budget spent, say) keeps the line,
+    the record of its last step. ``partial_step``: the step of such a line, ending metrics.jsonl."""
 
     def __init__(self, losses=(), tokens=0):
         self.losses, self.tokens, self.start = list(losses), tokens, time.perf_counter()
+        self.last = None
+        self.partial_step = None
 
-    def add(self, loss, tokens):
+    def add(self, loss, tokens, lr, grad_norm):
         self.losses.append(loss)
         self.tokens += tokens
+        self.last = (lr, grad_norm)
+
+    def line(self, step, elapsed_s, partial=False):
+        """The training line of update ``step`` (the latest added): the mean loss and the tokens/s of the window's
+        steps, that step's learning rate and gradient norm (before clipping), the training seconds so far."""
+        lr, grad_norm = self.last
+        record = {"step": step, "train_loss": float(np.mean(self.losses)), "lr": lr, "grad_norm": grad_norm,
+                  "tokens_per_s": self.tokens / max(time.perf_counter() - self.start, 1e-9),
+                  "elapsed_s": round(elapsed_s, 3)}
+        return {**record, "partial": True} if partial else record
+
+    def log_stop(self, folder, step, elapsed_s):
+        """At the end of a train() call (``folder``: its RunWriter): the partial line of ``step``, the last step
+        taken, unless a line already logs it or no step was taken since the window was restored."""
+        if self.last is not None and self.partial_step != step:
+            folder.log(self.line(step, elapsed_s, partial=True))
+            self.partial_step = step
+
+    def drop_partial(self, folder):
+        """At a step after a stop: remove the stop's partial line from metrics.jsonl; this window logs its steps."""
+        if self.partial_step is not None:
+            folder.truncate_metrics(self.partial_step, keep_partial=False)
+            self.partial_step = None
 
     def state_dict(self):
         return {"losses": list(self.losses), "tokens": self.tokens}

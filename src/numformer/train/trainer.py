@@ -17,7 +17,7 @@ It writes a run folder (train/run_writer.py: config.json, tokenizer.json, metric
 model.safetensors, summary.json; a DPO run also reference_logps.safetensors; docs/reference/run-folder.md).
 Resuming is exact: a run stopped at step N and resumed gives, bit for bit, the weights of an uninterrupted run
 (model, optimizer moments, both random generators and every counter are restored; metrics lines after the
-checkpoint are dropped and re-logged).
+checkpoint, and the partial line of the stop (train/state.py LogWindow), are dropped and re-logged).
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class Trainer:
         if self.budget is not None and state.get("budget"):    # a resumed run goes on spending the same budget
             self.budget.used_before = state["budget"]["used"]
             self.budget.warmup_end = state["budget"]["warmup_end"]
-        self.folder.truncate_metrics(self.step)
+        self._window.partial_step = self.folder.truncate_metrics(self.step)     # a stop's line, kept: LogWindow
 
     def save_checkpoint(self):
         """checkpoint.safetensors: model, optimizer and trainer state of this step (under MPI: call on every rank)."""
@@ -235,8 +235,8 @@ class Trainer:
                 self.train_seconds += time.perf_counter() - started
                 if self.budget is not None:
                     self.budget.step_seconds.append(time.perf_counter() - started)
-                self._window.add(loss, tokens)
-                self._log_step(last_step, loss, norm, bar)
+                self._window.add(loss, tokens, self._lr, norm)
+                self._log_step(loss, bar)
                 if self._evaluates(self.step):
                     stop["stopped_early"] = self._evaluate_step()
                 # no periodic checkpoint while the loss is above the divergence threshold (one from before is kept)
@@ -254,6 +254,7 @@ class Trainer:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
             self.workers.close()
+        self._window.log_stop(self.folder, self.step, self.train_seconds)     # a line for the last step taken
         summary = self._finish(stop, n_params, time.perf_counter() - wall_start)
         if stop["diverged"]:
             raise TrainingDiverged(stop["diverged"])
@@ -304,14 +305,13 @@ class Trainer:
             self._print(f"resuming {self.run_dir} at step {self.step}")
         return n_params
 
-    def _log_step(self, last_step, loss, norm, bar):
-        """Every log_every steps, at step 1 and at ``last_step``: a training line in metrics.jsonl (the mean loss and
-        the tokens/s since the previous line); every step: the progress bar's figures (this step's loss)."""
-        if self.step % self.train_cfg["log_every"] == 0 or self.step == 1 or self.step == last_step:
-            w = self._window
-            record = {"step": self.step, "train_loss": float(np.mean(w.losses)), "lr": self._lr, "grad_norm": norm,
-                      "tokens_per_s": w.tokens / max(time.perf_counter() - w.start, 1e-9),
-                      "elapsed_s": round(self.train_seconds, 3)}
+    def _log_step(self, loss, bar):
+        """Every log_every steps, at step 1 and at max_steps: a training line in metrics.jsonl (LogWindow.line: the
+        mean loss and the tokens/s since the previous line; at a stop between two, LogWindow.log_stop writes one);
+        every step: the progress bar's figures (this step's loss)."""
+        self._window.drop_partial(self.folder)      # the first step after a stop: its line goes
+        if self.step % self.train_cfg["log_every"] == 0 or self.step in (1, self.train_cfg["max_steps"]):
+            record = self._window.line(self.step, self.train_seconds)
             self.folder.log(record)
             if bar is not None:
                 bar.set_postfix(lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:,.0f}")

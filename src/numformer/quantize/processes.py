@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._limits import bounded_json
 from .._runtime import blas_threads, get_num_threads
 from . import kernel
 from .layer import QuantizedLinear
@@ -196,7 +197,7 @@ class WorkerProcesses:
         total = 0.0
         for worker in self._workers:
             try:
-                fields = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                fields = Path(f"/proc/{worker.pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
                 total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
             except (OSError, ValueError, IndexError):
                 pass
@@ -291,7 +292,8 @@ def _layout(n_workers, x_bytes, y_bytes, layers):
 def _worker_main():
     """A worker process (argv: the file, the layout as JSON, its index, spin seconds): map the file, then run
     each job given in its control words until its stdin ends."""
-    path, layout, index, spin_seconds = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    path, index, spin_seconds = sys.argv[1], int(sys.argv[3]), float(sys.argv[4])
+    layout = bounded_json(sys.argv[2], "the worker's layout")
     with open(path, "r+b") as f:
         shared = mmap.mmap(f.fileno(), layout["size"])
     control = np.frombuffer(shared, np.int64, CONTROL_WORDS, layout["control"] + index * CONTROL_WORDS * 8)

@@ -39,8 +39,9 @@ def int8_layer(rng, N, K, group_size=None, dtype=np.float32):
 
 
 def leftover_files():
-    return set(glob.glob("/dev/shm/numformer-int8-*")) | set(glob.glob(os.path.join(tempfile.gettempdir(),
-                                                                                    "numformer-int8-*")))
+    """This process's mapping files (another test process's come and go meanwhile)."""
+    name = f"numformer-int8-{os.getpid()}-*"
+    return set(glob.glob(os.path.join("/dev/shm", name))) | set(glob.glob(os.path.join(tempfile.gettempdir(), name)))
 
 
 @pytest.fixture
@@ -72,6 +73,7 @@ def test_products_are_the_threads_bit_for_bit(dtype, rng, monkeypatch, two_threa
     with worker_processes(Layers(layers)) as pool:
         assert pool.n_workers == 1 and kernel._product_pool is pool
         assert pool._offset(layers[0].qweight) is not None            # the weights live in the mapping
+        assert leftover_files() == before                               # whose file is gone once mapped
         shared = products()
         assert int(pool.control[0, processes.DONE]) == pool._job == 6   # every product went through the worker
     assert kernel._product_pool is None and leftover_files() <= before
@@ -164,6 +166,22 @@ def test_a_worker_error_and_a_dead_worker_are_reported(rng, two_threads):
             layer(x)
     assert kernel._product_pool is None and leftover_files() <= before
     assert pool._workers == [] and layer.qweight.flags.owndata
+
+
+def test_a_worker_that_does_not_start_in_time_is_given_up(rng, monkeypatch, two_threads):
+    """No wait without end: a worker not started within START_SECONDS is an error naming it, and nothing is
+    left behind (the worker stopped, no file, the layer's weights private)."""
+    monkeypatch.setattr(processes, "START_SECONDS", 0)
+    layer = int8_layer(rng, 512, 256)
+    before = leftover_files()
+    started = []
+    monkeypatch.setattr(processes.subprocess, "Popen", lambda *a, popen=processes.subprocess.Popen, **k:
+                        started.append(popen(*a, **k)) or started[-1])
+    with pytest.raises(RuntimeError, match="worker process 1 did not start within 0 s"):
+        with worker_processes(layer):
+            pass
+    assert started and all(w.poll() is not None for w in started)
+    assert kernel._product_pool is None and leftover_files() <= before and layer.qweight.flags.owndata
 
 
 def test_arguments(rng):

@@ -7,17 +7,18 @@ map the same int8 weights.
 Why processes and not threads. A batch-1 product of int8 weights takes well under a millisecond (a Qwen3-0.6B
 layer's five products: 0.1-0.8 ms each), and generation makes one for every linear layer of every token. On a
 virtual machine a thread that waits for work sleeps, its virtual CPU halts, and waking it costs tens of
-microseconds (75-80 measured on an AMD EPYC guest, ``docs/reference/benchmarks.md``); a Python thread that
+microseconds (75-80 measured on an AMD EPYC guest, ``docs/tutorials/quantization.md``); a Python thread that
 polls instead must still take the GIL to start its piece, and CPython's GIL wait is itself such a sleep. A
 process has its own GIL: it can poll for the next piece without sleeping, so a hand-off costs about a
 microsecond. The price is a busy core while work is coming: a worker polls for ``spin_seconds`` after its
 last piece, then sleeps reading a pipe until the next one (the first product after a pause pays one wake-up).
 
 How one product runs (``WorkerProcesses.product``): this process writes xᵀ into the shared input buffer, gives
-each worker its share of the output rows (equal shares in multiples of ``kernel.ROW_UNIT``, as the threads'
-split), computes the first share itself with ``kernel.product_rows``, and waits for the workers, who run the same
-function on their rows of the shared mapping and write them into the shared output. The results are the
-threads' bit for bit (same shares, same blocks). Only weights that live in the mapping take this path (a
+each worker its share of the output rows (equal shares in multiples of ``kernel.ROW_UNIT``, split as the
+threads split them but down to ``MIN_PIECE_WEIGHTS``, a smaller share than theirs), computes the first share
+itself with ``kernel.product_rows``, and waits for the workers, who run the same function on their rows of the
+shared mapping and write them into the shared output. Where the threads split a matrix alike, the results are
+theirs bit for bit (same shares, same blocks); elsewhere they agree to rounding. Only weights that live in the mapping take this path (a
 layer made or converted after the ``with`` began runs on threads), and only batches of up to
 ``kernel.SMALL_BATCH`` rows; one thread at a time uses the workers (another meanwhile runs on threads).
 
@@ -54,6 +55,7 @@ MIN_PIECE_WEIGHTS = 1 << 16  # no process gets fewer weights (~10 us of work; a 
 JOB, DONE, ERROR, Q_OFFSET, S_OFFSET, N_ROWS, K_COLS, GROUPS, GROUP_WIDTH, M_ROWS, LO, HI, DTYPE = range(13)
 CONTROL_WORDS = 16
 STOP_JOB = -2                # the job number that stops a worker
+START_SECONDS = 120          # a worker that has not mapped the file by then is given up
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ERROR_BYTES = 2048
 
@@ -106,7 +108,7 @@ class WorkerProcesses:
             raise MemoryError(f"worker_processes needs {size / 2**20:,.0f} MiB of shared memory for the int8 "
                               f"weights, and neither /dev/shm nor {folder} has that much room: free some, or run "
                               f"on one process (NUMFORMER_NUM_THREADS=1)")
-        fd, self._path = tempfile.mkstemp(prefix="numformer-int8-", dir=folder)
+        fd, self._path = tempfile.mkstemp(prefix=f"numformer-int8-{os.getpid()}-", dir=folder)   # whose it is
         try:
             os.ftruncate(fd, size)
             self._mmap = mmap.mmap(fd, size)
@@ -144,7 +146,7 @@ class WorkerProcesses:
             self._workers.append(subprocess.Popen(command, stdin=subprocess.PIPE, env=env, bufsize=0,
                                                   start_new_session=True))   # Ctrl-C is this process's to handle
         for i in range(self.n_workers):                         # each worker marks DONE -1 once mapped
-            self._wait(i, -1, "start", poll_seconds=0.001)
+            self._wait(i, -1, "start", poll_seconds=0.001, timeout=START_SECONDS)
         os.unlink(self._path)                                   # the mappings stay; no file outlives the run
         self._path = None
 
@@ -189,8 +191,7 @@ class WorkerProcesses:
             kernel.product_rows(q, scales, g, xT, yT, bounds[0], bounds[1])
         for i in range(pieces - 1):
             self._wait(i, self._job, "product")
-        y = yT.reshape(1, N).copy() if m == 1 else np.ascontiguousarray(yT.T)
-        return y
+        return yT.reshape(1, N).copy() if m == 1 else np.ascontiguousarray(yT.T)
 
     def cpu_seconds(self):
         """CPU seconds (user + system) the workers have used so far, from /proc (0.0 where it cannot be read)."""
@@ -203,14 +204,17 @@ class WorkerProcesses:
                 pass
         return total
 
-    def _wait(self, i, job, what, poll_seconds=0.0):
+    def _wait(self, i, job, what, poll_seconds=0.0, timeout=None):
         """Poll until worker i has finished ``job`` (sleeping ``poll_seconds`` between looks); raise if it
-        reported an error or stopped."""
-        control, polls = self.control[i], 0
+        reported an error, stopped, or (with a ``timeout`` in seconds) took longer."""
+        control, polls, deadline = self.control[i], 0, None if timeout is None else time.monotonic() + timeout
         while control[DONE] != job:
             polls += 1
             if poll_seconds:
                 time.sleep(poll_seconds)
+            if deadline is not None and time.monotonic() > deadline:
+                raise RuntimeError(f"numformer's int8 worker process {i + 1} did not {what} within {timeout:g} s; "
+                                   f"leave worker_processes and run on threads")
             if (poll_seconds or polls % 4096 == 0) and self._workers[i].poll() is not None:
                 raise self._stopped(i, what)
         if control[ERROR]:

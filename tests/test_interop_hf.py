@@ -379,6 +379,64 @@ def test_char_run_exports_without_a_tokenizer(tmp_path, capsys):
     np.testing.assert_allclose(hf_logits(tmp_path / "hf", idx), model(idx), rtol=1e-4, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def llama_like_runs(tmp_path_factory):
+    """Two tiny Llama-like runs (RoPE, SwiGLU, RMSNorm, no biases) on the copy task: ``plain``, and ``lora`` with
+    adapters on q_proj and v_proj. Llama, Mistral and Qwen2 can each express them; the default is llama."""
+    from conftest import tiny_copy_toml
+    from numformer.cli import main
+
+    root = tmp_path_factory.mktemp("llama_like")
+    toml = tiny_copy_toml(dict(positional="rope", activation="swiglu", norm="rms", bias=False), max_steps=2,
+                          batch_size=4, eval_every=2, processes=1)
+    (root / "plain.toml").write_text(toml)
+    (root / "lora.toml").write_text(toml + '[lora]\nr = 2\ntarget_modules = ["q_proj", "v_proj"]\n')
+    for name in ("plain", "lora"):
+        assert main(["train", str(root / f"{name}.toml"), "--out", str(root / name), "--quiet"]) == 0
+    return root
+
+
+@pytest.mark.parametrize("model_type", [None, "llama", "mistral", "qwen2"])
+def test_export_model_type_writes_that_family(llama_like_runs, tmp_path, run_cli, model_type):
+    """``--model-type`` chooses among the families that can express the model (once only Python's
+    ``export_hf(..., model_type=...)`` could); without it, the one ``default_export_type`` picks."""
+    from numformer.train import load_model
+
+    run, out = llama_like_runs / "plain", tmp_path / "hf"
+    assert run_cli("export", run, *(("--model-type", model_type) if model_type else ()), "--out", out)[0] == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == (model_type or "llama")
+    model = load_model(run)
+    idx = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 6))
+    np.testing.assert_allclose(hf_logits(out, idx), model(idx), rtol=1e-4, atol=1e-5)
+
+
+def test_export_model_type_of_a_lora_run_names_the_base_family(llama_like_runs, tmp_path, run_cli):
+    peft = pytest.importorskip("peft")
+    from numformer.train import load_model
+
+    out = tmp_path / "adapter"
+    assert run_cli("export", llama_like_runs / "lora", "--model-type", "mistral", "--out", out)[0] == 0
+    assert json.loads((out / "base" / "config.json").read_text())["model_type"] == "mistral"
+    base = transformers.AutoModelForCausalLM.from_pretrained(out / "base").eval()
+    pmodel = peft.PeftModel.from_pretrained(base, str(out)).eval()
+    model = load_model(llama_like_runs / "lora")
+    idx = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 6))
+    with torch.no_grad():
+        np.testing.assert_allclose(pmodel(torch.from_numpy(idx)).logits.numpy(), model(idx), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type,why", [("gpt2", "GPT-2 cannot express norm = 'rms'"),
+                                            ("qwen3", "Qwen3 cannot express a model without q/k norms")])
+def test_export_refuses_a_model_type_the_model_cannot_be(llama_like_runs, tmp_path, cli_error, model_type, why):
+    """One line: the type, what its family lacks, the types this model can be written as; nothing is written
+    (a LoRA run's adapter included, which a Qwen3 base would otherwise have left behind)."""
+    for run in ("plain", "lora"):
+        line = cli_error("export", llama_like_runs / run, "--model-type", model_type, "--out", tmp_path / run)
+        assert f"--model-type {model_type}: {why}" in line, line
+        assert line.endswith("it can be exported as model_type llama, mistral or qwen2"), line
+        assert not (tmp_path / run).exists()
+
+
 def test_imported_run_works_with_generate_eval_and_analyze(tmp_path, hf_folder, capsys):
     folder, tmodel = hf_folder
     run = tmp_path / "run"

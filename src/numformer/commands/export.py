@@ -1,7 +1,11 @@
-"""numformer export RUN_DIR [--format hf] --out DIR [--merge] [--overwrite]: a trained GPT as a Hugging Face
-folder, GPT-2 or (for a RoPE model) Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 (config.json,
-model.safetensors, and tokenizer.json with tokenizer_config.json when the run's tokenizer has a Hugging Face
-form), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits.
+"""numformer export RUN_DIR [--format hf] [--model-type TYPE] --out DIR [--merge] [--overwrite]: a trained GPT
+as a Hugging Face folder, GPT-2 or (for a RoPE model) Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3
+(config.json, model.safetensors, and tokenizer.json with tokenizer_config.json when the run's tokenizer has a
+Hugging Face form), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits.
+
+The family is the one ``default_export_type`` picks from the model's options; ``--model-type`` chooses another
+that can express the model (a Llama-like model is also a Mistral or Qwen2 one). A family that cannot is refused
+with one line naming what it lacks and the types this model can be written as, before anything is written.
 
 ``--out`` must be new or empty; ``--overwrite`` replaces an earlier export there: the files an export writes
 (``EXPORT_FILES``) are removed first (the weights first, config.json last), so the folder then holds only the
@@ -18,6 +22,9 @@ import os
 from pathlib import Path
 
 FORMATS = ("hf",)
+# The model_types ``interop.hf.export_hf`` writes (the keys of ``interop.hf.FAMILIES``, which
+# tests/test_family_lists.py holds this to); spelled out here so that ``numformer --help`` stays light.
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 # Every file ``interop.hf.export_hf`` writes, in the order an overwrite removes them: the weights first and
 # config.json last, so that a folder cut short never pairs a config with other weights.
 EXPORT_FILES = ("model.safetensors", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -27,6 +34,7 @@ BASE_DIR = "base"                   # a LoRA run's base model, beside its adapte
 
 def run(args):
     from ..interop.hf import export_hf
+    from ..interop.hf.checkpoints import hf_export_config
     from ..interop.peft import save_adapter
     from ..lora import merge_lora, unload_lora
     from ..train import load_config_json, load_model, load_tokenizer_state, run_folder
@@ -43,6 +51,11 @@ def run(args):
         raise ValueError(f"--out {out} is the run folder being exported; exporting into it would replace the "
                          f"run's config.json and weights: choose another --out")
     model = load_model(args.run_dir, config)
+    if args.model_type is not None:                 # refused before any folder or file is made
+        try:
+            hf_export_config(model.config, args.model_type)
+        except ValueError as e:
+            raise ValueError(f"--model-type {args.model_type}: {e}") from None
     state = load_tokenizer_state(args.run_dir)
     tokenizer = tokenizer_from_state(state, args.run_dir) if state else None
     made = [p for p in (out, *out.parents) if not p.exists()]       # the folders mkdir makes, deepest first
@@ -54,10 +67,12 @@ def run(args):
                                  f"choose another --out")
             clear_export_folder(out, args.overwrite)
             if getattr(model, "lora_config", None) and not args.merge:
-                save_adapter(model, out, base_model_name_or_path=str((out / BASE_DIR).resolve()))
-                export_hf(unload_lora(model), out / BASE_DIR, tokenizer)
+                save_adapter(model, out, base_model_name_or_path=str((out / BASE_DIR).resolve()),
+                             model_type=args.model_type)
+                export_hf(unload_lora(model), out / BASE_DIR, tokenizer, model_type=args.model_type)
             else:
-                export_hf(merge_lora(model) if getattr(model, "lora_config", None) else model, out, tokenizer)
+                export_hf(merge_lora(model) if getattr(model, "lora_config", None) else model, out, tokenizer,
+                          model_type=args.model_type)
     except BaseException:
         _remove_if_empty(made)          # a refused export leaves no folder of its own making behind
         raise
@@ -133,6 +148,10 @@ def register(sub):
     p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, "
                    "or for a RoPE model the Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 its options need; "
                    "the default)")
+    p.add_argument("--model-type", choices=MODEL_TYPES, metavar="TYPE",
+                   help="the Hugging Face family (config.json model_type) to write, one of %(choices)s: one that "
+                        "can express the model (a Llama-like model can also be written as mistral or qwen2; any "
+                        "other is refused, naming the types this model can be). Default: the one its options pick")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="folder to write: new or empty (or an earlier export, with --overwrite)")
     p.add_argument("--merge", action="store_true",

@@ -326,6 +326,38 @@ def _full_state(fam, model):
     return out
 
 
+def export_types(config):
+    """The model_types (keys of ``FAMILIES``, in its order) whose family can express the ``GPTConfig``
+    ``config``: the ``model_type`` values ``export_hf`` accepts for such a model (none for a model no family
+    expresses, such as a post-LN GPT with RoPE)."""
+    types = []
+    for model_type, fam in FAMILIES.items():
+        try:
+            fam.to_hf(config)
+        except ValueError:
+            continue
+        types.append(model_type)
+    return types
+
+
+def hf_export_config(config, model_type):
+    """The config.json of the ``GPTConfig`` ``config`` as the family ``model_type``: one ValueError naming what
+    the family cannot express and the model_types this model can be exported as (``export_types``)."""
+    fam = family(model_type)
+    try:
+        return fam.to_hf(config)
+    except ValueError as e:
+        types = export_types(config)
+        others = (f"it can be exported as model_type {_one_of(types)}" if types else
+                  f"no family numformer writes ({', '.join(FAMILIES)}) can express this model")
+        raise ValueError(f"{e}; {others}") from None
+
+
+def _one_of(names):
+    """'a', 'a or b', 'a, b or c'."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def export_hf(model, out_dir, tokenizer=None, model_type=None):
     """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json plus
     tokenizer_config.json for a tokenizer with a Hugging Face form), which transformers'
@@ -333,8 +365,8 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     llama, mistral, qwen2, qwen3, gemma2, gemma3_text); by default ``default_export_type`` (gpt2 for a position
     table; for a RoPE model gemma3_text or gemma2 with Gemma's 1 + w norms, qwen3 with q/k norms, qwen2 with
     q/k/v-only biases or windows on some layers, mistral with one window for every layer, else llama). Raises
-    ValueError naming a feature the family cannot express, or for a model with LoRA adapters (merge them
-    first).
+    ValueError naming a feature the family cannot express and the model_types that can (``export_types``), or
+    for a model with LoRA adapters (merge them first).
 
     The weights go into one model.safetensors in the model's dtype (config.json's ``dtype`` says which); a
     tied output layer is written once, as the embedding (``tie_word_embeddings`` true, no lm_head.weight);
@@ -355,7 +387,7 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     if model_type is None:
         model_type = default_export_type(config)
     fam = family(model_type)
-    hf_config = fam.to_hf(config)
+    hf_config = hf_export_config(config, model_type)
     hf_config["dtype"] = str(model.dtype)
     n = config.block_size
     beyond = ("raises an IndexError" if model_type == "gpt2" else

@@ -355,6 +355,102 @@ def test_a_file_that_does_not_run_fails_the_first_step(tmp_path):
     assert report.failed == SIGNATURE and "eps=1e-05" in report.message
 
 
+# -- numformer's own code is refused, before the file runs ------------------------------------------------------
+RAN = "open(__file__ + '.ran', 'w').close()\n"       # line 2 of every file below: it leaves a mark when it runs
+SOFTMAX_BY_NAME = "softmax_forward, softmax_backward = ops.softmax_forward, ops.softmax_backward\n"
+
+# (form, exercise, the file after its lines 1-2, the line the refusal names, the code shown there); a helper file
+# beside the learner's is written from HELPER
+NUMFORMER_IMPORTS = [
+    ("from numformer.ops import", "softmax",
+     "from numformer.ops import softmax_forward, softmax_backward\n", 3,
+     "from numformer.ops import softmax_forward, softmax_backward"),
+    ("from numformer import ops", "softmax", "from numformer import ops\n" + SOFTMAX_BY_NAME, 3,
+     "from numformer import ops"),
+    ("import numformer.ops in a function body", "softmax",
+     "def softmax_forward(x, axis=-1):\n    import numformer.ops\n    return numformer.ops.softmax_forward(x, axis)\n"
+     "\n\ndef softmax_backward(dy, cache):\n    import numformer.ops as o\n    return o.softmax_backward(dy, cache)\n",
+     4, "import numformer.ops"),
+    ("import numformer.kernels", "layer_norm",
+     "import numformer.kernels\nlayer_norm_forward = numformer.kernels.layer_norm_forward\n"
+     "layer_norm_backward = numformer.kernels.layer_norm_backward\n", 3, "import numformer.kernels"),
+    ("from numformer.optim import (a custom-steps exercise)", "adamw", "from numformer.optim import adamw_step\n",
+     3, "from numformer.optim import adamw_step"),
+    ("__import__", "softmax", "ops = __import__('numformer.ops', fromlist=['softmax_forward'])\n" + SOFTMAX_BY_NAME,
+     3, "ops = __import__('numformer.ops', fromlist=['softmax_forward'])"),
+    ("importlib.import_module", "softmax",
+     "import importlib\n\nops = importlib.import_module('numformer.ops')\n" + SOFTMAX_BY_NAME, 5,
+     "ops = importlib.import_module('numformer.ops')"),
+    ("import_module under another name", "softmax",
+     "from importlib import import_module as load\n\nops = load(name='numformer.ops')\n" + SOFTMAX_BY_NAME, 5,
+     "ops = load(name='numformer.ops')"),
+    ("importlib.util.find_spec", "softmax",
+     "import importlib.util as u\nspec = u.find_spec('numformer.ops')\nops = u.module_from_spec(spec)\n"
+     "spec.loader.exec_module(ops)\n" + SOFTMAX_BY_NAME, 4, "spec = u.find_spec('numformer.ops')"),
+    ("sys.modules", "softmax", "import sys\nops = sys.modules['numformer.ops']\n" + SOFTMAX_BY_NAME, 4,
+     "ops = sys.modules['numformer.ops']"),
+    ("a helper file beside it", "softmax", "from helper import softmax_forward, softmax_backward\n", 1,
+     "from numformer.ops import softmax_backward, softmax_forward"),
+]
+HELPER = "from numformer.ops import softmax_backward, softmax_forward\n"
+
+
+@pytest.mark.parametrize("form, name, text, line, code", NUMFORMER_IMPORTS, ids=[f[0] for f in NUMFORMER_IMPORTS])
+def test_a_file_that_imports_numformers_op_is_refused(form, name, text, line, code, tmp_path):
+    """Every way of importing numformer's own op fails the first step with one message naming the line and what to
+    do, before the file runs (it leaves no mark), and the grade is a failure, not an exception."""
+    (tmp_path / "helper.py").write_text(HELPER, encoding="utf-8")
+    path = tmp_path / f"{name}.py"
+    path.write_text("import numpy as np\n" + RAN + text, encoding="utf-8")
+    report = E.check_file(name, path)
+    assert report.failed == SIGNATURE and report.passed == [], (form, report)
+    assert f", line {line}: `{code}` imports" in report.message or f", line {line}: `{code}` takes" in report.message, \
+        report.message
+    assert "Remove that import and write the function yourself with NumPy and the standard library" in report.message
+    assert not Path(f"{path}.ran").exists(), "the file ran before it was refused"
+    assert "FAILED" in E.format_report(report, path) and report.message.splitlines()[0][:40] in \
+        " ".join(E.format_report(report, path).split())
+    if form == "a helper file beside it":
+        assert f"{tmp_path / 'helper.py'} (a file {name}.py imports), line 1" in report.message
+
+
+def test_the_command_refuses_numformers_op_with_one_message(tmp_path):
+    """``check`` exits 1 with the refusal in its report; ``train`` refuses the file with one error line."""
+    (tmp_path / "softmax.py").write_text("import numpy as np\nfrom numformer.ops import softmax_forward, "
+                                         "softmax_backward\n", encoding="utf-8")
+    checked = numformer("exercises", "check", "softmax", "softmax.py", cwd=tmp_path)
+    out = " ".join(checked.stdout.split())
+    assert checked.returncode == 1 and "Traceback" not in checked.stdout + checked.stderr
+    assert "1. import and signature .................. FAILED" in out
+    assert "softmax.py, line 2: `from numformer.ops import softmax_forward, softmax_backward` imports" in out
+    (tmp_path / "layer_norm.py").write_text("import numformer.kernels as K\nlayer_norm_forward = K.layer_norm_forward"
+                                            "\nlayer_norm_backward = K.layer_norm_backward\n", encoding="utf-8")
+    trained = numformer("exercises", "train", "layer_norm.py", "--steps", "2", cwd=tmp_path)
+    assert trained.returncode == 2 and "Traceback" not in trained.stderr and trained.stderr.count("\n") == 1
+    assert "layer_norm.py, line 1: `import numformer.kernels as K` imports numformer.kernels" in trained.stderr
+
+
+@pytest.mark.parametrize("name", ["gelu", "rope"])          # the exercises whose docstrings name a helper
+def test_the_stubs_own_import_of_numformer_passes_and_no_other_name(name, tmp_path):
+    """The stub of gelu imports numformer.ops.erf, rope's RopeScaling and rope_inverse_frequencies: a solution with
+    exactly that import passes (and runs); one more name from numformer is refused, and so is the same import in
+    another exercise's file."""
+    given = [line for line in E.stub_text(E.EXERCISES[name]).splitlines() if line.startswith("from numformer")]
+    assert given, f"the stub of {name} imports none of the helpers its docstrings name"
+    path = tmp_path / f"{name}.py"
+    path.write_text("\n".join([RAN.rstrip("\n"), *given, solution(name)]), encoding="utf-8")
+    report = E.check_file(name, path)
+    assert report.ok and Path(f"{path}.ran").exists(), E.format_report(report, path)
+    own = f"{name}_forward"
+    path.write_text("\n".join([given[0] + f", {own}", solution(name)]), encoding="utf-8")
+    report = E.check_file(name, path)
+    assert report.failed == SIGNATURE and f"imports {own} from numformer.ops:" in report.message, report.message
+    assert f"(from numformer, only what the stub imports: `{given[0]}`)" in report.message
+    (tmp_path / "softmax.py").write_text(given[0] + "\n" + solution("softmax"), encoding="utf-8")
+    report = E.check_file("softmax", tmp_path / "softmax.py")
+    assert report.failed == SIGNATURE and "line 1" in report.message and "only what the stub" not in report.message
+
+
 def test_hints_come_one_at_a_time_and_are_remembered(tmp_path):
     n = len(E.EXERCISES["rope"].hints)
     seen = [E.next_hint("rope", tmp_path)[0] for _ in range(n + 1)]

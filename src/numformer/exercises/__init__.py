@@ -3,7 +3,8 @@
 An exercise is an op of ``numformer.ops`` to write from its equation (``numformer exercises start layer_norm``
 writes a stub with the signature, the docstring with shapes and the equation, and TODOs). The learner's file
 defines the same functions with the same signatures as the reference; ``check`` grades them step by step
-against the reference (``checker``), ``hint`` gives the next hint, and ``train`` plugs every op that passes
+against the reference (``checker``), after refusing, before it runs, a file that imports numformer's own code
+beyond what its stub imports (``imports``); ``hint`` gives the next hint, and ``train`` plugs every op that passes
 into a GPT through the dispatch table and compares its loss curve with the library's (``training``).
 
 Adding an exercise: one module in ``catalog/`` defining ``EXERCISE`` and one line in ``catalog.EXERCISES``.
@@ -21,9 +22,12 @@ from pathlib import Path
 from .._limits import read_json_file
 from .catalog import EXERCISES
 from .checker import STANDARD_STEPS, Exercise, Failure, Report, check
+from .imports import refuse_numformer_imports, stub_import_lines
 
 HINTS_FILE = ".numformer-exercises.json"      # which hints were shown, in the learner's folder
 WIDTH = 88                                     # the commands' output is wrapped at this width
+# the helpers of numformer some stub imports (``exercises train`` loads a file before it knows its exercises)
+ANY_STUBS_IMPORTS = tuple(sorted({name for e in EXERCISES.values() for name in e.allowed_imports}))
 
 
 def wrap(text, indent=""):
@@ -42,9 +46,10 @@ def get(name):
                          f"{', '.join(EXERCISES)}") from None
 
 
-def load_functions(path):
+def load_functions(path, allowed_imports=ANY_STUBS_IMPORTS):
     """The names a learner's file defines, after running it as a module (its folder on sys.path, so that it may
-    import a helper file beside it). A file that does not run raises a Failure saying where."""
+    import a helper file beside it). A file that does not run raises a Failure saying where; so does, before it
+    runs, a file that imports numformer beyond ``allowed_imports`` (its exercise's ``allowed_imports``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(2, "no such file", str(path))
@@ -53,6 +58,7 @@ def load_functions(path):
     if spec is None:                # Python makes a module of a .py file only
         raise Failure(f"{path} is not a Python file: give the .py file with your functions (`numformer exercises "
                       f"start NAME` writes NAME.py)")
+    refuse_numformer_imports(path, allowed_imports)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.resolve().parent))
     sys.modules[name] = module
@@ -74,7 +80,7 @@ def check_file(name, path):
     """Grade the learner's file ``path`` on exercise ``name``: a ``Report``."""
     exercise = get(name)
     try:
-        functions = load_functions(path)
+        functions = load_functions(path, exercise.allowed_imports)
     except Failure as failure:
         return Report(exercise.name, failed=STANDARD_STEPS[0].title, message=str(failure))
     return check(exercise, functions)
@@ -108,6 +114,7 @@ def format_report(report, path):
 
 def stub_text(exercise):
     """The file ``start`` writes: the signatures, the docstrings with shapes and equations, and TODOs."""
+    compared = "outputs and gradients with numformer's, in float64" if exercise.grads else "results with numformer's"
     header = textwrap.dedent(f'''\
         """numformer exercise {exercise.name}:
         {exercise.summary}.
@@ -118,12 +125,15 @@ def stub_text(exercise):
 
         `numformer exercises hint {exercise.name}` gives a hint at a time. The derivation is in
         the docs: docs/{exercise.page}.
-        Your file may import NumPy and anything else; the check compares your functions'
-        {"outputs and gradients with numformer's, in float64" if exercise.grads else "results with numformer's"}.
+        Your file may import NumPy and the standard library, and from numformer only what
+        this stub imports: the check refuses a file that imports numformer's own code. It
+        compares your functions' {compared}.
         """
         import numpy as np
         ''')
-    parts = [header]
+    given = stub_import_lines(exercise.allowed_imports)
+    parts = [header] + (["# given by the exercise: the one import of numformer it allows\n"] if given else []) + \
+        [line + "\n" for line in given]
     references = exercise.reference_functions()
     for function in exercise.functions:
         body = [f'"""{function.doc}\n"""'] + [wrap(f"# TODO: {todo}").replace("\n  ", "\n#   ") for todo in function.todos]

@@ -2,8 +2,9 @@
 
 ``check(exercise, functions)`` runs the steps in order and stops at the first failure:
 
-1. import and signature: the file defines every function of the exercise, with the parameters and
-   defaults of the reference in ``numformer.ops``;
+1. import and signature: the file imports nothing of numformer but what its stub imports (read before it runs,
+   ``exercises.imports``), and defines every function of the exercise, with the parameters and defaults of the
+   reference in ``numformer.ops``;
 2. shapes and dtype: every output and gradient has the reference's shape, float64 in gives float64 out,
    and neither forward nor backward writes into its arguments;
 3. forward: equal to the reference within 1e-10 (float64, relative to the largest entry);
@@ -107,7 +108,9 @@ class Exercise:
     ``numformer.nn.dispatch.OPS`` the learner's functions replace in ``numformer exercises train`` (a callable
     from the learner's functions to {name: function}); steps: replaces the standard steps; in_model: False for an
     exercise no model calls (the BPE merge step, or an op the models run fused), which ``numformer exercises
-    train`` has no use for; model: the model that calls it ("gpt" or "llama", tests/test_exercises.py checks).
+    train`` has no use for; model: the model that calls it ("gpt" or "llama", tests/test_exercises.py checks);
+    allowed_imports: the helpers of numformer the stub imports for the learner, as dotted names
+    ("numformer.ops.erf"): the only names of numformer a learner's file may import.
     """
     name: str
     summary: str
@@ -125,6 +128,7 @@ class Exercise:
     steps: tuple | None = None
     in_model: bool = True
     model: str = "gpt"          # the model of ``numformer exercises train --model`` that calls the op
+    allowed_imports: tuple = ()
 
     @property
     def names(self):

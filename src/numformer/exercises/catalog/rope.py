@@ -75,4 +75,5 @@ inverse.""",
         "the rotation and its backward are the same.",
     ),
     page="tutorials/gpt-to-llama.md#rope",
+    allowed_imports=("numformer.ops.RopeScaling", "numformer.ops.rope_inverse_frequencies"),   # scaled RoPE's θ
 )

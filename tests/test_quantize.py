@@ -372,3 +372,26 @@ def test_generate_command_quantize(tmp_path, run_cli, cli_error, monkeypatch):
         "generate", tmp_path / "run", "--quantize", "int8", "--group-size", "0")
     assert f"adapter folder {tmp_path / 'nope'} does not exist" in cli_error(
         "generate", tmp_path / "run", "--adapter", tmp_path / "nope")
+
+
+def test_a_lora_model_is_merged_before_it_is_quantized():
+    """quantize_model refuses a model with LoRA adapters (its adapted layers would stay float, unsaid);
+    `--quantize int8` (generate, chat) merges them first: every linear layer int8, the merged model's logits."""
+    import argparse
+    import copy
+
+    from numformer.commands.generate import quantize_if_asked
+    from numformer.lora import add_lora, lora_adapters, merge_lora
+
+    model = add_lora(gpt2_like(), r=4, target_modules=("c_attn", "c_fc"), rng=np.random.default_rng(1))
+    for _, adapter, _, _ in lora_adapters(model):
+        adapter.lora_B.data[...] = np.random.default_rng(2).standard_normal(adapter.lora_B.data.shape)
+    with pytest.raises(ValueError, match=r"merge them into their layers first \(numformer.lora.merge_lora"):
+        quantize_model(copy.deepcopy(model))
+    expected = merge_lora(copy.deepcopy(model))
+    report = quantize_model(expected)
+    quantize_if_asked(model, argparse.Namespace(quantize="int8", group_size=None))
+    assert not getattr(model, "lora_config", None) and len(report.quantized) == 2 * 4 + 1
+    assert sum(isinstance(m, QuantizedLinear) for m in model.modules()) == len(report.quantized)
+    ids = np.random.default_rng(3).integers(0, 50, (2, 9))
+    np.testing.assert_array_equal(model(ids), expected(ids))

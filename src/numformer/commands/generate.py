@@ -142,10 +142,15 @@ def check_quantize_arguments(args):
 
 
 def quantize_if_asked(model, args):
-    """Swap the model's linear layers for int8 ones when ``--quantize int8`` was given; the report goes to stderr."""
+    """Swap the model's linear layers for int8 ones when ``--quantize int8`` was given, LoRA adapters (a LoRA run's,
+    or ``--adapter``'s) merged into their layers first; the report goes to stderr."""
     if args.quantize:
+        from ..lora import merge_lora
         from ..quantize import quantize_model
 
+        if getattr(model, "lora_config", None):
+            merge_lora(model)
+            print("the LoRA adapters were merged into their layers before quantizing", file=sys.stderr)
         print(quantize_model(model, bits=8, group_size=args.group_size), file=sys.stderr)
     return model
 

@@ -175,6 +175,9 @@ def quantize_model(model, bits=8, group_size=None, skip=()):
     """
     reference.qmax(bits)
     reference.group_width(group_size, 1)
+    if getattr(model, "lora_config", None):         # its adapted layers are not Linear: they would stay float
+        raise ValueError("the model has LoRA adapters: merge them into their layers first "
+                         "(numformer.lora.merge_lora(model)), then quantize")
     report = QuantizationReport(int(bits), group_size, bytes_before=weight_bytes(model))
     done = {}                                                   # id(float layer) -> its int8 replacement
     for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,17 +171,23 @@ def test_a_worker_error_and_a_dead_worker_are_reported(rng, two_threads):
 
 def test_a_worker_that_does_not_start_in_time_is_given_up(rng, monkeypatch, two_threads):
     """No wait without end: a worker not started within START_SECONDS is an error naming it, and nothing is
-    left behind (the worker stopped, no file, the layer's weights private)."""
+    left behind (the worker stopped, no file, the layer's weights private). The mapping file is gone before the
+    first worker starts: a kill of this process at any moment leaves none."""
     monkeypatch.setattr(processes, "START_SECONDS", 0)
     layer = int8_layer(rng, 512, 256)
     before = leftover_files()
-    started = []
-    monkeypatch.setattr(processes.subprocess, "Popen", lambda *a, popen=processes.subprocess.Popen, **k:
-                        started.append(popen(*a, **k)) or started[-1])
+    started, files_seen = [], []
+
+    def popen(*args, popen=processes.subprocess.Popen, **kwargs):
+        files_seen.append(leftover_files() - before)        # the file is removed before any worker starts
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(processes.subprocess, "Popen", popen)
     with pytest.raises(RuntimeError, match="worker process 1 did not start within 0 s"):
         with worker_processes(layer):
             pass
-    assert started and all(w.poll() is not None for w in started)
+    assert started and all(w.poll() is not None for w in started) and files_seen == [set()]
     assert kernel._product_pool is None and leftover_files() <= before and layer.qweight.flags.owndata
 
 
@@ -195,3 +202,47 @@ def test_arguments(rng):
             pass
     with worker_processes(layer, processes=1) as pool:         # one process: nothing changes
         assert pool is None and kernel._product_pool is None
+
+
+def running(pid):
+    """Whether process ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_process_leaves_no_file_and_no_worker(tmp_path):
+    """SIGKILL of the process that made the workers (nothing of its own cleanup runs): no mapping file of it
+    is left, and its workers end (their pipe closes)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import sys, time\n"
+        "import numpy as np\n"
+        "from numformer.nn import Linear\n"
+        "from numformer.quantize import QuantizedLinear, worker_processes\n"
+        "layer = QuantizedLinear.from_linear(Linear(256, 512, rng=np.random.default_rng(0)))\n"
+        "with worker_processes(layer, processes=2) as pool:\n"
+        "    print(' '.join(str(w.pid) for w in pool._workers), flush=True)\n"
+        "    time.sleep(60)\n", encoding="utf-8")
+    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in holder.stdout.readline().split()]
+        assert len(workers) == 1
+        name = f"numformer-int8-{holder.pid}-*"
+        assert not glob.glob(os.path.join("/dev/shm", name)) + glob.glob(os.path.join(tempfile.gettempdir(), name))
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(map(running, workers)):
+            time.sleep(0.05)
+        assert not any(map(running, workers))
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()

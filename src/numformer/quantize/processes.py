@@ -22,8 +22,9 @@ theirs bit for bit (same shares, same blocks); elsewhere they agree to rounding.
 layer made or converted after the ``with`` began runs on threads), and only batches of up to
 ``kernel.SMALL_BATCH`` rows; one thread at a time uses the workers (another meanwhile runs on threads).
 
-The mapping is a file in /dev/shm (memory; a temporary folder when that lacks room), removed as soon as every
-worker has opened it; on leaving the ``with``, the layers get private copies of their weights back.
+The mapping is a file in /dev/shm (memory; a temporary folder when that lacks room), removed as soon as it is
+made: the workers inherit it open, so no file outlives this process however it ends; on leaving the ``with``,
+the layers get private copies of their weights back.
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ ERROR_BYTES = 2048
 def worker_processes(model, processes=None, spin_seconds=SPIN_SECONDS):
     """Run the model's int8 products for small batches across ``processes`` processes (this one and
     ``processes - 1`` workers; default numformer's thread count, ``numformer.set_num_threads``) inside the
-    ``with``. One process: nothing changes. See the module docstring."""
+    ``with``. One process, or Windows (the workers inherit the mapping's file descriptor, a POSIX feature):
+    nothing changes. See the module docstring."""
     processes = get_num_threads() if processes is None else processes
     if isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or processes < 1:
         raise ValueError(f"processes must be a positive integer, got {processes!r}")
@@ -72,7 +74,7 @@ def worker_processes(model, processes=None, spin_seconds=SPIN_SECONDS):
     if not layers:
         raise ValueError("worker_processes needs a model with int8 layers: run "
                          "numformer.quantize.quantize_model(model) first")
-    if processes == 1:
+    if processes == 1 or os.name == "nt":
         yield None
         return
     pool = WorkerProcesses(layers, processes - 1, spin_seconds)
@@ -90,7 +92,7 @@ class WorkerProcesses:
 
     def __init__(self, layers, n_workers, spin_seconds=SPIN_SECONDS):
         self.layers, self.n_workers = layers, n_workers
-        self._lock, self._job, self._workers, self._path = threading.Lock(), 0, [], None
+        self._lock, self._job, self._workers, self._fd = threading.Lock(), 0, [], None
         x_bytes = max(m.qweight.shape[1] for m in layers) * kernel.SMALL_BATCH * 8     # float64 at most
         y_bytes = max(m.qweight.shape[0] for m in layers) * kernel.SMALL_BATCH * 8
         self.layout = _layout(n_workers, x_bytes, y_bytes, layers)
@@ -108,12 +110,10 @@ class WorkerProcesses:
             raise MemoryError(f"worker_processes needs {size / 2**20:,.0f} MiB of shared memory for the int8 "
                               f"weights, and neither /dev/shm nor {folder} has that much room: free some, or run "
                               f"on one process (NUMFORMER_NUM_THREADS=1)")
-        fd, self._path = tempfile.mkstemp(prefix=f"numformer-int8-{os.getpid()}-", dir=folder)   # whose it is
-        try:
-            os.ftruncate(fd, size)
-            self._mmap = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        self._fd, path = tempfile.mkstemp(prefix=f"numformer-int8-{os.getpid()}-", dir=folder)   # whose it is
+        os.unlink(path)             # at once: the workers map the open file, and no kill of this process leaves it
+        os.ftruncate(self._fd, size)
+        self._mmap = mmap.mmap(self._fd, size)
         self._base = np.frombuffer(self._mmap, np.uint8)
         self._address = self._base.ctypes.data
         words = self._view(self.layout["control"], np.int64, self.n_workers * CONTROL_WORDS)
@@ -133,22 +133,23 @@ class WorkerProcesses:
             layer.qweight, layer.scales = q, s
 
     def _start_workers(self, spin_seconds):
-        """Start the workers (fresh interpreters: nothing of this process is copied or re-run) and wait until
-        each has mapped the file, then remove the file. A worker sleeps on its stdin between jobs: one byte
-        per job wakes it, and the end of the pipe (this process gone) stops it."""
+        """Start the workers (fresh interpreters: nothing of this process is copied or re-run; each inherits the
+        open, already removed file) and wait until each has mapped it. A worker sleeps on its stdin between jobs:
+        one byte per job wakes it, and the end of the pipe (this process gone) stops it."""
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
                                                                             os.environ.get("PYTHONPATH")]))}
         shared = {key: self.layout[key] for key in ("size", "control", "errors", "x", "y")}
         for i in range(self.n_workers):
             command = [sys.executable, "-c", "from numformer.quantize.processes import _worker_main; "
-                       "_worker_main()", self._path, json.dumps(shared), str(i), repr(float(spin_seconds))]
+                       "_worker_main()", str(self._fd), json.dumps(shared), str(i), repr(float(spin_seconds))]
             self._workers.append(subprocess.Popen(command, stdin=subprocess.PIPE, env=env, bufsize=0,
+                                                  pass_fds=(self._fd,),
                                                   start_new_session=True))   # Ctrl-C is this process's to handle
         for i in range(self.n_workers):                         # each worker marks DONE -1 once mapped
             self._wait(i, -1, "start", poll_seconds=0.001, timeout=START_SECONDS)
-        os.unlink(self._path)                                   # the mappings stay; no file outlives the run
-        self._path = None
+        os.close(self._fd)                                      # the mappings stay
+        self._fd = None
 
     def product(self, x2, q, scales, g):
         """x2 Ŵᵀ as ``kernel._small_batch``, the rows shared with the workers; None when this product cannot
@@ -260,10 +261,9 @@ class WorkerProcesses:
             with contextlib.suppress(BufferError):               # a view someone still holds keeps it mapped
                 self._mmap.close()
             self._mmap = None
-        if self._path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path)
-            self._path = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _room(folder, size):
@@ -294,12 +294,12 @@ def _layout(n_workers, x_bytes, y_bytes, layers):
 
 
 def _worker_main():
-    """A worker process (argv: the file, the layout as JSON, its index, spin seconds): map the file, then run
-    each job given in its control words until its stdin ends."""
-    path, index, spin_seconds = sys.argv[1], int(sys.argv[3]), float(sys.argv[4])
+    """A worker process (argv: the open file's descriptor, the layout as JSON, its index, spin seconds): map the
+    file, then run each job given in its control words until its stdin ends."""
+    fd, index, spin_seconds = int(sys.argv[1]), int(sys.argv[3]), float(sys.argv[4])
     layout = bounded_json(sys.argv[2], "the worker's layout")
-    with open(path, "r+b") as f:
-        shared = mmap.mmap(f.fileno(), layout["size"])
+    shared = mmap.mmap(fd, layout["size"])
+    os.close(fd)
     control = np.frombuffer(shared, np.int64, CONTROL_WORDS, layout["control"] + index * CONTROL_WORDS * 8)
     error = np.frombuffer(shared, np.uint8, ERROR_BYTES, layout["errors"] + index * ERROR_BYTES)
     wake, parent = sys.stdin.buffer.raw, os.getppid()

@@ -143,12 +143,44 @@ def test_merge_lora_keeps_the_logits_and_the_base_names(make, targets):
     ({"alpha": -1}, r"alpha = -1 should be a number > 0"),
     ({"dropout": 1.0}, r"dropout = 1.0 should be in \[0, 1\)"),
     ({"target_modules": ["c_attn", "q_proj"]}, "overlaps q_proj"),
+    ({"target_modules": ["o_proj", "c_proj"]}, r"o_proj overlaps c_proj: both adapt self_attn\.out_proj"),
+    ({"target_modules": ["v_proj", "c_attn"]}, r"v_proj overlaps c_attn: both adapt the value rows of self_attn"),
     ({"target_modules": ["c_fc"]}, r"match no layer of this GPT; its layers answer to \['q_proj'"),
 ])
 def test_bad_options_are_one_line_naming_the_valid_ones(options, message):
     with pytest.raises(ValueError, match=message) as e:
         add_lora(llama_like(), **options)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("targets", [["o_proj", "c_proj"], ["c_proj", "o_proj"], ["c_attn", "k_proj"]])
+def test_two_names_reaching_the_same_rows_are_refused(targets):
+    """Two adapters on one layer's rows (o_proj and GPT-2's c_proj both on out_proj) are refused as c_attn with
+    q_proj is; names on different rows of the fused q/k/v matrix, or on different layers, are not."""
+    with pytest.raises(ValueError, match=f"{targets[0]} overlaps {targets[1]}"):
+        add_lora(gpt2_like(), target_modules=targets)
+    add_lora(llama_like(), target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"])
+    add_lora(gpt2_like(), target_modules=["c_attn", "c_proj", "c_fc"])
+
+
+@pytest.mark.parametrize("unload", ["unload_lora", "merge_lora"])
+def test_removing_the_adapters_gives_back_the_trainable_flags_of_before(unload):
+    """A parameter frozen before add_lora stays frozen after unload_lora (and merge_lora); the others trainable
+    again, also a base parameter whose flag was changed while the adapters were on."""
+    import numformer.lora
+
+    model = gpt2_like()
+    model.tok_emb.weight.requires_grad = False
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    add_lora(model, r=2, target_modules=["c_attn", "c_fc"])
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
+    model.tok_emb.weight.requires_grad = True                           # unfrozen while the adapters are on
+    getattr(numformer.lora, unload)(model)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before
+    assert not model.tok_emb.weight.requires_grad and model.blocks[0].norm1.weight.requires_grad
+    add_lora(model, r=2)                                                # recorded afresh: the same flags again
+    numformer.lora.unload_lora(model)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before
 
 
 def lora_config(**lora):

@@ -106,6 +106,20 @@ def test_wrong_keys_are_refused_never_left_at_zero(tmp_path):
         load_adapter(model, folder)
 
 
+def test_a_key_list_cut_short_says_how_many_it_holds(tmp_path):
+    """Every key renamed (2 layers, q_proj and v_proj: 8 keys): the error shows 4 of each list and says so."""
+    from safetensors.numpy import load_file, save_file
+    folder, model = _adapter(tmp_path)
+    tensors = load_file(str(folder / ADAPTER_WEIGHTS))
+    save_file({k.replace(".weight", ".default.weight"): v for k, v in tensors.items()}, str(folder / ADAPTER_WEIGHTS))
+    with pytest.raises(ValueError, match=r"missing \[.*\] \(4 of 8 shown\), unexpected \[.*\] \(4 of 8 shown\)"):
+        load_adapter(model, folder)
+    save_file({**tensors, "base_model.model.extra.lora_A.weight": np.zeros((2, 2), np.float32)},
+              str(folder / ADAPTER_WEIGHTS))
+    with pytest.raises(ValueError, match=r"missing \[\], unexpected \['base_model.model.extra.lora_A.weight'\] \(is"):
+        load_adapter(hf.load_pretrained(tmp_path / "llama")[0], folder)
+
+
 # -- LoRA runs on the command line: export (adapter, --merge), generate --adapter -------------------------------
 def cli(*argv):
     from numformer.cli import main

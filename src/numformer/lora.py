@@ -162,21 +162,41 @@ def check_lora_options(r, alpha, dropout, target_modules, use_rslora):
     if unknown:
         raise ValueError(f"[lora] target_modules: unknown layer name(s) {unknown}; valid names: "
                          f"{list(TARGET_MODULES)}")
-    if "c_attn" in names and {"q_proj", "k_proj", "v_proj"} & set(names):
-        raise ValueError("[lora] target_modules: c_attn (q, k and v together, GPT-2's name) overlaps q_proj / "
-                         "k_proj / v_proj; name either c_attn or the separate projections")
-    return list(dict.fromkeys(names))
+    names = list(dict.fromkeys(names))
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            shared = _shared_rows(a, b)
+            if shared:
+                raise ValueError(f"[lora] target_modules: {a} overlaps {b}: both adapt {shared} (two adapters "
+                                 f"on the same rows); name one of them")
+    return names
+
+
+def _shared_rows(a, b):
+    """The rows of one layer that both target names ``a`` and ``b`` reach, described (c_attn and q_proj: the
+    query rows of self_attn.qkv_proj; o_proj and c_proj: self_attn.out_proj), or None when they reach none."""
+    for parent, child, part in TARGET_MODULES[a]:
+        for parent_b, child_b, part_b in TARGET_MODULES[b]:
+            if (parent, child) != (parent_b, child_b):
+                continue
+            rows = [p for p in (part, part_b) if p in ("q", "k", "v")]
+            if len(set(rows)) < 2:                  # not two different blocks of the fused q/k/v rows
+                what = {"q": "the query rows of ", "k": "the key rows of ", "v": "the value rows of "}
+                return f"{what[rows[0]] if rows else ''}{parent}.{child}"
+    return None
 
 
 def add_lora(model, r=8, alpha=8, target_modules=("q_proj", "v_proj"), dropout=0.0, use_rslora=False, rng=None):
     """Put LoRA adapters on the layers of ``model`` named by ``target_modules`` (Hugging Face names) and
     freeze every other parameter; returns the model. ``rng`` draws the A matrices, then the dropout masks.
-    The options are recorded in ``model.lora_config`` (what ``save_adapter`` writes)."""
+    The options are recorded in ``model.lora_config`` (what ``save_adapter`` writes), and which parameters
+    were trainable before, by name, in ``model.lora_requires_grad`` (what ``unload_lora`` restores)."""
     names = check_lora_options(r, alpha, dropout, target_modules, use_rslora)
     if getattr(model, "lora_config", None):
         raise ValueError("this model already has LoRA adapters; merge_lora(model) first to add others")
     rng = init.default_rng(rng)
     found = _targets(model, names)
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
     model.requires_grad_(False)
     for path, parent, child, hf_parts in found:
         base = parent.get_submodule(child)
@@ -192,6 +212,7 @@ def add_lora(model, r=8, alpha=8, target_modules=("q_proj", "v_proj"), dropout=0
         parent.set_submodule(child, LoRALinear(base, [(rows, a) for _, rows, a in adapters], own))
     object.__setattr__(model, "lora_config", {"r": r, "alpha": alpha, "dropout": dropout, "target_modules": names,
                                               "use_rslora": use_rslora})
+    object.__setattr__(model, "lora_requires_grad", trainable)
     return model
 
 
@@ -248,8 +269,9 @@ def merge_lora(model):
 
 
 def unload_lora(model):
-    """Remove the adapters without merging them (PEFT's ``unload``): the base model as it was, every parameter
-    trainable again (as a model before add_lora). Returns the model."""
+    """Remove the adapters without merging them (PEFT's ``unload``): the base model as it was, each parameter
+    trainable or frozen as it was before ``add_lora`` (``model.lora_requires_grad``; a change made to a base
+    parameter's ``requires_grad`` while the adapters were on is undone). Returns the model."""
     if not getattr(model, "lora_config", None):
         raise ValueError("this model has no LoRA adapters to remove (add_lora adds them)")
     for path, layer in lora_layers(model):
@@ -259,8 +281,12 @@ def unload_lora(model):
             delattr(parent, name)
             del parent._modules[name]
         parent.set_submodule(child, layer._base)
+    trainable = getattr(model, "lora_requires_grad", None) or {}
+    for name, p in model.named_parameters():
+        p.requires_grad = trainable.get(name, True)
     object.__setattr__(model, "lora_config", None)
-    return model.requires_grad_(True)
+    object.__setattr__(model, "lora_requires_grad", None)
+    return model
 
 
 __all__ = ["TARGET_MODULES", "LORA_DEFAULTS", "LoRAAdapter", "LoRALinear", "add_lora", "merge_lora", "unload_lora",

@@ -14,6 +14,7 @@ the adapter's tensors); ``c_attn`` there is one adapter on the fused q/k/v matri
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +58,18 @@ def _hf_module(fam, prefix, layer_path):
             for h in mod.hf:
                 if h.rpartition(".")[2] == hf_name:
                     return h.format(i=i)
-    raise ValueError(f"the adapter {prefix} has no {fam.model_type} module: a {fam.model_type} model names its "
-                     f"layers {sorted({h.rpartition('.')[2] for m in fam.layout.layer for h in m.hf})}")
+    raise _NoHFModule(f"the adapter {prefix} has no {fam.model_type} module: a {fam.model_type} model's adapters "
+                      f"target {_family_targets(fam)}")
+
+
+class _NoHFModule(ValueError):
+    """An adapter on rows the Hugging Face family has no module of their own for (q_proj on GPT-2's c_attn)."""
+
+
+def _family_targets(fam):
+    """The target names (``TARGET_MODULES``) that name modules of the Hugging Face family ``fam``."""
+    names = {h.rpartition(".")[2] for m in fam.layout.layer for h in m.hf}
+    return [n for n in TARGET_MODULES if n in names]
 
 
 def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
@@ -71,8 +82,15 @@ def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
     if not options:
         raise ValueError("the model has no LoRA adapters to save (numformer.lora.add_lora adds them)")
     model_type = model_type or default_export_type(model.config)
-    tensors = {k: np.ascontiguousarray(getattr(a, which).data) for k, (a, which) in adapter_keys(model,
-                                                                                                 model_type).items()}
+    try:
+        keys = adapter_keys(model, model_type)
+    except _NoHFModule as e:
+        names = _family_targets(family(model_type))
+        raise ValueError(f"{e}, and this model's adapters target {list(options['target_modules'])}: write it as "
+                         f"one model with the adapters merged (`numformer export --merge`; in Python "
+                         f"merge_lora(model), then export_hf), or train the adapters on {model_type}'s names "
+                         f"([lora] target_modules = {json.dumps(names)}) to get a PEFT adapter") from None
+    tensors = {k: np.ascontiguousarray(getattr(a, which).data) for k, (a, which) in keys.items()}
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
               "r": options["r"], "lora_alpha": options["alpha"], "lora_dropout": options["dropout"],
               "target_modules": list(options["target_modules"]), "use_rslora": options["use_rslora"],
@@ -126,14 +144,19 @@ def load_adapter(model, folder, model_type=None):
     expected = adapter_keys(model, model_type)
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{path} does not fit this model's adapters: missing {missing[:4]}, unexpected "
-                         f"{unexpected[:4]} (is it an adapter of another base model?)")
+        raise ValueError(f"{path} does not fit this model's adapters: missing {_shown(missing)}, unexpected "
+                         f"{_shown(unexpected)} (is it an adapter of another base model?)")
     for key, (adapter, which) in expected.items():
         p = getattr(adapter, which)
         if tensors[key].shape != p.shape:
             raise ValueError(f"{path}: {key} has shape {tensors[key].shape}, the model's adapter {p.shape}")
         p.data[...] = tensors[key]
     return model
+
+
+def _shown(keys, most=4):
+    """The first ``most`` of ``keys`` as a list, saying how many there are when some are left out."""
+    return f"{keys[:most]} ({most} of {len(keys)} shown)" if len(keys) > most else f"{keys}"
 
 
 __all__ = ["save_adapter", "load_adapter", "read_adapter_config", "adapter_keys", "ADAPTER_CONFIG",

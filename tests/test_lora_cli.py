@@ -61,3 +61,6 @@ def test_export_of_adapters_gpt2_has_no_module_for_says_merge_or_gpt2_names(cli_
     rc, out, err = run_cli("export", run, "--merge", "--out", tmp_path / "merged")  # what the error advises
     assert rc == 0, err
     assert (tmp_path / "merged" / "model.safetensors").is_file()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "merged").iterdir()}
+    assert "numformer export --merge" in cli_error("export", run, "--out", tmp_path / "merged", "--overwrite")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "merged").iterdir()} == before   # refused before clearing

@@ -35,7 +35,8 @@ BASE_DIR = "base"                   # a LoRA run's base model, beside its adapte
 def run(args):
     from ..interop.hf import export_hf
     from ..interop.hf.checkpoints import hf_export_config
-    from ..interop.peft import save_adapter
+    from ..interop.hf import default_export_type
+    from ..interop.peft import save_adapter, savable_adapter_keys
     from ..lora import merge_lora, unload_lora
     from ..train import load_config_json, load_model, load_tokenizer_state, run_folder
     from ..interop.sources import tokenizer_from_state
@@ -56,6 +57,8 @@ def run(args):
             hf_export_config(model.config, args.model_type)
         except ValueError as e:
             raise ValueError(f"--model-type {args.model_type}: {e}") from None
+    if getattr(model, "lora_config", None) and not args.merge:      # so is an adapter PEFT cannot be given
+        savable_adapter_keys(model, args.model_type or default_export_type(model.config))
     state = load_tokenizer_state(args.run_dir)
     tokenizer = tokenizer_from_state(state, args.run_dir) if state else None
     made = [p for p in (out, *out.parents) if not p.exists()]       # the folders mkdir makes, deepest first

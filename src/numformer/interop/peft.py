@@ -72,6 +72,22 @@ def _family_targets(fam):
     return [n for n in TARGET_MODULES if n in names]
 
 
+def savable_adapter_keys(model, model_type):
+    """``adapter_keys`` of a model ``save_adapter`` can write as ``model_type``, else one ValueError saying what to
+    do (``numformer export`` checks it before it clears a folder)."""
+    options = getattr(model, "lora_config", None)
+    if not options:
+        raise ValueError("the model has no LoRA adapters to save (numformer.lora.add_lora adds them)")
+    try:
+        return adapter_keys(model, model_type)
+    except _NoHFModule as e:
+        names = _family_targets(family(model_type))
+        raise ValueError(f"{e}, and this model's adapters target {list(options['target_modules'])}: write it as "
+                         f"one model with the adapters merged (`numformer export --merge`; in Python "
+                         f"merge_lora(model), then export_hf), or train the adapters on {model_type}'s names "
+                         f"([lora] target_modules = {json.dumps(names)}) to get a PEFT adapter") from None
+
+
 def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
     """Write the adapters of ``model`` (``numformer.lora.add_lora``) in PEFT's format into ``out_dir``, in the
     model's dtype; ``model_type`` names the Hugging Face family of the base (default: the one ``export_hf``
@@ -79,17 +95,8 @@ def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
     from safetensors.numpy import save
 
     options = getattr(model, "lora_config", None)
-    if not options:
-        raise ValueError("the model has no LoRA adapters to save (numformer.lora.add_lora adds them)")
     model_type = model_type or default_export_type(model.config)
-    try:
-        keys = adapter_keys(model, model_type)
-    except _NoHFModule as e:
-        names = _family_targets(family(model_type))
-        raise ValueError(f"{e}, and this model's adapters target {list(options['target_modules'])}: write it as "
-                         f"one model with the adapters merged (`numformer export --merge`; in Python "
-                         f"merge_lora(model), then export_hf), or train the adapters on {model_type}'s names "
-                         f"([lora] target_modules = {json.dumps(names)}) to get a PEFT adapter") from None
+    keys = savable_adapter_keys(model, model_type)
     tensors = {k: np.ascontiguousarray(getattr(a, which).data) for k, (a, which) in keys.items()}
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
               "r": options["r"], "lora_alpha": options["alpha"], "lora_dropout": options["dropout"],

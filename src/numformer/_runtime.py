@@ -145,12 +145,17 @@ def owns_blas():
 # -- intra-op threads ----------------------------------------------------------------------------------
 
 def _default_threads():
+    """NUMFORMER_NUM_THREADS if set (a positive integer, else a ValueError), else the usable CPUs, at most 16."""
     env = os.environ.get("NUMFORMER_NUM_THREADS")
     if env:
         try:
-            return max(1, int(env))
+            n = int(env)
         except ValueError:
-            raise ValueError(f"NUMFORMER_NUM_THREADS must be a positive integer, got {env!r}") from None
+            n = 0
+        if n < 1:
+            raise ValueError(f"NUMFORMER_NUM_THREADS must be a positive integer, got {env!r} (unset it for one "
+                             f"thread per usable core, at most 16)")
+        return n
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

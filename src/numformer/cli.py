@@ -66,12 +66,8 @@ def _innermost_parser(parser, args):
 def main(argv=None):
     parser = build_parser()
     args = parse_arguments(parser, argv)
-    if args.command != "bench":  # bench sets up (and compares) the runtime modes itself
-        from numformer._runtime import set_fast_runtime
-        # Token-by-token generation is matrix-vector work, where the BLAS's own threads measured fastest
-        # (`numformer bench hf-generate`: 42.4 against 24.2 tokens/s at batch 1 for numformer's row split).
-        set_fast_runtime(blas="native" if args.command in ("generate", "chat") else "numformer")
     try:
+        _set_up_runtime(args)
         check_text_arguments(args)
         with _reading(args):
             result = args.func(args)
@@ -91,6 +87,20 @@ def main(argv=None):
         print(f"numformer {args.command}: error: {message}", file=sys.stderr)
         return EXIT_ERROR
     return 0 if result is None else int(result)
+
+
+def _set_up_runtime(args):
+    """The process's runtime settings for the command (``set_fast_runtime``; bench sets up and compares the modes
+    itself), made inside ``main``'s error handling, which also reads the thread count here: a bad
+    ``NUMFORMER_NUM_THREADS`` is then the command's one error line, whatever the command."""
+    from numformer._runtime import get_num_threads, set_fast_runtime
+
+    if args.command == "bench":
+        get_num_threads()
+        return
+    # Token-by-token generation is matrix-vector work, where the BLAS's own threads measured fastest
+    # (`numformer bench hf-generate`: 42.4 against 24.2 tokens/s at batch 1 for numformer's row split).
+    set_fast_runtime(blas="native" if args.command in ("generate", "chat") else "numformer")
 
 
 def _silence_stdout():

@@ -11,6 +11,7 @@ applied in that order (temperature, then top-k, then top-p)::
                                      the rest become -inf
     warp_logits(logits, T, k, p)     the three in that order, in float64
     next_token_probabilities(logits, T, k, p)   softmax of the warped logits: what sample_next draws from
+                                     (computed from (logits - max) / T: see "probabilities" below)
     sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greedy=False) -> token ids
 
 The equations, for one row z = (z_1 … z_V) of a processor's input (V: the vocabulary size; each processor
@@ -23,6 +24,15 @@ takes the previous one's output), with π = softmax(z)::
                          then every token whose logit equals the smallest kept logit is kept too
                          (p = 1 keeps all)
     sampling             one draw from softmax(z'), z' the logits after temperature, top-k and top-p
+    probabilities        next_token_probabilities scales z as (z - max_j z_j) / T before top-k, top-p and the
+                         softmax: the same distribution as from z / T, since a constant added to a row changes
+                         neither the filters nor the softmax, but every exponent is <= 0, so exp cannot overflow;
+                         as T -> 0 it tends to the one-hot of the argmax (tied maxima share it equally) instead
+                         of z / T overflowing to inf and inf / inf = NaN
+    infinite logits      a +inf logit is certain: the +inf logits of a row share its probability equally and
+                         every other token gets 0 (torch's softmax gives NaN there); a -inf logit has
+                         probability 0 and is never sampled. NaN logits are a ValueError (``sample_next``,
+                         ``next_token_probabilities``), and so is a row entirely -inf in ``sample_next``
     length penalty       beam search (``numformer.decoding.beam_search``) scores a finished hypothesis
                          y_1 … y_L of a source x as (Σ_t log p(y_t | y_<t, x)) / L ** α, where
                          α = length_penalty and L counts the generated tokens, eos included (bos not)
@@ -117,22 +127,37 @@ def top_k_filter(logits, k, filter_value=-np.inf, min_tokens_to_keep=1):
     return np.where(logits < kth, np.asarray(filter_value, logits.dtype), logits)
 
 
-def _softmax64(x):
-    """Stable softmax in float64 over the last axis; an all -inf row gives zeros."""
+def _minus_max(x):
+    """z - max_j z_j over the last axis, in float64: each row's largest logit becomes 0 and the others are
+    negative, so exp cannot overflow, and the softmax is unchanged. Infinite logits (module docstring): in a row
+    holding +inf, the +inf logits become 0 and all others -inf (+inf is certain, ties share); -inf stays -inf,
+    and a row entirely -inf stays so (no token is possible)."""
     x = np.asarray(x, np.float64)
     m = np.max(x, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(x - m)
+    with np.errstate(over="ignore"):            # a difference below -1.8e308 is -inf: probability 0, its limit
+        shifted = x - np.where(np.isfinite(m), m, 0.0)
+    return np.where(m == np.inf, np.where(x == np.inf, 0.0, -np.inf), shifted)
+
+
+def _softmax64(x):
+    """Stable softmax in float64 over the last axis, exp(z - max z) / Σ exp(z - max z); +inf logits share the
+    probability equally, an all -inf row gives zeros."""
+    e = np.exp(_minus_max(x))
     s = e.sum(axis=-1, keepdims=True)
     return e / np.where(s > 0, s, 1.0)
 
 
 def _log_softmax64(x):
-    x = np.asarray(x, np.float64)
-    m = np.max(x, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
+    z = _minus_max(x)
     with np.errstate(divide="ignore"):
-        return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def _scaled_logits(logits, temperature):
+    """(z - max z) / T in float64 (temperature T > 0): logits / T up to a constant per row, hence the same
+    softmax, but never +inf or NaN however small T is: see "probabilities" in the module docstring."""
+    with np.errstate(over="ignore"):            # below -1.8e308 is -inf: probability 0, the limit as T -> 0
+        return _minus_max(logits) / temperature
 
 
 def top_p_filter(logits, p, filter_value=-np.inf, min_tokens_to_keep=1):
@@ -167,14 +192,7 @@ def top_p_filter(logits, p, filter_value=-np.inf, min_tokens_to_keep=1):
     return np.where(x < threshold, np.asarray(filter_value, logits.dtype), logits)
 
 
-def warp_logits(logits, temperature=1.0, top_k=None, top_p=None):
-    """Temperature, then top-k, then top-p: float64 logits (..., V), -inf where a token is filtered out; the
-    softmax of the result is the distribution ``sample_next`` samples from. Defaults: temperature 1, no
-    top-k, no top-p. temperature must be > 0 here (0, greedy, is a ValueError: see ``sample_next``)."""
-    _check_sampling(temperature, top_k, top_p)
-    x = _check_logits(logits).astype(np.float64)
-    if temperature != 1:
-        x = apply_temperature(x, temperature)
+def _top_k_top_p(x, top_k, top_p):
     if top_k is not None:
         x = top_k_filter(x, top_k)
     if top_p is not None:
@@ -182,14 +200,37 @@ def warp_logits(logits, temperature=1.0, top_k=None, top_p=None):
     return x
 
 
+def warp_logits(logits, temperature=1.0, top_k=None, top_p=None):
+    """Temperature, then top-k, then top-p: float64 logits (..., V), -inf where a token is filtered out, the
+    values Hugging Face's warpers give; the softmax of the result is the distribution ``sample_next`` samples
+    from (for a temperature so small that logits / T overflows, only ``next_token_probabilities`` computes it).
+    Defaults: temperature 1, no top-k, no top-p. temperature must be > 0 here (0, greedy, is a ValueError: see
+    ``sample_next``)."""
+    _check_sampling(temperature, top_k, top_p)
+    x = _check_logits(logits).astype(np.float64)
+    if temperature != 1:
+        x = apply_temperature(x, temperature)
+    return _top_k_top_p(x, top_k, top_p)
+
+
+def _check_no_nan(logits):
+    if np.isnan(logits).any():
+        raise ValueError("the logits hold NaN: the model's output is broken (a diverged run?); no token can be "
+                         "chosen")
+
+
 def next_token_probabilities(logits, temperature=1.0, top_k=None, top_p=None):
     """The distribution ``sample_next`` draws from, float64 (..., V): softmax(warp_logits(logits, temperature,
-    top_k, top_p)); temperature 0 (greedy) puts all the mass on the argmax (the first index among ties)."""
+    top_k, top_p)), computed as the softmax of (logits - max) / T after top-k and top-p (the same distribution,
+    without overflow for any T > 0; +inf logits share the probability: see the module docstring). Temperature 0
+    (greedy) puts all the mass on the argmax (the first index among ties). NaN logits are a ValueError; a row
+    entirely -inf gives zeros."""
     logits = _check_logits(logits)
     _check_sampling(temperature, top_k, top_p)
+    _check_no_nan(logits)
     if temperature == 0:
         return (np.arange(logits.shape[-1]) == np.argmax(logits, axis=-1)[..., None]).astype(np.float64)
-    return _softmax64(warp_logits(logits, temperature, top_k, top_p))
+    return _softmax64(_top_k_top_p(_scaled_logits(logits, temperature), top_k, top_p))
 
 
 def sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greedy=False):
@@ -199,13 +240,12 @@ def sample_next(logits, rng=None, temperature=1.0, top_k=None, top_p=None, greed
     from softmax(warp_logits(logits, temperature, top_k, top_p)) per row, by inverse CDF with
     one ``rng.random()`` number per row, so a fixed seed repeats the same tokens.
     rng: a numpy.random.Generator (or an integer seed; None, the default, draws fresh entropy).
-    Logits holding NaN, or a row that is entirely -inf, are a ValueError.
+    A -inf logit is never drawn; a +inf logit is certain (several share the probability equally); a temperature
+    near 0 gives the argmax (module docstring). Logits holding NaN, or a row that is entirely -inf, are a ValueError.
     """
     logits = _check_logits(logits)
     _check_sampling(temperature, top_k, top_p)
-    if np.isnan(logits).any():
-        raise ValueError("the logits hold NaN: the model's output is broken (a diverged run?); no token can be "
-                         "chosen")
+    _check_no_nan(logits)
     if (logits == -np.inf).all(axis=-1).any():
         raise ValueError("a row of logits is entirely -inf: every token is excluded, so none can be chosen")
     if greedy or temperature == 0:

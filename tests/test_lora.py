@@ -261,3 +261,18 @@ def test_a_run_fine_tuning_a_lora_run_starts_from_its_merged_weights(tmp_path):
         ids = np.array([[1, 2, 3, 4]])
         np.testing.assert_allclose(trainer.model.eval()(ids), load_model(tmp_path / "lora")(ids),   # float32: the
                                    rtol=1e-5, atol=1e-6)                  # merge rounds W + s·BA once
+
+
+def test_lora_without_init_from_is_warned_about(tmp_path, capsys):
+    """[lora] on a model trained from scratch trains adapters on a random frozen base: the run says so at its
+    start (and not when [model] init_from names the model to fine-tune)."""
+    Trainer(lora_config(), tmp_path / "scratch").train(stop_after=1)
+    warning = "warning: [lora] adapters without [model] init_from train on a random, frozen base"
+    assert warning in capsys.readouterr().err
+    base = lora_config()
+    del base["lora"]
+    Trainer(base, tmp_path / "base", quiet=True).train(stop_after=1)
+    tuned = lora_config()
+    tuned["model"]["init_from"] = str(tmp_path / "base")
+    Trainer(tuned, tmp_path / "tuned").train(stop_after=1)
+    assert "warning" not in capsys.readouterr().err

@@ -24,6 +24,16 @@ def build_trained_model(config, rng, dtype, resume):
     return model
 
 
+def describe_run(model, n_params, task, config):
+    """The line a new run starts with: the model, its parameters and data; and a warning for [lora] adapters
+    without [model] init_from (they would train on a random base, frozen: LoRA fine-tunes a trained model)."""
+    line = f"{type(model).__name__} with {n_params:,} parameters; data: {task.describe()}"
+    if config.get("lora") and "init_from" not in config["model"]:
+        line += ("\nwarning: [lora] adapters without [model] init_from train on a random, frozen base; LoRA "
+                 "fine-tunes a trained model: set [model] init_from to a run folder or a Hugging Face model")
+    return line
+
+
 def make_optimizer(model, train):
     """The [train] optimizer over the model's parameter groups (``param_groups``). "muon": Muon over the
     hidden layers' matrices (``hidden_matrices``) with the run's weight_decay, and an AdamW with lr, betas

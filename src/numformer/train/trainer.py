@@ -35,7 +35,7 @@ from ..provenance import git_commit
 from ..run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state
 from ..config import apply_overrides, resolve_config
 from .budget import budget_for
-from .build import build_trained_model, make_optimizer
+from .build import build_trained_model, describe_run, make_optimizer
 from .dpo import check_objective, set_reference_logprobs
 from .early_stopping import EarlyStopping
 from .evaluation import Evaluation, describe
@@ -294,7 +294,7 @@ class Trainer:
         if not self._writer:
             return n_params
         self.folder.start(self.config, self.task.tokenizer_state())
-        self._print(f"{type(self.model).__name__} with {n_params:,} parameters; data: {self.task.describe()}")
+        self._print(describe_run(self.model, n_params, self.task, self.config))
         if self.world is not None:
             self._print(f"{self.world.describe()}; each rank computes 1/{self.world.size} of every batch"
                         + (f", split over {self.processes} processes" if self.processes > 1 else ""))

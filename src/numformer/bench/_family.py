@@ -5,8 +5,9 @@ each batch size (``hf_generate.measure``), the model's description, and the mark
 ``run_speed`` builds a ``transformers`` model from a config with random initialization, imports it into
 numformer through a ``save_pretrained`` folder (``hf_generate.random_models``: the same float32 weights), and
 times greedy generation: a random prompt continued by greedy tokens, tokens/s of the whole call (prefill
-included), the best of the rounds, numformer in each threading mode against PyTorch eager on as many threads,
-with the fraction of numformer's tokens equal to transformers'.
+included), the best of the rounds, numformer in each threading mode against PyTorch eager on one thread and on
+as many threads as numformer's (the ratio against the faster), with the fraction of numformer's tokens equal to
+transformers' (on one thread).
 """
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ Peak memory is measured two ways, because each misses something:
   mark of the arrays (and Python objects) allocated inside the measured region,
   independent of the allocator and of what the process held before. It does
   not see BLAS's internal work buffers (OpenBLAS allocates them once, a few MB).
-- ``ru_maxrss`` of a fresh child process per measurement: everything the process
-  ever touched (interpreter, imported modules, BLAS buffers, allocator slack).
+- the peak resident set size of a fresh child process per measurement (``max_rss_bytes``:
+  ``VmHWM`` on Linux, ``ru_maxrss`` on macOS): everything the process ever touched
+  (interpreter, imported modules, BLAS buffers, allocator slack).
   It is the figure to compare with a memory budget; its growth over the RSS
   just before the measured region isolates the measured work.
 
@@ -77,7 +78,9 @@ def traced_peak(fn):
 
 
 def best_time(fn, min_total=0.3, max_repeats=5, warmup=True):
-    """Smallest wall time of fn() over repeats (at least one; more while the total stays under min_total)."""
+    """Smallest wall time of fn() over repeats: at least one, more while their total stays under ``min_total``,
+    at most ``max_repeats``. With ``warmup`` a first, untimed call comes before; when that call alone takes
+    longer than ``min_total``, its time is returned and nothing is repeated."""
     if warmup:
         t0 = time.perf_counter()
         fn()

@@ -7,11 +7,13 @@ sequence lengths 128, 256, …, 16,384, with the plain kernel (which builds the
 (heads, T, T) score, weight and gradient matrices) and the memory-efficient
 kernel (``attention="flash"``: block-wise online softmax, recomputation in
 backward). Each point runs in a fresh process (see ``_measure``): the time is
-the best of a few runs, the peak memory is tracemalloc's high-water mark of
-the arrays allocated during the step, and the process's peak RSS is reported
-too. The plain kernel is skipped where its peak, extrapolated as T² from
-the longest length measured so far, would exceed ``PLAIN_BUDGET`` (3 GiB; the
-first length, before any measurement, uses ``plain_estimate``).
+the best of a few runs after a warm-up (``_measure.best_time``: a point whose
+warm-up takes over half a second is timed by that one run), the peak memory is
+tracemalloc's high-water mark of the arrays allocated during the step, and the
+process's peak RSS is reported too. The plain kernel is skipped where its
+peak, extrapolated as T² from the longest length measured so far, would exceed
+``PLAIN_BUDGET`` (3 GiB; the first length, before any measurement, uses
+``plain_estimate``).
 The exponent of each curve is the least-squares slope of log y on log T, over
 all points and over the three longest (the asymptotic regime: at short lengths
 fixed costs — block buffers, the layer's own arrays — flatten the curves).
@@ -26,7 +28,7 @@ D_MODEL, N_HEADS, BATCH = 64, 4, 1
 LENGTHS = [128 * 2 ** i for i in range(8)]                 # 128 … 16,384
 QUICK_LENGTHS = [128, 256, 512, 1024, 2048]
 PLAIN_BUDGET = 3 * 2 ** 30                                  # bytes of arrays the plain kernel may use at one point
-TARGET_LENGTH, TARGET_BYTES = 16_384, 2 * 10 ** 9           # the figure to reach: flash at 16,384 within 2 GB
+TARGET_LENGTH, TARGET_BYTES = 16_384, 2 * 10 ** 9           # the figure to reach: flash at 16,384, peak RSS <= 2 GB
 KERNELS = ("plain", "flash")
 
 
@@ -139,7 +141,8 @@ def _kernel_summary(pts, skipped):
 
 
 def _flash_findings(result, points):
-    """The memory-efficient kernel's linear memory fit and its result at TARGET_LENGTH against TARGET_BYTES."""
+    """The memory-efficient kernel's linear memory fit (over its three longest lengths) and its result at
+    TARGET_LENGTH: the process's peak RSS there against TARGET_BYTES."""
     if len(points) >= 2:
         tail = points[-3:]
         result["flash"]["memory_linear_fit"] = linear_fit([p["T"] for p in tail], [p["peak_bytes"] for p in tail])

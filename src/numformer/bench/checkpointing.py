@@ -17,8 +17,9 @@ tracemalloc, which sees every array NumPy allocates:
 - *time*: the better of two steps after the measured one; checkpointing
   recomputes one forward pass per block.
 
-The parameters (and the gradients written during backward) are allocated
-before / are counted in the peak only, not in the activation memory.
+The parameters are allocated before tracing starts, so neither figure counts
+them; the gradients, allocated during backward, count in the peak only, not in
+the activation memory.
 """
 from __future__ import annotations
 

@@ -9,15 +9,16 @@ RoPE bases 10⁶ (full) and 10⁴ (sliding); 1.0B parameters) with random float3
 (family "gemma3_text"), so both libraries run the same weights (nothing is downloaded).
 
 Speed: ``_family.run_speed`` (a prompt of 64 tokens continued by 64 greedy tokens at batch 1 and 8, best of
-the rounds, each numformer threading mode, PyTorch on as many threads).
+the rounds, each numformer threading mode, PyTorch on one thread and on as many threads, the ratio against the
+faster).
 
 KV cache: a prompt of three windows (1,536 tokens) continued by 64 greedy tokens at batch 1, numformer one
 position per call through its KV caches (as ``generate`` decodes), transformers by ``generate``; after each
 call the bytes of numformer's cache arrays are read per layer (``KVCache.k``, ``.v``: the arrays allocated, and
 the positions they hold), and transformers' cache (``past_key_values``) at the end, the bytes of its tensors'
 storage. A sliding layer keeps what its next queries can reach (its window), a full layer every position.
-``--quick``: a 2-layer hidden-64 Gemma 3 (one sliding layer with a window of 8, one full layer), a prompt of
-24 tokens.
+``--quick``: a 2-layer hidden-64 Gemma 3 (one sliding layer with a window of 8, one full layer); speed: a
+prompt of 16 tokens continued by 8; KV cache: a prompt of 24 tokens (three windows) continued by 8.
 """
 from __future__ import annotations
 

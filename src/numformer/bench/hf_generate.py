@@ -8,12 +8,13 @@ libraries run the same float32 weights (nothing is downloaded). Each run continu
 process, PyTorch with ``torch.set_num_threads`` equal to the core count numformer uses. tokens/s counts
 generated tokens (batch × 128) over the whole call, prefill included; each figure is the best of the runs.
 
-numformer runs under each per-op threading mode of ``numformer._runtime`` (the measurement that chose
-``decoding.GENERATION_THREADING``):
+numformer runs under each per-op threading mode of ``numformer._runtime`` (the measurement that chose the
+BLAS's own threads for ``numformer generate`` and ``numformer chat``: ``cli.py`` calls
+``set_fast_runtime(blas="native")`` for them):
 
 - ``one_thread``: numformer's kernels and the BLAS on the calling thread;
 - ``numformer``: OpenBLAS on one thread, numformer splitting large products by rows across its threads
-  (``set_fast_runtime()``, what the trainer uses);
+  (``set_fast_runtime()``, what the ``numformer`` command sets up for training);
 - ``blas``: the BLAS's own threads (``set_fast_runtime(blas="native")``).
 
 The memory-bandwidth bound: a decoding step reads every weight once (the batch shares the read), so
@@ -60,7 +61,8 @@ def random_models(config_class, model_class, hf_config):
 
 
 def memory_bandwidth(mib=256, repeats=5):
-    """Bytes per second: the best of a float32 matrix-vector product (BLAS threads) and an array copy."""
+    """Bytes per second: the best of a float32 matrix-vector product over a ``mib`` MiB matrix (in the current
+    threading mode) and a copy of a ``mib`` MiB array (read + write)."""
     n = int(np.sqrt(mib * 2 ** 20 / 4))
     W = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     x = np.ones(n, np.float32)

@@ -47,7 +47,8 @@ QUICK_PLAN = {"nanogpt": (1, 2), "minillm": (1, 1)}
 
 
 def measure_step(config, warmup, steps, processes):
-    """(t_step, t_opt) in seconds: a training step of this machine, and its clip + optimizer part."""
+    """(t_step, t_opt, parameters): a training step of this machine and its clip + optimizer part, in seconds,
+    and the model's parameter count."""
     with ForkedTrainer(config, processes) as forked:
         forked.steps(warmup)
         t_step = forked.steps(steps) / steps

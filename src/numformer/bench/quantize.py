@@ -19,7 +19,7 @@ Accuracy (``val_loss_increase``): the speedrun's model (configs/shakespeare_spee
 given with ``--run-dir`` or trained here for the budget (``runs/bench_quantize_speedrun``); the loss on the
 whole validation split, float32 and quantized at each bits × group size of the sweep; the headline is
 int8 at the group size of the speed measurement. ``logits_error``: max |Δlogits| / max |logits| on the
-first validation batch (and on the random-weight model's 64-token prompt).
+first validation batch (and on the random-weight model's 64-token prompt, 16 with ``--quick``).
 """
 from __future__ import annotations
 
@@ -187,8 +187,9 @@ def kernel_costs(model, float_layers, int8_layers, rounds, log):
     """Nanoseconds of one-thread CPU time per weight of a batch-1 product through every linear layer of the
     model: float32 (``Linear``, the BLAS reading float32 from memory), int8 (``QuantizedLinear``: the kernel),
     and the two passes of the kernel apart: the int8 -> float conversion of each block alone, and the
-    product of a float block already in the cache alone; then the int8 kernel at other block sizes than
-    ``kernel.BLOCK_BYTES``. Float32 and int8 alternate round by round; best of the rounds."""
+    product of a float block already in the cache alone; then the int8 kernel at the block sizes L2 / 4, L2,
+    ``kernel.BLOCK_BYTES`` (4 × L2) and 4 × that (L2: one core's, ``kernel.l2_cache_bytes``). Float32 and int8
+    alternate round by round; best of the rounds."""
     weights = sum(m.weight.data.size for m in float_layers.values())
     xs = {K: np.random.default_rng(K).standard_normal((1, K)).astype(np.float32)
           for K in {m.in_features for m in float_layers.values()}}

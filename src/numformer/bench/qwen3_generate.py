@@ -6,8 +6,9 @@ biases, SwiGLU d_ff 3072, vocabulary 151936, tied embeddings, RoPE θ 10⁶; 596
 weights: a ``transformers.Qwen3ForCausalLM`` is saved with ``save_pretrained`` and imported by
 ``numformer.interop.hf`` (family "qwen3"), so both libraries run the same weights (nothing is downloaded).
 Speed: ``_family.run_speed`` (a prompt of 64 tokens continued by 64 greedy tokens at batch 1 and 8, best of
-the rounds, each numformer threading mode, PyTorch on as many threads). ``--quick``: a 2-layer hidden-64 Qwen3
-with head_dim 32 (queries 128 wide).
+the rounds, each numformer threading mode, PyTorch on one thread and on as many threads, the ratio against the
+faster). ``--quick``: a 2-layer hidden-64 Qwen3 with head_dim 32 (queries 128 wide), a prompt of 16 tokens
+continued by 8.
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ A *part* is a module ``numformer.bench.<part>`` that defines
     run(quick: bool) -> dict
         Measure and return the figures (JSON-able: numbers, strings, lists, dicts).
         ``quick=True`` is a smoke run that must finish in under a minute. A part may take
-        more keyword arguments (the part ``quantize``: ``run_dir``, ``group_size``; ``generate``:
-        ``quantize``, ``group_size``); ``run_parts`` passes each part the ``options`` its ``run`` names.
+        more keyword arguments (the part ``quantize``: ``run_dir``, ``group_size``, ``overwrite``;
+        ``generate``: ``quantize``, ``group_size``); ``run_parts`` passes each part the ``options`` its
+        ``run`` names.
 
     markdown(result: dict, fig_dir: pathlib.Path) -> str
         A markdown section (starting with a ``## `` heading) describing ``result``.
@@ -38,7 +39,7 @@ from ..run_files import write_atomic
 # The parts in the order bench.md lists them; any other module found in numformer.bench with
 # ``run`` and ``markdown`` is a part too and comes after these.
 PARTS = ("throughput", "attention", "checkpointing", "generate", "depth")
-# Modules of numformer.bench that are helpers, not parts.
+# Modules of numformer.bench that are helpers, not parts (modules whose name starts with "_" are left out too).
 NOT_PARTS = {"runner", "torch_reference", "common", "timing", "profile"}
 META_KEY = "_run"
 

@@ -1,4 +1,4 @@
-"""Training throughput of numformer against the PyTorch reference, alternating in one process.
+"""Training throughput of numformer against the PyTorch reference, alternating in one session.
 
 ``numformer bench throughput [--quick]``
 
@@ -10,8 +10,9 @@ AdamW step (nanoGPT's hyperparameters: lr 1e-3, betas (0.9, 0.99), weight decay
 PyTorch, alternating which goes first, so that both see the same machine
 state; the ratio of the two throughputs is taken per round and its median is
 reported. Model FLOP utilisation (MFU) = the model's matrix-multiply FLOPs per
-second over the float32 matrix-multiply peak measured in the same run with a
-large ``np.matmul``.
+second over the machine's float32 matrix-multiply peak measured in the same run:
+the fastest of a large ``np.matmul`` on all of numformer's threads (before and
+after the measurements) and the same product in ``torch``.
 
 Both use every core they are given, each in the way it trains by default:
 PyTorch its intra-op threads (every op split across the cores), numformer data
@@ -67,7 +68,8 @@ def model_flops_per_step(cfg):
 
     Per token and layer, forward: 2·(3d² + d² + 2·d·d_ff) for the projections and
     2·2·T·d for QKᵀ and PV over the full T×T score matrix (what both frameworks
-    compute, causal or not); plus 2·d·V for a language-model head.
+    compute, causal or not); plus 2·d·V for a language-model head (a classifier's head, applied once per
+    sequence: 2·d·n_classes / T per token).
     """
     m = cfg["model"]
     d = m["d_model"]
@@ -230,7 +232,8 @@ def measure_config(cfg, warmup, rounds, steps, seed=0, one_process_too=True):
 def measure_single_core(cfg, rounds, steps, seed=0):
     """Both frameworks on one thread (PyTorch intra-op threads, numformer's pool and the BLAS all set to 1),
     alternating, timed by the CPU time of the calling thread: a per-core efficiency comparison that other
-    processes on the machine hardly disturb. Returns ms of CPU per step (best round) and their ratio."""
+    processes on the machine hardly disturb. Returns ms of CPU per step (best round) and their ratio, PyTorch's
+    ms over numformer's (above 1: numformer is faster)."""
     import torch
 
     model, ref = build_models(cfg, seed)

@@ -4,14 +4,16 @@ Two corpora: tiny Shakespeare (built in, 1.1 MB) and, when the IMDB tarball is f
 folder or the cache; nothing is downloaded), its 25,000 training reviews (33 MB). For each:
 
 - **training**: a vocabulary of ``VOCAB`` tokens with GPT-2's split and ``<|endoftext|>``; numformer's fast
-  trainer (``train_fast``), its reference (``train_reference``, on the first ``REFERENCE_BYTES`` only: it
-  recounts every pair after each merge) and ``tokenizers``' BpeTrainer, which uses every core. The merges of
-  numformer's trainer and BpeTrainer are compared (equal: the tie rule is the same).
+  trainer (``train_fast``), its reference (``train_reference``, on the first ``REFERENCE_BYTES`` only, a
+  quarter of that with ``--quick``, and at most 1,024 tokens: it recounts every pair after each merge) and
+  ``tokenizers``' BpeTrainer, which uses every core. The merges of numformer's trainer and BpeTrainer are
+  compared (equal: the tie rule is the same).
 - **encoding** the corpus with the trained tokenizer: numformer's ``encode`` with a cold cache (a fresh
   tokenizer, each distinct piece merged once) and a warm one (the same text again), against
   ``tokenizers``' ``encode`` in a loop (one thread) and ``encode_batch`` (every core); the ids are compared.
 
-MB/s = megabytes of UTF-8 text per second of wall time; each encoding figure is the best of ``REPEATS`` runs.
+MB/s = megabytes of UTF-8 text per second of wall time; each encoding figure is the best of ``REPEATS`` runs
+(one with ``--quick``), each training timed once. ``--quick``: the first 150 kB of tiny Shakespeare, 512 tokens.
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ the weights one to one and both compute the same loss (tested in
 ``torch.nn.functional.scaled_dot_product_attention``, the fused kernel that
 nanoGPT uses, so the reference is PyTorch eager at its best.
 
-PyTorch is imported here and nowhere else in the library.
+PyTorch is imported at this module's top: numformer imports it only where it compares with PyTorch or
+converts to and from it (this module, the benchmark parts that time PyTorch or transformers,
+``interop.torch``, the speedrun's PyTorch anchor ``experiments/_torch_anchor.py``).
 """
 from __future__ import annotations
 

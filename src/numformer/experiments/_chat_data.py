@@ -157,7 +157,7 @@ def write_room(tokenizer, block_size, margin=4):
 def sft_conversations(train, picks, room, head, instructions, repeats):
     """The supervised fine-tuning set: a classification request for each review of ``picks["classify"]``, a
     writing request for each of ``picks["write"]`` (about its topic), and the instruction records
-    (``repeats`` times); in a seeded order is not needed (batches are drawn at random)."""
+    (``repeats`` times), in that order: no shuffling is needed, the trainer draws its batches at random."""
     out = [classify_messages(train.fitted(i, room, head), train.labels[i]) for i in picks["classify"]]
     out += [write_messages(train.labels[i], topic_of(train.texts[i]), train.texts[i].strip())
             for i in picks["write"]]

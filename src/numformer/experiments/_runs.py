@@ -1,7 +1,7 @@
 """The run folders an experiment trains into: each new, reused after a check, or replaced only with --overwrite.
 
 Before an experiment trains anything, ``reproduce`` checks every run folder it is going to write
-(``Experiment.run_dirs``): a folder that holds anything is refused in one line naming it (and, for a run
+(``runner.planned_runs``): a folder that holds anything is refused in one line naming it (and, for a run
 that could have been reused, why it is not) unless ``--overwrite`` was given. Training then goes through
 ``start_run`` only, which checks the same rule again.
 

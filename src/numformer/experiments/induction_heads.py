@@ -17,8 +17,9 @@ An induction head needs a head of an earlier layer that writes the previous toke
 previous-token head) for its keys to match: the 2-layer model can compose them, the 1-layer model cannot. So
 the 2-layer model should show a rise of the in-context score, at the steps where an induction head appears
 (the phase change), and the 1-layer model not. Finally the induction heads of the 2-layer model (the heads
-whose induction score is at least half the best one's) are mean-ablated (their output z replaced by its mean
-over the held-out text, ``hook_z``): the loss at the late positions should go up, the in-context gain vanish.
+whose induction score is at least ``INDUCTION_THRESHOLD`` and at least half the best one's) are mean-ablated
+(their output z replaced by its mean over the held-out text, ``hook_z``): the loss at the late positions should
+go up, the in-context gain vanish.
 
 Writes results/induction_heads.{json,md} and figures/induction_heads_*.png. ``--set train.steps=N`` and the
 other keys of ``SETTINGS`` change the recipe; ``--quick``: a tiny version in seconds (for the tests).

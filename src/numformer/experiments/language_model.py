@@ -6,10 +6,12 @@ validation text, bits per character, the wall time, and a sample continuing
 "ROMEO:" (seed 0), next to the learning curve and the attention maps.
 
 With ``--seeds N`` it first trains the same model with seeds 0 .. N-1 and
-writes ``results/shakespeare_char_seeds.json``: each seed's whole-validation
-loss, their mean and standard deviation, and the spread of nanoGPT's own
-estimate (the mean over 20 random batches of 12 windows) drawn many times on
-one model. The page of the main run shows that study whenever the file exists. A seed whose run folder
+writes ``results/shakespeare_char_seeds.json`` (``shakespeare_char_llama``, the
+Llama-style counterpart registered here too, writes
+``shakespeare_char_llama_seeds.json``): each seed's whole-validation loss,
+their mean and standard deviation, and the spread of nanoGPT's own estimate
+(the mean over 20 random batches of 12 windows) drawn many times on one model.
+The page of the main run shows that study whenever the file exists. A seed whose run folder
 holds a run of the same config trained by this same code (``_runs.reusable_run``) is resumed, or only scored
 again when it finished; any other run there is replaced only with ``--overwrite``, which trains every seed
 afresh.
@@ -157,7 +159,8 @@ def seed_study_runs(exp, ctx):
 
 def seed_study(exp, ctx):
     """Train seeds 0 .. ctx.seeds - 1, score each saved model on the whole validation text, and draw nanoGPT's
-    20-batch estimate many times on the first; writes results/shakespeare_char_seeds.json. A seed whose run
+    20-batch estimate many times on the first; writes results/NAME_seeds.json (NAME: the experiment's name,
+    e.g. shakespeare_char_seeds.json). A seed whose run
     folder holds a run of the same config trained by this code is resumed (a finished one is only scored
     again); see the module's docstring."""
     config, plan = _seed_plan(exp, ctx)

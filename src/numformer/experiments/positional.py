@@ -51,7 +51,8 @@ def eval_lengths(L):
 
 
 def run_config(exp, ctx, task, encoding):
-    """The resolved config dict of one of the four runs (quick and user overrides applied)."""
+    """The raw config of one of the eight runs (task, encoding, quick and user overrides applied; min_length 1 and
+    the test lengths of ``eval_lengths`` set)."""
     config = load_config(find_config(exp.config_name()))
     overrides = [f"data.task={task}", f"model.positional={encoding}"] + (list(exp.quick_overrides) if ctx.quick
                                                                          else []) + list(ctx.overrides)

@@ -1,8 +1,9 @@
 """Running an experiment end to end and writing its results.
 
 ``numformer reproduce NAME`` trains ``configs/NAME.toml`` into ``runs/NAME``,
-evaluates the best weights on the test split, draws the learning curve and an
-attention heatmap, and writes ``results/NAME.json`` (figures, resolved config,
+evaluates the weights the run kept (the best-ranked ones, or the last with
+``[train] restore_best = false``) on the test split, draws the learning curve and
+the attention heatmaps, and writes ``results/NAME.json`` (figures, resolved config,
 seed, wall time, commit, machine) and ``results/NAME.md`` (a table and its
 figures); ``results/README.md`` is regenerated to index every result. Nothing
 in results/ is typed by hand.
@@ -63,7 +64,7 @@ class Experiment:
     time_limit_minutes: float = 0.0        # the experiment's wall-time budget, shown next to its wall time
     extra: Callable | None = None          # extra(trainer, task, ctx) -> (figures dict, markdown)
     attention_groups: tuple = ()           # attention groups to draw, in this order (e.g. ("cross",)); () = all
-    custom: Callable | None = None         # replaces the standard pipeline entirely: custom(exp, ctx) -> record
+    custom: Callable | None = None         # replaces the standard pipeline: custom(exp, ctx) -> (record, markdown)
     seed_study: Callable | None = None     # seed_study(exp, ctx): trains ctx.seeds seeds (reproduce --seeds N)
     seeds_in_custom: bool = False          # custom() trains ctx.seeds seeds itself
     # The seeds the --quick version trains when --seeds is left out (0: as without --quick); see
@@ -87,7 +88,7 @@ class Context:
     overrides: list = field(default_factory=list)
     quiet: bool = False
     overwrite: bool = False       # replace existing run folders (else a folder holding a run is an error)
-    seeds: int = 0                # reproduce --seeds N: run the experiment's seed study first
+    seeds: int = 0                # reproduce --seeds N: the seed study first, or the seeds custom() trains
 
 
 def seeds_context(exp, ctx):

@@ -314,8 +314,9 @@ def _quick_overrides(config):
 
 def run_profile(exp, ctx):
     """Where a training step of the recipe's model goes, and the MFU; appends this commit's profile to the
-    earlier ones of results/shakespeare_speedrun_profile.json (the first is the 'before'). A damaged file is
-    refused before the profile runs: its history would be lost."""
+    earlier ones of results/shakespeare_speedrun_profile.json (replacing an earlier profile of the same commit;
+    the first kept is the 'before'). A damaged file is refused before the profile runs: its history would be
+    lost."""
     config = speedrun_config()
     if ctx.quick:
         config = apply_overrides(config, ["model.n_layers=1", "model.d_model=32", "model.n_heads=2",

@@ -15,7 +15,8 @@ from numformer.data.chat import ChatFormat, ChatSession, _Reply, stop_token_ids
 from numformer.data.tokenizers import CharTokenizer
 from numformer.decoding import generate
 
-from test_chat_templates import model_folder
+from conftest import one_error_line
+from test_chat_templates import model_folder, without_jinja2  # noqa: F401 -- without_jinja2: a fixture
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -166,18 +167,26 @@ def test_a_model_without_a_template_gets_the_default_format(tmp_path, run_cli, m
     assert fmt.is_default and stop_token_ids(run, tokenizer, fmt) == [tokenizer.eos_id]
 
 
-def test_a_character_level_run_trained_here_chats_in_the_default_format(tmp_path, run_cli, monkeypatch):
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    """A character-level run trained here (4 steps, a context of 64 characters): no chat template."""
     from conftest import tiny_text_toml
+    from numformer.cli import main
     from numformer.data.text import read_corpus
 
-    (tmp_path / "small.txt").write_text(read_corpus("")[:3000])
-    (tmp_path / "text.toml").write_text(tiny_text_toml(str(tmp_path / "small.txt")))
-    assert run_cli("train", tmp_path / "text.toml", "--out", tmp_path / "run", "--quiet",
-                   "--set", "data.block_size=64")[0] == 0
-    rc, out, err = chat(run_cli, monkeypatch, tmp_path / "run", "Speak, hear me.\n", "--max-new-tokens", "20",
+    root = tmp_path_factory.mktemp("char")
+    (root / "small.txt").write_text(read_corpus("")[:3000])
+    (root / "text.toml").write_text(tiny_text_toml(str(root / "small.txt")))
+    assert main(["train", str(root / "text.toml"), "--out", str(root / "run"), "--quiet",
+                 "--set", "data.block_size=64"]) == 0
+    return root / "run"
+
+
+def test_a_character_level_run_trained_here_chats_in_the_default_format(char_run, run_cli, monkeypatch):
+    rc, out, err = chat(run_cli, monkeypatch, char_run, "Speak, hear me.\n", "--max-new-tokens", "20",
                         "--seed", "0", system=None)
     assert rc == 0 and "no chat template" in err and len(out) > 1, err
-    model, tokenizer, run = load_chat_model(tmp_path / "run")
+    model, tokenizer, run = load_chat_model(char_run)
     session = ChatSession(model, tokenizer, ChatFormat.from_folder(run), max_new_tokens=20, rng=0)
     assert session.send("Speak, hear me.") + "\n" == out
     with pytest.raises(ValueError, match="written in the chat format, cannot be encoded: 1 character.*'G'"):
@@ -252,3 +261,122 @@ def test_session_rng_is_one_generator_for_the_whole_session(folder):
     a, b = session_for(folder, greedy=False, rng=3), session_for(folder, greedy=False, rng=3)
     assert [a.send("Hi"), a.send("Hi")] == [b.send("Hi"), b.send("Hi")]
     assert isinstance(a.rng, np.random.Generator)
+
+
+# -- what would fail every message fails once, at start ---------------------------------------------------------
+def _never_loads(monkeypatch):
+    import numformer.commands.chat as command
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the error")
+    monkeypatch.setattr(command, "load_chat_model", load)
+
+
+def test_a_missing_jinja2_is_one_error_at_start(folder, run_cli, monkeypatch, without_jinja2):
+    """Not one error per message after the model loaded: one line before it loads, naming the extra to install;
+    a session (as for an hf:ID source, whose folder is known once the model is loaded) says it before a message."""
+    session = session_for(folder)
+    with pytest.raises(ValueError, match=r"needs jinja2, which is not installed: pip install 'numformer\[chat\]'"):
+        session.check()
+    _never_loads(monkeypatch)
+    rc, out, err = chat(run_cli, monkeypatch, folder, "Hello there!\nHow are you?\n", "--greedy")
+    line = one_error_line(rc, err, "chat")
+    assert "pip install 'numformer[chat]'" in line and "pip install -e '.[chat]'" in line and out == ""
+
+
+def test_a_system_prompt_the_model_cannot_take_is_one_error_at_start(char_run, run_cli, monkeypatch):
+    lines = "Speak, hear me.\nSpeak again.\n"
+    rc, out, err = chat(run_cli, monkeypatch, char_run, lines, "--max-new-tokens", "3", system="Ωmega speaks")
+    line = one_error_line(rc, err, "chat")
+    assert "the system prompt, written in the chat format, cannot be encoded" in line and "'Ω'" in line
+    assert "remove them" in line and out == ""                   # what to do: the tokenizer's own advice
+    rc, out, err = chat(run_cli, monkeypatch, char_run, lines, "--max-new-tokens", "3", system="speak " * 20)
+    line = one_error_line(rc, err, "chat")
+    assert "the system prompt makes a prompt of" in line and "before any message" in line and "context of 64" in line
+    assert out == ""
+    rc, out, err = chat(run_cli, monkeypatch, char_run, lines, "--max-new-tokens", "3", "--greedy", system="speak")
+    assert rc == 0 and out and "error" not in err                # replies (sampled text may hold newlines)
+
+
+def test_max_new_tokens_0_is_refused_with_the_reason_before_the_model_loads(folder, cli_error, monkeypatch, capsys):
+    """generate takes 0 (the prompt alone); a reply of 0 tokens is always empty, so chat refuses it and says why."""
+    from numformer.cli import main
+
+    _never_loads(monkeypatch)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
+    assert "--max-new-tokens must be at least 1 for chat (a reply of 0 tokens is always empty), got 0" in \
+        cli_error("chat", folder, "--max-new-tokens", "0")
+    assert "--max-new-tokens must be at least 1 for chat" in cli_error("chat", folder, "--max-new-tokens", "-1")
+    with pytest.raises(SystemExit):
+        main(["chat", "--help"])
+    assert "at least 1 (default 512" in " ".join(capsys.readouterr().out.split())
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------------------------
+class FakeTerminal(io.StringIO):
+    """Typed lines: stdin that says it is a terminal (input() then reads it and writes its prompt to stdout)."""
+
+    def isatty(self):
+        return True
+
+
+def interrupt_the_first_reply(monkeypatch, after=3):
+    """Make ChatSession's generate raise KeyboardInterrupt (Ctrl-C) after streaming ``after`` tokens of its first
+    reply; later replies run normally. Returns the prompts (token ids) of the calls."""
+    import numformer.data.chat as chat_module
+
+    prompts = []
+
+    def interrupted(model, ids, n, stream=None, **kwargs):
+        prompts.append(list(ids))
+        if len(prompts) > 1:
+            return generate(model, ids, n, stream=stream, **kwargs)
+        count = []
+
+        def stream_then_interrupt(token):
+            if stream(token):
+                return True
+            count.append(token)
+            if len(count) == after:
+                raise KeyboardInterrupt
+        return generate(model, ids, n, stream=stream_then_interrupt, **kwargs)
+    monkeypatch.setattr(chat_module, "generate", interrupted)
+    return prompts
+
+
+def test_an_interrupted_send_keeps_the_reply_so_far(folder, monkeypatch):
+    session = session_for(folder, max_new_tokens=12)
+    full = session_for(folder, max_new_tokens=12).send("Hello")
+    prompts, pieces = interrupt_the_first_reply(monkeypatch), []
+    with pytest.raises(KeyboardInterrupt):
+        session.send("Hello", stream=pieces.append)
+    partial = "".join(pieces)
+    assert partial and full.startswith(partial) and len(partial) < len(full)
+    assert session.history == [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": partial}]
+    session.send("Again")                                          # the next message follows the partial reply
+    assert prompts[1] == session.format.encode(session.tokenizer, session.messages()[:-1], True)
+    monkeypatch.setattr(session.format, "encode", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):                         # before generation: nothing is kept
+        session.send("Never answered")
+    assert len(session.history) == 4
+
+
+def test_ctrl_c_in_a_terminal_stops_the_reply_and_the_chat_goes_on(folder, run_cli, monkeypatch):
+    """In a terminal, Ctrl-C while a reply streams stops it and gives the prompt back (the printed part of the
+    reply stays in the conversation); from a pipe it ends the chat, as any command (exit code 130)."""
+    prompts = interrupt_the_first_reply(monkeypatch)
+    monkeypatch.setattr(sys, "stdin", FakeTerminal("Hello\nAgain\n"))
+    rc, out, err = run_cli("chat", folder, "--system", SYSTEM, "--greedy", "--max-new-tokens", "8")
+    assert rc == 0 and "(stopped;" in err and "Traceback" not in err, err
+    assert out.startswith("> ") and out.endswith("> ")                  # the prompt is back after each reply
+    partial, second = out[2:-2].split("\n> ")
+    second = second.removesuffix("\n")
+    session = session_for(folder, max_new_tokens=8)
+    assert partial and session.send("Hello").startswith(partial)
+    session.history[-1]["content"] = partial
+    assert prompts[1] == session.format.encode(session.tokenizer, session.messages() + [
+        {"role": "user", "content": "Again"}], True)
+    assert second == session.send("Again")
+    prompts = interrupt_the_first_reply(monkeypatch)
+    rc, out, err = chat(run_cli, monkeypatch, folder, "Hello\nAgain\n", "--greedy", "--max-new-tokens", "8")
+    assert rc == 130 and len(prompts) == 1 and out == partial                          # piped: the chat ends

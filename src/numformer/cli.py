@@ -9,7 +9,8 @@ Errors: every expected failure (bad input, a file that cannot be read or
 written, a full disk, a folder in use, too little memory, a diverged run) is
 one line ``numformer COMMAND: error: ...`` on stderr and exit code 2 (a
 command line argparse refuses: its usage, then that line); Ctrl-C exits with
-130 without a traceback, and an output pipe closed early (``| head``) with 141.
+130 without a traceback (``numformer chat`` in a terminal: it stops the reply
+being written), and an output pipe closed early (``| head``) with 141.
 Only an unexpected exception (a bug) prints a traceback, followed by a line
 asking to report it (exit code 1).
 """

@@ -8,8 +8,12 @@ ends at the model's end-of-turn or eos tokens. The conversation is rendered with
 template (``numformer.data.chat``); a model without one (a run folder trained here) gets numformer's plain
 default format (``User: ...`` / ``Assistant:``), and a note says so. The oldest turns are dropped when the
 conversation no longer fits the model's context; the system prompt stays. ``/reset`` starts over, ``/quit``
-(or ``/exit``, or end of input) ends. When stdin is not a terminal, lines are read from it one by one and each
-reply is printed on stdout (notes go to stderr), so a chat can be scripted: ``printf 'Hi\\n' | numformer chat DIR``.
+(or ``/exit``, or end of input) ends. In a terminal, Ctrl-C while a reply streams stops it (what was printed of
+it stays in the conversation) and gives the prompt back; Ctrl-C at the prompt ends the chat (exit code 130).
+When stdin is not a terminal, lines are read from it one by one and each reply is printed on stdout (notes go to
+stderr), so a chat can be scripted: ``printf 'Hi\\n' | numformer chat DIR`` (there Ctrl-C ends the chat).
+What would fail every message (jinja2 missing for the model's template, a system prompt the tokenizer cannot
+encode or the context cannot hold, ``--max-new-tokens 0``) is one error at start (exit code 2).
 
 Sampling: the flags you give (with any of --temperature, --top-k, --top-p or --greedy the file is not read, and
 the flags left out take generate's defaults), else the settings of the folder's generation_config.json
@@ -83,31 +87,53 @@ def template_variables(pairs):
     return out
 
 
-def make_session(args):
-    """The ``ChatSession`` of the command line, and the note to show when the model has no chat template."""
-    from ..data.chat import ChatFormat, ChatSession, stop_token_ids
-    from ..decoding import generate
+def chat_format(args, folder):
+    """The ``ChatFormat`` of the command line (the folder's, or ``--chat-template``'s), rendered once with the
+    system prompt: a template that cannot be used (jinja2 missing, not valid Jinja, refusing the system prompt)
+    is one error at start rather than one per message."""
+    from ..data.chat import ChatFormat
 
-    model, tokenizer, folder = load_chat_model(args.run_dir, args)
     variables = template_variables(args.template_var)
     fmt = ChatFormat.from_folder(folder, variables)
     if args.chat_template is not None:
         fmt = ChatFormat(Path(args.chat_template).read_text(encoding="utf-8"), fmt.special_tokens, variables)
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    fmt.render(system + [{"role": "user", "content": ""}], add_generation_prompt=True)
+    return fmt
+
+
+def check_reply_length(max_new_tokens):
+    """``--max-new-tokens`` of chat: at least 1 (``generate`` takes 0, the prompt alone; a reply needs a token)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1 for chat (a reply of 0 tokens is always empty), got "
+                         f"{max_new_tokens}")
+
+
+def make_session(args):
+    """The ``ChatSession`` of the command line, and the note to show when the model has no chat template. What
+    would make every message fail is an error here, before the first prompt: the flags, then (a local folder)
+    the chat template before the model loads, then the system prompt in the model's vocabulary and context."""
+    from ..data.chat import ChatSession, stop_token_ids
+    from ..decoding import generate
+    from .generate import check_quantize_arguments, check_sampling_arguments
+
+    check_reply_length(args.max_new_tokens)
+    check_sampling_arguments(args)
+    check_quantize_arguments(args)
+    if Path(args.run_dir).is_dir():                # the template is tried before the (slow) model load
+        chat_format(args, args.run_dir)
+    model, tokenizer, folder = load_chat_model(args.run_dir, args)
+    fmt = chat_format(args, folder)
     note = None
     if fmt.is_default:
         note = (f"{args.run_dir} has no chat template: using numformer's plain format (\"User: ...\" / "
                 f"\"Assistant:\"); give one with --chat-template FILE")
     sampling = sampling_settings(args, folder)
     generate(model, [0], 0, **sampling)          # checks the sampling flags once, before the first message
-    _check_count(args.max_new_tokens, "--max-new-tokens", 1)
     session = ChatSession(model, tokenizer, fmt, system=args.system, max_new_tokens=args.max_new_tokens,
                           stop_tokens=stop_token_ids(folder, tokenizer, fmt), rng=args.seed, **sampling)
+    session.check()
     return session, note
-
-
-def _check_count(value, name, minimum):
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
 
 
 def run(args):
@@ -119,7 +145,8 @@ def run(args):
     if note:
         say(note)
     if interactive:
-        say(f"chatting with {args.run_dir}; " + "; ".join(f"{c} {what}" for c, what in COMMANDS.items()))
+        say(f"chatting with {args.run_dir}; " + "; ".join(f"{c} {what}" for c, what in COMMANDS.items())
+            + "; Ctrl-C stops a reply")
     with int8_worker_processes(session.model, args):
         failed = _converse(session, interactive, say)
     return 2 if failed and not interactive else 0
@@ -138,7 +165,7 @@ def _converse(session, interactive, say):
             session.reset()
             say("(the conversation is cleared)")
             continue
-        failed |= not _reply(session, text, say)
+        failed |= not _reply(session, text, say, interactive)
     return failed
 
 
@@ -154,8 +181,9 @@ def _lines(interactive):
         yield line
 
 
-def _reply(session, text, say):
-    """Send one message and stream the reply to stdout; a message that cannot be sent is one line on stderr."""
+def _reply(session, text, say, interactive):
+    """Send one message and stream the reply to stdout; a message that cannot be sent is one line on stderr. In a
+    terminal, Ctrl-C stops the reply (what was printed of it stays in the conversation) and the chat goes on."""
     out = sys.stdout
 
     def stream(piece):
@@ -167,8 +195,16 @@ def _reply(session, text, say):
     except ValueError as e:
         say(f"numformer chat: error: {' '.join(str(e).split())}")
         return False
+    except KeyboardInterrupt:
+        if not interactive:                         # a scripted chat ends, as any command (exit 130)
+            raise
+        stopped = True
+    else:
+        stopped = False
     out.write("\n")
     out.flush()
+    if stopped:
+        say("(stopped; what was printed of the reply stays in the conversation)")
     if session.dropped:
         say(f"(dropped the {session.dropped} oldest turn(s) to fit the model's context)")
     return True
@@ -185,6 +221,8 @@ def register(sub):
     add_sampling_arguments(p, max_new_tokens=512, temperature=None,
                            temperature_default="generation_config.json's, with its top_k, top_p and "
                                               "do_sample, when no other sampling flag is given; else 1.0")
+    next(a for a in p._actions if a.dest == "max_new_tokens").help = \
+        "the most tokens of a reply, at least 1 (default 512; a reply also ends at the model's end-of-turn token)"
     p.add_argument("--template-var", action="append", metavar="KEY=VALUE",
                    help="a chat-template variable, e.g. enable_thinking=false (Qwen3); repeatable")
     p.add_argument("--chat-template", metavar="FILE", default=None,

@@ -69,7 +69,8 @@ def _jinja():
         import jinja2.ext
         import jinja2.sandbox
     except ImportError:
-        raise ValueError("rendering a chat template needs jinja2: pip install 'numformer[chat]'") from None
+        raise ValueError("rendering a chat template needs jinja2, which is not installed: pip install "
+                         "'numformer[chat]' (in a checkout of numformer: pip install -e '.[chat]')") from None
     if tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit()) < (3, 1, 6):
         raise ValueError(f"jinja2 {jinja2.__version__} has known sandbox escapes, and chat templates are untrusted "
                          f"code: pip install -U 'jinja2>=3.1.6'")
@@ -409,6 +410,10 @@ class ChatSession:
     there, ``rng`` one Generator for the whole session) until a stop token (``stop_tokens``, e.g. the
     model's eos and end-of-turn ids) or a stop string, streams the reply's text to ``stream`` as it comes,
     and returns it. ``dropped`` counts the turns the last ``send`` dropped; ``reset()`` forgets the turns.
+    A ``send`` interrupted while the reply is generated (``KeyboardInterrupt``, Ctrl-C) keeps the message and
+    the reply so far (the text already streamed) in the history, then raises the interrupt again; one
+    interrupted before generation starts keeps nothing. ``check()`` raises at once the error every message
+    would meet (a template that cannot be rendered, a system prompt that cannot be encoded or does not fit).
     Defaults: no system prompt, max_new_tokens 256, no stop tokens, temperature 1, no top-k or top-p.
     """
 
@@ -426,6 +431,25 @@ class ChatSession:
     def messages(self):
         system = [] if self.system is None else [{"role": "system", "content": self.system}]
         return system + self.history
+
+    def check(self):
+        """Raise the ValueError that every message would meet, once: the conversation of the system prompt and
+        an empty message cannot be rendered (jinja2 missing, a template that refuses it), cannot be encoded (a
+        character of the system prompt outside the vocabulary), or does not fit in the model's context."""
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        what = "the system prompt" if system else "the chat format"
+        try:
+            ids = self.format.encode(self.tokenizer, system + [{"role": "user", "content": ""}], True)
+        except ValueError as e:
+            if "chat template" in str(e):
+                raise
+            raise ValueError(f"{what}, written in the chat format, cannot be encoded by the model's tokenizer: "
+                             f"{e}") from None
+        context = int(self.model.block_size)
+        if len(ids) > context:
+            fix = "shorten it" if system else "give a shorter chat template"
+            raise ValueError(f"{what} makes a prompt of {len(ids)} tokens (with the chat format) before any message, "
+                             f"more than the model's context of {context}; {fix}")
 
     def prompt_ids(self):
         """The ids of the conversation with the generation prompt, dropping the oldest turns to fit."""
@@ -453,12 +477,16 @@ class ChatSession:
         self.history.append({"role": "user", "content": text})
         try:
             ids = self.prompt_ids()
-        except ValueError:
+        except (ValueError, KeyboardInterrupt):
             self.history.pop()
             raise
         reply = _Reply(self.tokenizer, self.stop_tokens, self.format.stop_strings, stream)
-        generate(self.model, np.asarray(ids, dtype=np.int64), self.max_new_tokens, rng=self.rng,
-                 stop_tokens=self.stop_tokens or None, stream=reply.add, **self.sampling)
+        try:
+            generate(self.model, np.asarray(ids, dtype=np.int64), self.max_new_tokens, rng=self.rng,
+                     stop_tokens=self.stop_tokens or None, stream=reply.add, **self.sampling)
+        except KeyboardInterrupt:           # stopped by the user: what they saw of the reply stays
+            self.history.append({"role": "assistant", "content": reply.text[:reply.shown]})
+            raise
         answer = reply.finish()
         self.history.append({"role": "assistant", "content": answer})
         return answer

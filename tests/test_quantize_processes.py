@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -218,7 +219,6 @@ def test_a_killed_process_leaves_no_file_and_no_worker(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     script = tmp_path / "hold.py"
     script.write_text(
@@ -246,3 +246,35 @@ def test_a_killed_process_leaves_no_file_and_no_worker(tmp_path):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+def process_state(pid):
+    return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0]
+
+
+def test_a_wake_without_its_job_and_a_job_without_its_wake(rng, two_threads):
+    """The pipe's bytes only wake a worker. A byte without a job (Ctrl-C between writing it and raising the
+    job's counter) leaves the worker asleep again after its poll, not polling for ever; a job raised while
+    the worker sleeps without its byte (a hand-off slower than the poll) is found after the waiting process
+    wakes it again. The products stay right."""
+    layer = int8_layer(rng, 512, 256)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    expected = layer(x)
+    with worker_processes(layer, spin_seconds=0.001) as pool:
+        np.testing.assert_array_equal(layer(x), expected)
+        worker = pool._workers[0]
+        pool._wake(0, "product")                                   # a byte, and no job
+        states = []
+        for _ in range(400):                                       # asleep for 5 looks in a row (at most ~4 s)
+            states = (states + [process_state(worker.pid)])[-5:]
+            if states == ["S"] * 5:
+                break
+            time.sleep(0.01)
+        assert states == ["S"] * 5
+        c = pool.control[0]                                         # a job, and no byte: the empty rows 0:0
+        pool._job += 1
+        c[processes.Q_OFFSET:processes.DTYPE + 1] = (pool._offset(layer.qweight), pool._offset(layer.scales), 512,
+                                                     256, 1, 256, 1, 0, 0, 0)
+        c[processes.JOB] = pool._job
+        pool._wait(0, pool._job, "product")
+        np.testing.assert_array_equal(layer(x), expected)

@@ -11,7 +11,7 @@ microseconds (75-80 measured on an AMD EPYC guest, ``docs/tutorials/quantization
 polls instead must still take the GIL to start its piece, and CPython's GIL wait is itself such a sleep. A
 process has its own GIL: it can poll for the next piece without sleeping, so a hand-off costs about a
 microsecond. The price is a busy core while work is coming: a worker polls for ``spin_seconds`` after its
-last piece, then sleeps reading a pipe until the next one (the first product after a pause pays one wake-up).
+last piece, then sleeps until a byte comes on its pipe (the first product after a pause pays one wake-up).
 
 How one product runs (``WorkerProcesses.product``): this process writes xᵀ into the shared input buffer, gives
 each worker its share of the output rows (equal shares in multiples of ``kernel.ROW_UNIT``, split as the
@@ -32,6 +32,7 @@ import contextlib
 import json
 import mmap
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -182,11 +183,7 @@ class WorkerProcesses:
             c = self.control[i]
             c[Q_OFFSET:DTYPE + 1] = (q_offset, s_offset, N, K, scales.shape[1], g, m, bounds[i + 1],
                                      bounds[i + 2], DTYPES.index(x2.dtype))
-            try:
-                self._workers[i].stdin.write(b"j")              # before JOB: a woken worker then finds its job
-            except OSError:                                     # its pipe is closed: the worker is gone
-                self._workers[i].wait()
-                raise self._stopped(i, "product") from None
+            self._wake(i, "product")                            # before JOB: a woken worker then finds its job
             c[JOB] = self._job
         with kernel._one_blas_thread():
             kernel.product_rows(q, scales, g, xT, yT, bounds[0], bounds[1])
@@ -216,11 +213,22 @@ class WorkerProcesses:
             if deadline is not None and time.monotonic() > deadline:
                 raise RuntimeError(f"numformer's int8 worker process {i + 1} did not {what} within {timeout:g} s; "
                                    f"leave worker_processes and run on threads")
-            if (poll_seconds or polls % 4096 == 0) and self._workers[i].poll() is not None:
-                raise self._stopped(i, what)
+            if poll_seconds or polls % 4096 == 0:                   # every ~0.5 ms of polling
+                if self._workers[i].poll() is not None:
+                    raise self._stopped(i, what)
+                if not poll_seconds:
+                    self._wake(i, what)     # a worker asleep before its job's counter was raised (a slow hand-off)
         if control[ERROR]:
             control[ERROR] = 0
             raise RuntimeError(f"numformer's int8 worker process {i + 1} failed: {self._error_text(i)}")
+
+    def _wake(self, i, what):
+        """Write a byte to worker i's pipe: a sleeping worker wakes and polls for its job."""
+        try:
+            self._workers[i].stdin.write(b"j")
+        except OSError:                                         # its pipe is closed: the worker is gone
+            self._workers[i].wait()
+            raise self._stopped(i, what) from None
 
     def _stopped(self, i, what):
         return RuntimeError(f"numformer's int8 worker process {i + 1} stopped (exit code "
@@ -302,12 +310,13 @@ def _worker_main():
     os.close(fd)
     control = np.frombuffer(shared, np.int64, CONTROL_WORDS, layout["control"] + index * CONTROL_WORDS * 8)
     error = np.frombuffer(shared, np.uint8, ERROR_BYTES, layout["errors"] + index * ERROR_BYTES)
-    wake, parent = sys.stdin.buffer.raw, os.getppid()
+    wake_fd, parent = sys.stdin.fileno(), os.getppid()
+    os.set_blocking(wake_fd, False)
     control[DONE] = -1
     seen = 0
     with blas_threads(1):
         while True:
-            seen = _next_job(control, wake, seen, spin_seconds, parent)
+            seen = _next_job(control, wake_fd, seen, spin_seconds, parent)
             if seen is None:
                 return
             try:
@@ -320,22 +329,36 @@ def _worker_main():
             control[DONE] = seen
 
 
-def _next_job(control, wake, seen, spin_seconds, parent):
-    """Poll the job counter for ``spin_seconds``, then take the job's byte from ``wake`` (written just before
-    the counter is raised: read at once after a poll that saw the job, else a sleep until it comes). Returns
-    the new job's number, or None to stop: ``STOP_JOB``, the end of ``wake``, or the ``parent`` process gone."""
-    deadline = time.perf_counter() + spin_seconds
-    while control[JOB] == seen and time.perf_counter() < deadline:
-        pass
-    if control[JOB] == STOP_JOB or not wake.read(1):
-        return None
-    polls = 0
-    while control[JOB] == seen:
-        polls += 1
-        if polls % 65536 == 0 and os.getppid() != parent:      # the parent died between the byte and the counter
+def _next_job(control, wake_fd, seen, spin_seconds, parent):
+    """Poll the job counter for ``spin_seconds``; without a new job, sleep until a byte comes on ``wake_fd``
+    (one is written just before each job's counter is raised; the process waiting for a job that does not start
+    writes another), read every byte there, and poll again. Returns the new job's number, or None to stop:
+    ``STOP_JOB``, the end of the pipe, or the ``parent`` process gone. The bytes only wake: a byte without its
+    job (Ctrl-C between the two) costs one more poll, a job whose byte came early is found by the next."""
+    while True:
+        deadline = time.perf_counter() + spin_seconds
+        while control[JOB] == seen and time.perf_counter() < deadline:
+            pass
+        if control[JOB] != seen:
+            break
+        select.select([wake_fd], [], [])
+        if not _read_all(wake_fd) or os.getppid() != parent:
             return None
+    if not _read_all(wake_fd):                                 # the bytes of jobs found by polling
+        return None
     job = int(control[JOB])
     return None if job == STOP_JOB else job
+
+
+def _read_all(fd):
+    """Read every byte waiting on the non-blocking ``fd``; False at the end of the pipe (this process's parent
+    closed it or is gone)."""
+    while True:
+        try:
+            if not os.read(fd, 4096):
+                return False
+        except BlockingIOError:
+            return True
 
 
 def _run_job(shared, layout, control):

@@ -79,6 +79,7 @@ def test_depth_part(tmp_path):
         assert len(x["grad_norms_init"]) == len(x["grad_norms_trained"]) == x["layers"]
         assert x["finite"]
     _markdown(depth, r, tmp_path)
+    assert "post-LN and pre-LN, 1 to 3 layers" in depth.markdown(r, tmp_path)    # the depths measured
 
 
 @pytest.mark.slow

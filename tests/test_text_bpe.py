@@ -353,3 +353,17 @@ def test_tokenizer_benchmark_quick(tmp_path):
     row = done["rows"][0]
     assert row["same_merges"] and row["same_ids"] and row["train_numformer_s"] > 0
     assert "## tokenizer" in (tmp_path / "bench.md").read_text()
+
+
+def test_the_comparison_page_of_runs_without_a_time_budget():
+    """`reproduce shakespeare_tokenizers --set train.budget_minutes=0` counts steps: its page says so (it
+    crashed formatting a budget of None after every run had trained)."""
+    row = {"tokenizer": "characters", "seed": 0, "vocab_size": 65, "parameters": 1000, "steps": 300,
+           "tokens_per_s": 1e4, "bytes_per_token": 1.0, "epochs": 1.0, "val_loss": 1.5, "val_bpb": 2.1,
+           "val_bytes": 111_540}
+    record = {"name": "shakespeare_tokenizers", "description": "d", "command": "c", "date": "today", "commit": "x",
+              "machine": {"cores": 2, "cpu": "cpu"}, "budget_minutes": None, "rows": [row], "best": "characters",
+              "figures": {"best_val_bpb": 2.1, "char_val_bpb": 2.1}}
+    assert "with its tokenizer for its step count" in bpe_lm.comparison_markdown(record)
+    assert "with its tokenizer for 10 minutes of wall time" in bpe_lm.comparison_markdown({**record,
+                                                                                          "budget_minutes": 10})

@@ -144,6 +144,14 @@ def owns_blas():
 
 # -- intra-op threads ----------------------------------------------------------------------------------
 
+def usable_cores():
+    """The CPUs this process may run on (its affinity; where that cannot be read, the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _default_threads():
     """NUMFORMER_NUM_THREADS if set (a positive integer, else a ValueError), else the usable CPUs, at most 16."""
     env = os.environ.get("NUMFORMER_NUM_THREADS")
@@ -156,11 +164,7 @@ def _default_threads():
             raise ValueError(f"NUMFORMER_NUM_THREADS must be a positive integer, got {env!r} (unset it for one "
                              f"thread per usable core, at most 16)")
         return n
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(n, 16))
+    return max(1, min(usable_cores(), 16))
 
 
 _threads = {"n": None, "pool": None, "pool_size": 0}

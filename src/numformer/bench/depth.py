@@ -34,18 +34,13 @@ QUICK_MODEL = {"block_size": 32, "n_heads": 4, "d_model": 32, "dropout": 0.0}
 
 
 def corpus(chars):
-    """The first ``chars`` characters of tiny Shakespeare (built into numformer.data, else the shared copy);
-    a seeded random text of 65 symbols when neither is available, so the benchmark still runs."""
+    """The first ``chars`` characters of tiny Shakespeare (built into numformer.data); a seeded random text of
+    65 symbols when it is not available, so the benchmark still runs."""
     text = None
     try:
         text = read_corpus("")
-    except Exception:
-        import os
-
-        path = "/work/shared/data/tinyshakespeare/input.txt"
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+    except (OSError, ValueError):              # an installation without its package data
+        pass
     if text:
         text = text[:chars]
         vocab = sorted(set(text))
@@ -173,5 +168,6 @@ def markdown(result, fig_dir):
         lines.append("At initialization the first post-LN layer gets a larger gradient than the others: its input, "
                      "the token + position embeddings (std 0.02, as GPT-2), is small, and LayerNorm's backward "
                      "divides by the standard deviation of its input; later layers see normalized inputs.")
-    lines += ["", image_link(path, "per-layer gradient norms, post-LN and pre-LN, 2 to 16 layers", fig_dir)]
+    lines += ["", image_link(path, f"per-layer gradient norms, post-LN and pre-LN, {depths[0]} to {depths[-1]} layers",
+                                fig_dir)]
     return "\n".join(lines)

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .._runtime import set_fast_runtime
+from .._runtime import set_fast_runtime, usable_cores
 from ..config import load_config
 from ..train import Trainer
 from ..train.parallel import ClosesOnExit
@@ -130,10 +130,7 @@ class ForkedTrainer(ClosesOnExit):
 
 
 def cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def run(quick=False, config_name="shakespeare_char", plan=None):

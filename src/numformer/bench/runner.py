@@ -40,7 +40,7 @@ from ..run_files import write_atomic
 # ``run`` and ``markdown`` is a part too and comes after these.
 PARTS = ("throughput", "attention", "checkpointing", "generate", "depth")
 # Modules of numformer.bench that are helpers, not parts (modules whose name starts with "_" are left out too).
-NOT_PARTS = {"runner", "torch_reference", "common", "timing", "profile"}
+NOT_PARTS = {"runner", "torch_reference", "profile"}
 META_KEY = "_run"
 
 

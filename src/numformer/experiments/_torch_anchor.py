@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import tempfile
 import time
 
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._runtime import usable_cores
 from ..bench.torch_reference import adamw_param_groups, from_numformer
 from ..config import resolve_config
 from ..data.base import IGNORE
@@ -70,7 +70,7 @@ def _time_evaluation(forward, module, task, batch_size, budget):
 
 def budgeted_torch_run(raw_config, seed):
     """Train ``raw_config`` (its [train] budget_minutes) with PyTorch on every core; returns its figures."""
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cores())
     config, task = resolve_config({**raw_config, "train": {**raw_config["train"], "seed": seed}})
     t = config["train"]
     if t["optimizer"] != "adamw":

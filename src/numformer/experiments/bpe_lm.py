@@ -102,7 +102,7 @@ def imdb_markdown(r):
     lines += [
         f"**Bits per byte {f['val_bpb']:.4f}** on the whole validation split ({f['val_bytes']:,} bytes of "
         f"held-out training reviews; loss {f['val_loss']:.4f} nats per token, {f['bytes_per_token']:.2f} bytes "
-        f"per token) after {t['budget_minutes']:g} minutes of wall time, everything included.", "",
+        f"per token) after {_spent(t['budget_minutes'], t['max_steps'])}.", "",
         "| figure | value |", "|---|---|",
         *[f"| {k} | {_fmt(f[k])} |" for k in ("val_bpb", "val_loss", "parameters", "vocab_size", "steps",
                                              "tokens_seen", "epochs", "tokens_per_s", "train_tokens",
@@ -182,9 +182,16 @@ def curve_with_final_score(row):
                       {"step": row["steps"], "val_bpb": row["val_bpb"]}]
 
 
+def _spent(budget_minutes, max_steps):
+    """What a run was given: its wall-time budget, or (budget 0 or unset) its steps."""
+    if budget_minutes:
+        return f"{budget_minutes:g} minutes of wall time, everything included"
+    return f"{max_steps:,} steps" if max_steps else "its step count"
+
+
 def comparison_markdown(r):
     lines = page_head(r, f"Each run trains `configs/shakespeare_speedrun.toml` with its tokenizer for "
-                         f"{r['budget_minutes']:g} minutes of wall time, everything included (learning the BPE and "
+                         f"{_spent(r['budget_minutes'], r.get('max_steps'))} (learning the BPE and "
                          f"encoding the text when they are not cached); the validation text is the same for every "
                          f"row (the last 10% of tiny Shakespeare, {r['rows'][0]['val_bytes']:,} bytes).")
     lines += ["| tokenizer | seed | vocabulary | parameters | steps | tokens/s | bytes per token | epochs | "

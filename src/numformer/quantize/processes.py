@@ -97,8 +97,8 @@ class WorkerProcesses:
         x_bytes = max(m.qweight.shape[1] for m in layers) * kernel.SMALL_BATCH * 8     # float64 at most
         y_bytes = max(m.qweight.shape[0] for m in layers) * kernel.SMALL_BATCH * 8
         self.layout = _layout(n_workers, x_bytes, y_bytes, layers)
-        self._map_file(self.layout["size"])
         try:
+            self._map_file(self.layout["size"])
             self._move_weights_in()
             self._start_workers(spin_seconds)
         except BaseException:
@@ -106,7 +106,7 @@ class WorkerProcesses:
             raise
 
     def _map_file(self, size):
-        folder = "/dev/shm" if _room(os.path.normpath("/dev/shm"), size) else tempfile.gettempdir()
+        folder = "/dev/shm" if _room("/dev/shm", size) else tempfile.gettempdir()
         if not _room(folder, size):
             raise MemoryError(f"worker_processes needs {size / 2**20:,.0f} MiB of shared memory for the int8 "
                               f"weights, and neither /dev/shm nor {folder} has that much room: free some, or run "
@@ -136,7 +136,7 @@ class WorkerProcesses:
     def _start_workers(self, spin_seconds):
         """Start the workers (fresh interpreters: nothing of this process is copied or re-run; each inherits the
         open, already removed file) and wait until each has mapped it. A worker sleeps on its stdin between jobs:
-        one byte per job wakes it, and the end of the pipe (this process gone) stops it."""
+        a byte there wakes it, and the end of the pipe (this process gone) stops it."""
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
                                                                             os.environ.get("PYTHONPATH")]))}

@@ -157,7 +157,8 @@ def markdown(result, fig_dir):
     c = result["config"]
     lines = [f"## generate{'_int8' if int8 else ''}: per-token latency with and without the key/value cache"
              f"{' (int8 weights)' if int8 else ''}", "",
-             f"{'MiniLLM configuration' if _is_minillm(c) else 'Configuration'}: GPT, {c['n_layers']} layers, {c['n_heads']} heads, d_model {c['d_model']}, "
+             f"{'MiniLLM configuration' if _is_minillm(c) else 'Configuration'}: GPT, {c['n_layers']} layers, "
+             f"{c['n_heads']} heads, d_model {c['d_model']}, "
              f"context {c['block_size']}, vocabulary {c['vocab_size']}, {result['dtype']}, batch {result['batch']}, "
              + (f"weights quantized: {int8}; " if int8 else "") + "evaluation mode. Latency of the next token given a context of L tokens: with the cache one "
              "forward of the new token (the caches hold the L - 1 earlier positions); without it a forward of all "
@@ -167,7 +168,8 @@ def markdown(result, fig_dir):
         lines.append(f"| {L} | {1e3 * a:.2f} | {1e3 * b:.2f} | {s:.1f}x |")
     t = result["at_longest"]
     lines += ["", f"At context {t['L']} the cache is {t['speedup']:.1f}x faster per token "
-                  f"(target: at least {t['target']:.0f}x at the longest context). Fitted exponents of latency against L: "
+                  f"(target: at least {t['target']:.0f}x at the longest context). Fitted exponents of latency "
+                  f"against L: "
                   f"{result['time_exponent_with_cache']:.2f} with the cache, "
                   f"{result['time_exponent_without_cache']:.2f} without."]
     g = result.get("generation")

@@ -12,12 +12,12 @@ and for each block:
     y[rows] = B @ xᵀ                         the BLAS, reading B from the cache
     y[rows] *= s[rows]                       one scale per row: R × m products instead of R × K
 
-so every weight byte comes from memory once per call, and the float block is read from cache. What is
-left per weight is the conversion and the product: int8 is faster than float32 where reading four bytes
-from memory takes longer than those two passes in the cache (``numformer bench quantize`` measures it). The
-output rows are shared equally among numformer's threads (``_runtime.parallel_for``), each walking its share
-in blocks (``product_rows``), with the BLAS on one thread inside them; inside ``worker_processes``
-(``numformer.quantize.processes``) among worker processes instead, whose hand-offs cost far less. A larger batch (a prompt's prefill, an evaluation)
+so every weight byte comes from memory once per call, and the float block is read from cache. What is left per
+weight is the conversion and the product: int8 is faster than float32 where reading four bytes from memory takes
+longer than those two passes in the cache (``numformer bench quantize`` measures it). The output rows are shared
+equally among numformer's threads (``_runtime.parallel_for``), each walking its share in blocks (``product_rows``),
+with the BLAS on one thread inside them; inside ``worker_processes`` (``numformer.quantize.processes``) among
+worker processes instead, whose hand-offs cost far less. A larger batch (a prompt's prefill, an evaluation)
 dequantizes the matrix once and makes one product (``_runtime.matmul``). Summation order differs from the
 reference's, so results agree to rounding (tests/test_quantize.py: float32 1e-5, float64 1e-12).
 """

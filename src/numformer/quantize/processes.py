@@ -13,13 +13,13 @@ process has its own GIL: it can poll for the next piece without sleeping, so a h
 microsecond. The price is a busy core while work is coming: a worker polls for ``spin_seconds`` after its
 last piece, then sleeps until a byte comes on its pipe (the first product after a pause pays one wake-up).
 
-How one product runs (``WorkerProcesses.product``): this process writes xᵀ into the shared input buffer, gives
-each worker its share of the output rows (equal shares in multiples of ``kernel.ROW_UNIT``, split as the
-threads split them but down to ``MIN_PIECE_WEIGHTS``, a smaller share than theirs), computes the first share
-itself with ``kernel.product_rows``, and waits for the workers, who run the same function on their rows of the
-shared mapping and write them into the shared output. Where the threads split a matrix alike, the results are
-theirs bit for bit (same shares, same blocks); elsewhere they agree to rounding. Only weights that live in the mapping take this path (a
-layer made or converted after the ``with`` began runs on threads), and only batches of up to
+How one product runs (``WorkerProcesses.product``): this process writes xᵀ into the shared input buffer, gives each
+worker its share of the output rows (equal shares in multiples of ``kernel.ROW_UNIT``, split as the threads split
+them but down to ``MIN_PIECE_WEIGHTS``, a smaller share than theirs), computes the first share itself with
+``kernel.product_rows``, and waits for the workers, who run the same function on their rows of the shared mapping
+and write them into the shared output. Where the threads split a matrix alike, the results are theirs bit for bit
+(same shares, same blocks); elsewhere they agree to rounding. Only weights that live in the mapping take this path
+(a layer made or converted after the ``with`` began runs on threads), and only batches of up to
 ``kernel.SMALL_BATCH`` rows; one thread at a time uses the workers (another meanwhile runs on threads).
 
 The mapping is a file in /dev/shm (memory; a temporary folder when that lacks room), removed as soon as it is

@@ -148,19 +148,22 @@ def test_the_sampling_controls_give_numformers_probabilities(browser, static_pag
 
 
 def test_the_filters_in_javascript_equal_numformers_on_hard_cases(browser, static_page):
-    """Ties at the k-th logit and at the top-p threshold, a set reaching p exactly, -inf logits, huge logits."""
+    """Ties at the k-th logit and at the top-p threshold, a set reaching p exactly, -inf and +inf logits, huge
+    logits, a temperature so small that logits / T overflows (the greedy token, ties sharing it)."""
     page = open_page(browser, static_page[0].as_uri())
     rng = np.random.default_rng(0)
     cases = [([2.0, 1.0, 1.0, 1.0, 0.0], 1.0, 2, None), ([2.0, 1.0, 1.0, 1.0, 0.0], 1.0, None, 0.5),
              (np.log([0.5, 0.25, 0.125, 0.125]).tolist(), 1.0, None, 0.75),
              (np.log([0.5, 0.25, 0.125, 0.125]).tolist(), 1.0, None, 0.875),
              ([0.0, -np.inf, 3.0, -np.inf], 0.6, 2, 0.99), ([1e4, 1e4 - 1, -1e4], 1.0, None, 0.7),
-             ([1.0, 1.0, 1.0], 2.0, 1, None), ([5.0, 3.0, 5.0, 1.0], 0.0, None, None)]
+             ([1.0, 1.0, 1.0], 2.0, 1, None), ([5.0, 3.0, 5.0, 1.0], 0.0, None, None),
+             ([1.0, np.inf, 2.0], 1.0, None, None), ([np.inf, 0.0, np.inf, -np.inf], 0.5, 2, 0.9),
+             ([1.0, 3.0, 2.0, 3.0], 1e-320, None, None), (rng.normal(0, 3, 50).tolist(), 1e-320, 5, 0.9)]
     cases += [(rng.normal(0, 3, 500).tolist(), float(t), int(k) or None, float(p) if p < 1 else None)
               for t, k, p in zip(rng.uniform(0.1, 2, 12), rng.integers(0, 50, 12), rng.uniform(0.1, 1.3, 12))]
-    wire = [([None if v == -np.inf else v for v in x], t, k, p) for x, t, k, p in cases]
+    wire = [([{-np.inf: None, np.inf: "inf"}.get(v, v) for v in x], t, k, p) for x, t, k, p in cases]
     got = page.evaluate(f"{json.dumps(wire)}.map(([x, t, k, p]) => window.numformerExplorer.nextTokenProbabilities("
-                        f"x.map((v) => v === null ? -Infinity : v), t, k, p))")
+                        f"x.map((v) => v === null ? -Infinity : v === 'inf' ? Infinity : v), t, k, p))")
     for (x, t, k, p), shown in zip(cases, got):
         expected = next_token_probabilities(np.array(x), t, k, p)
         assert np.abs(np.array(shown) - expected).max() <= 1e-12, (x[:6], t, k, p)

@@ -6,11 +6,16 @@
 // -- numformer.sampling, line for line (temperature, then top-k, then top-p, in float64) -----------------------
 const TOP_P_TOL = 1e-12;          // sampling.TOP_P_TOL
 
-function softmax64(x) {           // sampling._softmax64: stable; an all -inf row gives zeros
+function minusMax(x) {            // sampling._minus_max: z - max z; +inf logits certain, an all -inf row stays
   let m = -Infinity;
   for (const v of x) if (v > m) m = v;
-  if (!Number.isFinite(m)) m = 0;
-  const e = x.map((v) => Math.exp(v - m));
+  if (m === Infinity) return x.map((v) => (v === Infinity ? 0 : -Infinity));
+  const shift = Number.isFinite(m) ? m : 0;
+  return x.map((v) => v - shift);
+}
+
+function softmax64(x) {           // sampling._softmax64: exp(z - max z) / sum; an all -inf row gives zeros
+  const e = minusMax(x).map(Math.exp);
   let s = 0;
   for (const v of e) s += v;
   return e.map((v) => v / (s > 0 ? s : 1));
@@ -41,12 +46,16 @@ function topPFilter(x, p) {       // sampling.top_p_filter
   return x.map((v) => (v < threshold ? -Infinity : v));
 }
 
-function warpLogits(logits, temperature, topK, topP) {     // sampling.warp_logits
-  let x = logits.map(Number);
-  if (temperature !== 1) x = x.map((v) => v / temperature);
+function topKTopP(x, topK, topP) {     // sampling._top_k_top_p
   if (topK !== null) x = topKFilter(x, topK);
   if (topP !== null) x = topPFilter(x, topP);
   return x;
+}
+
+function warpLogits(logits, temperature, topK, topP) {     // sampling.warp_logits
+  let x = logits.map(Number);
+  if (temperature !== 1) x = x.map((v) => v / temperature);
+  return topKTopP(x, topK, topP);
 }
 
 function nextTokenProbabilities(logits, temperature, topK, topP) {     // sampling.next_token_probabilities
@@ -56,7 +65,8 @@ function nextTokenProbabilities(logits, temperature, topK, topP) {     // sampli
     logits.forEach((v, i) => { if (v > logits[best]) best = i; });
     return logits.map((_, i) => (i === best ? 1 : 0));
   }
-  return softmax64(warpLogits(logits, temperature, topK, topP));
+  // (z - max z) / T: the same distribution as z / T without overflow, however small T (sampling._scaled_logits)
+  return softmax64(topKTopP(minusMax(logits.map(Number)).map((v) => v / temperature), topK, topP));
 }
 
 // -- the page -------------------------------------------------------------------------------------------------

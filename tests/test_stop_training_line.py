@@ -165,3 +165,23 @@ def test_a_diverged_run_logs_its_last_finite_step(tmp_path, monkeypatch):
     got = training_lines(tmp_path / "run")
     assert [r["step"] for r in got] == [1, 4, 6] and got[-1]["partial"] is True
     assert {k: got[-1][k] for k in ("step", "train_loss", "lr", "grad_norm")} == expected_line(reference, 5, 6)
+
+
+def test_tokens_per_second_after_a_resume_counts_the_steps_timed_since(monkeypatch):
+    """A window restored from a checkpoint holds the tokens of steps taken before the stop: the first line after
+    the resume averages their loss but times only the tokens of its own steps (it divided all of them by the
+    time since the resume)."""
+    from numformer.train import state
+
+    clock = [100.0]
+    monkeypatch.setattr(state.time, "perf_counter", lambda: clock[0])
+    window = state.LogWindow(losses=[2.0, 4.0], tokens=1_000)     # restored: two steps, 1,000 tokens, untimed
+    window.restart_clock()
+    clock[0] += 2.0
+    window.add(3.0, 10, 1e-3, 0.5)
+    line = window.line(3, 12.0)
+    assert line["train_loss"] == 3.0 and line["tokens_per_s"] == 10 / 2.0
+    fresh = state.LogWindow()                                    # an uninterrupted window: every token timed
+    clock[0] += 4.0
+    fresh.add(1.0, 20, 1e-3, 0.5)
+    assert fresh.line(4, 16.0)["tokens_per_s"] == 20 / 4.0

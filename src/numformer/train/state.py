@@ -65,24 +65,34 @@ class LogWindow:
     stop holds its losses and tokens, so a run resumed there (or a further train() call) drops that line at its
     first step (``drop_partial``) and logs those steps again in its next line, as an uninterrupted run does: the
     same lines, never two for one step. A resumed run that takes no step (its budget spent, say) keeps the line,
-    the record of its last step. ``partial_step``: the step of such a line, ending metrics.jsonl."""
+    the record of its last step. ``partial_step``: the step of such a line, ending metrics.jsonl.
+
+    tokens/s is over the tokens of the steps timed since ``start`` (``timed_tokens``): a window restored from a
+    checkpoint holds tokens of steps taken before the stop, which this process did not time."""
 
     def __init__(self, losses=(), tokens=0):
-        self.losses, self.tokens, self.start = list(losses), tokens, time.perf_counter()
+        self.losses, self.tokens = list(losses), tokens
         self.last = None
         self.partial_step = None
+        self.restart_clock()
+
+    def restart_clock(self):
+        """Time the window from now (a new window, or the start of a train() call)."""
+        self.start, self.timed_tokens = time.perf_counter(), 0
 
     def add(self, loss, tokens, lr, grad_norm):
         self.losses.append(loss)
         self.tokens += tokens
+        self.timed_tokens += tokens
         self.last = (lr, grad_norm)
 
     def line(self, step, elapsed_s, partial=False):
-        """The training line of update ``step`` (the latest added): the mean loss and the tokens/s of the window's
-        steps, that step's learning rate and gradient norm (before clipping), the training seconds so far."""
+        """The training line of update ``step`` (the latest added): the mean loss of the window's steps and the
+        tokens/s of those timed here, that step's learning rate and gradient norm (before clipping), the
+        training seconds so far."""
         lr, grad_norm = self.last
         record = {"step": step, "train_loss": float(np.mean(self.losses)), "lr": lr, "grad_norm": grad_norm,
-                  "tokens_per_s": self.tokens / max(time.perf_counter() - self.start, 1e-9),
+                  "tokens_per_s": self.timed_tokens / max(time.perf_counter() - self.start, 1e-9),
                   "elapsed_s": round(elapsed_s, 3)}
         return {**record, "partial": True} if partial else record
 

@@ -221,7 +221,7 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _is_main_thread() else None
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
         bar = self._bar = self._progress_bar(last_step)
-        self._window.start = time.perf_counter()
+        self._window.restart_clock()
         stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "budget": False,
                 "diverged": None}
         try:

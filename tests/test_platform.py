@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,18 @@ def test_the_utf8_check_can_fail():
     fine = ['open(p, "rb")', 'p.read_text(encoding="utf-8")', 'os.open(p, 0)', 'p.open("rb")', 'tarfile.open(p)']
     assert all(_text_call_without_encoding(ast.parse(c).body[0].value) for c in calls)
     assert not any(_text_call_without_encoding(ast.parse(c).body[0].value) for c in fine)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/stat is Linux's")
+def test_process_cpu_seconds_counts_a_busy_child_and_not_a_gone_one():
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\ninput()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while (_platform.process_cpu_seconds(child.pid) or 0.0) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _platform.process_cpu_seconds(child.pid) >= 0.3      # its 0.5 s spin counted (in clock ticks)
+        assert _platform.process_cpu_seconds(os.getpid()) >= 0.0
+    finally:
+        child.communicate(b"\n")
+    assert _platform.process_cpu_seconds(child.pid) is None         # reaped: no /proc entry

@@ -1,5 +1,5 @@
 """What differs between Linux, macOS and Windows, in one place: the run-folder lock, stop signals, forked workers
-(and how many bytes a pipe still holds, which an MPI rank's abort waits on).
+(how many bytes a pipe still holds, which an MPI rank's abort waits on, and the CPU time another process used).
 
 Everything else in numformer is portable Python (``pathlib``, text files opened
 as UTF-8). Each function below looks up what the platform has instead of
@@ -190,3 +190,14 @@ def forked_workers_unavailable():
     return (f"data-parallel training forks worker processes, which numformer supports on Linux only (this is "
             f"{name()}{'' if hasattr(os, 'fork') else ', which has no fork'}); train in one process "
             f"(numformer's threads use every core) or across processes with MPI (mpiexec -n N numformer train)")
+
+
+def process_cpu_seconds(pid):
+    """CPU seconds (user + system) the process ``pid`` has used so far, from Linux's ``/proc/PID/stat``; None
+    where that cannot be read (another platform, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            fields = f.read().rsplit(")", 1)[1].split()     # the command name, in parentheses, may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._platform import process_cpu_seconds
 from .._runtime import set_fast_runtime, usable_cores
 from ..config import load_config
 from ..train import Trainer
@@ -117,12 +118,10 @@ class ForkedTrainer(ClosesOnExit):
 
     def cpu_seconds(self):
         """CPU seconds used so far by this process and its forked workers (Linux /proc)."""
-        total = time.process_time()
-        for proc in self.trainer.workers.dp._workers:
-            with open(f"/proc/{proc.pid}/stat", encoding="utf-8") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+        workers = [process_cpu_seconds(proc.pid) for proc in self.trainer.workers.dp._workers]
+        if None in workers:
+            raise RuntimeError("the forked workers' CPU time cannot be read (/proc/PID/stat): Linux only")
+        return time.process_time() + sum(workers)
 
     def close(self):
         self.trainer.workers.close()

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from .._limits import bounded_json
+from .._platform import process_cpu_seconds
 from .._runtime import blas_threads, get_num_threads
 from . import kernel
 from .layer import QuantizedLinear
@@ -192,15 +193,8 @@ class WorkerProcesses:
         return yT.reshape(1, N).copy() if m == 1 else np.ascontiguousarray(yT.T)
 
     def cpu_seconds(self):
-        """CPU seconds (user + system) the workers have used so far, from /proc (0.0 where it cannot be read)."""
-        total = 0.0
-        for worker in self._workers:
-            try:
-                fields = Path(f"/proc/{worker.pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            except (OSError, ValueError, IndexError):
-                pass
-        return total
+        """CPU seconds (user + system) the workers have used so far (0.0 for a worker that cannot be read)."""
+        return sum(process_cpu_seconds(worker.pid) or 0.0 for worker in self._workers)
 
     def _wait(self, i, job, what, poll_seconds=0.0, timeout=None):
         """Poll until worker i has finished ``job`` (sleeping ``poll_seconds`` between looks); raise if it

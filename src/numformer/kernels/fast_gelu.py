@@ -63,23 +63,23 @@ def gelu_erf_f32(x):
 
 
 def _coefficients(dt):
-    """(1/p', ½, -½, 1/√(2π), b1..b5) in dtype ``dt``: A&S 7.1.26's coefficients with the powers of 1/p' and
+    """(1/p', ½, -½, 1/√(2π), b1..b5, 1) in dtype ``dt``: A&S 7.1.26's coefficients with the powers of 1/p' and
     the ½ folded in (see ``gelu_erf_f32``)."""
     p1 = 0.3275911 * _SQRT_HALF
     b = (dt(0.5 * c / p1 ** (k + 1)) for k, c in
          enumerate((0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)))
-    return (dt(1.0 / p1), dt(0.5), dt(-0.5), dt(_INV_SQRT_2PI), *b)
+    return (dt(1.0 / p1), dt(0.5), dt(-0.5), dt(_INV_SQRT_2PI), *b, dt(1.0))
 
 
 def _gelu_chunk(xs, ys, gs, t, e, sb, c):
     """GELU(xs) into ys and GELU'(xs) into gs, with scratch t, e (float) and sb (uint32), all of one length."""
-    inv_p, half, mhalf, c_pdf, b1, b2, b3, b4, b5 = c
+    inv_p, half, mhalf, c_pdf, b1, b2, b3, b4, b5, one = c
     np.square(xs, out=e)
     e *= mhalf
     np.exp(e, out=e)                                   # e = exp(-x²/2)
     np.abs(xs, out=t)
     t += inv_p
-    np.reciprocal(t, out=t)                            # t' = 1/(|x| + 1/p')
+    np.divide(one, t, out=t)                           # t' = 1/(|x| + 1/p') (np.reciprocal: 2x slower)
     np.multiply(t, b5, out=gs)                         # h = ½ P(t) e, Horner in t'
     gs += b4
     gs *= t

@@ -53,19 +53,101 @@ def _checkout_commit():
         return None
 
 
-def machine_info():
-    """What the figures depend on (JSON-able): CPU model, core count, platform, Python, NumPy and its BLAS."""
-    cpu = platform.processor() or platform.machine()
+CPUINFO = "/proc/cpuinfo"          # Linux's; macOS and Windows have none (machine_info then names less)
+
+
+def _models(*spans):
+    """The model numbers of the inclusive ranges ``spans`` ((first, last), ...)."""
+    return frozenset(m for lo, hi in spans for m in range(lo, hi + 1))
+
+
+# The microarchitecture by (vendor, cpu family, models), where family and model identify it. AMD: Linux's
+# arch/x86/kernel/cpu/amd.c (bsp_init_amd, "Figure out Zen generations"; for family 0x1a only the models every
+# kernel version since Zen 5's addition agrees on). Intel: Linux's arch/x86/include/asm/intel-family.h
+# (INTEL_HASWELL_X 0x3F, BROADWELL_X 0x4F, SKYLAKE_X 0x55, ICELAKE_X 0x6A, ICELAKE_D 0x6C,
+# SAPPHIRERAPIDS_X 0x8F, GRANITERAPIDS_X 0xAD, EMERALDRAPIDS_X 0xCF). Other CPUs are named by family and model.
+MICROARCHITECTURES = (
+    ("AuthenticAMD", 0x17, _models((0x00, 0x2F), (0x50, 0x5F)), "Zen/Zen+"),
+    ("AuthenticAMD", 0x17, _models((0x30, 0x4F), (0x60, 0x7F), (0x90, 0x91), (0xA0, 0xAF)), "Zen 2"),
+    ("AuthenticAMD", 0x19, _models((0x00, 0x0F), (0x20, 0x5F)), "Zen 3"),
+    ("AuthenticAMD", 0x19, _models((0x10, 0x1F), (0x60, 0xAF)), "Zen 4"),
+    ("AuthenticAMD", 0x1A, _models((0x00, 0x0F), (0x20, 0x2F), (0x40, 0x4F), (0x70, 0x7F)), "Zen 5"),
+    ("GenuineIntel", 6, _models((0x3F, 0x3F)), "Haswell-EP"),
+    ("GenuineIntel", 6, _models((0x4F, 0x4F)), "Broadwell-EP"),
+    ("GenuineIntel", 6, _models((0x55, 0x55)), "Skylake-SP/Cascade Lake"),
+    ("GenuineIntel", 6, _models((0x6A, 0x6A)), "Ice Lake-SP"),
+    ("GenuineIntel", 6, _models((0x6C, 0x6C)), "Ice Lake-D"),
+    ("GenuineIntel", 6, _models((0x8F, 0x8F)), "Sapphire Rapids"),
+    ("GenuineIntel", 6, _models((0xAD, 0xAD)), "Granite Rapids"),
+    ("GenuineIntel", 6, _models((0xCF, 0xCF)), "Emerald Rapids"),
+)
+
+
+def _cpuinfo_fields(text):
+    """{field: value} of the first processor in /proc/cpuinfo's ``text`` (every processor of a machine is the
+    same model)."""
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break                     # the end of the first processor's block
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _simd(flags):
+    """The widest x86 vector instructions in a cpuinfo "flags" field: AVX-512, AVX2, AVX or "no AVX"."""
+    flags = set(flags.split())
+    return next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX")) if flag in flags),
+                "no AVX")
+
+
+def cpu_from_cpuinfo(text, fallback):
+    """(name, label) of the CPU /proc/cpuinfo's ``text`` describes: the model name (``fallback`` when the text has
+    none, e.g. on ARM), and a label that tells CPU models apart whose name is the same, e.g.
+    "AMD EPYC (Zen 3, family 25 model 1, AVX2)": the microarchitecture where family and model identify it
+    (``MICROARCHITECTURES``), the family and model, and the widest vector instructions the flags list."""
+    fields = _cpuinfo_fields(text)
+    name = fields.get("model name") or fallback
+    details = []
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        pass
+    else:
+        vendor = fields.get("vendor_id")
+        details += [arch for v, f, models, arch in MICROARCHITECTURES if (v, f) == (vendor, family) and model in models]
+        details.append(f"family {family} model {model}")
+    if "flags" in fields:
+        details.append(_simd(fields["flags"]))
+    return name, (f"{name} ({', '.join(details)})" if details else name)
+
+
+def cpu_label(machine):
+    """The CPU label of a recorded ``machine`` (a machine_info() dict): its "cpu_label", or for a record written
+    before labels were (only "cpu", and "blas_core" when it has one) e.g.
+    "AMD EPYC (model not recorded; OpenBLAS Haswell kernels)"."""
+    if machine.get("cpu_label"):
+        return machine["cpu_label"]
+    core = machine.get("blas_core")
+    return f"{machine.get('cpu', '?')} (model not recorded" + (f"; OpenBLAS {core} kernels)" if core else ")")
+
+
+def machine_info():
+    """What the figures depend on (JSON-able): CPU model, core count, platform, Python, NumPy and its BLAS.
+    "cpu" is the CPU's model name; "cpu_label" adds what tells apart CPU models of the same name
+    (``cpu_from_cpuinfo``; where there is no /proc/cpuinfo, the name alone)."""
+    cpu = label = platform.processor() or platform.machine()
+    try:
+        with open(CPUINFO, encoding="utf-8", errors="replace") as f:
+            cpu, label = cpu_from_cpuinfo(f.read(), cpu)
     except OSError:
         pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform()}
+    info = {"cpu": cpu, "cpu_label": label, "cores": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "platform": platform.platform()}
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         info["blas"] = f"{blas.get('name')} {blas.get('version')}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _family
+from .hf_generate import cpu_row  # noqa: F401  (bench.md's row per CPU model: the ratio at each batch size)
 
 PROMPT, NEW_TOKENS, BATCHES = 64, 64, (1, 8)
 CACHE_WINDOWS, CACHE_NEW_TOKENS = 3, 64      # the KV-cache run: a prompt of 3 windows, then 64 tokens

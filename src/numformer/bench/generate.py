@@ -137,6 +137,15 @@ def run(quick=False, config=None, lengths=None, repeats=None, generation_tokens=
     return result
 
 
+def cpu_row(result):
+    """The figures bench.md keeps per CPU model (``runner.keep_cpu_rows``): the per-token latency with the cache,
+    and the cache's speedup, at the longest context and over a whole greedy generation."""
+    t, g = result["at_longest"], result.get("generation") or {}
+    i = result["lengths"].index(t["L"])
+    return {f"ms per token at L={t['L']} (cache)": 1e3 * result["seconds_with_cache"][i],
+            f"cache speedup at L={t['L']}": t["speedup"], "cache speedup, whole generation": g.get("speedup")}
+
+
 def markdown(result, fig_dir):
     from pathlib import Path
 

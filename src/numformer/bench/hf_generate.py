@@ -166,6 +166,15 @@ def run(quick=False, log=print):
             "blas_threads_env": _measure.blas_env()}
 
 
+def cpu_row(result):
+    """The figures bench.md keeps per CPU model (``runner.keep_cpu_rows``) for the parts timing numformer against
+    transformers: the ratio of their tokens/s (numformer's fastest mode over transformers) at each batch size
+    (``rows``: a list of rows, or rows by batch size; ``row``: one row)."""
+    rows = result["rows"] if "rows" in result else [result["row"]]
+    rows = rows.values() if isinstance(rows, dict) else rows
+    return {f"ratio batch {r['batch']}": r["ratio"] for r in rows}
+
+
 def _load_text(result):
     """The machine's 1-minute load average as ``result`` recorded it (a number: at the end; a dict: at start and
     end), read against the machine's cores: the average counts the benchmark's own threads, so only a load above

@@ -24,6 +24,7 @@ import numpy as np
 from .._runtime import get_num_threads
 from ..models import GPT
 from .hf_generate import measure, random_models
+from .hf_generate import cpu_row  # noqa: F401  (bench.md's row per CPU model: the ratio at each batch size)
 
 PROMPT, NEW_TOKENS = 64, 128
 SMOLLM_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

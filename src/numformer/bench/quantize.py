@@ -305,6 +305,14 @@ def run(quick=False, run_dir=None, group_size=None, shape=None, sweep=None, log=
                   load_average={"start": load_start, "end": load()})
     return result
 
+
+def cpu_row(result):
+    """The figures bench.md keeps per CPU model (``runner.keep_cpu_rows``): int8's tokens/s over float32's at
+    batch 1 and 8 (each at its fastest threading), and the validation loss's increase at 8 bits."""
+    return {"int8 speedup batch 1": result["speedup_b1"], "int8 speedup batch 8": result.get("speedup_b8"),
+            "val loss increase (8 bits)": result.get("val_loss_increase")}
+
+
 def _group_label(group_size):
     return "row" if group_size is None else str(group_size)
 

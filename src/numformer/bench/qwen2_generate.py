@@ -11,6 +11,7 @@ faster). ``--quick``: a 2-layer d_model 64 Qwen2, a prompt of 16 tokens continue
 from __future__ import annotations
 
 from . import _family
+from .hf_generate import cpu_row  # noqa: F401  (bench.md's row per CPU model: the ratio at each batch size)
 
 PROMPT, NEW_TOKENS = 64, 64
 QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,

@@ -13,6 +13,7 @@ continued by 8.
 from __future__ import annotations
 
 from . import _family
+from .hf_generate import cpu_row  # noqa: F401  (bench.md's row per CPU model: the ratio at each batch size)
 
 PROMPT, NEW_TOKENS, BATCHES = 64, 64, (1, 8)
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,

@@ -15,10 +15,20 @@ A *part* is a module ``numformer.bench.<part>`` that defines
         it is ``<out>/figures``) and linked relative to ``<out>/bench.md``;
         ``image_link(path, alt)`` below builds that link.
 
+and may define
+
+    cpu_row(result: dict) -> dict
+        The part's few headline figures ({column title: number, or a list of numbers shown as "a / b"}), kept
+        in bench.md's table "Measured on each CPU model" of the part's section: the speed ratios change from
+        one CPU model to another, so one full run's row is kept per CPU model (see ``keep_cpu_rows``).
+
 ``run_parts`` merges each part's result into ``bench.json`` under the part's
 name (other parts' entries are kept, so parts can be run one at a time; a part
 run with ``quantize="int8"`` under ``<part>_int8``, beside its float32 section) and
-regenerates ``bench.md`` from every part present in the JSON.
+regenerates ``bench.md`` from every part present in the JSON. A part with ``cpu_row`` keeps, under its
+section's key ``_per_cpu``, one row per CPU model ({cpu_label: {"date", "command", "commit", figures}}): a full
+run replaces the row of its own CPU model (``provenance.machine_info()["cpu_label"]``, e.g. "AMD EPYC (Zen 3,
+family 25 model 1, AVX2)") and keeps the others; a quick run adds none.
 """
 from __future__ import annotations
 
@@ -33,7 +43,7 @@ from pathlib import Path
 
 from .._limits import check_record, read_json_file
 from .._results import BENCH_TITLE, check_results_folder
-from ..provenance import machine_info
+from ..provenance import cpu_label, git_commit, machine_info
 from ..run_files import write_atomic
 
 # The parts in the order bench.md lists them; any other module found in numformer.bench with
@@ -42,6 +52,8 @@ PARTS = ("throughput", "attention", "checkpointing", "generate", "depth")
 # Modules of numformer.bench that are helpers, not parts (modules whose name starts with "_" are left out too).
 NOT_PARTS = {"runner", "torch_reference", "profile"}
 META_KEY = "_run"
+CPU_ROWS_KEY = "_per_cpu"          # a section's rows by CPU model: written by the runner, like META_KEY
+_ROW_META = ("date", "command", "commit")
 
 
 def available_parts():
@@ -102,6 +114,71 @@ def _jsonable(x):
     return x
 
 
+def _row_of(module, result, log):
+    """``module.cpu_row(result)`` (JSON-able), or None for a part without cpu_row or a result it cannot read (a
+    section written by an older version of the part: its row is left out, the rest of the run goes on)."""
+    row_fn = getattr(module, "cpu_row", None)
+    if not callable(row_fn):
+        return None
+    try:
+        return _jsonable(dict(row_fn(result)))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        log(f"  numformer.bench.{module.__name__.rsplit('.', 1)[-1]}.cpu_row() failed on the run of "
+            f"{result.get(META_KEY, {}).get('date', '?')} ({type(e).__name__}: {e}); that run has no CPU row")
+        return None
+
+
+def _cpu_row(module, result, log):
+    """{CPU label: row} for the full run ``result`` (a section with its META_KEY), or {} (a quick run, no row)."""
+    meta = result.get(META_KEY) or {}
+    row = None if meta.get("quick", True) else _row_of(module, result, log)
+    if row is None:
+        return {}
+    when = {k: meta[k] for k in _ROW_META if meta.get(k)}      # older sections recorded no commit
+    return {cpu_label(meta.get("machine") or {}): {**when, **{k: v for k, v in row.items() if k not in _ROW_META}}}
+
+
+def keep_cpu_rows(module, previous, result, log=print):
+    """The rows by CPU model the section ``result`` (this run, its META_KEY set) keeps when it replaces
+    ``previous`` (the section bench.json holds, or None): the previous rows, with this run's row (if a full
+    run) in place of the row of its CPU label. A previous section written before sections kept rows (no
+    ``_per_cpu``) gives its own full run's row, labelled from its recorded machine (``provenance.cpu_label``)."""
+    rows = {}
+    if isinstance(previous, dict):
+        kept = previous.get(CPU_ROWS_KEY)
+        if isinstance(kept, dict):
+            rows.update({label: row for label, row in kept.items() if isinstance(row, dict)})
+        elif kept is None:
+            rows.update(_cpu_row(module, previous, log))
+    rows.update(_cpu_row(module, result, log))
+    return rows
+
+
+def _figure(value):
+    """A figure of a CPU row as bench.md shows it."""
+    if isinstance(value, list):
+        return " / ".join(_figure(v) for v in value)
+    if isinstance(value, float):               # ratios to two decimals, large counts whole, tiny ones to 3 digits
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.2f}" if abs(value) >= 0.01 else f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "" if value is None else str(value)
+
+
+def cpu_rows_markdown(rows):
+    """Markdown lines of a section's rows by CPU model ({label: row}): one line per model, its run's date and
+    commit, then the part's figures (every row's keys, in the order first seen)."""
+    figures = list(dict.fromkeys(k for row in rows.values() for k in row if k not in _ROW_META))
+    lines = ["Measured on each CPU model (one row per model, from the latest full run of this part on it):", "",
+             "| CPU model | date | commit | " + " | ".join(figures) + " |", "|---|---|---|" + "---:|" * len(figures)]
+    for label in sorted(rows):
+        row = rows[label]
+        cells = [label, str(row.get("date") or "?")[:10], str(row.get("commit") or "")]
+        cells += [_figure(row.get(k)) for k in figures]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
 def render_markdown(results, out_dir):
     """bench.md text for every part in ``results``; each part's plots go to ``<out_dir>/figures``."""
     fig_dir = Path(out_dir) / "figures"
@@ -119,10 +196,14 @@ def render_markdown(results, out_dir):
         except Exception as e:  # one broken part must not hide the others
             section = f"## {name}\n\nmarkdown() of this part failed: `{type(e).__name__}: {e}`"
         lines.append(section)
+        rows = result.get(CPU_ROWS_KEY) if isinstance(result, dict) else None
+        if rows and isinstance(rows, dict):
+            lines += ["", *cpu_rows_markdown(rows)]
         if meta:
             m = meta.get("machine", {})
             lines += ["", f"<sub>`{meta.get('command', 'numformer bench ' + name)}` on {meta.get('date', '?')}, "
-                          f"{meta.get('seconds', 0):.0f} s; {m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
+                          f"{meta.get('seconds', 0):.0f} s; {m.get('cpu_label') or m.get('cpu', '?')}, "
+                          f"{m.get('cores', '?')} cores, "
                           f"NumPy {m.get('numpy', '?')} ({m.get('blas', '?')}"
                           + (f", {m['blas_core']} kernels" if m.get("blas_core") else "") + ")"
                           f"{' — quick run (smoke check, not for reporting)' if meta.get('quick') else ''}</sub>"]
@@ -153,6 +234,7 @@ def run_parts(parts, quick=False, out_dir="results", log=print, options=None):
     out_dir = Path(out_dir)
     check_results_folder(out_dir, "--out")
     load_results(out_dir)                                      # a damaged bench.json: refused before any part runs
+    commit = git_commit()                                      # the code this process runs, asked at its start
     done = {}
     for name, module in modules.items():
         flags = (" --quick" if quick else "") + "".join(
@@ -166,9 +248,12 @@ def run_parts(parts, quick=False, out_dir="results", log=print, options=None):
         result[META_KEY] = {"quick": bool(quick), "seconds": round(time.perf_counter() - t0, 1), "part": name,
                             "date": _dt.datetime.now().isoformat(timespec="seconds"),
                             "command": f"numformer bench {name}{flags}",
-                            "machine": machine_info()}
+                            "machine": machine_info(), **({"commit": commit} if commit else {})}
         json.dumps(result)                                     # fail here, not after merging
         results = load_results(out_dir)                        # re-read: another part may have written meanwhile
+        rows = keep_cpu_rows(module, results.get(section), result, log)
+        if rows:
+            result[CPU_ROWS_KEY] = rows                        # the rows of other CPU models outlive this run
         results[section] = result                             # generate --quantize int8: generate_int8
         _atomic_write(out_dir / "bench.json", json.dumps(results, indent=1) + "\n")
         _atomic_write(out_dir / "bench.md", render_markdown(results, out_dir))
@@ -178,4 +263,4 @@ def run_parts(parts, quick=False, out_dir="results", log=print, options=None):
 
 
 __all__ = ["PARTS", "available_parts", "load_part", "run_parts", "render_markdown", "load_results", "image_link",
-           "machine_info"]
+           "machine_info", "keep_cpu_rows", "cpu_rows_markdown"]

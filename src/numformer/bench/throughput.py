@@ -346,6 +346,19 @@ def _plot(result, path):
     plt.close(fig)
 
 
+def cpu_row(result):
+    """The figures bench.md keeps per CPU model (``runner.keep_cpu_rows``), for each configuration: numformer's
+    training tokens/s over PyTorch's (median of the rounds), the same per core in CPU time, and the MFU of both."""
+    row = {}
+    for name, r in result["configs"].items():
+        row[f"{name} ratio"] = r["median_ratio"]
+        if "single_core" in r:
+            row[f"{name} per-core ratio"] = r["single_core"]["ratio"]
+        if "numformer_mfu" in r:
+            row[f"{name} MFU numformer / PyTorch"] = [r["numformer_mfu"], r["torch_mfu"]]
+    return row
+
+
 def markdown(result, fig_dir):
     png = fig_dir / "throughput.png"
     _plot(result, png)

@@ -60,7 +60,7 @@ def stop_at(trainer, step, how):
     def batch(size, rng):
         if trainer.step == step - 1:
             if how == "ctrl-c":
-                trainer._on_sigint(signal.SIGINT, None)
+                trainer._on_stop_signal(signal.SIGINT)
             else:
                 trainer.train_cfg["max_minutes"] = 1e-9
         return take(size, rng)

@@ -426,3 +426,57 @@ def test_atomic_writes_get_a_normal_file_mode(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
     assert path.read_bytes() == b"table\n"
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("name", [n for n in ("SIGTERM", "SIGHUP", "SIGUSR1") if hasattr(signal, n)])
+def test_a_stop_signal_writes_a_checkpoint_as_ctrl_c_does(tmp_path, monkeypatch, name):
+    """SIGTERM (timeout, docker stop, systemd, Slurm), SIGHUP (a closed terminal) and SIGUSR1 stop a run at the
+    end of its step with a checkpoint and summary.json, as Ctrl-C does; the signal's own handler is put back."""
+    before = signal.getsignal(getattr(signal, name))
+    trainer = Trainer(config(max_steps=40, checkpoint_every=100), tmp_path, quiet=True)
+    real = trainer._train_step
+
+    def step_then_signal():
+        out = real()
+        if trainer.step == 12:
+            os.kill(os.getpid(), getattr(signal, name))
+        return out
+
+    monkeypatch.setattr(trainer, "_train_step", step_then_signal)
+    summary = trainer.train()
+    assert summary["interrupted"] and summary["steps"] == 13 and trainer.stop_signal == getattr(signal, name)
+    assert json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))["stopped_by"] == "interrupted"
+    assert signal.getsignal(getattr(signal, name)) is before
+    trainer.close()
+    assert Trainer(None, tmp_path, resume=True, quiet=True).step == 13
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or not sys.platform.startswith("linux"), reason="fork, SIGTERM")
+def test_sigterm_to_a_data_parallel_run_group_stops_it_with_a_checkpoint(tmp_path):
+    """`kill -TERM -PGID` (what docker stop, systemd and timeout do to the whole group) reaches the main process
+    and its forked workers: the workers leave it to the main process, which ends the step, writes a checkpoint
+    and summary.json, and exits with 128 + 15 and one line (before: killed at once, nothing saved)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\ntype = "gpt"\nn_layers = 1\nn_heads = 2\nd_model = 16\n'
+                   '[data]\ntask = "copy"\nlength = 4\nn_val = 16\nn_test = 16\n'
+                   '[train]\nmax_steps = 1000000\nbatch_size = 4\nschedule = "constant"\nlog_every = 1\n'
+                   'eval_every = 1000000\ncheckpoint_every = 1000000\nprocesses = 2\n', encoding="utf-8")
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "numformer.cli", "train", str(cfg), "--out", str(run)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not complete_metric_lines(run):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no training line within 120 s"
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM: finishing this step and writing a checkpoint" in err and "Traceback" not in err
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert summary["interrupted"] and summary["processes"] == 2 and saved_step(run) == summary["steps"] > 0

@@ -65,6 +65,7 @@ from .. import _platform
 from .._runtime import get_num_threads, set_num_threads, single_threaded, single_threaded_blas
 from ..data.base import IGNORE
 from ..nn.layers import BatchStatNorm
+from . import stop_signals
 from .step import loss_and_backward
 
 
@@ -285,12 +286,13 @@ class DataParallel(ClosesOnExit):
 
 
 def _die_with_parent():
-    """Ask Linux to send SIGTERM to this worker when the main process dies (even by SIGKILL)."""
+    """Ask Linux to kill this worker when the main process dies (even by SIGKILL): SIGKILL, since a worker
+    ignores SIGTERM (``stop_signals.ignore_in_worker``) and has nothing of its own to save."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)        # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)        # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -298,7 +300,7 @@ def _die_with_parent():
 def _worker_main(rank, model, params, grads, conn, parent_end, seed, main_pid):
     """A worker's loop: compute the shares it is sent until the main process closes the pipe."""
     parent_end.close()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C is the main process's to handle
+    stop_signals.ignore_in_worker()                    # Ctrl-C, SIGTERM ... are the main process's to handle
     _die_with_parent()
     if os.getppid() != main_pid:                       # the main process died before prctl took effect
         os._exit(0)

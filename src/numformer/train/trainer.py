@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from .progress import progress
 from .run import resumed_config
 from .run_writer import RunWriter
 from .state import DivergenceGuard, LogWindow, TrainingDiverged, check_state, resumable_step
+from . import stop_signals
 from .step import dpo_loss_and_backward
 from .workers import Workers
 
@@ -97,6 +97,7 @@ class Trainer:
                                           1 if self.dpo else t["processes"])
         self.workers = Workers(self.model, self.processes, t["seed"], world)   # data-parallel processes
         self._stop_requested = False
+        self.stop_signal = signal.SIGINT   # what stopped the run early (Ctrl-C, SIGTERM ...)
         self.last_summary = None        # what the last train() call returned
         if resume:
             self._restore()
@@ -203,11 +204,12 @@ class Trainer:
         limit = 60 * self.train_cfg["max_minutes"]
         return bool(limit) and self.train_seconds + time.perf_counter() - started >= limit
 
-    def _on_sigint(self, signum, frame):
-        if self._stop_requested:          # a second Ctrl-C: stop now
+    def _on_stop_signal(self, signum):
+        if self._stop_requested:          # a second Ctrl-C (or SIGTERM ...): stop now
             raise KeyboardInterrupt
-        self._stop_requested = True
-        self._print("\nCtrl-C: finishing this step and writing a checkpoint (press again to abort)...")
+        self._stop_requested, self.stop_signal = True, signum
+        again = "press it again" if signum == signal.SIGINT else "send it again"
+        self._print(f"\n{stop_signals.name(signum)}: finishing this step and writing a checkpoint ({again} to abort)...")
 
     # -- the loop -----------------------------------------------------------------------------
     def train(self, stop_after=None):
@@ -218,7 +220,8 @@ class Trainer:
         t = self.train_cfg
         wall_start = time.perf_counter()
         n_params = self._start_run()
-        previous = signal.signal(signal.SIGINT, self._on_sigint) if _is_main_thread() else None
+        restore_signals = stop_signals.install(self._on_stop_signal, stop_signals.ALONE if self.world is None
+                                               else stop_signals.UNDER_MPI)
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
         bar = self._bar = self._progress_bar(last_step)
         self._window.restart_clock()
@@ -251,8 +254,7 @@ class Trainer:
             if bar is not None:
                 bar.close()
                 self._bar = None
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            restore_signals()
             self.workers.close()
         self._window.log_stop(self.folder, self.step, self.train_seconds)     # a line for the last step taken
         summary = self._finish(stop, n_params, time.perf_counter() - wall_start)
@@ -395,6 +397,3 @@ class Trainer:
             return progress(None, self.step, terminal, time_left=self.budget.remaining)
         return progress(last_step, self.step, terminal)
 
-
-def _is_main_thread():
-    return threading.current_thread() is threading.main_thread()

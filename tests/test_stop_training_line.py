@@ -185,3 +185,49 @@ def test_tokens_per_second_after_a_resume_counts_the_steps_timed_since(monkeypat
     clock[0] += 4.0
     fresh.add(1.0, 20, 1e-3, 0.5)
     assert fresh.line(4, 16.0)["tokens_per_s"] == 20 / 4.0
+
+
+def saved_weights(run):
+    """model.safetensors's metadata and tensors (as bytes): the file's content, whatever its header's key order."""
+    from safetensors import safe_open
+
+    with safe_open(str(run / "model.safetensors"), "np") as f:
+        return f.metadata(), {k: f.get_tensor(k).tobytes() for k in f.keys()}
+
+
+SUMMARY_SAME = ("steps", "best_step", "best_val_loss", "weights", "stopped_early", "stopped_by", "last_step",
+                "last_val_loss", "selected_step", "selected_val_loss")
+
+
+@pytest.mark.parametrize("crashed", [False, True])
+def test_resuming_a_run_that_stopped_early_trains_nothing(tmp_path, crashed):
+    """A run stopped by early stopping (step 6) is over: resumed, it takes no step and ends with the files of the
+    run that was never resumed (before: it trained on past the stop, replacing model.safetensors and summary.json
+    by those of a longer run). ``crashed``: killed after the stop's checkpoint and line, before the weights were chosen and summary.json
+    written (the resumed run does both, as the stopped run would have)."""
+    early = ("train.early_stopping_patience=1", "train.early_stopping_min_delta=100")
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    Trainer(config(*early), straight, quiet=True).train()
+    if crashed:
+        trainer = Trainer(config(*early), run, quiet=True)
+
+        def killed(*args):
+            raise RuntimeError("killed")
+        trainer._finish = killed
+        with pytest.raises(RuntimeError, match="killed"):
+            trainer.train()
+        trainer.close()
+        assert not (run / "summary.json").exists()
+    else:
+        shutil.copytree(straight, run)
+    resumed = Trainer(None, run, resume=True, quiet=True)
+    assert resumed.step == 6
+    summary = resumed.train()
+    before = json.loads((straight / "summary.json").read_text())
+    assert summary["steps"] == 6 and {k: summary.get(k) for k in SUMMARY_SAME} == {k: before.get(k) for k in SUMMARY_SAME}
+    assert figures(run) == figures(straight)
+    assert saved_weights(run) == saved_weights(straight)
+    resumed.close()
+    longer = Trainer(None, run, resume=True, quiet=True,
+                     overrides=["train.early_stopping_patience=3"])      # the way to train on
+    assert longer.train()["steps"] > 6

@@ -30,6 +30,10 @@ class EarlyStopping:
         """Whether the last ``patience`` evaluations (patience > 0) brought no improvement."""
         return self.patience > 0 and self.bad_evals >= self.patience
 
+    def stop_reason(self, step):
+        """Why a run stops early at ``step``, for its messages."""
+        return f"the run stopped early at step {step} (no improvement for {self.patience} evaluations)"
+
     def state_dict(self):
         return {"best": None if math.isinf(self.best) else self.best, "best_step": self.best_step,
                 "bad_evals": self.bad_evals}

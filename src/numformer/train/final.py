@@ -8,8 +8,11 @@ weights in model.safetensors, ``best_step`` their step.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from .._limits import read_json_file
 from ..run_files import CHECKPOINT, MODEL, load_metadata, load_model_weights
 
 
@@ -78,6 +81,17 @@ def divergence_advice(run_dir, checkpoint_step):
     return (f"the checkpoint of step {checkpoint_step}, written before the loss began to diverge, is kept in "
             f"{ckpt}; continue from it with a lower learning rate: numformer train --out {run_dir} --resume "
             f"--set train.lr=... (or more warmup_steps, a grad_clip)")
+
+
+def ended_summary(run_dir, step):
+    """The summary.json of a run that has already ended at ``step`` (a resumed run with nothing to train: its
+    files stay as they are), or None when there is none for that end."""
+    try:
+        summary = read_json_file(Path(run_dir) / "summary.json", "summary")
+    except ValueError:
+        return None
+    ended = isinstance(summary, dict) and summary.get("steps") == step and not summary.get("interrupted")
+    return summary if ended and not summary.get("error") else None
 
 
 def _holds_selection(path, best_step):

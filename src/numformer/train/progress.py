@@ -27,6 +27,16 @@ def progress(total, initial, terminal, stream=None, time_left=None):
     return PlainProgress(total, initial, stream, time_left)
 
 
+def run_progress(world, budget, last_step, step):
+    """A training run's progress from ``step``: a tqdm bar updated in place where stderr is a terminal (under MPI,
+    ``world``: rank 0's, where mpiexec runs in a terminal), else plain periodic lines; under a time budget the
+    steps are not known in advance and the bar counts the budget's time left."""
+    terminal = sys.stderr.isatty() or (world is not None and world.launched_from_terminal())
+    if budget is not None:
+        return progress(None, step, terminal, time_left=budget.remaining)
+    return progress(last_step, step, terminal)
+
+
 def clock(seconds):
     """Seconds as h:mm:ss or m:ss, as tqdm writes them."""
     m, s = divmod(int(round(seconds)), 60)

@@ -38,9 +38,10 @@ from .build import build_trained_model, describe_run, make_optimizer
 from .dpo import check_objective, set_reference_logprobs
 from .early_stopping import EarlyStopping
 from .evaluation import Evaluation, describe
-from .final import divergence_advice, keep_better_weights, kept_weights_figures, stopped_by, summary_text
+from .final import (divergence_advice, ended_summary, keep_better_weights, kept_weights_figures, stopped_by,
+                    summary_text)
 from .parallel import usable_processes
-from .progress import progress
+from .progress import run_progress
 from .run import resumed_config
 from .run_writer import RunWriter
 from .state import DivergenceGuard, LogWindow, TrainingDiverged, check_state, resumable_step
@@ -218,15 +219,22 @@ class Trainer:
         Each step that fits the time budget: an update, then (when due) a log line, an evaluation, a checkpoint and
         the stopping rules (time limit, early stopping, Ctrl-C). A divergence: summary.json, then TrainingDiverged."""
         t = self.train_cfg
+        if self.early.should_stop:       # resumed after it stopped early: nothing to train, and once ended nothing to do
+            self._print(f"{self.early.stop_reason(self.step)}: nothing to train; raise train.early_stopping_patience "
+                        f"to train on")
+            if self.world is None and (ended := ended_summary(self.run_dir, self.step)) is not None:
+                return ended
         wall_start = time.perf_counter()
         n_params = self._start_run()
         restore_signals = stop_signals.install(self._on_stop_signal, stop_signals.ALONE if self.world is None
                                                else stop_signals.UNDER_MPI)
         last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
-        bar = self._bar = self._progress_bar(last_step)
+        bar = self._bar = None if self.quiet else run_progress(self.world, self.budget, last_step, self.step)
         self._window.restart_clock()
-        stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "budget": False,
-                "diverged": None}
+        stop = {"stopped_early": self.early.should_stop, "interrupted": False, "time_limit": False,
+                "budget": False, "diverged": None}
+        if stop["stopped_early"]:
+            last_step = self.step                  # a resumed run that had stopped early: it ends as it did
         try:
             self.workers.start()
             self._plan_budget()
@@ -386,14 +394,3 @@ class Trainer:
         if not stop["diverged"]:          # the caller reports a divergence
             self._print(summary_text(summary, type(self.model).__name__, self.folder, self.resumed))
         return summary
-
-    def _progress_bar(self, last_step):
-        """The progress of the run (none when quiet): a tqdm bar updated in place where stderr is a terminal
-        (under MPI: rank 0's, where mpiexec runs in a terminal), else plain periodic lines (train/progress.py)."""
-        if self.quiet:
-            return None
-        terminal = sys.stderr.isatty() or (self.world is not None and self.world.launched_from_terminal())
-        if self.budget is not None:           # the steps are not known in advance: the bar counts the time left
-            return progress(None, self.step, terminal, time_left=self.budget.remaining)
-        return progress(last_step, self.step, terminal)
-

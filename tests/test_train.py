@@ -480,3 +480,50 @@ def test_sigterm_to_a_data_parallel_run_group_stops_it_with_a_checkpoint(tmp_pat
     assert "SIGTERM: finishing this step and writing a checkpoint" in err and "Traceback" not in err
     summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
     assert summary["interrupted"] and summary["processes"] == 2 and saved_step(run) == summary["steps"] > 0
+
+
+def _weights(path):
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        return int(f.metadata()["step"]), {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.mark.parametrize("checkpoint_at", [2, 4])
+def test_a_selection_made_after_the_checkpoint_does_not_replace_its_own_on_resume(tmp_path, monkeypatch,
+                                                                                  checkpoint_at):
+    """Killed after an evaluation saved a new best (step 6) to model.safetensors and before the next checkpoint,
+    a run resumed from the checkpoint (which selected step 2) with another learning rate trains a different
+    path: model.safetensors must hold step 2 again (the checkpoint's own weights when it was written at step
+    2; else the step-2 file moved aside when step 6 replaced it), not the abandoned path's step 6 (before: kept,
+    then replaced by the last weights at the end, step 2's lost)."""
+    run, on = tmp_path / "run", {"losses": {2: 2.0, 4: 2.5, 6: 1.5}, "trainer": None}
+    monkeypatch.setattr(evaluation_module, "mean_loss",
+                        lambda *a, **k: (on["losses"].get(on["trainer"].step, 3.0), 100))
+    trainer = on["trainer"] = Trainer(config(max_steps=12, eval_every=2, checkpoint_every=100), run, quiet=True)
+    trainer.train(stop_after=checkpoint_at)                  # the checkpoint at its last step (selected: 2)
+    step2 = _weights(run / MODEL)
+    assert step2[0] == 2
+
+    def killed():
+        raise RuntimeError("killed")
+    trainer.save_checkpoint = killed
+    with pytest.raises(RuntimeError, match="killed"):
+        trainer.train(stop_after=6 - checkpoint_at)           # selects step 6, killed at its checkpoint
+    trainer.close()
+    assert _weights(run / MODEL)[0] == 6
+    on["losses"] = {}                                          # the new path never beats step 2
+    resumed = on["trainer"] = Trainer(None, run, resume=True, quiet=True, overrides=["train.lr=0.05"])
+    assert resumed.step == checkpoint_at
+    real, at_first_step = resumed._train_step, []
+
+    def first_step_sees_the_folder():
+        if not at_first_step:
+            at_first_step.append((_weights(run / MODEL), sorted(p.name for p in run.iterdir())))
+        return real()
+    resumed._train_step = first_step_sees_the_folder
+    summary = resumed.train()
+    (step, tensors), files = at_first_step[0]
+    assert step == 2 and all(np.array_equal(tensors[k], step2[1][k]) for k in tensors)
+    assert not any(name.startswith(".checkpoint-selection") for name in files)
+    assert summary["steps"] == 12 and summary["selected_step"] == 2

@@ -146,6 +146,11 @@ class Evaluation:
         (``bytes_seen``: a ``ByteCount`` of the same batches)."""
         return split_loss(self.model, self.task, split, self.batch_size, sample, self.train["seed"], bytes_seen)
 
+    def selected_on(self):
+        """The name of the loss the periodic evaluations select on: val_loss_estimate (the fixed sample) or
+        val_loss (the whole split)."""
+        return "val_loss_estimate" if self.sample_size("val") else "val_loss"
+
     def sample_size(self, split):
         """Examples in a capped evaluation's fixed sample (eval_batches × eval_batch_size), or 0 when the
         evaluation covers the whole split (eval_batches = 0, or a split no larger than the sample)."""

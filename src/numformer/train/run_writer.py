@@ -17,7 +17,8 @@ import json
 import os
 
 from . import run_folder
-from ..run_files import CHECKPOINT, MODEL, open_in_folder, save_checkpoint, save_model, write_atomic, write_json_atomic
+from ..run_files import (CHECKPOINT, MODEL, load_metadata, open_in_folder, save_checkpoint, save_model, write_atomic,
+                         write_json_atomic)
 
 METRICS = "metrics.jsonl"
 
@@ -28,6 +29,8 @@ class RunWriter:
 
     def __init__(self, run_dir, lock=None, writes=True):
         self.run_dir, self.lock, self.writes = run_dir, lock, writes
+        self._checkpoint_selection = None       # (step, selected step) of the last checkpoint written or resumed
+        self._pending_selection = None          # a resumed run's: see restore_selection
 
     @classmethod
     def for_new_run(cls, run_dir, overwrite=False):
@@ -106,12 +109,43 @@ class RunWriter:
         if self.writes:
             self.check()
             save_checkpoint(self.run_dir / CHECKPOINT, model, optimizer, state, run_folder.weights_metadata(config))
+            self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
+            (self.run_dir / run_folder.KEPT_SELECTION).unlink(missing_ok=True)      # this checkpoint's is in MODEL
 
     def save_weights(self, model, config, **figures):
-        """model.safetensors: the weights to use, with their ``figures`` (step, loss) in the metadata."""
+        """model.safetensors: the weights to use, with their ``figures`` (step, loss) in the metadata.
+
+        When it holds the selection the last checkpoint records, and that checkpoint's own weights are not it (a
+        step selected before the checkpoint's), it is first moved aside (KEPT_SELECTION, a rename) until the next
+        checkpoint: a run killed before then and resumed from that checkpoint finds the weights it selected
+        (``restore_selection``), even if it then trains differently."""
         if self.writes:
             self.check()
+            step, selected = self._checkpoint_selection or (None, None)
+            if selected is not None and selected != step and _weights_step(self.run_dir / MODEL) == selected:
+                os.replace(self.run_dir / MODEL, self.run_dir / run_folder.KEPT_SELECTION)
             save_model(self.run_dir / MODEL, model, {**figures, **run_folder.weights_metadata(config)})
+
+    def resumed_from(self, state, selected_on):
+        """The run resumes from the checkpoint of ``state``, whose periodic evaluations select on ``selected_on``
+        (val_loss or val_loss_estimate): see ``restore_selection``."""
+        self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
+        self._pending_selection = {selected_on: state["early_stopping"]["best"]}
+
+    def restore_selection(self, model, config):
+        """Before a resumed run trains on (``model`` holding its checkpoint's weights): make model.safetensors hold
+        the step that checkpoint selected, when a run killed after it saved a later selection there. The
+        checkpoint's own weights when it selected its own step, else the weights moved aside for it
+        (KEPT_SELECTION). Once per resume: a run with nothing more to do never gets here."""
+        figure, self._pending_selection = self._pending_selection, None
+        step, selected = self._checkpoint_selection or (None, None)
+        kept = self.run_dir / run_folder.KEPT_SELECTION
+        if not self.writes or figure is None or selected is None or _weights_step(self.run_dir / MODEL) == selected:
+            return
+        if selected == step:
+            self.save_weights(model, config, step=step, **figure)
+        elif _weights_step(kept) == selected:
+            os.replace(kept, self.run_dir / MODEL)
 
     def save_summary(self, summary):
         """summary.json: the ``summary`` dict of a train() call."""
@@ -125,3 +159,11 @@ class RunWriter:
         files = {MODEL: f"{MODEL} ({weights} weights)", CHECKPOINT: f"{CHECKPOINT} (continue with --resume)",
                  METRICS: METRICS, "config.json": "config.json"}
         return ", ".join(text for name, text in files.items() if (self.run_dir / name).is_file())
+
+
+def _weights_step(path):
+    """The step a weights file (model.safetensors) records, or None (no file, or no step)."""
+    if not path.exists():
+        return None
+    step = load_metadata(path, "model file").get("step")
+    return int(step) if step is not None and step.isdigit() else None

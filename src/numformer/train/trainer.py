@@ -135,6 +135,7 @@ class Trainer:
             raise ValueError(f"checkpoint {path} is damaged (its state metadata: {type(e).__name__}: {e}); it "
                              f"cannot be resumed: restore it or train again") from None
         self.early.load_state_dict(state["early_stopping"])
+        self.folder.resumed_from(state, self.evaluation.selected_on())
         self.workers.restore(state)
         d, w = state.get("divergence"), state.get("log_window")
         self.divergence = DivergenceGuard(d["first_loss"], d["steps_above"]) if d else self.divergence
@@ -224,6 +225,7 @@ class Trainer:
                         f"to train on")
             if self.world is None and (ended := ended_summary(self.run_dir, self.step)) is not None:
                 return ended
+        self.folder.restore_selection(self.model, self.config)      # a resumed run: its checkpoint's selection
         wall_start = time.perf_counter()
         n_params = self._start_run()
         restore_signals = stop_signals.install(self._on_stop_signal, stop_signals.ALONE if self.world is None

@@ -70,6 +70,8 @@ def cfg(tmp_path):
     (lambda d: (d / "tokenizer.json").write_text('{"type": "char"}'), "tokenizer.json does not fit"),
     (lambda d: (d / "tokenizer.json").write_text("{"), "tokenizer file"),
     (lambda d: (d / "tokenizer.json").write_bytes(b"\xff"), "tokenizer.json is not UTF-8 text"),
+    (lambda d: (d / "tokenizer.json").write_text("{}"), "tokenizer.json is damaged (it holds an empty JSON object"),
+    (lambda d: (d / "tokenizer.json").unlink(), "tokenizer.json is missing: the run's task 'text' keeps"),
     (lambda d: (d / MODEL).write_bytes(b"garbage"), "is corrupt or truncated"),
     (lambda d: [(d / MODEL).unlink(), (d / CHECKPOINT).unlink()], "has no saved weights"),
 ])
@@ -81,7 +83,7 @@ def test_damaged_run_folder(text_run, copy_of, cli_error, damage, expected):
 
 @pytest.mark.parametrize("damage,expected", [
     (lambda d: (d / "tokenizer.json").write_text('{"type": "char"}'), "tokenizer.json is damaged"),
-    (lambda d: (d / "tokenizer.json").unlink(), "has no tokenizer.json"),
+    (lambda d: (d / "tokenizer.json").unlink(), "tokenizer.json is missing: the run's task 'text' keeps"),
 ])
 def test_damaged_tokenizer_for_generate(text_run, copy_of, cli_error, damage, expected):
     run = copy_of(text_run)

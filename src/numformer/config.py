@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import os
 import tomllib
 from pathlib import Path
 
-from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
+from .data.base import Task, check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
+from .data.tokenizers import TOKENIZER_TYPES, is_hf_document
 from .interop.sources import FINE_TUNING_OPTIONS, read_source
 from .lora import LORA_DEFAULTS, TARGET_MODULES, check_lora_options
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
 from .models import MODEL_TYPES, apply_preset, check_model_together, model_arguments, model_keys
 from .optim import OPTIMIZERS, SCHEDULES
 from .optim.optimizers import NO_DECAY_KINDS
-from .run_files import check_run_dir, read_json
+from .run_files import NOT_REBUILT, TOKENIZER, check_run_dir, load_tokenizer_state, read_json
 from ._limits import check_bounds
 
 SECTIONS = ("model", "data", "train", "lora")      # [lora]: optional, LoRA adapters (numformer.lora)
@@ -183,6 +185,16 @@ RESUME_REFUSED = {
             "the checkpoint",
     "objective": "the run's loss and its stored reference log-probabilities belong to it",
 }
+BUDGET_REFUSED = "a run counted in steps cannot become one planned for a time budget, nor the reverse"
+
+
+def _refused_train(saved, train):
+    """[(key, why)]: the changes from the [train] section ``saved`` to ``train`` that --resume cannot make."""
+    changed = [k for k in train if saved.get(k) != train[k]]
+    refused = [(k, RESUME_REFUSED[k]) for k in changed if k in RESUME_REFUSED]
+    if "budget_minutes" in changed and not (saved.get("budget_minutes") and train["budget_minutes"]):
+        refused.append(("budget_minutes", BUDGET_REFUSED))
+    return refused
 
 
 def resume_changes(saved, train):
@@ -190,13 +202,9 @@ def resume_changes(saved, train):
     with the --set values): a note naming the changes that move the learning-rate schedule, and one naming the
     others; ValueError naming the keys that cannot change (``RESUME_REFUSED``)."""
     changed = [k for k in train if saved.get(k) != train[k]]
-    refused = [k for k in changed if k in RESUME_REFUSED]
-    if "budget_minutes" in changed and not (saved.get("budget_minutes") and train["budget_minutes"]):
-        refused.append("budget_minutes")
+    refused = _refused_train(saved, train)
     if refused:
-        reasons = "; ".join(f"{k} {saved.get(k)!r} -> {train[k]!r} ("
-                            + RESUME_REFUSED.get(k, "a run counted in steps cannot become one planned for a time "
-                                                    "budget, nor the reverse") + ")" for k in refused)
+        reasons = "; ".join(f"{k} {saved.get(k)!r} -> {train[k]!r} ({why})" for k, why in refused)
         raise ValueError(f"--resume cannot change [train] {reasons}; remove the --set, or start a new run with "
                          f"`numformer train CONFIG --out NEW_DIR`")
     moving = _schedule_keys(saved) | _schedule_keys(train)
@@ -224,27 +232,84 @@ RESUME_REFUSED_SECTIONS = {
 }
 
 
-def resume_section_changes(saved, config):
-    """The note on a resumed run's changed [model], [data] and [lora] values (``saved``: config.json, resolved;
-    ``config``: resolved with the --set values); ValueError naming every change ``RESUMABLE`` does not allow."""
-    changed, refused = [], []
+def _section_changes(saved, config):
+    """Each difference of [model], [data] and [lora] from ``saved`` to ``config`` (both resolved), in the order
+    of the messages: (section, key, old, new, why it may not change, whether --resume may make it: ``RESUMABLE``)."""
+    changes = []
     for section, may in RESUMABLE.items():
         a, b = saved.get(section), config.get(section)
         if a is None and b is None:
             continue
         why = RESUME_REFUSED_SECTIONS[section] if a is not None else f"the run was trained without [{section}]"
+        allowed = a is not None
         a, b = a or {}, b or {}
         for key in sorted(set(a) | set(b), key=lambda k: (k == "layers", k)):
             if a.get(key) != b.get(key):
-                item = f"[{section}] {key} {a.get(key)!r} -> {b.get(key)!r}"
-                (changed if key in may and saved.get(section) is not None else refused).append((why, item))
+                changes.append((section, key, a.get(key), b.get(key), why, allowed and key in may))
+    return changes
+
+
+def resume_section_changes(saved, config):
+    """The note on a resumed run's changed [model], [data] and [lora] values (``saved``: config.json, resolved;
+    ``config``: resolved with the --set values); ValueError naming every change ``RESUMABLE`` does not allow."""
+    changes = _section_changes(saved, config)
+    refused = [c for c in changes if not c[5]]
     if refused:
-        reasons = "; ".join(f"{item} ({why})" for why, item in refused[:4])
+        reasons = "; ".join(f"[{s}] {k} {a!r} -> {b!r} ({why})" for s, k, a, b, why, _ in refused[:4])
         more = f" and {len(refused) - 4} more" if len(refused) > 4 else ""
         raise ValueError(f"--resume cannot change {reasons}{more}; remove the --set, or start a new run with "
                          f"`numformer train CONFIG --out NEW_DIR` (init_from = RUN_DIR starts it from this run's "
                          f"weights)")
-    return ["note: " + ", ".join(item for _, item in changed) + " in effect from this step on"] if changed else []
+    changed = [f"[{s}] {k} {a!r} -> {b!r}" for s, k, a, b, _, allowed in changes if allowed]
+    return ["note: " + ", ".join(changed) + " in effect from this step on"] if changed else []
+
+
+# -- config.json against the checkpoint -------------------------------------------------------------------------
+# What --resume --set refuses to change, an edited config.json must not change either: the checkpoint records the
+# config its run trained with (run_files.checkpoint_config; an older checkpoint its [model] section, dtype, optimizer
+# and, in its generators, its seed), and train.run.resumed_config compares config.json with it by the rules above
+# before any data is read.
+class NotRecorded:
+    """A value the checkpoint does not record but is known to differ from config.json's (the seed of a checkpoint
+    written before checkpoints recorded their config: its random generators were seeded otherwise)."""
+
+    def __init__(self, description):
+        self.description = description
+
+    def __repr__(self):
+        return self.description
+
+
+def edited_values(trained, saved):
+    """The values of config.json (``saved``, resolved) that differ from those the checkpoint's run was trained with
+    (``trained``: resolved, with config.json's values where the checkpoint does not record them) and that
+    --resume --set could not have changed: [(section, key, config.json's value, the checkpoint's, why)]."""
+    train = [("train", k, saved["train"].get(k), trained["train"].get(k), why)
+             for k, why in _refused_train(trained["train"], saved["train"])]
+    return train + [(s, k, new, old, why) for s, k, old, new, why, allowed in _section_changes(trained, saved)
+                    if not allowed]
+
+
+def check_config_json_against_checkpoint(trained, saved, config_path, checkpoint_path):
+    """One ValueError naming each value of config.json (``saved``) that the checkpoint's run was not trained with
+    and that --resume could not have set (``edited_values``): config.json was edited."""
+    edited = edited_values(trained, saved)
+    if not edited:
+        return
+    items = "; ".join(f"[{s}] {k} {_json(now)}, " + (f"but the run's checkpoint {checkpoint_path} was trained with "
+                                                     if n == 0 else "trained with ") + f"{_json(then)} ({why})"
+                      for n, (s, k, now, then, why) in enumerate(edited[:4]))
+    more = f" and {len(edited) - 4} more" if len(edited) > 4 else ""
+    one = len(edited) == 1
+    raise ValueError(f"{config_path} was edited: it says {items}{more}; --resume cannot change "
+                     f"{'this' if one else 'these'}: put the checkpoint's {'value' if one else 'values'} back in "
+                     f"config.json (or restore it from a copy) to resume, or start a new run with "
+                     f"`numformer train CONFIG --out NEW_DIR`")
+
+
+def _json(value):
+    """A config value as config.json writes it (a value the checkpoint does not record: its description)."""
+    return repr(value) if isinstance(value, NotRecorded) else json.dumps(value)
 
 
 def _schedule_keys(t):
@@ -286,6 +351,8 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     source_model = None
     if init_from is not None and build_task:
         source = read_source(init_from)
+        if tokenizer_state is None and source.kind == "run" and source.tokenizer_state is None:
+            load_tokenizer_json(source.folder, load_config_json(source.folder)["data"])  # refuses a lost one
         source_model, tokenizer_state = source.model, tokenizer_state or source.tokenizer_state
         model.setdefault("type", source_model["type"])
     kind, model = _resolve_model_kind(model, data, task_cls, written)
@@ -443,3 +510,48 @@ def load_config_json(run_dir):
         raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
                          f"`numformer train CONFIG --out {run_dir}`")
     return check_saved_config(read_json(path, "config file"), path)
+
+
+# -- the run's tokenizer.json -------------------------------------------------------------------------------------
+def load_tokenizer_json(run_dir, data):
+    """The state in the run's tokenizer.json (``run_files.load_tokenizer_state``), or None for a run whose task
+    keeps no tokenizer (``data``: the run's [data] section). Every command that reads a
+    run's tokenizer reads it here: one ValueError naming the file when it is missing from a run whose task keeps
+    one, when it holds no tokenizer's state, or (a task of numformer's) a tokenizer of an unknown type. It is
+    never rebuilt from the data: a vocabulary built again from the data as they are now may give other ids.
+
+    A task keeps a tokenizer when its class defines ``Task.tokenizer_state`` (every task of numformer's does), so
+    a run folder without tokenizer.json is a run of a task without one, or a run whose tokenizer.json was lost."""
+    path = Path(run_dir) / TOKENIZER
+    state = load_tokenizer_state(run_dir)
+    task_cls = find_task(data.get("task"), data.get("task_module"))
+    if state is None:
+        if task_cls.tokenizer_state is not Task.tokenizer_state:
+            raise ValueError(f"{path} is missing: the run's task {data.get('task')!r} keeps its vocabulary there, "
+                             f"and the weights were trained on its ids; restore tokenizer.json from a copy of the "
+                             f"run folder ({NOT_REBUILT}), or train a new run")
+        return None
+    problem = _unknown_tokenizer(state) if task_cls.__module__.startswith("numformer.") else None
+    if problem:
+        raise ValueError(f"tokenizer file {path} is damaged ({problem}); restore it from a copy of the run folder "
+                         f"({NOT_REBUILT})")
+    return state
+
+
+def tokenizer_parts(state):
+    """The tokenizers' states in a tokenizer.json state of a task of numformer's: the state itself, or a
+    translation run's source tokenizer (``src``) and, without a joint vocabulary, its target tokenizer (``tgt``)."""
+    if "type" not in state and "src" in state:
+        return [state["src"]] + ([] if state.get("joint") else [state.get("tgt")])
+    return [state]
+
+
+def _unknown_tokenizer(state):
+    """Why the tokenizer.json state of a task of numformer's holds a tokenizer of no known type, or None: its
+    tokenizers are Hugging Face documents or states with a ``type`` of ``TOKENIZER_TYPES``."""
+    for part in tokenizer_parts(state):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not is_hf_document(part) and not (isinstance(kind, str) and kind in TOKENIZER_TYPES):
+            return (f"unknown tokenizer type {kind!r}; numformer's are {sorted(TOKENIZER_TYPES)} or a Hugging Face "
+                    f"tokenizer.json")
+    return None

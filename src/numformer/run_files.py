@@ -15,9 +15,10 @@ crash leaves either the old file or the new one, never half of one.
 ``checkpoint.safetensors`` holds all a resumed run needs in one file: the
 model weights (``model/<name>``), the optimizer's moment buffers
 (``optim/<index>.<buffer>``) and, in the metadata, the optimizer's counters,
-the random generators' states, the trainer's state as JSON and the names of
+the random generators' states, the trainer's state as JSON, the names of
 the frozen parameters (``requires_grad = False``), which must be the same when
-the run resumes.
+the run resumes, and the resolved config the run trained with (``config``), which
+``--resume`` compares with config.json (``numformer.train.run.resumed_config``).
 """
 from __future__ import annotations
 
@@ -185,14 +186,47 @@ def frozen_parameters(model):
     return [name for name, p in model.named_parameters() if not p.requires_grad]
 
 
-def save_checkpoint(path, model, optimizer, state, metadata=None):
+def save_checkpoint(path, model, optimizer, state, metadata=None, config=None):
     """Model, optimizer and trainer state (JSON-able dict) in one atomic file; ``metadata``: more string
-    entries for the file's metadata. The names of the frozen parameters are recorded (``frozen``)."""
+    entries for the file's metadata. The names of the frozen parameters are recorded (``frozen``), and
+    ``config``, the resolved config the run trains with, as ``config`` (a resumed run checks config.json
+    against it: ``checkpoint_config``)."""
     tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
     opt_arrays, opt_meta = optimizer.state_dict()
     tensors.update({f"optim/{k}": v for k, v in opt_arrays.items()})
-    _save_safetensors(path, tensors, {**(metadata or {}), "format": FORMAT, "optimizer": json.dumps(opt_meta),
-                                      "state": json.dumps(state), "frozen": json.dumps(frozen_parameters(model))})
+    recorded = {} if config is None else {"config": json.dumps(config)}
+    _save_safetensors(path, tensors, {**(metadata or {}), **recorded, "format": FORMAT,
+                                      "optimizer": json.dumps(opt_meta), "state": json.dumps(state),
+                                      "frozen": json.dumps(frozen_parameters(model))})
+
+
+def checkpoint_config(path):
+    """What checkpoint ``path`` records of the config its run trained with: {"config": the resolved config, or
+    None for a checkpoint written before it was recorded; "model": the [model] section (``model_config``, None
+    before it was recorded); "dtype"; "optimizer": the optimizer's class name; "model_rng": the state of the
+    generator the run's seed started}. None when there is no checkpoint or it is not a numformer one. An entry
+    that is not what numformer writes counts as not recorded (``load_checkpoint`` names a damaged one), but for
+    ``config``: ValueError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    meta = load_metadata(path, "checkpoint")
+    if meta.get("format") != FORMAT:
+        return None
+
+    def entry(key):
+        try:
+            value = bounded_json(meta[key], f"the {key} metadata of checkpoint {path}") if key in meta else None
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    config = entry("config")
+    if "config" in meta and not (config and all(isinstance(v, dict) for v in config.values())):
+        raise ValueError(f"checkpoint {path} is damaged (its config metadata is not the table of sections numformer "
+                         f"writes); it cannot be resumed: restore it or train again")
+    return {"config": config, "model": entry("model_config"), "dtype": meta.get("dtype"),
+            "optimizer": (entry("optimizer") or {}).get("type"), "model_rng": (entry("state") or {}).get("model_rng")}
 
 
 def load_checkpoint(path, model, optimizer):
@@ -209,6 +243,12 @@ def load_checkpoint(path, model, optimizer):
     _check_frozen(path, meta, model)
     try:
         model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+    except ValueError as e:         # names or shapes of another model than config.json's (resumed_config compares
+        # the [model] section a checkpoint records before this; one written before it recorded any gets here)
+        raise ValueError(f"checkpoint {path} holds weights of another model than config.json's [model] describes "
+                         f"({e}); if config.json was edited, restore it from a copy; else the checkpoint is "
+                         f"damaged: restore it or train again") from None
+    try:
         optimizer.load_state_dict({k[len("optim/"):]: v for k, v in tensors.items() if k.startswith("optim/")},
                                   bounded_json(meta["optimizer"], "its optimizer metadata"), keep_options=True)
         state = bounded_json(meta["state"], "its state metadata")
@@ -256,7 +296,22 @@ def read_json(path, what):
     return bounded_json(path.read_bytes(), f"{what} {path}")
 
 
+TOKENIZER = "tokenizer.json"
+NOT_REBUILT = ("it cannot be rebuilt safely: a vocabulary built again from the data as they are now may give the "
+               "weights other ids")
+
+
 def load_tokenizer_state(run_dir):
-    """The run's tokenizer.json (a dict), or None when the run has none."""
-    path = Path(run_dir) / "tokenizer.json"
-    return read_json(path, "tokenizer file") if path.is_file() else None
+    """The run's tokenizer.json (a non-empty JSON object), or None when the folder has none (whether the run
+    should have one is for its config to say: ``numformer.config.load_tokenizer_json``). ValueError naming the
+    file when it is not JSON or holds no tokenizer's state (``{}``, a list, null ...)."""
+    path = Path(run_dir) / TOKENIZER
+    if not path.is_file():
+        return None
+    state = read_json(path, "tokenizer file")
+    if not isinstance(state, dict) or not state:
+        what = ("an empty JSON object" if state == {} else "JSON null" if state is None
+                else f"a JSON {type(state).__name__}")
+        raise ValueError(f"tokenizer file {path} is damaged (it holds {what}, not a tokenizer's state); restore "
+                         f"it from a copy of the run folder ({NOT_REBUILT})")
+    return state

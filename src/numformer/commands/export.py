@@ -38,7 +38,8 @@ def run(args):
     from ..interop.hf import default_export_type
     from ..interop.peft import save_adapter, savable_adapter_keys
     from ..lora import merge_lora, unload_lora
-    from ..train import load_config_json, load_model, load_tokenizer_state, run_folder
+    from ..config import load_tokenizer_json
+    from ..train import load_config_json, load_model, run_folder
     from ..interop.sources import tokenizer_from_state
 
     config = load_config_json(args.run_dir)
@@ -59,7 +60,7 @@ def run(args):
             raise ValueError(f"--model-type {args.model_type}: {e}") from None
     if getattr(model, "lora_config", None) and not args.merge:      # so is an adapter PEFT cannot be given
         savable_adapter_keys(model, args.model_type or default_export_type(model.config))
-    state = load_tokenizer_state(args.run_dir)
+    state = load_tokenizer_json(args.run_dir, config["data"])     # a run whose task keeps one: it must be there
     tokenizer = tokenizer_from_state(state, args.run_dir) if state else None
     made = [p for p in (out, *out.parents) if not p.exists()]       # the folders mkdir makes, deepest first
     out.mkdir(parents=True, exist_ok=True)

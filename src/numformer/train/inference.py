@@ -13,8 +13,7 @@ from ..data.text_tasks import encode_for_classifier
 from ..ops import softmax_forward
 from ..interop.sources import tokenizer_from_state
 from .run import load_model
-from ..config import load_config_json
-from ..run_files import load_tokenizer_state
+from ..config import load_config_json, load_tokenizer_json
 
 __all__ = ["load_classifier", "classify_texts", "load_translator", "unknown_words"]
 
@@ -30,7 +29,7 @@ def load_classifier(run_dir):
         raise ValueError(f"{run_dir} holds a {kind!r} model (task {config.get('data', {}).get('task')!r}); "
                          f"numformer classify needs a text classifier run (imdb, agnews); "
                          f"use `numformer generate` for language models")
-    state = load_tokenizer_state(run_dir)
+    state = load_tokenizer_json(run_dir, config["data"])
     if state is None:
         raise ValueError(f"{run_dir} has no tokenizer.json, so its texts cannot be tokenized as in training")
     tokenizer = tokenizer_from_state(state, run_dir)
@@ -81,7 +80,7 @@ def load_translator(run_dir):
     if config["model"]["type"] != "transformer":
         raise ValueError(f"{run_dir} holds a {config['model']['type']} model; `numformer translate` needs an "
                          f"encoder-decoder Transformer (train one with configs/multi30k.toml)")
-    state = load_tokenizer_state(run_dir)
+    state = load_tokenizer_json(run_dir, config["data"])
     if not state or "src" not in state:
         raise ValueError(f"{run_dir} has no source/target tokenizer.json, so text cannot be encoded")
     src_tok = tokenizer_from_state(state["src"], run_dir)

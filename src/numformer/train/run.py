@@ -3,16 +3,25 @@ to resume.
 
 Every file is checked as it is read: a missing folder or file, bad JSON, a
 config.json that fails the config checks (``numformer.config``) or weights
-saved with another model config each give one ValueError naming the file.
+saved with another model config each give one ValueError naming the file. A
+run whose task keeps a tokenizer needs its tokenizer.json: it is never built
+again from the data (``config.load_tokenizer_json``). A run to resume needs a
+config.json that agrees with its checkpoint (``check_against_checkpoint``).
 """
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
-from ..config import apply_overrides, load_config_json, resolve_config, resume_changes, resume_section_changes
+import numpy as np
+
+from ..config import (apply_overrides, check_config_json_against_checkpoint, check_saved_config, load_config_json,
+                      load_tokenizer_json, NotRecorded, resolve_config, resume_changes, resume_section_changes)
 from ..data.base import make_task
 from ..interop.sources import load_run_model, tokenizer_from_state
-from ..run_files import load_tokenizer_state
+from ..models import model_arguments
+from ..optim import OPTIMIZERS
+from ..run_files import CHECKPOINT, TOKENIZER, checkpoint_config
 
 
 def load_model(run_dir, config=None):
@@ -21,19 +30,23 @@ def load_model(run_dir, config=None):
     return load_run_model(run_dir, config["model"], config["train"]["dtype"], config.get("lora"))
 
 
-def load_tokenizer(run_dir):
-    """The run's tokenizer (tokenizer.json), or None when the run has none."""
-    state = load_tokenizer_state(run_dir)
+def load_tokenizer(run_dir, config=None):
+    """The run's tokenizer (tokenizer.json), or None when the run's task keeps none."""
+    config = load_config_json(run_dir) if config is None else config
+    state = load_tokenizer_json(run_dir, config["data"])
     return None if state is None else tokenizer_from_state(state, run_dir)
 
 
 def load_task(run_dir, config=None):
     """The run's task, rebuilt from its [data] config with the saved vocabulary."""
     config = load_config_json(run_dir) if config is None else config
+    state = load_tokenizer_json(run_dir, config["data"])
     try:
-        return make_task(config["data"], config["train"]["seed"], load_tokenizer_state(run_dir))
+        return make_task(config["data"], config["train"]["seed"], state)
     except (KeyError, TypeError, AttributeError, IndexError) as e:
-        raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} does not fit the run's [data] "
+        if state is None:
+            raise
+        raise ValueError(f"tokenizer file {Path(run_dir) / TOKENIZER} does not fit the run's [data] "
                          f"({type(e).__name__}: {e}); restore it or retrain") from None
 
 
@@ -41,8 +54,12 @@ def resumed_config(run_dir, overrides=None):
     """(resolved config, task, notes) of a run to resume: its config.json with ``overrides`` (--set) applied, the
     task with the saved vocabulary (so that ids mean what they meant), and a note line on each change the
     overrides make (``config.resume_changes`` for [train], ``config.resume_section_changes`` for [model], [data]
-    and [lora]; each refuses in one line a change that cannot be made)."""
-    saved, tokenizer_state = load_config_json(run_dir), load_tokenizer_state(run_dir)
+    and [lora]; each refuses in one line a change that cannot be made). config.json must agree with the
+    checkpoint on what --resume cannot change (``check_against_checkpoint``), and tokenizer.json must be there
+    when the run's task keeps one (``config.load_tokenizer_json``)."""
+    saved = load_config_json(run_dir)
+    check_against_checkpoint(run_dir, saved)
+    tokenizer_state = load_tokenizer_json(run_dir, saved["data"])
     wanted = apply_overrides(saved, overrides)
     resume_section_changes(saved, wanted)       # a change refused by name before any data or source is read
     try:
@@ -50,6 +67,62 @@ def resumed_config(run_dir, overrides=None):
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         if tokenizer_state is None:
             raise
-        raise ValueError(f"tokenizer file {Path(run_dir) / 'tokenizer.json'} is damaged or does not fit the run's "
+        raise ValueError(f"tokenizer file {Path(run_dir) / TOKENIZER} is damaged or does not fit the run's "
                          f"[data] ({type(e).__name__}: {e}); restore it or retrain") from None
     return config, task, resume_changes(saved["train"], config["train"]) + resume_section_changes(saved, config)
+
+
+def check_against_checkpoint(run_dir, saved):
+    """config.json (``saved``, resolved) against the config the run's checkpoint was trained with: one ValueError
+    naming each value edited by hand that ``--resume --set`` would refuse to change
+    (``config.check_config_json_against_checkpoint``). Nothing to compare without a checkpoint (resuming says so)."""
+    path = Path(run_dir) / CHECKPOINT
+    recorded = checkpoint_config(path)
+    if recorded is not None:
+        check_config_json_against_checkpoint(trained_config(recorded, saved, path), saved,
+                                             Path(run_dir) / "config.json", path)
+
+
+def trained_config(recorded, saved, path):
+    """The resolved config a checkpoint's run trained with, as far as the checkpoint tells (``recorded``:
+    ``run_files.checkpoint_config``). A recorded config is checked as config.json is, its defaults filled in (a key
+    added to numformer since counts as its default); one that fails the checks is a damaged checkpoint. A
+    checkpoint written before checkpoints recorded their config tells its [model] section (a key it lacks counts
+    as its default, as ``interop.sources.check_weights`` has it), dtype and optimizer, and whether its seed is
+    config.json's (``seeded_with``); config.json's values (``saved``) stand for the rest."""
+    if recorded["config"] is not None:
+        try:
+            return check_saved_config(recorded["config"], "its config metadata")
+        except ValueError as e:
+            raise ValueError(f"checkpoint {path} is damaged ({e}); it cannot be resumed: restore it or train "
+                             f"again") from None
+    trained = {s: dict(v) for s, v in saved.items()}
+    if recorded["model"] is not None:
+        defaults = model_arguments(saved["model"]["type"])
+        for k in saved["model"]:
+            default = defaults.get(k, inspect.Parameter.empty)
+            if k in recorded["model"] or default is not inspect.Parameter.empty:
+                trained["model"][k] = recorded["model"].get(k, default)
+    if recorded["dtype"] in ("float32", "float64"):
+        trained["train"]["dtype"] = recorded["dtype"]
+    name = {cls.__name__: name for name, cls in OPTIMIZERS.items()}.get(recorded["optimizer"])
+    if name is not None:
+        trained["train"]["optimizer"] = name
+    if not seeded_with(recorded["model_rng"], saved["train"]["seed"]):
+        trained["train"]["seed"] = NotRecorded(f"another seed (its random generators were not seeded with "
+                                               f"{saved['train']['seed']})")
+    return trained
+
+
+def seeded_with(rng_state, seed):
+    """Whether the saved state of a run's first random generator (the trainer's ``model_rng``, a PCG64 of
+    ``SeedSequence(seed).spawn(2)[0]``) comes from ``seed``: a PCG64's increment is set by its seed and never
+    changes as it draws. True when the state cannot tell."""
+    try:
+        inc = rng_state["state"]["inc"] if rng_state["bit_generator"] == "PCG64" else None
+    except (KeyError, TypeError):
+        return True
+    if type(inc) is not int:            # another generator, or a damaged state (resuming names it)
+        return True
+    first = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])
+    return inc == first.bit_generator.state["state"]["inc"]

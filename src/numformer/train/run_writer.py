@@ -108,7 +108,8 @@ class RunWriter:
         """checkpoint.safetensors: the model, the optimizer and the trainer's ``state``."""
         if self.writes:
             self.check()
-            save_checkpoint(self.run_dir / CHECKPOINT, model, optimizer, state, run_folder.weights_metadata(config))
+            save_checkpoint(self.run_dir / CHECKPOINT, model, optimizer, state, run_folder.weights_metadata(config),
+                            config=config)
             self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
             (self.run_dir / run_folder.KEPT_SELECTION).unlink(missing_ok=True)      # this checkpoint's is in MODEL
 

@@ -331,7 +331,8 @@ def test_divergence_before_any_checkpoint_says_to_train_again(tmp_path):
     out = tmp_path / "R"
     rc, _, err = run("train", cfg, "--out", out)
     line = one_error_line(rc, err, "train")
-    assert "no checkpoint had been written yet" in line and "train again with a lower lr" in line
+    assert "no checkpoint had been written yet" in line and "train again with --overwrite" in line
+    assert "lower lr" in line
     assert not (out / "checkpoint.safetensors").exists()
 
 
@@ -355,3 +356,26 @@ def test_a_write_between_the_check_and_a_replacement_never_reaches_the_new_folde
             lock.check()
     finally:
         lock.release()
+
+
+@pytest.mark.parametrize("fails", ["create", "fsync"])
+def test_a_failed_write_names_the_file_not_its_temporary(tmp_path, monkeypatch, fails):
+    """A read-only file system (creating the temporary file) or a full disk (fsync) is reported about the file
+    being written: the temporary's name (.metrics.jsonl.PID.RANDOM.tmp) told a user nothing of where it was."""
+    import errno
+
+    from numformer import run_files
+
+    target = tmp_path / "metrics.jsonl"
+    if fails == "create":
+        def refuse(folder_fd, path, flags):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        monkeypatch.setattr(run_files, "_open_at", refuse)
+    else:
+        def full(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(run_files.os, "fsync", full)
+    with pytest.raises(OSError) as raised:
+        run_files.write_atomic(target, b"{}\n")
+    assert raised.value.filename == str(target) and raised.value.errno in (errno.EROFS, errno.ENOSPC)
+    assert list(tmp_path.iterdir()) == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,10 @@ def write_atomic(path, data: bytes):
     path = Path(path)
     tmp = path.with_name(temp_name(path.name))
     folder_fd = _locked_folder_fd(path)
-    fd = _open_at(folder_fd, tmp, _CREATE_NEW)
+    try:
+        fd = _open_at(folder_fd, tmp, _CREATE_NEW)
+    except OSError as e:
+        raise _about(e, path) from None
     tmp_name, name = (tmp, path) if folder_fd is None else (tmp.name, path.name)
     at = {} if folder_fd is None else {"dir_fd": folder_fd}
     try:
@@ -105,12 +109,22 @@ def write_atomic(path, data: bytes):
             os.fsync(f.fileno())
         os.replace(tmp_name, name, **({} if folder_fd is None else {"src_dir_fd": folder_fd,
                                                                      "dst_dir_fd": folder_fd}))
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp_name, **at)
         except OSError:
             pass
+        if isinstance(e, OSError):
+            raise _about(e, path) from None
         raise
+
+
+def _about(error, path):
+    """An OSError of ``write_atomic`` (about its temporary file, named ``.NAME.PID.RANDOM.tmp``) as one about the
+    file it writes, ``path``: what the user asked for, and in the folder they chose."""
+    if error.errno is None:
+        return error
+    return type(error)(error.errno, error.strerror, str(path))
 
 
 def remove_temp_files(folder, names):
@@ -132,14 +146,30 @@ def write_json_atomic(path, obj):
     write_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
+CHECKSUM = "crc32"          # metadata key: the CRC-32 of every tensor's bytes (safetensors itself checks only sizes)
+
+
+def _checksum(tensors):
+    """CRC-32 (hex) of the tensors' bytes, in the order of their names: a file whose bytes changed on disk (a bad
+    sector, a partial copy, a stray write) no longer matches the value written with it."""
+    crc = 0
+    for name in sorted(tensors):
+        crc = zlib.crc32(np.ascontiguousarray(tensors[name]).reshape(-1).view(np.uint8), crc)
+    return f"{crc:08x}"
+
+
 def _save_safetensors(path, tensors, metadata):
     from safetensors.numpy import save
 
     tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    write_atomic(path, save(tensors, metadata={k: str(v) for k, v in metadata.items()}))
+    metadata = {**{k: str(v) for k, v in metadata.items()}, CHECKSUM: _checksum(tensors)}
+    write_atomic(path, save(tensors, metadata=metadata))
 
 
 def _load_safetensors(path, what):
+    """(tensors, metadata) of a safetensors file numformer wrote; ValueError naming a damaged file (unreadable,
+    or its tensors no longer matching the checksum written with them; files written before checksums were
+    recorded are read unchecked)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -152,6 +182,9 @@ def _load_safetensors(path, what):
     except Exception as e:  # safetensors raises several types for a damaged file
         raise ValueError(f"{what} {path} is corrupt or truncated ({type(e).__name__}: {e}); "
                          f"it cannot be loaded — restore a copy or retrain") from None
+    if CHECKSUM in meta and meta[CHECKSUM] != _checksum(tensors):
+        raise ValueError(f"{what} {path} is corrupt: its tensors' bytes changed since numformer wrote it (their "
+                         f"CRC-32 is not the {meta[CHECKSUM]} written with them); restore a copy or retrain")
     return tensors, meta
 
 
@@ -235,8 +268,9 @@ def load_checkpoint(path, model, optimizer):
     which ``--resume --set`` may have changed); the saved options are checked all the same."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"no checkpoint at {path}: nothing to resume (the run saved none yet); "
-                         f"start the run again without --resume")
+        raise ValueError(f"no checkpoint at {path}: nothing to resume (the run wrote none, or it was removed); "
+                         f"start the run afresh in that folder with --overwrite instead of --resume (it replaces "
+                         f"the run's files), or give another --out")
     tensors, meta = _load_safetensors(path, "checkpoint")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a numformer checkpoint (format {meta.get('format')!r})")

@@ -148,7 +148,7 @@ def test_resume_missing_or_corrupt_checkpoint(tmp_path):
         Trainer(None, tmp_path / "none", resume=True)
     Trainer(config(max_steps=10), tmp_path, quiet=True).train()
     (tmp_path / CHECKPOINT).unlink()
-    with pytest.raises(ValueError, match="no checkpoint at .*nothing to resume"):
+    with pytest.raises(ValueError, match="no checkpoint at .*nothing to resume.* --overwrite instead of --resume"):
         Trainer(None, tmp_path, resume=True)
     Trainer(config(max_steps=10), tmp_path, overwrite=True, quiet=True).train()
     data = (tmp_path / CHECKPOINT).read_bytes()
@@ -527,3 +527,47 @@ def test_a_selection_made_after_the_checkpoint_does_not_replace_its_own_on_resum
     assert step == 2 and all(np.array_equal(tensors[k], step2[1][k]) for k in tensors)
     assert not any(name.startswith(".checkpoint-selection") for name in files)
     assert summary["steps"] == 12 and summary["selected_step"] == 2
+
+
+@pytest.mark.parametrize("name", [CHECKPOINT, MODEL])
+def test_bytes_changed_inside_a_saved_tensor_are_reported_as_corruption(tmp_path, name):
+    """A few bytes overwritten inside the tensor data (a bad sector, a stray write) leave a file safetensors still
+    parses: the CRC-32 written with the tensors tells it (before: the checkpoint loaded, NaN weights trained, and
+    the divergence message advised resuming from the same damaged checkpoint)."""
+    from numformer.run_files import load_model_weights
+
+    trainer = Trainer(config(max_steps=10), tmp_path, quiet=True)
+    trainer.train()
+    trainer.close()
+    path = tmp_path / name
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")              # the tensor data follows the JSON header
+    data[(start + len(data)) // 2:(start + len(data)) // 2 + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"{name} is corrupt: its tensors' bytes changed"):
+        if name == CHECKPOINT:
+            Trainer(None, tmp_path, resume=True, quiet=True)
+        else:
+            load_model_weights(path, trainer.model)
+
+
+def test_a_resumed_run_that_crashes_leaves_no_summary_of_its_earlier_end(tmp_path):
+    """summary.json describes the weights in model.safetensors; a finished run resumed for more steps trains new
+    bests into model.safetensors, so its earlier summary goes when it starts (before: a crash left summary.json
+    naming step 10 beside the weights of a later step)."""
+    Trainer(config(max_steps=10), tmp_path, quiet=True).train()
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 10
+    resumed = Trainer(None, tmp_path, resume=True, quiet=True, overrides=["train.max_steps=20"])
+    real = resumed._train_step
+
+    def crash_at_15():
+        if resumed.step == 15:
+            raise MemoryError("killed")
+        return real()
+    resumed._train_step = crash_at_15
+    with pytest.raises(MemoryError):
+        resumed.train()
+    resumed.close()
+    assert not (tmp_path / "summary.json").exists()
+    again = Trainer(None, tmp_path, resume=True, quiet=True, overrides=["train.max_steps=20"])
+    assert again.train()["steps"] == 20 and json.loads((tmp_path / "summary.json").read_text())["steps"] == 20

@@ -77,7 +77,8 @@ def divergence_advice(run_dir, checkpoint_step):
     ckpt = run_dir / CHECKPOINT
     if checkpoint_step is None or not ckpt.exists():
         return ("no checkpoint had been written yet (checkpoint_every), so there is nothing to resume: train "
-                "again with a lower lr, more warmup_steps or a grad_clip")
+                f"again with --overwrite (numformer train CONFIG --out {run_dir} --overwrite --set train.lr=...) "
+                "and a lower lr, more warmup_steps or a grad_clip")
     return (f"the checkpoint of step {checkpoint_step}, written before the loss began to diverge, is kept in "
             f"{ckpt}; continue from it with a lower learning rate: numformer train --out {run_dir} --resume "
             f"--set train.lr=... (or more warmup_steps, a grad_clip)")

@@ -66,10 +66,13 @@ class RunWriter:
             self.lock.check()
 
     def start(self, config, tokenizer_state):
-        """config.json (the resolved config) and tokenizer.json (when the task has a tokenizer)."""
+        """config.json (the resolved config) and tokenizer.json (when the task has a tokenizer). A resumed run's
+        summary.json, of its earlier end, goes: it no longer describes the weights once the run trains on (a
+        crash would leave it naming a step model.safetensors no longer holds); the run's end writes its own."""
         if not self.writes:
             return
         self.check()
+        (self.run_dir / "summary.json").unlink(missing_ok=True)
         write_json_atomic(self.run_dir / "config.json", config)
         if tokenizer_state is not None:
             write_json_atomic(self.run_dir / "tokenizer.json", tokenizer_state)

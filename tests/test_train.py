@@ -16,6 +16,7 @@ from numformer.data import Batch, Task, register_task
 from numformer.train import EarlyStopping, Trainer, TrainingDiverged, resolve_config, write_atomic
 from numformer.train import evaluation as evaluation_module
 from numformer.run_files import CHECKPOINT, MODEL
+from numformer.train.run_folder import RunFolderBusy
 
 
 @register_task("test_counting")
@@ -571,3 +572,25 @@ def test_a_resumed_run_that_crashes_leaves_no_summary_of_its_earlier_end(tmp_pat
     assert not (tmp_path / "summary.json").exists()
     again = Trainer(None, tmp_path, resume=True, quiet=True, overrides=["train.max_steps=20"])
     assert again.train()["steps"] == 20 and json.loads((tmp_path / "summary.json").read_text())["steps"] == 20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a second process holding the lock")
+def test_init_from_a_run_folder_being_trained_is_refused(tmp_path):
+    """init_from reads a run folder under its shared lock, as numformer eval does: while another process trains
+    there (holding it exclusively) the new run is refused in one line naming the folder (before: it started from
+    whatever weights the other run had written last, and recorded only the path)."""
+    source = tmp_path / "source"
+    Trainer(config(max_steps=10), source, quiet=True).train()
+    code = ("import sys\nfrom numformer.train.run_folder import lock_for_writing\n"
+            "lock = lock_for_writing(sys.argv[1])\nprint('locked', flush=True)\nsys.stdin.readline()\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(source)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunFolderBusy, match="source"):
+            Trainer({**config(max_steps=10), "model": {"init_from": str(source)}}, tmp_path / "new", quiet=True)
+    finally:
+        holder.communicate("\n", timeout=30)
+    fine_tuned = Trainer({**config(max_steps=10), "model": {"init_from": str(source)}}, tmp_path / "new2", quiet=True)
+    assert fine_tuned.step == 0
+    fine_tuned.close()

@@ -3,11 +3,15 @@ adapters), the optimizer of its [train] section (``make_optimizer``), and the ch
 trained as configured (``check_trainable``)."""
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 from ..interop.sources import load_weights
 from ..lora import add_lora
 from ..models import build_model
 from ..nn import MultiHeadAttention
 from ..optim import OPTIMIZERS, AdamW, Muon, hidden_matrices, param_groups
+from . import run_folder
 
 
 def build_trained_model(config, rng, dtype, resume):
@@ -17,11 +21,24 @@ def build_trained_model(config, rng, dtype, resume):
     init_from = model_cfg.pop("init_from", None)
     model = build_model(model_cfg, rng=rng, dtype=dtype)
     if init_from is not None and not resume:
-        load_weights(model, init_from)
+        with _reading_source(init_from):
+            load_weights(model, init_from)
     if config.get("lora"):
         add_lora(model, **config["lora"], rng=rng)
     check_trainable(model)
     return model
+
+
+@contextlib.contextmanager
+def _reading_source(source):
+    """A run folder given as init_from is read under its shared lock, as ``numformer eval`` reads one: while a run
+    trains there (holding it exclusively) it is refused with one line, not read between two of its writes."""
+    path = Path(str(source))
+    if not (path.is_dir() and run_folder.holds_run(path)):
+        yield
+        return
+    with run_folder.RunLock(path, exclusive=False, what="read"):
+        yield
 
 
 def describe_run(model, n_params, task, config):

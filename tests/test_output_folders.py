@@ -341,6 +341,15 @@ def test_analyze_writes_again_into_an_earlier_report_and_elsewhere_only_with_ove
     assert (mine / "report.md").is_file() and (mine / "notes.txt").read_text() == "the user's"
 
 
+def test_analyze_never_writes_into_a_run_folder(two_runs, run_cli):
+    """Not even with --overwrite (before: report.md and its figures went among another run's files)."""
+    bpe, char = two_runs
+    before = snapshot(bpe)
+    rc, _, err = run_cli("analyze", char, "--out", bpe, "--overwrite", "--no-ablation", "--no-occlusion")
+    assert rc == 2 and "holds a numformer run; an analysis report is never written into a run folder" in err
+    assert snapshot(bpe) == before
+
+
 def test_bench_quantize_trains_into_its_folder_again_only_with_overwrite(tmp_path, monkeypatch):
     import numformer.bench.quantize as quantize
 

@@ -23,10 +23,21 @@ def run(args):
         state = load_tokenizer_json(args.run_dir, load_config_json(args.run_dir)["data"])
         for part in tokenizer_parts(state) if state is not None else ():    # and each tokenizer the report reads
             tokenizer_from_state(part, args.run_dir)
+    _refuse_a_run_folder(args.out)
     path = analyze_run(args.run_dir, out=args.out, text=args.text, src=args.src, tgt=args.tgt,
                        ablation=not args.no_ablation, occlusion=not args.no_occlusion, split=args.split,
                        overwrite=args.overwrite)
     print(f"report written to {path}")
+
+
+def _refuse_a_run_folder(out):
+    """A report is never written into a run folder, even with --overwrite (as export never writes into one): its
+    files would mix with the run's, which a run training there is writing."""
+    from ..train import run_folder
+
+    if out is not None and Path(out).is_dir() and run_folder.holds_run(out):
+        raise ValueError(f"--out {out} holds a numformer run; an analysis report is never written into a run "
+                         f"folder: choose another --out (the default is RUN_DIR/report)")
 
 
 def register(sub):

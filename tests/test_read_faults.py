@@ -103,6 +103,21 @@ def test_a_damaged_metrics_line_refuses_resume(damaged, run_cli, bad):
     assert run_cli("eval", run)[0] == 0                      # the run itself is intact
 
 
+@pytest.mark.parametrize("newline", [True, False])
+def test_a_damaged_last_metrics_line_refuses_resume_unless_cut_short(damaged, run_cli, newline):
+    """A complete last line (a newline after it) that is not a record is damage, named as any other line; only
+    a last line cut short (no newline: a crash while it was written) is dropped (before: both were dropped)."""
+    run = damaged()
+    lines = (run / "metrics.jsonl").read_bytes().splitlines()
+    (run / "metrics.jsonl").write_bytes(b"".join(line + b"\n" for line in lines) + b"garbage" + b"\n" * newline)
+    if newline:
+        line = fails(run_cli, "train", "--out", run, "--resume", "--set", "train.max_steps=9", "--quiet")
+        assert f"metrics file {run / 'metrics.jsonl'}, line {len(lines) + 1}" in line, line
+    else:
+        assert run_cli("train", "--out", run, "--resume", "--set", "train.max_steps=9", "--quiet")[0] == 0
+        assert b"garbage" not in (run / "metrics.jsonl").read_bytes()
+
+
 # -- 9: non-UTF-8 arguments and files ------------------------------------------------------------------------
 @pytest.mark.parametrize("args", [["generate", "{run}", "--prompt", b"ein \xff mann"],
                                   ["classify", "{run}", b"ein \xff mann"],

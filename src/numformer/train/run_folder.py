@@ -322,10 +322,12 @@ def _exclusive_lock(path, what):
 def metrics_records(path):
     """(line, record) for each line of a metrics.jsonl file, in order.
 
-    Blank lines are skipped; a last line cut short (a run being written, or a crash) is dropped; any other
-    line that is not a JSON object with an integer ``step`` raises one ValueError naming the file and line."""
+    Blank lines are skipped; a last line cut short (no newline after it: a run being written, or a crash) is
+    dropped; any other line that is not a JSON object with an integer ``step``, a complete last line too,
+    raises one ValueError naming the file and line."""
     path = Path(path)
-    lines = path.read_bytes().splitlines()
+    data = path.read_bytes()
+    lines, cut_short = data.splitlines(), not data.endswith(b"\n")
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -333,7 +335,7 @@ def metrics_records(path):
         try:
             record = bounded_json(line, f"metrics file {path}, line {n},")
         except ValueError:
-            if n == len(lines):
+            if n == len(lines) and cut_short:
                 break
             raise
         if not (isinstance(record, dict) and type(record.get("step")) is int):

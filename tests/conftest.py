@@ -184,6 +184,22 @@ def set_commit(monkeypatch, value):
         monkeypatch.setattr(module, "git_commit", lambda: value)
 
 
+def set_metadata(path, **changes):
+    """Rewrite a safetensors file with some metadata entries changed (None removes one)."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), framework="np") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    for k, v in changes.items():
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+    save_file(tensors, str(path), metadata=meta)
+
+
 def src_env():
     """The environment of a subprocess that imports this checkout's numformer (src/ first on PYTHONPATH)."""
     src = os.path.join(os.path.dirname(__file__), "..", "src")

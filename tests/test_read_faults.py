@@ -15,7 +15,7 @@ import pytest
 
 from numformer.cli import main
 
-from conftest import one_error_line, src_env, tiny_copy_toml, tiny_text_toml
+from conftest import one_error_line, set_metadata, src_env, tiny_copy_toml, tiny_text_toml
 
 
 
@@ -52,22 +52,6 @@ def fails(run_cli, *args):
     """Run a command that must fail; returns its one error line."""
     rc, _, err = run_cli(*args)
     return one_error_line(rc, err, str(args[0]))
-
-
-def set_metadata(path, **changes):
-    """Rewrite a safetensors file with some metadata entries changed (None removes one)."""
-    from safetensors import safe_open
-    from safetensors.numpy import save_file
-
-    with safe_open(str(path), framework="np") as f:
-        meta = dict(f.metadata())
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    for k, v in changes.items():
-        if v is None:
-            meta.pop(k, None)
-        else:
-            meta[k] = v
-    save_file(tensors, str(path), metadata=meta)
 
 
 # -- 7: tokenizer.json ---------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from numformer.data import Batch, Task, register_task
 from numformer.run_files import CHECKPOINT
 from numformer.train import Trainer, load_task
 
-from conftest import one_error_line
+from conftest import one_error_line, set_metadata
 
 BASE = {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
         "data": {"task": "copy", "length": 4, "n_val": 16, "n_test": 16},
@@ -35,22 +35,6 @@ BASE = {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
 def snapshot(folder):
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def set_metadata(path, **changes):
-    """Rewrite a safetensors file with some metadata entries changed (None removes one)."""
-    from safetensors import safe_open
-    from safetensors.numpy import save_file
-
-    with safe_open(str(path), framework="np") as f:
-        meta = dict(f.metadata())
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    for k, v in changes.items():
-        if v is None:
-            meta.pop(k, None)
-        else:
-            meta[k] = v
-    save_file(tensors, str(path), metadata=meta)
 
 
 def edit_config(run, section, key, value):

@@ -200,6 +200,15 @@ def load_metadata(path, what):
                          f"it cannot be loaded — restore a copy or retrain") from None
 
 
+def weights_step(path):
+    """The step a weights file (model.safetensors) records in its metadata, or None (no file, or no step)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    step = load_metadata(path, "model file").get("step")
+    return int(step) if step is not None and step.isdigit() else None
+
+
 def save_model(path, model, metadata=None):
     """The model's weights (deduplicated names of ``state_dict``) as safetensors, atomically."""
     _save_safetensors(path, dict(model.state_dict()), {"format": "numformer-model-1", **(metadata or {})})

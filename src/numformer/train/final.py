@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .._limits import read_json_file
-from ..run_files import CHECKPOINT, MODEL, load_metadata, load_model_weights
+from ..run_files import CHECKPOINT, MODEL, load_model_weights, weights_step
 
 
 def keep_better_weights(model, folder, evaluation, early, step, config, diverged=False, resumable=False):
@@ -98,10 +98,7 @@ def ended_summary(run_dir, step):
 def _holds_selection(path, best_step):
     """Whether model.safetensors holds the weights the periodic evaluations selected (its step is the best
     step), rather than the last weights of a stop or of an earlier finished run."""
-    if best_step is None or not path.exists():
-        return False
-    step = load_metadata(path, "model file").get("step")
-    return step is not None and step.isdigit() and int(step) == best_step
+    return best_step is not None and weights_step(path) == best_step
 
 
 STOPS = (("diverged", "diverged"), ("interrupted", "interrupted"), ("time_limit", "time limit"),

@@ -17,7 +17,7 @@ import json
 import os
 
 from . import run_folder
-from ..run_files import (CHECKPOINT, MODEL, load_metadata, open_in_folder, save_checkpoint, save_model, write_atomic,
+from ..run_files import (CHECKPOINT, MODEL, open_in_folder, save_checkpoint, save_model, weights_step, write_atomic,
                          write_json_atomic)
 
 METRICS = "metrics.jsonl"
@@ -126,7 +126,7 @@ class RunWriter:
         if self.writes:
             self.check()
             step, selected = self._checkpoint_selection or (None, None)
-            if selected is not None and selected != step and _weights_step(self.run_dir / MODEL) == selected:
+            if selected is not None and selected != step and weights_step(self.run_dir / MODEL) == selected:
                 os.replace(self.run_dir / MODEL, self.run_dir / run_folder.KEPT_SELECTION)
             save_model(self.run_dir / MODEL, model, {**figures, **run_folder.weights_metadata(config)})
 
@@ -144,11 +144,11 @@ class RunWriter:
         figure, self._pending_selection = self._pending_selection, None
         step, selected = self._checkpoint_selection or (None, None)
         kept = self.run_dir / run_folder.KEPT_SELECTION
-        if not self.writes or figure is None or selected is None or _weights_step(self.run_dir / MODEL) == selected:
+        if not self.writes or figure is None or selected is None or weights_step(self.run_dir / MODEL) == selected:
             return
         if selected == step:
             self.save_weights(model, config, step=step, **figure)
-        elif _weights_step(kept) == selected:
+        elif weights_step(kept) == selected:
             os.replace(kept, self.run_dir / MODEL)
 
     def save_summary(self, summary):
@@ -163,11 +163,3 @@ class RunWriter:
         files = {MODEL: f"{MODEL} ({weights} weights)", CHECKPOINT: f"{CHECKPOINT} (continue with --resume)",
                  METRICS: METRICS, "config.json": "config.json"}
         return ", ".join(text for name, text in files.items() if (self.run_dir / name).is_file())
-
-
-def _weights_step(path):
-    """The step a weights file (model.safetensors) records, or None (no file, or no step)."""
-    if not path.exists():
-        return None
-    step = load_metadata(path, "model file").get("step")
-    return int(step) if step is not None and step.isdigit() else None

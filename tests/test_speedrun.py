@@ -259,3 +259,22 @@ def test_quick_pytorch_anchor_trains_both_recipes_within_the_budget(tmp_path, fa
         assert run["model_class"] == model_class and run["wall_seconds"] <= run["budget_seconds"]
         assert math.isfinite(run["val_loss"]) and run["val_loss"] < math.log(65) + 0.5
     assert "The PyTorch anchor" in (tmp_path / "results" / "shakespeare_speedrun_torch.md").read_text()
+
+
+def test_the_profile_page_names_each_profiles_cpu_and_keeps_one_column_per_cpu_model():
+    from numformer.experiments.speedrun import profile_markdown
+
+    def profile(commit, step_ms, cpu=None):
+        entry = {"commit": commit, "families": {"attention": step_ms / 2e3}, "step_seconds": step_ms / 1e3,
+                 "mfu_one_worker": 0.5, "processes": 2, "batch_share": 6}
+        return entry if cpu is None else {**entry, "cpu": cpu}
+
+    record = {"command": "numformer reproduce shakespeare_speedrun_profile", "date": "2026-11-29",
+              "machine": {"cpu": "AMD EPYC"},    # written before profiles named their CPU model
+              "profiles": [profile("aaa", 90.0), profile("bbb", 89.0), profile("ccc", 80.0, "Intel Xeon (SPR)"),
+                           profile("ddd", 95.0, "AMD EPYC (Zen 3)"), profile("eee", 94.0, "AMD EPYC (Zen 3)")]}
+    head = next(line for line in profile_markdown(record).splitlines() if line.startswith("| op family"))
+    # the earliest (the 'before'), then the latest profile on each CPU model, each column naming its CPU
+    assert head == ("| op family | ms/step, aaa, AMD EPYC (model not recorded) | ms/step, bbb, AMD EPYC (model not "
+                    "recorded) | ms/step, ccc, Intel Xeon (SPR) | ms/step, eee, AMD EPYC (Zen 3) |")
+    assert "| **step** | **90.00** | **89.00** | **80.00** | **94.00** |" in profile_markdown(record)

@@ -35,7 +35,7 @@ from ..config import apply_overrides, load_config, resolve_config
 from ..decoding import generate
 from ..models import build_model
 from ..models.flops import training_flops_per_token
-from ..provenance import git_commit, machine_info
+from ..provenance import cpu_label, git_commit, machine_info
 from ..run_files import write_atomic, write_json_atomic
 from . import register
 from ._runs import reusable_run, start_run
@@ -323,18 +323,31 @@ def run_profile(exp, ctx):
                                           "model.n_kv_heads=1", "model.d_ff=64", "data.block_size=32"])
     config = apply_overrides(config, ctx.overrides)
     path = ctx.results_dir / f"{exp.name}.json"
-    earlier = read_record(path, PROFILE_RECORD)["profiles"] if path.is_file() else []
+    earlier = _profile_history(read_record(path, PROFILE_RECORD)) if path.is_file() else []
     started = time.perf_counter()
     peaks = _peaks(ctx.quick)
     cores = peaks["cores"]
     profile = profile_training_step(config, processes=cores, steps=3 if ctx.quick else 20)
-    entry = {"commit": git_commit(), "date": datetime.date.today().isoformat(), **profile,
-             "mfu_one_worker": profile["flops_per_s"] / peaks["one_thread"], "peaks": peaks}
-    history = [e for e in earlier if e["commit"] != entry["commit"]] + [entry]
+    entry = {"commit": git_commit(), "date": datetime.date.today().isoformat(), "cpu": cpu_label(machine_info()),
+             **profile, "mfu_one_worker": profile["flops_per_s"] / peaks["one_thread"], "peaks": peaks}
+    history = [e for e in earlier if (e["commit"], e["cpu"]) != (entry["commit"], entry["cpu"])] + [entry]
     record = _record(exp, ctx, figures={"mfu_one_worker": entry["mfu_one_worker"]}, targets={}, met={},
                      profiles=history, wall_time_s=round(time.perf_counter() - started, 1))
     refresh_speedrun_page(ctx.results_dir, exp.name, record)
     return record, profile_markdown(record) + "\n"
+
+
+def _profile_history(record):
+    """The profiles a record keeps, each naming its CPU model ("cpu"); a profile written before they did gets
+    the label of the machine the record names (``provenance.cpu_label``: the model marked as not recorded)."""
+    label = cpu_label(record.get("machine") or {})
+    return [{"cpu": label, **p} for p in record["profiles"]]
+
+
+def _shown_profiles(profiles):
+    """The profiles the page shows: the earliest kept (the 'before'), then the latest on each CPU model."""
+    latest = {p.get("cpu"): p for p in profiles}
+    return [profiles[0]] + [p for p in latest.values() if p is not profiles[0]]
 
 
 def run_torch_anchor(exp, ctx):
@@ -575,22 +588,22 @@ TORCH_RUN = {"model_class": str, "steps": int, "tokens_per_s": NUMBER, "wall_sec
 TORCH_RECORD = {"command": str, "date": str, "commit": (str, type(None)), "budget_minutes": NUMBER, "seed": int,
                 "runs": {"recipe": TORCH_RUN, "nanogpt_cpu": TORCH_RUN}}
 PROFILE_RECORD = {"command": str, "date": str,
-                  "profiles": [{"commit": (str, type(None)), "families": {"*": NUMBER}, "step_seconds": NUMBER,
-                                "mfu_one_worker": NUMBER, "processes": int, "batch_share": int}, 1]}
+                  "profiles": [{"commit": (str, type(None)), "cpu?": str, "families": {"*": NUMBER},
+                                "step_seconds": NUMBER, "mfu_one_worker": NUMBER, "processes": int,
+                                "batch_share": int}, 1]}
 
 
 def profile_markdown(record, level="#", main=None):
-    profiles = record["profiles"]
-    first, last = profiles[0], profiles[-1]
-    families = list(last["families"])
-    families += [f for f in first["families"] if f not in families]
-    shown = (first, last) if len(profiles) > 1 else (last,)
-    head = "| op family | " + " | ".join(f"ms/step, {p['commit']}" for p in shown) + " |"
+    profiles = _profile_history(record)
+    last = profiles[-1]
+    shown = _shown_profiles(profiles)
+    families = list(dict.fromkeys(f for p in reversed(shown) for f in p["families"]))
+    head = "| op family | " + " | ".join(f"ms/step, {p['commit']}, {p['cpu']}" for p in shown) + " |"
     lines = [f"{level} Where a training step's time goes", "",
              f"Produced by `{record['command']}` (latest on {record['date']}): training steps of the recipe's "
              f"model as one of the {last['processes']} data-parallel workers runs them (its share of "
              f"{last['batch_share']} windows, one thread), every op timed. The first column is the earliest "
-             f"profile kept in the file (before the speed work), the last the latest.", "",
+             f"profile kept in the file (before the speed work), then the latest on each CPU model.", "",
              head, "|---|" + "---|" * len(shown)]
     for fam in families:
         lines.append(f"| {fam} | " + " | ".join(f"{1e3 * p['families'].get(fam, 0.0):.2f}" for p in shown) + " |")

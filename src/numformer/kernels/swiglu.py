@@ -1,8 +1,9 @@
 """Reference: ``numformer.ops.swiglu`` (SiLU, and the gated product h = SiLU(a) ⊙ b of the SwiGLU feed-forward).
 
-The speed path: σ(x) = ½ (1 + tanh(x/2)) (one tanh instead of exp, add and a division; no overflow for
-large |x|), the derivative from the value as σ (1 - y) + y (= σ (1 + x (1 - σ)) with y = x σ), every step
-written in place into the outputs, over chunks of ``CHUNK`` elements split across numformer's threads. Each
+The speed path: σ(x) = 1 / (1 + exp(-x)) as the reference (float32 exp is twice as fast as tanh where NumPy
+has no AVX-512 kernels, and as fast where it has; exp(-x) = inf for x below -88 gives σ = 0, its overflow
+warning silenced), the derivative from the value as σ (1 - y) + y (= σ (1 + x (1 - σ)) with y = x σ), every
+step written in place into the outputs, over chunks of ``CHUNK`` elements split across numformer's threads. Each
 element is computed by the same operations whatever the split. The gated product computes SiLU, its
 derivative and the product in one pass over each chunk, its backward both input gradients in one pass.
 Inputs that are not float arrays of one shape and dtype run the reference.
@@ -34,11 +35,12 @@ def _over_chunks(n, chunk_fn, scratch_dtype):
 def _silu_chunk(xs, ys, ds, t):
     """SiLU(xs) into ys and SiLU'(xs) = σ (1 + x (1 - σ)) = σ (1 - y) + y into ds, with scratch t; all of one
     length."""
-    half = xs.dtype.type(0.5)
-    np.multiply(xs, half, out=ds)
-    np.tanh(ds, out=ds)
-    ds *= half
-    ds += half                                          # σ(x) = ½ (1 + tanh(x/2))
+    one = xs.dtype.type(1)
+    np.negative(xs, out=ds)
+    with np.errstate(over="ignore"):
+        np.exp(ds, out=ds)
+    ds += one
+    np.divide(one, ds, out=ds)                          # σ(x) = 1 / (1 + exp(-x))
     np.multiply(xs, ds, out=ys)                         # y = x σ
     np.subtract(1, ys, out=t)
     ds *= t

@@ -19,6 +19,7 @@ import shutil
 import numpy as np
 import pytest
 
+import numformer
 from numformer.config import RESUME_REFUSED
 from numformer.data import Batch, Task, register_task
 from numformer.run_files import CHECKPOINT
@@ -107,6 +108,25 @@ def test_an_edit_of_config_json_is_refused_as_its_set_is(runs, tmp_path, section
                            f"the run's checkpoint {run / CHECKPOINT} was trained with {json.dumps(trained)} ("), line
     assert "put the checkpoint's value back in config.json" in line and "start a new run" in line
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("section, key, value, trained", [("train", "seed", 7, 3), ("data", "length", 5, 4),
+                                                        ("data", "n_val", 8, 16)])
+def test_eval_refuses_a_config_json_whose_data_or_seed_was_edited(runs, tmp_path, run_cli, section, key, value,
+                                                                  trained):
+    """Was: eval rebuilt the data from the edited [data] (or drew the splits with the edited seed) and printed its
+    loss as the run's."""
+    run = tmp_path / "run"
+    shutil.copytree(runs / "recorded", run)
+    edit_config(run, section, key, value)
+    before = snapshot(run)
+    line = one_error_line(*run_cli("eval", run)[::2], "eval")
+    assert (f"{run / 'config.json'} was edited: it says [{section}] {key} {json.dumps(value)}, but the run's "
+            f"checkpoint {run / CHECKPOINT} was trained with {json.dumps(trained)} (") in line, line
+    assert "its figures would not be the trained run's: put the checkpoint's value back" in line, line
+    assert snapshot(run) == before
+    rc, out, _ = run_cli("eval", runs / "recorded")
+    assert rc == 0 and "loss" in out                     # the unedited run evaluates
 
 
 @pytest.mark.parametrize("section, key, value, trained", [
@@ -237,6 +257,45 @@ def test_every_reader_refuses_a_lost_or_damaged_tokenizer_json_alike(text_run, t
     assert "from a copy of the run folder" in line and "cannot be rebuilt safely" in line, line
     assert snapshot(run) == before                      # tokenizer.json neither rewritten nor made
     assert not (tmp_path / "exported").exists() and not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_numformer_load_refuses_a_lost_or_damaged_tokenizer_json_as_the_commands_do(text_run, tmp_path, damage):
+    """Was: numformer.load(run) (the Python API) returned the model with tokenizer None for a lost
+    tokenizer.json, and the empty-object and unknown-type damages were found only when the tokenizer was used."""
+    run = tmp_path / "run"
+    shutil.copytree(text_run / "run", run)
+    tok = run / "tokenizer.json"
+    if DAMAGES[damage] is None:
+        tok.unlink()
+    else:
+        tok.write_text(DAMAGES[damage], encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        numformer.load(run)
+    assert EXPECTED[damage].format(tok=tok) in str(e.value)
+    assert "cannot be rebuilt safely" in str(e.value)
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES) + ["fields missing"])
+def test_the_python_analysis_refuses_a_lost_or_damaged_tokenizer_json_in_one_error(text_run, tmp_path, damage):
+    """Was: numformer.analysis.analyze_run (the Python API behind `numformer analyze`) read tokenizer.json without
+    the commands' checks: a lost one gave a report without words, a damaged one a KeyError from deep inside."""
+    from numformer.analysis import analyze_run
+
+    run = tmp_path / "run"
+    shutil.copytree(text_run / "run", run)
+    tok = run / "tokenizer.json"
+    if damage == "fields missing":
+        tok.write_text('{"type": "char"}', encoding="utf-8")
+    elif DAMAGES[damage] is None:
+        tok.unlink()
+    else:
+        tok.write_text(DAMAGES[damage], encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        analyze_run(run, out=tmp_path / "report", ablation=False, occlusion=False)
+    expected = EXPECTED.get(damage, "tokenizer file {tok} is damaged (KeyError")
+    assert expected.format(tok=tok) in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "report").exists()
 
 
 def test_fine_tuning_from_a_run_that_lost_its_tokenizer_json_is_refused(text_run, tmp_path):

@@ -21,15 +21,14 @@ import os
 import tomllib
 from pathlib import Path
 
-from .data.base import Task, check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
-from .data.tokenizers import TOKENIZER_TYPES, is_hf_document
+from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
 from .interop.sources import FINE_TUNING_OPTIONS, read_source
 from .lora import LORA_DEFAULTS, TARGET_MODULES, check_lora_options
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
 from .models import MODEL_TYPES, apply_preset, check_model_together, model_arguments, model_keys
 from .optim import OPTIMIZERS, SCHEDULES
 from .optim.optimizers import NO_DECAY_KINDS
-from .run_files import NOT_REBUILT, TOKENIZER, check_run_dir, load_tokenizer_state, read_json
+from .run_files import check_run_dir, read_json
 from ._limits import check_bounds
 
 SECTIONS = ("model", "data", "train", "lora")      # [lora]: optional, LoRA adapters (numformer.lora)
@@ -290,9 +289,10 @@ def edited_values(trained, saved):
                     if not allowed]
 
 
-def check_config_json_against_checkpoint(trained, saved, config_path, checkpoint_path):
+def check_config_json_against_checkpoint(trained, saved, config_path, checkpoint_path, resuming=True):
     """One ValueError naming each value of config.json (``saved``) that the checkpoint's run was not trained with
-    and that --resume could not have set (``edited_values``): config.json was edited."""
+    and that --resume could not have set (``edited_values``): config.json was edited. ``resuming``: the advice
+    is for resuming the run, else for reading it (eval and the other readers rebuild its data from config.json)."""
     edited = edited_values(trained, saved)
     if not edited:
         return
@@ -301,8 +301,13 @@ def check_config_json_against_checkpoint(trained, saved, config_path, checkpoint
                       for n, (s, k, now, then, why) in enumerate(edited[:4]))
     more = f" and {len(edited) - 4} more" if len(edited) > 4 else ""
     one = len(edited) == 1
+    values = "value" if one else "values"
+    if not resuming:
+        raise ValueError(f"{config_path} was edited: it says {items}{more}; the run's data, splits and model are "
+                         f"rebuilt from config.json, so its figures would not be the trained run's: put the "
+                         f"checkpoint's {values} back in config.json (or restore it from a copy)")
     raise ValueError(f"{config_path} was edited: it says {items}{more}; --resume cannot change "
-                     f"{'this' if one else 'these'}: put the checkpoint's {'value' if one else 'values'} back in "
+                     f"{'this' if one else 'these'}: put the checkpoint's {values} back in "
                      f"config.json (or restore it from a copy) to resume, or start a new run with "
                      f"`numformer train CONFIG --out NEW_DIR`")
 
@@ -351,8 +356,6 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     source_model = None
     if init_from is not None and build_task:
         source = read_source(init_from)
-        if tokenizer_state is None and source.kind == "run" and source.tokenizer_state is None:
-            load_tokenizer_json(source.folder, load_config_json(source.folder)["data"])  # refuses a lost one
         source_model, tokenizer_state = source.model, tokenizer_state or source.tokenizer_state
         model.setdefault("type", source_model["type"])
     kind, model = _resolve_model_kind(model, data, task_cls, written)
@@ -510,48 +513,3 @@ def load_config_json(run_dir):
         raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
                          f"`numformer train CONFIG --out {run_dir}`")
     return check_saved_config(read_json(path, "config file"), path)
-
-
-# -- the run's tokenizer.json -------------------------------------------------------------------------------------
-def load_tokenizer_json(run_dir, data):
-    """The state in the run's tokenizer.json (``run_files.load_tokenizer_state``), or None for a run whose task
-    keeps no tokenizer (``data``: the run's [data] section). Every command that reads a
-    run's tokenizer reads it here: one ValueError naming the file when it is missing from a run whose task keeps
-    one, when it holds no tokenizer's state, or (a task of numformer's) a tokenizer of an unknown type. It is
-    never rebuilt from the data: a vocabulary built again from the data as they are now may give other ids.
-
-    A task keeps a tokenizer when its class defines ``Task.tokenizer_state`` (every task of numformer's does), so
-    a run folder without tokenizer.json is a run of a task without one, or a run whose tokenizer.json was lost."""
-    path = Path(run_dir) / TOKENIZER
-    state = load_tokenizer_state(run_dir)
-    task_cls = find_task(data.get("task"), data.get("task_module"))
-    if state is None:
-        if task_cls.tokenizer_state is not Task.tokenizer_state:
-            raise ValueError(f"{path} is missing: the run's task {data.get('task')!r} keeps its vocabulary there, "
-                             f"and the weights were trained on its ids; restore tokenizer.json from a copy of the "
-                             f"run folder ({NOT_REBUILT}), or train a new run")
-        return None
-    problem = _unknown_tokenizer(state) if task_cls.__module__.startswith("numformer.") else None
-    if problem:
-        raise ValueError(f"tokenizer file {path} is damaged ({problem}); restore it from a copy of the run folder "
-                         f"({NOT_REBUILT})")
-    return state
-
-
-def tokenizer_parts(state):
-    """The tokenizers' states in a tokenizer.json state of a task of numformer's: the state itself, or a
-    translation run's source tokenizer (``src``) and, without a joint vocabulary, its target tokenizer (``tgt``)."""
-    if "type" not in state and "src" in state:
-        return [state["src"]] + ([] if state.get("joint") else [state.get("tgt")])
-    return [state]
-
-
-def _unknown_tokenizer(state):
-    """Why the tokenizer.json state of a task of numformer's holds a tokenizer of no known type, or None: its
-    tokenizers are Hugging Face documents or states with a ``type`` of ``TOKENIZER_TYPES``."""
-    for part in tokenizer_parts(state):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if not is_hf_document(part) and not (isinstance(kind, str) and kind in TOKENIZER_TYPES):
-            return (f"unknown tokenizer type {kind!r}; numformer's are {sorted(TOKENIZER_TYPES)} or a Hugging Face "
-                    f"tokenizer.json")
-    return None

@@ -346,8 +346,8 @@ NOT_REBUILT = ("it cannot be rebuilt safely: a vocabulary built again from the d
 
 def load_tokenizer_state(run_dir):
     """The run's tokenizer.json (a non-empty JSON object), or None when the folder has none (whether the run
-    should have one is for its config to say: ``numformer.config.load_tokenizer_json``). ValueError naming the
-    file when it is not JSON or holds no tokenizer's state (``{}``, a list, null ...)."""
+    should have one is for its config to say: ``numformer.data.run_tokenizer.load_tokenizer_json``).
+    ValueError naming the file when it is not JSON or holds no tokenizer's state (``{}``, a list, null ...)."""
     path = Path(run_dir) / TOKENIZER
     if not path.is_file():
         return None

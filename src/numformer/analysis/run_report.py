@@ -18,8 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from ..data.base import Task
-from ..data.tokenizers import BOS, EOS, SpecialsTokenizer, SymbolTokenizer, token_labels, tokenizer_from_dict
-from ..train import evaluate_loss, load_config_json, load_model, load_task, load_tokenizer_state
+from ..data.run_tokenizer import load_tokenizer_json
+from ..interop.sources import tokenizer_from_state
+from ..data.tokenizers import BOS, EOS, SpecialsTokenizer, SymbolTokenizer, token_labels
+from ..train import evaluate_loss, load_config_json, load_model, load_task
 from .._results import check_report_folder
 from ..run_files import CHECKPOINT, MODEL
 from .report import write_report
@@ -44,7 +46,7 @@ def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True,
     kind, data = config["model"]["type"], config.get("data", {})
     text, src = _check_options(kind, run_dir, text, src, tgt)
     model = load_model(run_dir, config)
-    toks = _tokenizers(load_tokenizer_state(run_dir), kind, run_dir)
+    toks = _tokenizers(load_tokenizer_json(run_dir, data), kind, run_dir)
     given = text is not None or src is not None
     task, task_error = _load_task(run_dir, config, kind, given)
     decode = None if toks is None else {n: (lambda ids, t=t: token_labels(t, ids)) for n, t in toks.items()}
@@ -114,12 +116,12 @@ def _tokenizers(state, kind, run_dir):
         tok = SymbolTokenizer(state["tokens"])
         return {"src": tok, "tgt": tok} if kind == "transformer" else {_input_name(kind): tok}
     if "src" in state:
-        src = tokenizer_from_dict(state["src"])
-        tgt = src if state.get("joint") or not state.get("tgt") else tokenizer_from_dict(state["tgt"])
+        src = tokenizer_from_state(state["src"], run_dir)
+        tgt = src if state.get("joint") or not state.get("tgt") else tokenizer_from_state(state["tgt"], run_dir)
         return {"src": src, "tgt": tgt}
     if kind == "transformer":
         raise ValueError(f"{run_dir}/tokenizer.json has no source and target tokenizers")
-    return {_input_name(kind): tokenizer_from_dict(state)}
+    return {_input_name(kind): tokenizer_from_state(state, run_dir)}
 
 
 def _input_name(kind):

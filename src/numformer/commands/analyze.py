@@ -16,7 +16,8 @@ from pathlib import Path
 
 def run(args):
     from ..analysis import analyze_run
-    from ..config import load_config_json, load_tokenizer_json, tokenizer_parts
+    from ..config import load_config_json
+    from ..data.run_tokenizer import load_tokenizer_json, tokenizer_parts
     from ..interop.sources import tokenizer_from_state
 
     if (Path(args.run_dir) / "config.json").is_file():     # tokenizer.json checked as every command checks it,

@@ -38,7 +38,7 @@ def run(args):
     from ..interop.hf import default_export_type
     from ..interop.peft import save_adapter, savable_adapter_keys
     from ..lora import merge_lora, unload_lora
-    from ..config import load_tokenizer_json
+    from ..data.run_tokenizer import load_tokenizer_json
     from ..train import load_config_json, load_model, run_folder
     from ..interop.sources import tokenizer_from_state
 

@@ -17,7 +17,6 @@ def load_generator(source, adapter=None, command="generate"):
     """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``; ``adapter``:
     a PEFT LoRA adapter folder put on the model (``numformer.interop.peft.load_adapter``); ``command``: the
     command named in the errors (generate, chat, explore)."""
-    from ..config import load_tokenizer_json
     from ..interop.peft import load_adapter
     from ..interop.sources import is_run_folder, load
     from ..train import load_config_json
@@ -29,7 +28,6 @@ def load_generator(source, adapter=None, command="generate"):
                          f"from the Hugging Face cache)")
     if run:
         config = load_config_json(source)          # the whole config.json checked, as every command does
-        load_tokenizer_json(source, config["data"])     # and tokenizer.json: missing or damaged, one line
         if config["model"]["type"] != "gpt":
             raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer {command}` works on a "
                              f"GPT (use `numformer translate` or `classify` for the others)")

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .._limits import bounded_json
+from ..data.run_tokenizer import load_tokenizer_json
 from ..data.tokenizers import tokenizer_from_dict
 from ..keys import Key
 from ..lora import add_lora, check_lora_options, merge_lora
@@ -80,7 +81,12 @@ def _read_run(folder):
             lora = {**lora, "target_modules": check_lora_options(**lora)}
     except (ValueError, TypeError, AttributeError) as e:
         raise ValueError(f"{path}: {e}") from None
-    return Source("run", folder, model, load_tokenizer_state(folder), dtype, lora)
+    data = saved.get("data")
+    # a run's tokenizer.json as every reader of a run reads it (a lost or damaged one refused, never rebuilt);
+    # a hand-made folder whose config.json names no task only has what its tokenizer.json holds
+    tokenizer_state = (load_tokenizer_json(folder, data) if isinstance(data, dict) and "task" in data
+                       else load_tokenizer_state(folder))
+    return Source("run", folder, model, tokenizer_state, dtype, lora)
 
 
 def load_weights(model, source):

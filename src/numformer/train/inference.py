@@ -13,7 +13,8 @@ from ..data.text_tasks import encode_for_classifier
 from ..ops import softmax_forward
 from ..interop.sources import tokenizer_from_state
 from .run import load_model
-from ..config import load_config_json, load_tokenizer_json
+from ..config import load_config_json
+from ..data.run_tokenizer import load_tokenizer_json
 
 __all__ = ["load_classifier", "classify_texts", "load_translator", "unknown_words"]
 

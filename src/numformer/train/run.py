@@ -5,8 +5,8 @@ Every file is checked as it is read: a missing folder or file, bad JSON, a
 config.json that fails the config checks (``numformer.config``) or weights
 saved with another model config each give one ValueError naming the file. A
 run whose task keeps a tokenizer needs its tokenizer.json: it is never built
-again from the data (``config.load_tokenizer_json``). A run to resume needs a
-config.json that agrees with its checkpoint (``check_against_checkpoint``).
+again from the data (``data.run_tokenizer.load_tokenizer_json``). A run to
+resume needs a config.json that agrees with its checkpoint (``check_against_checkpoint``).
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from ..config import (apply_overrides, check_config_json_against_checkpoint, check_saved_config, load_config_json,
-                      load_tokenizer_json, NotRecorded, resolve_config, resume_changes, resume_section_changes)
+                      NotRecorded, resolve_config, resume_changes, resume_section_changes)
 from ..data.base import make_task
+from ..data.run_tokenizer import load_tokenizer_json
 from ..interop.sources import load_run_model, tokenizer_from_state
 from ..models import model_arguments
 from ..optim import OPTIMIZERS
@@ -38,8 +39,11 @@ def load_tokenizer(run_dir, config=None):
 
 
 def load_task(run_dir, config=None):
-    """The run's task, rebuilt from its [data] config with the saved vocabulary."""
+    """The run's task, rebuilt from its [data] config with the saved vocabulary; config.json must agree with the
+    run's checkpoint on what --resume cannot change ([data], the seed that drew its splits, ...:
+    ``check_against_checkpoint``), or the data would not be the run's."""
     config = load_config_json(run_dir) if config is None else config
+    check_against_checkpoint(run_dir, config, resuming=False)
     state = load_tokenizer_json(run_dir, config["data"])
     try:
         return make_task(config["data"], config["train"]["seed"], state)
@@ -56,7 +60,7 @@ def resumed_config(run_dir, overrides=None):
     overrides make (``config.resume_changes`` for [train], ``config.resume_section_changes`` for [model], [data]
     and [lora]; each refuses in one line a change that cannot be made). config.json must agree with the
     checkpoint on what --resume cannot change (``check_against_checkpoint``), and tokenizer.json must be there
-    when the run's task keeps one (``config.load_tokenizer_json``)."""
+    when the run's task keeps one (``data.run_tokenizer.load_tokenizer_json``)."""
     saved = load_config_json(run_dir)
     check_against_checkpoint(run_dir, saved)
     tokenizer_state = load_tokenizer_json(run_dir, saved["data"])
@@ -72,15 +76,16 @@ def resumed_config(run_dir, overrides=None):
     return config, task, resume_changes(saved["train"], config["train"]) + resume_section_changes(saved, config)
 
 
-def check_against_checkpoint(run_dir, saved):
+def check_against_checkpoint(run_dir, saved, resuming=True):
     """config.json (``saved``, resolved) against the config the run's checkpoint was trained with: one ValueError
     naming each value edited by hand that ``--resume --set`` would refuse to change
-    (``config.check_config_json_against_checkpoint``). Nothing to compare without a checkpoint (resuming says so)."""
+    (``config.check_config_json_against_checkpoint``; ``resuming``: whose advice). Nothing to compare without a
+    checkpoint (resuming says so)."""
     path = Path(run_dir) / CHECKPOINT
     recorded = checkpoint_config(path)
     if recorded is not None:
         check_config_json_against_checkpoint(trained_config(recorded, saved, path), saved,
-                                             Path(run_dir) / "config.json", path)
+                                             Path(run_dir) / "config.json", path, resuming)
 
 
 def trained_config(recorded, saved, path):

@@ -1,0 +1,57 @@
+"""A run folder's tokenizer.json, read for every command that reads a run: the saved vocabulary the weights were
+trained on, checked against the run's task and never rebuilt from the data (``load_tokenizer_json``).
+
+This module sits below the configs and the model sources (``numformer.config``, ``interop.sources``), which
+both read a run's tokenizer through it, and above the tasks and the run folder's files, which it uses.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..run_files import NOT_REBUILT, TOKENIZER, load_tokenizer_state
+from .base import Task, find_task
+from .tokenizers import TOKENIZER_TYPES, is_hf_document
+
+
+def load_tokenizer_json(run_dir, data):
+    """The state in the run's tokenizer.json (``run_files.load_tokenizer_state``), or None for a run whose task
+    keeps no tokenizer (``data``: the run's [data] section). Every command that reads a
+    run's tokenizer reads it here: one ValueError naming the file when it is missing from a run whose task keeps
+    one, when it holds no tokenizer's state, or (a task of numformer's) a tokenizer of an unknown type. It is
+    never rebuilt from the data: a vocabulary built again from the data as they are now may give other ids.
+
+    A task keeps a tokenizer when its class defines ``Task.tokenizer_state`` (every task of numformer's does), so
+    a run folder without tokenizer.json is a run of a task without one, or a run whose tokenizer.json was lost."""
+    path = Path(run_dir) / TOKENIZER
+    state = load_tokenizer_state(run_dir)
+    task_cls = find_task(data.get("task"), data.get("task_module"))
+    if state is None:
+        if task_cls.tokenizer_state is not Task.tokenizer_state:
+            raise ValueError(f"{path} is missing: the run's task {data.get('task')!r} keeps its vocabulary there, "
+                             f"and the weights were trained on its ids; restore tokenizer.json from a copy of the "
+                             f"run folder ({NOT_REBUILT}), or train a new run")
+        return None
+    problem = _unknown_tokenizer(state) if task_cls.__module__.startswith("numformer.") else None
+    if problem:
+        raise ValueError(f"tokenizer file {path} is damaged ({problem}); restore it from a copy of the run folder "
+                         f"({NOT_REBUILT})")
+    return state
+
+
+def tokenizer_parts(state):
+    """The tokenizers' states in a tokenizer.json state of a task of numformer's: the state itself, or a
+    translation run's source tokenizer (``src``) and, without a joint vocabulary, its target tokenizer (``tgt``)."""
+    if "type" not in state and "src" in state:
+        return [state["src"]] + ([] if state.get("joint") else [state.get("tgt")])
+    return [state]
+
+
+def _unknown_tokenizer(state):
+    """Why the tokenizer.json state of a task of numformer's holds a tokenizer of no known type, or None: its
+    tokenizers are Hugging Face documents or states with a ``type`` of ``TOKENIZER_TYPES``."""
+    for part in tokenizer_parts(state):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not is_hf_document(part) and not (isinstance(kind, str) and kind in TOKENIZER_TYPES):
+            return (f"unknown tokenizer type {kind!r}; numformer's are {sorted(TOKENIZER_TYPES)} or a Hugging Face "
+                    f"tokenizer.json")
+    return None

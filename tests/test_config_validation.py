@@ -146,6 +146,8 @@ def test_saved_config_is_checked_like_a_toml_config(tmp_path, cli_error, run_cli
     saved["train"]["dtype"] = "float32"
     saved["model"]["n_heads"] = 8                 # every shape the same, another model
     (run / "config.json").write_text(json.dumps(saved))
+    assert "config.json was edited: it says [model] n_heads 8, but the run's checkpoint" in cli_error("eval", run)
+    (run / "checkpoint.safetensors").unlink()     # the weights alone say it too
     assert "was trained with another [model] config than config.json (n_heads 2 -> 8)" in cli_error("eval", run)
     del saved["model"]["n_heads"]
     saved["model"]["n_head"] = 2

@@ -238,6 +238,16 @@ READERS = {
 }
 
 
+def damage_tokenizer_json(run, damage, damages=DAMAGES):
+    """Remove the run's tokenizer.json ("missing") or write the damage named (``damages``); returns its path."""
+    tok = run / "tokenizer.json"
+    if damages[damage] is None:
+        tok.unlink()
+    else:
+        tok.write_text(damages[damage], encoding="utf-8")
+    return tok
+
+
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
 @pytest.mark.parametrize("command", sorted(READERS))
 def test_every_reader_refuses_a_lost_or_damaged_tokenizer_json_alike(text_run, tmp_path, run_cli, damage, command):
@@ -245,11 +255,7 @@ def test_every_reader_refuses_a_lost_or_damaged_tokenizer_json_alike(text_run, t
     wrote a model without its tokenizer, analyze failed with a bug's traceback."""
     run = tmp_path / "run"
     shutil.copytree(text_run / "run", run)
-    tok = run / "tokenizer.json"
-    if DAMAGES[damage] is None:
-        tok.unlink()
-    else:
-        tok.write_text(DAMAGES[damage], encoding="utf-8")
+    tok = damage_tokenizer_json(run, damage)
     before = snapshot(run)
     rc, _, err = run_cli(*[a.format(run=run, tmp=tmp_path) for a in READERS[command]])
     line = one_error_line(rc, err, command)
@@ -265,11 +271,7 @@ def test_numformer_load_refuses_a_lost_or_damaged_tokenizer_json_as_the_commands
     tokenizer.json, and the empty-object and unknown-type damages were found only when the tokenizer was used."""
     run = tmp_path / "run"
     shutil.copytree(text_run / "run", run)
-    tok = run / "tokenizer.json"
-    if DAMAGES[damage] is None:
-        tok.unlink()
-    else:
-        tok.write_text(DAMAGES[damage], encoding="utf-8")
+    tok = damage_tokenizer_json(run, damage)
     with pytest.raises(ValueError) as e:
         numformer.load(run)
     assert EXPECTED[damage].format(tok=tok) in str(e.value)
@@ -284,13 +286,7 @@ def test_the_python_analysis_refuses_a_lost_or_damaged_tokenizer_json_in_one_err
 
     run = tmp_path / "run"
     shutil.copytree(text_run / "run", run)
-    tok = run / "tokenizer.json"
-    if damage == "fields missing":
-        tok.write_text('{"type": "char"}', encoding="utf-8")
-    elif DAMAGES[damage] is None:
-        tok.unlink()
-    else:
-        tok.write_text(DAMAGES[damage], encoding="utf-8")
+    tok = damage_tokenizer_json(run, damage, {**DAMAGES, "fields missing": '{"type": "char"}'})
     with pytest.raises(ValueError) as e:
         analyze_run(run, out=tmp_path / "report", ablation=False, occlusion=False)
     expected = EXPECTED.get(damage, "tokenizer file {tok} is damaged (KeyError")
@@ -337,11 +333,7 @@ def test_classify_and_translate_refuse_it_alike(classifier_and_translator, tmp_p
                                                 task):
     run = tmp_path / name
     shutil.copytree(classifier_and_translator / name, run)
-    tok = run / "tokenizer.json"
-    if DAMAGES[damage] is None:
-        tok.unlink()
-    else:
-        tok.write_text(DAMAGES[damage], encoding="utf-8")
+    tok = damage_tokenizer_json(run, damage)
     line = one_error_line(*run_cli(command, run, "1 2 3")[::2], command)
     assert EXPECTED[damage].format(tok=tok).replace("'text'", repr(task)) in line, line
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from ..data.base import Task
-from ..data.run_tokenizer import load_tokenizer_json
+from ..data.run_tokenizer import load_tokenizer_json, tokenizer_parts
+from ..data.tokenizers import BOS, EOS, SpecialsTokenizer, token_labels
 from ..interop.sources import tokenizer_from_state
-from ..data.tokenizers import BOS, EOS, SpecialsTokenizer, SymbolTokenizer, token_labels
 from ..train import evaluate_loss, load_config_json, load_model, load_task
 from .._results import check_report_folder
 from ..run_files import CHECKPOINT, MODEL
@@ -41,12 +41,12 @@ def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True,
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     run_dir = Path(run_dir)
     config = _check_run(run_dir, log)
+    kind, data = config["model"]["type"], config.get("data", {})
+    toks = _tokenizers(load_tokenizer_json(run_dir, data), kind, run_dir)   # as every command checks them
     out = Path(out) if out is not None else run_dir / "report"
     check_report_folder(out, overwrite)
-    kind, data = config["model"]["type"], config.get("data", {})
     text, src = _check_options(kind, run_dir, text, src, tgt)
     model = load_model(run_dir, config)
-    toks = _tokenizers(load_tokenizer_json(run_dir, data), kind, run_dir)
     given = text is not None or src is not None
     task, task_error = _load_task(run_dir, config, kind, given)
     decode = None if toks is None else {n: (lambda ids, t=t: token_labels(t, ids)) for n, t in toks.items()}
@@ -112,16 +112,14 @@ def _tokenizers(state, kind, run_dir):
     """{input name: tokenizer} for the model's inputs, from tokenizer.json (None: no saved tokenizer)."""
     if state is None:
         return None
-    if state.get("type") == "symbols":
-        tok = SymbolTokenizer(state["tokens"])
-        return {"src": tok, "tgt": tok} if kind == "transformer" else {_input_name(kind): tok}
-    if "src" in state:
-        src = tokenizer_from_state(state["src"], run_dir)
-        tgt = src if state.get("joint") or not state.get("tgt") else tokenizer_from_state(state["tgt"], run_dir)
-        return {"src": src, "tgt": tgt}
-    if kind == "transformer":
-        raise ValueError(f"{run_dir}/tokenizer.json has no source and target tokenizers")
-    return {_input_name(kind): tokenizer_from_state(state, run_dir)}
+    first, *rest = (tokenizer_from_state(part, run_dir) for part in tokenizer_parts(state))
+    if "type" not in state and "src" in state:          # a translation run's: source, and target unless joint
+        return {"src": first, "tgt": rest[0] if rest else first}
+    if kind != "transformer":
+        return {_input_name(kind): first}
+    if state.get("type") == "symbols":                  # the synthetic tasks: one vocabulary on both sides
+        return {"src": first, "tgt": first}
+    raise ValueError(f"{run_dir}/tokenizer.json has no source and target tokenizers")
 
 
 def _input_name(kind):

@@ -16,14 +16,7 @@ from pathlib import Path
 
 def run(args):
     from ..analysis import analyze_run
-    from ..config import load_config_json
-    from ..data.run_tokenizer import load_tokenizer_json, tokenizer_parts
-    from ..interop.sources import tokenizer_from_state
 
-    if (Path(args.run_dir) / "config.json").is_file():     # tokenizer.json checked as every command checks it,
-        state = load_tokenizer_json(args.run_dir, load_config_json(args.run_dir)["data"])
-        for part in tokenizer_parts(state) if state is not None else ():    # and each tokenizer the report reads
-            tokenizer_from_state(part, args.run_dir)
     _refuse_a_run_folder(args.out)
     path = analyze_run(args.run_dir, out=args.out, text=args.text, src=args.src, tgt=args.tgt,
                        ablation=not args.no_ablation, occlusion=not args.no_occlusion, split=args.split,

@@ -85,6 +85,7 @@ LADDER = [
     Change("deeper, longer context: 6 layers x 128, context 128", {"model.n_layers": 6, "data.block_size": 128}),
     Change("Muon for the blocks' matrices (muon_lr 0.02, momentum 0.95, no weight decay), AdamW for the rest", {
         "train.optimizer": "muon", "train.weight_decay": 0.0}, kept=False),
+    Change("weight decay 0.3 (from 0.1), chosen at the full 10-minute budget", {"train.weight_decay": 0.3}),
 ]
 
 

@@ -749,6 +749,60 @@ def test_fused_attention_with_scores_beyond_the_unshifted_exp(dtype, size, few, 
             assert_close(g, g_ref, TOLERANCE[dtype], "d" + name)
 
 
+def _general_path_only(*args, **kwargs):
+    raise AssertionError("the decoding step took the general path (_Forward)")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("heads", [(12, 12), (4, 2), (3, 1)])
+@pytest.mark.parametrize("t_q, t_k", [(1, 1), (1, 9), (3, 9)])
+def test_decoding_step_equals_reference_and_general_path(dtype, heads, t_q, t_k, rng, monkeypatch):
+    """A cached generation step (a few queries, no mask) takes ``_decoding_step``, not the general machinery:
+    it equals repeat_kv + the reference, forward and the gradients its cache gives, and the general path. The
+    queries come in the modules' layout, a (B, Tq, H, d) array seen as (B, H, Tq, d)."""
+    (H, H_kv), B = heads, 2
+    q = rng.standard_normal((B, t_q, H, 8)).astype(dtype).transpose(0, 2, 1, 3)
+    k, v = (rng.standard_normal((B, H_kv, t_k, 8)).astype(dtype) for _ in range(2))
+    dout = rng.standard_normal(q.shape).astype(dtype)
+    with monkeypatch.context() as m:
+        m.setattr(attn_ops, "_Forward", _general_path_only)
+        out, cache = kernels.fused_attention_forward(q, k, v)
+    grads = kernels.fused_attention_backward(dout, cache)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out,) + grads, _grouped_reference(q, k, v, None, False, dout)):
+        assert a.dtype == dtype and a.shape == b.shape, name
+        assert_close(a, b, TOLERANCE[dtype], name)
+    monkeypatch.setattr(attn_ops, "FEW_QUERIES", 0)                  # the general path, for the same call
+    general, general_cache = kernels.fused_attention_forward(q, k, v)
+    assert_close(out, general, TOLERANCE[dtype], "out")
+    assert_close(cache.weights_t, general_cache.weights_t, TOLERANCE[dtype], "weights")
+
+
+@pytest.mark.parametrize("dtype, size", [(np.float32, -200.0), (np.float32, 200.0), (np.float64, 1000.0)])
+def test_decoding_step_with_scores_beyond_the_unshifted_exp(dtype, size, rng, monkeypatch):
+    """Scores that overflow or underflow exp unshifted: the decoding step subtracts each query's largest."""
+    monkeypatch.setattr(attn_ops, "_Forward", _general_path_only)
+    q = rng.standard_normal((2, 4, 1, 8)).astype(dtype)
+    k, v = (rng.standard_normal((2, 2, 7, 8)).astype(dtype) for _ in range(2))
+    q[1, 0] = np.abs(q[1, 0]) * size
+    k[1, 0] = np.abs(k[1, 0])
+    with np.errstate(over="raise", invalid="raise"):
+        out, _ = kernels.fused_attention_forward(q, k, v)
+    ref = _grouped_reference(q, k, v, None, False, np.zeros_like(q))[0]
+    assert np.isfinite(out).all()
+    assert_close(out, ref, TOLERANCE[dtype], "out")
+
+
+def test_the_decoding_step_is_only_for_unmasked_calls_of_few_queries(rng, monkeypatch):
+    """A mask, causal attention, many queries or a batch worth splitting across threads take the general path."""
+    monkeypatch.setattr(attn_ops, "_decoding_step", _general_path_only)
+    q, k, v = (rng.standard_normal((2, 2, t, 4)) for t in (1, 5, 5))
+    kernels.fused_attention_forward(q, k, v, np.ones((1, 5), bool))
+    kernels.fused_attention_forward(q, k, v, is_causal=True)
+    kernels.fused_attention_forward(*(rng.standard_normal((2, 2, 16, 4)) for _ in range(3)))
+    monkeypatch.setattr(attn_ops, "_split_grain", lambda lead, t_q, t_k: 1)
+    kernels.fused_attention_forward(q, k, v)
+
+
 # -- whole models on both paths -------------------------------------------------------------------------
 
 def _train(build, batch, steps, reference):

@@ -28,6 +28,9 @@ more than one along contiguous memory, so the kernel makes few passes, along mem
   in a product: ``dSᵀ · scale = Pᵀ ⊙ ([V | 1] [dO · scale ; -r · scale]ᵀ)``.
 * NumPy hands a stacked product to the BLAS fast only when its second operand is not a transposed view:
   ``(Q · scale)ᵀ`` and ``[dO · scale ; -r · scale]ᵀ`` are the two transposed copies made for that.
+* A cached generation step (fewer than ``FEW_QUERIES`` query columns per item, no mask, too few scores to
+  split) skips all of the above but the layouts: ``_decoding_step`` computes the same buffers with a handful
+  of NumPy calls and the reference's shifted softmax, about 40% faster than the general path there.
 * The first leading axis (batch) is split across numformer's threads (``numformer.set_num_threads``), and
   dq, dk, dv can be written straight into the caller's layout (e.g. the fused QKV gradient).
 
@@ -277,6 +280,10 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if out is None:
         out = np.empty(lead + (t_q, v.shape[-1]), dt)
+    if _is_decoding_step(k.shape[:-2], rep * t_q, t_k, attn_mask, is_causal):
+        qs_t, p = _decoding_step(_heads(q, rep), k, v, _heads(out, rep), dt.type(scale))
+        cache = FastAttentionCache(q, k, v, (qs_t,), (p,), ((0, t_q, t_k),), out, scale, squeezed)
+        return (out[0] if squeezed else out), cache
     fw = _Forward(q, k, v, out, rep, dt, scale, _blocks(t_q, t_k, is_causal, rep), is_causal,
                   None if attn_mask is None else _grouped_mask_t(attn_mask, lead, t_q, t_k, rep, dt))
     items = k.shape[:-2]
@@ -284,6 +291,33 @@ def fused_attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None
            _products_in_pieces(t_q, t_k, q.shape[-1], v.shape[-1])).run(fw.stages())
     cache = FastAttentionCache(q, k, v, tuple(fw.qs_t), tuple(fw.p), tuple(fw.blocks), out, scale, squeezed)
     return (out[0] if squeezed else out), cache
+
+
+def _is_decoding_step(items, columns, t_k, attn_mask, is_causal):
+    """Whether a call is a cached generation step for ``_decoding_step``: fewer than ``FEW_QUERIES`` query
+    columns (rep · Tq) per item, at least one key, no mask, and too few scores to split across threads."""
+    return (attn_mask is None and not is_causal and columns < FEW_QUERIES and t_k > 0
+            and _split_grain(items, columns, t_k) >= items[0])
+
+
+def _decoding_step(q5, k, v, out5, scale):
+    """The forward pass for a few queries (a cached generation step), as the reference computes it: the same
+    buffers as ``_Forward`` (the backward pass reads them), written by a few NumPy calls on this thread. At one
+    query per head the general machinery (stages, split, views, the trusted-range check) costs about twice the
+    arithmetic, and the shifted softmax (each query's largest score subtracted first) needs no check.
+
+    q5: (items, rep, nq, d_k)   k: (items, Tk, d_k)   v: (items, Tk, d_v)   out5: (items, rep, nq, d_v), written.
+    Returns (Q · scale)ᵀ (items, d_k, rep, nq) and Pᵀ (items, Tk, rep, nq)."""
+    items, (rep, n_q, d_k), t_k = k.shape[:-2], q5.shape[-3:], k.shape[-2]
+    qs_t = np.empty(items + (d_k, rep, n_q), scale.dtype)           # C order, whatever the layout of q
+    np.multiply(_features_first(q5), scale, out=qs_t)               # (Q · scale)ᵀ
+    p = np.matmul(k, _merged(qs_t, 2))                              # Sᵀ = K (Q · scale)ᵀ: (items, Tk, rep · nq)
+    p -= np.maximum.reduce(p, axis=-2, keepdims=True)               # no mask: every query sees a finite score
+    np.exp(p, out=p)
+    p /= np.add.reduce(p, axis=-2, keepdims=True)
+    p_heads = _to_end(p, 2).reshape(items + (rep, n_q, t_k))        # P: (items, rep, nq, Tk)
+    np.matmul(p_heads, v[..., None, :, :], out=out5)
+    return qs_t, p.reshape(items + (t_k, rep, n_q))
 
 
 def _shifted_softmax(flat):

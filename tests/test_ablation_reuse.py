@@ -83,7 +83,8 @@ def count_trainings(monkeypatch):
 def test_the_first_ablation_trains_each_config_once_and_says_which_rows_share_runs(trained):
     r = record(trained)
     sources = [[run["source"] for run in row["runs"]] for row in r["rows"]]
-    assert sources == [["trained"] * 2] * 3 + [["shared"] * 2] * 2 + [["trained"] * 2] * 2   # --quick: rows 3, 4 = row 2
+    # --quick: rows 3 and 4 have row 2's config
+    assert sources == [["trained"] * 2] * 3 + [["shared"] * 2] * 2 + [["trained"] * 2] * 2
     assert all(run["commit"] == "abc1234" for row in r["rows"] for run in row["runs"])
     page = (trained / "results" / f"{ABLATION}.md").read_text(encoding="utf-8")
     assert "Rows 3, 4 have the same config as row 2" in page and "show row 2's runs" in page

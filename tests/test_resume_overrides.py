@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from numformer.config import RESUME_REFUSED, _train_keys, resume_changes
-from numformer.optim import make_schedule
+from numformer.optim import train_schedule
 from numformer.train import Trainer
 
 BASE = {"max_steps": 4, "batch_size": 4, "lr": 1e-2, "eval_every": 2, "checkpoint_every": 2, "log_every": 1,
@@ -37,8 +37,7 @@ def _lines(run, kind):
 def _schedule_of(run, step):
     """The learning rate a new run of config.json's [train] would use at update ``step``."""
     t = json.loads((run / "config.json").read_text())["train"]
-    return make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
-                         decay_steps=t["decay_steps"] or None, cooldown=t["cooldown"])(step)
+    return train_schedule(t)(step)
 
 
 def _lrs_follow_the_new_schedule(run, trainer, spy, summary):
@@ -73,6 +72,7 @@ CASES = {
     "muon_ns_steps": ("muon", 3, lambda r, t, spy, s: _group(t, "ns_steps") == 3),
     "schedule": ("adamw", "linear", _lrs_follow_the_new_schedule),
     "cooldown": ("wsd", 0.9, _lrs_follow_the_new_schedule),
+    "cooldown_shape": ("wsd", "sqrt", _lrs_follow_the_new_schedule),
     "warmup_steps": ("cosine", 6, _lrs_follow_the_new_schedule),
     "min_lr": ("cosine", 5e-3, _lrs_follow_the_new_schedule),
     "decay_steps": ("cosine", 8, _lrs_follow_the_new_schedule),
@@ -188,6 +188,7 @@ def _train(**changes):
 @pytest.mark.parametrize("saved, new, moved", [
     (dict(schedule="wsd", max_steps=100), dict(schedule="wsd", max_steps=200), "max_steps 100 -> 200"),
     (dict(schedule="wsd", cooldown=0.2), dict(schedule="wsd", cooldown=0.5), "cooldown 0.2 -> 0.5"),
+    (dict(schedule="wsd"), dict(schedule="wsd", cooldown_shape="sqrt"), "cooldown_shape linear -> sqrt"),
     (dict(schedule="cosine", budget_minutes=1.0), dict(schedule="cosine", budget_minutes=2.0),
      "budget_minutes 1.0 -> 2.0"),
     (dict(schedule="wsd", budget_minutes=1.0), dict(schedule="wsd", budget_minutes=3.0), "budget_minutes 1.0 -> 3.0"),

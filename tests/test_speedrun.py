@@ -49,9 +49,26 @@ def test_wsd_holds_then_decays_linearly_over_the_cooldown():
     assert got[84] == lr and got[110] == pytest.approx(floor) and got[95] < lr
 
 
-@pytest.mark.parametrize("name", ["constant", "linear", "cosine", "wsd"])
-def test_a_schedule_by_progress_is_the_schedule_by_step(name):
-    s = make_schedule(name, 3e-3, warmup_steps=7, max_steps=57, min_lr=3e-4, cooldown=0.4)
+def test_wsd_sqrt_cooldown_is_one_minus_the_root_of_the_cooldowns_progress():
+    lr, w, total, c, floor = 1.0, 10, 110, 0.25, 0.1
+    s = make_schedule("wsd", lr, warmup_steps=w, max_steps=total, min_lr=floor, cooldown=c, cooldown_shape="sqrt")
+
+    def hand(step):
+        if step < w:
+            return lr * (step + 1) / (w + 1)
+        p = min((step - w) / (total - w), 1.0)
+        return lr if p < 1 - c else floor + (1 - math.sqrt((p - (1 - c)) / c)) * (lr - floor)
+    got = [s(i) for i in range(130)]
+    np.testing.assert_allclose(got, [hand(i) for i in range(130)], rtol=1e-12)
+    linear = make_schedule("wsd", lr, warmup_steps=w, max_steps=total, min_lr=floor, cooldown=c)
+    assert got[84] == lr and got[110] == pytest.approx(floor)
+    assert all(got[i] < linear(i) for i in range(86, 110))      # below the straight line inside the cooldown
+
+
+@pytest.mark.parametrize("name,shape", [("constant", "linear"), ("linear", "linear"), ("cosine", "linear"),
+                                        ("wsd", "linear"), ("wsd", "sqrt")])
+def test_a_schedule_by_progress_is_the_schedule_by_step(name, shape):
+    s = make_schedule(name, 3e-3, warmup_steps=7, max_steps=57, min_lr=3e-4, cooldown=0.4, cooldown_shape=shape)
     for step in range(70):
         assert s.at(step, (step - 7) / 50) == pytest.approx(s(step), rel=1e-12)
 
@@ -59,6 +76,8 @@ def test_a_schedule_by_progress_is_the_schedule_by_step(name):
 def test_bad_wsd_settings_are_one_line(tmp_path):
     with pytest.raises(ValueError, match="cooldown"):
         Trainer(apply_overrides(TINY, ["train.cooldown=0"]), tmp_path / "r")
+    with pytest.raises(ValueError, match="cooldown_shape"):
+        Trainer(apply_overrides(TINY, ["train.cooldown_shape=cosine"]), tmp_path / "r")
     with pytest.raises(ValueError, match="min_lr"):
         Trainer(apply_overrides(TINY, ["train.min_lr=1.0"]), tmp_path / "r")
 

@@ -26,7 +26,7 @@ from .interop.sources import FINE_TUNING_OPTIONS, read_source
 from .lora import LORA_DEFAULTS, TARGET_MODULES, check_lora_options
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
 from .models import MODEL_TYPES, apply_preset, check_model_together, model_arguments, model_keys
-from .optim import OPTIMIZERS, SCHEDULES
+from .optim import COOLDOWN_SHAPES, OPTIMIZERS, SCHEDULES
 from .optim.optimizers import NO_DECAY_KINDS
 from .run_files import check_run_dir, read_json
 from ._limits import check_bounds
@@ -54,6 +54,7 @@ TRAIN_DEFAULTS = {
     "muon_ns_steps": 5,           # muon only: Newton-Schulz iterations
     "schedule": "constant",       # constant | linear | cosine | wsd | noam
     "cooldown": 0.2,              # wsd only: the fraction of the run (after warmup) spent decaying to min_lr
+    "cooldown_shape": "linear",   # wsd only: linear | sqrt (1 - √ of the cooldown's progress)
     "warmup_steps": 0,
     "min_lr": 0.0,                # floor of the linear/cosine decay
     "decay_steps": 0,             # step where the decay reaches min_lr; 0 = max_steps
@@ -160,6 +161,7 @@ def _train_keys():
         "muon_lr": positive(float), "muon_momentum": Key(float, 0, 1, open=(False, True)), "muon_nesterov": BOOL,
         "muon_ns_steps": Key(int, 1, 100),
         "schedule": Key(str, choices=tuple(SCHEDULES)), "cooldown": Key(float, 0, 1, open=(True, False)),
+        "cooldown_shape": Key(str, choices=COOLDOWN_SHAPES),
         "warmup_steps": NONNEG_INT, "min_lr": NONNEG_FLOAT,
         "decay_steps": NONNEG_INT, "grad_clip": NONNEG_FLOAT, "grad_accum": positive(), "label_smoothing": FRACTION,
         "eval_batches": NONNEG_INT, "eval_batch_size": NONNEG_INT, "eval_metrics": BOOL,
@@ -321,7 +323,7 @@ def _schedule_keys(t):
     """The [train] keys the learning-rate schedule of the [train] section ``t`` depends on."""
     keys = {"schedule", "lr", "warmup_steps"}
     if t.get("schedule") in ("linear", "cosine", "wsd"):
-        keys |= {"min_lr", "cooldown"} if t["schedule"] == "wsd" else {"min_lr"}
+        keys |= {"min_lr", "cooldown", "cooldown_shape"} if t["schedule"] == "wsd" else {"min_lr"}
         if t.get("budget_minutes"):
             keys.add("budget_minutes")          # a budget plans the decay over its time
         else:

@@ -21,7 +21,7 @@ from ..data.base import IGNORE
 from ..experiments.runner import find_config
 from ..models import build_model
 from ..nn.dispatch import OPS, reference_mode, using_ops
-from ..optim import clip_grad_norm, make_schedule
+from ..optim import clip_grad_norm, train_schedule
 from ..train.build import make_optimizer
 from . import EXERCISES, Failure, check, format_report, load_functions, wrap
 
@@ -80,9 +80,7 @@ class Run:
         model_rng, self.data_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(t["seed"]).spawn(2))
         self.model = build_model(config["model"], rng=model_rng, dtype=np.float64)
         self.optimizer = make_optimizer(self.model, t)
-        self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
-                                      d_model=config["model"]["d_model"], decay_steps=t["decay_steps"] or None,
-                                      cooldown=t["cooldown"])
+        self.schedule = train_schedule(t, config["model"]["d_model"])
         self.task, self.step_number = task, 0
         functions = learner.functions if learner else {}
         self.entries = learner.dispatch_entries() if learner else {}

@@ -27,7 +27,7 @@ from ..config import resolve_config
 from ..data.base import IGNORE
 from ..interop.hf import export_hf
 from ..models import build_model
-from ..optim import make_schedule
+from ..optim import train_schedule
 from ..train.budget import Budget
 
 
@@ -84,8 +84,7 @@ def budgeted_torch_run(raw_config, seed):
     module.train()
     optimizer = torch.optim.AdamW(adamw_param_groups(module, t["weight_decay"]), lr=t["lr"],
                                   betas=(t["beta1"], t["beta2"]), eps=t["eps"])
-    schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
-                             decay_steps=t["decay_steps"] or None, cooldown=t["cooldown"])
+    schedule = train_schedule(t)
     eval_bs = t["eval_batch_size"] or t["batch_size"]
     sample = t["eval_batches"] * eval_bs
     budget.val_examples = task.eval_size("val")

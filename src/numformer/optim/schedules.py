@@ -11,8 +11,10 @@ with ``min_lr`` the floor. For the update of index ``step``:
     constant  shape(p) = 1
     linear    shape(p) = 1 - p
     cosine    shape(p) = (1 + cos(π p)) / 2                 (nanoGPT's get_lr)
-    wsd       shape(p) = 1 for p < 1 - c, then (1 - p) / c   (warmup-stable-decay, "trapezoidal":
-                                                              the last fraction c = ``cooldown`` decays)
+    wsd       shape(p) = 1 for p < 1 - c, then 1 - d        (warmup-stable-decay, "trapezoidal": the last
+                                                              fraction c = ``cooldown`` decays; d = (p - 1 + c) / c
+                                                              is the cooldown's progress, 0 … 1)
+              or 1 - √d with ``cooldown_shape = "sqrt"``      (Hägele et al. 2024, "1-sqrt")
 
 The constant schedule ignores ``min_lr``. A run counted in steps has progress p = (step - warmup_steps) /
 max(decay_steps - warmup_steps, 1) (decay_steps: [train] decay_steps, else max_steps), so lr is min_lr from
@@ -35,9 +37,15 @@ def _warmup(lr, step, warmup_steps):
     return lr * (step + 1) / (warmup_steps + 1)
 
 
-def _wsd_shape(cooldown):
+COOLDOWN_SHAPES = ("linear", "sqrt")
+
+
+def _wsd_shape(cooldown, cooldown_shape="linear"):
     def shape(p):
-        return 1.0 if p < 1.0 - cooldown else (1.0 - p) / cooldown
+        if p < 1.0 - cooldown:
+            return 1.0
+        d = (p - (1.0 - cooldown)) / cooldown                # the cooldown's progress, 0 … 1
+        return 1.0 - d if cooldown_shape == "linear" else 1.0 - math.sqrt(d)
     return shape
 
 
@@ -55,13 +63,13 @@ class Schedule:
 
     name: "constant", "linear", "cosine" or "wsd" (the shape); lr: the peak learning rate; warmup_steps (0);
     decay_steps (1): the step where the decay reaches min_lr (0.0; "constant" ignores it); cooldown (0.2): the
-    c of "wsd".
+    c of "wsd"; cooldown_shape ("linear"): its decay, "linear" or "sqrt".
     """
 
-    def __init__(self, name, lr, warmup_steps=0, decay_steps=1, min_lr=0.0, cooldown=0.2):
+    def __init__(self, name, lr, warmup_steps=0, decay_steps=1, min_lr=0.0, cooldown=0.2, cooldown_shape="linear"):
         self.name, self.lr, self.warmup_steps, self.decay_steps = name, lr, warmup_steps, decay_steps
         self.min_lr = lr if name == "constant" else min_lr
-        self.shape = _wsd_shape(cooldown) if name == "wsd" else SHAPES[name]
+        self.shape = _wsd_shape(cooldown, cooldown_shape) if name == "wsd" else SHAPES[name]
 
     def at(self, step, progress):
         """The learning rate of update ``step`` when ``progress`` (0 … 1) of the decay is done."""
@@ -90,10 +98,11 @@ def warmup_cosine(lr, warmup_steps, decay_steps, min_lr=0.0):
     return Schedule("cosine", lr, warmup_steps, decay_steps, min_lr)
 
 
-def warmup_stable_decay(lr, warmup_steps, decay_steps, min_lr=0.0, cooldown=0.2):
-    """Linear warmup to lr, lr held, then a linear decay to min_lr over the last ``cooldown`` fraction of the
-    steps after warmup, reaching it at ``decay_steps`` (the trapezoidal / WSD schedule)."""
-    return Schedule("wsd", lr, warmup_steps, decay_steps, min_lr, cooldown)
+def warmup_stable_decay(lr, warmup_steps, decay_steps, min_lr=0.0, cooldown=0.2, cooldown_shape="linear"):
+    """Linear warmup to lr, lr held, then a decay to min_lr over the last ``cooldown`` fraction of the steps
+    after warmup, reaching it at ``decay_steps`` (the trapezoidal / WSD schedule): linear, or 1 - √ of the
+    cooldown's progress with ``cooldown_shape="sqrt"``."""
+    return Schedule("wsd", lr, warmup_steps, decay_steps, min_lr, cooldown, cooldown_shape)
 
 
 def noam(d_model, warmup_steps, factor=1.0):
@@ -109,13 +118,13 @@ SCHEDULES = ("constant", "linear", "cosine", "wsd", "noam")
 
 
 def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512, decay_steps=None,
-                  cooldown=0.2):
+                  cooldown=0.2, cooldown_shape="linear"):
     """Build a schedule by name (one of ``SCHEDULES``; ValueError otherwise).
 
     lr: the peak learning rate (for "noam", the factor that scales the paper's formula); warmup_steps (0; "noam"
     needs > 0); decay_steps (None: max_steps, whose default is 1): the step where the decay reaches min_lr (0.0);
     d_model (512): "noam"'s; cooldown (0.2): for "wsd", the fraction of the run (after warmup) spent decaying,
-    in (0, 1]."""
+    in (0, 1]; cooldown_shape ("linear"): for "wsd", one of ``COOLDOWN_SHAPES``."""
     decay_steps = max_steps if decay_steps is None else decay_steps
     if name == "noam":
         if warmup_steps <= 0:
@@ -125,7 +134,16 @@ def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512
         raise ValueError(f"unknown schedule {name!r}; choose one of {list(SCHEDULES)}")
     if name == "wsd" and not 0 < cooldown <= 1:
         raise ValueError(f"the wsd schedule's cooldown must be in (0, 1], got {cooldown}")
-    return Schedule(name, lr, warmup_steps, decay_steps, min_lr, cooldown)
+    if name == "wsd" and cooldown_shape not in COOLDOWN_SHAPES:
+        raise ValueError(f"unknown cooldown_shape {cooldown_shape!r}; choose one of {list(COOLDOWN_SHAPES)}")
+    return Schedule(name, lr, warmup_steps, decay_steps, min_lr, cooldown, cooldown_shape)
+
+
+def train_schedule(t, d_model=512):
+    """The schedule a resolved [train] section ``t`` describes (``make_schedule`` with its keys)."""
+    return make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"], d_model=d_model,
+                         decay_steps=t["decay_steps"] or None, cooldown=t["cooldown"],
+                         cooldown_shape=t["cooldown_shape"])
 
 
 def clip_grad_norm(params, max_norm):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..optim import clip_grad_norm, make_schedule
+from ..optim import clip_grad_norm, train_schedule
 from ..provenance import git_commit
 from ..run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state
 from ..config import apply_overrides, resolve_config
@@ -83,8 +83,7 @@ class Trainer:
         self.model = build_trained_model(self.config, self.model_rng, self.dtype, resume)
         self.optimizer = make_optimizer(self.model, t)
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5
-        self.schedule = make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"],
-                                      d_model=d_model, decay_steps=t["decay_steps"] or None, cooldown=t["cooldown"])
+        self.schedule = train_schedule(t, d_model)
         self.budget = budget_for(t, world, clock_start)   # the time budget's clock, else None: steps are counted
         self.evaluation = Evaluation(self.model, self.task, t, self.budget, world)
         self.early = EarlyStopping(t["early_stopping_patience"], t["early_stopping_min_delta"])

@@ -12,7 +12,7 @@ import pytest
 from numformer.config import apply_overrides, load_config
 from numformer.models import GPT
 from numformer.models.flops import forward_flops_per_token, training_flops_per_token
-from numformer.optim import make_schedule
+from numformer.optim import Schedule, make_schedule
 from numformer.train import Trainer
 from numformer.train.budget import Budget
 
@@ -78,6 +78,8 @@ def test_bad_wsd_settings_are_one_line(tmp_path):
         Trainer(apply_overrides(TINY, ["train.cooldown=0"]), tmp_path / "r")
     with pytest.raises(ValueError, match="cooldown_shape"):
         Trainer(apply_overrides(TINY, ["train.cooldown_shape=cosine"]), tmp_path / "r")
+    with pytest.raises(ValueError, match="cooldown_shape"):
+        Schedule("wsd", 1e-3, decay_steps=10, cooldown_shape="cosine")      # the class itself, not only the config
     with pytest.raises(ValueError, match="min_lr"):
         Trainer(apply_overrides(TINY, ["train.min_lr=1.0"]), tmp_path / "r")
 

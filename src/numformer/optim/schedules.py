@@ -37,15 +37,20 @@ def _warmup(lr, step, warmup_steps):
     return lr * (step + 1) / (warmup_steps + 1)
 
 
-COOLDOWN_SHAPES = ("linear", "sqrt")
+COOLDOWN_DECAYS = {                        # the wsd shape through its cooldown, d its progress 0 … 1
+    "linear": lambda d: 1.0 - d,
+    "sqrt": lambda d: 1.0 - math.sqrt(d),
+}
+COOLDOWN_SHAPES = tuple(COOLDOWN_DECAYS)
 
 
 def _wsd_shape(cooldown, cooldown_shape="linear"):
+    if cooldown_shape not in COOLDOWN_DECAYS:
+        raise ValueError(f"unknown cooldown_shape {cooldown_shape!r}; choose one of {list(COOLDOWN_SHAPES)}")
+    decay = COOLDOWN_DECAYS[cooldown_shape]
+
     def shape(p):
-        if p < 1.0 - cooldown:
-            return 1.0
-        d = (p - (1.0 - cooldown)) / cooldown                # the cooldown's progress, 0 … 1
-        return 1.0 - d if cooldown_shape == "linear" else 1.0 - math.sqrt(d)
+        return 1.0 if p < 1.0 - cooldown else decay((p - (1.0 - cooldown)) / cooldown)
     return shape
 
 
@@ -134,8 +139,6 @@ def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512
         raise ValueError(f"unknown schedule {name!r}; choose one of {list(SCHEDULES)}")
     if name == "wsd" and not 0 < cooldown <= 1:
         raise ValueError(f"the wsd schedule's cooldown must be in (0, 1], got {cooldown}")
-    if name == "wsd" and cooldown_shape not in COOLDOWN_SHAPES:
-        raise ValueError(f"unknown cooldown_shape {cooldown_shape!r}; choose one of {list(COOLDOWN_SHAPES)}")
     return Schedule(name, lr, warmup_steps, decay_steps, min_lr, cooldown, cooldown_shape)
 
 

@@ -11,7 +11,8 @@ from conftest import tiny_copy_toml
 from numformer.config import TRAIN_DEFAULTS
 from numformer.models.gpt import GPT
 from numformer.nn import Parameter
-from numformer.optim import AdamW, Muon, hidden_matrices, newton_schulz
+from numformer import _runtime
+from numformer.optim import AdamW, Muon, hidden_matrices, newton_schulz, newton_schulz_many
 from numformer.train import Trainer, resolve_config
 from numformer.run_files import CHECKPOINT
 from numformer.train.trainer import make_optimizer
@@ -80,6 +81,27 @@ def test_newton_schulz_singular_values_in_the_quintic_band(dtype):
     np.testing.assert_allclose(scaled, newton_schulz(low_rank), atol=1e-4 if dtype == np.float32 else 1e-9)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("own_blas", [True, False])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_newton_schulz_many_is_the_reference_on_each_matrix(threads, own_blas, dtype, monkeypatch):
+    """The matrices shared among threads give, bit for bit, what newton_schulz gives each on one thread."""
+    monkeypatch.setitem(_runtime._threads, "n", threads)
+    monkeypatch.setitem(_runtime._state, "own_blas", own_blas)
+    rng = np.random.default_rng(4)
+    shapes = [(16, 16), (8, 40), (40, 8), (24, 24), (12, 30), (30, 12), (16, 16)]
+    matrices = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+    steps = [5, 5, 3, 5, 1, 5, 2]
+    got = newton_schulz_many(matrices, steps)
+    with _runtime.single_threaded():
+        expected = [newton_schulz(g, s) for g, s in zip(matrices, steps)]
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert a.dtype == dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    assert newton_schulz_many([], []) == []
+
+
 def test_newton_schulz_rejects_a_vector():
     with pytest.raises(ValueError, match="orthogonalizes a matrix"):
         newton_schulz(np.ones(4))
@@ -103,6 +125,33 @@ def test_muon_steps_match_torch(shape, nesterov, weight_decay):
         opt.zero_grad()
     expected = torch_muon(w0, grads, factors, 0.9, nesterov, weight_decay)
     np.testing.assert_allclose(p.data, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_muon_steps_on_several_matrices_match_torch(threads, monkeypatch):
+    """One step orthogonalizes all matrices together (newton_schulz_many): each ends where its own torch
+    reference does, whatever the number of threads; a matrix without a gradient is left alone."""
+    monkeypatch.setitem(_runtime._threads, "n", threads)
+    rng = np.random.default_rng(5)
+    shapes = [(6, 10), (12, 4), (8, 8), (5, 9)]
+    w0 = [rng.standard_normal(shape) for shape in shapes]
+    grads = [[rng.standard_normal(shape) for shape in shapes] for _ in range(4)]
+    factors = [0.3, 1.0, 0.8, 0.2]
+    params = [Parameter(w.copy()) for w in w0]
+    opt = Muon([{"params": params[:2]}, {"params": params[2:3], "nesterov": False, "weight_decay": 0.1},
+                {"params": params[3:], "ns_steps": 3}], lr=0.05, momentum=0.9)
+    for step_grads, f in zip(grads, factors):
+        opt.set_lr(f)
+        for p, g in zip(params[:3], step_grads):
+            p.grad = g.copy()
+        opt.step()
+        opt.zero_grad()
+    options = [(True, 0.0, 5), (True, 0.0, 5), (False, 0.1, 5)]
+    for i, (nesterov, weight_decay, ns_steps) in enumerate(options):
+        expected = torch_muon(w0[i], [g[i] for g in grads], factors, 0.9, nesterov, weight_decay, ns_steps)
+        np.testing.assert_allclose(params[i].data, expected, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(params[3].data, w0[3])
+    assert id(params[3]) not in opt.state
 
 
 def test_muon_with_adamw_matches_torch_and_scales_both_learning_rates():

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from .._runtime import blas_threads, get_num_threads, owns_blas, parallel_for
 from ..nn.module import Parameter
 
 
@@ -384,6 +385,31 @@ def newton_schulz(g, steps=5, eps=1e-7):
     return x.T if tall else x
 
 
+def newton_schulz_many(matrices, steps):
+    """``[newton_schulz(g, s) for g, s in zip(matrices, steps)]``: the speed path of Muon's step.
+
+    The matrices are divided among numformer's threads (``set_num_threads``), each orthogonalized whole on
+    one thread with the BLAS on one thread, so every result is computed by the same operations as
+    ``newton_schulz`` on one thread. At Muon's sizes (a few hundred rows) a product is too small for the
+    BLAS to gain from threads of its own; whole matrices per thread do. Runs one after another when there
+    is one thread, or when the BLAS's thread count cannot be set (two threads calling a multithreaded BLAS
+    would oversubscribe the cores). tests/test_muon.py compares it with the reference.
+    """
+    out = [None] * len(matrices)
+
+    def piece(lo, hi):
+        for i in range(lo, hi):
+            out[i] = newton_schulz(matrices[i], steps[i])
+
+    if get_num_threads() > 1 and len(matrices) > 1:
+        with blas_threads(1) as blas:
+            if blas.applied or owns_blas():
+                parallel_for(len(matrices), piece, 1)
+                return out
+    piece(0, len(matrices))
+    return out
+
+
 class Muon(Optimizer):
     """Muon (Keller Jordan 2024): momentum orthogonalized by Newton-Schulz, for 2-D weight matrices.
 
@@ -457,11 +483,20 @@ class Muon(Optimizer):
             self.adamw.set_lr(lr)
 
     def step(self):
-        super().step()
+        """Every matrix's direction U (momentum), their Newton-Schulz together (``newton_schulz_many``, the
+        matrices divided among the threads), then the weights; then the AdamW's step."""
+        todo = [(p, g, self.state.setdefault(id(p), {"step": 0}))
+                for g in self.param_groups for p in g["params"] if p.grad is not None]
+        directions = [self._direction(p, p.grad, g, st) for p, g, st in todo]
+        orthogonal = newton_schulz_many(directions, [g["ns_steps"] for _, g, _ in todo])
+        for (p, g, _), o in zip(todo, orthogonal):
+            self._apply(p, o, g)
         if self.adamw is not None:
             self.adamw.step()
 
-    def _update(self, p, grad, g, st):
+    @staticmethod
+    def _direction(p, grad, g, st):
+        """M ← μ·M + G, and the direction U = G + μ·M (nesterov) or M, in p's dtype."""
         st["step"] += 1
         mu = g["momentum"]
         if "momentum_buffer" not in st:
@@ -470,9 +505,13 @@ class Muon(Optimizer):
         m *= mu
         m += grad
         u = grad + mu * m if g["nesterov"] else m
+        return u.astype(p.dtype, copy=False)
+
+    @staticmethod
+    def _apply(p, o, g):
+        """W ← W - lr · (√max(1, rows/cols) · O + wd · W), the decay applied with the W before the step."""
         rows, cols = p.shape
         scale = math.sqrt(max(1.0, rows / cols))
-        o = newton_schulz(u.astype(p.dtype, copy=False), g["ns_steps"])
         if g["weight_decay"]:
             p.data *= 1.0 - g["lr"] * g["weight_decay"]
         p.data -= (g["lr"] * scale) * o

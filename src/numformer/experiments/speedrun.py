@@ -86,8 +86,6 @@ LADDER = [
     Change("Muon for the blocks' matrices (muon_lr 0.02, momentum 0.95, no weight decay), AdamW for the rest", {
         "train.optimizer": "muon", "train.weight_decay": 0.0}, kept=False),
     Change("weight decay 0.3 (from 0.1), chosen at the full 10-minute budget", {"train.weight_decay": 0.3}),
-    Change("QK-norm: RMSNorm of each query and key head before RoPE, chosen at the full 10-minute budget",
-           {"model.qk_norm": True}),
 ]
 
 

@@ -86,11 +86,14 @@ class Optimizer:
             g["lr"] = lr
 
     def step(self):
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                self._update(p, p.grad, g, self.state.setdefault(id(p), {"step": 0}))
+        for p, g, st in self._stepping():
+            self._update(p, p.grad, g, st)
+
+    def _stepping(self):
+        """(parameter, its group, its state) for every parameter that has a gradient, in group order; a
+        parameter's state starts as {"step": 0} the first time."""
+        return [(p, g, self.state.setdefault(id(p), {"step": 0}))
+                for g in self.param_groups for p in g["params"] if p.grad is not None]
 
     def _update(self, p, grad, group, state):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -485,8 +488,7 @@ class Muon(Optimizer):
     def step(self):
         """Every matrix's direction U (momentum), their Newton-Schulz together (``newton_schulz_many``, the
         matrices divided among the threads), then the weights; then the AdamW's step."""
-        todo = [(p, g, self.state.setdefault(id(p), {"step": 0}))
-                for g in self.param_groups for p in g["params"] if p.grad is not None]
+        todo = self._stepping()
         directions = [self._direction(p, p.grad, g, st) for p, g, st in todo]
         orthogonal = newton_schulz_many(directions, [g["ns_steps"] for _, g, _ in todo])
         for (p, g, _), o in zip(todo, orthogonal):

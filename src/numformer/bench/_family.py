@@ -19,7 +19,7 @@ import numpy as np
 from .._runtime import get_num_threads, single_threaded
 from . import _measure
 from .hf_generate import _load_text, measure, random_models
-from .profile import _timed_ops, _Timers
+from .profile import Timers, timed_ops
 
 
 def load_average():
@@ -65,9 +65,9 @@ def decoding_profile(model, prompt=64, steps=8):
     per step by op family (``bench.profile``'s families, every op of ``nn.dispatch.OPS`` and the attention
     kernels timed; "other" is the rest: the modules' own arithmetic and Python), the mean of ``steps`` steps
     after a prompt of ``prompt`` tokens, and the output head's product over the vocabulary alone, timed apart."""
-    timers = _Timers()
+    timers = Timers()
     idx = np.random.default_rng(0).integers(0, model.vocab_size, (1, prompt))
-    with single_threaded(), _timed_ops(timers):
+    with single_threaded(), timed_ops(timers):
         caches = model.new_kv_caches()
         model(idx, kv_caches=caches, logits_to_keep=1)
         timers.seconds.clear()

@@ -53,7 +53,7 @@ def matmul_peak(n=2048, threads=1, min_seconds=1.0):
     return 2 * n ** 3 / best
 
 
-class _Timers:
+class Timers:
     """Seconds spent in each family, by wrapping functions."""
 
     def __init__(self):
@@ -70,7 +70,7 @@ class _Timers:
 
 
 @contextlib.contextmanager
-def _timed_ops(timers):
+def timed_ops(timers):
     """Every op of OPS (its speed path), the attention kernels and the cross-entropy timed by family."""
     saved_ops, saved_kernels = dict(OPS), dict(ATTENTION)
     saved_ce = ops.cross_entropy_forward, ops.cross_entropy_backward
@@ -106,7 +106,7 @@ def profile_training_step(config, processes=2, steps=20, warmup=3, seed=0):
     share = max(1, t["batch_size"] // processes)
     rng = np.random.default_rng(seed)
     batches = [task.train_batch(share, rng) for _ in range(warmup + steps)]
-    timers = _Timers()
+    timers = Timers()
 
     def step(batch):
         loss_and_backward(model, batch.inputs, batch.targets, t["label_smoothing"])
@@ -116,7 +116,7 @@ def profile_training_step(config, processes=2, steps=20, warmup=3, seed=0):
         optimizer.zero_grad()
         timers.seconds["optimizer and clipping"] += time.perf_counter() - started
 
-    with single_threaded(), _timed_ops(timers):
+    with single_threaded(), timed_ops(timers):
         for batch in batches[:warmup]:
             step(batch)
         timers.seconds.clear()

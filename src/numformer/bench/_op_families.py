@@ -1,0 +1,191 @@
+"""Where a training step's time goes in numformer and in PyTorch, op family by op family, on the same shapes.
+
+``op_families`` runs the throughput benchmark's two training steps on one thread (the BLAS, numformer's
+pool and PyTorch's intra-op threads all at 1; ``throughput.measure_single_core``'s setting) and splits each
+step's time into the same families:
+
+* numformer: every op of ``nn.dispatch.OPS``, the attention kernels and the cross-entropy timed by
+  ``profile.timed_ops`` (their Python included), the optimizer's step timed around it;
+* PyTorch: ``torch.profiler``'s self CPU time of each aten op, mapped to a family by name (``torch_family``), and
+  everything under the optimizer's step to "optimizer".
+
+"other" is the rest of the step's wall time: in numformer the modules' own array arithmetic (residual sums,
+reshapes, the output head's reshape) and Python; in PyTorch the autograd engine, its views and copies, and
+Python. PyTorch's profiler adds its own cost to every op it records, which lands in "other": compare the
+families, and take the step's time from the per-core table, which is timed without profilers.
+
+``elementwise_rates`` times single passes over a float32 array in NumPy and in PyTorch (ns per element): the
+primitives every non-product op is made of, whose speed differs between the libraries and from one CPU to
+another.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from .._runtime import get_num_threads, set_num_threads, single_threaded
+from .profile import Timers, timed_ops
+
+FAMILY_ORDER = ("linear (matrix products)", "attention", "activation", "norm", "rotary positions", "embedding",
+                "cross-entropy", "optimizer", "other")
+
+# aten op (torch.profiler's event name without "aten::") -> family; any other op is "other"
+TORCH_FAMILIES = {
+    "linear (matrix products)": ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot"),
+    "activation": ("gelu", "gelu_backward", "relu", "threshold_backward", "silu", "silu_backward"),
+    "norm": ("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward"),
+    "cross-entropy": ("_log_softmax", "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward"),
+    "embedding": ("embedding", "embedding_dense_backward", "index_select"),
+}
+_BY_ATEN = {op: family for family, names in TORCH_FAMILIES.items() for op in names}
+
+
+def torch_family(name):
+    """The family of a ``torch.profiler`` event: an aten op by ``TORCH_FAMILIES``, any scaled-dot-product or
+    flash-attention op "attention", the optimizer's own events (``Optimizer.step#AdamW.step``, ``_foreach_*``)
+    "optimizer", anything else "other"."""
+    op = name[len("aten::"):] if name.startswith("aten::") else None
+    if name.startswith("Optimizer.") or (op or "").startswith("_foreach_") or (op or "").startswith("_fused_adam"):
+        return "optimizer"
+    if op is None:
+        return "other"
+    if "scaled_dot_product" in op or "flash_attention" in op:
+        return "attention"
+    return _BY_ATEN.get(op, "other")
+
+
+def _under_optimizer(event):
+    """True for an event run inside the optimizer's step (its record_function is an ancestor)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("Optimizer."):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def torch_families(step, batches, steps):
+    """(ms per step by family, ms per profiled step) of ``step(x, y)`` (PyTorch eager) over ``steps`` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
+        for i in range(steps):
+            step(*batches[i % len(batches)])
+        total = time.perf_counter() - started
+    seconds = defaultdict(float)
+    for event in prof.events():
+        family = "optimizer" if _under_optimizer(event) else torch_family(event.name)
+        seconds[family] += event.self_cpu_time_total / 1e6
+    return _per_step(seconds, total, steps)
+
+
+def numformer_families(trainer, batches, steps):
+    """(ms per step by family, ms per timed step) of ``trainer(x, y)`` (``throughput.NumformerTrainer``) over
+    ``steps`` steps, its ops timed by ``profile.timed_ops`` and its optimizer's step around it."""
+    timers = Timers()
+    optimizer = trainer.opt
+    optimizer.step = timers.wrap(optimizer.step, "optimizer")
+    try:
+        with timed_ops(timers):
+            started = time.perf_counter()
+            for i in range(steps):
+                trainer(*batches[i % len(batches)])
+            total = time.perf_counter() - started
+    finally:
+        del optimizer.step                             # the class's step again
+    return _per_step(timers.seconds, total, steps)
+
+
+def _per_step(seconds, total, steps):
+    """{family: ms per step} with "other" = the rest of the wall time (the profiled families of PyTorch keep their
+    "other" ops too), and the step's ms."""
+    families = {k: 1e3 * v / steps for k, v in seconds.items() if k != "other"}
+    families["other"] = max(0.0, 1e3 * total / steps - sum(families.values()))
+    return families, 1e3 * total / steps
+
+
+def op_families(nf_step, pt_step, batches, tbatches, steps, warmup=2):
+    """The two frameworks' training steps on one thread, split by op family: ``nf_step`` (a
+    ``throughput.NumformerTrainer`` in one process) over the NumPy ``batches``, ``pt_step`` (PyTorch eager) over
+    the same batches as tensors. Returns {"numformer": {family: ms}, "torch": {...}, "numformer_step_ms",
+    "torch_step_ms", "steps"}."""
+    import torch
+
+    torch_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with single_threaded():
+            for i in range(warmup):
+                nf_step(*batches[i % len(batches)])
+                pt_step(*tbatches[i % len(tbatches)])
+            nf, nf_ms = numformer_families(nf_step, batches, steps)
+            pt, pt_ms = torch_families(pt_step, tbatches, steps)
+    finally:
+        torch.set_num_threads(torch_threads)
+    return {"numformer": _ordered(nf), "torch": _ordered(pt), "numformer_step_ms": nf_ms, "torch_step_ms": pt_ms,
+            "steps": steps}
+
+
+def _ordered(families):
+    known = [f for f in FAMILY_ORDER if f in families]
+    return {f: families[f] for f in known + sorted(set(families) - set(known))}
+
+
+# (name, NumPy call, PyTorch call) on a float32 input x and output y of one size; int8 conversion reads x8
+PRIMITIVES = (
+    ("multiply (x · x)", lambda x, x8, y: np.multiply(x, x, out=y), lambda x, x8, y: torch_mul(x, y)),
+    ("exp", lambda x, x8, y: np.exp(x, out=y), lambda x, x8, y: torch_call("exp", x, y)),
+    ("tanh", lambda x, x8, y: np.tanh(x, out=y), lambda x, x8, y: torch_call("tanh", x, y)),
+    ("int8 → float32", lambda x, x8, y: np.copyto(y, x8, casting="unsafe"), lambda x, x8, y: y.copy_(x8)),
+)
+
+
+def torch_mul(x, y):
+    import torch
+
+    return torch.mul(x, x, out=y)
+
+
+def torch_call(name, x, y):
+    import torch
+
+    return getattr(torch, name)(x, out=y)
+
+
+def elementwise_rates(n=65536, repeats=200, rounds=5):
+    """ns per element of each of ``PRIMITIVES`` over ``n`` float32 elements (a hidden layer's activations; they
+    stay in the core's cache), NumPy and PyTorch each on one thread, best of ``rounds`` rounds of ``repeats``
+    calls in CPU time: {name: {"numpy": ns, "torch": ns}}."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(n).astype(np.float32)
+    x8 = rng.integers(-127, 128, n).astype(np.int8)
+    y = np.empty_like(x)
+    tx, tx8, ty = torch.from_numpy(x.copy()), torch.from_numpy(x8.copy()), torch.empty(n)
+    threads, torch_threads = get_num_threads(), torch.get_num_threads()
+    rates = {}
+    try:
+        set_num_threads(1)
+        torch.set_num_threads(1)
+        for name, with_numpy, with_torch in PRIMITIVES:
+            rates[name] = {"numpy": _ns_per_element(lambda: with_numpy(x, x8, y), n, repeats, rounds),
+                           "torch": _ns_per_element(lambda: with_torch(tx, tx8, ty), n, repeats, rounds)}
+    finally:
+        set_num_threads(threads)
+        torch.set_num_threads(torch_threads)
+    return rates
+
+
+def _ns_per_element(call, n, repeats, rounds):
+    call()
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.thread_time()
+        for _ in range(repeats):
+            call()
+        best = min(best, (time.thread_time() - started) / repeats)
+    return 1e9 * best / n

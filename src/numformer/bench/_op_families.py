@@ -20,6 +20,9 @@ another.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from collections import defaultdict
 
@@ -70,7 +73,7 @@ def torch_families(step, batches, steps):
     """(ms per step by family, ms per profiled step) of ``step(x, y)`` (PyTorch eager) over ``steps`` steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
         started = time.perf_counter()
         for i in range(steps):
             step(*batches[i % len(batches)])
@@ -80,6 +83,21 @@ def torch_families(step, batches, steps):
         family = "optimizer" if _under_optimizer(event) else torch_family(event.name)
         seconds[family] += event.self_cpu_time_total / 1e6
     return _per_step(seconds, total, steps)
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """File descriptor 2 to /dev/null for the block: the profiler's native library logs every start and stop
+    there (Python's own errors still reach the caller as exceptions)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w", encoding="utf-8") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def numformer_families(trainer, batches, steps):

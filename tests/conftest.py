@@ -274,3 +274,13 @@ def explorer_server(explorer_run):
     data = page_data(model, tokenizer, ids, n_prompt, "tiny", "server")
     with serving(make_server(Explorer(model, tokenizer, seed=0), 0, data)) as server:
         yield server
+
+
+@pytest.fixture
+def native_blas_afterwards():
+    """For a test that calls ``numformer.set_fast_runtime()`` (a benchmark run): the BLAS's native threading
+    again afterwards, as the other tests expect it."""
+    yield
+    import numformer
+
+    numformer.set_fast_runtime(blas="native")

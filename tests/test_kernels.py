@@ -45,12 +45,6 @@ def split_everything(monkeypatch, threads):
 
 # -- runtime ---------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def native_blas_afterwards():
-    yield
-    numformer.set_fast_runtime(blas="native")
-
-
 def test_set_fast_runtime_is_idempotent_and_reports(native_blas_afterwards):
     first = numformer.set_fast_runtime()
     second = numformer.set_fast_runtime()

@@ -48,7 +48,7 @@ from ..run_files import write_atomic
 
 # The parts in the order bench.md lists them; any other module found in numformer.bench with
 # ``run`` and ``markdown`` is a part too and comes after these.
-PARTS = ("throughput", "attention", "checkpointing", "generate", "depth")
+PARTS = ("throughput", "op_families", "attention", "checkpointing", "generate", "depth")
 # Modules of numformer.bench that are helpers, not parts (modules whose name starts with "_" are left out too).
 NOT_PARTS = {"runner", "torch_reference", "profile"}
 META_KEY = "_run"

@@ -38,7 +38,6 @@ from .._runtime import fast_runtime_status, get_num_threads, set_fast_runtime
 from ..models import EncoderClassifier, GPT
 from ..optim import AdamW, param_groups
 from ..train.parallel import ClosesOnExit, DataParallel, usable_processes
-from ._op_families import FAMILY_ORDER, elementwise_rates, op_families
 from .profile import matmul_peak
 from .runner import image_link
 
@@ -263,16 +262,6 @@ def measure_single_core(cfg, rounds, steps, seed=0):
             "ratio": min(pt) / min(nf), "blas_single_thread": blas.applied, "rounds": rounds, "steps": steps}
 
 
-def measure_op_families(cfg, steps, seed=0):
-    """Both frameworks' one-thread training steps of ``cfg`` split by op family (``_op_families.op_families``)."""
-    import torch
-
-    model, ref = build_models(cfg, seed)
-    batches = make_batches(cfg)
-    tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
-    return op_families(NumformerTrainer(model, cfg), torch_trainer(ref, cfg), batches, tbatches, steps)
-
-
 def environment():
     import torch
 
@@ -302,8 +291,6 @@ def run(quick=False, configs=None, plan=None):
     for name, cfg in configs.items():
         _, rounds, steps = plan[name]
         results[name]["single_core"] = measure_single_core(cfg, max(2, rounds // 2), max(1, steps // 2))
-        results[name]["op_families"] = measure_op_families(cfg, max(1, steps // 2))
-    rates = elementwise_rates(repeats=20 if quick else 200)
     peak_after = matmul_peak(**peak_of) / 1e9
     # MFU of both frameworks against the best product this machine ran (either library's)
     machine_peak = max(peak, peak_after, torch_peak)
@@ -314,7 +301,7 @@ def run(quick=False, configs=None, plan=None):
     return {"configs": results, "matmul_peak_gflops": max(peak, peak_after), "machine_peak_gflops": machine_peak,
             "matmul_peak_gflops_before_after": [peak, peak_after], "matmul_peak_n": n_peak,
             "torch_matmul_peak_gflops": torch_peak, "optimizer": dict(OPTIM),
-            "elementwise_ns_per_element": rates, "environment": environment(), "quick": bool(quick)}
+            "environment": environment(), "quick": bool(quick)}
 
 
 # -- report -----------------------------------------------------------------------------------------------
@@ -372,32 +359,6 @@ def cpu_row(result):
     return row
 
 
-def _families_lines(result):
-    """The per-core step split by op family (numformer / PyTorch, ms) and the elementwise primitives' rates."""
-    cfgs = {n: r["op_families"] for n, r in result["configs"].items() if "op_families" in r}
-    if not cfgs:
-        return []
-    found = {f for p in cfgs.values() for who in ("numformer", "torch") for f in p[who]}
-    families = [f for f in FAMILY_ORDER if f in found] + sorted(found - set(FAMILY_ORDER))
-    lines = ["", "Where the per-core time goes: the same one-thread steps split by op family, numformer's ops timed "
-             "one by one (their Python included), PyTorch's by `torch.profiler`'s self CPU time of each aten op "
-             "(the optimizer's step whole); \"other\" is the rest of the step: numformer's own array arithmetic "
-             "and Python, PyTorch's autograd engine, views, copies and Python, and each profiler's cost. ms per "
-             "step, numformer / PyTorch:", "",
-             "| op family | " + " | ".join(cfgs) + " |", "|---|" + "---:|" * len(cfgs)]
-    for f in families:
-        lines.append(f"| {f} | " + " | ".join(
-            f"{p['numformer'].get(f, 0):.2f} / {p['torch'].get(f, 0):.2f}" for p in cfgs.values()) + " |")
-    lines.append("| **step (profiled)** | " + " | ".join(
-        f"**{p['numformer_step_ms']:.1f} / {p['torch_step_ms']:.1f}**" for p in cfgs.values()) + " |")
-    rates = result.get("elementwise_ns_per_element")
-    if rates:
-        lines += ["", "The primitives of every op that is not a matrix product: one pass over 65,536 float32 "
-                  "elements on one thread, ns per element, NumPy / PyTorch: " + ", ".join(
-                      f"{name} {r['numpy']:.2f} / {r['torch']:.2f}" for name, r in rates.items()) + "."]
-    return lines
-
-
 def markdown(result, fig_dir):
     png = fig_dir / "throughput.png"
     _plot(result, png)
@@ -441,7 +402,6 @@ def markdown(result, fig_dir):
         if c:
             lines.append(f"| {name} | {c['numformer_cpu_ms_per_step']:.1f} | {c['torch_cpu_ms_per_step']:.1f} "
                          f"| {c['ratio']:.2f} |")
-    lines += _families_lines(result)
     lines += ["", image_link(png, "throughput", fig_dir), "",
               f"Threads: PyTorch {env['torch_threads']} (torch {env['torch']}); numformer one thread per "
               f"process, and in one process {env['numformer_threads']} ({env.get('numformer_blas', '?')}); "

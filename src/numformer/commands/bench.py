@@ -16,9 +16,9 @@ def register(sub):
     p = sub.add_parser("bench", help="benchmarks (throughput vs PyTorch, attention memory, ...); "
                                      "writes bench.json and bench.md into results/ (or --out)")
     p.add_argument("parts", nargs="+", metavar="PART",
-                   help="a part of numformer.bench (throughput, attention, checkpointing, generate, depth, "
-                        "hf-generate, llama-generate, qwen2-generate, qwen3-generate, gemma3-generate, blas-kernels, "
-                        "tokenizer, mpi, mpi-scaling, quantize) or 'all'")
+                   help="a part of numformer.bench (throughput, op-families, attention, checkpointing, generate, "
+                        "depth, hf-generate, llama-generate, qwen2-generate, qwen3-generate, gemma3-generate, "
+                        "blas-kernels, tokenizer, mpi, mpi-scaling, quantize) or 'all'")
     p.add_argument("--quick", action="store_true", help="small smoke run (under a minute per part); "
                                                        "figures not for reporting")
     p.add_argument("--out", default="results", help="folder for bench.json, bench.md and figures/ (default results)")

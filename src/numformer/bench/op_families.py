@@ -1,22 +1,25 @@
 """Where a training step's time goes in numformer and in PyTorch, op family by op family, on the same shapes.
 
-``op_families`` runs the throughput benchmark's two training steps on one thread (the BLAS, numformer's
-pool and PyTorch's intra-op threads all at 1; ``throughput.measure_single_core``'s setting) and splits each
-step's time into the same families:
+``numformer bench op-families [--quick]``
+
+For each configuration of the throughput benchmark (``throughput.CONFIGS``: the same architecture, weights
+and batches in both), ``op_families`` runs both frameworks' training steps on one thread (the BLAS,
+numformer's pool and PyTorch's intra-op threads all at 1; ``throughput.measure_single_core``'s setting) and
+splits each step's time into the same families:
 
 * numformer: every op of ``nn.dispatch.OPS``, the attention kernels and the cross-entropy timed by
   ``profile.timed_ops`` (their Python included), the optimizer's step timed around it;
-* PyTorch: ``torch.profiler``'s self CPU time of each aten op, mapped to a family by name (``torch_family``), and
-  everything under the optimizer's step to "optimizer".
+* PyTorch: ``torch.profiler``'s self CPU time of each aten op, mapped to a family by name (``torch_family``),
+  and everything under the optimizer's step to "optimizer".
 
 "other" is the rest of the step's wall time: in numformer the modules' own array arithmetic (residual sums,
 reshapes, the output head's reshape) and Python; in PyTorch the autograd engine, its views and copies, and
 Python. PyTorch's profiler adds its own cost to every op it records, which lands in "other": compare the
-families, and take the step's time from the per-core table, which is timed without profilers.
+families; the steps' times without profilers are the throughput part's.
 
 ``elementwise_rates`` times single passes over a float32 array in NumPy and in PyTorch (ns per element): the
-primitives every non-product op is made of, whose speed differs between the libraries and from one CPU to
-another.
+primitives every op but the matrix products is made of, whose speed differs between the libraries and from
+one CPU to another.
 """
 from __future__ import annotations
 
@@ -28,8 +31,13 @@ from collections import defaultdict
 
 import numpy as np
 
-from .._runtime import get_num_threads, set_num_threads, single_threaded
+from .._runtime import get_num_threads, set_fast_runtime, set_num_threads, single_threaded
 from .profile import Timers, timed_ops
+from .throughput import CONFIGS, NumformerTrainer, build_models, environment, make_batches, torch_trainer
+
+# steps profiled per configuration (after 2 warm-up steps), and for --quick
+STEPS = {"nanogpt": 20, "minillm": 2, "classifier": 20}
+QUICK_STEPS = {"nanogpt": 2, "minillm": 1, "classifier": 2}
 
 FAMILY_ORDER = ("linear (matrix products)", "attention", "activation", "norm", "rotary positions", "embedding",
                 "cross-entropy", "optimizer", "other")
@@ -207,3 +215,72 @@ def _ns_per_element(call, n, repeats, rounds):
             call()
         best = min(best, (time.thread_time() - started) / repeats)
     return 1e9 * best / n
+
+
+def measure(cfg, steps, seed=0):
+    """Both frameworks' one-thread training steps of ``cfg`` (a ``throughput.CONFIGS`` entry) by op family."""
+    import torch
+
+    model, ref = build_models(cfg, seed)
+    batches = make_batches(cfg)
+    tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
+    return op_families(NumformerTrainer(model, cfg), torch_trainer(ref, cfg), batches, tbatches, steps)
+
+
+def run(quick=False, configs=None, steps=None):
+    """Every configuration's split and the primitives' rates (``configs``/``steps`` override the defaults, for
+    tests)."""
+    set_fast_runtime()
+    configs = CONFIGS if configs is None else configs
+    steps = (QUICK_STEPS if quick else STEPS) if steps is None else steps
+    results = {name: {"title": cfg["title"], "batch": cfg["batch"], "seq": cfg["seq"],
+                      **measure(cfg, steps[name])} for name, cfg in configs.items()}
+    return {"configs": results, "elementwise_ns_per_element": elementwise_rates(repeats=20 if quick else 200),
+            "environment": environment(), "quick": bool(quick)}
+
+
+def non_product_ms(split):
+    """The ms of a split's families other than the matrix products and "other" (the ops a kernel can speed up)."""
+    return sum(v for k, v in split.items() if k not in ("linear (matrix products)", "other"))
+
+
+def cpu_row(result):
+    """The figures bench.md keeps per CPU model: each configuration's ops other than the products (ms,
+    numformer / PyTorch), and exp's ns per element (NumPy / PyTorch)."""
+    row = {f"{name} non-product ops ms": [non_product_ms(r["numformer"]), non_product_ms(r["torch"])]
+           for name, r in result["configs"].items()}
+    exp = result["elementwise_ns_per_element"].get("exp")
+    if exp:
+        row["exp ns per element"] = [exp["numpy"], exp["torch"]]
+    return row
+
+
+def markdown(result, fig_dir):
+    cfgs = result["configs"]
+    found = {f for r in cfgs.values() for who in ("numformer", "torch") for f in r[who]}
+    families = [f for f in FAMILY_ORDER if f in found] + sorted(found - set(FAMILY_ORDER))
+    env = result["environment"]
+    lines = ["## op_families: a training step by op family, numformer and PyTorch on one thread", "",
+             "The throughput part's training steps (the same architecture, weights and batches in both; forward, "
+             "cross-entropy, backward and AdamW) on one thread each (the BLAS, numformer's pool and PyTorch's "
+             "intra-op threads at 1), split by op family: numformer's ops timed one by one (their Python "
+             "included), PyTorch's by `torch.profiler`'s self CPU time of each aten op (the optimizer's step "
+             "whole). \"other\" is the rest of the step: numformer's own array arithmetic and Python, PyTorch's "
+             "autograd engine, views, copies and Python, and each profiler's cost (the steps' times without "
+             "profilers are the throughput part's per-core table). ms per step, numformer / PyTorch:", "",
+             "| op family | " + " | ".join(f"{n} ({r['batch']} × {r['seq']}, {r['steps']} steps)"
+                                          for n, r in cfgs.items()) + " |", "|---|" + "---:|" * len(cfgs)]
+    for f in families:
+        lines.append(f"| {f} | " + " | ".join(
+            f"{r['numformer'].get(f, 0):.2f} / {r['torch'].get(f, 0):.2f}" for r in cfgs.values()) + " |")
+    lines.append("| ops other than the products and \"other\" | " + " | ".join(
+        f"{non_product_ms(r['numformer']):.2f} / {non_product_ms(r['torch']):.2f}" for r in cfgs.values()) + " |")
+    lines.append("| **step (profiled)** | " + " | ".join(
+        f"**{r['numformer_step_ms']:.1f} / {r['torch_step_ms']:.1f}**" for r in cfgs.values()) + " |")
+    rates = result["elementwise_ns_per_element"]
+    lines += ["", "The primitives of the ops that are not matrix products: one pass over 65,536 float32 elements "
+              "(in the core's cache) on one thread, ns per element (best of 5 rounds, CPU time), NumPy / "
+              "PyTorch: " + ", ".join(f"{name} {r['numpy']:.2f} / {r['torch']:.2f}" for name, r in rates.items())
+              + ".", "", f"PyTorch {env['torch']}; numformer's runtime: {env.get('numformer_blas', '?')}, "
+              f"allocator {env['malloc']}."]
+    return "\n".join(lines) + "\n"

@@ -60,7 +60,8 @@ def test_tiny_run_writes_json_and_markdown(tmp_path, monkeypatch, native_blas_af
         r = result["configs"][name]
         assert r["numformer"]["linear (matrix products)"] > 0 and r["torch"]["linear (matrix products)"] > 0
         assert sum(r["numformer"].values()) == pytest.approx(r["numformer_step_ms"])
-        assert op_families.non_product_ms(r["numformer"]) > 0
+        assert r["numformer_non_product_ms"] == op_families.non_product_ms(r["numformer"]) > 0
+        assert r["torch_products_ms"] == r["torch"]["linear (matrix products)"]
     rates = result["elementwise_ns_per_element"]
     assert set(rates) == {"multiply (x · x)", "exp", "tanh", "int8 → float32"}
     assert all(r["numpy"] > 0 and r["torch"] > 0 for r in rates.values())

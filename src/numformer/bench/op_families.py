@@ -39,12 +39,13 @@ from .throughput import CONFIGS, NumformerTrainer, build_models, environment, ma
 STEPS = {"nanogpt": 20, "minillm": 2, "classifier": 20}
 QUICK_STEPS = {"nanogpt": 2, "minillm": 1, "classifier": 2}
 
-FAMILY_ORDER = ("linear (matrix products)", "attention", "activation", "norm", "rotary positions", "embedding",
+PRODUCTS = "linear (matrix products)"
+FAMILY_ORDER = (PRODUCTS, "attention", "activation", "norm", "rotary positions", "embedding",
                 "cross-entropy", "optimizer", "other")
 
 # aten op (torch.profiler's event name without "aten::") -> family; any other op is "other"
 TORCH_FAMILIES = {
-    "linear (matrix products)": ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot"),
+    PRODUCTS: ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot"),
     "activation": ("gelu", "gelu_backward", "relu", "threshold_backward", "silu", "silu_backward"),
     "norm": ("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward"),
     "cross-entropy": ("_log_softmax", "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward"),
@@ -233,15 +234,23 @@ def run(quick=False, configs=None, steps=None):
     set_fast_runtime()
     configs = CONFIGS if configs is None else configs
     steps = (QUICK_STEPS if quick else STEPS) if steps is None else steps
-    results = {name: {"title": cfg["title"], "batch": cfg["batch"], "seq": cfg["seq"],
-                      **measure(cfg, steps[name])} for name, cfg in configs.items()}
+    results = {name: _with_totals({"title": cfg["title"], "batch": cfg["batch"], "seq": cfg["seq"],
+                                   **measure(cfg, steps[name])}) for name, cfg in configs.items()}
     return {"configs": results, "elementwise_ns_per_element": elementwise_rates(repeats=20 if quick else 200),
             "environment": environment(), "quick": bool(quick)}
 
 
+def _with_totals(r):
+    """A configuration's result with each framework's ms in matrix products and in the other ops (not "other")."""
+    for who in ("numformer", "torch"):
+        r[f"{who}_products_ms"] = r[who].get(PRODUCTS, 0.0)
+        r[f"{who}_non_product_ms"] = non_product_ms(r[who])
+    return r
+
+
 def non_product_ms(split):
     """The ms of a split's families other than the matrix products and "other" (the ops a kernel can speed up)."""
-    return sum(v for k, v in split.items() if k not in ("linear (matrix products)", "other"))
+    return sum(v for k, v in split.items() if k not in (PRODUCTS, "other"))
 
 
 def cpu_row(result):
@@ -281,6 +290,5 @@ def markdown(result, fig_dir):
     lines += ["", "The primitives of the ops that are not matrix products: one pass over 65,536 float32 elements "
               "(in the core's cache) on one thread, ns per element (best of 5 rounds, CPU time), NumPy / "
               "PyTorch: " + ", ".join(f"{name} {r['numpy']:.2f} / {r['torch']:.2f}" for name, r in rates.items())
-              + ".", "", f"PyTorch {env['torch']}; numformer's runtime: {env.get('numformer_blas', '?')}, "
-              f"allocator {env['malloc']}."]
+              + ".", "", f"PyTorch {env['torch']}; numformer's allocator: {env['malloc']}."]
     return "\n".join(lines) + "\n"

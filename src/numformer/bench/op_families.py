@@ -127,8 +127,8 @@ def numformer_families(trainer, batches, steps):
 
 
 def _per_step(seconds, total, steps):
-    """{family: ms per step} with "other" = the rest of the wall time (the profiled families of PyTorch keep their
-    "other" ops too), and the step's ms."""
+    """{family: ms per step} with "other" = the rest of the wall time (PyTorch's ops of no family are in that
+    rest), and the step's ms."""
     families = {k: 1e3 * v / steps for k, v in seconds.items() if k != "other"}
     families["other"] = max(0.0, 1e3 * total / steps - sum(families.values()))
     return families, 1e3 * total / steps

@@ -161,25 +161,14 @@ def _ordered(families):
     return {f: families[f] for f in known + sorted(set(families) - set(known))}
 
 
-# (name, NumPy call, PyTorch call) on a float32 input x and output y of one size; int8 conversion reads x8
+# (name, NumPy call, PyTorch call): each on a float32 input x, an int8 input x8 and a float32 output y of one
+# size; the PyTorch call gets the torch module first (imported only where PyTorch is timed)
 PRIMITIVES = (
-    ("multiply (x · x)", lambda x, x8, y: np.multiply(x, x, out=y), lambda x, x8, y: torch_mul(x, y)),
-    ("exp", lambda x, x8, y: np.exp(x, out=y), lambda x, x8, y: torch_call("exp", x, y)),
-    ("tanh", lambda x, x8, y: np.tanh(x, out=y), lambda x, x8, y: torch_call("tanh", x, y)),
-    ("int8 → float32", lambda x, x8, y: np.copyto(y, x8, casting="unsafe"), lambda x, x8, y: y.copy_(x8)),
+    ("multiply (x · x)", lambda x, x8, y: np.multiply(x, x, out=y), lambda torch, x, x8, y: torch.mul(x, x, out=y)),
+    ("exp", lambda x, x8, y: np.exp(x, out=y), lambda torch, x, x8, y: torch.exp(x, out=y)),
+    ("tanh", lambda x, x8, y: np.tanh(x, out=y), lambda torch, x, x8, y: torch.tanh(x, out=y)),
+    ("int8 → float32", lambda x, x8, y: np.copyto(y, x8, casting="unsafe"), lambda torch, x, x8, y: y.copy_(x8)),
 )
-
-
-def torch_mul(x, y):
-    import torch
-
-    return torch.mul(x, x, out=y)
-
-
-def torch_call(name, x, y):
-    import torch
-
-    return getattr(torch, name)(x, out=y)
 
 
 def elementwise_rates(n=65536, repeats=200, rounds=5):
@@ -200,7 +189,7 @@ def elementwise_rates(n=65536, repeats=200, rounds=5):
         torch.set_num_threads(1)
         for name, with_numpy, with_torch in PRIMITIVES:
             rates[name] = {"numpy": _ns_per_element(lambda: with_numpy(x, x8, y), n, repeats, rounds),
-                           "torch": _ns_per_element(lambda: with_torch(tx, tx8, ty), n, repeats, rounds)}
+                           "torch": _ns_per_element(lambda: with_torch(torch, tx, tx8, ty), n, repeats, rounds)}
     finally:
         set_num_threads(threads)
         torch.set_num_threads(torch_threads)
@@ -256,7 +245,7 @@ def non_product_ms(split):
 def cpu_row(result):
     """The figures bench.md keeps per CPU model: each configuration's ops other than the products (ms,
     numformer / PyTorch), and exp's ns per element (NumPy / PyTorch)."""
-    row = {f"{name} non-product ops ms": [non_product_ms(r["numformer"]), non_product_ms(r["torch"])]
+    row = {f"{name} non-product ops ms": [r["numformer_non_product_ms"], r["torch_non_product_ms"]]
            for name, r in result["configs"].items()}
     exp = result["elementwise_ns_per_element"].get("exp")
     if exp:
@@ -283,7 +272,7 @@ def markdown(result, fig_dir):
         lines.append(f"| {f} | " + " | ".join(
             f"{r['numformer'].get(f, 0):.2f} / {r['torch'].get(f, 0):.2f}" for r in cfgs.values()) + " |")
     lines.append("| ops other than the products and \"other\" | " + " | ".join(
-        f"{non_product_ms(r['numformer']):.2f} / {non_product_ms(r['torch']):.2f}" for r in cfgs.values()) + " |")
+        f"{r['numformer_non_product_ms']:.2f} / {r['torch_non_product_ms']:.2f}" for r in cfgs.values()) + " |")
     lines.append("| **step (profiled)** | " + " | ".join(
         f"**{r['numformer_step_ms']:.1f} / {r['torch_step_ms']:.1f}**" for r in cfgs.values()) + " |")
     rates = result["elementwise_ns_per_element"]

@@ -371,12 +371,12 @@ class single_threaded:
     def __enter__(self):
         self._threads = _threads["n"]
         _threads["n"] = 1
-        self._blas = blas_threads(1).__enter__()
+        self.blas = blas_threads(1).__enter__()                 # .applied: whether the BLAS could be set
         return self
 
     def __exit__(self, *exc):
         _threads["n"] = self._threads
-        return self._blas.__exit__(*exc)
+        return self.blas.__exit__(*exc)
 
 
 # -- matrix products ------------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from .._runtime import get_num_threads, set_fast_runtime, set_num_threads, single_threaded
+from .._runtime import set_fast_runtime
 from .profile import Timers, timed_ops
-from .throughput import CONFIGS, NumformerTrainer, build_models, environment, make_batches, torch_trainer
+from .throughput import (CONFIGS, NumformerTrainer, build_models, environment, make_batches, one_thread_each,
+                         torch_trainer)
 
 # steps profiled per configuration (after 2 warm-up steps), and for --quick
 STEPS = {"nanogpt": 20, "minillm": 2, "classifier": 20}
@@ -139,19 +140,12 @@ def op_families(nf_step, pt_step, batches, tbatches, steps, warmup=2):
     ``throughput.NumformerTrainer`` in one process) over the NumPy ``batches``, ``pt_step`` (PyTorch eager) over
     the same batches as tensors. Returns {"numformer": {family: ms}, "torch": {...}, "numformer_step_ms",
     "torch_step_ms", "steps"}."""
-    import torch
-
-    torch_threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        with single_threaded():
-            for i in range(warmup):
-                nf_step(*batches[i % len(batches)])
-                pt_step(*tbatches[i % len(tbatches)])
-            nf, nf_ms = numformer_families(nf_step, batches, steps)
-            pt, pt_ms = torch_families(pt_step, tbatches, steps)
-    finally:
-        torch.set_num_threads(torch_threads)
+    with one_thread_each():
+        for i in range(warmup):
+            nf_step(*batches[i % len(batches)])
+            pt_step(*tbatches[i % len(tbatches)])
+        nf, nf_ms = numformer_families(nf_step, batches, steps)
+        pt, pt_ms = torch_families(pt_step, tbatches, steps)
     return {"numformer": _ordered(nf), "torch": _ordered(pt), "numformer_step_ms": nf_ms, "torch_step_ms": pt_ms,
             "steps": steps}
 
@@ -182,17 +176,11 @@ def elementwise_rates(n=65536, repeats=200, rounds=5):
     x8 = rng.integers(-127, 128, n).astype(np.int8)
     y = np.empty_like(x)
     tx, tx8, ty = torch.from_numpy(x.copy()), torch.from_numpy(x8.copy()), torch.empty(n)
-    threads, torch_threads = get_num_threads(), torch.get_num_threads()
     rates = {}
-    try:
-        set_num_threads(1)
-        torch.set_num_threads(1)
+    with one_thread_each():
         for name, with_numpy, with_torch in PRIMITIVES:
             rates[name] = {"numpy": _ns_per_element(lambda: with_numpy(x, x8, y), n, repeats, rounds),
                            "torch": _ns_per_element(lambda: with_torch(torch, tx, tx8, ty), n, repeats, rounds)}
-    finally:
-        set_num_threads(threads)
-        torch.set_num_threads(torch_threads)
     return rates
 
 

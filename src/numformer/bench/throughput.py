@@ -26,6 +26,7 @@ second comparison runs both frameworks on one thread, timed by CPU time
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
@@ -33,8 +34,7 @@ import time
 
 import numpy as np
 
-from .. import _runtime
-from .._runtime import fast_runtime_status, get_num_threads, set_fast_runtime
+from .._runtime import fast_runtime_status, get_num_threads, set_fast_runtime, single_threaded
 from ..models import EncoderClassifier, GPT
 from ..optim import AdamW, param_groups
 from ..train.parallel import ClosesOnExit, DataParallel, usable_processes
@@ -229,6 +229,22 @@ def measure_config(cfg, warmup, rounds, steps, seed=0, one_process_too=True):
     }
 
 
+@contextlib.contextmanager
+def one_thread_each():
+    """numformer's kernels, the BLAS and PyTorch's intra-op threads all on the calling thread, restored
+    afterwards: the setting of the per-core comparisons. Yields the BLAS's setting (``.applied``: False where
+    NumPy's BLAS could not be set)."""
+    import torch
+
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with single_threaded() as numformer_alone:
+            yield numformer_alone.blas
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
 def measure_single_core(cfg, rounds, steps, seed=0):
     """Both frameworks on one thread (PyTorch intra-op threads, numformer's pool and the BLAS all set to 1),
     alternating, timed by the CPU time of the calling thread: a per-core efficiency comparison that other
@@ -240,24 +256,17 @@ def measure_single_core(cfg, rounds, steps, seed=0):
     batches = make_batches(cfg)
     tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
     nf_step, pt_step = NumformerTrainer(model, cfg), torch_trainer(ref, cfg)      # one process
-    threads, torch_threads = _runtime.get_num_threads(), torch.get_num_threads()
     nf, pt = [], []
-    try:
-        _runtime.set_num_threads(1)
-        torch.set_num_threads(1)
-        with _runtime.blas_threads(1) as blas:
-            nf_step(*batches[0])
-            pt_step(*tbatches[0])
-            for r in range(rounds):
-                order = (("nf", nf_step, batches), ("pt", pt_step, tbatches))
-                for name, step, b in (order if r % 2 == 0 else order[::-1]):
-                    t0 = time.thread_time()
-                    for i in range(steps):
-                        step(*b[i % len(b)])
-                    (nf if name == "nf" else pt).append(1e3 * (time.thread_time() - t0) / steps)
-    finally:
-        _runtime.set_num_threads(threads)
-        torch.set_num_threads(torch_threads)
+    with one_thread_each() as blas:
+        nf_step(*batches[0])
+        pt_step(*tbatches[0])
+        for r in range(rounds):
+            order = (("nf", nf_step, batches), ("pt", pt_step, tbatches))
+            for name, step, b in (order if r % 2 == 0 else order[::-1]):
+                t0 = time.thread_time()
+                for i in range(steps):
+                    step(*b[i % len(b)])
+                (nf if name == "nf" else pt).append(1e3 * (time.thread_time() - t0) / steps)
     return {"numformer_cpu_ms_per_step": min(nf), "torch_cpu_ms_per_step": min(pt),
             "ratio": min(pt) / min(nf), "blas_single_thread": blas.applied, "rounds": rounds, "steps": steps}
 

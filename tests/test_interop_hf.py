@@ -23,6 +23,7 @@ SHAPES = {
     "n_inner": dict(n_embd=24, n_layer=3, n_head=4, n_inner=40),
     "untied_relu": dict(n_embd=16, n_layer=1, n_head=4, tie_word_embeddings=False, activation_function="relu"),
     "gelu_exact_eps": dict(n_embd=8, n_layer=2, n_head=1, activation_function="gelu", layer_norm_epsilon=1e-6),
+    "relu2": dict(n_embd=16, n_layer=2, n_head=2, activation_function="relu2"),
 }
 VOCAB, N_POS, EOS = 300, 48, 0
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
@@ -304,7 +305,8 @@ def test_import_then_export_gives_identical_tensors_and_config(tmp_path):
 @pytest.mark.parametrize("options", [
     dict(bias=False, activation="gelu_tanh"),                         # nanoGPT's default: zero biases on export
     dict(positional="sinusoidal", activation="relu", tie_weights=False, d_ff=20),
-    dict(activation="gelu", layer_norm_eps=1e-6)])
+    dict(activation="gelu", layer_norm_eps=1e-6),
+    dict(activation="relu2", d_ff=40)])
 def test_numformer_model_exports_with_the_same_logits(tmp_path, options):
     model = GPT(VOCAB, 24, n_layers=2, n_heads=2, d_model=16, rng=np.random.default_rng(0), **options)
     out = hf.export_hf(model, tmp_path / "out")

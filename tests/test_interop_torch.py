@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from numformer.interop.torch import from_torch, grads_to_torch, to_torch
+from numformer.interop.torch import from_torch, grads_to_torch, relu_squared, to_torch
 
 from conftest import F32_TOL, F64_TOL, assert_close
 
@@ -136,7 +136,7 @@ def layer_inputs(rng, ndtype, B=2, T=5, S=6, E=16):
 
 @pytest.mark.parametrize("tdtype,ndtype,tol", DTYPES)
 @pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", relu_squared], ids=["relu", "gelu", "relu2"])
 def test_encoder_layer(tdtype, ndtype, tol, norm_first, activation):
     torch.manual_seed(0)
     tmod = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation=activation, batch_first=True,
@@ -188,6 +188,7 @@ def test_to_torch_roundtrip():
     torch.manual_seed(0)
     for tmod in (nn.MultiheadAttention(8, 2, batch_first=True),
                  nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=True, activation="gelu"),
+                 nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, activation=relu_squared),
                  nn.TransformerDecoderLayer(8, 2, 16, batch_first=True),
                  nn.Transformer(8, 2, 1, 1, 16, batch_first=True)):
         back = to_torch(from_torch(tmod.double()))
@@ -323,6 +324,7 @@ SEQ2SEQ_OPTIONS = {
     "post_ln": dict(),                                                   # numformer's default: no final norms
     "pre_ln_shared_tied": dict(norm_first=True, share_embeddings=True, tie_output=True, activation="gelu"),
     "learned_final_norm": dict(positional="learned", final_norm=True, scale_embeddings=False, n_decoder_layers=1),
+    "relu2": dict(norm_first=True, activation="relu2"),
 }
 
 

@@ -620,6 +620,17 @@ def test_relu_kernel_equals_reference(dtype, rng, split_everything):
     assert np.array_equal(y, y_ref) and np.array_equal(dx, dx_ref) and dx.dtype == dtype     # exactly
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_relu_squared_kernel_equals_reference(dtype, rng, split_everything):
+    x = (rng.standard_normal((5, 37)) * 2).astype(dtype)
+    x[0, :4] = 0.0
+    x[1, :2] = np.nan
+    (y_ref, (dx_ref,)), (y, (dx,)) = _pairs("relu_squared", x)
+    for a, b in ((y, y_ref), (dx, dx_ref)):         # the same operations on each element: equal, NaN included
+        assert a.dtype == dtype and np.array_equal(a, b, equal_nan=True)
+    assert np.isnan(y[1, :2]).all() and (y[0, :4] == 0).all()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("dy_kind", ["finite", "with inf and NaN"])
 def test_relu_kernel_equals_reference_and_torch_at_nan_and_inf(dtype, dy_kind, rng, split_everything):

@@ -77,7 +77,7 @@ def test_norm_modules(rng, kind):
     assert_gradcheck(module_gradcheck(m, {"x": x}, lambda x: m(x), lambda g: {"x": g}))
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("activation", ["relu", "relu2", "gelu", "gelu_tanh"])
 def test_feedforward(rng, activation):
     m = nn.FeedForward(4, 8, activation, dropout=0.2, rng=rng0(), dtype=F64)
     x = rng.standard_normal((2, 3, 4))

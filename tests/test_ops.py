@@ -147,6 +147,15 @@ def test_relu(rng):
         torch_parity(ops.relu_forward, ops.relu_backward, torch.relu, {"x": x}, dtype, tol)
 
 
+def test_relu_squared(rng):
+    x = rng.standard_normal((4, 5)) * 2
+    x[np.abs(x) < 1e-3] = 0.5  # keep away from the kink for finite differences
+    check_op(ops.relu_squared_forward, ops.relu_squared_backward, {"x": x})
+    for dtype, tol in ((np.float64, F64_TOL), (np.float32, F32_TOL)):
+        torch_parity(ops.relu_squared_forward, ops.relu_squared_backward, lambda x: torch.relu(x).square(),
+                     {"x": x}, dtype, tol)
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu(rng, approximate):
     x = rng.standard_normal((4, 7)) * 3

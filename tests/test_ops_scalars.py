@@ -25,6 +25,7 @@ def _rng():
 # name -> f(x): the op applied to x where x is the input in question; the other arguments well formed
 ELEMENTWISE = {
     "relu": lambda m, x: m.relu_forward(x),
+    "relu_squared": lambda m, x: m.relu_squared_forward(x),
     "gelu": lambda m, x: m.gelu_forward(x),
     "gelu(tanh)": lambda m, x: m.gelu_forward(x, "tanh"),
     "silu": lambda m, x: m.silu_forward(x),
@@ -35,7 +36,7 @@ ELEMENTWISE = {
     "softmax": lambda m, x: m.softmax_forward(x),
     "log_softmax": lambda m, x: m.log_softmax_forward(x),
 }
-BACKWARD = {"relu": "relu_backward", "gelu": "gelu_backward", "gelu(tanh)": "gelu_backward",
+BACKWARD = {"relu": "relu_backward", "relu_squared": "relu_squared_backward", "gelu": "gelu_backward", "gelu(tanh)": "gelu_backward",
             "silu": "silu_backward", "silu_gate": "silu_gate_backward",
             "gelu_gate": "gelu_gate_backward", "softcap": "softcap_backward", "dropout": "dropout_backward",
             "softmax": "softmax_backward", "log_softmax": "log_softmax_backward"}
@@ -81,7 +82,7 @@ def _functions(package):
 
 
 def test_every_op_has_a_decision():
-    forwards = {f"{k}_forward" for k in ("relu", "gelu", "silu", "silu_gate", "gelu_gate", "softcap", "dropout",
+    forwards = {f"{k}_forward" for k in ("relu", "relu_squared", "gelu", "silu", "silu_gate", "gelu_gate", "softcap", "dropout",
                                          "softmax", "log_softmax")}
     decided = (set(BACKWARD.values()) | forwards
                | set(FUNCTIONS) | set(REFUSED) | set(WORKS) | NOT_ARRAY_OPS)

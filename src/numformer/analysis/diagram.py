@@ -57,7 +57,7 @@ def _block_stages(block, B, T, S=None, causal=False, decoder=False):
     dh, dff = block.self_attn.d_head, block.d_ff
     kv = block.self_attn.n_kv_heads
     norm = _norm_name(block)
-    act = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "swiglu": "SwiGLU (SiLU gate)",
+    act = {"relu": "ReLU", "relu2": "ReLU²", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "swiglu": "SwiGLU (SiLU gate)",
            "geglu": "GeGLU (GELU gate)"}.get(block.activation, block.activation)
     x = (B, T, d)
     in_attention = {"rope": ", RoPE on q, k", "alibi": ", ALiBi bias"}.get(block.self_attn.positional, "")

@@ -55,10 +55,16 @@ class _FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.act = {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh")}[activation]
+        self.act = {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"),
+                    "relu2": _ReLUSquared()}[activation]
 
     def forward(self, x):
         return self.linear2(self.act(self.linear1(x)))
+
+
+class _ReLUSquared(nn.Module):
+    def forward(self, x):
+        return torch.relu(x).square()
 
 
 class _Block(nn.Module):

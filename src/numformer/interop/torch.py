@@ -96,16 +96,25 @@ def grads_to_torch(module):
 
 
 # -- configuration of torch layers ------------------------------------------------------
+def relu_squared(x):
+    """max(0, x)² on a torch tensor: the activation ``to_torch`` gives a layer of activation "relu2" (torch has
+    no module of its own for it); ``from_torch`` reads it back."""
+    return x.relu().square()
+
+
 def _activation_name(layer):
     torch = _torch()
     act = layer.activation
     if act is torch.nn.functional.relu or isinstance(act, torch.nn.ReLU):
         return "relu"
+    if act is relu_squared:
+        return "relu2"
     if act is torch.nn.functional.gelu:
         return "gelu"
     if isinstance(act, torch.nn.GELU):
         return "gelu_tanh" if act.approximate == "tanh" else "gelu"
-    raise ValueError(f"unsupported activation {act!r}: numformer has relu, gelu and gelu (tanh)")
+    raise ValueError(f"unsupported activation {act!r}: numformer has relu, gelu, gelu (tanh) and "
+                     f"numformer.interop.torch.relu_squared")
 
 
 def _check_batch_first(module):
@@ -471,7 +480,8 @@ _TORCH_SEQ2SEQ = None
 # -- back to torch -----------------------------------------------------------------------------
 def _torch_layer(block, cls):
     torch = _torch()
-    act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": torch.nn.GELU(approximate="tanh")}[block.activation]
+    act = {"relu": "relu", "relu2": relu_squared, "gelu": "gelu",
+           "gelu_tanh": torch.nn.GELU(approximate="tanh")}[block.activation]
     if block.norm_kind != "layer":
         raise ValueError(f"torch layers use LayerNorm; this block uses {block.norm_kind!r}")
     return cls(block.d_model, block.n_heads, block.d_ff, block.self_attn.dropout_p, act,

@@ -11,7 +11,8 @@ softmax (``fused_attention``) or block by block (``flash_attention``).
 Read ``numformer.ops`` first. The modules of ``numformer.nn`` pick one or the other in one table
 (``numformer.nn.dispatch``); ``numformer.reference_mode()`` switches a whole model to the references.
 """
-from .activations import gelu_backward, gelu_forward, relu_backward, relu_forward
+from .activations import (gelu_backward, gelu_forward, relu_backward, relu_forward, relu_squared_backward,
+                          relu_squared_forward)
 from .embedding import embedding_backward, embedding_forward
 from .fast_gelu import gelu_erf_f32
 from .flash_attention import flash_attention_backward, flash_attention_forward

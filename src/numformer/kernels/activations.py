@@ -1,7 +1,7 @@
-"""Reference: ``numformer.ops.activations`` (ReLU, GELU exact and tanh).
+"""Reference: ``numformer.ops.activations`` (ReLU, squared ReLU, GELU exact and tanh).
 
-The speed path: ReLU and the GELU backward split large arrays into chunks across numformer's threads
-(``parallel_for``), the same operations on each element whatever the split; exact GELU in float32 runs the
+The speed path: ReLU, squared ReLU and the GELU backward split large arrays into chunks across numformer's
+threads (``parallel_for``), the same operations on each element whatever the split; exact GELU in float32 runs the
 chunked kernel ``kernels/fast_gelu.py``. Softmax has no kernel of its own: the models only need it inside
 attention, where ``kernels/fused_attention.py`` runs it in place on the scores.
 """
@@ -73,10 +73,44 @@ def gelu_forward(x, approximate="none"):
 
 def gelu_backward(dy, cache):
     """dx = dy ⊙ GELU'(x), as ``ops.gelu_backward``; large arrays split across threads."""
-    grad, dy = cache[0], np.asarray(dy)
+    return _times_derivative(dy, cache[0])
+
+
+def relu_squared_forward(x):
+    """ReLU²(x) = max(0, x)², as ``ops.relu_squared_forward`` (same cache: the derivative 2 max(0, x)).
+
+    Large float arrays are split across threads, each piece three passes written into the outputs:
+    r = max(0, x) into the cache, y = r · r, then the cache doubled in place (r + r, exact).
+    """
+    x = np.asarray(x)
+    if x.dtype.kind != "f" or x.size < 2 * _CHUNK:
+        r = np.maximum(x, 0)
+        return r * r, r + r
+    xf = np.ascontiguousarray(x).reshape(-1)
+    y, grad = np.empty_like(xf), np.empty_like(xf)
+    zero = x.dtype.type(0)
+
+    def piece(lo, hi):
+        r = grad[lo:hi]
+        np.maximum(xf[lo:hi], zero, out=r)
+        np.multiply(r, r, out=y[lo:hi])
+        np.add(r, r, out=r)
+
+    parallel_for(xf.size, piece, _CHUNK)
+    return y.reshape(x.shape), grad.reshape(x.shape)
+
+
+def relu_squared_backward(dy, cache):
+    """dx = dy ⊙ 2 max(0, x), as ``ops.relu_squared_backward``; large arrays split across threads."""
+    return _times_derivative(dy, cache)
+
+
+def _times_derivative(dy, grad):
+    """dy ⊙ grad (an activation's backward from its cached derivative), large arrays split across threads."""
+    dy = np.asarray(dy)
     if dy.dtype != grad.dtype or dy.shape != grad.shape or dy.size < 2 * _CHUNK:
         return dy * grad
     dx = np.empty_like(grad)
-    a, b, o = dy.reshape(-1), grad.reshape(-1), dx.reshape(-1)
+    a, b, o = np.ascontiguousarray(dy).reshape(-1), np.ascontiguousarray(grad).reshape(-1), dx.reshape(-1)
     parallel_for(o.size, lambda lo, hi: np.multiply(a[lo:hi], b[lo:hi], out=o[lo:hi]), _CHUNK)
     return dx

@@ -58,8 +58,8 @@ class BlockConfig:
                                       "head_dim wide")
     d_ff: int | None = _doc(None, "feed-forward width (None: 4·d_model; 8·d_model/3 rounded up to a multiple of "
                                   "8 for swiglu and geglu)")
-    activation: str = _doc("gelu", "relu, gelu, gelu_tanh, silu (W₂ act(W₁ x)); swiglu, geglu (gated, three "
-                                    "matrices)")
+    activation: str = _doc("gelu", "relu, relu2 (squared ReLU), gelu, gelu_tanh, silu (W₂ act(W₁ x)); "
+                                    "swiglu, geglu (gated, three matrices)")
     norm_placement: str = _doc("pre", "pre (GPT-2), post (the paper) or sandwich (Gemma: a norm before and after "
                                       "each sub-layer)")
     qk_norm: bool = _doc(False, "RMSNorm of each query and key head, before RoPE (Qwen3, Gemma 3)")

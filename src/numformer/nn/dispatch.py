@@ -53,6 +53,8 @@ OPS = {
     "batch_norm_backward":     (ops.batch_norm_backward,      ops.batch_norm_backward),
     "relu_forward":            (ops.relu_forward,             kernels.relu_forward),
     "relu_backward":           (ops.relu_backward,            kernels.relu_backward),
+    "relu_squared_forward":    (ops.relu_squared_forward,     kernels.relu_squared_forward),
+    "relu_squared_backward":   (ops.relu_squared_backward,    kernels.relu_squared_backward),
     "gelu_forward":            (ops.gelu_forward,             kernels.gelu_forward),
     "gelu_backward":           (ops.gelu_backward,            kernels.gelu_backward),
     "silu_forward":            (ops.silu_forward,             kernels.silu_forward),

@@ -245,15 +245,15 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "silu")
 # "swiglu" and "geglu" name the gated feed-forwards (SiLU and tanh-GELU gates), not activations
 GATED = {"swiglu": "silu_gate", "geglu": "gelu_gate"}
 FEED_FORWARD_ACTIVATIONS = ACTIVATIONS + tuple(GATED)
 
 
 class Activation(Module):
-    """Element-wise, by ``kind``: "relu", "gelu" (exact, erf), "gelu_tanh" (the tanh approximation) or "silu"
-    (x σ(x))."""
+    """Element-wise, by ``kind``: "relu", "relu2" (squared ReLU, max(0, x)²), "gelu" (exact, erf), "gelu_tanh"
+    (the tanh approximation) or "silu" (x σ(x))."""
 
     def __init__(self, kind="relu"):
         super().__init__()
@@ -265,6 +265,8 @@ class Activation(Module):
     def forward(self, x):
         if self.kind == "relu":
             y, self._cache = F.relu_forward(x)
+        elif self.kind == "relu2":
+            y, self._cache = F.relu_squared_forward(x)
         elif self.kind == "silu":
             y, self._cache = F.silu_forward(x)
         else:
@@ -274,6 +276,8 @@ class Activation(Module):
     def backward(self, dy):
         if self.kind == "relu":
             dx = F.relu_backward(dy, self._cache)
+        elif self.kind == "relu2":
+            dx = F.relu_squared_backward(dy, self._cache)
         elif self.kind == "silu":
             dx = F.silu_backward(dy, self._cache)
         else:
@@ -369,7 +373,7 @@ class SwiGLUFeedForward(GatedFeedForward):
 
 
 def make_feed_forward(d_model, d_ff, activation="relu", dropout=0.0, bias=True, rng=None, dtype=np.float32):
-    """A FeedForward with ``activation`` (relu, gelu, gelu_tanh, silu), or a GatedFeedForward for 'swiglu' or
+    """A FeedForward with ``activation`` (relu, relu2, gelu, gelu_tanh, silu), or a GatedFeedForward for 'swiglu' or
     'geglu' (which has no dropout: ``dropout`` is then unused)."""
     if activation in GATED:
         return GatedFeedForward(d_model, d_ff, bias, rng, dtype, kind=activation)

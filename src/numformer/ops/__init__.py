@@ -17,7 +17,8 @@ runs them on these references instead.
 """
 from .alibi import alibi_backward, alibi_bias, alibi_forward, alibi_slopes
 from .activations import (gelu_backward, gelu_erf, gelu_forward, gelu_tanh, log_softmax_backward, log_softmax_forward,
-                          relu_backward, relu_forward, softmax_backward, softmax_forward)
+                          relu_backward, relu_forward, relu_squared_backward, relu_squared_forward,
+                          softmax_backward, softmax_forward)
 from .attention import (causal_mask, scaled_dot_product_attention_backward,
                         scaled_dot_product_attention_forward)
 from .dropout import dropout_backward, dropout_forward

@@ -1,6 +1,6 @@
-"""Softmax, log-softmax, ReLU and GELU (exact and tanh): the references.
+"""Softmax, log-softmax, ReLU, squared ReLU and GELU (exact and tanh): the references.
 
-The speed path (threaded ReLU and GELU backward, the chunked float32 GELU) is
+The speed path (threaded ReLU, squared ReLU and GELU backward, the chunked float32 GELU) is
 ``numformer.kernels.activations``; softmax has no kernel of its own (``kernels.fused_attention`` runs it in
 place on the attention scores).
 """
@@ -69,6 +69,25 @@ def relu_backward(dy, cache):
     """
     y, dy = cache, np.asarray(dy)
     return np.where(y <= 0, 0, dy).astype(dy.dtype, copy=False)
+
+
+def relu_squared_forward(x):
+    """ReLU²(x) = max(0, x)², elementwise (So et al. 2021, "Primer"; the feed-forward of modded-nanogpt).
+
+    x: any shape   ->   y: shaped as x; returns (y, cache), the cache the derivative 2 max(0, x) (so that
+    backward is a single multiply). A NaN x gives NaN in both.
+    """
+    r = np.maximum(x, 0)
+    return r * r, r + r
+
+
+def relu_squared_backward(dy, cache):
+    """dx = dy ⊙ 2 max(0, x) (the forward's cache); dx shaped as dy.
+
+    Where x <= 0 the product is 0 · dy: NaN for an infinite or NaN dy, where torch's relu(x).square() gives 0
+    (its ReLU backward selects). Both agree for every finite dy.
+    """
+    return dy * cache
 
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)

@@ -16,8 +16,8 @@ from .fields import HONOURED, NO_EFFECT, SAME, TOKENIZER, TRAINING, Field, docum
 
 MODEL_TYPE = "gpt2"
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-               "gelu": "gelu", "relu": "relu"}
-TO_GPT2_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+               "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
+TO_GPT2_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
 
 FIELDS = (  # the fields of transformers' GPT2Config, in its order
     Field("vocab_size", 50257, HONOURED, positive, note="vocab_size"),

@@ -16,7 +16,7 @@ from numformer.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 # model_type -> the name the docs use; a family added to the table without a name here fails the first test
 NAMES = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma2": "Gemma 2",
-         "gemma3_text": "Gemma 3"}
+         "gemma3_text": "Gemma 3", "arcee": "Arcee"}
 
 
 def test_every_family_of_the_table_has_a_name():

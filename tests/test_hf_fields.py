@@ -1,7 +1,7 @@
 """One rule for every config field (the field table of each family file of numformer.interop.hf), per model_type,
 against transformers.
 
-For each family (gpt2, llama, mistral, qwen2) and each config.json field transformers reads:
+For each family (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3_text, arcee) and each config.json field transformers reads:
 - honoured: a random tiny model whose config.json sets the field (old key spellings included) is built by
   transformers from that very config.json; numformer's import gives float64 logits and every gradient within
   1e-9 of transformers' (its float32 rotary/RMSNorm internals given float64 arithmetic, as in
@@ -52,8 +52,10 @@ BASE.update({
                         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e5},
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}}),
 })
+BASE["arcee"] = dict(BASE["llama"], rms_norm_eps=1e-5)
 CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
-                  "qwen3": "Qwen3Config", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig"}
+                  "qwen3": "Qwen3Config", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig",
+                  "arcee": "ArceeConfig"}
 T = 24            # tokens per row: longer than the windows (8) and than mistral's context (16)
 
 DELETE = "<delete>"
@@ -100,11 +102,15 @@ _LLAMA_LIKE = {
     "partial_rotary_factor": [{"partial_rotary_factor": 1.0}],
     "attention_dropout": [{"attention_dropout": 0.5}], "head_dim": [{"head_dim": 4}, {"head_dim": None}],
 }
-for fam in ("llama", "mistral", "qwen2"):
+for fam in ("llama", "mistral", "qwen2", "arcee"):
     HONOURED.update({(fam, k): v for k, v in _LLAMA_LIKE.items()})
 HONOURED.update({
     ("mistral", "num_key_value_heads"): [{"num_key_value_heads": 1}],     # MistralConfig refuses a null
     ("qwen2", "head_dim"): [{"head_dim": 4}, {"head_dim": DELETE}],        # a null crashes Qwen2Attention
+    ("arcee", "hidden_act"): [{"hidden_act": "relu2"}, {"hidden_act": DELETE}, {"hidden_act": "relu"},
+                              {"hidden_act": "gelu_pytorch_tanh"}, {"hidden_act": "silu"}],
+    ("arcee", "attention_bias"): [{"attention_bias": True}],
+    ("arcee", "mlp_bias"): [{"mlp_bias": True}],
     ("llama", "pretraining_tp"): [{"pretraining_tp": 2}],
     ("llama", "attention_bias"): [{"attention_bias": True}],
     ("llama", "mlp_bias"): [{"mlp_bias": True}, {"mlp_bias": True, "attention_bias": True}],
@@ -167,7 +173,7 @@ HONOURED.update({       # scaled RoPE at positions past the original context (T 
     ("gemma3_text", "tie_word_embeddings"): [{"tie_word_embeddings": False}],
     ("gemma3_text", "sliding_window"): [{"sliding_window": 2}, {"sliding_window": 30}],
 })
-for fam in ("llama", "mistral", "qwen2"):        # a head size of its own: queries num_attention_heads · head_dim wide
+for fam in ("llama", "mistral", "qwen2", "arcee"):        # a head size of its own: queries num_attention_heads · head_dim wide
     HONOURED[(fam, "head_dim")] = HONOURED[(fam, "head_dim")] + [{"head_dim": 6}]
 REFUSED = {
     ("gpt2", "activation_function"): {"activation_function": "silu"},
@@ -184,6 +190,7 @@ REFUSED = {
     ("llama", "partial_rotary_factor"): {"partial_rotary_factor": 0.5},
     ("llama", "pad_token_id"): {"pad_token_id": 300},
     ("mistral", "hidden_act"): {"hidden_act": "relu"},
+    ("arcee", "hidden_act"): {"hidden_act": "swish"},
     ("mistral", "sliding_window"): {"sliding_window": 0},
     ("mistral", "rope_parameters"): {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4,
                                                           "mrope_section": [1, 1]}},

@@ -223,7 +223,7 @@ def test_unsupported_model_type_names_the_supported_ones(tmp_path):
     folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
-    with pytest.raises(ValueError, match=r"model_type 'bert' is not supported; numformer imports \['gemma2', 'gemma3_text', 'gpt2'"):
+    with pytest.raises(ValueError, match=r"model_type 'bert' is not supported; numformer imports \['arcee', 'gemma2', 'gemma3_text', 'gpt2'"):
         hf.load_pretrained(folder)
 
 

@@ -212,6 +212,33 @@ def test_numformer_llama_exports_and_transformers_gives_the_same_logits(tmp_path
     assert rel_err(again(idx), model(idx)) < 1e-12
 
 
+@pytest.mark.parametrize("options", [
+    dict(activation="relu2", n_kv_heads=2, tie_weights=True),
+    dict(activation="gelu_tanh", bias=True, tie_weights=False, d_ff=20)])
+def test_a_rope_model_without_a_gated_feed_forward_exports_as_arcee_with_the_same_logits(tmp_path, options):
+    model = GPT(VOCAB, 24, n_layers=2, n_heads=4, d_model=16, positional="rope", norm="rms",
+                rng=np.random.default_rng(0), dtype=np.float64, **{"bias": False, **options})
+    for p in model.parameters():
+        p.data += np.random.default_rng(2).standard_normal(p.shape) * 0.05
+    out = hf.export_hf(model, tmp_path / "out")
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["model_type"], cfg["architectures"]) == ("arcee", ["ArceeForCausalLM"])
+    tmodel = _float64_arithmetic(transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval())
+    idx = np.random.default_rng(1).integers(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        ref = tmodel(torch.from_numpy(idx)).logits.numpy()
+    assert type(tmodel).__name__ == "ArceeForCausalLM" and rel_err(model.eval()(idx), ref) < 1e-9
+    again = hf.load_pretrained(out, dtype=np.float64)[0]
+    assert rel_err(again(idx), model(idx)) < 1e-12
+
+
+def test_arcee_refuses_a_gated_feed_forward(tmp_path):
+    model = GPT(VOCAB, 16, n_layers=1, n_heads=2, d_model=8, positional="rope", activation="swiglu", norm="rms")
+    with pytest.raises(ValueError, match="Arcee cannot express activation = 'swiglu'"):
+        hf.export_hf(model, tmp_path / "out", model_type="arcee")
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_refuses_what_llama_cannot_express(tmp_path):
     model = GPT(VOCAB, 16, n_layers=1, n_heads=2, d_model=8, positional="rope", activation="gelu", norm="rms")
     with pytest.raises(ValueError, match="Llama cannot express activation = 'gelu'"):

@@ -1,6 +1,6 @@
 """numformer export RUN_DIR [--format hf] [--model-type TYPE] --out DIR [--merge] [--overwrite]: a trained GPT
-as a Hugging Face folder, GPT-2 or (for a RoPE model) Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3
-(config.json, model.safetensors, and tokenizer.json with tokenizer_config.json when the run's tokenizer has a
+as a Hugging Face folder, GPT-2 or (for a RoPE model) Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or
+Arcee (config.json, model.safetensors, and tokenizer.json with tokenizer_config.json when the run's tokenizer has a
 Hugging Face form), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with the same logits.
 
 The family is the one ``default_export_type`` picks from the model's options; ``--model-type`` chooses another
@@ -24,7 +24,7 @@ from pathlib import Path
 FORMATS = ("hf",)
 # The model_types ``interop.hf.export_hf`` writes (the keys of ``interop.hf.FAMILIES``, which
 # tests/test_family_lists.py holds this to); spelled out here so that ``numformer --help`` stays light.
-MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "arcee")
 # Every file ``interop.hf.export_hf`` writes, in the order an overwrite removes them: the weights first and
 # config.json last, so that a folder cut short never pairs a config with other weights.
 EXPORT_FILES = ("model.safetensors", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -146,11 +146,11 @@ def clear_export_folder(out, overwrite):
 
 def register(sub):
     what = ("write a trained GPT as a Hugging Face folder (config.json + model.safetensors): GPT-2, or Llama, "
-            "Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 for a RoPE model")
+            "Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or Arcee for a RoPE model")
     p = sub.add_parser("export", help=what, description=what[0].upper() + what[1:] + ".")
     p.add_argument("run_dir", help="a GPT run folder (from `numformer train` or `numformer import-hf`)")
     p.add_argument("--format", default="hf", choices=FORMATS, help="hf: Hugging Face transformers (GPT2LMHeadModel, "
-                   "or for a RoPE model the Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 its options need; "
+                   "or for a RoPE model the Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or Arcee its options need; "
                    "the default)")
     p.add_argument("--model-type", choices=MODEL_TYPES, metavar="TYPE",
                    help="the Hugging Face family (config.json model_type) to write, one of %(choices)s: one that "

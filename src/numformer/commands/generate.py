@@ -4,7 +4,7 @@ the text as it comes (with --quantize, from int8 weights: ``numformer.quantize.q
 shared with worker processes: ``numformer.quantize.worker_processes``).
 
 SOURCE: a run folder, or a Hugging Face model of a family numformer loads (GPT-2, Llama, Mistral, Qwen2, Qwen3,
-Gemma 2, Gemma 3): a folder, or a hub id written ``hf:NAME``."""
+Gemma 2, Gemma 3, Arcee): a folder, or a hub id written ``hf:NAME``."""
 from __future__ import annotations
 
 import contextlib

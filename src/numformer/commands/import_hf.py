@@ -1,5 +1,5 @@
 """numformer import-hf SOURCE --out RUN_DIR [--data TEXT_FILE] [--block-size N] [--dtype float32|float64]
-[--overwrite]: a run folder from a Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 model (a
+[--overwrite]: a run folder from a Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or Arcee model (a
 folder or a hub id such as gpt2), used by every command: generate, eval (on --data, by default the built-in tiny
 Shakespeare), analyze, export, and fine-tuning with ``[model] init_from = "RUN_DIR"``."""
 from __future__ import annotations
@@ -45,8 +45,8 @@ def run(args):
 
 
 def register(sub):
-    what = ("make a run folder from a Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3 model "
-            "(folder or hub id)")
+    what = ("make a run folder from a Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or Arcee "
+            "model (folder or hub id)")
     p = sub.add_parser("import-hf", help=what, description=what[0].upper() + what[1:] + ".")
     p.add_argument("source", help="a Hugging Face model folder (config.json + model.safetensors) or a hub id "
                                   "such as gpt2 or HuggingFaceTB/SmolLM-135M (also written hf:gpt2)")

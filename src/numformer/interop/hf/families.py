@@ -1,15 +1,15 @@
 """The Hugging Face families numformer reads and writes: ``FAMILIES`` maps a config.json ``model_type`` to its
 family file's ``Family`` (gpt2, llama, mistral, qwen2, qwen3,
-gemma2, gemma3_text). A new family is a new file beside these and one line
+gemma2, gemma3_text, arcee). A new family is a new file beside these and one line
 here (see the docs' "Adding a model family")."""
 from __future__ import annotations
 
 import json
 
-from . import gemma2, gemma3, gpt2, llama, mistral, qwen2, qwen3
+from . import arcee, gemma2, gemma3, gpt2, llama, mistral, qwen2, qwen3
 from .fields import resolve as resolve_fields
 
-FAMILIES = {m.MODEL_TYPE: m.FAMILY for m in (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3)}
+FAMILIES = {m.MODEL_TYPE: m.FAMILY for m in (gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3, arcee)}
 
 
 def family(model_type):
@@ -26,10 +26,13 @@ def resolve(model_type, c):
 
 def default_export_type(config):
     """The family a GPTConfig exports to by default: gpt2 for a position table; for RoPE with Gemma's 1 + w
-    norms gemma3_text (with q/k norms) or gemma2; else qwen3 for q/k norms, qwen2 for q/k/v-only biases or
-    windows on some layers only, mistral for a window on every layer, llama otherwise."""
+    norms gemma3_text (with q/k norms) or gemma2; arcee for a feed-forward that is not gated; else qwen3 for
+    q/k norms, qwen2 for q/k/v-only biases or windows on some layers only, mistral for a window on every layer,
+    llama otherwise."""
     if config.positional != "rope":
         return "gpt2"
+    if config.norm == "rms" and all(b.activation not in ("swiglu", "geglu") for b in config.layers):
+        return "arcee"
     qk_norm = any(b.qk_norm for b in config.layers)
     if config.norm == "rms_plus_one":
         return "gemma3_text" if qk_norm else "gemma2"

@@ -89,9 +89,11 @@ def to_config(c):
                                    attn_bias=bool(r["attention_bias"]))
 
 
-def hf_fields(name, config, qk_norm=False):
+def hf_fields(name, config, qk_norm=False, hidden_acts=None):
     """The config.json fields every Llama-like family writes, from a GPTConfig; ValueError naming what the
-    family ``name`` cannot express. ``qk_norm``: the family normalizes queries and keys (Qwen3)."""
+    family ``name`` cannot express. ``qk_norm``: the family normalizes queries and keys (Qwen3).
+    ``hidden_acts``: {numformer activation: hidden_act} of a family whose feed-forward is not gated (Arcee);
+    None: the SwiGLU feed-forward (hidden_act "silu")."""
     n_heads, head_dim, kv, d_ff, activation, placement, theta = shared(
         config, name, "n_heads", "head_dim", "n_kv_heads", "d_ff", "activation", "norm_placement", "rope_theta")
     has_qk_norm, scale, cap, scaling = shared(config, name, "qk_norm", "attn_scale", "attn_logit_softcap",
@@ -101,7 +103,9 @@ def hf_fields(name, config, qk_norm=False):
         (placement == "pre" and config.final_norm, f"post-norm or sandwich blocks ({name} is pre-norm)"),
         (config.norm == "rms", f"norm = {config.norm!r} ({name} uses RMSNorm: norm = 'rms')"),
         (config.positional == "rope", f"positional = {config.positional!r} ({name} uses 'rope')"),
-        (activation == "swiglu", f"activation = {activation!r} ({name} uses 'swiglu')"),
+        (activation == "swiglu" if hidden_acts is None else activation in hidden_acts,
+         f"activation = {activation!r} ({name} uses " + ("'swiglu'" if hidden_acts is None else
+                                                           f"one of {sorted(hidden_acts)}") + ")"),
         (has_qk_norm == qk_norm, "q/k norms" if has_qk_norm else f"a model without q/k norms ({name} has them)"),
         (scale is None and cap is None and config.final_logit_softcap is None and not config.scale_embeddings,
          "another attention scale, soft-capping or scaled embeddings"),
@@ -110,7 +114,8 @@ def hf_fields(name, config, qk_norm=False):
                                                f"({config.block_size}), where transformers reads it")])
     return {"vocab_size": config.vocab_size, "hidden_size": config.d_model, "intermediate_size": d_ff,
             "num_hidden_layers": config.n_layers, "num_attention_heads": n_heads, "num_key_value_heads": kv,
-            "head_dim": head_dim, "hidden_act": "silu", "max_position_embeddings": config.block_size,
+            "head_dim": head_dim, "hidden_act": "silu" if hidden_acts is None else hidden_acts[activation],
+            "max_position_embeddings": config.block_size,
             "rms_norm_eps": config.layer_norm_eps, "rope_parameters": hf_rope_parameters(theta, scaling),
             "rope_theta": theta, "tie_word_embeddings": config.tie_weights, "attention_dropout": 0.0,
             "initializer_range": 0.02, "use_cache": True, "pad_token_id": config.padding_idx}

@@ -127,8 +127,9 @@ def test_classification_training_ends_with_the_test_figures(tmp_path, capsys):
     assert set(test) >= {"test_loss", "test_accuracy"}
 
 
-@pytest.mark.parametrize("command, words", [("classify", "your own classification data"),
-                                            ("import-hf", "GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 or Gemma 3"), ("export", "Llama")])
+@pytest.mark.parametrize("command, words", [
+    ("classify", "your own classification data"),
+    ("import-hf", "GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or Arcee"), ("export", "Llama")])
 def test_help_strings_name_what_the_commands_take(command, words, capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..interop.torch import relu_squared
 from ..models import EncoderClassifier, GPT
 from ..nn.positional import sinusoidal_table
 
@@ -56,15 +57,10 @@ class _FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.act = {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"),
-                    "relu2": _ReLUSquared()}[activation]
+                    "relu2": relu_squared}[activation]
 
     def forward(self, x):
         return self.linear2(self.act(self.linear1(x)))
-
-
-class _ReLUSquared(nn.Module):
-    def forward(self, x):
-        return torch.relu(x).square()
 
 
 class _Block(nn.Module):

@@ -312,6 +312,7 @@ def test_divergence_keeps_the_checkpoint_before_it_and_resume_with_a_lower_lr_re
     line = one_error_line(rc, err, "train")
     assert "diverged" in line and f"the checkpoint of step 10, written before the loss began to diverge, is kept in " \
                                   f"{out / 'checkpoint.safetensors'}" in line and "--resume --set train.lr=" in line
+    assert "a smaller grad_clip (it was 1)" in line                 # the default clip was on: a smaller one
     assert (out / "checkpoint.safetensors").read_bytes() == good
     # the advised recovery: the same command with a lower learning rate
     rc, _, err = run("train", "--out", out, "--resume", "--set", "train.lr=1e-3", "--quiet")
@@ -327,12 +328,12 @@ def test_divergence_keeps_the_checkpoint_before_it_and_resume_with_a_lower_lr_re
 def test_divergence_before_any_checkpoint_says_to_train_again(tmp_path):
     cfg = tmp_path / "cfg.toml"
     cfg.write_text(tiny_copy_toml(max_steps=100, batch_size=4, eval_every=5, checkpoint_every=5, lr=1e6,
-                                  processes=1))
+                                  processes=1, grad_clip=0.0))
     out = tmp_path / "R"
     rc, _, err = run("train", cfg, "--out", out)
     line = one_error_line(rc, err, "train")
     assert "no checkpoint had been written yet" in line and "train again with --overwrite" in line
-    assert "lower lr" in line
+    assert "lower lr" in line and "or a grad_clip" in line           # no clip was on: a clip
     assert not (out / "checkpoint.safetensors").exists()
 
 

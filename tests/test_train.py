@@ -144,13 +144,17 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
     Trainer(config(max_steps=10), tmp_path, overwrite=True, quiet=True).train()
 
 
-def test_resume_missing_or_corrupt_checkpoint(tmp_path):
+def test_resume_missing_or_corrupt_checkpoint(tmp_path, capsys):
     with pytest.raises(ValueError, match="cannot resume: .*config.json does not exist"):
         Trainer(None, tmp_path / "none", resume=True)
     Trainer(config(max_steps=10), tmp_path, quiet=True).train()
     (tmp_path / CHECKPOINT).unlink()
     with pytest.raises(ValueError, match="no checkpoint at .*nothing to resume.* --overwrite instead of --resume"):
         Trainer(None, tmp_path, resume=True)
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path), "--resume", "--set", "train.max_steps=5"]) == 2
+    err = capsys.readouterr().err                  # the one error line, no note on the schedule before it
+    assert err.startswith("numformer train: error: no checkpoint at") and "note:" not in err, err
     Trainer(config(max_steps=10), tmp_path, overwrite=True, quiet=True).train()
     data = (tmp_path / CHECKPOINT).read_bytes()
     (tmp_path / CHECKPOINT).write_bytes(data[: len(data) // 2])
@@ -251,6 +255,35 @@ def test_ctrl_c_writes_a_checkpoint(tmp_path, monkeypatch):
     assert summary["interrupted"] and summary["steps"] == 13
     resumed = Trainer(None, tmp_path, resume=True, quiet=True)
     assert resumed.step == 13
+
+
+@pytest.mark.parametrize("checkpoint_every", [5, 100])
+def test_a_second_ctrl_c_aborts_saying_what_is_kept(tmp_path, monkeypatch, capsys, checkpoint_every):
+    """Ctrl-C twice in one step: the run stops at once (KeyboardInterrupt), with one line naming the checkpoint it
+    can resume from, or saying there is none yet."""
+    trainer = Trainer(config(max_steps=40, checkpoint_every=checkpoint_every), tmp_path)
+    real = trainer._train_step
+
+    def step_then_interrupt_twice():
+        out = real()
+        if trainer.step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(trainer, "_train_step", step_then_interrupt_twice)
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    if checkpoint_every == 5:
+        assert last == (f"Ctrl-C again: aborted after step 7; the checkpoint of step 5 is kept: numformer train "
+                        f"--out {tmp_path} --resume goes on from it")
+        assert Trainer(None, tmp_path, resume=True, quiet=True).step == 5
+    else:
+        assert last == "Ctrl-C again: aborted after step 7; no checkpoint had been written yet, so there is nothing " \
+                       "to resume"
+        assert saved_step(tmp_path) is None
 
 
 def saved_step(run_dir):
@@ -366,6 +399,25 @@ def test_early_stopping_restores_best_weights(tmp_path, monkeypatch):
     assert summary["stopped_early"] and summary["steps"] == 40 and summary["best_step"] == 20
     for k, v in trainer.model.state_dict().items():
         assert np.array_equal(v, snapshots[20][k]), k
+
+
+def test_resuming_a_finished_run_says_so_and_leaves_its_files(tmp_path, capsys):
+    """A run resumed at its max_steps has nothing to train: one line says how to train on, and summary.json (its
+    wall time), the weights and the checkpoint stay byte for byte as the run wrote them."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\ntype = "gpt"\nn_layers = 1\nn_heads = 2\nd_model = 16\n[data]\ntask = "copy"\n'
+                   '[train]\nmax_steps = 10\nbatch_size = 8\neval_every = 5\ncheckpoint_every = 5\n')
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run), "--quiet"]) == 0
+    files = ("summary.json", MODEL, CHECKPOINT, "metrics.jsonl")
+    before = {name: (run / name).read_bytes() for name in files}
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "already trained to max_steps = 10: nothing to train" in err and "train.max_steps=20" in err, err
+    assert {name: (run / name).read_bytes() for name in files} == before
+    assert main(["train", "--out", str(run), "--resume", "--set", "train.max_steps=12", "--quiet"]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 12         # raised, it trains on
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):

@@ -271,15 +271,21 @@ def checkpoint_config(path):
             "optimizer": (entry("optimizer") or {}).get("type"), "model_rng": (entry("state") or {}).get("model_rng")}
 
 
-def load_checkpoint(path, model, optimizer):
-    """Restore model and optimizer from a checkpoint; returns the trainer state dict. The optimizer takes the
-    checkpoint's state (moments, step counts) and keeps the options it was built with (the resumed run's config,
-    which ``--resume --set`` may have changed); the saved options are checked all the same."""
+def require_checkpoint(path):
+    """``path`` as a Path when a checkpoint file is there to resume from; else ValueError naming what to do."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no checkpoint at {path}: nothing to resume (the run wrote none, or it was removed); "
                          f"start the run afresh in that folder with --overwrite instead of --resume (it replaces "
                          f"the run's files), or give another --out")
+    return path
+
+
+def load_checkpoint(path, model, optimizer):
+    """Restore model and optimizer from a checkpoint; returns the trainer state dict. The optimizer takes the
+    checkpoint's state (moments, step counts) and keeps the options it was built with (the resumed run's config,
+    which ``--resume --set`` may have changed); the saved options are checked all the same."""
+    path = require_checkpoint(path)
     tensors, meta = _load_safetensors(path, "checkpoint")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a numformer checkpoint (format {meta.get('format')!r})")

@@ -71,17 +71,41 @@ def kept_weights_figures(world, keep):
     return figures if world is None else world.comm.bcast(figures, root=0)
 
 
-def divergence_advice(run_dir, checkpoint_step):
+def divergence_advice(run_dir, checkpoint_step, grad_clip=0.0):
     """What a diverged run keeps and how to continue: from the checkpoint written before the divergence began
-    (of ``checkpoint_step``), with a lower learning rate; or, without one, a new run."""
+    (of ``checkpoint_step``), with a lower learning rate; or, without one, a new run. ``grad_clip``: the run's
+    (0 = off), so that the advice is a clip where there was none and a smaller one where there was."""
+    clip = f"a smaller grad_clip (it was {grad_clip:g})" if grad_clip else "a grad_clip"
     ckpt = run_dir / CHECKPOINT
     if checkpoint_step is None or not ckpt.exists():
         return ("no checkpoint had been written yet (checkpoint_every), so there is nothing to resume: train "
                 f"again with --overwrite (numformer train CONFIG --out {run_dir} --overwrite --set train.lr=...) "
-                "and a lower lr, more warmup_steps or a grad_clip")
+                f"and a lower lr, more warmup_steps or {clip}")
     return (f"the checkpoint of step {checkpoint_step}, written before the loss began to diverge, is kept in "
             f"{ckpt}; continue from it with a lower learning rate: numformer train --out {run_dir} --resume "
-            f"--set train.lr=... (or more warmup_steps, a grad_clip)")
+            f"--set train.lr=... (or more warmup_steps, {clip})")
+
+
+def aborted_note(signal_name, step, run_dir, checkpoint_step):
+    """The line of a run aborted by a second stop signal after update ``step``: the checkpoint it can resume
+    from (of ``checkpoint_step``), or that there is none."""
+    if checkpoint_step is None:
+        kept = "no checkpoint had been written yet, so there is nothing to resume"
+    else:
+        kept = (f"the checkpoint of step {checkpoint_step} is kept: numformer train --out {run_dir} --resume goes "
+                f"on from it")
+    return f"{signal_name} again: aborted after step {step}; {kept}"
+
+
+def nothing_to_train(early, step, max_steps, stop_after=None):
+    """Why a resumed run at ``step`` has nothing to train (it stopped early, or reached max_steps), with what to
+    change to train on; None when it has steps to take. ``early``: its EarlyStopping."""
+    if early.should_stop:
+        return f"{early.stop_reason(step)}: nothing to train; raise train.early_stopping_patience to train on"
+    if stop_after is None and step >= max_steps:
+        return (f"already trained to max_steps = {max_steps}: nothing to train; raise it to train on "
+                f"(--set train.max_steps={2 * max_steps})")
+    return None
 
 
 def ended_summary(run_dir, step):

@@ -22,7 +22,7 @@ from ..data.run_tokenizer import load_tokenizer_json
 from ..interop.sources import load_run_model, tokenizer_from_state
 from ..models import model_arguments
 from ..optim import OPTIMIZERS
-from ..run_files import CHECKPOINT, TOKENIZER, checkpoint_config
+from ..run_files import CHECKPOINT, TOKENIZER, checkpoint_config, require_checkpoint
 
 
 def load_model(run_dir, config=None):
@@ -58,10 +58,11 @@ def resumed_config(run_dir, overrides=None):
     """(resolved config, task, notes) of a run to resume: its config.json with ``overrides`` (--set) applied, the
     task with the saved vocabulary (so that ids mean what they meant), and a note line on each change the
     overrides make (``config.resume_changes`` for [train], ``config.resume_section_changes`` for [model], [data]
-    and [lora]; each refuses in one line a change that cannot be made). config.json must agree with the
-    checkpoint on what --resume cannot change (``check_against_checkpoint``), and tokenizer.json must be there
-    when the run's task keeps one (``data.run_tokenizer.load_tokenizer_json``)."""
+    and [lora]; each refuses in one line a change that cannot be made). The checkpoint must be there; config.json
+    must agree with it on what --resume cannot change (``check_against_checkpoint``), and tokenizer.json must be
+    there when the run's task keeps one (``data.run_tokenizer.load_tokenizer_json``)."""
     saved = load_config_json(run_dir)
+    require_checkpoint(Path(run_dir) / CHECKPOINT)      # before any note on what --set changes
     check_against_checkpoint(run_dir, saved)
     tokenizer_state = load_tokenizer_json(run_dir, saved["data"])
     wanted = apply_overrides(saved, overrides)

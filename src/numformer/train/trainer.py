@@ -38,8 +38,8 @@ from .build import build_trained_model, describe_run, make_optimizer
 from .dpo import check_objective, set_reference_logprobs
 from .early_stopping import EarlyStopping
 from .evaluation import Evaluation, describe
-from .final import (divergence_advice, ended_summary, keep_better_weights, kept_weights_figures, stopped_by,
-                    summary_text)
+from .final import (aborted_note, divergence_advice, ended_summary, keep_better_weights, kept_weights_figures,
+                    nothing_to_train, stopped_by, summary_text)
 from .parallel import usable_processes
 from .progress import run_progress
 from .run import resumed_config
@@ -206,7 +206,8 @@ class Trainer:
         return bool(limit) and self.train_seconds + time.perf_counter() - started >= limit
 
     def _on_stop_signal(self, signum):
-        if self._stop_requested:          # a second Ctrl-C (or SIGTERM ...): stop now
+        if self._stop_requested:          # a second Ctrl-C (or SIGTERM ...): stop now, saying what is kept
+            self._print(aborted_note(stop_signals.name(signum), self.step, self.run_dir, self._checkpoint_step))
             raise KeyboardInterrupt
         self._stop_requested, self.stop_signal = True, signum
         again = "press it again" if signum == signal.SIGINT else "send it again"
@@ -219,9 +220,8 @@ class Trainer:
         Each step that fits the time budget: an update, then (when due) a log line, an evaluation, a checkpoint and
         the stopping rules (time limit, early stopping, Ctrl-C). A divergence: summary.json, then TrainingDiverged."""
         t = self.train_cfg
-        if self.early.should_stop:       # resumed after it stopped early: nothing to train, and once ended nothing to do
-            self._print(f"{self.early.stop_reason(self.step)}: nothing to train; raise train.early_stopping_patience "
-                        f"to train on")
+        if (reason := nothing_to_train(self.early, self.step, t["max_steps"], stop_after)) is not None:
+            self._print(reason)                     # a resumed run that had ended: once ended, its files stay
             if self.world is None and (ended := ended_summary(self.run_dir, self.step)) is not None:
                 return ended
         self.folder.restore_selection(self.model, self.config)      # a resumed run: its checkpoint's selection
@@ -258,7 +258,8 @@ class Trainer:
                 if self._should_stop(last_step, stop):
                     break
         except TrainingDiverged as e:
-            stop["diverged"] = f"{e}. Training stopped; {divergence_advice(self.run_dir, self._checkpoint_step)}"
+            advice = divergence_advice(self.run_dir, self._checkpoint_step, t["grad_clip"])
+            stop["diverged"] = f"{e}. Training stopped; {advice}"
         finally:
             if bar is not None:
                 bar.close()

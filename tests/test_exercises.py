@@ -65,6 +65,16 @@ MISTAKES = [
                                          "        t = (np.exp(u) - np.exp(-u)) / (np.exp(u) + np.exp(-u))")],
      KEYWORDS, "large inputs"),
     ("gelu", "approximate ignored", [('if approximate == "tanh":', "if False:")], KEYWORDS, "y differs"),
+    ("relu_squared", "derivative 2x, without the max", [("dydx = 2 * r", "dydx = 2 * x")], BACKWARD, "dx differs"),
+    ("relu_squared", "derivative max(0, x), without the 2", [("dydx = 2 * r", "dydx = r")], BACKWARD,
+     "dx differs"),
+    ("relu_squared", "derivative 2y / x", [("dydx = 2 * r", "dydx = 2 * y / x")], EDGE,
+     "edge case 'inputs exactly at the kink'"),
+    ("relu_squared", "only y cached, the derivative taken as 2√y",
+     [("return y, dydx", "return y, y"), ("return dy * cache", "return dy * 2 * np.sqrt(cache)")], EDGE,
+     "edge case 'large inputs'"),
+    ("relu_squared", "squared, then masked", [("y = r ** 2", "y = (x > 0) * x ** 2")], EDGE,
+     "edge case 'large inputs'"),
     ("layer_norm", "eps outside the square root", [("r = 1 / np.sqrt(var + eps)", "r = 1 / (np.sqrt(var) + eps)")],
      FORWARD, "y differs"),
     ("layer_norm", "unbiased variance", [("x.var(axis=-1, keepdims=True)", "x.var(axis=-1, keepdims=True, ddof=1)")],
@@ -675,6 +685,7 @@ def _torch_functions():
         "log_softmax": lambda x, axis=-1: torch.log_softmax(x, dim=axis),
         "linear": lambda x, W, b=None: F.linear(x, W, b),
         "gelu": lambda x, approximate="none": F.gelu(x, approximate=approximate),
+        "relu_squared": lambda x: torch.relu(x).square(),
         "layer_norm": lambda x, gamma, beta, eps=1e-5: F.layer_norm(x, x.shape[-1:], gamma, beta, eps),
         "rms_norm": lambda x, gamma, eps=1e-6: F.rms_norm(x, x.shape[-1:], gamma, eps),
         "cross_entropy": lambda logits, targets, ignore_index=-100, label_smoothing=0.0: F.cross_entropy(
@@ -700,8 +711,8 @@ def _capped_attention(torch, q, k, v, is_causal, scale, cap):
 
 def _cases_with_a_torch_twin():
     skip = {"masked entries", "a fully masked slice", "a fully masked row", "every target ignored"}   # torch: NaN
-    return [(name, case) for name in ("softmax", "log_softmax", "linear", "gelu", "layer_norm", "rms_norm",
-                                      "cross_entropy", "scaled_dot_product_attention")
+    return [(name, case) for name in ("softmax", "log_softmax", "linear", "gelu", "relu_squared", "layer_norm",
+                                      "rms_norm", "cross_entropy", "scaled_dot_product_attention")
             for case in (E.EXERCISES[name].case, *E.EXERCISES[name].edge_cases, *E.EXERCISES[name].keyword_cases)
             if case.name not in skip]
 
@@ -713,7 +724,8 @@ def test_the_graders_reference_agrees_with_torch_on_its_cases(name, case):
     torch, functions = _torch_functions()
     exercise = E.EXERCISES[name]
     inputs = case.inputs()
-    outputs, cache = E.checker.run_forward(exercise, vars(exercise.reference), inputs, learner=False)
+    with np.errstate(over="ignore"):            # relu_squared's large inputs: x² overflows to inf, as in torch
+        outputs, cache = E.checker.run_forward(exercise, vars(exercise.reference), inputs, learner=False)
     upstream = E.checker.upstream_for(outputs, exercise)
     grads = E.checker.run_backward(exercise, vars(exercise.reference), cache, dict(upstream), learner=False)
     tensors = {k: torch.from_numpy(np.array(v)).requires_grad_(k in grads and v is not None and v.dtype.kind == "f")

@@ -6,7 +6,8 @@ the hints) and one line in ``EXERCISES`` below: its place in ``numformer exercis
 from __future__ import annotations
 
 from . import (adamw, bpe_merge, cross_entropy, dropout, embedding, gelu, layer_norm, linear, log_softmax, lora,
-               merge_heads, repeat_kv, rms_norm, rope, scaled_dot_product_attention, softmax, split_heads, swiglu)
+               merge_heads, relu_squared, repeat_kv, rms_norm, rope, scaled_dot_product_attention, softmax,
+               split_heads, swiglu)
 
 # in the order of the tutorials: tutorial 1-2 (attention, backpropagation), 4 (the optimizer), 9 (BPE),
 # 12 (Llama), 13 (LoRA)
@@ -16,6 +17,7 @@ EXERCISES = {e.name: e for e in (
     linear.EXERCISE,
     embedding.EXERCISE,
     gelu.EXERCISE,
+    relu_squared.EXERCISE,
     layer_norm.EXERCISE,
     dropout.EXERCISE,
     cross_entropy.EXERCISE,

@@ -582,7 +582,7 @@ def test_the_command_line_session(tmp_path):
     passing = numformer("exercises", "check", "rms_norm", "ex/rms_norm.py", cwd=tmp_path)
     assert passing.returncode == 0 and passing.stdout.count(" ok") == 7
     unknown = numformer("exercises", "check", "layernorm", "ex/rms_norm.py", cwd=tmp_path)
-    assert unknown.returncode == 2 and "no exercise 'layernorm'" in unknown.stderr
+    assert unknown.returncode == 2 and "no exercise 'layernorm' (did you mean 'layer_norm'?)" in unknown.stderr
     missing = numformer("exercises", "check", "rms_norm", "ex/nothing.py", cwd=tmp_path)
     assert missing.returncode == 2 and "no such file" in missing.stderr
     (tmp_path / "notes.md").write_text("# my notes\n", encoding="utf-8")

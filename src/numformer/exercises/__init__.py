@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from .._limits import read_json_file
+from ..keys import did_you_mean
 from .catalog import EXERCISES
 from .checker import STANDARD_STEPS, Exercise, Failure, Report, check
 from .imports import refuse_numformer_imports, stub_import_lines
@@ -42,8 +43,8 @@ def get(name):
     try:
         return EXERCISES[name]
     except KeyError:
-        raise ValueError(f"no exercise {name!r}; `numformer exercises list` shows them: "
-                         f"{', '.join(EXERCISES)}") from None
+        raise ValueError(f"no exercise {name!r}{did_you_mean(name, EXERCISES)}; `numformer exercises list` shows "
+                         f"them: {', '.join(EXERCISES)}") from None
 
 
 def load_functions(path, allowed_imports=ANY_STUBS_IMPORTS):

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import tiny_copy_toml
 from numformer.cli import main
 from numformer.data import Batch, Task, register_task
 from numformer.train import EarlyStopping, Trainer, TrainingDiverged, resolve_config, write_atomic
@@ -405,8 +406,7 @@ def test_resuming_a_finished_run_says_so_and_leaves_its_files(tmp_path, capsys):
     """A run resumed at its max_steps has nothing to train: one line says how to train on, and summary.json (its
     wall time), the weights and the checkpoint stay byte for byte as the run wrote them."""
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[model]\ntype = "gpt"\nn_layers = 1\nn_heads = 2\nd_model = 16\n[data]\ntask = "copy"\n'
-                   '[train]\nmax_steps = 10\nbatch_size = 8\neval_every = 5\ncheckpoint_every = 5\n')
+    cfg.write_text(tiny_copy_toml(max_steps=10, batch_size=8, eval_every=5, checkpoint_every=5))
     run = tmp_path / "run"
     assert main(["train", str(cfg), "--out", str(run), "--quiet"]) == 0
     files = ("summary.json", MODEL, CHECKPOINT, "metrics.jsonl")

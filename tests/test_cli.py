@@ -1,9 +1,17 @@
-"""The numformer command: parameter report and its errors."""
+"""The numformer command: its listing, the parameter report and its errors."""
 from __future__ import annotations
 
 import pytest
 
 from numformer.cli import main
+
+
+def test_plain_numformer_lists_the_commands(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: numformer")
+    for command in ("train", "generate", "reproduce", "exercises", "import-hf"):
+        assert f"\n    {command}" in out, command
 
 
 def test_params_command(capsys):

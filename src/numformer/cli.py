@@ -66,6 +66,9 @@ def _innermost_parser(parser, args):
 
 def main(argv=None):
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):      # plain `numformer`: what it can do, not an error
+        parser.print_help()
+        return 0
     args = parse_arguments(parser, argv)
     try:
         _set_up_runtime(args)

@@ -549,6 +549,9 @@ def test_train_refuses_ops_the_model_does_not_call():
         training.train([SOLUTIONS / "rope.py", SOLUTIONS / "rms_norm.py"], steps=2, overrides=SMALL)
     with pytest.raises(ValueError, match=r"calls none of your ops \(softmax\).*checked, not trained"):
         training.train([SOLUTIONS / "softmax.py"], steps=2, overrides=SMALL)
+    with pytest.raises(ValueError, match=r"calls none of your ops \(relu_squared\).*relu_squared: train with "
+                                         r"--set model.activation=relu2$"):
+        training.train([SOLUTIONS / "relu_squared.py"], steps=2, overrides=SMALL)
 
 
 @pytest.mark.parametrize("name", list(E.EXERCISES))
@@ -559,6 +562,21 @@ def test_an_exercise_says_which_model_calls_it(name):
     config, _ = training.configure(exercise.model, SMALL)
     used, _ = training.used_by(config["model"], training.find_ops([SOLUTIONS / f"{name}.py"]))
     assert (used == [name]) == exercise.in_model, (name, exercise.model, used)
+
+
+@pytest.mark.parametrize("name", [n for n, e in E.EXERCISES.items() if e.route])
+def test_an_op_outside_the_models_is_trained_by_its_route(name, capsys):
+    """The --set item an exercise names (in the pass message and in train's refusal) makes the model call the
+    op, and the learner's op then trains it."""
+    exercise = E.EXERCISES[name]
+    report = E.check_file(name, SOLUTIONS / f"{name}.py")
+    assert f"numformer exercises train {name}.py --set {exercise.route}" in \
+        " ".join(E.format_report(report, f"{name}.py").split())
+    overrides = [*SMALL, exercise.route]
+    config, _ = training.configure(exercise.model, overrides)
+    assert training.used_by(config["model"], training.find_ops([SOLUTIONS / f"{name}.py"]))[0] == [name]
+    assert training.train([SOLUTIONS / f"{name}.py"], steps=2, model=exercise.model, overrides=overrides) == 0
+    assert f"Your ops in the model: {name}" in capsys.readouterr().out
 
 
 def numformer(*args, cwd):

@@ -105,6 +105,9 @@ def format_report(report, path):
         lines.append(wrap(f"{exercise.name} passes every step: it equals numformer's reference to 1e-10. Plug it "
                           f"into a {'Llama-style ' if llama else ''}GPT: numformer exercises train {path}"
                           + (" --model llama" if llama else "")))
+    elif report.ok and exercise.route:
+        lines.append(wrap(f"{exercise.name} passes every step: it equals numformer's reference to 1e-10. Plug it "
+                          f"into a GPT that calls it: numformer exercises train {path} --set {exercise.route}"))
     elif report.ok:
         lines.append(wrap(f"{exercise.name} passes every step: it computes what numformer's reference computes."))
     else:

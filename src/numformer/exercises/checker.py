@@ -109,6 +109,8 @@ class Exercise:
     from the learner's functions to {name: function}); steps: replaces the standard steps; in_model: False for an
     exercise no model calls (the BPE merge step, or an op the models run fused), which ``numformer exercises
     train`` has no use for; model: the model that calls it ("gpt" or "llama", tests/test_exercises.py checks);
+    route: for an op outside the models, the ``--set`` item of ``numformer exercises train`` that makes the model
+    call it ("model.activation=relu2");
     allowed_imports: the helpers of numformer the stub imports for the learner, as dotted names
     ("numformer.ops.erf"): the only names of numformer a learner's file may import.
     """
@@ -128,6 +130,7 @@ class Exercise:
     steps: tuple | None = None
     in_model: bool = True
     model: str = "gpt"          # the model of ``numformer exercises train --model`` that calls the op
+    route: str = ""
     allowed_imports: tuple = ()
 
     @property

@@ -153,9 +153,11 @@ def train(paths, steps=300, model="gpt", every=25, overrides=(), out=print):
     used, unused = used_by(config["model"], learner)
     if not used:
         other = [n for n in unused if EXERCISES[n].in_model and EXERCISES[n].model != model]
+        routed = [n for n in unused if EXERCISES[n].route]
         raise ValueError(f"the {model} model calls none of your ops ({', '.join(unused)}), so training would compare "
                          f"the library with itself"
                          + (f"; {', '.join(other)}: train with --model {EXERCISES[other[0]].model}" if other else
+                            f"; {routed[0]}: train with --set {EXERCISES[routed[0]].route}" if routed else
                             "; these exercises are checked, not trained"))
     out(wrap(f"Your ops in the model: {', '.join(used) or 'none'}"
              + (f"; not called by this model: {', '.join(unused)}" if unused else "")))

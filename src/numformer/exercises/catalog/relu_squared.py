@@ -24,7 +24,7 @@ def _large(rng):
 EXERCISE = Exercise(
     name="relu_squared",
     in_model=False,             # the GPT and the Llama model of `exercises train` use GELU and SwiGLU; the
-                                # feed-forward runs it only with model.activation = "relu2"
+    route="model.activation=relu2",     # feed-forward runs it only with this setting
     summary="squared ReLU, max(0, x)², and its derivative",
     functions=(
         Function("relu_squared_forward", """\

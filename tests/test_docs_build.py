@@ -6,6 +6,7 @@ numformer's modules through mkdocstrings, so a renamed function breaks this test
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,32 @@ def test_site_builds_strictly(tmp_path):
     pages = list(site.rglob("*.html"))
     offline = [p.relative_to(site) for p in pages if "fonts.googleapis" in p.read_text(encoding="utf-8")]
     assert not offline, f"pages that load Google Fonts (set theme.font: false): {offline[:5]}"
+
+
+def test_the_pages_links_resolve_in_the_repository():
+    """Every relative link of a docs page points at a file where the page sits in the repository, so GitHub
+    and an editor follow it; results/ is linked where it is (../results/ from docs/), which
+    docs/hooks/results.py points at the site's copy."""
+    broken = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#")[0]
+            if path and not re.match(r"[a-z]+:", path) and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken[:10]
+
+
+def test_the_hook_points_results_links_at_the_sites_copies():
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        from results import site_links
+    finally:
+        sys.path.pop(0)
+    assert site_links("[a](../results/bench.md#x) [b](tutorials/x.md)", "experiments.md") == \
+        "[a](results/bench.md#x) [b](tutorials/x.md)"
+    assert site_links("![f](../../results/figures/p.png) [c](../results/)", "tutorials/positions.md") == \
+        "![f](../results/figures/p.png) [c](../results/)"
 
 
 def check_typeset_math(site):

@@ -44,7 +44,7 @@ click, "Open With", "Notebook".) The test suite executes it in a fresh kernel wi
 steps instead of 30 (`tests/test_docs_notebook.py`); this page is written by
 `python docs/notebooks/render.py`, which runs it with the settings shown. It ran on a shared,
 heavily loaded 2-core machine: the tokens per second it prints are no benchmark
-([results/bench.md](results/bench.md) has the measured speeds).
+([results/bench.md](../results/bench.md) has the measured speeds).
 
 """
 

@@ -15,8 +15,8 @@ from it silently. The pages state what the full run gives, from results/*.md.
 Figures: a page shows ``../figures/NAME.png`` only if its own code writes NAME.png (checked here), and a
 committed figure that says what it shows (a model diagram's PNG holds the diagram as text) shows what the
 page draws now.
-``python tests/test_docs_pages.py --figures`` runs the figure-making pages in docs/figures/ and so
-regenerates the committed PNGs. The architecture drawings are the exception: docs/figures/diagrams.py
+``python tests/test_docs_pages.py --figures [PAGE ...]`` runs the figure-making pages as written (their
+full settings) and copies what they draw to docs/figures/, so regenerating the committed PNGs. The architecture drawings are the exception: docs/figures/diagrams.py
 draws them (``python docs/figures/diagrams.py``; tests/test_docs_figures.py).
 """
 from __future__ import annotations
@@ -192,20 +192,21 @@ def test_first_gpt_config_is_the_make_run_config():
     assert namespace["config"] == toml
 
 
-def write_figures():
-    """Run each page that shows figures (tiny settings) in a temporary folder; copy its PNGs to docs/figures/."""
+def write_figures(pages=()):
+    """Run each page that shows figures (or those of ``pages``) as written, not with the TINY settings, in a
+    temporary folder, and copy its PNGs to docs/figures/: a figure of a trained model shows the page's run."""
     import shutil
     import tempfile
 
-    for page in PAGES:
+    for page in pages or PAGES:
         if not FIGURE.search(page_text(page, tiny=False)):
             continue
         print("running", page)
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "configs").symlink_to(ROOT / "configs")
-            for name in run_page(page, tmp):
+            for name in run_page(page, tmp, tiny=False):
                 shutil.copy(Path(tmp) / name, ROOT / "docs" / "figures" / name)
 
 
 if __name__ == "__main__" and "--figures" in sys.argv:
-    write_figures()
+    write_figures([a for a in sys.argv[1:] if a != "--figures"])      # e.g. docs/tutorials/quantization.md

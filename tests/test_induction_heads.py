@@ -15,7 +15,7 @@ from numformer.models import GPT
 
 FIGURES = ("in_context_score_before", "in_context_score_after", "one_layer_in_context_score_after",
            "in_context_score_after_se", "one_layer_in_context_score_after_se", "induction_score_max",
-           "previous_token_score_max", "phase_change_step")
+           "previous_token_score_max")
 
 
 def test_quick_reproduce_writes_the_record_the_page_and_the_figures(tmp_path):
@@ -32,6 +32,7 @@ def test_quick_reproduce_writes_the_record_the_page_and_the_figures(tmp_path):
     assert all(h["in_context_score_se"] > 0 for h in record["history"]["two_layers"])   # a spread over 4 windows
     # an ablation only of heads that are induction heads (none after 6 steps): no figure, the target unmet
     assert record["induction_heads"] == [] and "ablation_loss_increase" not in record["figures"]
+    assert "phase_change_step" not in record["figures"]
     assert record["met"]["ablation_loss_increase"] is None
     two = record["history"]["two_layers"]
     assert [h["step"] for h in two] == [0, 3, 6]
@@ -41,7 +42,7 @@ def test_quick_reproduce_writes_the_record_the_page_and_the_figures(tmp_path):
     md = (results / "induction_heads.md").read_text()
     assert "| induction_score_max |" in md and "Verdict: not reproduced" in md and "nothing to ablate" in md
     # no induction head: no phase change is placed, and no caption speaks of one or of an ablation
-    assert "No phase change to place" in md and "Phase change (steepest" not in md
+    assert "No phase change to place" in md and "Phase change (steepest" not in md and "phase_change_step" not in md
     assert "dotted: the phase change" not in md and "with and without the induction heads" not in md
     for name in ("curves", "positions", "scores", "pattern"):
         assert f"figures/induction_heads_{name}.png" in md

@@ -242,10 +242,10 @@ def run_induction_heads(exp, ctx):
         # the first half of the circuit: the best previous-token head of layer 0 (0.05 or so at random)
         "previous_token_score_max": float(np.max(two_history[-1]["previous_token"][0])),
         "one_layer_induction_score_max": float(np.max(one_history[-1]["induction"])),
-        "phase_change_step": step,
         "loss_after": two_history[-1]["loss"], "one_layer_loss_after": one_history[-1]["loss"],
     }
-    if heads:                            # with no induction head there is nothing to ablate: no figure
+    if heads:                            # with no induction head no phase change to place, nothing to ablate
+        figures["phase_change_step"] = step
         late = slice(e["late_from"], e["context"])
         figures["ablation_loss_increase"] = float(np.mean(ablated[late] - plain[late]))
         figures["ablated_in_context_score"] = in_context(ablated, e)
@@ -356,6 +356,8 @@ def markdown(record, paths, results_dir):
     met, early, heads = record["met"], early_positions(record["settings"]["eval"]), record["induction_heads"]
     rows = ["| figure | value | target | reached |", "|---|---|---|---|"]
     for k, v in f.items():
+        if k == "phase_change_step" and not heads:      # recorded by earlier versions without an induction head
+            continue
         rows.append(f"| {k} | {v:.4f} | {record['targets'].get(k, '')} | "
                     f"{'' if met.get(k) is None else ('yes' if met[k] else 'no')} |")
     wall, cpu, load = record["wall_time_s"], record["cpu_time_s"], record["load_average"]

@@ -2,6 +2,7 @@
 loss equals transformers' with -100 labels, and [data] task = "chat" trains (full and LoRA) from a base run."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -161,3 +162,34 @@ def test_chat_fine_tuning_from_a_base_run(tmp_path, lora):
     assert losses[-1] < losses[0]
     saved = json.loads((tmp_path / "sft" / "config.json").read_text())
     assert saved["data"]["train_on"] == "assistant" and ("lora" in saved) == lora
+
+
+def test_the_chat_pages_configs_train_and_export_a_peft_adapter(tmp_path):
+    """docs/tutorials/chat-model.md's sft.toml and dpo.toml, on a small Llama-style base and small data files:
+    both train, and the DPO LoRA run exports as a PEFT adapter with its base."""
+    import re
+
+    from numformer.cli import main
+    from test_dpo import write_pairs
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tutorials" / "chat-model.md").read_text(encoding="utf-8")
+    sft_toml, dpo_toml = re.findall(r"```toml\n(.*?)```", page, re.S)
+    assert 'task = "chat"' in sft_toml and 'objective = "dpo"' in dpo_toml and "[lora]" in dpo_toml
+    chat, _ = write_data(tmp_path)
+    (tmp_path / "t.txt").write_text(CORPUS * 200)
+    one = ["--set", "train.processes=1", "--quiet"]
+    assert main(["train", "configs/shakespeare_speedrun.toml", "--out", str(tmp_path / "runs" / "imdb_lm"),
+                 "--set", f"data.path={tmp_path / 't.txt'}", "--set", "data.tokenizer=bpe", "--set",
+                 "data.vocab_size=300", "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set",
+                 "model.d_ff=48", "--set", "data.block_size=256", "--set", "train.budget_minutes=0", "--set", "train.max_steps=2", *one]) == 0
+    (tmp_path / "sft.toml").write_text(sft_toml, encoding="utf-8")
+    (tmp_path / "dpo.toml").write_text(dpo_toml, encoding="utf-8")
+    short = ["--set", "train.max_steps=2", "--set", "train.eval_every=2", "--set", "data.val_size=2", *one]
+    with contextlib.chdir(tmp_path):                     # the pages' run folders are relative: runs/imdb_lm, ...
+        assert main(["train", "sft.toml", "--out", "runs/sft", "--set", f"data.path={chat}", *short]) == 0
+        assert main(["train", "dpo.toml", "--out", "runs/dpo", "--set", f"data.path={write_pairs(tmp_path)}",
+                     *short]) == 0
+        assert main(["export", "runs/dpo", "--out", "dpo_adapter"]) == 0
+    adapter = json.loads((tmp_path / "dpo_adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 8 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
+    assert (tmp_path / "dpo_adapter" / "base" / "config.json").is_file()

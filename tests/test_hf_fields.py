@@ -140,6 +140,20 @@ HONOURED.update({       # scaled RoPE at positions past the original context (T 
         {"rope_scaling": {**{k: v for k, v in LLAMA3.items() if k != "rope_theta"}, "type": "llama3"},
          "rope_theta": 800.0, "rope_parameters": DELETE}],
     ("qwen2", "rope_parameters"): HONOURED[("qwen2", "rope_parameters")] + [{"rope_parameters": LLAMA3}],
+    # a top-level original_max_position_embeddings (Phi-3's, DeepSeek's) wins over the flat dict's
+    ("llama", "original_max_position_embeddings"): [
+        {"rope_parameters": LLAMA3, "original_max_position_embeddings": 16},
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4},
+         "original_max_position_embeddings": 6, "head_dim": 32},
+        {"rope_parameters": {"rope_type": "linear", "factor": 3.0, "rope_theta": 1e4},
+         "original_max_position_embeddings": 6}],
+    ("gemma2", "original_max_position_embeddings"): [
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                             "rope_theta": 1e4}, "original_max_position_embeddings": 4, "head_dim": 32}],
+    ("gemma3_text", "original_max_position_embeddings"): [       # nested by layer type: ignored
+        {"rope_parameters": {"full_attention": LLAMA3, "sliding_attention": {"rope_type": "default",
+                                                                             "rope_theta": 50.0}},
+         "original_max_position_embeddings": 24}],
     ("mistral", "rope_scaling"): HONOURED[("mistral", "rope_scaling")] + [
         {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 16.0}}],
     ("qwen3", "head_dim"): [{"head_dim": 6}, {"head_dim": 4}, {"head_dim": DELETE}],

@@ -102,6 +102,12 @@ CONFIGS = {
     "both-forms-scaling-wins": {"rope_scaling": {"rope_type": "linear", "factor": 2.0},
                                 "rope_parameters": {"rope_type": "dynamic", "factor": 3.0, "rope_theta": 7.0},
                                 "rope_theta": 5.0},
+    "llama3-top-level-original-wins": {"rope_scaling": {**LLAMA3, "original_max_position_embeddings": 16},
+                                       "original_max_position_embeddings": 64, "max_position_embeddings": 512,
+                                       "head_dim": 32},
+    "yarn-top-level-original": {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4},
+                                "original_max_position_embeddings": 32, "max_position_embeddings": 128,
+                                "head_dim": 32},
     "theta-inside-wins": {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "rope_theta": 9.0},
                           "rope_theta": 5.0},
 }

@@ -7,7 +7,8 @@
   differ (Gemma 3) one dict per layer type (``full_attention``, ``sliding_attention``).
 
 When both are present ``rope_scaling`` wins; a ``rope_theta`` inside the dict wins over the top-level one;
-llama3 and yarn default ``original_max_position_embeddings`` to ``max_position_embeddings``. The result is
+llama3 and yarn default ``original_max_position_embeddings`` to ``max_position_embeddings`` (a top-level
+``original_max_position_embeddings`` replaces theirs in a dict that is not nested by layer type). The result is
 numformer's description: the base θ and a ``RopeScaling`` (``numformer.ops.rope_scaling``), or None for
 plain RoPE. A RoPE numformer does not compute (longrope, multimodal sections, a partial rotary factor other
 than 1) is one ValueError naming the field. The family files read config.json through their field tables
@@ -48,7 +49,7 @@ def rope_parameters(config, default_theta=DEFAULT_THETA):
             entry.setdefault("rope_theta", theta)
             if config.get("partial_rotary_factor") is not None:
                 entry.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
-            _standardize(entry, config)
+            _standardize(entry, config, flat=not nested)
     return params
 
 
@@ -72,11 +73,16 @@ def gemma3_rope_parameters(config):
     return params
 
 
-def _standardize(entry, config):
+def _standardize(entry, config, flat=False):
     """transformers' per-dict defaults: rope_type from the older key ``type``, else "default"; llama3, yarn
-    and longrope get original_max_position_embeddings = max_position_embeddings."""
+    and longrope get original_max_position_embeddings = max_position_embeddings when they lack one. A
+    top-level ``original_max_position_embeddings`` (Phi-3's and DeepSeek's files) replaces the dict's in a
+    flat dict (one RoPE for every layer), as ``standardize_rope_params`` gives it priority there; a dict
+    nested by layer type ignores it."""
     entry.setdefault("rope_type", entry.get("type", "default"))
-    if entry["rope_type"] in SCALED and "max_position_embeddings" in config:
+    if entry["rope_type"] in SCALED and flat and "original_max_position_embeddings" in config:
+        entry["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+    elif entry["rope_type"] in SCALED and "max_position_embeddings" in config:
         entry.setdefault("original_max_position_embeddings", config["max_position_embeddings"])
 
 

@@ -130,7 +130,8 @@ def standard_rope(c, max_position_embeddings=None):
     ``rope_scaling`` wins over ``rope_parameters`` when set; a missing rope_theta falls back to the top-level
     ``rope_theta``, then 10000; a top-level ``partial_rotary_factor`` is copied in when the dict lacks one;
     ``rope_type`` falls back to the older key ``type``, then 'default'; llama3, yarn and longrope take
-    ``original_max_position_embeddings`` from ``max_position_embeddings`` when they lack it. A dict nested by
+    ``original_max_position_embeddings`` from ``max_position_embeddings`` when they lack it, and from a top-level
+``original_max_position_embeddings`` in any case (Phi-3's and DeepSeek's files). A dict nested by
     layer type gets the key ``nested`` (the layer types), which ``rope_refusal`` refuses."""
     params = dict(c.get("rope_scaling") or c.get("rope_parameters") or {})
     nested = sorted(k for k in params if k in ("full_attention", "sliding_attention"))
@@ -139,7 +140,9 @@ def standard_rope(c, max_position_embeddings=None):
     if "partial_rotary_factor" in c:
         params.setdefault("partial_rotary_factor", c["partial_rotary_factor"])
     params.setdefault("rope_type", params.get("type", "default"))
-    if params["rope_type"] in SCALED and max_position_embeddings is not None:
+    if params["rope_type"] in SCALED and not nested and "original_max_position_embeddings" in c:
+        params["original_max_position_embeddings"] = c["original_max_position_embeddings"]     # it wins there
+    elif params["rope_type"] in SCALED and max_position_embeddings is not None:
         params.setdefault("original_max_position_embeddings", max_position_embeddings)
     if nested:
         params["nested"] = nested

@@ -94,6 +94,21 @@ def test_initialised_as_peft_does_and_the_model_unchanged():
     assert {a.scaling for _, a, _, _ in lora_adapters(rs)} == {32 / 4}   # α / √r
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_the_adapters_take_the_models_mode(training):
+    """An eval() model stays deterministic with adapters of dropout 0.5 (PEFT's from_pretrained gives an eval
+    model); a model in training mode applies their dropout."""
+    model = llama_like().train(training)
+    add_lora(model, r=4, alpha=8, target_modules=["q_proj", "v_proj"], dropout=0.5, rng=0)
+    randomize_adapters(model)
+    layers = [m for _, m in model.named_modules() if "lora" in type(m).__name__.lower()]
+    assert layers and all(m.training == training for m in layers)
+    first, second = model(IDS), model(IDS)
+    assert np.array_equal(first, second) != training
+    model.eval()
+    np.testing.assert_array_equal(model(IDS), model(IDS))
+
+
 def test_base_frozen_and_gradients_reach_the_adapters_only():
     model = add_lora(llama_like(), r=2, target_modules=["q_proj", "v_proj", "down_proj"])
     randomize_adapters(model)

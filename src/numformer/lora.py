@@ -188,7 +188,8 @@ def _shared_rows(a, b):
 
 def add_lora(model, r=8, alpha=8, target_modules=("q_proj", "v_proj"), dropout=0.0, use_rslora=False, rng=None):
     """Put LoRA adapters on the layers of ``model`` named by ``target_modules`` (Hugging Face names) and
-    freeze every other parameter; returns the model. ``rng`` draws the A matrices, then the dropout masks.
+    freeze every other parameter; returns the model. The adapters take the model's mode (an ``eval()`` model
+    applies no adapter dropout). ``rng`` draws the A matrices, then the dropout masks.
     The options are recorded in ``model.lora_config`` (what ``save_adapter`` writes), and which parameters
     were trainable before, by name, in ``model.lora_requires_grad`` (what ``unload_lora`` restores)."""
     names = check_lora_options(r, alpha, dropout, target_modules, use_rslora)
@@ -209,7 +210,10 @@ def add_lora(model, r=8, alpha=8, target_modules=("q_proj", "v_proj"), dropout=0
         for hf_name, _, adapter in adapters:
             if hf_name != own:
                 setattr(parent, hf_name, adapter)                 # <parent>.<HF name>.lora_A
-        parent.set_submodule(child, LoRALinear(base, [(rows, a) for _, rows, a in adapters], own))
+        layer = LoRALinear(base, [(rows, a) for _, rows, a in adapters], own)
+        for module in (layer, *(a for _, _, a in adapters)):
+            module.train(model.training)                  # the model's mode: no adapter dropout in eval
+        parent.set_submodule(child, layer)
     object.__setattr__(model, "lora_config", {"r": r, "alpha": alpha, "dropout": dropout, "target_modules": names,
                                               "use_rslora": use_rslora})
     object.__setattr__(model, "lora_requires_grad", trainable)

@@ -295,3 +295,41 @@ def test_llama3_scaled_rope_imports_generates_and_exports_as_transformers_runs_i
     with torch.no_grad():
         ref = transformers_model(out, torch.float64)(torch.from_numpy(idx)).logits.numpy()
     assert rel_err(model(idx), ref) < 1e-9
+
+
+def test_a_prompt_gets_the_special_tokens_transformers_tokenizer_adds(tmp_path, capsys):
+    """A tokenizer whose post-processor puts <bos> before every text (Llama 3's, Gemma's): `numformer generate`
+    and the explorer continue the prompt transformers' tokenizer(prompt) gives, <bos> included, so the greedy
+    continuation is transformers' generate's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from numformer.cli import main
+    from numformer.explorer import prompt_ids
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>", "<bos>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                        show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    torch.manual_seed(0)
+    tmodel = transformers.LlamaForCausalLM(llama_config(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                                                        num_attention_heads=4, intermediate_size=64,
+                                                        initializer_range=0.2, bos_token_id=1,
+                                                        eos_token_id=0)).eval()
+    tmodel.save_pretrained(tmp_path)
+    reference = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"),
+                                                     bos_token="<bos>", eos_token="<eos>")
+    prompt = "It is a truth"
+    ids = reference(prompt, return_tensors="pt").input_ids
+    assert ids[0, 0] == 1
+    with torch.no_grad():
+        out = tmodel.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0,
+                              attention_mask=torch.ones_like(ids))
+    assert main(["generate", str(tmp_path), "--prompt", prompt, "--max-new-tokens", "8", "--greedy"]) == 0
+    assert capsys.readouterr().out == prompt + reference.decode(out[0, ids.shape[1]:]) + "\n"
+    model, numformer_tok = hf.load_pretrained(tmp_path)
+    assert prompt_ids(model, numformer_tok, prompt)[0].tolist() == ids[0].tolist()
+    assert numformer_tok.encode(prompt) == ids[0, 1:].tolist()      # text to train on: no special tokens

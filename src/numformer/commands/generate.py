@@ -51,7 +51,7 @@ def run(args):
     check_quantize_arguments(args)
     model, tokenizer = load_generator(args.run_dir, args.adapter)
     quantize_if_asked(model, args)
-    prompt_ids = tokenizer.encode(args.prompt)
+    prompt_ids = tokenizer.encode_prompt(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
     out = sys.stdout

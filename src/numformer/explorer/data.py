@@ -129,7 +129,7 @@ def position_logits(model, ids, position):
 def prompt_ids(model, tokenizer, prompt, max_new_tokens=0, seed=None, **sampling):
     """(ids, n_prompt): the prompt's ids followed by ``max_new_tokens`` tokens from ``numformer.decoding.generate``
     (``sampling``: temperature, top_k, top_p, greedy), as ``numformer generate`` with the same seed continues it."""
-    ids = check_ids(model, tokenizer.encode(prompt), "the prompt")
+    ids = check_ids(model, tokenizer.encode_prompt(prompt), "the prompt")
     n_prompt = len(ids)
     if max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be at least 0, got {max_new_tokens}")

@@ -61,7 +61,7 @@ class Explorer:
         if "text" in body:
             if not isinstance(body["text"], str):
                 raise ValueError("'text' must be a string")
-            ids = check_ids(self.model, self.tokenizer.encode(body["text"]), "the prompt")
+            ids = check_ids(self.model, self.tokenizer.encode_prompt(body["text"]), "the prompt")
         else:
             ids = self._ids(body)
         return analyse(self.model, self.tokenizer, ids)

@@ -51,6 +51,11 @@ class Tokenizer:
     def encode_batch(self, texts: Iterable[str], **kw) -> list[list[int]]:
         return [self.encode(t, **kw) for t in texts]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids of a prompt to continue (``numformer generate``, the explorer): ``encode``'s, to which a
+        Hugging Face tokenizer adds the special tokens its models expect around a text."""
+        return self.encode(text)
+
     def encode_array(self, text: str) -> np.ndarray:
         """``encode`` as an int64 array."""
         return np.asarray(self.encode(text), dtype=np.int64)

@@ -25,7 +25,8 @@ def _hf():
 class PretrainedTokenizer(Tokenizer):
     """A Hugging Face ``tokenizers`` tokenizer (``hf_tokenizer``) used exactly as its model was trained with
     it (``numformer.interop.hf``): its own normalizer and pre-tokenizer, no special ids of numformer's own;
-    ``encode`` adds no special tokens (``add_special_tokens=False``). For byte-level BPE (GPT-2's)
+    ``encode`` adds no special tokens (``add_special_tokens=False``; ``encode_prompt`` adds them, as
+    transformers does to a prompt). For byte-level BPE (GPT-2's)
     ``decode`` keeps every space, so ``decode(encode(text)) == text``; other kinds of tokenizer may not
     give the text back (a word-level one joins its tokens with spaces).
 
@@ -46,6 +47,12 @@ class PretrainedTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt as transformers' ``tokenizer(text)`` encodes it: with the special tokens of the tokenizer's
+        post-processor (Llama's and Gemma's BOS; GPT-2's and Qwen's add none), which the model saw in training
+        before every text."""
+        return self.hf.encode(text, add_special_tokens=True).ids
 
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]

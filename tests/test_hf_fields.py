@@ -366,6 +366,22 @@ def test_refused_field_is_one_line_naming_it_and_exit_2(tmp_path, capsys, fam, f
     assert f"{fam} config.json field {field} = " in err[0], err[0]
 
 
+def test_gemma3s_flat_rope_parameters_are_refused_naming_the_nested_form(tmp_path, capsys):
+    """transformers computes the layers of a flat dict as rope_type 'default', ignoring its scaling: one line."""
+    from numformer.cli import main
+
+    folder = make_family_model(tmp_path, "gemma3_text", {})
+    save_tokenizer(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert main(["import-hf", str(folder), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gemma3_text config.json field rope_parameters = " in err[0], err
+    assert "is not nested by layer type" in err[0] and '"sliding_attention": {...}' in err[0], err[0]
+
+
 @pytest.mark.parametrize("fam", sorted(FAMILIES))
 def test_absent_fields_take_transformers_defaults(fam):
     """Every field removed from config.json resolves to the value transformers' config class gives it."""

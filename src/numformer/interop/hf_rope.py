@@ -59,6 +59,8 @@ def gemma3_rope_parameters(config):
     merged into their dict) and ``rope_local_base_freq`` (sliding layers, default 1e4)."""
     params = copy.deepcopy(config.get("rope_parameters")) or {"sliding_attention": {"rope_type": "default"},
                                                              "full_attention": {"rope_type": "default"}}
+    if not gemma3_nested(params):
+        return params                           # refused by the family's field table (gemma3.rope_refusal)
     scaling = config.get("rope_scaling")
     if scaling is not None:
         if not isinstance(params.get("full_attention"), dict):
@@ -71,6 +73,12 @@ def gemma3_rope_parameters(config):
         params[layer_type].setdefault("rope_theta", config.get(key, GEMMA3_THETA[layer_type]))
         _standardize(params[layer_type], config)
     return params
+
+
+def gemma3_nested(params):
+    """Whether Gemma 3's rope_parameters are nested by layer type: {layer type: dict or None}."""
+    return isinstance(params, dict) and not set(params) - set(GEMMA3_THETA) and \
+        all(v is None or isinstance(v, dict) for v in params.values())
 
 
 def _standardize(entry, config, flat=False):

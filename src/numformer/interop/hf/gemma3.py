@@ -13,7 +13,7 @@ does not apply ``attn_logit_softcapping``); the final one when set.
 from __future__ import annotations
 
 from ...models import GPTConfig
-from ..hf_rope import gemma3_rope_parameters, hf_rope_parameters, read_gemma3_rope, rope_problem
+from ..hf_rope import gemma3_nested, gemma3_rope_parameters, hf_rope_parameters, read_gemma3_rope, rope_problem
 from . import gemma2
 from .family import Family, check_export
 from .fields import HONOURED, NO_EFFECT, Field, documented, positive, resolve, with_fields
@@ -29,6 +29,10 @@ def read_rope(c, values):
 @documented("per layer type, rope_type 'default', 'linear', 'dynamic', 'llama3' or 'yarn' with the keys "
             "transformers requires, partial_rotary_factor 1")
 def rope_refusal(v, r):
+    if not gemma3_nested(v):            # transformers computes such a file's layers as 'default', unscaled
+        return ("is not nested by layer type: Gemma 3 reads one dict per layer type, {\"full_attention\": {...}, "
+                "\"sliding_attention\": {...}} (transformers ignores the rope_type and scaling of a flat one); "
+                "nest it")
     for layer_type, entry in v.items():
         entry = {**entry, "truncate": True} if entry.get("rope_type") == "yarn" else entry
         problem = rope_problem(entry, r["max_position_embeddings"])

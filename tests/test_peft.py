@@ -96,6 +96,29 @@ def test_options_numformer_does_not_implement_are_refused_by_name(tmp_path, opti
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("targets,says", [
+    (["q_proj", "lm_head"], r"adapter_config.json: target_modules \['lm_head'\] are not layers numformer puts "
+                            r"adapters on; it loads adapters of \['q_proj'"),
+    (["c_attn"], r"the adapter blocks.0.self_attn.c_attn has no llama module: a llama model's adapters target")])
+def test_an_adapter_on_layers_the_model_lacks_names_its_config_file(tmp_path, targets, says):
+    folder, model = _adapter(tmp_path)
+    c = json.loads((folder / ADAPTER_CONFIG).read_text())
+    (folder / ADAPTER_CONFIG).write_text(json.dumps({**c, "target_modules": targets}))
+    with pytest.raises(ValueError, match=says) as e:
+        load_adapter(model, folder)
+    assert "\n" not in str(e.value)
+
+
+def test_an_adapter_of_a_gated_feed_forward_on_gpt2_names_its_config_file(tmp_path):
+    folder, _ = _adapter(tmp_path)
+    c = json.loads((folder / ADAPTER_CONFIG).read_text())
+    (folder / ADAPTER_CONFIG).write_text(json.dumps({**c, "target_modules": ["gate_proj"]}))
+    gpt2, _ = base_models(tmp_path, "gpt2")
+    with pytest.raises(ValueError, match=r"^the adapter .*adapter_config.json does not fit this model: .*"
+                                         r"\['gate_proj'\] match no layer of this GPT"):
+        load_adapter(gpt2, folder)
+
+
 def test_wrong_keys_are_refused_never_left_at_zero(tmp_path):
     from safetensors.numpy import load_file, save_file
     folder, model = _adapter(tmp_path)

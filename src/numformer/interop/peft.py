@@ -132,6 +132,10 @@ def read_adapter_config(folder):
     if isinstance(targets, str):
         raise ValueError(f"{path}: target_modules {targets!r} is a pattern; numformer loads adapters whose "
                          f"target_modules list layer names among {list(TARGET_MODULES)}")
+    unknown = [t for t in targets or [] if t not in TARGET_MODULES]
+    if unknown:
+        raise ValueError(f"{path}: target_modules {unknown} are not layers numformer puts adapters on; it loads "
+                         f"adapters of {list(TARGET_MODULES)}")
     return {"r": c.get("r", 8), "alpha": c.get("lora_alpha", 8), "dropout": c.get("lora_dropout", 0.0),
             "target_modules": targets or [], "use_rslora": bool(c.get("use_rslora", False))}
 
@@ -147,7 +151,10 @@ def load_adapter(model, folder, model_type=None):
     if not path.is_file():
         raise ValueError(f"{folder} has no {ADAPTER_WEIGHTS}")
     tensors = read_safetensors_file(path)
-    add_lora(model, **options)
+    try:
+        add_lora(model, **options)
+    except ValueError as e:             # the options are the adapter's: name its file, not a [lora] section
+        raise ValueError(f"the adapter {Path(folder) / ADAPTER_CONFIG} does not fit this model: {e}") from None
     expected = adapter_keys(model, model_type)
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:

@@ -272,8 +272,11 @@ def test_offline_hub_id_says_what_to_download_and_where(tmp_path, monkeypatch):
         hf.load_pretrained("gpt2")[0]
     msg = str(e.value)
     assert "\n" not in msg
+    assert msg.startswith("there is no folder 'gpt2', and cannot fetch 'gpt2' from the Hugging Face hub")
     assert "hf download gpt2 config.json model.safetensors tokenizer.json" in msg
     assert ".cache/huggingface/hub" in msg
+    with pytest.raises(ValueError, match="^cannot fetch 'gpt2' from"):        # written as a hub id: no folder meant
+        hf.load_pretrained("hf:gpt2")[0]
 
 
 # -- export --------------------------------------------------------------------------------------------------

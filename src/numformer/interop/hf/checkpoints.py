@@ -44,8 +44,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 # -- finding the files ---------------------------------------------------------------------------------
-def _hub_download(repo_id):
-    """A local snapshot folder of ``repo_id`` (config, safetensors, tokenizer files), from the cache if there."""
+def _hub_download(repo_id, no_folder=False):
+    """A local snapshot folder of ``repo_id`` (config, safetensors, tokenizer files), from the cache if there;
+    ``no_folder``: the id was given as a path that is not a folder (the error says so first: a typo?)."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
@@ -59,7 +60,8 @@ def _hub_download(repo_id):
         return snapshot_download(repo_id, allow_patterns=HUB_FILES)
     except Exception as e:
         raise ValueError(
-            f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(e).__name__}; offline?). On a machine with "
+            (f"there is no folder {repo_id!r}, and " if no_folder else "")
+            + f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(e).__name__}; offline?). On a machine with "
             f"internet run `hf download {repo_id} {CONFIG} {WEIGHTS} tokenizer.json` (it fills the cache in "
             f"~/.cache/huggingface/hub, which numformer then uses offline), or download those files into a folder "
             f"and pass the folder") from None
@@ -76,7 +78,7 @@ def resolve_source(source):
     if not _HUB_ID.match(hub) or Path(text).exists():
         raise ValueError(f"{text!r} is neither a folder nor a Hugging Face hub id (such as gpt2 or "
                          f"openai-community/gpt2)")
-    return Path(_hub_download(hub))
+    return Path(_hub_download(hub, no_folder=not text.startswith("hf:")))
 
 
 def read_hf_config(folder):

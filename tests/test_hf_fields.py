@@ -510,3 +510,21 @@ def test_a_kv_head_count_that_does_not_divide_names_the_field_and_what_to_do(tmp
     with pytest.raises(ValueError, match=r"config.json: llama config.json field num_key_value_heads = 3: must divide "
                                          r"num_attention_heads = 4 .*transformers cannot run this config.json either"):
         hf.hf_model_config(folder, cfg)
+
+
+@pytest.mark.parametrize("fam", ["qwen2", "qwen3"])
+def test_sliding_layers_without_a_window_are_refused(tmp_path, fam):
+    """layer_types naming sliding layers while use_sliding_window is false: transformers' attention fails on
+    the None window, so numformer refuses the file rather than run those layers as full attention."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    cfg = {"model_type": fam, **BASE[fam], "use_sliding_window": False, "sliding_window": 8,
+           "layer_types": ["sliding_attention", "full_attention"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"{fam} config.json field layer_types = .*names sliding_attention layers, "
+                                         r"but there is no window .*set use_sliding_window true"):
+        hf.hf_model_config(folder, cfg)
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, CONFIG_CLASSES[fam])(**{
+        k: v for k, v in cfg.items() if k != "model_type"}))
+    with pytest.raises(TypeError):                              # what transformers does with such a file
+        model(torch.zeros((1, 12), dtype=torch.long))

@@ -40,7 +40,8 @@ def common_fields(max_positions, vocab_size):
         Field("num_hidden_layers", 26, HONOURED, positive, note="n_layers"),
         Field("num_attention_heads", 8, HONOURED, positive, note="n_heads"),
         Field("num_key_value_heads", 4, HONOURED, divides("num_attention_heads"), note="n_kv_heads"),
-        Field("head_dim", 256, HONOURED, head_dim_rule, note="head_dim (its own: not hidden_size // heads)"),
+        Field("head_dim", 256, HONOURED, head_dim_rule, note="head_dim (its own: not hidden_size // heads)",
+              accepts="a positive even integer"),
         Field("hidden_activation", "gelu_pytorch_tanh", HONOURED, only("gelu_pytorch_tanh", why=" (the tanh GELU "
               "gate of activation 'geglu')"), type="str", note="activation 'geglu'"),
         Field("max_position_embeddings", max_positions, HONOURED, positive, note="block_size"),

@@ -40,7 +40,8 @@ FIELDS = with_fields(
                             note="the layers from this index slide (without layer_types)"),
     layer_types=Field("layer_types", None, HONOURED, type="list[str] | None",
                       note="which layers slide: layers[i].sliding_window",
-                      accepts="null, or 'full_attention' / 'sliding_attention' for each layer"),
+                      accepts="null, or 'full_attention' / 'sliding_attention' for each layer (sliding ones "
+                              "with use_sliding_window and a sliding_window)"),
     head_dim=Field("head_dim", lambda r: r["hidden_size"] // r["num_attention_heads"], HONOURED,
                    llama.head_dim_rule, type="int | None",
                    note="read with getattr by the modeling file: head_dim"))
@@ -59,6 +60,11 @@ def layer_windows(r, model_type=MODEL_TYPE):
     elif len(types) != n or not set(types) <= set(LAYER_TYPES):
         raise ValueError(f"{model_type} config.json field layer_types = {types!r}: must list 'full_attention' or "
                          f"'sliding_attention' for each of the {n} layers")
+    elif window is None and "sliding_attention" in types:       # transformers' attention fails on a None window
+        raise ValueError(f"{model_type} config.json field layer_types = {types!r}: names sliding_attention layers, "
+                         f"but there is no window (use_sliding_window is false or sliding_window null), which "
+                         f"transformers cannot run; set use_sliding_window true and a sliding_window, or list "
+                         f"those layers as full_attention")
     return [window if t == "sliding_attention" else None for t in types]
 
 

@@ -24,7 +24,7 @@ FIELDS = with_fields(
     max_position_embeddings=Field("max_position_embeddings", 32768, HONOURED, positive, note="block_size"),
     num_key_value_heads=Field("num_key_value_heads", 32, HONOURED, divides("num_attention_heads"),
                               type="int | None", null=SAME, note="n_kv_heads (null: num_attention_heads)"),
-    head_dim=Field("head_dim", 128, HONOURED, llama.head_dim_rule,
+    head_dim=Field("head_dim", 128, HONOURED, llama.head_dim_rule, accepts="a positive even integer",
                    note="head_dim (its own: not hidden_size // num_attention_heads)"),
     bos_token_id=Field("bos_token_id", None, TOKENIZER, type="int | None"),
     eos_token_id=Field("eos_token_id", None, TOKENIZER, type="int | list[int] | None"),

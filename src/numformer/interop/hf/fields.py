@@ -172,8 +172,8 @@ def resolve(fields, c, model_type):
     for f in fields:                         # every value of its type first: a rule may read several fields
         key = next((n for n in (f.name, *f.aliases) if n in c), None)
         if key is not None and not fits(c[key], f.type):
-            _refuse(model_type, key, c[key], f"must be {describe(f.type)}, as transformers' config class requires "
-                                             f"(it refuses this config.json too); restore the file")
+            _refuse(model_type, key, c[key], f"must be {describe(f.type)}, the type transformers gives it; restore "
+                                             f"the file")
     values = {}
     for f in fields:
         key = next((n for n in (f.name, *f.aliases) if n in c), None)

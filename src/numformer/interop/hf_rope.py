@@ -49,7 +49,7 @@ def rope_parameters(config, default_theta=DEFAULT_THETA):
             entry.setdefault("rope_theta", theta)
             if config.get("partial_rotary_factor") is not None:
                 entry.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
-            _standardize(entry, config, flat=not nested)
+            standardize_entry(entry, config, flat=not nested)
     return params
 
 
@@ -71,7 +71,7 @@ def gemma3_rope_parameters(config):
         if params.get(layer_type) is None:
             params[layer_type] = {"rope_type": "default"}
         params[layer_type].setdefault("rope_theta", config.get(key, GEMMA3_THETA[layer_type]))
-        _standardize(params[layer_type], config)
+        standardize_entry(params[layer_type], config)
     return params
 
 
@@ -81,7 +81,7 @@ def gemma3_nested(params):
         all(v is None or isinstance(v, dict) for v in params.values())
 
 
-def _standardize(entry, config, flat=False):
+def standardize_entry(entry, config, flat=False):
     """transformers' per-dict defaults: rope_type from the older key ``type``, else "default"; llama3, yarn
     and longrope get original_max_position_embeddings = max_position_embeddings when they lack one. A
     top-level ``original_max_position_embeddings`` (Phi-3's and DeepSeek's files) replaces the dict's in a

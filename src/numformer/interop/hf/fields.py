@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..hf_rope import SCALED, rope_problem
+from ..hf_rope import rope_problem, standardize_entry
 
 KEEP, SAME = "keep", "same"
 HONOURED, NO_EFFECT, TRAINING, TOKENIZER, REFUSED = (
@@ -129,21 +129,18 @@ def standard_rope(c, max_position_embeddings=None):
     """transformers' rope standardization (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict):
     ``rope_scaling`` wins over ``rope_parameters`` when set; a missing rope_theta falls back to the top-level
     ``rope_theta``, then 10000; a top-level ``partial_rotary_factor`` is copied in when the dict lacks one;
-    ``rope_type`` falls back to the older key ``type``, then 'default'; llama3, yarn and longrope take
-    ``original_max_position_embeddings`` from ``max_position_embeddings`` when they lack it, and from a top-level
-``original_max_position_embeddings`` in any case (Phi-3's and DeepSeek's files). A dict nested by
-    layer type gets the key ``nested`` (the layer types), which ``rope_refusal`` refuses."""
+    ``rope_type`` and ``original_max_position_embeddings`` as ``hf_rope.standardize_entry`` sets them. A dict
+    nested by layer type gets the key ``nested`` (the layer types), which ``rope_refusal`` refuses."""
     params = dict(c.get("rope_scaling") or c.get("rope_parameters") or {})
     nested = sorted(k for k in params if k in ("full_attention", "sliding_attention"))
     theta = c.get("rope_theta", DEFAULT_THETA)
     params.setdefault("rope_theta", theta)
     if "partial_rotary_factor" in c:
         params.setdefault("partial_rotary_factor", c["partial_rotary_factor"])
-    params.setdefault("rope_type", params.get("type", "default"))
-    if params["rope_type"] in SCALED and not nested and "original_max_position_embeddings" in c:
-        params["original_max_position_embeddings"] = c["original_max_position_embeddings"]     # it wins there
-    elif params["rope_type"] in SCALED and max_position_embeddings is not None:
-        params.setdefault("original_max_position_embeddings", max_position_embeddings)
+    config = {k: v for k, v in c.items() if k != "max_position_embeddings"}
+    if max_position_embeddings is not None:
+        config["max_position_embeddings"] = max_position_embeddings
+    standardize_entry(params, config, flat=not nested)
     if nested:
         params["nested"] = nested
     return params

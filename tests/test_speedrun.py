@@ -197,6 +197,17 @@ def test_matmul_peak_counts_two_n_cubed(fake_clock):
     assert matmul_peak(n=128, threads=1, min_seconds=0.01) == pytest.approx(2 * 128 ** 3 / 1e-3, rel=1e-9)
 
 
+@pytest.mark.parametrize("all_cores, expected", [(2.3e9, 93e9), (180e9, 180e9)])
+def test_the_all_core_peak_is_never_below_the_one_thread_peak(monkeypatch, all_cores, expected):
+    """A quick run measured 2.3 GFLOP/s on 2 cores against 93 on one (its BLAS threads waiting for a busy core),
+    which made an MFU of 195%: the all-core peak is at least the one-thread one."""
+    from numformer.experiments import speedrun
+
+    monkeypatch.setattr(speedrun, "usable_cores", lambda: 2)
+    monkeypatch.setattr(speedrun, "matmul_peak", lambda threads, **kw: 93e9 if threads == 1 else all_cores)
+    assert speedrun._peaks(quick=True) == {"cores": 2, "one_thread": 93e9, "all_cores": expected}
+
+
 # -- the experiments --------------------------------------------------------------------------------------------
 def test_the_ablation_ends_at_the_recipe():
     from numformer.config import resolve_config

@@ -41,6 +41,7 @@ def test_quick_reproduce_writes_the_record_the_page_and_the_figures(tmp_path):
     assert record["command"] == "numformer reproduce induction_heads --quick"
     md = (results / "induction_heads.md").read_text()
     assert "| induction_score_max |" in md and "Verdict: not reproduced" in md and "nothing to ablate" in md
+    assert "; ablation_loss_increase not measured." in md and "ablation_loss_increase missed" not in md
     # no induction head: no phase change is placed, and no caption speaks of one or of an ablation
     assert "No phase change to place" in md and "Phase change (steepest" not in md and "phase_change_step" not in md
     assert "dotted: the phase change" not in md and "with and without the induction heads" not in md

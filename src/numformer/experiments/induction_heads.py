@@ -362,7 +362,10 @@ def markdown(record, paths, results_dir):
                     f"{'' if met.get(k) is None else ('yes' if met[k] else 'no')} |")
     wall, cpu, load = record["wall_time_s"], record["cpu_time_s"], record["load_average"]
     verdict = "reproduced: every criterion is met" if all(met.values()) else \
-        "not reproduced: " + ", ".join(k for k, ok in met.items() if not ok) + " missed"
+        "not reproduced: " + "; ".join(
+            f"{', '.join(keys)} {what}" for keys, what in (([k for k, ok in met.items() if ok is False], "missed"),
+                                                          ([k for k, ok in met.items() if ok is None], "not measured"))
+            if keys)
     found = ", ".join(f"{a}.{b}" for a, b in heads) or \
         f"none (no head reaches an induction score of {INDUCTION_THRESHOLD}: nothing to ablate)"
     lines = [

@@ -231,12 +231,15 @@ def test_one_seed_is_no_scatter(tmp_path, commit):
 
 
 # -- --seeds and the records of the other parts ----------------------------------------------------------------
-@pytest.mark.parametrize("seeds", [-1, 0])
-@pytest.mark.parametrize("name", ["shakespeare_speedrun", ABLATION, "shakespeare_char"])
+@pytest.mark.parametrize("name, seeds", [(n, s) for n in ("shakespeare_speedrun", ABLATION, "shakespeare_char")
+                                         for s in (-1, 0)] + [("shakespeare_char", 1)])
 def test_seeds_that_are_not_a_count_are_one_line(tmp_path, name, seeds):
-    """--seeds 0 is refused too (it ran the experiment's default number of seeds, as if left out)."""
+    """--seeds 0 is refused too (it ran the experiment's default number of seeds, as if left out); a seed study
+    (shakespeare_char's) asks for at least 2 from the start, so that 0 does not lead to 1 and then to 2."""
     rc, err = reproduce(tmp_path, name, "--seeds", seeds)
-    assert f"--seeds {seeds}: give a positive number of seeds" in one_error_line(rc, err, "reproduce")
+    wanted = "at least 2 seeds (a seed study's spread needs 2)" if name == "shakespeare_char" else \
+        "a positive number of seeds"
+    assert f"--seeds {seeds}: give {wanted} or leave it out" in one_error_line(rc, err, "reproduce")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
 
 

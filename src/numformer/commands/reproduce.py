@@ -19,13 +19,15 @@ def run(args):
 
     results = Path(args.results) if args.results else Path("results") / ("quick" if args.quick else "")
     runs = Path(args.runs) if args.runs else Path("runs") / ("quick" if args.quick else "")
-    if args.seeds is not None and args.seeds < 1:       # 0 is no count of seeds either (left out: the default)
-        raise ValueError(f"--seeds {args.seeds}: give a positive number of seeds (or leave it out for the "
-                         f"experiment's default)")
+    experiments = resolve(args.name)
+    least = 2 if any(exp.seed_study is not None for exp in experiments) else 1     # a seed study's spread: 2
+    if args.seeds is not None and args.seeds < least:   # 0 is no count of seeds either (left out: the default)
+        raise ValueError(f"--seeds {args.seeds}: give " + ("at least 2 seeds (a seed study's spread needs 2)"
+                         if least > 1 else "a positive number of seeds") + " or leave it out for the experiment's "
+                         "default")
     ctx = Context(runs_dir=runs, results_dir=results, quick=args.quick, overrides=args.set, quiet=args.quiet,
                   overwrite=args.overwrite, seeds=args.seeds or 0)
     check_context(ctx)
-    experiments = resolve(args.name)
     for exp in experiments:         # every folder this command writes, checked before the first one starts
         check_before_running(exp, ctx)
     for exp in experiments:

@@ -163,3 +163,12 @@ def test_quick_without_seeds_trains_its_own_count_and_says_so(tmp_path, name, qu
 
     assert seeds_context(exp, Context(tmp_path / "runs", tmp_path / "results", quick=True)).seeds == quick_seeds
     assert planned_seeds(0) == set(range(quick_seeds)) and planned_seeds(3) == {0, 1, 2}
+
+
+def test_the_figures_table_shows_a_rate_in_whole_units_and_the_rest_to_4_places():
+    from numformer.experiments.runner import figures_table
+
+    record = {"figures": {"val_loss": 1.23456, "train_tokens_per_s": 21594.0, "steps": 2000},
+              "targets": {"val_loss": "<= 1.5"}, "met": {"val_loss": True}}
+    assert figures_table(record).splitlines()[2:] == ["| val_loss | 1.2346 | <= 1.5 | yes |",
+                                                      "| train_tokens_per_s | 21,594 |  |  |", "| steps | 2000 |  |  |"]

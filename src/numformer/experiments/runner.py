@@ -237,7 +237,9 @@ def run_experiment(exp, ctx):
     return record
 
 
-def _fmt(v):
+def _fmt(v, key=""):
+    if isinstance(v, float) and key.endswith("_per_s"):        # a rate: whole units, thousands separated
+        return f"{v:,.0f}"
     if isinstance(v, float):
         return f"{v:.4f}"
     return str(v)
@@ -250,7 +252,7 @@ def figures_table(record):
             continue
         target = record["targets"].get(k, "")
         met = record["met"].get(k)
-        rows.append(f"| {k} | {_fmt(v)} | {target} | {'' if met is None else ('yes' if met else 'no')} |")
+        rows.append(f"| {k} | {_fmt(v, k)} | {target} | {'' if met is None else ('yes' if met else 'no')} |")
     return "\n".join(rows)
 
 

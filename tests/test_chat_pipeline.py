@@ -117,6 +117,8 @@ def test_quick_chat_pipeline_on_the_real_data(tmp_path, monkeypatch, capsys):
     for heading in ("## The stages", "## Full fine-tuning against LoRA", "## DPO: before and after",
                     "## A chat session", "(quick run)"):
         assert heading in page
+    judge = r["timing"]["imdb"]["test_accuracy"]            # the judge run's own accuracy, not imdb.md's
+    assert f"the judge's own errors (its test accuracy: {judge:.4f}, its run in the stages below)" in page
     assert (results / "figures" / "chat_pipeline_curves.png").stat().st_size > 1000
     assert "[chat_pipeline](chat_pipeline.md)" in (results / "README.md").read_text()
     sft = [json.loads(line) for line in (runs / "chat_pipeline" / "data" / "sft.jsonl").read_text().splitlines()]

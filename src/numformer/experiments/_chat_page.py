@@ -58,9 +58,11 @@ def figures_section(r):
     rows.append(f"| dpo_judged_share (after DPO) | {f['dpo_judged_share']:.4f} | {_ci(dpo['write'])} | "
                 f"{dpo['write']['n']:,} | | |")
     floor = r["floor"]["accuracy"]
+    judge = r["timing"].get("imdb", {}).get("test_accuracy")      # the judge run's own, which may not be imdb.md's
     rows += ["", f"Accuracy floor {floor:g}: {'above' if f['accuracy'] >= floor else 'below'} it. The intervals are "
                  f"95% Wilson score intervals of the share over the reviews evaluated; the judged share also carries "
-                 f"the judge's own errors (its test accuracy is in [imdb.md](imdb.md))."]
+                 f"the judge's own errors (" + (f"its test accuracy: {judge:.4f}, " if judge is not None else "")
+             + "its run in the stages below)."]
     return rows
 
 

@@ -78,3 +78,13 @@ def test_the_page_gives_the_runs_training_time_when_earlier_calls_trained_them()
     assert "in 60.0 minutes. Each rung" in ladder.markdown(record)
     record["wall_time_s"] = 84.8                     # only scored again: the runs' training time too
     assert "in 1.4 minutes of this call; the 15 runs' training took 15 minutes in all" in ladder.markdown(record)
+
+
+def test_one_seed_shows_no_spread():
+    """A one-seed run (the --quick one) has no standard deviation to show: n/a, not 0.0000."""
+    record = json.loads(RESULT.read_text(encoding="utf-8"))
+    for rung in record["rungs"]:
+        rung["runs"], rung["sd"] = rung["runs"][:1], 0.0
+    record["seeds"] = 1
+    page = ladder.markdown(record)
+    assert page.count("| n/a (one seed) |") == len(record["rungs"]) and "| 0.0000 |" not in page

@@ -136,8 +136,13 @@ def plot_ladder(record, path):
     return save_figure(fig, path)
 
 
+def _sd(rung):
+    """The standard deviation over the seeds, or n/a for one seed (no spread to show)."""
+    return f"{rung['sd']:.4f}" if len(rung["runs"]) > 1 else "n/a (one seed)"
+
+
 def markdown(record):
-    rows = [f"| {n} | {r['rung']} | {r['change']} | {r['parameters']:,} | {r['mean']:.4f} | {r['sd']:.4f} | "
+    rows = [f"| {n} | {r['rung']} | {r['change']} | {r['parameters']:,} | {r['mean']:.4f} | {_sd(r)} | "
             f"{_gain(record, n)} |" for n, r in enumerate(record["rungs"])]
     first, last = record["rungs"][0]["mean"], record["rungs"][-1]["mean"]
     seeds = ", ".join(str(r["seed"]) for r in record["rungs"][0]["runs"])

@@ -103,6 +103,8 @@ MISTAKES = [
      "forward: zeroed with probability p, the rest scaled", "draw the mask from the rng argument"),
     ("dropout", "backward ignores the mask", [("return dy * cache", "return dy")], "backward: the forward's mask",
      "at a dropped entry"),
+    ("dropout", "one mask for every row", [("rng.random(x.shape)", "rng.random(x.shape[-1:])")],
+     "forward: zeroed with probability p, the rest scaled", "each column is dropped or kept whole"),
     ("cross_entropy", "no max subtracted", [("logp = z - m - np.log(np.exp(z - m)", "logp = z - np.log(np.exp(z)")],
      EDGE, "edge case 'large logits'"),
     ("cross_entropy", "ignored positions counted", [("max(n, 1)", "len(t)")], EDGE, "edge case 'ignored targets'"),
@@ -130,6 +132,25 @@ MISTAKES = [
      KEYWORDS, "keyword case 'is_causal=True with more keys'"),
     ("scaled_dot_product_attention", "dropout forgotten in the backward", [("dp = dp * keep", "dp = dp")], KEYWORDS,
      "keyword case 'dropout_p=0.5'"),
+    ("scaled_dot_product_attention", "keep and drop swapped", [(">= dropout_p) / (1", "< dropout_p) / (1")],
+     KEYWORDS, "keyword case 'dropout_p=0.1'"),
+    ("scaled_dot_product_attention", "kept weights divided by p", [(") / (1 - dropout_p)", ") / dropout_p")],
+     KEYWORDS, "keyword case 'dropout_p=0.1'"),
+    ("scaled_dot_product_attention", "the keep-mask from a generator of its own",
+     [("rng.random(p.shape)", "np.random.default_rng(0).random(p.shape)"),
+      ("def scaled_dot_product_attention_forward", "import numpy as np\n\n\ndef scaled_dot_product_attention_forward")],
+     KEYWORDS, "generators of different seeds drop the same weights"),
+    ("scaled_dot_product_attention", "one keep-mask for every batch element and head",
+     [("rng.random(p.shape)", "rng.random(p.shape[-2:])")], KEYWORDS, "every batch element and head has the same"),
+    ("scaled_dot_product_attention", "whole key columns dropped",
+     [("rng.random(p.shape)", "rng.random(p.shape[:-2] + (1, p.shape[-1]))")], KEYWORDS,
+     "each column is dropped or kept whole"),
+    ("scaled_dot_product_attention", "the mask ignored when causal",
+     [("    if attn_mask is not None:\n", "    if attn_mask is not None and not is_causal:\n")], KEYWORDS,
+     "keyword case 'is_causal=True with a padding mask'"),
+    ("scaled_dot_product_attention", "scale 0 taken for the default",
+     [("    if scale is None:\n        scale = 1 / math.sqrt(q.shape[-1])\n",
+       "    scale = scale or 1 / math.sqrt(q.shape[-1])\n")], KEYWORDS, "keyword case 'scale=0.0'"),
     ("scaled_dot_product_attention", "soft-cap's derivative forgotten", [("ds = ds * (1 - capped ** 2)", "ds = ds")],
      KEYWORDS, "keyword case 'softcap=1.5'"),
     ("scaled_dot_product_attention", "soft-cap after the mask",
@@ -325,8 +346,8 @@ def test_every_keyword_argument_is_graded_at_another_value_than_its_default(name
     cases = [exercise.case, *exercise.edge_cases, *exercise.keyword_cases]
     if name == "scaled_dot_product_attention":        # its own keyword step adds the dropout case
         from numformer.exercises.catalog import scaled_dot_product_attention as sdpa
-        assert "dropout_p=P_DROP, rng=NewRng(" in inspect.getsource(sdpa.step_keywords_and_dropout)
-        cases.append(E.checker.Case("dropout_p", lambda rng: {"dropout_p": sdpa.P_DROP, "rng": rng}))
+        assert "dropout_p=p, rng=NewRng(" in inspect.getsource(sdpa._dropout_case)
+        cases += [sdpa._dropout_case(p) for p in sdpa.DROPOUT_RATES]
     inputs = [case.inputs() for case in cases]
     for p in inspect.signature(forward).parameters.values():
         if p.default is not inspect.Parameter.empty:
@@ -710,10 +731,18 @@ def _torch_functions():
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
             label_smoothing=label_smoothing),
         "scaled_dot_product_attention": lambda q, k, v, attn_mask=None, is_causal=False, scale=None,
-        need_weights=False, softcap=None: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                                                         is_causal=is_causal, scale=scale)
+        need_weights=False, softcap=None: _torch_attention(torch, q, k, v, attn_mask, is_causal, scale)
         if softcap is None else _capped_attention(torch, q, k, v, is_causal, scale, softcap),
     }
+
+
+def _torch_attention(torch, q, k, v, attn_mask, is_causal, scale):
+    """torch's attention, whose is_causal refuses an attn_mask beside it: both as one boolean mask then."""
+    if is_causal and attn_mask is not None:
+        attn_mask = attn_mask & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        is_causal = False
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                            scale=scale)
 
 
 def _capped_attention(torch, q, k, v, is_causal, scale, cap):

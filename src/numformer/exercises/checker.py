@@ -290,6 +290,23 @@ def fail_if_different(values, reference, prefix="", tol=TOL, context=""):
         raise Failure(context + "\n".join(wrong) + matched)
 
 
+def mask_dependence(dropped, item="item"):
+    """What makes a dropout mask (True = dropped, at least 2-D) not a draw of each entry on its own, or None:
+    every row dropped or kept whole, every column likewise, or the same mask for every leading-axis ``item``
+    (batch element, head). A mask drawn entry by entry (of a few hundred entries) shows none of these."""
+    dropped = np.asarray(dropped, dtype=bool)
+    def uniform(axis):
+        return np.all(dropped.all(axis=axis) | (~dropped).all(axis=axis))
+    if uniform(-1):
+        return "each row is dropped or kept whole: draw a mask entry by entry, of the full shape"
+    if uniform(-2):
+        return "each column is dropped or kept whole: draw a mask entry by entry, of the full shape"
+    items = dropped.reshape((-1,) + dropped.shape[-2:])
+    if len(items) > 1 and all(np.array_equal(m, items[0]) for m in items[1:]):
+        return f"every {item} has the same mask: draw a mask entry by entry, of the full shape"
+    return None
+
+
 def describe(inputs):
     """The inputs of a call, in words: shapes of arrays, values of the rest."""
     parts = []

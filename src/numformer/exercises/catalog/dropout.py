@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checker import (STANDARD_STEPS, Case, Exercise, Failure, Function, NewRng, Step, describe, index_text,
-                       run_backward, run_forward, step_edge_cases, step_keywords)
+                       mask_dependence, run_backward, run_forward, step_edge_cases, step_keywords)
 
 P = 0.3
 
@@ -31,6 +31,9 @@ def _check_rate(exercise, learner, p):
         i = tuple(np.argwhere(~(kept | dropped))[0])
         raise Failure(where + f"every entry of y is either 0 or x / (1 - p); y{index_text(i)} = {y[i]:.6g} for "
                               f"x{index_text(i)} = {x[i]:.6g}")
+    dependence = mask_dependence(dropped, "row")
+    if dependence:
+        raise Failure(where + f"each entry is zeroed on its own, with probability p; here {dependence}")
     if abs(dropped.mean() - p) > 0.02:
         raise Failure(where + f"{100 * dropped.mean():.1f}% of the entries are zeroed; each one is zeroed with "
                               f"probability p = {p}")
@@ -54,7 +57,8 @@ def step_backward(exercise, learner, reference):
     want = dy * (y / x)
     i = np.unravel_index(int(np.abs(dx - want).argmax()), want.shape)
     if dx.shape != want.shape or not np.allclose(dx, want, rtol=1e-12, atol=1e-12):
-        what = "a dropped entry" if y[i] == 0 else "a kept entry"
+        what = "a dropped entry (dx is 0 there)" if y[i] == 0 else \
+            f"a kept entry (dx is dy / (1 - p) = {want[i]:.6g} there)"
         raise Failure(f"{exercise.names[1]} after {exercise.names[0]}(x (100, 300), p={P}, rng): dx{index_text(i)} = "
                       f"{dx[i]:.6g} for dy{index_text(i)} = {dy[i]:.6g} at {what} of the forward's mask")
 

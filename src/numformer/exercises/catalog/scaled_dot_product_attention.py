@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..checker import (FD_TOL, STANDARD_STEPS, Calls, Case, Exercise, Failure, Function, NewRng, Step,
-                       check_gradients, describe, index_text, run_backward, run_forward, step_keywords)
+                       check_gradients, describe, index_text, mask_dependence, run_backward, run_forward,
+                       step_keywords)
 
 
 def _qkv(lead=(2, 2), t_q=3, t_k=5, d_k=4, d_v=3, **options):
@@ -31,40 +32,67 @@ def _with_mask(kind):
     return make
 
 
-P_DROP = 0.5
+def _causal_and_padding(rng):
+    inputs = _qkv(t_q=4, t_k=4, is_causal=True)(rng)
+    mask = np.ones((2, 1, 1, 4), dtype=bool)
+    mask[1, ..., 3] = False
+    return inputs | {"attn_mask": mask}
 
 
-def step_keywords_and_dropout(exercise, learner, reference):
-    """The keyword cases, then dropout_p, whose random keep-mask is the learner's own draw: the returned weights
-    are the reference's weights, zeroed or scaled by 1/(1 - p); the output is those weights times v; the draw
-    comes from ``rng``; the backward is checked by finite differences with the same draw."""
-    step_keywords(exercise, learner, reference)
-    case = Case("dropout_p", _qkv((2, 4), 4, 6, dropout_p=P_DROP, rng=NewRng(3), need_weights=True))
-    inputs = case.inputs()
-    where = f"keyword case 'dropout_p={P_DROP}': {exercise.names[0]}({describe(inputs)}): "
+# Dropout is checked at two rates (at 0.5 alone, keep and drop swapped, or 1/p for 1/(1 - p), go unseen) on
+# 4 x 4 items of 8 x 8 weights: the share dropped lies within 5 standard deviations of p.
+DROPOUT_RATES = (0.5, 0.1)
+
+
+def _dropout_case(p, seed=3):
+    return Case("dropout_p", _qkv((4, 4), 8, 8, dropout_p=p, rng=NewRng(seed), need_weights=True))
+
+
+def _dropped_weights(exercise, learner, reference, p, seed=3):
+    """(where, dropped mask) of one call at rate p, its weights checked: each the reference's weight, zeroed or
+    divided by 1 - p, the output those weights times v."""
+    inputs = _dropout_case(p, seed).inputs()
+    where = f"keyword case 'dropout_p={p}': {exercise.names[0]}({describe(inputs)}): "
     outputs, _ = run_forward(exercise, learner, inputs)
     out, weights = outputs["out"], outputs["weights"]
-    probs = reference["scaled_dot_product_attention_forward"](
-        **(case.inputs() | {"dropout_p": 0.0, "rng": None}))[1]
+    probs = reference["scaled_dot_product_attention_forward"](**(inputs | {"dropout_p": 0.0, "rng": None}))[1]
     if weights is None or np.shape(weights) != probs.shape:
         raise Failure(where + f"with need_weights=True the weights (after dropout) of shape {probs.shape} are "
                               f"returned; got {None if weights is None else np.shape(weights)}")
-    kept = np.isclose(weights, probs / (1 - P_DROP), rtol=1e-10, atol=0)
+    kept = np.isclose(weights, probs / (1 - p), rtol=1e-10, atol=0)
     dropped = weights == 0
     if not np.all(kept | dropped):
         i = tuple(np.argwhere(~(kept | dropped))[0])
         raise Failure(where + f"a weight after dropout is either 0 or the weight divided by 1 - p; at {index_text(i)} "
                               f"it is {weights[i]:.6g}, and the weight is {probs[i]:.6g}")
-    share = dropped.mean()
-    if abs(share - P_DROP) > 0.15:
-        raise Failure(where + f"{100 * share:.0f}% of the weights are dropped with dropout_p={P_DROP}")
     if not np.allclose(out, weights @ inputs["v"], rtol=0, atol=1e-10):
         raise Failure(where + "the output is not the returned weights (after dropout) times v")
-    again = run_forward(exercise, learner, case.inputs())[0]["weights"]
-    if not np.array_equal(again, weights):
+    return where, dropped
+
+
+def step_keywords_and_dropout(exercise, learner, reference):
+    """The keyword cases, then dropout_p, whose random keep-mask is the learner's own draw: at two rates, the
+    returned weights are the reference's weights, zeroed or scaled by 1/(1 - p), a share near p of them
+    zeroed, each on its own; the output is those weights times v; the draw comes from ``rng`` (the same seed
+    gives the same mask, another seed another); the backward is checked by finite differences with the same
+    draw."""
+    step_keywords(exercise, learner, reference)
+    for p in DROPOUT_RATES:
+        where, dropped = _dropped_weights(exercise, learner, reference, p)
+        if abs(dropped.mean() - p) > 5 * np.sqrt(p * (1 - p) / dropped.size):
+            raise Failure(where + f"{100 * dropped.mean():.0f}% of the weights are dropped; each one is dropped "
+                                  f"with probability dropout_p = {p}")
+        dependence = mask_dependence(dropped, "batch element and head")
+        if dependence:
+            raise Failure(where + f"each weight is dropped on its own; here {dependence}")
+    p = DROPOUT_RATES[0]
+    where, dropped = _dropped_weights(exercise, learner, reference, p)
+    if not np.array_equal(_dropped_weights(exercise, learner, reference, p)[1], dropped):
         raise Failure(where + "two calls with generators of the same seed drop different weights: draw the "
                               "keep-mask from rng (not from np.random)")
-    _dropout_gradients(exercise, learner, case, where)
+    if np.array_equal(_dropped_weights(exercise, learner, reference, p, seed=4)[1], dropped):
+        raise Failure(where + "generators of different seeds drop the same weights: draw the keep-mask from rng")
+    _dropout_gradients(exercise, learner, _dropout_case(p), where)
 
 
 def _dropout_gradients(exercise, learner, case, where):
@@ -135,7 +163,12 @@ multiplies P by a constant mask; the soft-cap's derivative is 1 - tanh²(S / c).
         Case("is_causal=True", _qkv(t_q=4, t_k=4, is_causal=True), why="query i attends to keys j <= i"),
         Case("is_causal=True with more keys", _qkv(t_q=3, t_k=5, is_causal=True),
              why="the causal mask is aligned top-left: query i still attends to keys 0 … i"),
+        Case("is_causal=True with a padding mask", _causal_and_padding,
+             why="both masks apply: query i attends to keys j <= i that the mask (2, 1, 1, 4) lets it see (batch "
+                 "element 1 may not attend to its last key)"),
         Case("scale=0.3", _qkv(scale=0.3), why="the scores are Q Kᵀ · 0.3"),
+        Case("scale=0.0", _qkv(scale=0.0), why="a scale of 0 is a scale (every score 0: uniform weights), not "
+                                               "the default 1/√d_k"),
         Case("need_weights=True", _qkv(need_weights=True, is_causal=True),
              why="the weights are returned too, and compared"),
         Case("softcap=1.5", _qkv(t_q=4, t_k=4, is_causal=True, softcap=1.5),

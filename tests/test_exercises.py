@@ -490,6 +490,16 @@ def test_hints_come_one_at_a_time_and_are_remembered(tmp_path):
     assert E.next_hint("softmax", tmp_path)[:2] == (1, len(E.EXERCISES["softmax"].hints))
 
 
+def test_hints_in_a_folder_of_their_own_name_it_in_the_next_command(tmp_path, capsys):
+    """`hint --dir` makes its folder (as `start --dir` does) and says the command of the next hint with it."""
+    from numformer.cli import main
+
+    folder = tmp_path / "hints"
+    assert main(["exercises", "hint", "rope", "--dir", str(folder)]) == 0
+    assert (folder / E.HINTS_FILE).is_file()
+    assert f"(`numformer exercises hint rope --dir {folder}` again for the next one)" in capsys.readouterr().out
+
+
 def test_every_exercise_is_documented_and_hinted():
     docs = Path(__file__).resolve().parents[1] / "docs"
     for exercise in E.EXERCISES.values():

@@ -41,7 +41,8 @@ def _hint(args):
     number, count, text = next_hint(args.name, args.dir)
     print(f"Hint {number} of {count} for {args.name}:\n" + wrap(text, "  "))
     if number < count:
-        print(f"(`numformer exercises hint {args.name}` again for the next one)")
+        where = "" if args.dir == "." else f" --dir {args.dir}"
+        print(f"(`numformer exercises hint {args.name}{where}` again for the next one)")
 
 
 def _train(args):

@@ -189,6 +189,7 @@ def next_hint(name, folder="."):
     count = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0
     number = min(count + 1, len(exercise.hints))
     seen[exercise.name] = number
+    state_path.parent.mkdir(parents=True, exist_ok=True)       # as `start --dir` makes its folder
     state_path.write_text(json.dumps({**state, "hints_seen": seen}, indent=1) + "\n", encoding="utf-8")
     return number, len(exercise.hints), exercise.hints[number - 1]
 

@@ -575,6 +575,16 @@ def test_train_with_the_llama_model_uses_rope_and_rms_norm(capsys):
         " ".join(capsys.readouterr().out.split())
 
 
+def test_train_with_dropout_on_says_the_random_draws_differ(capsys):
+    """A correct dropout draws float64 uniforms where numformer draws float32 ones: with dropout on the curves
+    part at once, and the message says why rather than blaming an untried input."""
+    overrides = [*SMALL, "model.dropout=0.1"]
+    assert training.train([SOLUTIONS / "dropout.py"], steps=2, every=1, overrides=overrides) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert "with dropout on: your dropout draw(s) random masks of their own" in text
+    assert "on inputs the checks did not try" not in text
+
+
 def test_train_refuses_ops_the_model_does_not_call():
     with pytest.raises(ValueError, match=r"the gpt model calls none of your ops \(rms_norm, rope\).*--model llama"):
         training.train([SOLUTIONS / "rope.py", SOLUTIONS / "rms_norm.py"], steps=2, overrides=SMALL)

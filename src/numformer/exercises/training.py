@@ -178,6 +178,13 @@ def train(paths, steps=300, model="gpt", every=25, overrides=(), out=print):
         out(wrap(f"Your ops trained the GPT: its loss equals the library's to {worst:.1e} at every one of the "
                  f"{steps} steps (tolerance {CURVE_TOL:g})."))
         return 0
+    random = sorted({"dropout", "scaled_dot_product_attention"} & set(used))
+    if config["model"].get("dropout") and random:       # two correct ops draw their masks differently
+        out(wrap(f"The curves part at step {first_bad} (difference above {CURVE_TOL:g}) with dropout on: your "
+                 f"{', '.join(random)} draw(s) random masks of their own, which need not be numformer's draws "
+                 f"(numformer draws float32 uniforms) even when correct. Train with dropout 0 to compare the curves; "
+                 f"`numformer exercises check` grades the random part."))
+        return 1
     out(wrap(f"The curves part at step {first_bad} (difference above {CURVE_TOL:g}): one of your ops differs from "
              f"numformer's on inputs the checks did not try. Train with each file alone to find which."))
     return 1

@@ -94,3 +94,7 @@ def test_reading_of_the_committed_full_run():
                  if min(r["table"][n]["exact_match"] for n in r["table"] if n <= record["L"]) < 0.9]
     assert unlearned and all(name in full for name in unlearned)
     assert f"the {len(runs) - len(unlearned)} models that did learn" in full
+    low, (task, encoding), n = min((r["table"][n]["exact_match"], k, n) for k, r in runs.items()
+                                   for n in r["table"] if n <= record["L"])
+    assert f"the lowest exact match of the {len(runs)} models is {100 * low:.1f}% ({task} with {encoding} at " \
+           f"length {n})" in full

@@ -275,9 +275,10 @@ def reading(runs, L, lengths, vocab, quick=False):
     beyond = [n for n in lengths if n > L]
     chance = 1.0 / vocab
     longest = max(lengths)
-    in_min = min(runs[k]["table"][n]["exact_match"] for k in runs for n in inside)
+    in_min, weakest, at = min((runs[k]["table"][n]["exact_match"], k, n) for k in runs for n in inside)
     out_max = max(runs[k]["table"][n]["exact_match"] for k in runs for n in beyond) if beyond else float("nan")
-    parts = [f"Within the trained lengths (≤ {L}) the {len(runs)} models reach at least {_pct(in_min)} exact match. "
+    parts = [f"Within the trained lengths (≤ {L}) the lowest exact match of the {len(runs)} models is "
+             f"{_pct(in_min)} ({weakest[0]} with {weakest[1]} at length {at}). "
              + ("Beyond them exact match is 0% for every model at every longer length." if out_max == 0 else
                 f"Beyond them exact match is at most {_pct(out_max)} for any model at any longer length.")]
 

@@ -295,6 +295,7 @@ def mask_dependence(dropped, item="item"):
     every row dropped or kept whole, every column likewise, or the same mask for every leading-axis ``item``
     (batch element, head). A mask drawn entry by entry (of a few hundred entries) shows none of these."""
     dropped = np.asarray(dropped, dtype=bool)
+
     def uniform(axis):
         return np.all(dropped.all(axis=axis) | (~dropped).all(axis=axis))
     if uniform(-1):

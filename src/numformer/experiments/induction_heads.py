@@ -361,11 +361,10 @@ def markdown(record, paths, results_dir):
         rows.append(f"| {k} | {v:.4f} | {record['targets'].get(k, '')} | "
                     f"{'' if met.get(k) is None else ('yes' if met[k] else 'no')} |")
     wall, cpu, load = record["wall_time_s"], record["cpu_time_s"], record["load_average"]
-    verdict = "reproduced: every criterion is met" if all(met.values()) else \
-        "not reproduced: " + "; ".join(
-            f"{', '.join(keys)} {what}" for keys, what in (([k for k, ok in met.items() if ok is False], "missed"),
-                                                          ([k for k, ok in met.items() if ok is None], "not measured"))
-            if keys)
+    missed = [k for k, ok in met.items() if ok is False]
+    unmeasured = [k for k, ok in met.items() if ok is None]          # no induction head: nothing to ablate
+    verdict = "reproduced: every criterion is met" if all(met.values()) else "not reproduced: " + "; ".join(
+        [f"{', '.join(missed)} missed"] * bool(missed) + [f"{', '.join(unmeasured)} not measured"] * bool(unmeasured))
     found = ", ".join(f"{a}.{b}" for a, b in heads) or \
         f"none (no head reaches an induction score of {INDUCTION_THRESHOLD}: nothing to ablate)"
     lines = [

@@ -351,35 +351,33 @@ def test_honoured_field_matches_transformers(tmp_path, fam, field, case):
     assert_parity(folder, fam, torch.float32, np.float32, 1e-4)
 
 
-@pytest.mark.parametrize("fam,field", sorted(REFUSED), ids=[f"{f}-{k}" for f, k in sorted(REFUSED)])
-def test_refused_field_is_one_line_naming_it_and_exit_2(tmp_path, capsys, fam, field):
+def refusal_line(tmp_path, capsys, fam, edits):
+    """The one stderr line of `numformer import-hf` (exit 2) on a tiny model of ``fam`` with config.json ``edits``."""
     from numformer.cli import main
 
     folder = make_family_model(tmp_path, fam, {})
     save_tokenizer(folder)
-    cfg = edited(json.loads((folder / "config.json").read_text()), REFUSED[(fam, field)])
+    cfg = edited(json.loads((folder / "config.json").read_text()), edits)
     (folder / "config.json").write_text(json.dumps(cfg))
     capsys.readouterr()
     assert main(["import-hf", str(folder), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
-    assert f"{fam} config.json field {field} = " in err[0], err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("fam,field", sorted(REFUSED), ids=[f"{f}-{k}" for f, k in sorted(REFUSED)])
+def test_refused_field_is_one_line_naming_it_and_exit_2(tmp_path, capsys, fam, field):
+    line = refusal_line(tmp_path, capsys, fam, REFUSED[(fam, field)])
+    assert f"{fam} config.json field {field} = " in line, line
 
 
 def test_gemma3s_flat_rope_parameters_are_refused_naming_the_nested_form(tmp_path, capsys):
     """transformers computes the layers of a flat dict as rope_type 'default', ignoring its scaling: one line."""
-    from numformer.cli import main
-
-    folder = make_family_model(tmp_path, "gemma3_text", {})
-    save_tokenizer(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    capsys.readouterr()
-    assert main(["import-hf", str(folder), "--out", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "gemma3_text config.json field rope_parameters = " in err[0], err
-    assert "is not nested by layer type" in err[0] and '"sliding_attention": {...}' in err[0], err[0]
+    line = refusal_line(tmp_path, capsys, "gemma3_text",
+                        {"rope_parameters": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
+    assert "gemma3_text config.json field rope_parameters = " in line, line
+    assert "is not nested by layer type" in line and '"sliding_attention": {...}' in line, line
 
 
 @pytest.mark.parametrize("fam", sorted(FAMILIES))

@@ -121,6 +121,23 @@ def test_the_committed_results_index_is_the_one_its_records_generate(tmp_path):
         "results/README.md is stale: regenerate it with numformer.experiments.runner.write_index('results')"
 
 
+def test_the_results_index_marks_quick_runs(tmp_path):
+    """A --quick record (it has quick_overrides) is listed as a quick run, as its page's title says; a full
+    run's row is not."""
+    from numformer.experiments.runner import write_index
+
+    base = {"figures": {"accuracy": 0.5}, "targets": {"accuracy": ">= 0.9"}, "wall_time_s": 6.0,
+            "commit": "abc1234", "date": "2026-11-30"}
+    (tmp_path / "quick_one.json").write_text(json.dumps({"name": "quick_one", **base,
+                                                          "quick_overrides": ["train.max_steps=2"]}))
+    (tmp_path / "full_one.json").write_text(json.dumps({"name": "full_one", **base}))
+    write_index(tmp_path)
+    rows = {line.split("]")[0][3:]: line for line in (tmp_path / "README.md").read_text().splitlines()
+            if line.startswith("| [")}
+    assert rows["quick_one"].startswith("| [quick_one](quick_one.md) (quick run) | accuracy 0.5000 (>= 0.9) |")
+    assert rows["full_one"].startswith("| [full_one](full_one.md) | accuracy 0.5000 (>= 0.9) |")
+
+
 # --quick --seeds N trains the N seeds asked for: gpt_to_llama trained 1 and the speedrun ablation at most 2,
 # silently, while the record said --seeds N. Tiny settings (3,000 characters of text, a few steps or a short
 # budget on the fake clock): a few seconds each.

@@ -290,7 +290,8 @@ def write_index(results_dir):
             continue
         heads = [f"{k} {_fmt(r['figures'][k])} ({r['targets'][k]})" for k in r["targets"] if k in r["figures"]]
         wall = r.get("wall_time_s")
-        rows.append(f"| [{r['name']}]({r['name']}.md) | {'; '.join(heads) or '-'} | "
+        quick = " (quick run)" if r.get("quick_overrides") is not None else ""
+        rows.append(f"| [{r['name']}]({r['name']}.md){quick} | {'; '.join(heads) or '-'} | "
                     f"{'' if wall is None else f'{wall / 60:.1f} min'} | {r.get('commit')} | {r.get('date')} |")
     bench = Path(results_dir) / "bench.md"
     lines = [INDEX_TITLE, "",
@@ -305,7 +306,7 @@ def write_index(results_dir):
 # The fields of a results/NAME.json the index reads (the experiments write more); other JSON files (bench.json,
 # NAME_seeds.json) have no "figures" and are not experiments' records.
 INDEX_RECORD = {"name": str, "figures": dict, "targets?": dict, "wall_time_s?": (NUMBER, type(None)),
-                "commit?": (str, type(None)), "date?": str}
+                "commit?": (str, type(None)), "date?": str, "quick_overrides?": (list, type(None))}
 
 
 def _index_record(path):

@@ -77,6 +77,8 @@ def test_quick_reproduce_shakespeare_char(tmp_path, capsys):
     assert record["config"]["train"]["max_steps"] == 12 and record["config"]["model"]["n_layers"] == 1
     md = (results / "shakespeare_char.md").read_text()
     assert "```text\nROMEO:" in md and "ROMEO:ROMEO:" not in md and "| test_loss |" in md and "nanoGPT" in md
+    run = (tmp_path / "runs" / "shakespeare_char").as_posix()   # the page's commands name the run where it is
+    assert f"`numformer eval {run}`" in md and f"`numformer generate {run} --prompt" in md
     for png in ("shakespeare_char_loss.png", "shakespeare_char_attention.png"):
         assert (results / "figures" / png).stat().st_size > 1000
     assert "[shakespeare_char](shakespeare_char.md)" in (results / "README.md").read_text()

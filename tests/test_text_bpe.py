@@ -312,6 +312,8 @@ def test_quick_reproduce_imdb_lm(tmp_path, capsys):
     assert set(record["samples"]) == {"This movie", "I have to say that", "The acting was"}
     page = (results / "imdb_lm.md").read_text()
     assert "Bits per byte" in page and "(quick run)" in page and (results / "figures" / "imdb_lm_loss.png").is_file()
+    run = (runs / "imdb_lm").as_posix()                  # the page's commands name the run where it is
+    assert f"`numformer eval {run}`" in page and f"`numformer generate {run} --prompt" in page
     assert "[imdb_lm](imdb_lm.md)" in (results / "README.md").read_text()
 
 

@@ -98,6 +98,7 @@ def run_imdb_lm(exp, ctx):
 
 def imdb_markdown(r):
     f, t = r["figures"], r["config"]["train"]
+    run = Path(f["run_dir"]).as_posix()
     lines = page_head(r, f"Data: {r['task']}.")
     lines += [
         f"**Bits per byte {f['val_bpb']:.4f}** on the whole validation split ({f['val_bytes']:,} bytes of "
@@ -107,9 +108,9 @@ def imdb_markdown(r):
         *[f"| {k} | {_fmt(f[k])} |" for k in ("val_bpb", "val_loss", "parameters", "vocab_size", "steps",
                                              "tokens_seen", "epochs", "tokens_per_s", "train_tokens",
                                              "val_tokens", "wall_seconds")], "",
-        "The test reviews were not read: `numformer eval runs/imdb_lm` prints the same validation figures.", "",
+        f"The test reviews were not read: `numformer eval {run}` prints the same validation figures.", "",
         "## Samples", "",
-        f"`numformer generate runs/{r['name']} --prompt PROMPT --max-new-tokens {SAMPLE_TOKENS} --temperature 0.8 "
+        f"`numformer generate {run} --prompt PROMPT --max-new-tokens {SAMPLE_TOKENS} --temperature 0.8 "
         f"--top-k 50 --seed 0`, cut at the end of the review:", ""]
     for prompt, text in r["samples"].items():
         lines += ["```text", text.strip(), "```", ""]

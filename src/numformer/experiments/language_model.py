@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -64,7 +65,7 @@ def make_extra(name, why, compare_with=None):
     were saved, the seed study (``{name}_seeds.json``) and, with ``compare_with``, a comparison of both seed
     studies."""
     def extra(trainer, task, ctx):
-        figures, md = _sample_and_figures(trainer, task, name, why)
+        figures, md = _sample_and_figures(trainer, task, why)
         write_strategy_samples(trainer.run_dir, task.tokenizer, ctx.results_dir, name, ctx.quick)
         seeds = ctx.results_dir / SEEDS_FILE.format(name=name)
         parts = [md, seeds_markdown(seeds, name, nanogpt=compare_with is None)]
@@ -75,9 +76,10 @@ def make_extra(name, why, compare_with=None):
     return extra
 
 
-def _sample_and_figures(trainer, task, name, why):
+def _sample_and_figures(trainer, task, why):
     model = trainer.model.eval()
     summary = trainer.last_summary
+    run = Path(trainer.run_dir).as_posix()               # where this run is (runs/NAME unless reproduce --runs)
     loss = summary["best_val_loss"]                      # the saved weights on the whole validation text
     ids = generate(model, task.tokenizer.encode(PROMPT), SAMPLE_TOKENS, temperature=1.0, rng=0)
     sample = task.tokenizer.decode(ids)                  # the prompt and what follows
@@ -85,11 +87,11 @@ def _sample_and_figures(trainer, task, name, why):
                "processes": summary["processes"]}
     md = "\n".join([
         f"Model: {why}", "",
-        _selection_text(summary, name), "",
+        _selection_text(summary, run), "",
         f"Training ran data-parallel on {summary['processes']} process(es) at {summary['tokens_per_s']:,.0f} "
         f"tokens/s ({summary['train_seconds']:.1f} s of training steps; {summary['wall_seconds']:.1f} s with the "
         f"evaluations and checkpoints).", "",
-        f"Sample (`numformer generate runs/{name} --prompt \"{PROMPT}\" --max-new-tokens "
+        f"Sample (`numformer generate {run} --prompt \"{PROMPT}\" --max-new-tokens "
         f"{SAMPLE_TOKENS} --seed 0`):", "", "```text", sample, "```", ""])
     return figures, md
 
@@ -116,21 +118,21 @@ def write_strategy_samples(run_dir, tokenizer, results_dir, name, quick=False):
     return record
 
 
-def _selection_text(s, name):
-    """Which weights were saved and why, from the run's summary."""
+def _selection_text(s, run):
+    """Which weights were saved and why, from the summary of the run in folder ``run``."""
     how = (f"the periodic evaluations estimate the validation loss on a fixed sample of {s['estimate_examples']:,} "
            f"windows spread over the whole text" if s["selected_on"] == "val_loss_estimate"
            else "the periodic evaluations use the whole validation text")
     if s.get("selected_step") is None:
         return (f"Saved weights: those of the last step ({s['last_step']}), whole-text loss {s['best_val_loss']:.4f}; "
-                f"`numformer eval runs/{name}` prints this loss.")
+                f"`numformer eval {run}` prints this loss.")
     text = (f"Saved weights: {how}; the step they rank best (step {s['selected_step']}) and the last step "
             f"({s['last_step']}) are then scored on the whole text, and the better is kept: step {s['best_step']}, "
             f"{s['best_val_loss']:.4f}")
     if s.get("selected_step") not in (None, s["last_step"]):
         text += f" (step {s['selected_step']}: {s['selected_val_loss']:.4f}; step {s['last_step']}: " \
                 f"{s['last_val_loss']:.4f})"
-    return text + f". `numformer eval runs/{name}` prints this loss."
+    return text + f". `numformer eval {run}` prints this loss."
 
 
 # -- the seed study ---------------------------------------------------------------------------------------------

@@ -25,8 +25,8 @@ Split x = [x₁, x₂] into halves; the pair (x₁[i], x₂[i]) turns by the ang
     y = x ⊙ cos(pθ) + rotate_half(x) ⊙ sin(pθ),   rotate_half([x₁, x₂]) = [-x₂, x₁]
 with cos and sin repeated over both halves.
 x: (..., T, d)   ->   y: the shape of x. The positions are offset … offset + T - 1,
-or ``positions`` given explicitly: (T,), or (B, T) for x of shape (B, H, T, d)
-(one row of positions per sequence).
+or ``positions`` given explicitly (then ``offset`` is not used): (T,), or (B, T)
+for x of shape (B, H, T, d) (one row of positions per sequence).
 scaling: None (plain RoPE), or a numformer.ops.RopeScaling (scaled RoPE: linear,
 dynamic, yarn, llama3). Then θ and an attention factor a are
 numformer.ops.rope_inverse_frequencies(d, theta, scaling, n), n = the largest
@@ -48,6 +48,8 @@ inverse.""",
         Case("offset=3", _x(offset=3), why="three positions are cached before these: they are at 3 … 7"),
         Case("theta=500.0", _x(theta=500.0), why="another base for the angles"),
         Case("positions (T,)", _x(positions=np.array([3, 5, 6, 9, 10])), why="explicit positions"),
+        Case("positions (T,) and offset=3", _x(positions=np.array([3, 5, 6, 9, 10]), offset=3),
+             why="explicit positions are the positions: offset only places positions that are not given"),
         Case("positions (B, T)", _x(positions=np.array([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])),
              why="one row of positions per sequence (a left-padded batch), broadcast over the heads"),
         Case("scaling linear", _x(scaling=ops.RopeScaling("linear", factor=4.0)),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import zlib
 from pathlib import Path
 
@@ -212,6 +213,25 @@ def weights_step(path):
 def save_model(path, model, metadata=None):
     """The model's weights (deduplicated names of ``state_dict``) as safetensors, atomically."""
     _save_safetensors(path, dict(model.state_dict()), {"format": "numformer-model-1", **(metadata or {})})
+
+
+def run_weights(run_dir):
+    """The file a run folder's weights are read from: model.safetensors, else checkpoint.safetensors (a run
+    stopped before an evaluation saved weights), which one line on stderr names, with its step, since its
+    weights are the last ones rather than the selected ones. ValueError when the folder has neither."""
+    run_dir = Path(run_dir)
+    if (run_dir / MODEL).is_file():
+        return run_dir / MODEL
+    path = run_dir / CHECKPOINT
+    if not path.is_file():
+        raise ValueError(f"{run_dir} has no saved weights ({MODEL} or {CHECKPOINT})")
+    try:
+        step = f" (step {int(json.loads(load_metadata(path, 'checkpoint')['state'])['step'])})"
+    except (KeyError, TypeError, ValueError):       # a damaged checkpoint is named when it is loaded
+        step = ""
+    print(f"note: {run_dir} has no {MODEL}; using the last weights, those of {path}{step}", file=sys.stderr,
+          flush=True)
+    return path
 
 
 def load_model_weights(path, model):

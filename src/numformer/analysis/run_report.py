@@ -40,7 +40,7 @@ def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True,
     that section; log: called with each progress line (default: print to stderr)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     run_dir = Path(run_dir)
-    config = _check_run(run_dir, log)
+    config = _check_run(run_dir)
     kind, data = config["model"]["type"], config.get("data", {})
     toks = _tokenizers(load_tokenizer_json(run_dir, data), kind, run_dir)   # as every command checks them
     out = Path(out) if out is not None else run_dir / "report"
@@ -66,18 +66,16 @@ def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True,
     return path
 
 
-def _check_run(run_dir, log):
+def _check_run(run_dir):
     """The run's config; a clear error unless the folder holds a run with saved weights."""
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir} does not exist or is not a folder; give a run folder written by "
                          f"`numformer train CONFIG --out RUN_DIR` (or `numformer reproduce NAME`, e.g. runs/copy)")
     config = load_config_json(run_dir)
-    if not (run_dir / MODEL).is_file():
-        if not (run_dir / CHECKPOINT).is_file():
-            raise ValueError(f"{run_dir} has no {MODEL} (no weights saved yet); let `numformer train` reach its "
-                             f"first evaluation, or continue it with `numformer train --resume --out {run_dir}`")
-        log(f"note: {run_dir} has no {MODEL}; using the weights of {CHECKPOINT}")
-    return config
+    if not (run_dir / MODEL).is_file() and not (run_dir / CHECKPOINT).is_file():
+        raise ValueError(f"{run_dir} has no {MODEL} (no weights saved yet); let `numformer train` reach its "
+                         f"first evaluation, or continue it with `numformer train --resume --out {run_dir}`")
+    return config       # without model.safetensors, load_model's note names the checkpoint it reads
 
 
 def _check_options(kind, run_dir, text, src, tgt):

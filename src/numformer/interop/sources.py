@@ -23,7 +23,7 @@ from ..data.tokenizers import tokenizer_from_dict
 from ..keys import Key
 from ..lora import add_lora, check_lora_options, merge_lora
 from ..models import build_model, check_model_section, model_arguments
-from ..run_files import CHECKPOINT, MODEL, check_run_dir, load_model_weights, load_tokenizer_state, read_json
+from ..run_files import check_run_dir, load_model_weights, load_tokenizer_state, read_json, run_weights
 from .hf import checkpoints as hf
 
 FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
@@ -98,11 +98,8 @@ def load_weights(model, source):
             merged = merge_lora(load_run_model(src.folder, src.model, src.dtype, src.lora))
             model.load_state_dict(merged.state_dict())
             return model
-        for name in (MODEL, CHECKPOINT):
-            if (Path(source) / name).is_file():
-                load_model_weights(Path(source) / name, model)
-                return model
-        raise ValueError(f"{source} has no saved weights ({MODEL} or {CHECKPOINT})")
+        load_model_weights(run_weights(source), model)
+        return model
     return hf.load_hf_weights(model, hf.resolve_source(source))
 
 
@@ -134,12 +131,9 @@ def load_run_model(run_dir, model_section, dtype, lora=None):
     model = build_model(section, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
     if lora:
         add_lora(model, **lora, rng=0)
-    for name in (MODEL, CHECKPOINT):
-        if (run_dir / name).is_file():
-            meta = load_model_weights(run_dir / name, model)
-            check_weights(run_dir / name, meta, section, dtype)
-            return model.eval()
-    raise ValueError(f"{run_dir} has no saved weights ({MODEL} or {CHECKPOINT})")
+    path = run_weights(run_dir)
+    check_weights(path, load_model_weights(path, model), section, dtype)
+    return model.eval()
 
 
 def check_weights(path, meta, model_section, dtype):

@@ -42,7 +42,7 @@ from ..run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL, remove_temp_files
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 REFERENCE = "reference_logps.safetensors"     # a DPO run's reference log-probabilities, computed once
-# model.safetensors of the selection the last checkpoint records, moved aside when a later selection replaced it
+# model.safetensors of the selection the last checkpoint records, copied aside when a later selection replaced it
 # (train/run_writer.py: a resume from that checkpoint puts it back); removed by the next checkpoint
 KEPT_SELECTION = ".checkpoint-selection.safetensors"
 RUN_FILES = (CHECKPOINT, MODEL, KEPT_SELECTION, REFERENCE, "summary.json", "metrics.jsonl", "tokenizer.json",

@@ -120,14 +120,15 @@ class RunWriter:
         """model.safetensors: the weights to use, with their ``figures`` (step, loss) in the metadata.
 
         When it holds the selection the last checkpoint records, and that checkpoint's own weights are not it (a
-        step selected before the checkpoint's), it is first moved aside (KEPT_SELECTION, a rename) until the next
+        step selected before the checkpoint's), it is first copied aside (KEPT_SELECTION) until the next
         checkpoint: a run killed before then and resumed from that checkpoint finds the weights it selected
-        (``restore_selection``), even if it then trains differently."""
+        (``restore_selection``), even if it then trains differently. A copy, not a rename, so that
+        model.safetensors exists at every instant: a kill leaves the old file or the new one."""
         if self.writes:
             self.check()
             step, selected = self._checkpoint_selection or (None, None)
             if selected is not None and selected != step and weights_step(self.run_dir / MODEL) == selected:
-                os.replace(self.run_dir / MODEL, self.run_dir / run_folder.KEPT_SELECTION)
+                write_atomic(self.run_dir / run_folder.KEPT_SELECTION, (self.run_dir / MODEL).read_bytes())
             save_model(self.run_dir / MODEL, model, {**figures, **run_folder.weights_metadata(config)})
 
     def resumed_from(self, state, selected_on):
@@ -139,7 +140,7 @@ class RunWriter:
     def restore_selection(self, model, config):
         """Before a resumed run trains on (``model`` holding its checkpoint's weights): make model.safetensors hold
         the step that checkpoint selected, when a run killed after it saved a later selection there. The
-        checkpoint's own weights when it selected its own step, else the weights moved aside for it
+        checkpoint's own weights when it selected its own step, else the weights copied aside for it
         (KEPT_SELECTION). Once per resume: a run with nothing more to do never gets here."""
         figure, self._pending_selection = self._pending_selection, None
         step, selected = self._checkpoint_selection or (None, None)

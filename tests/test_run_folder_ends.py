@@ -73,3 +73,173 @@ def test_readers_without_model_safetensors_say_they_use_the_checkpoint(tmp_path,
     assert main(["eval", str(run), "--json"]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert notes == [f"note: {run} has no {MODEL}; using the last weights, those of {run / CHECKPOINT} (step 3)"]
+
+
+# -- the stop signals through the final phase ------------------------------------------------------
+@pytest.fixture
+def signal_in_final_scoring(monkeypatch):
+    """``send(signum)``: the whole-split scoring of the final phase (``Evaluation.whole_val_loss``) sends that
+    signal to this process, once. SIGTERM's handler meanwhile raises (the default would end pytest):
+    a run that left it in place during its final phase fails the test rather than the session."""
+    import os
+    import signal
+
+    sent, signals, real = [], [], evaluation_module.Evaluation.whole_val_loss
+
+    def whole_val_loss(self, step):
+        if not sent:
+            sent.append(step)
+            for s in signals:
+                os.kill(os.getpid(), s)
+        return real(self, step)
+    monkeypatch.setattr(evaluation_module.Evaluation, "whole_val_loss", whole_val_loss)
+
+    def default_term(signum, frame):
+        raise RuntimeError("SIGTERM reached the handler the run had before it")
+    previous = signal.signal(signal.SIGTERM, default_term)
+    yield signals.append
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_during_the_final_scoring_writes_an_interrupted_summary(tmp_path, signal_in_final_scoring,
+                                                                          capsys):
+    """SIGTERM after the last step, while the kept weights are scored on the whole split: the scoring is
+    abandoned, summary.json says interrupted, the exit code is 143 (before: the run's handler was already
+    gone, so SIGTERM killed it with no summary); --resume then finishes the run's end."""
+    import signal
+
+    run, toml = tmp_path / "run", tmp_path / "c.toml"
+    toml.write_text("\n".join(["[model]", 'type = "gpt"', "n_layers = 1", "n_heads = 2", "d_model = 16",
+                               "[data]", 'task = "copy"', "length = 4", "n_val = 16", "n_test = 16", "[train]",
+                               "max_steps = 6", "batch_size = 8", "eval_every = 2", "processes = 1", ""]),
+                    encoding="utf-8")
+    signal_in_final_scoring(signal.SIGTERM)
+    rc = main(["train", str(toml), "--out", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 128 + signal.SIGTERM, err
+    assert "SIGTERM: stopping the final scoring and writing summary.json (send it again to abort)" in err
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert summary["interrupted"] and summary["stopped_by"] == "interrupted" and summary["steps"] == 6
+    assert summary["best_val_loss"] is None and summary["best_step"] == weights_step(run / MODEL)
+    assert main(["train", "--out", str(run), "--resume", "--quiet"]) == 0
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert summary["stopped_by"] == "max_steps" and summary["best_val_loss"] is not None
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert sum(1 for r in metrics if r["step"] == 6 and "val_loss" in r) == 1     # not evaluated twice
+
+
+def test_a_second_ctrl_c_during_the_final_scoring_aborts_naming_the_checkpoint(tmp_path, monkeypatch,
+                                                                                signal_in_final_scoring, capsys):
+    """Ctrl-C during step 8 stops the run; a second Ctrl-C while its kept weights are scored aborts it with the
+    one line naming the checkpoint kept (before: the handler was gone, KeyboardInterrupt without a word)."""
+    import os
+    import signal
+
+    run = tmp_path / "run"
+    trainer = Trainer(cfg(), run)
+    real = trainer._train_step
+
+    def step_then_interrupt():
+        out = real()
+        if trainer.step == 7:           # during step 8: the run stops after it
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+    monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
+    signal_in_final_scoring(signal.SIGINT)
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"Ctrl-C again: aborted after step 8; the checkpoint of step 8 is kept: numformer train "
+                    f"--out {run} --resume goes on from it")
+
+
+def test_wall_seconds_include_the_final_phase(tmp_path, monkeypatch, fake_clock):
+    """summary.json's wall_seconds is the whole call's, the final scoring included (before: measured before
+    it); here that scoring costs 1000 s of a fake clock."""
+    real = evaluation_module.Evaluation.whole_val_loss
+
+    def slow_whole_val_loss(self, step):
+        fake_clock.now += 1000
+        return real(self, step)
+    monkeypatch.setattr(evaluation_module.Evaluation, "whole_val_loss", slow_whole_val_loss)
+    summary = Trainer(cfg(max_steps=4), tmp_path / "run", quiet=True).train()
+    assert summary["wall_seconds"] >= 1000
+
+
+# -- a resumed run that had ended ------------------------------------------------------------------
+def test_resuming_a_run_stopped_by_max_minutes_trains_nothing(tmp_path, monkeypatch, fake_clock, capsys):
+    """A run stopped by its time limit (each step costs 10 s of a fake clock; max_minutes = 1), resumed without
+    a larger max_minutes: nothing trains and its files stay byte for byte (before: one more step each time)."""
+    run = tmp_path / "run"
+    trainer = Trainer(cfg(max_steps=1000, max_minutes=1.0), run, quiet=True)
+    real = trainer._train_step
+
+    def costly_step():
+        fake_clock.now += 10
+        return real()
+    monkeypatch.setattr(trainer, "_train_step", costly_step)
+    summary = trainer.train()
+    trainer.close()
+    assert summary["stopped_by"] == "time limit"
+    before = digests(run)
+    capsys.readouterr()
+    resumed = Trainer(None, run, resume=True)
+    assert resumed.train()["steps"] == summary["steps"]
+    assert digests(run) == before
+    assert "the time limit of max_minutes = 1 is reached" in capsys.readouterr().err
+    resumed.close()
+    more = Trainer(None, run, resume=True, quiet=True, overrides=["train.max_minutes=2"])
+    assert more.train(stop_after=1)["steps"] == summary["steps"] + 1          # raised, it trains on
+
+
+def test_resuming_a_run_ended_by_its_time_budget_leaves_its_files(tmp_path, monkeypatch, fake_clock):
+    """A run that ended on its time budget, resumed with the same budget: summary.json (its wall time), the
+    weights, the checkpoint and the metrics stay byte for byte (before: the final phase ran again)."""
+    from numformer.train.trainer import Trainer as TrainerClass
+
+    real = TrainerClass._train_step
+
+    def costly_step(self):
+        fake_clock.now += 1
+        return real(self)
+    monkeypatch.setattr(TrainerClass, "_train_step", costly_step)
+    run = tmp_path / "run"
+    summary = Trainer(cfg(max_steps=100000, budget_minutes=0.5, eval_every=10), run, quiet=True).train()
+    assert summary["stopped_by"] == "time budget" and summary["steps"] > 0
+    before = digests(run)
+    assert Trainer(None, run, resume=True, quiet=True).train() == summary
+    assert digests(run) == before
+
+
+def test_an_interrupted_run_resumed_at_its_max_steps_ends_as_at_max_steps(tmp_path, monkeypatch):
+    """Ctrl-C during step 8, then --resume --set train.max_steps=8: the run ends as one that reached max_steps
+    there: a regular training line and an evaluation at step 8 (evaluated every 3), no partial line, summary.json stopped_by
+    max_steps (before: 'nothing to train', then the partial line stayed and no evaluation of step 8 ran); and
+    it is then over: a further --resume leaves its files."""
+    import os
+    import signal
+
+    run = tmp_path / "run"
+    trainer = Trainer(cfg(eval_every=3), run, quiet=True)
+    real = trainer._train_step
+
+    def step_then_interrupt():
+        out = real()
+        if trainer.step == 7:           # during step 8: the run stops after it
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+    monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
+    assert trainer.train()["steps"] == 8
+    trainer.close()
+    resumed = Trainer(None, run, resume=True, quiet=True, overrides=["train.max_steps=8"])
+    summary = resumed.train()
+    resumed.close()
+    assert summary["stopped_by"] == "max_steps" and summary["steps"] == 8 and not summary["interrupted"]
+    at_8 = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+            if json.loads(line)["step"] == 8]
+    assert [sorted(k for k in r if k in ("train_loss", "val_loss", "partial")) for r in at_8] == [
+        ["train_loss"], ["val_loss"]]
+    before = digests(run)
+    again = Trainer(None, run, resume=True, quiet=True)
+    assert again.train() == summary and digests(run) == before

@@ -8,12 +8,15 @@ weights in model.safetensors, ``best_step`` their step.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 
 from .._limits import read_json_file
+from ..provenance import git_commit
 from ..run_files import CHECKPOINT, MODEL, load_model_weights, weights_step
+from . import stop_signals
 
 
 def keep_better_weights(model, folder, evaluation, early, step, config, diverged=False, resumable=False):
@@ -97,15 +100,38 @@ def aborted_note(signal_name, step, run_dir, checkpoint_step):
     return f"{signal_name} again: aborted after step {step}; {kept}"
 
 
-def nothing_to_train(early, step, max_steps, stop_after=None):
-    """Why a resumed run at ``step`` has nothing to train (it stopped early, or reached max_steps), with what to
-    change to train on; None when it has steps to take. ``early``: its EarlyStopping."""
+def nothing_to_train(early, step, train, train_seconds, stop_after=None, ended=None, budget_seconds=None):
+    """(stop, line) when a resumed run at ``step`` has ended and has nothing to train: ``stop``, the key of
+    ``stopped_by``'s reason (stopped_early, max_steps, time_limit, budget), and one line saying so with what to
+    change to train on; None when it has steps to take. ``early``: its EarlyStopping; ``train``: its [train]
+    config; ``train_seconds``: the training time of its steps so far; ``ended``: its summary.json when it
+    records an end at ``step`` (``ended_summary``), which alone tells that a time budget
+    (``budget_seconds``, None without one) was spent."""
+    minutes, budget = train["max_minutes"], (ended or {}).get("budget_seconds")
     if early.should_stop:
-        return f"{early.stop_reason(step)}: nothing to train; raise train.early_stopping_patience to train on"
-    if stop_after is None and step >= max_steps:
-        return (f"already trained to max_steps = {max_steps}: nothing to train; raise it to train on "
-                f"(--set train.max_steps={2 * max_steps})")
+        return "stopped_early", (f"{early.stop_reason(step)}: nothing to train; raise "
+                                 f"train.early_stopping_patience to train on")
+    if stop_after is None and step >= train["max_steps"]:
+        return "max_steps", (f"already trained to max_steps = {train['max_steps']}: nothing to train; raise it to "
+                             f"train on (--set train.max_steps={2 * train['max_steps']})")
+    if minutes and train_seconds >= 60 * minutes:
+        return "time_limit", (f"the time limit of max_minutes = {minutes:g} is reached ({train_seconds / 60:.2f} "
+                              f"minutes of training steps): nothing to train; raise it to train on (--set "
+                              f"train.max_minutes={2 * minutes:g})")
+    if (ended or {}).get("stopped_by") == "time budget" and budget_seconds is not None and budget is not None \
+            and budget_seconds <= budget:
+        return "budget", (f"the time budget of budget_minutes = {budget / 60:g} is spent: nothing to train; raise "
+                          f"it to train on (--set train.budget_minutes={budget / 30:g})")
     return None
+
+
+def unfinished_end(run_dir, step, evaluates):
+    """The line of a resumed run at ``step`` that has ended but whose end was not recorded (interrupted at its
+    last step, or killed before its summary.json): this call records it; ``evaluates``: the evaluation of
+    ``step`` is still to be made."""
+    what = f"the evaluation of step {step}, " if evaluates else ""
+    return (f"{run_dir} ended at step {step} without recording its end: finishing it ({what}the final scoring of "
+            f"the weights and summary.json)")
 
 
 def ended_summary(run_dir, step):
@@ -117,6 +143,14 @@ def ended_summary(run_dir, step):
         return None
     ended = isinstance(summary, dict) and summary.get("steps") == step and not summary.get("interrupted")
     return summary if ended and not summary.get("error") else None
+
+
+def unscored_figures(path, best_step):
+    """The figures of a train() call stopped by a signal before its final scoring: the step of the weights
+    model.safetensors (``path``) holds, unscored (``best_step``: the evaluations' selection)."""
+    step = weights_step(path)
+    weights = None if step is None else "best" if step == best_step else "last"
+    return {"best_val_loss": None, "best_step": step, "weights": weights}
 
 
 def _holds_selection(path, best_step):
@@ -138,7 +172,10 @@ def stopped_by(stop):
 def summary_text(s, model_name, folder, resumed):
     """The closing line of a training call, from its summary ``s``."""
     how = f"{s['steps']} steps" + ("" if s["stopped_by"] == "max_steps" else f" ({s['stopped_by']})")
-    if s["best_val_loss"] is None:
+    if s["best_val_loss"] is None and s["best_step"] is not None:     # stopped before its final scoring
+        best = (f"The final scoring was stopped (--resume finishes it); {MODEL} holds the weights of step "
+                f"{s['best_step']}.")
+    elif s["best_val_loss"] is None:
         best = "No evaluation ran."
     else:
         best = (f"Validation loss {s['best_val_loss']:.4f}"
@@ -160,3 +197,82 @@ def summary_text(s, model_name, folder, resumed):
     return (f"\nTrained {model_name} ({s['parameters']:,} parameters): {how} in {steps_time} "
             f"({s['tokens_per_s']:,.0f} tokens/s; {wall} with evaluations and checkpoints). {best} "
             f"Saved to {folder.run_dir}: {folder.saved_files(s['weights'])}.")
+
+
+def finish(trainer, stop, n_params, wall_start):
+    """The end of ``trainer``'s train() call (a Trainer): the weights kept (``keep_better_weights``), the test
+    split's figures of a finished run of a task that reports them, summary.json (its wall time: the call's,
+    from ``wall_start``, this phase included) and the closing line; returns the summary. A first stop signal
+    during the scoring abandons it: the call ends as an interrupted one (``final_scoring``)."""
+    t, ranks = trainer.train_cfg, 1 if trainer.world is None else trainer.world.size
+    figures, test = final_scoring(trainer, stop)
+    summary = {
+        "steps": trainer.step, "max_steps": t["max_steps"], "parameters": n_params, **figures,
+        "train_seconds": round(trainer.train_seconds, 2), "tokens_seen": trainer.tokens_seen,
+        "tokens_per_s": round(trainer.tokens_seen / max(trainer.train_seconds, 1e-9), 1),
+        "wall_seconds": None, "processes": trainer.processes * ranks, "mpi_ranks": ranks,
+        "stopped_early": stop["stopped_early"], "interrupted": stop["interrupted"],
+        "time_limit_reached": stop["time_limit"], "stopped_by": stopped_by(stop),
+        "commit": git_commit(), "run_dir": str(trainer.run_dir),
+    }
+    if trainer.budget is not None:
+        summary["budget_seconds"] = trainer.budget.seconds
+    if stop["diverged"]:
+        summary["error"] = stop["diverged"]
+    elif test is not None:
+        summary["test"] = test
+    if trainer.budget is not None:      # everything of the run but this summary's own write
+        summary["budget_used_seconds"] = round(trainer.budget.used(), 2)
+    summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)     # the final phase included
+    trainer.folder.save_summary(summary)
+    trainer.last_summary = summary
+    if not stop["diverged"]:          # the caller reports a divergence
+        trainer._print(summary_text(summary, type(trainer.model).__name__, trainer.folder, trainer.resumed))
+    return summary
+
+
+def final_scoring(trainer, stop):
+    """(figures of the weights kept, the test split's figures or None). Alone, a stop signal during it (or
+    since the last step's checkpoint) abandons it, which writes nothing: the weights are those saved, unscored
+    (``unscored_figures``), and ``stop`` says interrupted. ``trainer._phase`` tells its stop-signal handler
+    what may be abandoned."""
+    t, figures, test = trainer.train_cfg, None, None
+    ended = trainer.step >= t["max_steps"] or stop["stopped_early"] or stop["time_limit"] or stop["budget"]
+    try:
+        trainer._phase = "scoring" if trainer.world is None else "final"
+        if trainer._phase == "scoring" and trainer._stop_requested and not stop["interrupted"]:
+            raise stop_signals.FinalPhaseStopped
+        figures = kept_weights_figures(trainer.world, lambda: keep_better_weights(
+            trainer.model, trainer.folder, trainer.evaluation, trainer.early, trainer.step, trainer.config,
+            stop["diverged"], resumable=stop["interrupted"] or stop["time_limit"]))
+        if (trainer._writer and ended and not stop["interrupted"] and not stop["diverged"]
+                and trainer.evaluation.reports_test and trainer.step):
+            test = trainer.evaluation("test", full=True, metrics=True)   # not after Ctrl-C or stop_after
+        trainer._phase = "final"
+    except stop_signals.FinalPhaseStopped:
+        trainer._phase, stop["interrupted"] = "final", True
+    return figures or unscored_figures(trainer.run_dir / MODEL, trainer.early.best_step), test
+
+
+def ended_before(trainer, stop, stop_after):
+    """Whether ``trainer``'s (resumed) run had ended before this call (``nothing_to_train``): its summary.json
+    when it records that end, for that reason (then its files stay as they are), else True, the reason set in
+    ``stop``, for this call to record the end; False when it has steps to take. A run interrupted at its
+    max_steps before its evaluation there is to make it (``trainer._evaluate_end``), as an uninterrupted run
+    did."""
+    recorded = ended_summary(trainer.run_dir, trainer.step) if trainer.world is None else None
+    budget = None if trainer.budget is None else trainer.budget.seconds
+    ended = nothing_to_train(trainer.early, trainer.step, trainer.train_cfg, trainer.train_seconds, stop_after,
+                             recorded, budget)
+    if ended is None:
+        return False
+    why = dict(STOPS).get(ended[0], "max_steps")
+    if recorded is not None and recorded.get("stopped_by", why) == why:     # summaries before stopped_by: as said
+        trainer._print(ended[1])
+        return recorded
+    if ended[0] != "max_steps":
+        stop[ended[0]] = True
+    trainer._evaluate_end = (trainer.world is None and ended[0] == "max_steps"
+                             and not trainer.folder.evaluated(trainer.step))
+    trainer._print(unfinished_end(trainer.run_dir, trainer.step, trainer._evaluate_end))
+    return True

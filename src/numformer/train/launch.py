@@ -22,7 +22,8 @@ def _one_line(error):
 def launch(build):
     """Train the Trainer ``build(world)`` makes (``world``: None alone, else this MPI rank's World); the exit code:
     0 done, 130 interrupted by Ctrl-C (128 + the signal's number for SIGTERM, SIGHUP, SIGUSR1: 143, 129, 138 on
-    Linux; the last checkpoint kept), 2 a bad config or a diverged run."""
+    Linux; the last checkpoint kept; also when the signal came during the final phase), 2 a bad config or a
+    diverged run."""
     world = init_world("numformer train")
     if world is None:
         return _train(build(None))
@@ -36,7 +37,7 @@ def _train(trainer, writer=True):
         if writer:
             print(f"numformer train: error: {_one_line(e)}", file=sys.stderr)
         return 2
-    return 128 + int(trainer.stop_signal) if summary["interrupted"] else 0
+    return 128 + int(trainer.stop_signal) if summary["interrupted"] or trainer.stop_requested else 0
 
 
 def _run_rank(build, world):

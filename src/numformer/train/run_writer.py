@@ -107,6 +107,27 @@ class RunWriter:
         write_atomic(path, b"".join(line + b"\n" for line, _ in keep))     # a full disk keeps the old file
         return step if any(r["step"] == step and r.get("partial") is True for _, r in keep) else None
 
+    def evaluated(self, step):
+        """Whether metrics.jsonl holds the periodic evaluation of ``step`` (a line with its validation loss)."""
+        path = self.run_dir / METRICS
+        return path.exists() and any(r["step"] == step and any(k.startswith("val_loss") for k in r)
+                                     for _, r in run_folder.metrics_records(path))
+
+    def complete_partial(self, step):
+        """Make the partial training line of ``step`` (a stop's: ``LogWindow.log_stop``) a regular one, the
+        line an uninterrupted run logs there over the same steps; returns whether there was one."""
+        path = self.run_dir / METRICS
+        if not self.writes or not path.exists():
+            return False
+        self.check()
+        records = run_folder.metrics_records(path)
+        lines = [json.dumps({k: v for k, v in r.items() if k != "partial"}).encode()
+                 if r["step"] == step and r.get("partial") is True else line for line, r in records]
+        if lines == [line for line, _ in records]:
+            return False
+        write_atomic(path, b"".join(line + b"\n" for line in lines))
+        return True
+
     def save_checkpoint(self, model, optimizer, state, config):
         """checkpoint.safetensors: the model, the optimizer and the trainer's ``state``."""
         if self.writes:

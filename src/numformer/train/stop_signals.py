@@ -2,8 +2,9 @@
 
 Besides Ctrl-C (SIGINT), what process managers and terminals send to end a process: SIGTERM (``timeout``,
 ``docker stop``, systemd, Slurm, ``kill``), SIGHUP (the terminal or ssh session closed) and SIGUSR1 (Slurm's
-``--signal`` warning before the time limit). The first such signal asks the run to stop after its step; a
-second one stops it at once (the last checkpoint is kept). The forked data-parallel workers ignore them: the
+``--signal`` warning before the time limit). The first such signal asks the run to stop after its step (in its
+final phase, after its last step: to stop scoring and write summary.json); a second one stops it at once (the
+last checkpoint is kept). The forked data-parallel workers ignore them: the
 main process stops the run and then its workers.
 
 Under MPI each rank keeps ``train/mpi.py``'s handlers for SIGTERM, SIGHUP and SIGUSR1 (one line, every rank
@@ -21,6 +22,11 @@ ALONE = _platform.signals("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1")
 UNDER_MPI = _platform.signals("SIGINT")
 # What a forked data-parallel worker ignores (its main process handles them)
 WORKER_IGNORES = ALONE
+
+
+class FinalPhaseStopped(Exception):
+    """A first stop signal during a run's final scoring (of the kept weights, of the test split): the scoring,
+    which writes nothing, is abandoned; the run ends as an interrupted one, which ``--resume`` finishes."""
 
 
 def name(signum):

@@ -38,8 +38,7 @@ from .build import build_trained_model, describe_run, make_optimizer
 from .dpo import check_objective, set_reference_logprobs
 from .early_stopping import EarlyStopping
 from .evaluation import Evaluation, describe
-from .final import (aborted_note, divergence_advice, ended_summary, keep_better_weights, kept_weights_figures,
-                    nothing_to_train, stopped_by, summary_text)
+from .final import aborted_note, divergence_advice, ended_before, finish
 from .parallel import usable_processes
 from .progress import run_progress
 from .run import resumed_config
@@ -96,7 +95,8 @@ class Trainer:
         self.processes = usable_processes(self.model, max(1, t["batch_size"] // ranks),
                                           1 if self.dpo else t["processes"])
         self.workers = Workers(self.model, self.processes, t["seed"], world)   # data-parallel processes
-        self._stop_requested = False
+        self._stop_requested, self._phase = False, "steps"     # the phase: steps, scoring, final (the saves)
+        self._evaluate_end = False      # a resumed run at its max_steps still to evaluate: final.ended_before
         self.stop_signal = signal.SIGINT   # what stopped the run early (Ctrl-C, SIGTERM ...)
         self.last_summary = None        # what the last train() call returned
         if resume:
@@ -211,31 +211,68 @@ class Trainer:
             raise KeyboardInterrupt
         self._stop_requested, self.stop_signal = True, signum
         again = "press it again" if signum == signal.SIGINT else "send it again"
-        self._print(f"\n{stop_signals.name(signum)}: finishing this step and writing a checkpoint ({again} to abort)...")
+        doing = ("finishing this step and writing a checkpoint" if self._phase == "steps"
+                 else "stopping the final scoring and writing summary.json")
+        self._print(f"\n{stop_signals.name(signum)}: {doing} ({again} to abort)...")
+        if self._phase == "scoring":     # it writes nothing, so it is abandoned at once
+            raise stop_signals.FinalPhaseStopped
+
+    @property
+    def stop_requested(self):
+        """Whether a stop signal came during the last train() call (its exit code is then 128 + its number)."""
+        return self._stop_requested
 
     # -- the loop -----------------------------------------------------------------------------
     def train(self, stop_after=None):
         """Train to max_steps (or ``stop_after`` more steps, for tests); returns the summary dict (summary.json).
 
         Each step that fits the time budget: an update, then (when due) a log line, an evaluation, a checkpoint and
-        the stopping rules (time limit, early stopping, Ctrl-C). A divergence: summary.json, then TrainingDiverged."""
-        t = self.train_cfg
-        if (reason := nothing_to_train(self.early, self.step, t["max_steps"], stop_after)) is not None:
-            self._print(reason)                     # a resumed run that had ended: once ended, its files stay
-            if self.world is None and (ended := ended_summary(self.run_dir, self.step)) is not None:
-                return ended
+        the stopping rules (time limit, early stopping, Ctrl-C); then the final phase (``_finish``), during
+        which the stop signals are handled too. A divergence: summary.json, then TrainingDiverged."""
+        wall_start = time.perf_counter()        # summary.json's wall_seconds: the whole call
+        self._stop_requested, self._phase = False, "steps"
+        stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "budget": False, "diverged": None}
+        ended = ended_before(self, stop, stop_after)
+        if isinstance(ended, dict):             # a resumed run that had ended: once ended, its files stay
+            return ended
         self.folder.restore_selection(self.model, self.config)      # a resumed run: its checkpoint's selection
-        wall_start = time.perf_counter()
         n_params = self._start_run()
         restore_signals = stop_signals.install(self._on_stop_signal, stop_signals.ALONE if self.world is None
                                                else stop_signals.UNDER_MPI)
-        last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
+        try:
+            if ended and self._evaluate_end:
+                self._evaluate_last_step(stop)
+            t = self.train_cfg
+            last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
+            self._take_steps(self.step if ended else last_step, stop)
+            if self.world is not None:           # under MPI, mpi.py's handlers stop every rank from here on
+                restore_signals()
+            self._window.log_stop(self.folder, self.step, self.train_seconds)     # a line for the last step taken
+            summary = self._finish(stop, n_params, wall_start)
+        finally:
+            restore_signals()
+        if stop["diverged"]:
+            raise TrainingDiverged(stop["diverged"])
+        return summary
+
+    def _finish(self, stop, n_params, wall_start):
+        return finish(self, stop, n_params, wall_start)      # final.finish: scoring, summary.json, the last line
+
+    def _evaluate_last_step(self, stop):
+        """An interrupted run resumed at its max_steps: what an uninterrupted run does at that step, its
+        training line (the stop's partial line made a regular one: the same steps), its evaluation and a
+        checkpoint that records them."""
+        if self.folder.complete_partial(self.step):
+            self._window = LogWindow()
+        stop["stopped_early"] = self._evaluate_step()
+        self.save_checkpoint()
+
+    def _take_steps(self, last_step, stop):
+        """The steps up to ``last_step``, until a stopping rule (recorded in ``stop``) or a divergence (its line
+        in ``stop["diverged"]``)."""
+        t = self.train_cfg
         bar = self._bar = None if self.quiet else run_progress(self.world, self.budget, last_step, self.step)
         self._window.restart_clock()
-        stop = {"stopped_early": self.early.should_stop, "interrupted": False, "time_limit": False,
-                "budget": False, "diverged": None}
-        if stop["stopped_early"]:
-            last_step = self.step                  # a resumed run that had stopped early: it ends as it did
         try:
             self.workers.start()
             self._plan_budget()
@@ -264,13 +301,7 @@ class Trainer:
             if bar is not None:
                 bar.close()
                 self._bar = None
-            restore_signals()
             self.workers.close()
-        self._window.log_stop(self.folder, self.step, self.train_seconds)     # a line for the last step taken
-        summary = self._finish(stop, n_params, time.perf_counter() - wall_start)
-        if stop["diverged"]:
-            raise TrainingDiverged(stop["diverged"])
-        return summary
 
     def _evaluates(self, step):
         """Whether a periodic evaluation follows update ``step`` (every eval_every steps, and at max_steps)."""
@@ -365,34 +396,3 @@ class Trainer:
             stop["interrupted"] = True
             return True
         return False
-
-    def _finish(self, stop, n_params, wall_seconds):
-        """The end of a train() call: the weights kept (train/final.py), the test split's figures of a finished
-        run of a task that reports them, summary.json and the closing line; returns the summary."""
-        t, ranks = self.train_cfg, 1 if self.world is None else self.world.size
-        figures = kept_weights_figures(self.world, lambda: keep_better_weights(
-            self.model, self.folder, self.evaluation, self.early, self.step, self.config, stop["diverged"],
-            resumable=stop["interrupted"] or stop["time_limit"]))
-        summary = {
-            "steps": self.step, "max_steps": t["max_steps"], "parameters": n_params, **figures,
-            "train_seconds": round(self.train_seconds, 2), "tokens_seen": self.tokens_seen,
-            "tokens_per_s": round(self.tokens_seen / max(self.train_seconds, 1e-9), 1),
-            "wall_seconds": round(wall_seconds, 2), "processes": self.processes * ranks, "mpi_ranks": ranks,
-            "stopped_early": stop["stopped_early"], "interrupted": stop["interrupted"],
-            "time_limit_reached": stop["time_limit"], "stopped_by": stopped_by(stop),
-            "commit": git_commit(), "run_dir": str(self.run_dir),
-        }
-        if self.budget is not None:
-            summary["budget_seconds"] = self.budget.seconds
-        ended = self.step >= t["max_steps"] or stop["stopped_early"] or stop["time_limit"] or stop["budget"]
-        if stop["diverged"]:
-            summary["error"] = stop["diverged"]
-        elif self._writer and ended and not stop["interrupted"] and self.evaluation.reports_test and self.step:
-            summary["test"] = self.evaluation("test", full=True, metrics=True)   # not after Ctrl-C or stop_after
-        if self.budget is not None:      # everything of the run but this summary's own write
-            summary["budget_used_seconds"] = round(self.budget.used(), 2)
-        self.folder.save_summary(summary)
-        self.last_summary = summary
-        if not stop["diverged"]:          # the caller reports a divergence
-            self._print(summary_text(summary, type(self.model).__name__, self.folder, self.resumed))
-        return summary

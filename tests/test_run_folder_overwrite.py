@@ -77,7 +77,11 @@ def test_any_run_file_needs_resume_or_overwrite(old_run, cli_error, removed):
     (out / removed).unlink()
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     line = cli_error("train", cfg, "--out", out)
-    assert f"{out} already holds a run; continue it with --resume, or start afresh with --overwrite" in line
+    if removed == CHECKPOINT:       # --resume would refuse: only what works is offered
+        assert (f"{out} already holds a run; it wrote no checkpoint, so --resume cannot continue it: start afresh "
+                f"with --overwrite, or choose another --out") in line
+    else:
+        assert f"{out} already holds a run; continue it with --resume, or start afresh with --overwrite" in line
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before        # nothing touched
 
 

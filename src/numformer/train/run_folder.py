@@ -353,8 +353,13 @@ def start_new_run(path, overwrite=False, resumable=True):
     path = Path(path)
     present = run_files(path)
     if present and present != [REFERENCE] and not overwrite:
-        how = "continue it with --resume, or start afresh with --overwrite" if resumable else \
-            "replace it with --overwrite, or choose another --out"
+        if not resumable:
+            how = "replace it with --overwrite, or choose another --out"
+        elif CHECKPOINT in present:
+            how = "continue it with --resume, or start afresh with --overwrite"
+        else:               # --resume needs the checkpoint: offer only what works
+            how = ("it wrote no checkpoint, so --resume cannot continue it: start afresh with --overwrite, or "
+                   "choose another --out")
         raise ValueError(f"{path} already holds a run; {how} (it has {', '.join(present)})")
     for name in present:
         (path / name).unlink(missing_ok=True)

@@ -243,3 +243,25 @@ def test_an_interrupted_run_resumed_at_its_max_steps_ends_as_at_max_steps(tmp_pa
     before = digests(run)
     again = Trainer(None, run, resume=True, quiet=True)
     assert again.train() == summary and digests(run) == before
+
+
+# -- a checkpoint that is not of the run's history ---------------------------------------------------
+def test_a_checkpoint_copied_from_another_run_is_refused_naming_both_steps(tmp_path):
+    """A checkpoint of step 12 copied from another run (same config) into a folder whose metrics.jsonl ends
+    at step 4: --resume refuses in one line naming both steps and the fix (before: resumed without a word,
+    metrics.jsonl jumping from 4 to 13)."""
+    import shutil
+
+    other, run = tmp_path / "other", tmp_path / "run"
+    Trainer(cfg(), other, quiet=True).train()
+    trainer = Trainer(cfg(), run, quiet=True)
+    trainer.train(stop_after=4)
+    trainer.close()
+    Trainer(None, run, resume=True, quiet=True).close()         # its own checkpoint resumes
+    shutil.copyfile(other / CHECKPOINT, run / CHECKPOINT)
+    with pytest.raises(ValueError) as e:
+        Trainer(None, run, resume=True, quiet=True)
+    assert "\n" not in str(e.value) and str(e.value) == (
+        f"checkpoint {run / CHECKPOINT} is at step 12, but {run / 'metrics.jsonl'} ends at step 4: they are not "
+        f"of one run (its metrics went to step 12); put back this run's checkpoint or metrics.jsonl, or start "
+        f"afresh with --overwrite")

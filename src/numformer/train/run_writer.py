@@ -31,6 +31,7 @@ class RunWriter:
         self.run_dir, self.lock, self.writes = run_dir, lock, writes
         self._checkpoint_selection = None       # (step, selected step) of the last checkpoint written or resumed
         self._pending_selection = None          # a resumed run's: see restore_selection
+        self.logged_step = None                 # the step of metrics.jsonl's last line (a checkpoint records it)
 
     @classmethod
     def for_new_run(cls, run_dir, overwrite=False):
@@ -93,6 +94,7 @@ class RunWriter:
                              f"remove the link and continue with --resume") from None
         with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+        self.logged_step = record["step"]
 
     def truncate_metrics(self, step, keep_partial=True):
         """Drop the metrics lines logged after ``step`` (the checkpoint's): a resumed run logs them again; with
@@ -105,6 +107,7 @@ class RunWriter:
         keep = [(line, record) for line, record in run_folder.metrics_records(path) if record["step"] < step
                 or (record["step"] == step and (keep_partial or record.get("partial") is not True))]
         write_atomic(path, b"".join(line + b"\n" for line, _ in keep))     # a full disk keeps the old file
+        self.logged_step = max((r["step"] for _, r in keep), default=None)
         return step if any(r["step"] == step and r.get("partial") is True for _, r in keep) else None
 
     def evaluated(self, step):
@@ -132,10 +135,33 @@ class RunWriter:
         """checkpoint.safetensors: the model, the optimizer and the trainer's ``state``."""
         if self.writes:
             self.check()
+            self._sync_metrics()        # the lines the checkpoint counts (``logged_step``) outlast a system crash
             save_checkpoint(self.run_dir / CHECKPOINT, model, optimizer, state, run_folder.weights_metadata(config),
                             config=config)
             self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
             (self.run_dir / run_folder.KEPT_SELECTION).unlink(missing_ok=True)      # this checkpoint's is in MODEL
+
+    def _sync_metrics(self):
+        path = self.run_dir / METRICS
+        if path.is_file():
+            fd = open_in_folder(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))   # Windows: writable
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def check_history(self, state):
+        """ValueError when the checkpoint of ``state`` is not of the run metrics.jsonl records: its run had
+        logged lines up to a step (``metrics_step``) that metrics.jsonl does not reach (a checkpoint copied in
+        from another run, or a metrics.jsonl from an earlier point). Checkpoints that do not record it pass."""
+        logged, path = state.get("metrics_step"), self.run_dir / METRICS
+        if not self.writes or logged is None:
+            return
+        end = max((r["step"] for _, r in run_folder.metrics_records(path)), default=0) if path.is_file() else 0
+        if end < logged:
+            raise ValueError(f"checkpoint {self.run_dir / CHECKPOINT} is at step {state['step']}, but {path} ends "
+                             f"at step {end}: they are not of one run (its metrics went to step {logged}); put "
+                             f"back this run's checkpoint or metrics.jsonl, or start afresh with --overwrite")
 
     def save_weights(self, model, config, **figures):
         """model.safetensors: the weights to use, with their ``figures`` (step, loss) in the metadata.
@@ -154,7 +180,9 @@ class RunWriter:
 
     def resumed_from(self, state, selected_on):
         """The run resumes from the checkpoint of ``state``, whose periodic evaluations select on ``selected_on``
-        (val_loss or val_loss_estimate): see ``restore_selection``."""
+        (val_loss or val_loss_estimate): see ``restore_selection``. The checkpoint must be of the run metrics.jsonl
+        records (``check_history``)."""
+        self.check_history(state)
         self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
         self._pending_selection = {selected_on: state["early_stopping"]["best"]}
 

@@ -37,7 +37,8 @@ def check_state(state):
               "model_rng": isinstance(state["model_rng"], dict), "data_rng": isinstance(state["data_rng"], dict),
               "early_stopping": isinstance(early, dict) and number(early["best"], none=True)
               and count(early["best_step"], none=True) and count(early["bad_evals"]),
-              "worker_rngs": rng_list(state.get("worker_rngs")), "mpi_rngs": rng_list(state.get("mpi_rngs"))}
+              "worker_rngs": rng_list(state.get("worker_rngs")), "mpi_rngs": rng_list(state.get("mpi_rngs")),
+              "metrics_step": count(state.get("metrics_step"), none=True)}
     if "divergence" in state:
         d = state["divergence"]
         checks["divergence"] = isinstance(d, dict) and number(d["first_loss"], none=True) and count(d["steps_above"])

@@ -117,7 +117,8 @@ class Trainer:
                                                              "warmup_end": self.budget.warmup_end},
                  "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
                  "worker_rngs": None, "early_stopping": self.early.state_dict(),
-                 "divergence": self.divergence.state_dict(), "log_window": self._window.state_dict()}
+                 "divergence": self.divergence.state_dict(), "log_window": self._window.state_dict(),
+                 "metrics_step": self.folder.logged_step}
         state.update(self.workers.state())      # collective under MPI: every rank's generators, on rank 0
         return state
 

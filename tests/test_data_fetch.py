@@ -202,6 +202,32 @@ def test_data_folder_must_exist(monkeypatch, tmp_path):
         make_task({"task": "multi30k"}, seed=0)
 
 
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_cache_must_be_a_folder(toy, capsys, monkeypatch, tmp_path, below):
+    """NUMFORMER_CACHE on a file (or below one) is one error naming it, before any download."""
+    a_file = tmp_path / "tiny.toml"
+    a_file.write_text("[model]\n", encoding="utf-8")
+    monkeypatch.setenv(F.CACHE_ENV, str(a_file / below if below else a_file))
+    for argv in (["data", "fetch", "toy"], ["data", "list"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"NUMFORMER_CACHE = '{a_file}" in err[0], err
+        assert "is not a folder" in err[0] and "or unset it" in err[0]
+    assert toy.requests == []
+    with pytest.raises(F.DataUnavailable, match="NUMFORMER_CACHE"):
+        make_task({"task": "text", "path": str(a_file), "tokenizer": "bpe", "vocab_size": 260}, seed=0)
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1:18731/good", "/srv/data", "ftp://host/data"])
+def test_mirror_needs_an_http_url(toy, capsys, monkeypatch, value):
+    monkeypatch.setenv(F.MIRROR_ENV, value)
+    assert main(["data", "fetch", "toy"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"NUMFORMER_DATA_MIRROR = {value!r} is not an http:// or https:// URL" in err[0]
+    assert "set NUMFORMER_DATA to that folder" in err[0] and "by hand" not in err[0]
+    assert toy.requests == [] and cached_files(toy) == []
+
+
 def test_multi30k_other_languages_need_a_path(mirror):
     with pytest.raises(FileNotFoundError, match=r"registry holds Multi30k.*de and en only.*Set \[data\] path"):
         make_task({"task": "multi30k", "src_lang": "fr"}, seed=0)

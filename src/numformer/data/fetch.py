@@ -19,7 +19,8 @@ its files in this order, and uses the first it finds:
    leaves no partial file.
 
 ``NUMFORMER_DATA_MIRROR`` replaces every official URL by ``MIRROR/<path>``
-(a server holding a copy of the data folder; the tests serve one on 127.0.0.1).
+(a server holding a copy of the data folder; the tests serve one on 127.0.0.1);
+it must be an http(s):// URL. ``NUMFORMER_CACHE`` must not be a file.
 """
 from __future__ import annotations
 
@@ -109,7 +110,14 @@ def cache_dir() -> Path | None:
     """NUMFORMER_CACHE, else pooch's per-user cache folder for numformer (None without pooch)."""
     value = os.environ.get(CACHE_ENV, "").strip()
     if value:
-        return Path(value).expanduser()
+        path = Path(value).expanduser()
+        # the folder is made on first download, but a file on its path would only fail then, deep inside
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            where = "" if blocker == path else f" ({blocker} is a file)"
+            raise DataUnavailable(f"{CACHE_ENV} = {value!r} is not a folder{where}; point it at a folder "
+                                  f"for downloads (made if missing) or unset it")
+        return path
     try:
         import pooch
     except ImportError:
@@ -118,8 +126,12 @@ def cache_dir() -> Path | None:
 
 
 def source_url(f: RemoteFile) -> str:
-    """The official URL, or MIRROR/<path> when NUMFORMER_DATA_MIRROR is set."""
+    """The official URL, or MIRROR/<path> when NUMFORMER_DATA_MIRROR is set (an error unless http(s)://)."""
     mirror = os.environ.get(MIRROR_ENV, "").strip()
+    if mirror and not re.match(r"https?://[^/\s]", mirror, re.IGNORECASE):
+        raise DataUnavailable(f"{MIRROR_ENV} = {mirror!r} is not an http:// or https:// URL; give the "
+                              f"server's URL (e.g. http://127.0.0.1:8000/data), or for a local folder of "
+                              f"datasets unset it and set {DATA_ENV} to that folder")
     return f"{mirror.rstrip('/')}/{f.path}" if mirror else f.url
 
 

@@ -124,6 +124,24 @@ def test_language_model_tokenizer_choices(tmp_path):
                                                                                   "block_size": 64}
 
 
+@pytest.mark.parametrize("pattern, suggestion", [("gpt3", '"gpt2" or "gpt4"'), ("gpt-4", '"gpt4"'),
+                                                  ("GPT2", '"gpt2"')])
+def test_a_misspelt_pattern_name_is_refused_with_the_names(tmp_path, pattern, suggestion):
+    path = corpus(tmp_path, n_words=50)
+    with pytest.raises(ValueError, match=rf"\[data\] pattern = '{pattern}' is not a known split pattern: "
+                                         rf"did you mean {suggestion}\?"):
+        make_task({"task": "text", "path": str(path), "tokenizer": "bpe", "pattern": pattern})
+
+
+def test_a_regex_that_matches_nothing_in_the_text_is_refused_and_one_that_does_is_used(tmp_path):
+    path = corpus(tmp_path, n_words=300)
+    with pytest.raises(ValueError, match=r"\[data\] pattern = 'zebra' matches nothing in the training text"):
+        make_task({"task": "text", "path": str(path), "tokenizer": "bpe", "vocab_size": 280, "pattern": "zebra"})
+    task = make_task({"task": "text", "path": str(path), "tokenizer": "bpe", "vocab_size": 280,
+                      "pattern": r" ?[a-z]+|[^a-z]"})
+    assert task.tokenizer.vocab_size == 280 and "Ġthe" in task.tokenizer.vocab
+
+
 def test_files_are_read_in_chunks_with_the_checks_of_a_whole_read(tmp_path):
     import gzip
 

@@ -16,9 +16,11 @@ encoding the corpus again:
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,7 @@ from typing import Callable, Iterable
 
 from .files import iter_text
 from .token_files import read_tokens_dir, token_cache, token_dtype, write_tokens_dir
-from .tokenizers import END_OF_TEXT, ByteLevelBPE
+from .tokenizers import END_OF_TEXT, PATTERNS, ByteLevelBPE, compile_pattern
 
 BPE_FORMAT = 1          # raised when a change of the trainer or of the token files makes old cache entries wrong
 
@@ -121,10 +123,54 @@ def bpe_token_files(source: dict, documents: Callable, vocab_size: int, pattern:
     return tokenizer, read_tokens_dir(folder)[0]
 
 
+def check_pattern(pattern: str) -> None:
+    """``[data] pattern``: a name of ``PATTERNS`` or a regular expression. A plain word close to a name
+    (``gpt3``, ``gpt-4``, ``GPT2``) is refused: as a regex it would match only itself, so the text would
+    not be split into words and the BPE would learn merges across them without a word of warning."""
+    if pattern in PATTERNS:
+        return
+    if re.fullmatch(r"[\w\- .]+", pattern):
+        scores = {name: difflib.SequenceMatcher(None, pattern.lower(), name).ratio() for name in PATTERNS}
+        best = max(scores.values())
+        if best >= 0.6:
+            names = " or ".join(f'"{n}"' for n in sorted(PATTERNS) if scores[n] == best)
+            raise ValueError(f"[data] pattern = {pattern!r} is not a known split pattern: did you mean {names}? "
+                             f"(the names are {', '.join(map(repr, PATTERNS))}; anything else is a regex)")
+    try:
+        compile_pattern(pattern)
+    except ValueError as e:
+        raise ValueError(str(e).replace("split pattern ", "[data] pattern = ", 1)) from None
+
+
+def _check_pattern_matches(documents, pattern: str, sample_chars: int = 1 << 20) -> None:
+    """One error naming ``[data] pattern`` when the regex matches nothing in the start of the training
+    split: each document would then be a single piece, and the BPE would learn whole texts as tokens."""
+    if pattern in PATTERNS:
+        return
+    text = _start_of(documents("train"), sample_chars)
+    rx = compile_pattern(pattern)
+    if text and not any(m.end() > m.start() for m in rx.finditer(text)):
+        raise ValueError(f"[data] pattern = {pattern!r} matches nothing in the training text, so it would not "
+                         f"split it into words; use \"gpt2\", \"gpt4\" or a regex that matches its words")
+
+
+def _start_of(documents, n: int) -> str:
+    """The first ``n`` characters of a stream of documents (fewer when it is shorter)."""
+    out, size = [], 0
+    for doc in documents:
+        for chunk in [doc.text] if isinstance(doc.text, str) else doc.text:
+            out.append(chunk[:n - size])
+            size += len(out[-1])
+            if size >= n:
+                return "".join(out)
+    return "".join(out)
+
+
 def _learnt_tokenizer(source, documents, vocab_size, pattern):
     path = token_cache("tokenizer", BPE_FORMAT, source, vocab_size, pattern) / "tokenizer.json"
     if path.is_file():
         return ByteLevelBPE.from_file(path)
+    _check_pattern_matches(documents, pattern)
     _say(f"learning a byte-level BPE of {vocab_size:,} tokens from the training split")
     texts = (d.text if isinstance(d.text, str) else d.text for d in documents("train"))
     tokenizer = ByteLevelBPE.train(texts, vocab_size, pattern=pattern, special_tokens=(END_OF_TEXT,))

@@ -31,11 +31,11 @@ import numpy as np
 from .base import Batch, Task, register_task, spread_sample
 from .fetch import locate
 from .files import expand_paths, read_text
-from .lm_corpus import Document, TextFiles, bpe_token_files, file_identity
+from .lm_corpus import Document, TextFiles, bpe_token_files, check_pattern, file_identity
 from .text_datasets import load_imdb, load_imdb_unlabelled
 from .text_tasks import _data_error, _split_train
 from .token_files import read_tokens_dir
-from .tokenizers import ByteLevelBPE, CharTokenizer, compile_pattern, is_hf_document, tokenizer_from_dict
+from .tokenizers import ByteLevelBPE, CharTokenizer, is_hf_document, tokenizer_from_dict
 
 BUILTIN_CORPUS = "tinyshakespeare.txt"
 LM_TOKENIZERS = ("char", "bpe")
@@ -168,7 +168,7 @@ class TextTask(LanguageModelTask):
     def _bpe_splits(self, tokenizer_state):
         """Byte-level BPE token files: from ``tokens_dir``, or made from the corpus (and cached)."""
         c, self.unit = self.config, "token"
-        compile_pattern(c["pattern"])
+        check_pattern(c["pattern"])
         if c["tokens_dir"]:
             self.splits, document = read_tokens_dir(c["tokens_dir"])
             if tokenizer_state is not None and tokenizer_state != document:
@@ -233,7 +233,7 @@ class ImdbLMTask(LanguageModelTask):
         if c["tokenizer"] != "bpe":
             raise ValueError(f"[data] tokenizer = {c['tokenizer']!r}: imdb_lm is tokenized by byte-level BPE "
                              f"(tokenizer = \"bpe\")")
-        compile_pattern(c["pattern"])
+        check_pattern(c["pattern"])
         try:
             self.data_path = c["path"] or str(locate("imdb")["aclImdb_v1.tar.gz"])
             source = {"task": "imdb_lm", "data": file_identity(self.data_path), "seed": int(seed),

@@ -92,6 +92,7 @@ def test_every_key_is_checked_before_anything_is_written(tmp_path, cli_error, se
     ("model.d_ff=0", "[model] d_ff"), ('model.d_ff="abc"', "[model] d_ff"), ("data.task=[1]", "[data] task"),
     ("model.type={a=1}", "[model] type"), ("model.n_heads=3", "[model] d_model = 16 must be divisible"),
     ("train.seed=-1", "[train] seed"), ("model.dropout=1.0", "[model] dropout"),
+    ("data.task_module=nosuch_mod_f2", "[data] task_module = 'nosuch_mod_f2' cannot be imported"),
 ])
 def test_cases_found_by_hand(tmp_path, cli_error, setting, named):
     cfg = tmp_path / "c.toml"

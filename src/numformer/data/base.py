@@ -188,13 +188,13 @@ def import_builtin_tasks():
 
 def find_task(name, module=None):
     """The task class registered as ``name``: one of numformer's, or one registered (``@register_task``) by
-    ``module``, the ``[data] task_module`` of a config, which is imported here when ``name`` is not known yet.
+    ``module``, the ``[data] task_module`` of a config, which is always imported here (once per process).
     The module is looked for on ``sys.path`` and then in the current folder (as ``python -m`` would; the
     ``numformer`` command does not put that folder on its path). One ValueError naming the problem and its fix."""
     if module is not None and not (isinstance(module, str) and all(p.isidentifier() for p in module.split("."))):
         raise ValueError(f"[data] task_module = {module!r} should be a module name such as \"my_tasks\" or "
                          f"\"package.tasks\"")
-    if isinstance(name, str) and name not in TASKS and module is not None:
+    if module is not None:          # even for a built-in task: a module that cannot be imported is an error
         _import_task_module(module)
     if isinstance(name, str) and name in TASKS:
         return TASKS[name]

@@ -244,6 +244,23 @@ def test_data_list(toy, capsys, monkeypatch, tmp_path):
         assert f"\n{name}: " in out
 
 
+def test_train_quiet_prints_no_download_line(mirror, monkeypatch, tmp_path, run_cli):
+    """--quiet reaches the task's download (made while the config is resolved): nothing on stderr."""
+    agnews_folder(mirror.root / "ag_news_csv", 8)
+    real = F.REGISTRY["agnews"]
+    files = tuple(F.RemoteFile(f.path, f.url, md5((mirror.root / f.path).read_bytes()), f.size)
+                  for f in real.files)
+    monkeypatch.setitem(F.REGISTRY, "agnews", F.Dataset("agnews", real.title, files))
+    cfg = tmp_path / "ag.toml"
+    cfg.write_text('[model]\ntype = "classifier"\nn_layers = 1\nn_heads = 2\nd_model = 16\n'
+                   '[data]\ntask = "agnews"\nmax_len = 16\nval_size = 4\nmin_freq = 1\n'
+                   '[train]\nmax_steps = 2\nbatch_size = 4\neval_every = 2\nprocesses = 1\n', encoding="utf-8")
+    rc, out, err = run_cli("train", cfg, "--out", tmp_path / "run", "--quiet")
+    assert rc == 0 and err == "" and out == "", err
+    assert sorted(mirror.requests) == ["/ag_news_csv/classes.txt", "/ag_news_csv/test.csv",
+                                       "/ag_news_csv/train.csv"]
+
+
 # ------------------------------------------------------------------------------------------------ real entries
 @needs_shared
 def test_registry_hashes_match_the_shared_copies():

@@ -30,6 +30,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .notices import is_quiet
+
 DATA_ENV = "NUMFORMER_DATA"
 CACHE_ENV = "NUMFORMER_CACHE"
 MIRROR_ENV = "NUMFORMER_DATA_MIRROR"
@@ -182,6 +184,7 @@ def download(f: RemoteFile, quiet: bool = False) -> Path:
 def _download(f: RemoteFile, quiet: bool) -> Path:
     cache = cache_dir()
     url = source_url(f)
+    quiet = quiet or is_quiet()
     try:
         import pooch
     except ImportError:

@@ -21,12 +21,12 @@ import hashlib
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 from .files import iter_text
+from .notices import say
 from .token_files import read_tokens_dir, token_cache, token_dtype, write_tokens_dir
 from .tokenizers import END_OF_TEXT, PATTERNS, ByteLevelBPE, compile_pattern
 
@@ -117,7 +117,7 @@ def bpe_token_files(source: dict, documents: Callable, vocab_size: int, pattern:
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
     folder = token_cache("token files", BPE_FORMAT, source, digest)
     if not (folder / "meta.json").is_file():
-        _say(f"encoding the corpus into token files ({folder})")
+        say(f"encoding the corpus into token files ({folder})")
         write_tokens_dir(folder, {split: encode_documents(tokenizer, documents(split)) for split in ("train", "val")},
                          document, token_dtype(tokenizer.vocab_size), source)
     return tokenizer, read_tokens_dir(folder)[0]
@@ -140,6 +140,14 @@ def check_pattern(pattern: str) -> None:
         compile_pattern(pattern)
     except ValueError as e:
         raise ValueError(str(e).replace("split pattern ", "[data] pattern = ", 1)) from None
+
+
+def check_bpe_vocab_size(vocab_size: int) -> None:
+    """A byte-level BPE holds the 256 bytes and ``<|endoftext|>``: a smaller ``[data] vocab_size`` is one
+    error before any data is read or downloaded."""
+    if vocab_size < 257:
+        raise ValueError(f"[data] vocab_size = {vocab_size} is too small for a byte-level BPE, which holds the "
+                         f"256 bytes and {END_OF_TEXT}: set it to 257 or more (e.g. 4096)")
 
 
 def _check_pattern_matches(documents, pattern: str, sample_chars: int = 1 << 20) -> None:
@@ -171,7 +179,7 @@ def _learnt_tokenizer(source, documents, vocab_size, pattern):
     if path.is_file():
         return ByteLevelBPE.from_file(path)
     _check_pattern_matches(documents, pattern)
-    _say(f"learning a byte-level BPE of {vocab_size:,} tokens from the training split")
+    say(f"learning a byte-level BPE of {vocab_size:,} tokens from the training split")
     texts = (d.text if isinstance(d.text, str) else d.text for d in documents("train"))
     tokenizer = ByteLevelBPE.train(texts, vocab_size, pattern=pattern, special_tokens=(END_OF_TEXT,))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +188,3 @@ def _learnt_tokenizer(source, documents, vocab_size, pattern):
     os.replace(tmp, path)
     return tokenizer
 
-
-def _say(message):
-    """One line on stderr: the first run on a corpus spends a while here (later runs read the cache)."""
-    print(f"numformer: {message}", file=sys.stderr, flush=True)

@@ -31,7 +31,8 @@ import numpy as np
 from .base import Batch, Task, register_task, spread_sample
 from .fetch import locate
 from .files import expand_paths, read_text
-from .lm_corpus import Document, TextFiles, bpe_token_files, check_pattern, file_identity
+from .lm_corpus import (Document, TextFiles, bpe_token_files, check_bpe_vocab_size, check_pattern,
+                        file_identity)
 from .text_datasets import load_imdb, load_imdb_unlabelled
 from .text_tasks import _data_error, _split_train
 from .token_files import read_tokens_dir
@@ -169,6 +170,8 @@ class TextTask(LanguageModelTask):
         """Byte-level BPE token files: from ``tokens_dir``, or made from the corpus (and cached)."""
         c, self.unit = self.config, "token"
         check_pattern(c["pattern"])
+        if tokenizer_state is None and not c["tokens_dir"]:
+            check_bpe_vocab_size(c["vocab_size"])
         if c["tokens_dir"]:
             self.splits, document = read_tokens_dir(c["tokens_dir"])
             if tokenizer_state is not None and tokenizer_state != document:
@@ -234,6 +237,8 @@ class ImdbLMTask(LanguageModelTask):
             raise ValueError(f"[data] tokenizer = {c['tokenizer']!r}: imdb_lm is tokenized by byte-level BPE "
                              f"(tokenizer = \"bpe\")")
         check_pattern(c["pattern"])
+        if tokenizer_state is None:
+            check_bpe_vocab_size(c["vocab_size"])
         try:
             self.data_path = c["path"] or str(locate("imdb")["aclImdb_v1.tar.gz"])
             source = {"task": "imdb_lm", "data": file_identity(self.data_path), "seed": int(seed),

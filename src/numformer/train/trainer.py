@@ -33,6 +33,7 @@ from ..optim import clip_grad_norm, train_schedule
 from ..provenance import git_commit
 from ..run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state
 from ..config import apply_overrides, resolve_config
+from ..data.notices import quiet_data
 from .budget import budget_for
 from .build import build_trained_model, describe_run, make_optimizer
 from .dpo import check_objective, set_reference_logprobs
@@ -70,8 +71,9 @@ class Trainer:
         # under MPI rank 0 alone holds the folder; a new run's folder is touched only once the config is valid
         self.folder = (RunWriter.for_resuming(self.run_dir) if resume and self._writer
                        else RunWriter.silent(self.run_dir))
-        self.config, self.task, notes = (resumed_config(self.run_dir, overrides) if resume     # config.json
-                                         else (*resolve_config(apply_overrides(config, overrides)), ()))
+        with quiet_data(self.quiet):    # the task is built here: its download and BPE lines obey --quiet too
+            self.config, self.task, notes = (resumed_config(self.run_dir, overrides) if resume   # config.json
+                                             else (*resolve_config(apply_overrides(config, overrides)), ()))
         for note in notes:              # each change --set makes to a resumed run
             self._print(note)
         t = self.train_cfg = self.config["train"]

@@ -106,6 +106,10 @@ def test_cases_found_by_hand(tmp_path, cli_error, setting, named):
     (["train.schedule=cosine", "train.min_lr=0.1", "train.lr=0.01"], "min_lr = 0.1 is above lr = 0.01"),
     (["train.schedule=noam"], "warmup_steps must be > 0 for the noam schedule"),
     (["train.processes=8", "train.batch_size=4"], "processes = 8 is more than batch_size = 4"),
+    (["train.schedule=cosine", "train.warmup_steps=3", "train.decay_steps=2", "train.min_lr=1e-4"],
+     "[train] decay_steps = 2 is not above warmup_steps = 3"),
+    (["train.schedule=linear", "train.warmup_steps=3", "train.decay_steps=3"],
+     "[train] decay_steps = 3 is not above warmup_steps = 3"),
 ])
 def test_rules_between_keys(tmp_path, cli_error, settings, named):
     cfg = tmp_path / "c.toml"
@@ -206,3 +210,25 @@ def test_misspelt_sections_tasks_types_and_choices_get_the_closest_name(config, 
     with pytest.raises(ValueError) as e:
         resolve_config(config, build_task=False)
     assert says in str(e.value)
+
+
+@pytest.mark.parametrize("warmup, warned", [(100, True), (4, True), (3, False)])
+def test_a_warmup_longer_than_the_run_is_warned_about(tmp_path, run_cli, warmup, warned):
+    """warmup_steps >= max_steps: one warning line (not an error: --quick runs cut max_steps on purpose)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    rc, out, err = run_cli("train", cfg, "--out", tmp_path / "run", "--set", "train.schedule=cosine",
+                           "--set", f"train.warmup_steps={warmup}")
+    lines = [line for line in (out + err).splitlines() if line.startswith("warning: [train] warmup_steps")]
+    assert rc == 0 and len(lines) == int(warned), out + err
+    if warned:
+        assert f"warmup_steps = {warmup} is not below max_steps = 4" in lines[0]
+        assert f"at lr {1e-3 * 4 / (warmup + 1):.3g} instead of lr = 0.001" in lines[0]
+
+
+def test_make_schedule_refuses_a_decay_that_ends_before_the_warmup():
+    from numformer.optim import make_schedule
+
+    with pytest.raises(ValueError, match="decay_steps = 2 must be above warmup_steps = 3"):
+        make_schedule("cosine", 1e-3, warmup_steps=3, max_steps=10, min_lr=1e-4, decay_steps=2)
+    assert make_schedule("cosine", 1e-3, warmup_steps=3, max_steps=2)(1) == pytest.approx(5e-4)  # a cut run

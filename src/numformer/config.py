@@ -477,12 +477,29 @@ def _check_train_together(t):
                          f"muon_lr by its value over lr")
     if t["schedule"] == "noam" and t["warmup_steps"] <= 0:
         raise ValueError("[train] warmup_steps must be > 0 for the noam schedule")
+    if (t["schedule"] in ("linear", "cosine", "wsd") and not t["budget_minutes"] and t["decay_steps"]
+            and 0 < t["warmup_steps"] >= t["decay_steps"]):
+        raise ValueError(f"[train] decay_steps = {t['decay_steps']} is not above warmup_steps = "
+                         f"{t['warmup_steps']}: lr would drop from its peak to min_lr at once; set decay_steps "
+                         f"above warmup_steps (or 0 for max_steps), or lower warmup_steps")
     if t["objective"] == "dpo" and t["processes"] > 1:
         raise ValueError(f"[train] objective = \"dpo\" trains in one process; set [train] processes = 1 "
                          f"(got {t['processes']})")
     if t["processes"] > t["batch_size"]:
         raise ValueError(f"[train] processes = {t['processes']} is more than batch_size = {t['batch_size']}: "
                          f"each process needs at least one example of a batch")
+
+
+def schedule_warning(t) -> str | None:
+    """A warning line when the warmup of the resolved [train] section ``t`` outlasts the run (counted in
+    steps): lr never reaches its peak. A warning, not an error: a quick run (``--quick``, a smoke test)
+    cuts max_steps and keeps the config's warmup on purpose."""
+    w, n = t["warmup_steps"], t["max_steps"]
+    if t["schedule"] == "noam" or t["budget_minutes"] or not 0 < n <= w:
+        return None
+    last = t["lr"] * n / (w + 1)                # the warmup's lr at the last step, n - 1 (schedules.py)
+    return (f"warning: [train] warmup_steps = {w} is not below max_steps = {n}: the run ends while warming "
+            f"up, at lr {last:.3g} instead of lr = {t['lr']:g}; lower warmup_steps or raise max_steps")
 
 
 def check_saved_config(config, where):

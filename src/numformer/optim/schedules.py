@@ -127,9 +127,14 @@ def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512
     """Build a schedule by name (one of ``SCHEDULES``; ValueError otherwise).
 
     lr: the peak learning rate (for "noam", the factor that scales the paper's formula); warmup_steps (0; "noam"
-    needs > 0); decay_steps (None: max_steps, whose default is 1): the step where the decay reaches min_lr (0.0);
+    needs > 0); decay_steps (None: max_steps, whose default is 1; given, it must exceed a warmup_steps > 0 of a
+    decaying schedule): the step where the decay reaches min_lr (0.0);
     d_model (512): "noam"'s; cooldown (0.2): for "wsd", the fraction of the run (after warmup) spent decaying,
     in (0, 1]; cooldown_shape ("linear"): for "wsd", one of ``COOLDOWN_SHAPES``."""
+    if (decay_steps is not None and name in ("linear", "cosine", "wsd") and warmup_steps > 0
+            and decay_steps <= warmup_steps):     # lr would fall from its peak to min_lr in one step
+        raise ValueError(f"decay_steps = {decay_steps} must be above warmup_steps = {warmup_steps}: the decay "
+                         f"to min_lr starts where the warmup ends")
     decay_steps = max_steps if decay_steps is None else decay_steps
     if name == "noam":
         if warmup_steps <= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from ..config import schedule_warning
 from ..interop.sources import load_weights
 from ..lora import add_lora
 from ..models import build_model
@@ -42,9 +43,13 @@ def _reading_source(source):
 
 
 def describe_run(model, n_params, task, config):
-    """The line a new run starts with: the model, its parameters and data; and a warning for [lora] adapters
-    without [model] init_from (they would train on a random base, frozen: LoRA fine-tunes a trained model)."""
+    """The line a new run starts with: the model, its parameters and data; a warning for a warmup longer than
+    the run (``config.schedule_warning``), and one for [lora] adapters without [model] init_from (they would
+    train on a random base, frozen: LoRA fine-tunes a trained model)."""
     line = f"{type(model).__name__} with {n_params:,} parameters; data: {task.describe()}"
+    warning = schedule_warning(config["train"])
+    if warning:
+        line += f"\n{warning}"
     if config.get("lora") and "init_from" not in config["model"]:
         line += ("\nwarning: [lora] adapters without [model] init_from train on a random, frozen base; LoRA "
                  "fine-tunes a trained model: set [model] init_from to a run folder or a Hugging Face model")

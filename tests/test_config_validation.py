@@ -232,3 +232,19 @@ def test_make_schedule_refuses_a_decay_that_ends_before_the_warmup():
     with pytest.raises(ValueError, match="decay_steps = 2 must be above warmup_steps = 3"):
         make_schedule("cosine", 1e-3, warmup_steps=3, max_steps=10, min_lr=1e-4, decay_steps=2)
     assert make_schedule("cosine", 1e-3, warmup_steps=3, max_steps=2)(1) == pytest.approx(5e-4)  # a cut run
+
+
+@pytest.mark.parametrize("top, says", [
+    ("lr = 1e-3\n", "'lr' above the first [section]: a config is a table of sections [model], [data] and [train]; "
+                    "lr belongs in [train]: move it below its section's header"),
+    ("n_layers = 2\npath = 'x.txt'\n", "'n_layers', 'path' above the first [section]"),
+    ("lrr = 1\n", "lrr is no key of any section (a typo?)"),
+])
+def test_keys_above_the_first_section_are_named_with_their_section(tmp_path, cli_error, top, says):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(top + TINY, encoding="utf-8")
+    line = cli_error("train", cfg, "--out", tmp_path / "run")
+    assert says in line
+    if "n_layers" in top:
+        assert "n_layers belongs in [model]; path belongs in [data]: move each" in line
+    assert not (tmp_path / "run").exists()

@@ -21,7 +21,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from .data.base import check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
+from .data.base import DATA_KEYS, check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
 from .interop.sources import FINE_TUNING_OPTIONS, read_source
 from .lora import LORA_DEFAULTS, TARGET_MODULES, check_lora_options
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
@@ -514,10 +514,25 @@ def check_saved_config(config, where):
     return resolved
 
 
+def _home_of(key) -> str:
+    """Where a loose top-level ``key`` goes: "lr belongs in [train]" (or the sections that have it)."""
+    data_keys = {"task", "task_module", *DATA_KEYS, *(k for t in import_builtin_tasks().values()
+                                                     for k in t.data_keys)}
+    homes = [f"[{name}]" for name, keys in (("model", model_keys()), ("data", data_keys),
+                                            ("train", TRAIN_DEFAULTS), ("lora", LORA_DEFAULTS)) if key in keys]
+    return f"{key} belongs in {' or '.join(homes)}" if homes else f"{key} is no key of any section (a typo?)"
+
+
 def check_sections(config):
-    """A config is a table of the known sections: one ValueError naming an unknown one (and the closest)."""
-    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+    """A config is a table of the known sections: one ValueError naming an unknown one (and the closest), or
+    the keys written above the first section (and the section each belongs in)."""
+    loose = [k for k, v in config.items() if not isinstance(v, dict)] if isinstance(config, dict) else None
+    if loose is None or set(loose) & set(SECTIONS):
         raise ValueError("a config is a table of sections [model], [data] and [train]")
+    if loose:                       # a key written above the first [section] header of the TOML file
+        raise ValueError(f"{', '.join(map(repr, loose))} above the first [section]: a config is a table of "
+                         f"sections [model], [data] and [train]; {'; '.join(_home_of(k) for k in loose)}: "
+                         f"move {'it' if len(loose) == 1 else 'each'} below its section's header")
     unknown = sorted(set(config) - set(SECTIONS))
     if unknown:
         raise ValueError(f"unknown section(s) {unknown}{did_you_mean(unknown, SECTIONS)}; a config has [model], "

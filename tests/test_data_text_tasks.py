@@ -104,6 +104,23 @@ def test_missing_data_path_says_which_key(tmp_path):
         make_task({"task": "multi30k", "path": str(tmp_path / "nowhere")})
 
 
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_translation_missing_file_names_its_key(tmp_path, split):
+    (tmp_path / "a.fr").write_text("un chat\nun chien\n" * 10, encoding="utf-8")
+    (tmp_path / "a.en").write_text("a cat\na dog\n" * 10, encoding="utf-8")
+    pair = [str(tmp_path / "a.fr"), str(tmp_path / "a.en")]
+    data = {"task": "translation", "train": pair, split: [str(tmp_path / "nosuch"), pair[1]]}
+    with pytest.raises(ValueError, match=rf"no file at .*nosuch'\. Set \[data\] {split} \(relative"):
+        make_task(data)
+
+
+def test_classification_missing_test_file_names_test_path(tmp_path):
+    (tmp_path / "r.csv").write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 10, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"no file at .*nosuch.csv'\. Set \[data\] test_path \("):
+        make_task({"task": "classification", "path": str(tmp_path / "r.csv"),
+                   "test_path": str(tmp_path / "nosuch.csv")})
+
+
 def test_agnews_task(tmp_path):
     rows = [f'"{c}","Title {c} {i}","text about topic{c} number {i} \\ more #39;s"' for i in range(6)
             for c in (1, 2, 3, 4)]

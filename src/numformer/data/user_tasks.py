@@ -21,7 +21,7 @@ import numpy as np
 from .base import register_task
 from .files import read_labeled, read_pairs, read_parallel
 from .text_datasets import LabeledTexts
-from .text_tasks import _VAL_SALT, Multi30kTask, TextClassificationTask, _split_train
+from .text_tasks import _VAL_SALT, Multi30kTask, TextClassificationTask, _data_error, _split_train
 
 _TEST_SALT = _VAL_SALT + 2
 
@@ -69,7 +69,10 @@ class ClassificationTask(TextClassificationTask):
                                "the other classes")
         full = LabeledTexts(texts, self._label_ids(labels, names, lines, c["path"]), [], names, c["path"])
         if c["test_path"]:
-            t_texts, t_labels, t_lines = read(c["test_path"])
+            try:
+                t_texts, t_labels, t_lines = read(c["test_path"])
+            except (FileNotFoundError, NotADirectoryError) as e:    # not the caller's "Set [data] path"
+                raise ValueError(str(_data_error(e, "test_path"))) from None
             test = LabeledTexts(t_texts, self._label_ids(t_labels, names, t_lines, c["test_path"], c["path"]),
                                 [], names, c["test_path"])
             return full, test
@@ -126,9 +129,13 @@ class TranslationTask(Multi30kTask):
 
 def _read_split(files, split):
     files = [str(f) for f in files]
-    if len(files) == 2:
-        return read_parallel(*files)
-    if len(files) == 1:
-        return read_pairs(files[0])
+    try:
+        if len(files) == 2:
+            return read_parallel(*files)
+        if len(files) == 1:
+            return read_pairs(files[0])
+    except (FileNotFoundError, NotADirectoryError) as e:
+        # a ValueError: Multi30kTask would otherwise add its own "Set [data] path", a key this task lacks
+        raise ValueError(str(_data_error(e, split))) from None
     raise ValueError(f"translation: [data] {split} names {len(files)} files; give two line-aligned files "
                      f"(source, target) or one TSV file of pairs")

@@ -206,3 +206,28 @@ def test_real_imdb_counts():
     assert len(d["train"]) == 25000 and len(d["test"]) == 25000
     assert d["train"].labels.sum() == 12500 and d["test"].labels.sum() == 12500
     assert any("<br />" in t for t in d["train"].texts[:200])
+
+
+def test_an_archive_given_as_a_text_corpus_is_refused(tmp_path):
+    """A tar (gzipped or not), zip or bzip2 file is no text corpus: its headers would be trained on."""
+    import bz2
+    import zipfile
+
+    from numformer.data import make_task
+
+    write_imdb_tarball(tmp_path / "aclImdb_v1.tar.gz")
+    with tarfile.open(tmp_path / "notes.tar", "w") as tar:
+        tar.add(tmp_path / "aclImdb_v1.tar.gz", arcname="inner.bin")
+    with zipfile.ZipFile(tmp_path / "notes.zip", "w") as z:
+        z.writestr("a.txt", "some text\n")
+    (tmp_path / "notes.bz2").write_bytes(bz2.compress(b"some text\n" * 20))
+    cases = {"aclImdb_v1.tar.gz": r"is a tar archive \(compressed\), not a text file: it is read by "
+                                  r"task = \"imdb\"", "notes.tar": "is a tar archive, not a text file: extract",
+             "notes.zip": "is a zip archive, not a text file", "notes.bz2": "is a bzip2 file, not a text file"}
+    for name, says in cases.items():
+        for tokenizer in ("char", "bpe"):
+            with pytest.raises(ValueError, match=says):
+                make_task({"task": "text", "path": str(tmp_path / name), "tokenizer": tokenizer,
+                           "vocab_size": 260})
+    write_gz(tmp_path / "plain.txt.gz", ["a plain text corpus, gzipped, is read as documented"] * 20)
+    assert make_task({"task": "text", "path": str(tmp_path / "plain.txt.gz"), "block_size": 8}).splits["train"].size

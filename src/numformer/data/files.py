@@ -20,6 +20,39 @@ TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl",
                  ".json": "jsonl"}
 
 
+# the first bytes of archives and compressed files (after a .gz is decompressed): not text, though a tar's
+# headers decode as text and would otherwise be trained on
+_MAGIC = ((b"\x1f\x8b", "gzip file"), (b"PK\x03\x04", "zip archive"), (b"BZh", "bzip2 file"),
+          (b"\xfd7zXZ\x00", "xz file"), (b"\x28\xb5\x2f\xfd", "zstd file"), (b"7z\xbc\xaf\x27\x1c", "7z archive"))
+# the datasets whose archive numformer reads itself: the task to name instead
+_ARCHIVE_TASKS = (("aclimdb", 'task = "imdb" (or "imdb_lm")'),)
+
+
+def check_not_archive(path, head: bytes) -> None:
+    """One ValueError when ``head``, the first bytes of ``path``'s content (a ``.gz`` decompressed), are an
+    archive's or a compressed file's: a text reader would read its binary headers as text."""
+    kind = next((k for magic, k in _MAGIC if head.startswith(magic)), None)
+    if kind is None and head[257:262] == b"ustar":
+        kind = "tar archive"
+    if kind is None:
+        return
+    name = Path(path).name
+    kind = f"{kind} (compressed)" if name.endswith(".gz") and kind != "gzip file" else kind
+    task = next((t for stem, t in _ARCHIVE_TASKS if name.lower().startswith(stem)), None)
+    fix = (f"it is read by {task} with [data] path set to it" if task else
+           "extract its text files and point [data] path at them (a .gz of one text file is read as is)")
+    raise ValueError(f"{path} is a {kind}, not a text file: {fix}")
+
+
+def _head(p: Path, n: int = 512) -> bytes:
+    """The first ``n`` bytes of a file's content (of its decompressed content for a ``.gz``)."""
+    try:
+        with (gzip.open if p.name.endswith(".gz") else open)(p, "rb") as f:
+            return f.read(n)
+    except (OSError, EOFError):      # a damaged .gz: the reader's own error says so
+        return b""
+
+
 def read_text(path, encoding: str = "utf-8", allow_empty: bool = False) -> str:
     """The text of ``path`` (``.gz`` decompressed); a leading byte-order mark is dropped.
 
@@ -37,6 +70,7 @@ def read_text(path, encoding: str = "utf-8", allow_empty: bool = False) -> str:
         except (OSError, EOFError) as e:                 # gzip.BadGzipFile is an OSError
             raise ValueError(f"{path}: cannot read ({e})") from None
         where = " of the uncompressed text"
+    check_not_archive(path, raw[:512])
     try:
         text = raw.decode(encoding)
     except UnicodeDecodeError as e:
@@ -72,6 +106,7 @@ def iter_text(path, encoding: str = "utf-8", block_bytes: int = 1 << 20):
     if not ascii_compatible:
         yield read_text(path, encoding)
         return
+    check_not_archive(path, _head(p))
     opener = gzip.open if p.name.endswith(".gz") else open
     offset, lines, pending, seen_text = 0, 0, b"", False
     try:

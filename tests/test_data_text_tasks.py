@@ -121,6 +121,29 @@ def test_classification_missing_test_file_names_test_path(tmp_path):
                    "test_path": str(tmp_path / "nosuch.csv")})
 
 
+def _agnews_rows():
+    return "\n".join(f'"{c}","Title {c} {i}","text about topic{c} number {i}"' for i in range(6)
+                     for c in (1, 2, 3, 4)) + "\n"
+
+
+def test_agnews_class_beyond_a_cut_classes_txt_names_that_file(tmp_path):
+    (tmp_path / "train.csv").write_text(_agnews_rows(), encoding="utf-8")
+    (tmp_path / "test.csv").write_text(_agnews_rows(), encoding="utf-8")
+    (tmp_path / "classes.txt").write_text("World\nSports\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 3: class '3' is not an integer in 1\.\.2 \(.*classes\.txt lists 2 "
+                                         r"class names"):
+        make_task({"task": "agnews", "path": str(tmp_path), "val_size": 4, "min_freq": 1})
+
+
+def test_agnews_path_may_be_the_data_folder_holding_ag_news_csv(tmp_path):
+    folder = tmp_path / "ag_news_csv"
+    folder.mkdir()
+    (folder / "train.csv").write_text(_agnews_rows(), encoding="utf-8")
+    (folder / "test.csv").write_text(_agnews_rows(), encoding="utf-8")
+    t = make_task({"task": "agnews", "path": str(tmp_path), "val_size": 4, "min_freq": 1}, seed=0)
+    assert [len(t.data[s]) for s in ("train", "val", "test")] == [20, 4, 24]
+
+
 def test_agnews_task(tmp_path):
     rows = [f'"{c}","Title {c} {i}","text about topic{c} number {i} \\ more #39;s"' for i in range(6)
             for c in (1, 2, 3, 4)]

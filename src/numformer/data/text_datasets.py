@@ -208,12 +208,13 @@ def read_class_names_file(p: str) -> list[str] | None:
     return names
 
 
-def load_agnews_csv(path: str, class_names: list[str] | None = None) -> LabeledTexts:
+def load_agnews_csv(path: str, class_names: list[str] | None = None, classes_file: str = "") -> LabeledTexts:
     """One AG News CSV file: ``"class","title","description"`` rows, optionally after a header row.
 
     Classes 1..C in the file become labels 0..C-1. Text = title + " " + description,
     both cleaned with ``clean_agnews_text``. A malformed row raises a ValueError
-    naming the file and line.
+    naming the file and line (and ``classes_file``, where the class names came from, for a class
+    beyond them).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no AG News CSV file at {path!r}")
@@ -232,7 +233,9 @@ def load_agnews_csv(path: str, class_names: list[str] | None = None) -> LabeledT
                                  f"got {len(row)}")
             cls = row[0].strip()
             if not cls.isdigit() or not 1 <= int(cls) <= C:
-                raise ValueError(f"{path}, line {line}: class {cls!r} is not an integer in 1..{C}")
+                raise ValueError(f"{path}, line {line}: class {cls!r} is not an integer in 1..{C}"
+                                 + (f" ({classes_file} lists {C} class names: restore the missing ones)"
+                                    if classes_file and cls.isdigit() and int(cls) > C else ""))
             labels.append(int(cls) - 1)
             texts.append(f"{clean_agnews_text(row[1])} {clean_agnews_text(row[2])}".strip())
     if not texts:
@@ -250,6 +253,9 @@ def load_agnews(path: str, split: str, train_file: str = "", test_file: str = "t
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no AG News folder at {path!r}: give the folder holding train.csv / test.csv "
                                 "(and classes.txt) from ag_news_csv.tgz")
+    inner = os.path.join(path, "ag_news_csv")
+    if os.path.isdir(inner) and not any(n.endswith(".csv") for n in os.listdir(path)):
+        path = inner                # the data folder's layout: the CSV files are in its ag_news_csv/
     if split == "train":
         names = [train_file] if train_file else ["train.csv", "train_subset_20k.csv"]
     elif split == "test":
@@ -259,7 +265,7 @@ def load_agnews(path: str, split: str, train_file: str = "", test_file: str = "t
     for name in names:
         p = os.path.join(path, name)
         if os.path.isfile(p):
-            return load_agnews_csv(p, read_class_names(path))
+            return load_agnews_csv(p, read_class_names(path), os.path.join(path, "classes.txt"))
     raise FileNotFoundError(f"no AG News {split} file in {path!r} (looked for {', '.join(names)})")
 
 

@@ -276,9 +276,10 @@ class AGNewsTask(TextClassificationTask):
         if self.config["train_file"]:
             raise ValueError("agnews: train_file names a file in [data] path; set path to the folder holding it")
         files = locate("agnews")
-        names = read_class_names_file(str(files["ag_news_csv/classes.txt"]))
-        return (load_agnews_csv(str(files["ag_news_csv/train.csv"]), names),
-                load_agnews_csv(str(files["ag_news_csv/test.csv"]), names))
+        classes = str(files["ag_news_csv/classes.txt"])
+        names = read_class_names_file(classes)
+        return (load_agnews_csv(str(files["ag_news_csv/train.csv"]), names, classes),
+                load_agnews_csv(str(files["ag_news_csv/test.csv"]), names, classes))
 
 
 # ---------------------------------------------------------------------------------------------------------------

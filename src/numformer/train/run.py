@@ -18,6 +18,7 @@ import numpy as np
 from ..config import (apply_overrides, check_config_json_against_checkpoint, check_saved_config, load_config_json,
                       NotRecorded, resolve_config, resume_changes, resume_section_changes)
 from ..data.base import make_task
+from ..data.notices import quiet_data
 from ..data.run_tokenizer import load_tokenizer_json
 from ..interop.sources import load_run_model, tokenizer_from_state
 from ..models import model_arguments
@@ -52,6 +53,14 @@ def load_task(run_dir, config=None):
             raise
         raise ValueError(f"tokenizer file {Path(run_dir) / TOKENIZER} does not fit the run's [data] "
                          f"({type(e).__name__}: {e}); restore it or retrain") from None
+
+
+def config_and_task(run_dir, config, overrides, resume, quiet=False):
+    """(resolved config, task, notes) of a run: ``resumed_config`` when it resumes, else ``config`` with
+    ``overrides`` (no notes). The task is built here, its download and BPE lines silenced by ``quiet``."""
+    with quiet_data(quiet):
+        return resumed_config(run_dir, overrides) if resume else (
+            *resolve_config(apply_overrides(config, overrides)), ())
 
 
 def resumed_config(run_dir, overrides=None):

@@ -32,8 +32,6 @@ import numpy as np
 from ..optim import clip_grad_norm, train_schedule
 from ..provenance import git_commit
 from ..run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state
-from ..config import apply_overrides, resolve_config
-from ..data.notices import quiet_data
 from .budget import budget_for
 from .build import build_trained_model, describe_run, make_optimizer
 from .dpo import check_objective, set_reference_logprobs
@@ -42,7 +40,7 @@ from .evaluation import Evaluation, describe
 from .final import aborted_note, divergence_advice, ended_before, finish
 from .parallel import usable_processes
 from .progress import run_progress
-from .run import resumed_config
+from .run import config_and_task
 from .run_writer import RunWriter
 from .state import DivergenceGuard, LogWindow, TrainingDiverged, check_state, resumable_step
 from . import stop_signals
@@ -71,9 +69,7 @@ class Trainer:
         # under MPI rank 0 alone holds the folder; a new run's folder is touched only once the config is valid
         self.folder = (RunWriter.for_resuming(self.run_dir) if resume and self._writer
                        else RunWriter.silent(self.run_dir))
-        with quiet_data(self.quiet):    # the task is built here: its download and BPE lines obey --quiet too
-            self.config, self.task, notes = (resumed_config(self.run_dir, overrides) if resume   # config.json
-                                             else (*resolve_config(apply_overrides(config, overrides)), ()))
+        self.config, self.task, notes = config_and_task(self.run_dir, config, overrides, resume, self.quiet)
         for note in notes:              # each change --set makes to a resumed run
             self._print(note)
         t = self.train_cfg = self.config["train"]

@@ -440,3 +440,23 @@ def test_params_of_a_fine_tuning_config(text_run, run_cli, tmp_path):
     assert "the architecture of init_from" in out
     total = next(line for line in out.splitlines() if line.startswith("total"))
     assert total in run_cli("params", text_run)[1]
+
+
+@pytest.mark.parametrize("model_type,expected", [
+    ('type = "gpt"\n', "init_from needs a run of the same model type (gpt)"),
+    ("", "task 'text' trains a gpt model, so [model] init_from needs a run of that type"),
+])
+def test_init_from_a_run_of_another_model_type(tmp_path, cli_error, model_type, expected):
+    """A classifier run as the init_from of a GPT config is named as such, whether the config writes
+    [model] type or its task decides it (not "[model] needs ['block_size']", nor a type the user never wrote)."""
+    source = tmp_path / "cls"
+    source.mkdir()
+    model = {"type": "classifier", "vocab_size": 8, "n_classes": 2, "max_len": 8, "d_model": 8, "n_heads": 2,
+             "n_layers": 1}
+    (source / "config.json").write_text(json.dumps({"model": model}), encoding="utf-8")
+    cfg = tmp_path / "ft.toml"
+    cfg.write_text(f'[model]\n{model_type}init_from = "{source}"\n[data]\ntask = "text"\nblock_size = 8\n',
+                   encoding="utf-8")
+    line = cli_error("train", cfg, "--out", tmp_path / "out")
+    assert "cls holds a classifier model (EncoderClassifier)" in line and expected in line
+    assert not (tmp_path / "out").exists()

@@ -25,7 +25,8 @@ from .data.base import DATA_KEYS, check_data_section, find_task, import_builtin_
 from .interop.sources import FINE_TUNING_OPTIONS, read_source
 from .lora import LORA_DEFAULTS, TARGET_MODULES, check_lora_options
 from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, did_you_mean, positive
-from .models import MODEL_TYPES, apply_preset, check_model_together, model_arguments, model_keys
+from .models import (MODEL_TYPES, apply_preset, check_model_together, check_source_type, model_arguments,
+                     model_keys)
 from .optim import COOLDOWN_SHAPES, OPTIMIZERS, SCHEDULES
 from .optim.optimizers import NO_DECAY_KINDS
 from .run_files import check_run_dir, read_json
@@ -359,6 +360,8 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     if init_from is not None and build_task:
         source = read_source(init_from)
         source_model, tokenizer_state = source.model, tokenizer_state or source.tokenizer_state
+        check_source_type(init_from, source_model["type"], model.get("type", written.get("model_type")),
+                          data["task"], getattr(task_cls, "model_types", (task_cls.model_type,)))
         model.setdefault("type", source_model["type"])
     kind, model = _resolve_model_kind(model, data, task_cls, written)
     model = apply_preset(kind, model, fine_tuning=init_from is not None)

@@ -107,6 +107,23 @@ def build_model(config, rng=None, dtype=np.float32):
     return MODEL_TYPES[kind](CONFIG_CLASSES[kind].from_dict(config), rng=rng, dtype=dtype)
 
 
+def check_source_type(source, source_type, wanted, task, task_types):
+    """ValueError when a fine-tuning source (``[model] init_from``) holds a model of another type than the
+    config trains: ``wanted``, the type the config writes ([model] type or [data] model_type), or where it
+    writes none, one of ``task_types``, the types task ``task`` trains."""
+    if wanted is not None and not (isinstance(wanted, str) and wanted in MODEL_TYPES):
+        return          # not a model type: the [model] check names it
+    if source_type == wanted or (wanted is None and source_type in task_types):
+        return
+    cls = getattr(MODEL_TYPES.get(source_type), "__name__", source_type)
+    held = f"{source} holds a {source_type} model ({cls})"
+    if wanted is not None:
+        raise ValueError(f"{held}; [model] init_from needs a run of the same model type ({wanted}): give a "
+                         f"{wanted} run")
+    raise ValueError(f"{held}; task {task!r} trains a {' or '.join(task_types)} model, so [model] init_from "
+                     f"needs a run of that type")
+
+
 def check_model_section(model):
     """A [model] section on its own (no [data]: every size written in it), checked like a whole config's;
     returns it with every default filled in."""

@@ -91,6 +91,22 @@ def test_damaged_tokenizer_for_generate(text_run, copy_of, cli_error, damage, ex
     assert expected in cli_error("generate", run, "--max-new-tokens", "3")
 
 
+@pytest.mark.parametrize("command", [
+    ("generate", "--prompt", "a", "--max-new-tokens", "3"), ("eval",), ("chat",),
+    ("explore", "--static", "x.html", "--prompt", "a", "--max-new-tokens", "3"), ("export", "--out", "hf"),
+], ids=lambda command: command[0])
+def test_a_tokenizer_json_of_another_vocabulary_size_is_refused(text_run, copy_of, cli_error, command, tmp_path,
+                                                                 monkeypatch):
+    """An edited tokenizer.json that still parses, but whose vocabulary is not the model's, is named before any
+    token is generated or any text encoded (it printed "a", then an id outside the vocabulary)."""
+    monkeypatch.chdir(tmp_path)
+    run = copy_of(text_run)
+    (run / "tokenizer.json").write_text('{"type": "char", "chars": "ab"}', encoding="utf-8")
+    line = cli_error(command[0], run, *command[1:])
+    assert "tokenizer.json holds a vocabulary of 2 tokens, but the model's vocab_size is " in line
+    assert "restore the run's tokenizer.json" in line and not any(tmp_path.glob("[hx]*"))
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "explore"])
 def test_a_missing_source_says_how_a_hub_id_is_written(tmp_path, cli_error, command, monkeypatch):
     monkeypatch.chdir(tmp_path)

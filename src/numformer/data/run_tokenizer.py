@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..run_files import NOT_REBUILT, TOKENIZER, load_tokenizer_state
+from ..run_files import NOT_REBUILT, TOKENIZER, load_tokenizer_state, read_json
 from .base import Task, find_task
-from .tokenizers import TOKENIZER_TYPES, is_hf_document
+from .tokenizers import TOKENIZER_TYPES, is_hf_document, tokenizer_from_dict
 
 
 def load_tokenizer_json(run_dir, data):
@@ -35,7 +35,37 @@ def load_tokenizer_json(run_dir, data):
     if problem:
         raise ValueError(f"tokenizer file {path} is damaged ({problem}); restore it from a copy of the run folder "
                          f"({NOT_REBUILT})")
+    if task_cls.__module__.startswith("numformer."):
+        _check_vocab_sizes(path, state, _saved_model_section(run_dir))
     return state
+
+
+def _saved_model_section(run_dir):
+    """The [model] section of the run's config.json, or {} where it cannot be read (its readers name that)."""
+    try:
+        model = read_json(Path(run_dir) / "config.json", "config file").get("model")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return model if isinstance(model, dict) else {}
+
+
+def _check_vocab_sizes(path, state, model):
+    """One ValueError naming tokenizer.json when a vocabulary in it (``state``) is not the size of the model's
+    (``model``: the run's [model] section): an edited or swapped file whose ids the weights do not mean. A
+    fine-tuned model (init_from) may have more ids than its tokenizer (a padded embedding), never fewer."""
+    keys = (["vocab_size"] if "vocab_size" in model else
+            ["src_vocab_size"] + ([] if state.get("joint") else ["tgt_vocab_size"]))
+    for key, part in zip(keys, tokenizer_parts(state)):
+        if not isinstance(model.get(key), int) or not isinstance(part, dict) or is_hf_document(part):
+            continue
+        try:
+            size = tokenizer_from_dict(part).vocab_size
+        except (KeyError, TypeError, AttributeError, ValueError):
+            continue            # a damaged state: the tokenizer's reader names it
+        if size > model[key] or (size != model[key] and "init_from" not in model):
+            raise ValueError(f"tokenizer file {path} holds a vocabulary of {size} tokens, but the model's {key} "
+                             f"is {model[key]}: the weights were trained on the ids of another tokenizer; "
+                             f"restore the run's tokenizer.json from a copy of the run folder ({NOT_REBUILT})")
 
 
 def tokenizer_parts(state):

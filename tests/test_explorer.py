@@ -4,6 +4,7 @@ serves on 127.0.0.1 and writes static pages. tests/test_explorer_browser.py clic
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -228,6 +229,33 @@ def test_explore_static_writes_a_page(explorer_run, run_cli, tmp_path, loaded):
     rc, out, _ = run_cli("explore", explorer_run, "--static", tmp_path / "new" / "g.html", "--prompt", "ROMEO:",
                          "--greedy", "--max-new-tokens", 3)        # into a folder not made yet, as export and train
     assert rc == 0 and read_page_data(tmp_path / "new" / "g.html")["sampling"]["temperature"] == 0
+    assert f"made the folder {tmp_path / 'new'}" in out          # said, not done silently
+
+
+def test_the_default_number_of_new_tokens_is_what_fits(explorer_run, run_cli, tmp_path):
+    """--static's default (20 new tokens) is capped to the room the context (block_size 32) leaves after the
+    prompt (15 tokens): the user gave no --max-new-tokens, so none is refused."""
+    rc, out, err = run_cli("explore", explorer_run, "--static", tmp_path / "p.html", "--prompt", EXPLORER_PROMPT)
+    assert rc == 0 and "32 tokens" in out, err
+    data = read_page_data(tmp_path / "p.html")
+    assert len(data["analysis"]["ids"]) == 32 and data["n_prompt"] == 15
+
+
+@pytest.mark.parametrize("where, message", [
+    ("notes.txt/p.html", "notes.txt/p.html: notes.txt is a file, not a folder; give a path in a folder"),
+    ("notes.txt/a/p.html", "notes.txt is a file, not a folder"),
+    ("dir.html", "dir.html is a folder; give the name of a new .html file"),
+    pytest.param("/proc/p.html", "/proc/p.html: a new file cannot be made in the folder /proc (",
+                 marks=pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc here")),
+])
+def test_a_static_path_that_cannot_be_written_is_named(explorer_run, cli_error, tmp_path, monkeypatch, where,
+                                                       message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
+    (tmp_path / "dir.html").mkdir()
+    assert message in cli_error("explore", explorer_run, "--static", where, "--prompt", "a")
+    assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert not any((tmp_path / "dir.html").iterdir())
 
 
 @pytest.mark.parametrize("args, message", [

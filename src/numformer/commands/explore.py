@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_PORT = 8000
-STATIC_NEW_TOKENS = 20         # tokens a static page steps through when --max-new-tokens is not given
+STATIC_NEW_TOKENS = 20         # tokens a static page steps through when --max-new-tokens is not given (fewer
+                               # where the model's context has no room for them)
 
 
 def run(args):
@@ -31,12 +32,15 @@ def run(args):
     new_tokens = args.max_new_tokens if args.max_new_tokens is not None else STATIC_NEW_TOKENS if static else 0
     ids, n_prompt = None, 0
     if args.prompt is not None:
-        ids, n_prompt = prompt_ids(model, tokenizer, args.prompt, new_tokens, seed=args.seed, **sampling)
+        ids, n_prompt = prompt_ids(model, tokenizer, args.prompt, new_tokens, seed=args.seed,
+                                   fit=args.max_new_tokens is None, **sampling)
     data = page_data(model, tokenizer, ids, n_prompt, args.run_dir, "static" if static else "server", sampling,
                      inline_logits=True if static else None)
     if static:
+        made = [p for p in args.static.parents if not p.exists()][:1]       # the deepest folder mkdir makes
         path = write_static_page(args.static, data)
-        print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB, {len(ids)} tokens): open it in a browser")
+        print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB, {len(ids)} tokens"
+              f"{''.join(f'; made the folder {p}' for p in made)}): open it in a browser")
         return None
     server = make_server(Explorer(model, tokenizer, seed=args.seed), DEFAULT_PORT if args.port is None
                          else args.port, data)
@@ -57,10 +61,12 @@ def register(sub):
                    help=f"serve on http://127.0.0.1:PORT/ (default {DEFAULT_PORT}; 0: any free port, printed)")
     p.add_argument("--static", metavar="OUT.html", type=Path, default=None,
                    help="write a self-contained page of --prompt (data embedded, no server) instead of serving: a "
-                        "new .html file, or a page written this way before, which is replaced")
+                        "new .html file (its missing folders made, as train's --out), or a page written this way "
+                        "before, which is replaced")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"tokens generated after the prompt, to step through (default {STATIC_NEW_TOKENS} with "
-                        f"--static, else 0: the page's 'next token' button samples more)")
+                        f"--static, or fewer where the model's context holds fewer; else 0: the page's 'next "
+                        f"token' button samples more)")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="softmax temperature of the generated tokens and the page's starting value (default 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")

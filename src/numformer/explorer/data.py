@@ -126,13 +126,17 @@ def position_logits(model, ids, position):
     return _exact(logits[-1])
 
 
-def prompt_ids(model, tokenizer, prompt, max_new_tokens=0, seed=None, **sampling):
+def prompt_ids(model, tokenizer, prompt, max_new_tokens=0, seed=None, fit=False, **sampling):
     """(ids, n_prompt): the prompt's ids followed by ``max_new_tokens`` tokens from ``numformer.decoding.generate``
-    (``sampling``: temperature, top_k, top_p, greedy), as ``numformer generate`` with the same seed continues it."""
+    (``sampling``: temperature, top_k, top_p, greedy), as ``numformer generate`` with the same seed continues it.
+    With ``fit`` (a default number, not the user's), fewer where the model's context has no room for more;
+    without it, a number that does not fit is a ValueError."""
     ids = check_ids(model, tokenizer.encode_prompt(prompt), "the prompt")
     n_prompt = len(ids)
     if max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be at least 0, got {max_new_tokens}")
+    if fit:
+        max_new_tokens = max(0, min(max_new_tokens, model.block_size - n_prompt))
     if n_prompt + max_new_tokens > model.block_size:
         raise ValueError(f"the prompt has {n_prompt} tokens and the model reads at most {model.block_size} (its "
                          f"block_size), so at most {model.block_size - n_prompt} new tokens fit; give fewer with "

@@ -42,25 +42,51 @@ def render_page(data):
 
 
 def write_static_page(path, data):
-    """Write the page with ``data`` (its ``mode`` set to "static") to ``path`` (its folders made as needed);
-    returns the path."""
+    """Write the page with ``data`` (its ``mode`` set to "static") to ``path`` (``check_static_path``; its
+    missing folders made, as ``numformer train`` and ``export`` make their --out); returns the path."""
     path = check_static_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_page({**data, "mode": "static"}), encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_page({**data, "mode": "static"}), encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{path} cannot be written ({e.strerror or e}); give a path in a folder you can "
+                         f"write to") from None
     return path
 
 
 def check_static_path(path):
-    """``path`` as a Path where a static page may be written: a name ending in .html, new or a page
-    ``write_static_page`` wrote (numformer replaces only its own pages); a ValueError saying what to do
-    otherwise."""
+    """``path`` as a Path where a static page may be written: a name ending in .html, in a folder (or under
+    one that exists) that takes new files, new or a page ``write_static_page`` wrote (numformer replaces only
+    its own pages); a ValueError naming the problem and what to do otherwise."""
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"{path}: the static page is an HTML file; give a name ending in .html")
+    _check_page_folder(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give the name of a new .html file (e.g. {path / 'explorer.html'})")
     if path.exists() and not is_explorer_page(path):
         raise ValueError(f"{path} exists and is not a page `numformer explore --static` wrote: numformer replaces "
                          f"only its own pages; give another name, or move the file away")
     return path
+
+
+def _check_page_folder(path):
+    """A ValueError when a file stands where a folder of ``path`` should be, or when its folder exists but
+    takes no new file: tried, since a folder can refuse one whatever its permissions say (/proc, a read-only
+    mount, or any folder for root)."""
+    for p in path.parents:
+        if p.exists() or p.is_symlink():
+            break
+    if not p.is_dir():
+        raise ValueError(f"{path}: {p} is a file, not a folder; give a path in a folder")
+    if p != path.parent or path.exists():
+        return          # folders made later, or a page replaced: their writing names any failure
+    try:
+        path.open("x", encoding="utf-8").close()
+        path.unlink()
+    except OSError as e:
+        raise ValueError(f"{path}: a new file cannot be made in the folder {p} ({e.strerror or e}); give a path "
+                         f"in a folder you can write to") from None
 
 
 def is_explorer_page(path):

@@ -648,6 +648,10 @@ def test_the_command_line_session(tmp_path):
     assert unknown.returncode == 2 and "no exercise 'layernorm' (did you mean 'layer_norm'?)" in unknown.stderr
     missing = numformer("exercises", "check", "rms_norm", "ex/nothing.py", cwd=tmp_path)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+    (tmp_path / "emptydir").mkdir()
+    folder = numformer("exercises", "check", "rms_norm", "emptydir", cwd=tmp_path)
+    assert folder.returncode == 2 and folder.stderr.count("\n") == 1
+    assert "emptydir is a folder; give the .py file of your solution (e.g. emptydir/rms_norm.py)" in folder.stderr
     (tmp_path / "notes.md").write_text("# my notes\n", encoding="utf-8")
     not_python = numformer("exercises", "check", "rms_norm", "notes.md", cwd=tmp_path)
     assert not_python.returncode == 1 and "notes.md is not a Python file" in not_python.stdout

@@ -47,11 +47,20 @@ def get(name):
                          f"them: {', '.join(EXERCISES)}") from None
 
 
+def refuse_folder(path, exercise=None):
+    """A ValueError when ``path`` is a folder, not the learner's .py file: it names the file meant (that of
+    ``exercise``, where known)."""
+    if Path(path).is_dir():
+        example = f" (e.g. {Path(path) / f'{exercise}.py'})" if exercise else ""
+        raise ValueError(f"{path} is a folder; give the .py file of your solution{example}")
+
+
 def load_functions(path, allowed_imports=ANY_STUBS_IMPORTS):
     """The names a learner's file defines, after running it as a module (its folder on sys.path, so that it may
     import a helper file beside it). A file that does not run raises a Failure saying where; so does, before it
     runs, a file that imports numformer beyond ``allowed_imports`` (its exercise's ``allowed_imports``)."""
     path = Path(path)
+    refuse_folder(path)
     if not path.is_file():
         raise FileNotFoundError(2, "no such file", str(path))
     name = f"_numformer_exercise_{path.stem}"
@@ -80,6 +89,7 @@ def load_functions(path, allowed_imports=ANY_STUBS_IMPORTS):
 def check_file(name, path):
     """Grade the learner's file ``path`` on exercise ``name``: a ``Report``."""
     exercise = get(name)
+    refuse_folder(path, exercise.name)
     try:
         functions = load_functions(path, exercise.allowed_imports)
     except Failure as failure:

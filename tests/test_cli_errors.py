@@ -107,6 +107,30 @@ def test_a_tokenizer_json_of_another_vocabulary_size_is_refused(text_run, copy_o
     assert "restore the run's tokenizer.json" in line and not any(tmp_path.glob("[hx]*"))
 
 
+@pytest.mark.parametrize("template, expected", [
+    (None, "the model's context of 16 tokens is too small for numformer's chat format: it needs 18 tokens "
+           "before any message; use a model with a longer block_size, or give a shorter template with "
+           "--chat-template FILE"),
+    ("{{ 'e' * 40 }}", "too small for the chat template: it needs 40 tokens before any message"),
+    ("{{ 'x' }}", "numformer chat: error: the chat format cannot be encoded by the model's tokenizer: 1 "
+                  "character(s) not in the vocabulary"),
+])
+def test_a_context_too_small_for_the_chat_format_says_so(text_run, cli_error, tmp_path, monkeypatch, template,
+                                                         expected):
+    """A model of 16 tokens of context cannot take numformer's built-in chat format (no template was given:
+    the error does not ask for a shorter one as if there were) nor a long --chat-template; a template it
+    cannot encode says so once, without "the chat format, written in the chat format"."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/quit\n"))
+    flags = []
+    if template is not None:
+        (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
+        flags = ["--chat-template", tmp_path / "t.jinja"]
+    line = cli_error("chat", text_run, "--max-new-tokens", "5", *flags)
+    assert expected in line and line.count("chat format") <= 1
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "explore"])
 def test_a_missing_source_says_how_a_hub_id_is_written(tmp_path, cli_error, command, monkeypatch):
     monkeypatch.chdir(tmp_path)

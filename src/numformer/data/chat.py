@@ -437,19 +437,23 @@ class ChatSession:
         an empty message cannot be rendered (jinja2 missing, a template that refuses it), cannot be encoded (a
         character of the system prompt outside the vocabulary), or does not fit in the model's context."""
         system = [] if self.system is None else [{"role": "system", "content": self.system}]
-        what = "the system prompt" if system else "the chat format"
+        what = "the system prompt, written in the chat format," if system else "the chat format"
         try:
             ids = self.format.encode(self.tokenizer, system + [{"role": "user", "content": ""}], True)
         except ValueError as e:
             if "chat template" in str(e):
                 raise
-            raise ValueError(f"{what}, written in the chat format, cannot be encoded by the model's tokenizer: "
-                             f"{e}") from None
+            raise ValueError(f"{what} cannot be encoded by the model's tokenizer: {e}") from None
         context = int(self.model.block_size)
-        if len(ids) > context:
-            fix = "shorten it" if system else "give a shorter chat template"
-            raise ValueError(f"{what} makes a prompt of {len(ids)} tokens (with the chat format) before any message, "
-                             f"more than the model's context of {context}; {fix}")
+        if len(ids) <= context:
+            return
+        if system:
+            raise ValueError(f"the system prompt makes a prompt of {len(ids)} tokens (with the chat format) before "
+                             f"any message, more than the model's context of {context}; shorten it")
+        which = "numformer's chat format" if self.format.is_default else "the chat template"
+        raise ValueError(f"the model's context of {context} tokens is too small for {which}: it needs {len(ids)} "
+                         f"tokens before any message; use a model with a longer block_size, or give a shorter "
+                         f"template with --chat-template FILE")
 
     def prompt_ids(self):
         """The ids of the conversation with the generation prompt, dropping the oldest turns to fit."""

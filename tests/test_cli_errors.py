@@ -234,14 +234,18 @@ def test_chat_and_explore_name_the_bad_sampling_flag(text_run, run_cli, command,
     (["explore", "RUN", "--statc", "a.html"], "explore", "--statc", "--static"),
     (["exercises", "check", "layer_norm", "a.py", "--hint"], "exercises check", "--hint", None),
     (["generate", "RUN", "--temprature=0.5"], "generate", "--temprature=0.5", "--temperature"),
+    (["--verison"], "", "--verison", "--version"),                    # not "arguments are required: COMMAND"
+    (["train", "CFG", "--otu", "x"], "train", "--otu", "--out"),        # not only "required: --out"
+    (["analyze", "RUN", "--nosuch"], "analyze", "--nosuch", None),      # --src is not close to it
 ])
 def test_an_unknown_flag_is_the_commands_error_with_a_guess(text_run, capsys, args, command, flag, meant):
     with pytest.raises(SystemExit) as exit:
-        main([str(text_run) if a == "RUN" else a for a in args])
+        main([{"RUN": str(text_run), "CFG": str(text_run.parent / "text.toml")}.get(a, a) for a in args])
     err = capsys.readouterr().err
-    assert exit.value.code == 2 and err.startswith(f"usage: numformer {command} ")
+    prog = " ".join(["numformer", command]).strip()
+    assert exit.value.code == 2 and err.startswith(f"usage: {prog} ")
     line = err.splitlines()[-1]
-    assert line.startswith(f"numformer {command}: error: unrecognized arguments: {flag}")
+    assert line.startswith(f"{prog}: error: unrecognized arguments: {flag}")
     assert (f"did you mean {meant} for {flag}?" in line) if meant else "did you mean" not in line
 
 

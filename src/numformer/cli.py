@@ -44,15 +44,44 @@ def build_parser():
 
 def parse_arguments(parser, argv=None):
     """The parsed command line; an argument the command does not know is the command's own error (its usage,
-    ``numformer COMMAND: error: ...``, and the flag it was probably meant to be), not the top-level one."""
-    args, unknown = parser.parse_known_args(argv)
+    ``numformer COMMAND: error: ...``, and the flag it was probably meant to be), not the top-level one, and
+    comes before a missing required argument (a misspelt --out is named, not reported as --out missing)."""
+    args, unknown = _parse_leniently(parser, argv)
     if unknown:
         command = _innermost_parser(parser, args)
         flags = [f for action in command._actions for f in action.option_strings if f.startswith("--")]
-        guesses = {u: difflib.get_close_matches(u.split("=", 1)[0], flags, n=1) for u in unknown if u.startswith("-")}
-        hints = "".join(f"; did you mean {g[0]} for {u}?" for u, g in guesses.items() if g)
+        hints = "".join(f"; did you mean {g} for {u}?" for u in unknown if (g := _close_flag(u, flags)))
         command.error(f"unrecognized arguments: {' '.join(unknown)}{hints}")
-    return args
+    return parser.parse_args(argv)
+
+
+def _parse_leniently(parser, argv):
+    """``parse_known_args`` with no argument required (restored after): the arguments it does not know, whether
+    or not a required one is missing."""
+    parsers, changed = [parser], []
+    while parsers:
+        p = parsers.pop()
+        for item in [*p._actions, *p._mutually_exclusive_groups]:
+            if item.required:
+                changed.append(item)
+                item.required = False
+            if isinstance(item, argparse._SubParsersAction):
+                parsers.extend(item.choices.values())
+    try:
+        return parser.parse_known_args(argv)
+    finally:
+        for item in changed:
+            item.required = True
+
+
+def _close_flag(unknown, flags):
+    """The flag of ``flags`` that ``unknown`` (an option, maybe ``--flag=value``) is close to, by difflib's
+    ratio of their names without dashes (which every flag shares), or None."""
+    if not unknown.startswith("-"):
+        return None
+    names = {f.lstrip("-"): f for f in flags}
+    close = difflib.get_close_matches(unknown.split("=", 1)[0].lstrip("-"), names, n=1, cutoff=0.6)
+    return names[close[0]] if close else None
 
 
 def _innermost_parser(parser, args):

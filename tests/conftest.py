@@ -178,9 +178,10 @@ def set_commit(monkeypatch, value):
     import numformer.experiments.gpt_to_llama as gpt_to_llama
     import numformer.experiments.language_model as language_model
     import numformer.experiments.speedrun as speedrun
+    import numformer.train.final as final
     import numformer.train.trainer as trainer
 
-    for module in (trainer, speedrun, language_model, gpt_to_llama, chat_pipeline):
+    for module in (trainer, final, speedrun, language_model, gpt_to_llama, chat_pipeline):
         monkeypatch.setattr(module, "git_commit", lambda: value)
 
 

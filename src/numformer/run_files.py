@@ -226,7 +226,7 @@ def run_weights(run_dir):
     if not path.is_file():
         raise ValueError(f"{run_dir} has no saved weights ({MODEL} or {CHECKPOINT})")
     try:
-        step = f" (step {int(json.loads(load_metadata(path, 'checkpoint')['state'])['step'])})"
+        step = f" (step {int(bounded_json(load_metadata(path, 'checkpoint')['state'], 'its state')['step'])})"
     except (KeyError, TypeError, ValueError):       # a damaged checkpoint is named when it is loaded
         step = ""
     print(f"note: {run_dir} has no {MODEL}; using the last weights, those of {path}{step}", file=sys.stderr,

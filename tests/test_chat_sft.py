@@ -143,6 +143,26 @@ def test_chat_task_batches_take_the_loss_on_assistant_tokens(tmp_path):
         ChatTask({"path": str(chat)}, 0, None)
 
 
+def test_chat_data_errors_name_the_file_and_the_record(tmp_path):
+    """An empty file says it holds no records (not "none of the 0 records has an assistant token"), and
+    characters the base model's character tokenizer lacks name the file and the record, and ask for the data
+    to change: a fine-tune keeps its base's tokenizer, so "rebuild the tokenizer" is no fix."""
+    from numformer.data.tokenizers import CharTokenizer
+
+    chars = CharTokenizer.from_text("User: Assistant: hello there, how are you?\n")
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"empty\.json holds no records; give a JSON or JSON-lines file"):
+        ChatTask({"path": str(tmp_path / "empty.json")}, 0, chars.to_dict())
+    records = [{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "how are"}]},
+               {"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "<b>\"yo\""}]}]
+    (tmp_path / "odd.json").write_text(json.dumps(records))
+    with pytest.raises(ValueError) as error:
+        ChatTask({"path": str(tmp_path / "odd.json"), "val_size": 0}, 0, chars.to_dict())
+    message = str(error.value)
+    assert f"record 1 of {tmp_path / 'odd.json'} has 4 character(s) that the base model's tokenizer" in message
+    assert "'\"<>b'" in message and "remove them from the data" in message and "rebuild" not in message
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_chat_fine_tuning_from_a_base_run(tmp_path, lora):
     from numformer.cli import main

@@ -28,7 +28,7 @@ from .._limits import bounded_json
 from .base import IGNORE, Batch, Task, register_task
 from .chat import ChatFormat, alpaca_messages, encode_chat
 from .files import json_lines
-from .tokenizers import tokenizer_from_dict
+from .tokenizers import UnknownCharacters, tokenizer_from_dict
 
 
 def read_records(path):
@@ -137,7 +137,19 @@ class ChatTask(Task):
         return None if len(ids) < 2 or np.all(labels[1:] == IGNORE) else (ids, labels)
 
     def _encode(self, conversations):
-        examples = [self._example(m) for m in conversations]
+        path = self.config["path"]
+        if not conversations:
+            raise ValueError(f"task {self.name!r}: {path} holds no records; give a JSON or JSON-lines file of "
+                             f"conversations ({{\"messages\": [...]}}) or Alpaca records")
+        examples = []
+        for i, record in enumerate(conversations):
+            try:
+                examples.append(self._example(record))
+            except UnknownCharacters as e:      # the base model's tokenizer is fixed: the data must change
+                raise ValueError(f"task {self.name!r}: record {i} of {path} has {len(e.characters)} character(s) "
+                                 f"that the base model's tokenizer ({e.vocab_size} characters) lacks: "
+                                 f"{''.join(e.characters)[:50]!r}; remove them from the data, or fine-tune a "
+                                 f"base model whose tokenizer has them") from None
         keep = [e for e in examples if e is not None]
         if not keep:
             raise ValueError(f"task {self.name!r}: none of the {len(conversations)} records of {self.config['path']} "

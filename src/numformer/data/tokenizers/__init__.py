@@ -33,12 +33,12 @@ from .padding import pad_batch, truncate
 from .pretrained import PretrainedTokenizer
 from .registry import (TOKENIZER_TYPES, build_tokenizer, is_hf_document, restore_saved_tokenizer,
                        tokenizer_from_dict)
-from .simple import CharTokenizer, SymbolTokenizer, WordTokenizer
+from .simple import CharTokenizer, SymbolTokenizer, UnknownCharacters, WordTokenizer
 
 __all__ = ["BOS", "CLS", "EOS", "OPTIONAL_SPECIALS", "PAD", "UNK", "END_OF_TEXT", "GPT2_PATTERN", "GPT4_PATTERN",
            "PATTERNS", "AddedToken", "ByteLevelBPE", "CharTokenizer", "NormalizedBPE", "PreTokenizer",
            "PretrainedTokenizer", "SpecialsTokenizer", "SymbolTokenizer", "TOKENIZER_TYPES", "Tokenizer",
-           "WordTokenizer", "build_tokenizer", "bytes_to_unicode", "compile_pattern", "count_pieces", "is_hf_document",
+           "UnknownCharacters", "WordTokenizer", "build_tokenizer", "bytes_to_unicode", "compile_pattern", "count_pieces", "is_hf_document",
            "normalize_text", "pad_batch", "restore_saved_tokenizer", "special_tokens", "split_words", "to_byte_chars",
            "token_labels",
            "tokenizer_from_dict", "train_fast", "train_reference", "truncate",

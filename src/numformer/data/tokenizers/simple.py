@@ -65,6 +65,16 @@ def _code_points(text: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+class UnknownCharacters(ValueError):
+    """Text holding characters outside a character vocabulary: ``characters`` (sorted), ``vocab_size``."""
+
+    def __init__(self, characters, vocab_size):
+        self.characters, self.vocab_size = characters, vocab_size
+        super().__init__(f"{len(characters)} character(s) not in the vocabulary of {vocab_size}: "
+                         f"{''.join(characters)[:50]!r}; remove them or rebuild the tokenizer from a text that "
+                         "contains them")
+
+
 class CharTokenizer(Tokenizer):
     """One id per character. ``CharTokenizer.from_text(corpus)`` uses the sorted distinct characters.
 
@@ -93,10 +103,7 @@ class CharTokenizer(Tokenizer):
         try:
             return [self.stoi[c] for c in text]
         except KeyError:
-            unknown = sorted(set(text) - set(self.stoi))
-            raise ValueError(f"{len(unknown)} character(s) not in the vocabulary of {self.vocab_size}: "
-                             f"{''.join(unknown)[:50]!r}; remove them or rebuild the tokenizer "
-                             "from a text that contains them") from None
+            raise UnknownCharacters(sorted(set(text) - set(self.stoi)), self.vocab_size) from None
 
     def encode_array(self, text: str) -> np.ndarray:
         """``encode`` as an int64 array, vectorized: a table from code point to id (-1 outside the

@@ -128,23 +128,30 @@ def test_sigterm_during_the_final_scoring_writes_an_interrupted_summary(tmp_path
     assert sum(1 for r in metrics if r["step"] == 6 and "val_loss" in r) == 1     # not evaluated twice
 
 
-def test_a_second_ctrl_c_during_the_final_scoring_aborts_naming_the_checkpoint(tmp_path, monkeypatch,
-                                                                                signal_in_final_scoring, capsys):
-    """Ctrl-C during step 8 stops the run; a second Ctrl-C while its kept weights are scored aborts it with the
-    one line naming the checkpoint kept (before: the handler was gone, KeyboardInterrupt without a word)."""
+def ctrl_c_during_step_8(trainer, monkeypatch):
+    """Send this process SIGINT (Ctrl-C) while ``trainer`` takes its step 8: the run stops after it."""
     import os
     import signal
 
-    run = tmp_path / "run"
-    trainer = Trainer(cfg(), run)
     real = trainer._train_step
 
     def step_then_interrupt():
         out = real()
-        if trainer.step == 7:           # during step 8: the run stops after it
+        if trainer.step == 7:
             os.kill(os.getpid(), signal.SIGINT)
         return out
     monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
+
+
+def test_a_second_ctrl_c_during_the_final_scoring_aborts_naming_the_checkpoint(tmp_path, monkeypatch,
+                                                                                signal_in_final_scoring, capsys):
+    """Ctrl-C during step 8 stops the run; a second Ctrl-C while its kept weights are scored aborts it with the
+    one line naming the checkpoint kept (before: the handler was gone, KeyboardInterrupt without a word)."""
+    import signal
+
+    run = tmp_path / "run"
+    trainer = Trainer(cfg(), run)
+    ctrl_c_during_step_8(trainer, monkeypatch)
     signal_in_final_scoring(signal.SIGINT)
     capsys.readouterr()
     with pytest.raises(KeyboardInterrupt):
@@ -214,22 +221,12 @@ def test_resuming_a_run_ended_by_its_time_budget_leaves_its_files(tmp_path, monk
 
 def test_an_interrupted_run_resumed_at_its_max_steps_ends_as_at_max_steps(tmp_path, monkeypatch):
     """Ctrl-C during step 8, then --resume --set train.max_steps=8: the run ends as one that reached max_steps
-    there: a regular training line and an evaluation at step 8 (evaluated every 3), no partial line, summary.json stopped_by
-    max_steps (before: 'nothing to train', then the partial line stayed and no evaluation of step 8 ran); and
-    it is then over: a further --resume leaves its files."""
-    import os
-    import signal
-
+    there: a regular training line and an evaluation at step 8 (evaluated every 3), no partial line,
+    summary.json stopped_by max_steps (before: 'nothing to train', then the partial line stayed and no
+    evaluation of step 8 ran); and it is then over: a further --resume leaves its files."""
     run = tmp_path / "run"
     trainer = Trainer(cfg(eval_every=3), run, quiet=True)
-    real = trainer._train_step
-
-    def step_then_interrupt():
-        out = real()
-        if trainer.step == 7:           # during step 8: the run stops after it
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-    monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
+    ctrl_c_during_step_8(trainer, monkeypatch)
     assert trainer.train()["steps"] == 8
     trainer.close()
     resumed = Trainer(None, run, resume=True, quiet=True, overrides=["train.max_steps=8"])

@@ -142,22 +142,26 @@ def test_a_regex_that_matches_nothing_in_the_text_is_refused_and_one_that_does_i
     assert task.tokenizer.vocab_size == 280 and "Ġthe" in task.tokenizer.vocab
 
 
-def test_quiet_train_prints_nothing_while_learning_a_bpe(tmp_path, run_cli):
-    path = corpus(tmp_path, n_words=400, seed=7)
+def bpe_config(tmp_path, path, vocab_size, data="", train=""):
+    """tmp_path/c.toml: a one-layer GPT trained 2 steps on ``path`` with a BPE of ``vocab_size`` tokens, the
+    lines ``data`` and ``train`` added to [data] and [train]."""
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[model]\nn_layers = 1\nn_heads = 2\nd_model = 16\n[data]\ntask = "text"\n'
-                   f'path = "{path.as_posix()}"\ntokenizer = "bpe"\nvocab_size = 280\nblock_size = 16\n'
-                   f'[train]\nmax_steps = 2\nbatch_size = 4\neval_every = 2\nprocesses = 1\n', encoding="utf-8")
+                   f'path = "{path.as_posix()}"\ntokenizer = "bpe"\nvocab_size = {vocab_size}\n{data}'
+                   f'[train]\nmax_steps = 2\nbatch_size = 4\nprocesses = 1\n{train}', encoding="utf-8")
+    return cfg
+
+
+def test_quiet_train_prints_nothing_while_learning_a_bpe(tmp_path, run_cli):
+    path = corpus(tmp_path, n_words=400, seed=7)
+    cfg = bpe_config(tmp_path, path, 280, "block_size = 16\n", "eval_every = 2\n")
     rc, out, err = run_cli("train", cfg, "--out", tmp_path / "run", "--quiet")
     assert rc == 0 and out == "" and err == "", err
 
 
 def test_a_bpe_vocab_size_too_small_is_refused_before_anything_is_learnt(tmp_path, run_cli):
     path = corpus(tmp_path, n_words=50, seed=8)
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[model]\nn_layers = 1\nn_heads = 2\nd_model = 16\n[data]\ntask = "text"\n'
-                   f'path = "{path.as_posix()}"\ntokenizer = "bpe"\nvocab_size = 10\n'
-                   f'[train]\nmax_steps = 2\nbatch_size = 4\nprocesses = 1\n', encoding="utf-8")
+    cfg = bpe_config(tmp_path, path, 10)
     rc, _, err = run_cli("train", cfg, "--out", tmp_path / "run")
     assert rc == 2 and err.splitlines() == ["numformer train: error: [data] vocab_size = 10 is too small for a "
                                             "byte-level BPE, which holds the 256 bytes and <|endoftext|>: set it "

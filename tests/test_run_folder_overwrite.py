@@ -118,3 +118,21 @@ def test_out_is_a_file(tmp_path, cli_error, out, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.toml").write_text(TINY)
     assert "tiny.toml is a file, not a folder" in cli_error("train", "tiny.toml", "--out", out)
+
+
+def test_overwrite_removes_the_old_runs_analysis_report_and_keeps_other_files(old_run, run_cli):
+    """RUN/report, analyze's default output, describes the run --overwrite deletes, so it goes with it (its
+    report.md and figures); a file of the user's beside them stays, and so does a report folder of another
+    kind (no report.md of numformer's)."""
+    cfg, out = old_run
+    assert run_cli("analyze", out, "--text", "0 1 2")[0] == 0
+    report = out / "report"
+    figures = sorted(p.name for p in report.glob("*.png"))
+    assert (report / "report.md").read_text().startswith("# Analysis report") and figures
+    (report / "notes.txt").write_text("mine")
+    assert run_cli("train", cfg, "--out", out, "--overwrite", "--quiet", "--set", "train.seed=2")[0] == 0
+    assert sorted(p.name for p in report.iterdir()) == ["notes.txt"]
+    (report / "notes.txt").unlink()
+    (report / "report.md").write_text("# My own report\n")
+    assert run_cli("train", cfg, "--out", out, "--overwrite", "--quiet", "--set", "train.seed=3")[0] == 0
+    assert (report / "report.md").read_text() == "# My own report\n"

@@ -18,6 +18,10 @@ INDEX_TITLE = "# Results"                   # the first line of results/README.m
 BENCH_TITLE = "# numformer benchmarks"      # the first line of bench.md (bench.runner.render_markdown)
 REPORT_TITLE = "# Analysis report"         # the start of report.md's first line (analysis.report.write_report)
 _PAGES = {"README.md": INDEX_TITLE, "bench.md": BENCH_TITLE}
+# The figures an analysis report may draw beside its report.md (analysis.report.write_report)
+REPORT_FIGURES = ("model_diagram.png", "attention_*.png", "head_stats_*.png", "head_ablation.png",
+                  "position_importance.png", "loss.png", "lr.png", "eval_metrics.png", "positional_*.png",
+                  "position_similarity_*.png", "wavelengths.png")
 
 
 def _first_line(path):
@@ -66,3 +70,18 @@ def check_report_folder(path, overwrite=False):
     raise ValueError(f"--out {path} holds files that are not an analysis report of numformer's (no report.md "
                      f"starting with '{REPORT_TITLE}'): report.md and its figures would be written among them; "
                      f"choose another --out, or give --overwrite")
+
+
+def remove_report(path):
+    """Delete the analysis report in folder ``path`` (report.md with its title, and the figures a report
+    draws; the folder too once empty), as when the run it describes is replaced; other files stay. Returns
+    whether there was one."""
+    path = Path(path)
+    if not (path.is_dir() and (_first_line(path / "report.md") or "").startswith(REPORT_TITLE)):
+        return False
+    for figure in (f for pattern in REPORT_FIGURES for f in path.glob(pattern)):
+        figure.unlink(missing_ok=True)
+    (path / "report.md").unlink(missing_ok=True)
+    if not any(path.iterdir()):
+        path.rmdir()
+    return True

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._results import REPORT_FIGURES
 from ..models import EncoderClassifier, Transformer
 from ._common import as_inputs, input_names, max_lengths, pad_ids
 from .ablation import head_ablation, loss_metric, plot_head_ablation
@@ -139,14 +140,9 @@ def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_
     return path
 
 
-# The figures a report may draw: those of an earlier report into the same folder that this one did not draw
-# (a section left out, a model without that input) are removed, so that the folder holds this report's alone.
-REPORT_FIGURES = ("model_diagram.png", "attention_*.png", "head_stats_*.png", "head_ablation.png",
-                  "position_importance.png", "loss.png", "lr.png", "eval_metrics.png", "positional_*.png",
-                  "position_similarity_*.png", "wavelengths.png")
-
-
 def _remove_stale_figures(out, md):
+    """Remove the figures (``REPORT_FIGURES``) of an earlier report into ``out`` that this one did not draw (a
+    section left out, a model without that input), so that the folder holds this report's alone."""
     drawn = set(re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", "\n".join(md)))
     for pattern in REPORT_FIGURES:
         for figure in out.glob(pattern):

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from .._limits import bounded_json
 from .. import _platform
+from .._results import remove_report
 from ..run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL, remove_temp_files
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
@@ -364,6 +365,8 @@ def start_new_run(path, overwrite=False, resumable=True):
     for name in present:
         (path / name).unlink(missing_ok=True)
     remove_temp_files(path, RUN_FILES)          # writes cut short (write_atomic's temporary files)
+    if present and present != [REFERENCE]:      # analyze's default report describes the run just deleted
+        remove_report(path / "report")
 
 
 def weights_metadata(config):

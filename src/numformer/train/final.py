@@ -74,6 +74,26 @@ def kept_weights_figures(world, keep):
     return figures if world is None else world.comm.bcast(figures, root=0)
 
 
+def abandonable(trainer, work):
+    """(False, ``work()``), or (True, None) when a first stop signal abandoned it: meanwhile
+    ``trainer._phase`` is "scoring", in which its stop-signal handler raises ``FinalPhaseStopped``."""
+    try:
+        trainer._phase = "scoring"
+        result = work()
+        trainer._phase = "final"
+        return False, result
+    except stop_signals.FinalPhaseStopped:
+        trainer._phase = "final"
+        return True, None
+
+
+def stop_agreed(trainer, stopped=False):
+    """Whether this process, or under MPI any rank, was asked to stop (``trainer.stop_requested``) or
+    abandoned its scoring (``stopped``); collective under MPI: every rank gets the same answer."""
+    mine = bool(stopped or trainer.stop_requested)
+    return mine if trainer.world is None else any(trainer.world.comm.allgather(mine))
+
+
 def divergence_advice(run_dir, checkpoint_step, grad_clip=0.0):
     """What a diverged run keeps and how to continue: from the checkpoint written before the divergence began
     (of ``checkpoint_step``), with a lower learning rate; or, without one, a new run. ``grad_clip``: the run's
@@ -232,25 +252,27 @@ def finish(trainer, stop, n_params, wall_start):
 
 
 def final_scoring(trainer, stop):
-    """(figures of the weights kept, the test split's figures or None). Alone, a stop signal during it (or
-    since the last step's checkpoint) abandons it, which writes nothing: the weights are those saved, unscored
-    (``unscored_figures``), and ``stop`` says interrupted. ``trainer._phase`` tells its stop-signal handler
-    what may be abandoned."""
+    """(figures of the weights kept, the test split's figures or None). A first stop signal during it (or
+    since the last step's checkpoint) abandons it, which writes nothing: the weights are those saved,
+    unscored (``unscored_figures``), and ``stop`` says interrupted. Under MPI rank 0 alone scores, and every
+    rank agrees (``stop_agreed``) before and after it whether any rank was stopped: then it is abandoned on
+    every rank alike, whichever rank the signal reached."""
     t, figures, test = trainer.train_cfg, None, None
     ended = trainer.step >= t["max_steps"] or stop["stopped_early"] or stop["time_limit"] or stop["budget"]
-    try:
-        trainer._phase = "scoring" if trainer.world is None else "final"
-        if trainer._phase == "scoring" and trainer._stop_requested and not stop["interrupted"]:
-            raise stop_signals.FinalPhaseStopped
-        figures = kept_weights_figures(trainer.world, lambda: keep_better_weights(
-            trainer.model, trainer.folder, trainer.evaluation, trainer.early, trainer.step, trainer.config,
-            stop["diverged"], resumable=stop["interrupted"] or stop["time_limit"]))
-        if (trainer._writer and ended and not stop["interrupted"] and not stop["diverged"]
-                and trainer.evaluation.reports_test and trainer.step):
-            test = trainer.evaluation("test", full=True, metrics=True)   # not after Ctrl-C or stop_after
-        trainer._phase = "final"
-    except stop_signals.FinalPhaseStopped:
-        trainer._phase, stop["interrupted"] = "final", True
+    resumable = stop["interrupted"] or stop["time_limit"]
+    trainer._phase = "final"
+    stopped = not stop["interrupted"] and stop_agreed(trainer)
+    if not stopped:
+        stopped, figures = kept_weights_figures(trainer.world, lambda: abandonable(trainer, lambda: (
+            keep_better_weights(trainer.model, trainer.folder, trainer.evaluation, trainer.early, trainer.step,
+                                trainer.config, stop["diverged"], resumable=resumable))))
+    if (not stopped and trainer._writer and ended and not stop["interrupted"] and not stop["diverged"]
+            and trainer.evaluation.reports_test and trainer.step):      # not after Ctrl-C or stop_after
+        stopped, test = abandonable(trainer, lambda: trainer.evaluation("test", full=True, metrics=True))
+    if trainer.world is not None and not stop["interrupted"]:
+        stopped = stop_agreed(trainer, stopped)
+    if stopped:
+        stop["interrupted"], figures, test = True, None, None
     return figures or unscored_figures(trainer.run_dir / MODEL, trainer.early.best_step), test
 
 

@@ -227,7 +227,8 @@ class Trainer:
 
         Each step that fits the time budget: an update, then (when due) a log line, an evaluation, a checkpoint and
         the stopping rules (time limit, early stopping, Ctrl-C); then the final phase (``_finish``), during
-        which the stop signals are handled too. A divergence: summary.json, then TrainingDiverged."""
+        which the stop signals are handled too (under MPI, Ctrl-C alike on every rank: final.final_scoring).
+        A divergence: summary.json, then TrainingDiverged."""
         wall_start = time.perf_counter()        # summary.json's wall_seconds: the whole call
         self._stop_requested, self._phase = False, "steps"
         stop = {"stopped_early": False, "interrupted": False, "time_limit": False, "budget": False, "diverged": None}
@@ -244,8 +245,6 @@ class Trainer:
             t = self.train_cfg
             last_step = t["max_steps"] if stop_after is None else min(t["max_steps"], self.step + stop_after)
             self._take_steps(self.step if ended else last_step, stop)
-            if self.world is not None:           # under MPI, mpi.py's handlers stop every rank from here on
-                restore_signals()
             self._window.log_stop(self.folder, self.step, self.train_seconds)     # a line for the last step taken
             summary = self._finish(stop, n_params, wall_start)
         finally:

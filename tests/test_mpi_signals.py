@@ -1,0 +1,65 @@
+"""Stop signals under MPI after the last step: the final phase, and the exit code of SIGTERM.
+
+Each test starts `mpiexec -n 2` on a small script that runs `numformer train` with one function patched to send
+a signal at a chosen moment (as test_mpi.py's faults do).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_mpi import _config, _launch, _script, _toml, needs_mpi
+
+SIGNAL_AT = """
+    import os, signal, sys
+    from numformer.cli import main
+    from numformer.train import final, trainer as trainer_module
+
+    where = sys.argv[1]
+    world = []
+    finish, evaluate_step, keep = (trainer_module.Trainer._finish, trainer_module.Trainer._evaluate_step,
+                                   final.keep_better_weights)
+
+    def to_every_rank(signum):          # what mpiexec does with a Ctrl-C: every rank gets it
+        for pid, _ in world[0].pids:
+            os.kill(pid, signum)
+
+    def patched_finish(self, *args):
+        world.append(self.world)
+        return finish(self, *args)
+
+    def patched_evaluate_step(self):    # Ctrl-C while the last step is evaluated (after its Allreduce)
+        if where == "last_evaluation" and self.step == self.train_cfg["max_steps"]:
+            os.kill(os.getpid(), signal.SIGINT)
+        return evaluate_step(self)
+
+    def patched_keep(*args, **kwargs):  # Ctrl-C while rank 0 scores the kept weights
+        if where == "scoring":
+            to_every_rank(signal.SIGINT)
+        return keep(*args, **kwargs)
+
+    trainer_module.Trainer._finish = patched_finish
+    trainer_module.Trainer._evaluate_step = patched_evaluate_step
+    final.keep_better_weights = patched_keep
+    sys.exit(main(["train", *sys.argv[2:]]))
+"""
+
+
+def _train_signalled(tmp_path, where, **train):
+    toml = tmp_path / "config.toml"
+    toml.write_text(_toml(_config(tmp_path, **train)))
+    return _launch(2, [_script(tmp_path, SIGNAL_AT), where, str(toml), "--out", str(tmp_path / "run")])
+
+
+@needs_mpi
+@pytest.mark.parametrize("where", ["scoring", "last_evaluation"])
+def test_ctrl_c_in_the_final_phase_ends_as_an_interrupted_run_on_every_rank(tmp_path, where):
+    """As alone: the scoring is abandoned, summary.json says interrupted with the saved weights unscored, and
+    the job exits with 130 (no rank aborts)."""
+    result = _train_signalled(tmp_path, where, max_steps=3, eval_every=3)
+    assert result.returncode == 130, result.stderr
+    assert "failed" not in result.stderr and "Abort" not in result.stderr, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["stopped_by"] == "interrupted", summary
+    assert summary["steps"] == 3 and summary["best_val_loss"] is None and summary["best_step"] == 3, summary

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from test_mpi import _config, _launch, _script, _toml, needs_mpi
+from test_mpi import _config, _launch, _script, _toml, _train_under_fault, needs_mpi
 
 SIGNAL_AT = """
     import os, signal, sys
@@ -63,3 +63,12 @@ def test_ctrl_c_in_the_final_phase_ends_as_an_interrupted_run_on_every_rank(tmp_
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["stopped_by"] == "interrupted", summary
     assert summary["steps"] == 3 and summary["best_val_loss"] is None and summary["best_step"] == 3, summary
+
+
+@needs_mpi
+def test_sigterm_under_mpi_exits_with_128_plus_its_number(tmp_path):
+    """SIGTERM to one rank stops every rank at once (test_mpi.py: its line); the job's exit code is 143, as a
+    run alone exits, which Slurm scripts test."""
+    result = _train_under_fault(tmp_path, 2, "SIGTERM", 3, tmp_path / "run", _config(tmp_path))
+    assert result.returncode == 143, result.stderr
+    assert "rank 1 of 2" in result.stderr and "stopped by SIGTERM" in result.stderr

@@ -163,14 +163,15 @@ class World:
         return f"{errors[failed[0]]} (on {ranks} of {self.size})"
 
     def stop_on_signals(self, command):
-        """A rank told to stop by a signal (SIGTERM, SIGHUP, SIGUSR1) says so in one line and stops all ranks."""
+        """A rank told to stop by a signal (SIGTERM, SIGHUP, SIGUSR1) says so in one line and stops all ranks;
+        the job's exit code is 128 + the signal's number (143 for SIGTERM), as for a run alone."""
         rank_pid = os.getpid()
 
         def handler(signum, frame):
             if os.getpid() != rank_pid:        # a forked worker inherited this handler: it just ends
                 os._exit(128 + signum)
             self.abort(f"{command}: {self.label()} stopped by {signal.Signals(signum).name}; "
-                       f"stopping every rank (the last checkpoint is kept)")
+                       f"stopping every rank (the last checkpoint is kept)", code=128 + signum)
         for s in STOP_SIGNALS:
             signal.signal(s, handler)
 

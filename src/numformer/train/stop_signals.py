@@ -8,7 +8,8 @@ last checkpoint is kept). The forked data-parallel workers ignore them: the
 main process stops the run and then its workers.
 
 Under MPI each rank keeps ``train/mpi.py``'s handlers for SIGTERM, SIGHUP and SIGUSR1 (one line, every rank
-stopped); only Ctrl-C is handled here.
+stopped at once, exit code 128 + the signal's number); only Ctrl-C is handled here, in the final phase too:
+rank 0, which alone scores, abandons the scoring, and the ranks agree on the stop (``final.final_scoring``).
 """
 from __future__ import annotations
 

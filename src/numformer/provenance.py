@@ -36,18 +36,22 @@ def git_commit():
 
 
 def _checkout_commit():
-    """The commit the checkout holding numformer's source is at now (see git_commit), or None."""
+    """The commit the checkout holding numformer's source is at now (see git_commit), or None.
+
+    git runs with GIT_OPTIONAL_LOCKS=0: ``git status`` then does not refresh the index, so it never takes
+    .git/index.lock, for which the ranks of an MPI run (each asks) and the user's own git commands would race."""
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=_PACKAGE)
+                             cwd=_PACKAGE, env=env)
         commit = out.stdout.strip()
         if not commit:
             return None
         # uncommitted changes to the library or the configs: the commit alone does not say what ran
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=5,
-                             cwd=_PACKAGE).stdout.strip() or str(_PACKAGE)
+                             cwd=_PACKAGE, env=env).stdout.strip() or str(_PACKAGE)
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "configs"], capture_output=True,
-                               text=True, timeout=5, cwd=top)
+                               text=True, timeout=5, cwd=top, env=env)
         return commit + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None

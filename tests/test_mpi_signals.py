@@ -72,3 +72,33 @@ def test_sigterm_under_mpi_exits_with_128_plus_its_number(tmp_path):
     result = _train_under_fault(tmp_path, 2, "SIGTERM", 3, tmp_path / "run", _config(tmp_path))
     assert result.returncode == 143, result.stderr
     assert "rank 1 of 2" in result.stderr and "stopped by SIGTERM" in result.stderr
+
+
+KILL_WORKER = """
+    import os, signal, sys
+    from numformer.cli import main
+    from numformer.train import trainer as trainer_module
+
+    save = trainer_module.Trainer.save_checkpoint
+
+    def patched_save(self):             # rank 1's forked worker killed (as by the OOM killer) before a checkpoint
+        if self.world.rank == 1 and self.step == 2:
+            worker = self.workers.dp.local._workers[0]
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.join(5)
+        return save(self)
+
+    trainer_module.Trainer.save_checkpoint = patched_save
+    sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+@needs_mpi
+def test_a_killed_worker_inside_a_rank_is_named_in_the_rank_line(tmp_path):
+    toml = tmp_path / "config.toml"
+    toml.write_text(_toml(_config(tmp_path, processes=2, batch_size=6)))
+    result = _launch(2, [_script(tmp_path, KILL_WORKER), str(toml), "--out", str(tmp_path / "run")])
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if "rank 1 of 2" in line]
+    assert len(lines) == 1 and "failed: DataParallelError: data-parallel worker 1 exited unexpectedly (exit " \
+        "code -9); was it killed for lack of memory?" in lines[0], result.stderr

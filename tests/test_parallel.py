@@ -172,3 +172,15 @@ def test_workers_draw_their_own_dropout_masks():
         assert dp.rng_states() != states                             # the worker drew masks
         main_states = [model.drop.rng.bit_generator.state]
     assert len(states) == 1 and states[0] != main_states                  # reseeded from (seed, worker)
+
+
+def test_a_killed_worker_is_named_when_its_generators_are_read_or_set():
+    """The checkpoint reads the workers' generator states (under MPI at every checkpoint of every rank): a
+    killed worker there gives the same message as in a step, not the pipe's BrokenPipeError."""
+    with DataParallel(_gpt(), 2, seed=0) as dp:
+        states = dp.rng_states()
+        os.kill(dp._workers[0].pid, signal.SIGKILL)
+        dp._workers[0].join(5)
+        for call in (dp.rng_states, lambda: dp.set_rng_states(states)):
+            with pytest.raises(RuntimeError, match=r"data-parallel worker 1 exited unexpectedly \(exit code -9\)"):
+                call()

@@ -248,20 +248,24 @@ class DataParallel(ClosesOnExit):
                 f"lack of memory? Train with [train] processes = 1 to see the error")
 
     # -- random generators ------------------------------------------------------------------------------------
+    def _ask(self, rank, message):
+        """Send ``message`` to worker ``rank`` and return its answer; a worker gone (killed) raises
+        DataParallelError naming it (``_died``), not the pipe's error."""
+        try:
+            self._conns[rank - 1].send(message)
+            return self._conns[rank - 1].recv()
+        except (EOFError, OSError):
+            raise DataParallelError(self._died(rank)) from None
+
     def rng_states(self):
         """The workers' generator states (a JSON-able list, one list per worker)."""
-        states = []
-        for conn in self._conns:
-            conn.send("get_rng")
-            states.append(conn.recv())
-        return states
+        return [self._ask(rank, "get_rng") for rank in range(1, len(self._conns) + 1)]
 
     def set_rng_states(self, states):
         if len(states) != len(self._conns):
             raise ValueError(f"{len(states)} worker generator states for {len(self._conns)} workers")
-        for conn, state in zip(self._conns, states):
-            conn.send(("set_rng", state))
-            ok, error = conn.recv()
+        for rank, state in enumerate(states, start=1):
+            ok, error = self._ask(rank, ("set_rng", state))
             if error:
                 raise ValueError(error)
 

@@ -59,6 +59,16 @@ def mpiexec():
     return found
 
 
+def require_mpi(part):
+    """Before ``part`` measures anything: ValueError (one line) unless mpi4py imports and an mpiexec is found."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise ValueError(f"numformer bench {part} needs mpi4py: pip install \"numformer[mpi]\" (mpi4py and the "
+                         f"mpich wheel, whose mpiexec it uses)") from None
+    mpiexec()
+
+
 class MPIJob(ClosesOnExit):
     """``mpiexec -n ranks python -m numformer.bench._mpi_serve``: ask(command) -> seconds (see that module)."""
 
@@ -133,6 +143,7 @@ def cores():
 
 
 def run(quick=False, config_name="shakespeare_char", plan=None):
+    require_mpi("mpi")
     set_fast_runtime()
     warmup, rounds, steps = plan or (QUICK_PLAN if quick else PLAN)
     config, path = find_config(config_name)
@@ -172,7 +183,7 @@ def markdown(result, fig_dir):
         f"`numformer train`'s training step, on {r['cores']} cores: `mpiexec -n {r['ranks']}` ranks of one process "
         f"each (one in-place Allreduce of the gradients per step) against one process with {r['forked_processes']} "
         f"forked workers (`[train] processes`, the default), alternating in {r['rounds']} rounds of "
-        f"{r['steps_per_round']} steps after {r['warmup']} warm-up steps.", "",
+        f"{r['steps_per_round']} steps after {r['warmup']} warm-up step{'s' * (r['warmup'] != 1)}.", "",
         "| | tokens/s (median round) |", "|---|---:|",
         f"| forked workers ({r['forked_processes']} processes) | {r['forked_median_tokens_per_s']:,.0f} |",
         f"| MPI ({r['ranks']} ranks) | {r['mpi_median_tokens_per_s']:,.0f} |", "",

@@ -35,7 +35,7 @@ import time
 
 from .._runtime import set_fast_runtime
 from ..optim import clip_grad_norm
-from .mpi import ForkedTrainer, MPIJob, cores, find_config
+from .mpi import ForkedTrainer, MPIJob, cores, find_config, require_mpi
 
 LINKS_GBIT = (1, 10)
 MACHINES = (1, 2, 4, 8, 16, 32, 64)
@@ -78,6 +78,7 @@ def predict(t_step, t_opt, batch, grad_bytes, t_local, link_gbit, machines=MACHI
 
 
 def run(quick=False):
+    require_mpi("mpi-scaling")
     set_fast_runtime()
     plan = QUICK_PLAN if quick else PLAN
     out = {"links_gbit": list(LINKS_GBIT), "latency_s": LATENCY_S, "cores": cores(), "configs": {},

@@ -60,7 +60,7 @@ class AttentionMaps(Mapping):
     """Attention weights per group, as a read-only dict: ``maps[group]`` is (n_layers, B, H, Tq, Tk).
 
     ``allowed[group]`` (same shape, bool) is True where the masks let a query attend a key
-    (False: causal or padding masks); ``inputs`` are the token ids used;
+    (False: blocked by a causal, padding or sliding-window mask, or a mask passed in); ``inputs`` are the token ids used;
     ``query_input[group]`` / ``key_input[group]`` name the input that labels each axis;
     ``names[group]`` are the modules' dotted names.
     """
@@ -116,8 +116,9 @@ def attention_maps(model, inputs, **forward_kwargs):
     forward_kwargs: further arguments of ``model.forward`` (e.g. masks).
 
     Each MultiHeadAttention's ``record_weights`` is switched on for the pass and then restored (as are
-    ``last_weights`` and the train/eval flags). The mask each layer used is recorded too (``AttentionMaps.allowed``):
-    the masks the layer built, so causal and padding masks and any mask passed in are all reflected.
+    ``last_weights`` and the train/eval flags). The mask each layer used is recorded too
+    (``AttentionMaps.allowed``): the masks the layer built itself, so causal and padding masks, its
+    sliding window (also per-layer windows, as in Gemma 2/3) and any mask passed in are all reflected.
     """
     inputs = as_inputs(model, inputs)
     groups = attention_modules(model)
@@ -128,18 +129,19 @@ def attention_maps(model, inputs, **forward_kwargs):
     records = {}
 
     def recorder(m):
-        forward = m.forward
+        forward, build_masks = m.forward, m._masks
+        built = []
 
-        def wrapped(query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
-                    kv_cache=None, **options):
-            out = forward(query, key, value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                          is_causal=is_causal, kv_cache=kv_cache, **options)
-            k = query if key is None else key
-            B, Tq, Tk = query.shape[0], query.shape[1], k.shape[1]
-            mask = build_attention_mask(Tq, Tk, np.float64, attn_mask, key_padding_mask, is_causal, B, m.n_heads)
-            allowed = np.ones((B, m.n_heads, Tq, Tk), bool) if mask is None else \
-                np.broadcast_to(mask > -np.inf, (B, m.n_heads, Tq, Tk)).copy()
-            records[id(m)] = (np.array(m.last_weights, copy=True), allowed)
+        def masks(*args, **kwargs):
+            # the Masks the layer itself built: its sliding window (per layer in Gemma 2/3) is in them
+            built.append(build_masks(*args, **kwargs))
+            return built[-1]
+
+        def wrapped(query, *args, **kwargs):
+            built.clear()
+            with override_method(m, "_masks", masks):
+                out = forward(query, *args, **kwargs)
+            records[id(m)] = (np.array(m.last_weights, copy=True), _allowed(built[-1], m.last_weights))
             return out
         return wrapped
 
@@ -167,6 +169,16 @@ def attention_maps(model, inputs, **forward_kwargs):
         names[g] = [n for n, _ in mods]
     ids = {n: inputs[n] for n in input_names(model)}
     return AttentionMaps(weights, allowed, ids, q_in, k_in, names)
+
+
+def _allowed(masks, weights):
+    """(B, H, Tq, Tk) bool of the keys a layer's ``Masks`` let each query attend (no -inf score)."""
+    B, H, t_q, t_k = weights.shape
+    mask = build_attention_mask(t_q, t_k, np.float64, masks.attn_mask, masks.key_padding_mask,
+                                masks.is_causal, B, H, masks.causal_offset)
+    if mask is None:
+        return np.ones((B, H, t_q, t_k), bool)
+    return np.broadcast_to(mask > -np.inf, (B, H, t_q, t_k)).copy()
 
 
 def _as_grid(weights, batch_index):

@@ -1,0 +1,23 @@
+"""Regression tests of the analysis tools' defects found by a user trial: each test fails on the code
+before its fix (tiny float64 models, seconds)."""
+from __future__ import annotations
+
+import numpy as np
+
+from numformer import analysis as A
+from numformer.models import GPT
+
+
+def test_allowed_reflects_each_layers_sliding_window():
+    # layer 0 slides over 3 keys, layer 1 attends to everything (Gemma 2's alternating layers)
+    model = GPT(20, 16, n_layers=2, n_heads=2, d_model=8, rng=0, dtype=np.float64,
+                layers=[{"sliding_window": 3}, {}]).eval()
+    for block in model.blocks:              # zero q/k projections: uniform over the allowed keys
+        block.self_attn.qkv_proj.weight.data[:16] = 0
+    maps = A.attention_maps(model, np.arange(8))
+    allowed = maps.allowed["self"][:, 0, 0]
+    i, j = np.arange(8)[:, None], np.arange(8)[None, :]
+    np.testing.assert_array_equal(allowed[0], (j <= i) & (i - j < 3))
+    np.testing.assert_array_equal(allowed[1], j <= i)
+    entropy = A.head_statistics(maps)["self"]["normalized_entropy"]
+    np.testing.assert_allclose(entropy, 1.0, atol=1e-9)

@@ -21,3 +21,34 @@ def test_allowed_reflects_each_layers_sliding_window():
     np.testing.assert_array_equal(allowed[1], j <= i)
     entropy = A.head_statistics(maps)["self"]["normalized_entropy"]
     np.testing.assert_allclose(entropy, 1.0, atol=1e-9)
+
+
+def _tiny_gpt():
+    return GPT(20, 16, n_layers=2, n_heads=2, d_model=8, rng=0, dtype=np.float64)
+
+
+def _check_dla_adds_up(model):
+    ids = np.arange(7)[None]
+    logits = model(ids)
+    dla = A.direct_logit_attribution(model, ids, tokens=3, baseline_tokens=5)
+    np.testing.assert_allclose(dla.total(), dla.logit, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(dla.logit, logits[:, -1, 3] - logits[:, -1, 5], rtol=1e-6, atol=1e-9)
+
+
+def test_direct_logit_attribution_includes_a_lora_adapter_on_o_proj():
+    from numformer.lora import add_lora
+
+    model = _tiny_gpt()
+    add_lora(model, r=2, alpha=4, target_modules=["o_proj"], rng=0)
+    for name, p in model.named_parameters():        # a trained adapter: B no longer zero
+        if "lora_B" in name:
+            p.data[...] = np.random.default_rng(1).normal(0, 0.5, p.data.shape)
+    _check_dla_adds_up(model.eval())
+
+
+def test_direct_logit_attribution_reads_a_quantized_models_dequantized_weights():
+    from numformer.quantize.layer import quantize_model
+
+    model = _tiny_gpt()
+    quantize_model(model, bits=8)
+    _check_dla_adds_up(model.eval())

@@ -186,9 +186,30 @@ def _frozen(norm, total):
     return (lambda c: gamma * (c - c.mean(axis=-1, keepdims=True)) / scale), beta
 
 
+def effective_weight(layer, name):
+    """(out, in) float64: the weight a linear layer multiplies by. A quantized layer's dequantized
+    weight s·q; a LoRA-adapted layer's base weight plus each adapter's s·B A on its rows (the adapters'
+    dropout is off in eval mode). ValueError for a layer with no such weight."""
+    from ..lora import LoRALinear           # imported here: numformer.lora is not needed otherwise
+
+    adapters, base = [], layer
+    if isinstance(layer, LoRALinear):
+        adapters, base = layer._adapters, layer._base
+    if hasattr(base, "dequantized_weight"):
+        W = np.array(base.dequantized_weight(), dtype=np.float64)
+    elif getattr(base, "weight", None) is not None:
+        W = np.array(base.weight.data, dtype=np.float64)
+    else:
+        raise ValueError(f"{name} ({type(base).__name__}) has no weight matrix to read; direct logit "
+                         f"attribution needs a Linear, quantized or LoRA-adapted layer there")
+    for rows, adapter in adapters:
+        W[rows] += adapter.delta_weight().astype(np.float64)
+    return W
+
+
 def _direction(model, tokens, baseline_tokens, batch):
     """(B, d_model): the unembedding rows of the tokens (minus those of the baseline tokens)."""
-    W = model.lm_head.weight.data.astype(np.float64)
+    W = effective_weight(model.lm_head, "the output layer lm_head")
     d = W[np.broadcast_to(np.asarray(tokens), (batch,))]
     if baseline_tokens is not None:
         d = d - W[np.broadcast_to(np.asarray(baseline_tokens), (batch,))]
@@ -238,7 +259,8 @@ def _head_terms(block, cache, layer, position):
     ``position``, through the block's frozen post-attention norm in a sandwich."""
     attn = block.self_attn
     z = cache["z", layer][:, position].astype(np.float64)                    # (B, H, d_head)
-    W = attn.out_proj.weight.data.astype(np.float64).reshape(attn.d_model, attn.n_heads, attn.d_head)
+    W = effective_weight(attn.out_proj, f"blocks.{layer}.attn.out_proj")
+    W = W.reshape(attn.d_model, attn.n_heads, attn.d_head)
     heads = np.einsum("bhe,dhe->bhd", z, W)
     bias = np.zeros_like(heads[:, 0]) if attn.out_proj.bias is None else \
         np.broadcast_to(attn.out_proj.bias.data.astype(np.float64), heads[:, 0].shape)

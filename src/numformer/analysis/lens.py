@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..lora import LoRALinear
 from ..models import GPT
 from ..nn import RMSNorm
 from ._common import as_inputs, eval_mode, new_figure, save_figure, set_token_ticks
@@ -190,8 +191,6 @@ def effective_weight(layer, name):
     """(out, in) float64: the weight a linear layer multiplies by. A quantized layer's dequantized
     weight s·q; a LoRA-adapted layer's base weight plus each adapter's s·B A on its rows (the adapters'
     dropout is off in eval mode). ValueError for a layer with no such weight."""
-    from ..lora import LoRALinear           # imported here: numformer.lora is not needed otherwise
-
     adapters, base = [], layer
     if isinstance(layer, LoRALinear):
         adapters, base = layer._adapters, layer._base

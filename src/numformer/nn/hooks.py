@@ -11,15 +11,23 @@ backward passes the gradient back through it: ``dx = self.hook_resid_pre.backwar
 attached the call returns its input and keeps nothing (one attribute test); training never pays for more.
 
 What backward means under patching. A hook function is not differentiated (it is any Python code): its
-result is taken as values written into the activation. Every element a hook changed is a constant of the
-patched computation, so no gradient flows through it to what produced the original value; every element it
-left equal passes its gradient through unchanged. So zero and mean ablation, and patching with another
-run's activations (whole, or a slice: a position, a head) give exactly the gradients of the patched
-computation: what torch's autograd gives for ``act[...] = value``, and what finite differences of the
-patched forward give (tests/test_hooks.py checks both). A hook that computes a function of the activation
-(``act * 2``, ``act + v``) is treated the same way (its changed elements count as constants), which is not
-that function's derivative. The decision is made in the forward pass and kept with the hook point until
-backward, so ``model.backward`` after ``run_with_hooks`` (whose hooks are removed at its end) still
+result is taken as values written into the activation, and every element written is a constant of the
+patched computation (no gradient flows through it to what produced the original value), as torch's
+autograd does for ``act[...] = value``. Which elements are written:
+
+* a hook that changes the array it is given in place (``act[:, pos] = v``, also through a view of it,
+  ``act.fill``, ``act *= 0``, ``np.copyto(act, ...)``, ``np.add.at(act, ...)``) and returns None or that
+  array writes the elements it assigned, even those assigned an equal value, plus any whose value
+  changed; the others pass their gradient through unchanged;
+* a hook that returns a new array (``act * 2``, ``np.where(...)``, another run's activation) writes
+  every element: nothing upstream gets a gradient through the hook point. To patch a slice and keep
+  the gradient of the rest, assign the slice in place.
+
+So zero and mean ablation, and patching with another run's activations (whole, or a slice: a position, a
+head) give exactly the gradients of the patched computation: what finite differences of the patched
+forward give (tests/test_hooks.py checks it). A hook that computes a function of the activation is not
+differentiated as that function. The decision is made in the forward pass and kept with the hook point
+until backward, so ``model.backward`` after ``run_with_hooks`` (whose hooks are removed at its end) still
 computes the patched computation's gradients.
 
 Backward hooks (``bwd_hooks``, or ``dir="bwd"``) receive the gradient of the loss with respect to the hook
@@ -31,6 +39,8 @@ they may return a replacement. They fire only while attached, so attach them aro
 
 Hook functions receive copies: keeping the array they are given, or changing it in place (TransformerLens's
 ``act[:, pos] = ...``, which with a None return replaces the activation), never touches the model's own arrays.
+The copy is an ndarray subclass that records the writes (its arithmetic gives plain arrays); a hook
+returns None or a real-valued array of the activation's shape (anything else is a ValueError).
 """
 from __future__ import annotations
 
@@ -104,16 +114,29 @@ class HookPoint:
     def _run_forward(self, x):
         written = None
         for fn in list(self.fwd_hooks):
-            given = np.array(x, copy=True)
-            out = fn(given, self)
-            new = given if out is None else self._checked(out, x, "activation")
-            changed = ~((new == x) | (np.isnan(new) & np.isnan(x)))
+            given, log = _WriteLog.track(x)
+            try:
+                out = fn(given, self)
+            finally:
+                log.active = False              # an array the hook keeps records nothing more
+            if out is None or log.is_whole(out):
+                new = np.asarray(given)          # written in place: the elements written, and any changed
+                changed = log.mask.reshape(x.shape) | ~((new == x) | (np.isnan(new) & np.isnan(x)))
+            else:                                # a new array replaces every element
+                new = self._checked(out, x, "activation")
+                changed = True
             written = changed if written is None else (written | changed)
             x = new
-        self._written = None if not written.any() else (True if written.all() else written)
+        if written is not True:
+            written = None if not written.any() else (True if written.all() else written)
+        self._written = written
         return x
 
     def _checked(self, out, like, what):
+        kind = "U" if isinstance(out, (str, bytes)) else np.asarray(out).dtype.kind
+        if kind not in "biuf":
+            raise ValueError(f"the hook on {self.name} returned {_describe(out)}; a hook returns None or a "
+                             f"real-valued array of the {what}'s shape {like.shape}")
         out = np.asarray(out)
         if out.shape != like.shape:
             raise ValueError(f"the hook on {self.name} returned an array of shape {out.shape}; a replacement "
@@ -143,6 +166,106 @@ class HookPoint:
         if not self.acts_in_backward:
             return dy
         return self.backward(dy.transpose(_SEQ_FIRST)).transpose(_SEQ_FIRST)
+
+
+def _describe(out):
+    """A short description of what a hook returned, for its error message."""
+    if isinstance(out, np.ndarray) or (np.isscalar(out) and not isinstance(out, (str, bytes))):
+        return f"a {np.asarray(out).dtype} value" + (f" of shape {out.shape}" if np.ndim(out) else "")
+    return f"a {type(out).__name__}"
+
+
+class _WriteLog:
+    """Which elements of the copy a forward hook receives are written through it: by item assignment
+    (``act[:, pos] = v``, also through a view), ``fill``, an in-place ufunc or ``np.copyto``."""
+
+    def __init__(self, root):
+        self.root, self.active = root, True
+        self.mask = np.zeros(root.size, bool)
+        self._index = None
+
+    @property
+    def index(self):
+        """0 … size-1, the root's flat indices (made on first use: most hooks write nothing)."""
+        if self._index is None:
+            self._index = np.arange(self.root.size, dtype=np.intp)
+        return self._index
+
+    @classmethod
+    def track(cls, x):
+        """(a C-ordered copy of x that records its writes, its log)."""
+        given = np.array(x, copy=True, order="C").view(_Tracked)
+        log = cls(given)
+        given._log = log
+        return given, log
+
+    def indices(self, view):
+        """The root's flat indices of the elements of ``view`` (an array shaped as ``view``), or None when
+        they cannot be told (another dtype's view)."""
+        size = self.root.itemsize
+        if view.dtype.itemsize != size or any(st % size for st in view.strides):
+            return None
+        offset = (view.__array_interface__["data"][0] - self.root.__array_interface__["data"][0]) // size
+        strides = tuple(st // size * self.index.itemsize for st in view.strides)
+        return np.lib.stride_tricks.as_strided(self.index[offset:], view.shape, strides)
+
+    def mark(self, view, key=Ellipsis):
+        if not self.active:
+            return
+        index = self.indices(view)
+        if index is None:
+            self.mask[...] = True            # unknown layout: count every element as written
+        else:
+            self.mask[index[key]] = True
+
+    def is_whole(self, out):
+        """Whether the hook returned the array it was given (or a view of all of it in its order)."""
+        if getattr(out, "_log", None) is not self or out.shape != self.root.shape:
+            return False
+        index = self.indices(out)
+        return index is not None and np.array_equal(index.ravel(), self.index)
+
+
+_WRITERS = {np.copyto, np.put, np.place, np.putmask, np.fill_diagonal}
+
+
+class _Tracked(np.ndarray):
+    """The array a forward hook receives: an ndarray whose writes ``_WriteLog`` records (views share the
+    log; results of arithmetic are plain arrays), so backward knows what the hook wrote."""
+
+    def __array_finalize__(self, obj):
+        log = getattr(obj, "_log", None)
+        # only views of the given array record writes into it
+        self._log = log if log is not None and np.may_share_memory(self, log.root) else None
+
+    def __setitem__(self, key, value):
+        if self._log is not None:
+            self._log.mark(self, key.view(np.ndarray) if isinstance(key, _Tracked) else key)
+        super().__setitem__(key, value)
+
+    def fill(self, value):
+        if self._log is not None:
+            self._log.mark(self)
+        super().fill(value)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        plain = tuple(a.view(np.ndarray) if isinstance(a, _Tracked) else a for a in inputs)
+        if method == "at" and isinstance(inputs[0], _Tracked) and inputs[0]._log is not None:
+            inputs[0]._log.mark(inputs[0], plain[1])        # np.add.at(act, index, v) writes act[index]
+        if out is not None:
+            for a in out:
+                if isinstance(a, _Tracked) and a._log is not None:
+                    a._log.mark(a)
+            kwargs["out"] = tuple(a.view(np.ndarray) if isinstance(a, _Tracked) else a for a in out)
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return result
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func in _WRITERS and isinstance(args[0], _Tracked) and args[0]._log is not None:
+            args[0]._log.mark(args[0])
+        return super().__array_function__(func, types, args, kwargs)
 
 
 def add_through_hook(module, point, x, *args, **kwargs):
@@ -302,7 +425,7 @@ class HookedModel:
         cache = ActivationCache()
 
         def keep(activation, hook):
-            cache[hook.name] = activation
+            cache[hook.name] = np.asarray(activation)    # a plain array, not the hook's write-recording one
 
         output = self.run_with_hooks(*args, fwd_hooks=[(n, keep) for n in selected], **kwargs)
         return output, cache

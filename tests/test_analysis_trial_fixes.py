@@ -52,3 +52,34 @@ def test_direct_logit_attribution_reads_a_quantized_models_dequantized_weights()
     model = _tiny_gpt()
     quantize_model(model, bits=8)
     _check_dla_adds_up(model.eval())
+
+
+def test_analyze_on_a_hugging_face_folder_says_what_it_is_and_which_command_reads_it(tmp_path, capsys):
+    import json
+
+    from numformer.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["X"],
+                                                      "hidden_size": 8}), encoding="utf-8")
+    assert main(["analyze", str(tmp_path)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "is a Hugging Face checkpoint, not a numformer run folder" in err
+    assert "numformer import-hf" in err and "numformer explore" in err and "a typo" not in err
+
+
+def test_analyze_split_test_on_a_text_run_is_refused_naming_its_splits(tmp_path, capsys):
+    from numformer.cli import main
+    from numformer.experiments.runner import find_config
+
+    tiny = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "train.max_steps=2",
+            "train.eval_every=2", "train.checkpoint_every=2", "train.warmup_steps=0",
+            "data.block_size=16", "train.eval_batches=1"]
+    sets = [x for item in tiny for x in ("--set", item)]
+    run = tmp_path / "char"
+    assert main(["train", str(find_config("shakespeare_char")), "--out", str(run), *sets, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(run), "--split", "test", "--no-ablation", "--no-occlusion"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "has no test split, only train and val; use --split val" in err

@@ -12,6 +12,7 @@ where the run's data cannot be loaded, the cross-entropy on the report's own inp
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True,
     model = load_model(run_dir, config)
     given = text is not None or src is not None
     task, task_error = _load_task(run_dir, config, kind, given)
+    if split == "test" and task is not None and not getattr(task, "has_test_split", True):
+        # a text task's "test" would read the validation data: say so instead of mislabelling it
+        raise ValueError(f"the task of {run_dir} ({data.get('task', kind)}) has no test split, only train and "
+                         f"val; use --split val")
     decode = None if toks is None else {n: (lambda ids, t=t: token_labels(t, ids)) for n, t in toks.items()}
     labels = None
     if given:
@@ -71,11 +76,27 @@ def _check_run(run_dir):
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir} does not exist or is not a folder; give a run folder written by "
                          f"`numformer train CONFIG --out RUN_DIR` (or `numformer reproduce NAME`, e.g. runs/copy)")
+    if _is_hugging_face_folder(run_dir):
+        raise ValueError(f"{run_dir} is a Hugging Face checkpoint, not a numformer run folder; analyze reads run "
+                         f"folders: import it first (numformer import-hf {run_dir} --out RUN_DIR, then numformer "
+                         f"analyze RUN_DIR), or look inside it with numformer explore {run_dir}")
     config = load_config_json(run_dir)
     if not (run_dir / MODEL).is_file() and not (run_dir / CHECKPOINT).is_file():
         raise ValueError(f"{run_dir} has no {MODEL} (no weights saved yet); let `numformer train` reach its "
                          f"first evaluation, or continue it with `numformer train --resume --out {run_dir}`")
     return config       # without model.safetensors, load_model's note names the checkpoint it reads
+
+
+def _is_hugging_face_folder(folder):
+    """Whether folder/config.json is a Hugging Face model config (model_type or architectures, and no
+    numformer [model] section)."""
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model" not in config and (
+        "model_type" in config or "architectures" in config)
 
 
 def _check_options(kind, run_dir, text, src, tgt):

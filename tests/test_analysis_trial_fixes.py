@@ -83,3 +83,29 @@ def test_analyze_split_test_on_a_text_run_is_refused_naming_its_splits(tmp_path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "has no test split, only train and val; use --split val" in err
+
+
+def _raises_one_line(fn, pattern):
+    import pytest
+
+    with pytest.raises(ValueError, match=pattern) as info:
+        fn()
+    assert "\n" not in str(info.value)
+
+
+def test_bad_arguments_of_the_analysis_api_are_one_clear_value_error():
+    model = _tiny_gpt().eval()
+    ids = np.array([1, 2, 3, 4])
+    _raises_one_line(lambda: A.direct_logit_attribution(model, ids, tokens=999), r"tokens 999 .*\[0, 20\)")
+    _raises_one_line(lambda: A.direct_logit_attribution(model, ids, tokens=3, baseline_tokens=-1),
+                     r"baseline_tokens -1 .*\[0, 20\)")
+    _raises_one_line(lambda: A.direct_logit_attribution(model, ids, tokens=3, position=10),
+                     r"position 10 is outside the input's 4 positions")
+    _raises_one_line(lambda: A.activation_patching(model, ids, ids[::-1].copy(), A.LogitDifference(999, 1)),
+                     r"LogitDifference's answer 999 .*\[0, 20\)")
+    _raises_one_line(lambda: A.gradient_x_input(model, ids, target=999), r"target token 999 .*\[0, 20\)")
+    _raises_one_line(lambda: A.attention_maps(model, ids).plot("cross"),
+                     r"no attention group 'cross' .*\['self'\]")
+    _raises_one_line(lambda: A.head_statistics({"self": np.ones((1, 1, 2, 4, 4))}),
+                     r"AttentionMaps .* got a dict")
+    _raises_one_line(lambda: A.head_scores(model, batch=1), r"seq_len <= 8")

@@ -98,6 +98,22 @@ def eval_mode(model):
             object.__setattr__(m, "training", flag)
 
 
+def check_token_ids(tokens, size, what):
+    """``tokens`` as an integer array of ids in [0, size); one ValueError naming ``what`` otherwise."""
+    t = np.asarray(tokens)
+    if t.dtype.kind not in "iu" or (t.size and (int(t.min()) < 0 or int(t.max()) >= size)):
+        raise ValueError(f"{what} {tokens!r} must be token ids in [0, {size}), the model's vocabulary; "
+                         f"give ids the model's tokenizer produces")
+    return t
+
+
+def check_position(position, length, what="position"):
+    """One ValueError unless ``position`` indexes a sequence of ``length`` (negative counts from the end)."""
+    if not isinstance(position, (int, np.integer)) or not -length <= position < length:
+        raise ValueError(f"{what} {position!r} is outside the input's {length} positions; give an index in "
+                         f"[{-length}, {length}) (-1: the last)")
+
+
 @contextmanager
 def override_method(obj, name, function):
     """Temporarily replace ``obj.name`` by ``function`` (an instance attribute), then restore it."""

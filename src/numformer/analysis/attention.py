@@ -99,6 +99,8 @@ class AttentionMaps(Mapping):
         arguments go to ``plot_attention`` (layers, heads, title, scale, cmap, dpi). Returns the Figure.
         """
         group = next(iter(self.weights)) if group is None else group
+        if group not in self.weights:
+            raise ValueError(f"no attention group {group!r} in these maps; they hold {list(self.weights)}")
         if tokens is not None and not isinstance(tokens, dict):
             tokens = {self.query_input[group]: tokens}
         q_labels, k_labels = self.labels(group, tokens, batch_index)

@@ -93,6 +93,9 @@ def head_scores(model, seq_len=50, batch=8, rng=0, low=0):
     Generator), in eval mode. A model with a position table must hold 2·seq_len positions."""
     if not isinstance(model, GPT):
         raise ValueError(f"head scores read a decoder's attention on repeated tokens; got a {type(model).__name__}")
+    if getattr(model, "pos_emb", None) is not None and 2 * seq_len > model.block_size:
+        raise ValueError(f"head_scores runs 2 x seq_len = {2 * seq_len} tokens but the model's position table "
+                         f"holds {model.block_size}; pass seq_len <= {model.block_size // 2}")
     ids = repeated_random_tokens(model.vocab_size, seq_len, batch, rng, low)
     with eval_mode(model):
         _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith("attn.hook_pattern"))

@@ -24,7 +24,7 @@ import numpy as np
 from ..lora import LoRALinear
 from ..models import GPT
 from ..nn import RMSNorm
-from ._common import as_inputs, eval_mode, new_figure, save_figure, set_token_ticks
+from ._common import as_inputs, check_position, check_token_ids, eval_mode, new_figure, save_figure, set_token_ticks
 
 
 def _check_gpt(model, what):
@@ -209,9 +209,9 @@ def effective_weight(layer, name):
 def _direction(model, tokens, baseline_tokens, batch):
     """(B, d_model): the unembedding rows of the tokens (minus those of the baseline tokens)."""
     W = effective_weight(model.lm_head, "the output layer lm_head")
-    d = W[np.broadcast_to(np.asarray(tokens), (batch,))]
+    d = W[np.broadcast_to(check_token_ids(tokens, len(W), "tokens"), (batch,))]
     if baseline_tokens is not None:
-        d = d - W[np.broadcast_to(np.asarray(baseline_tokens), (batch,))]
+        d = d - W[np.broadcast_to(check_token_ids(baseline_tokens, len(W), "baseline_tokens"), (batch,))]
     return d
 
 
@@ -226,6 +226,7 @@ def direct_logit_attribution(model, ids, tokens=None, baseline_tokens=None, posi
         raise ValueError("direct logit attribution splits the residual stream, which post-LN blocks do not "
                          "keep (each sub-layer's output is normed with it); use a pre-norm or sandwich model")
     idx = as_inputs(model, ids)["idx"]
+    check_position(position, idx.shape[1])
     with eval_mode(model):
         if cache is None:
             _, cache = model.run_with_cache(idx)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._common import as_inputs, eval_mode, input_names, new_figure, save_figure, set_token_ticks
+from ._common import as_inputs, check_position, check_token_ids, eval_mode, input_names, new_figure, save_figure, set_token_ticks
 from .lens import plot_layer_head
 
 PER = {"position": "resid_pre", "head": "z"}      # what a place is: (layer, position) or (layer, head)
@@ -35,15 +35,19 @@ class LogitDifference:
     def __init__(self, answer, wrong=None, position=-1):
         self.answer, self.wrong, self.position = answer, wrong, position
 
-    def _rows(self, tokens, batch):
+    def _rows(self, tokens, batch, vocab=None, what="answer"):
+        if vocab is not None:
+            check_token_ids(tokens, vocab, f"LogitDifference's {what}")
         return np.broadcast_to(np.asarray(tokens), (batch,))
 
     def __call__(self, logits):
-        z = np.asarray(logits, dtype=np.float64)[:, self.position]              # (B, V)
+        z = np.asarray(logits, dtype=np.float64)
+        check_position(self.position, z.shape[1], "LogitDifference's position")
+        z = z[:, self.position]                                                 # (B, V)
         rows = np.arange(len(z))
-        value = z[rows, self._rows(self.answer, len(z))]
+        value = z[rows, self._rows(self.answer, len(z), z.shape[-1])]
         if self.wrong is not None:
-            return float(np.mean(value - z[rows, self._rows(self.wrong, len(z))]))
+            return float(np.mean(value - z[rows, self._rows(self.wrong, len(z), z.shape[-1], "wrong")]))
         top = z.max(axis=-1)
         return float(np.mean(value - top - np.log(np.exp(z - top[:, None]).sum(axis=-1))))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..nn import BatchStatNorm
-from ._common import (as_inputs, embedding_modules, eval_mode, input_names, label_ticks, new_figure, override_method,
+from ._common import (as_inputs, check_position, check_token_ids, embedding_modules, eval_mode, input_names, label_ticks, new_figure, override_method,
                       pad_ids, save_figure, token_label)
 
 
@@ -53,9 +53,11 @@ class LogitTarget:
         return self if tok.ndim == 0 else LogitTarget(tok[b:b + 1], self.position)
 
     def __call__(self, logits):
+        if logits.ndim > 2:
+            check_position(self.position, logits.shape[1], "the target's position")
         row = self._row(logits)
         B = row.shape[0]
-        tok = np.broadcast_to(np.asarray(self.token), (B,))
+        tok = np.broadcast_to(check_token_ids(self.token, row.shape[-1], "target token"), (B,))
         scores = row[np.arange(B), tok].astype(np.float64)
         d = np.zeros_like(logits)
         if logits.ndim == 2:

@@ -45,7 +45,11 @@ STAT_TITLES = {
 
 
 def _weights(a):
-    a = np.asarray(a, dtype=np.float64)
+    try:
+        a = np.asarray(a, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"attention statistics read an AttentionMaps (attention_maps(model, ids)) or an "
+                         f"array of weights (..., Tq, Tk); got a {type(a).__name__}") from None
     if a.ndim < 2:
         raise ValueError(f"attention weights must have shape (..., Tq, Tk), got {a.shape}")
     return a

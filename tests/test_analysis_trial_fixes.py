@@ -109,3 +109,25 @@ def test_bad_arguments_of_the_analysis_api_are_one_clear_value_error():
     _raises_one_line(lambda: A.head_statistics({"self": np.ones((1, 1, 2, 4, 4))}),
                      r"AttentionMaps .* got a dict")
     _raises_one_line(lambda: A.head_scores(model, batch=1), r"seq_len <= 8")
+
+
+def test_the_ablation_metric_text_says_a_fixed_sample_spread_over_the_split():
+    from numformer.analysis import run_report
+
+    class Task:
+        def describe(self):
+            return "a task"
+
+    _, _, text = run_report._ablation_metric(Task(), None, {"train": {"batch_size": 64}}, "val")
+    assert "fixed sample of 4 × 32 sequences spread over the `val` split" in text
+    assert "first" not in text
+
+
+def test_the_report_names_the_occlusion_id_and_why():
+    from numformer.analysis import report
+
+    model = _tiny_gpt()                                 # a char-like GPT: no <unk>, no padding id
+    words = report._occlusion_ids(model, None, lambda ids: ["\n" if i == 0 else str(i) for i in ids])
+    assert words.startswith("id 0 (`'\\n'`)") and "no `<unk>` and no padding id" in words
+    assert "a real token" in words
+    assert report._occlusion_ids(model, 7) == "id 7"

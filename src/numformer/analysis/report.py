@@ -113,8 +113,8 @@ def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_
     (``ablation.loss_metric``). ablation=False skips the ablation (it runs the metric once per head).
     target: the score explained by the position importance (see ``saliency``); default the arg-max
     logit at the last position (GPT, Transformer) or the predicted class (EncoderClassifier).
-    occlusion_id: the id that replaces a token for occlusion (default the pad id, else 0; pass
-    ``<unk>``'s id when the vocabulary has one). occlusion=False skips it (it runs one forward pass
+    occlusion_id: the id that replaces a token for occlusion (default the pad id, else 0, a real
+    token, which the report says; pass ``<unk>``'s id when the vocabulary has one). occlusion=False skips it (it runs one forward pass
     per input position, the slowest part on long inputs).
     max_positions: rows of the positional tables drawn.
     title: the report's heading (default "Analysis report: <model class>").
@@ -214,8 +214,8 @@ def _importance_section(out, model, inputs, labels, target, occlusion, occlusion
                              path=out / "position_importance.png")
     return ["## Position importance", "",
             f"Target: the {desc}. Gradient × input is Σ_d ∂s/∂e_td · e_td for the token embedding e_t"
-            + (f"; occlusion is s(input) − s(input with token t replaced by id "
-               f"{_occlusion_ids(model, occlusion_id)})" if occlusion else "") + ".", "",
+            + (f"; occlusion is s(input) − s(input with token t replaced by "
+               f"{_occlusion_ids(model, occlusion_id, decode_tokens)})" if occlusion else "") + ".", "",
             "![position importance](position_importance.png)", ""]
 
 
@@ -255,13 +255,23 @@ def _positional_section(out, model, max_positions):
                     else "") + ":", "", "![wavelengths](wavelengths.png)", ""]
 
 
-def _occlusion_ids(model, occlusion_id):
+def _occlusion_ids(model, occlusion_id, decode_tokens=None):
+    """The report's words for the id occlusion puts in place of a token, and why that id, per input."""
     names = input_names(model)
     given = occlusion_id if isinstance(occlusion_id, dict) else {n: occlusion_id for n in names}
-    pads = pad_ids(model)
-    ids = {n: given.get(n) if given.get(n) is not None else (pads[n] if pads[n] is not None else 0) for n in names}
-    vals = set(ids.values())
-    return str(vals.pop()) if len(vals) == 1 else ", ".join(f"{n}: {i}" for n, i in ids.items())
+    pads, decoders = pad_ids(model), _per_input(decode_tokens, names)
+    words = {}
+    for n in names:
+        i = given.get(n) if given.get(n) is not None else pads[n] if pads[n] is not None else 0
+        shown = f"id {i}" + (f" (`{decoders[n]([i])[0]!r}`)" if decoders[n] is not None else "")
+        if given.get(n) is None and pads[n] is None:
+            # no neutral token to use: id 0 is a real token, so occlusion also measures swapping it in
+            shown += ": the vocabulary has no `<unk>` and no padding id, so id 0, a real token, stands in"
+        elif given.get(n) is None:
+            shown = f"the padding {shown}"
+        words[n] = shown
+    texts = set(words.values())
+    return texts.pop() if len(texts) == 1 else "; ".join(f"{n}: {w}" for n, w in words.items())
 
 
 def _describe_target(model, tgt, decode_tokens, names):

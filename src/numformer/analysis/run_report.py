@@ -6,8 +6,10 @@ task gives one example of ``split`` (``Task.analysis_example``). For an encoder-
 Transformer, ``src`` (or ``text``) is the source; the target is ``tgt`` if given, else the
 model's own greedy translation of the source.
 
-Head ablation metric: the run's validation loss, the mean cross-entropy per target token over the
-first ``ABLATION_BATCHES`` batches of ``split`` (quick, and the same batches for every head);
+Head ablation metric: the run's validation loss, the mean cross-entropy per target token over a
+fixed sample of ``ABLATION_BATCHES`` × (at most ``ABLATION_BATCH_SIZE``) sequences spread over
+``split`` (``evaluate_loss(..., max_batches=ABLATION_BATCHES)``, seed 0: quick, and the same
+sequences for every head);
 where the run's data cannot be loaded, the cross-entropy on the report's own input.
 """
 from __future__ import annotations
@@ -211,14 +213,16 @@ def _ablation_metric(task, task_error, config, split):
         return evaluate_loss(m, task, split, bs, max_batches=ABLATION_BATCHES)
 
     text = (f"Ablation metric: the run's {'validation' if split == 'val' else split} loss, the mean "
-            f"cross-entropy per target token over the first {ABLATION_BATCHES} batches of at most "
-            f"{bs} sequences of the `{split}` split of the run's task ({task.describe()}); lower is "
+            f"cross-entropy per target token over a fixed sample of {ABLATION_BATCHES} × {bs} sequences "
+            f"spread over the `{split}` split of the run's task ({task.describe()}; seed 0, the same "
+            f"sequences for every head); lower is "
             f"better, so a positive change means the head helps.")
     return metric, f"{split} loss", text
 
 
 def _occlusion_ids(toks, kind):
-    """The id that occlusion puts in place of a token (``<unk>``): per input for a Transformer, else one id."""
+    """The id that occlusion puts in place of a token (``<unk>``; None: the report's default, the
+    padding id or else 0): per input for a Transformer, else one id."""
     if toks is None:
         return None
     occ = {n: getattr(t, "unk_id", None) for n, t in toks.items()}

@@ -93,3 +93,14 @@ def test_a_hook_returning_no_real_array_is_one_clear_error(returned, said):
 def test_the_cache_holds_plain_arrays():
     _, cache = gpt().run_with_cache(CLEAN)
     assert all(type(v) is np.ndarray for v in cache.values())
+
+
+def test_short_names_work_in_fwd_hooks_and_names_filter_as_in_the_cache():
+    model = gpt()
+    _, cache = model.run_with_cache(CLEAN, names_filter=("pattern", 0))
+    assert list(cache) == ["blocks.0.attn.hook_pattern"]
+    _, cache = model.run_with_cache(CLEAN, names_filter=[("resid_pre", 1), "embed"])
+    assert sorted(cache) == ["blocks.1.hook_resid_pre", "hook_embed"]
+    seen = []
+    model.run_with_hooks(CLEAN, fwd_hooks=[(("pattern", 1), lambda a, h: seen.append(h.name))])
+    assert seen == ["blocks.1.attn.hook_pattern"]

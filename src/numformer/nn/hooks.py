@@ -326,6 +326,22 @@ def act_name(name, layer=None):
     return f"blocks.{layer}.hook_{name}"
 
 
+def _is_short(name):
+    """Whether ``name`` is TransformerLens's (name, layer) pair, e.g. ("pattern", 0)."""
+    return isinstance(name, tuple) and len(name) == 2 and isinstance(name[0], str) and \
+        isinstance(name[1], (int, np.integer))
+
+
+def _full_name(name, points):
+    """A hook name as given, or its full form from TransformerLens's short one (``act_name``):
+    ("pattern", 0) or "embed", as ``ActivationCache`` reads them."""
+    if _is_short(name):
+        return act_name(*name)
+    if isinstance(name, str) and name not in points and "." not in name:
+        return act_name(name)
+    return name
+
+
 # Module attribute names -> TransformerLens's names, one dotted part at a time (the classifier's
 # "encoder.layers" prefix is its own: HookedModel.HOOK_PREFIXES).
 HOOK_PARTS = {"self_attn": "attn", "ff": "mlp", "norm1": "ln1", "norm2": "ln2", "post_norm1": "ln1_post",
@@ -364,9 +380,11 @@ class HookedModel:
         return points
 
     def _matching(self, name, points):
-        """The hook points a name, or a filter function of the name, selects."""
+        """The hook points a name (also a short one: ("pattern", 0), "embed"), or a filter function of
+        the name, selects."""
         if callable(name):
             return [p for n, p in points.items() if name(n)]
+        name = _full_name(name, points)
         if isinstance(name, str) and name in points:
             return [points[name]]
         close = difflib.get_close_matches(str(name), list(points), n=3)
@@ -416,7 +434,7 @@ class HookedModel:
         points = self.hook_dict
         if names_filter is None:
             selected = list(points)
-        elif isinstance(names_filter, str):
+        elif isinstance(names_filter, str) or _is_short(names_filter):
             selected = [names_filter]
         elif callable(names_filter):
             selected = [n for n in points if names_filter(n)]

@@ -12,6 +12,7 @@ over source keys).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import ExitStack
 
 import numpy as np
 
@@ -130,29 +131,11 @@ def attention_maps(model, inputs, **forward_kwargs):
     saved = [(m, m.record_weights, m.last_weights) for m in modules]
     records = {}
 
-    def recorder(m):
-        forward, build_masks = m.forward, m._masks
-        built = []
-
-        def masks(*args, **kwargs):
-            # the Masks the layer itself built: its sliding window (per layer in Gemma 2/3) is in them
-            built.append(build_masks(*args, **kwargs))
-            return built[-1]
-
-        def wrapped(query, *args, **kwargs):
-            built.clear()
-            with override_method(m, "_masks", masks):
-                out = forward(query, *args, **kwargs)
-            records[id(m)] = (np.array(m.last_weights, copy=True), _allowed(built[-1], m.last_weights))
-            return out
-        return wrapped
-
-    from contextlib import ExitStack
     with ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         for m in modules:
             m.record_weights = True
-            stack.enter_context(override_method(m, "forward", recorder(m)))
+            stack.enter_context(override_method(m, "forward", _recorder(m, records)))
         try:
             model(**inputs, **forward_kwargs)
         finally:
@@ -171,6 +154,25 @@ def attention_maps(model, inputs, **forward_kwargs):
         names[g] = [n for n, _ in mods]
     ids = {n: inputs[n] for n in input_names(model)}
     return AttentionMaps(weights, allowed, ids, q_in, k_in, names)
+
+
+def _recorder(m, records):
+    """m.forward, recording into records[id(m)] (its weights, the keys its masks allowed)."""
+    forward, build_masks = m.forward, m._masks
+    built = []
+
+    def masks(*args, **kwargs):
+        # the Masks the layer itself built: its sliding window (per layer in Gemma 2/3) is in them
+        built.append(build_masks(*args, **kwargs))
+        return built[-1]
+
+    def wrapped(query, *args, **kwargs):
+        built.clear()
+        with override_method(m, "_masks", masks):
+            out = forward(query, *args, **kwargs)
+        records[id(m)] = (np.array(m.last_weights, copy=True), _allowed(built[-1], m.last_weights))
+        return out
+    return wrapped
 
 
 def _allowed(masks, weights):

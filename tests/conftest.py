@@ -108,6 +108,21 @@ def run_cli(capsys):
     return run
 
 
+def ctrl_c_during_step(trainer, monkeypatch, step):
+    """Send this process SIGINT (Ctrl-C) while ``trainer`` takes step ``step``: the run stops after it."""
+    import os
+    import signal
+
+    real = trainer._train_step
+
+    def step_then_interrupt():
+        out = real()
+        if trainer.step == step - 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+    monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
+
+
 def one_error_line(rc, err, command):
     """The CLI's promise for an expected failure: exit code 2, no traceback and exactly one line
     ``numformer COMMAND: error: ...`` on stderr; returns that line."""

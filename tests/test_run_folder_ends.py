@@ -15,6 +15,8 @@ from numformer.train import evaluation as evaluation_module
 from numformer.train import run_writer
 from numformer.train.run_folder import KEPT_SELECTION
 
+from conftest import ctrl_c_during_step
+
 
 def cfg(**train):
     """A 1-layer GPT on the copy task of length 4: a run of a few dozen steps takes about a second."""
@@ -128,21 +130,6 @@ def test_sigterm_during_the_final_scoring_writes_an_interrupted_summary(tmp_path
     assert sum(1 for r in metrics if r["step"] == 6 and "val_loss" in r) == 1     # not evaluated twice
 
 
-def ctrl_c_during_step_8(trainer, monkeypatch):
-    """Send this process SIGINT (Ctrl-C) while ``trainer`` takes its step 8: the run stops after it."""
-    import os
-    import signal
-
-    real = trainer._train_step
-
-    def step_then_interrupt():
-        out = real()
-        if trainer.step == 7:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-    monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
-
-
 def test_a_second_ctrl_c_during_the_final_scoring_aborts_naming_the_checkpoint(tmp_path, monkeypatch,
                                                                                 signal_in_final_scoring, capsys):
     """Ctrl-C during step 8 stops the run; a second Ctrl-C while its kept weights are scored aborts it with the
@@ -151,7 +138,7 @@ def test_a_second_ctrl_c_during_the_final_scoring_aborts_naming_the_checkpoint(t
 
     run = tmp_path / "run"
     trainer = Trainer(cfg(), run)
-    ctrl_c_during_step_8(trainer, monkeypatch)
+    ctrl_c_during_step(trainer, monkeypatch, 8)
     signal_in_final_scoring(signal.SIGINT)
     capsys.readouterr()
     with pytest.raises(KeyboardInterrupt):
@@ -226,7 +213,7 @@ def test_an_interrupted_run_resumed_at_its_max_steps_ends_as_at_max_steps(tmp_pa
     evaluation of step 8 ran); and it is then over: a further --resume leaves its files."""
     run = tmp_path / "run"
     trainer = Trainer(cfg(eval_every=3), run, quiet=True)
-    ctrl_c_during_step_8(trainer, monkeypatch)
+    ctrl_c_during_step(trainer, monkeypatch, 8)
     assert trainer.train()["steps"] == 8
     trainer.close()
     resumed = Trainer(None, run, resume=True, quiet=True, overrides=["train.max_steps=8"])

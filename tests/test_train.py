@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import tiny_copy_toml
+from conftest import ctrl_c_during_step, tiny_copy_toml
 from numformer.cli import main
 from numformer.data import Batch, Task, register_task
 from numformer.train import EarlyStopping, Trainer, TrainingDiverged, resolve_config, write_atomic
@@ -243,15 +243,7 @@ def test_gradient_accumulation_equals_one_large_batch(tmp_path):
 
 def test_ctrl_c_writes_a_checkpoint(tmp_path, monkeypatch):
     trainer = Trainer(config(max_steps=40, checkpoint_every=100), tmp_path, quiet=True)
-    real = trainer._train_step
-
-    def step_then_interrupt():
-        out = real()
-        if trainer.step == 12:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-
-    monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
+    ctrl_c_during_step(trainer, monkeypatch, 13)
     summary = trainer.train()
     assert summary["interrupted"] and summary["steps"] == 13
     resumed = Trainer(None, tmp_path, resume=True, quiet=True)

@@ -229,9 +229,23 @@ def test_a_warmup_longer_than_the_run_is_warned_about(tmp_path, run_cli, warmup,
 def test_make_schedule_refuses_a_decay_that_ends_before_the_warmup():
     from numformer.optim import make_schedule
 
-    with pytest.raises(ValueError, match="decay_steps = 2 must be above warmup_steps = 3"):
+    with pytest.raises(ValueError, match="decay_steps = 2 is not above warmup_steps = 3"):
         make_schedule("cosine", 1e-3, warmup_steps=3, max_steps=10, min_lr=1e-4, decay_steps=2)
     assert make_schedule("cosine", 1e-3, warmup_steps=3, max_steps=2)(1) == pytest.approx(5e-4)  # a cut run
+
+
+def test_a_time_budget_does_not_read_decay_steps_so_no_rule_ties_it_to_the_warmup():
+    """Under budget_minutes the decay is planned by time: the config check and the trainer's schedule agree
+    that decay_steps below warmup_steps is no error (the trainer used to refuse what the config accepted)."""
+    import tomllib
+
+    from numformer.config import apply_overrides, resolve_config
+    from numformer.optim import train_schedule
+
+    settings = ["train.budget_minutes=1.0", "train.max_steps=100000", "train.warmup_steps=50",
+                "train.decay_steps=20", "train.schedule=cosine"]
+    config, _ = resolve_config(apply_overrides(tomllib.loads(TINY), settings))
+    assert train_schedule(config["train"]) is not None
 
 
 @pytest.mark.parametrize("top, says", [

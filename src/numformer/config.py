@@ -28,6 +28,7 @@ from .keys import BOOL, FRACTION, NONNEG_FLOAT, NONNEG_INT, Key, check_section, 
 from .models import (MODEL_TYPES, apply_preset, check_model_together, check_source_type, model_arguments,
                      model_keys)
 from .optim import COOLDOWN_SHAPES, OPTIMIZERS, SCHEDULES
+from .optim.schedules import check_decay
 from .optim.optimizers import NO_DECAY_KINDS
 from .run_files import check_run_dir, read_json
 from ._limits import check_bounds
@@ -480,11 +481,8 @@ def _check_train_together(t):
                          f"muon_lr by its value over lr")
     if t["schedule"] == "noam" and t["warmup_steps"] <= 0:
         raise ValueError("[train] warmup_steps must be > 0 for the noam schedule")
-    if (t["schedule"] in ("linear", "cosine", "wsd") and not t["budget_minutes"] and t["decay_steps"]
-            and 0 < t["warmup_steps"] >= t["decay_steps"]):
-        raise ValueError(f"[train] decay_steps = {t['decay_steps']} is not above warmup_steps = "
-                         f"{t['warmup_steps']}: lr would drop from its peak to min_lr at once; set decay_steps "
-                         f"above warmup_steps (or 0 for max_steps), or lower warmup_steps")
+    if not t["budget_minutes"]:         # a time budget plans the decay by time: decay_steps is not read
+        check_decay(t["schedule"], t["warmup_steps"], t["decay_steps"], "[train] ")
     if t["objective"] == "dpo" and t["processes"] > 1:
         raise ValueError(f"[train] objective = \"dpo\" trains in one process; set [train] processes = 1 "
                          f"(got {t['processes']})")

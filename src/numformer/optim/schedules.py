@@ -122,6 +122,15 @@ def noam(d_model, warmup_steps, factor=1.0):
 SCHEDULES = ("constant", "linear", "cosine", "wsd", "noam")
 
 
+def check_decay(name, warmup_steps, decay_steps, keys=""):
+    """ValueError when a decaying schedule's ``decay_steps`` (None: max_steps) is not above a ``warmup_steps``
+    > 0: lr would fall from its peak to min_lr at once. ``keys``: the prefix naming them ("[train] ")."""
+    if (decay_steps and name in ("linear", "cosine", "wsd") and 0 < warmup_steps >= decay_steps):
+        raise ValueError(f"{keys}decay_steps = {decay_steps} is not above warmup_steps = {warmup_steps}: lr would "
+                         f"drop from its peak to min_lr at once; set decay_steps above warmup_steps (or 0 for "
+                         f"max_steps), or lower warmup_steps")
+
+
 def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512, decay_steps=None,
                   cooldown=0.2, cooldown_shape="linear"):
     """Build a schedule by name (one of ``SCHEDULES``; ValueError otherwise).
@@ -131,10 +140,7 @@ def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512
     decaying schedule): the step where the decay reaches min_lr (0.0);
     d_model (512): "noam"'s; cooldown (0.2): for "wsd", the fraction of the run (after warmup) spent decaying,
     in (0, 1]; cooldown_shape ("linear"): for "wsd", one of ``COOLDOWN_SHAPES``."""
-    if (decay_steps is not None and name in ("linear", "cosine", "wsd") and warmup_steps > 0
-            and decay_steps <= warmup_steps):     # lr would fall from its peak to min_lr in one step
-        raise ValueError(f"decay_steps = {decay_steps} must be above warmup_steps = {warmup_steps}: the decay "
-                         f"to min_lr starts where the warmup ends")
+    check_decay(name, warmup_steps, decay_steps)
     decay_steps = max_steps if decay_steps is None else decay_steps
     if name == "noam":
         if warmup_steps <= 0:
@@ -148,9 +154,11 @@ def make_schedule(name, lr, warmup_steps=0, max_steps=1, min_lr=0.0, d_model=512
 
 
 def train_schedule(t, d_model=512):
-    """The schedule a resolved [train] section ``t`` describes (``make_schedule`` with its keys)."""
+    """The schedule a resolved [train] section ``t`` describes (``make_schedule`` with its keys; a time budget
+    plans the decay by time, so its decay_steps is not read)."""
     return make_schedule(t["schedule"], t["lr"], t["warmup_steps"], t["max_steps"], t["min_lr"], d_model=d_model,
-                         decay_steps=t["decay_steps"] or None, cooldown=t["cooldown"],
+                         decay_steps=None if t["budget_minutes"] else t["decay_steps"] or None,
+                         cooldown=t["cooldown"],
                          cooldown_shape=t["cooldown_shape"])
 
 

@@ -331,6 +331,21 @@ def test_resume_on_a_different_number_of_ranks(tmp_path):
 
 
 @needs_mpi
+def test_resuming_an_ended_run_under_mpi_leaves_it_as_it_ended(tmp_path):
+    """A run that reached max_steps on 2 ranks, resumed on 2 ranks: every rank reads rank 0's summary.json
+    (the folder is rank 0's), says it has nothing to train and leaves the files, as a run alone does (it
+    used to say the end was not recorded and score the weights again)."""
+    cfg = _config(tmp_path, max_steps=4)
+    assert _train_under_fault(tmp_path, 2, "none", -1, tmp_path / "run", cfg).returncode == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    resumed = _launch(2, ["-m", "numformer.cli", "train", "--resume", "--out", str(tmp_path / "run")])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "already trained to max_steps = 4: nothing to train" in resumed.stdout + resumed.stderr
+    assert "without recording its end" not in resumed.stdout + resumed.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+
+
+@needs_mpi
 def test_bad_config_is_reported_once(tmp_path):
     cfg = _config(tmp_path)
     cfg["train"]["lr"] = "fast"

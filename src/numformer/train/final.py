@@ -282,7 +282,9 @@ def ended_before(trainer, stop, stop_after):
     ``stop``, for this call to record the end; False when it has steps to take. A run interrupted at its
     max_steps before its evaluation there is to make it (``trainer._evaluate_end``), as an uninterrupted run
     did."""
-    recorded = ended_summary(trainer.run_dir, trainer.step) if trainer.world is None else None
+    recorded = ended_summary(trainer.run_dir, trainer.step) if trainer._writer else None
+    if trainer.world is not None:       # the folder is rank 0's: every rank takes the branch it takes
+        recorded = trainer.world.comm.bcast(recorded, root=0)
     budget = None if trainer.budget is None else trainer.budget.seconds
     ended = nothing_to_train(trainer.early, trainer.step, trainer.train_cfg, trainer.train_seconds, stop_after,
                              recorded, budget)

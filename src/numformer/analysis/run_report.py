@@ -14,7 +14,6 @@ where the run's data cannot be loaded, the cross-entropy on the report's own inp
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ..data.run_tokenizer import load_tokenizer_json, tokenizer_parts
 from ..data.tokenizers import BOS, EOS, SpecialsTokenizer, token_labels
 from ..interop.sources import tokenizer_from_state
 from ..train import evaluate_loss, load_config_json, load_model, load_task
+from .._limits import read_json_file
 from .._results import check_report_folder
 from ..run_files import CHECKPOINT, MODEL
 from .report import write_report
@@ -94,8 +94,8 @@ def _is_hugging_face_folder(folder):
     numformer [model] section)."""
     path = folder / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (OSError, ValueError):
+        config = read_json_file(path, "config file") if path.is_file() else None
+    except ValueError:
         return False
     return isinstance(config, dict) and "model" not in config and (
         "model_type" in config or "architectures" in config)

@@ -249,3 +249,36 @@ def test_a_checkpoint_copied_from_another_run_is_refused_naming_both_steps(tmp_p
         f"checkpoint {run / CHECKPOINT} is at step 12, but {run / 'metrics.jsonl'} ends at step 4: they are not "
         f"of one run (its metrics went to step 12); put back this run's checkpoint or metrics.jsonl, or start "
         f"afresh with --overwrite")
+
+
+def test_a_signal_between_the_weights_scoring_and_the_test_scoring_abandons_the_test_scoring(tmp_path,
+                                                                                             monkeypatch):
+    """SIGTERM after the kept weights were scored and before the test split is: the line says the final
+    scoring stops, so the test scoring is not run either (before: it ran in full and the run was not marked
+    interrupted), and the run ends as an interrupted one, which --resume finishes."""
+    import os
+    import signal
+
+    from numformer.train import final
+
+    real, calls = final.abandonable, []
+
+    def then_a_signal(trainer, work):
+        out = real(trainer, work)
+        if not calls:
+            calls.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    monkeypatch.setattr(final, "abandonable", then_a_signal)
+    run = tmp_path / "run"
+    trainer = Trainer(cfg(), run, quiet=True)
+    trainer.evaluation.reports_test = True      # as a classifier's or a translator's task: a test scoring
+    summary = trainer.train()
+    trainer.close()
+    assert calls and summary["interrupted"] and "test" not in summary and summary["steps"] == 12, summary
+    monkeypatch.setattr(final, "abandonable", real)
+    resumed = Trainer(None, run, resume=True, quiet=True)
+    resumed.evaluation.reports_test = True
+    finished = resumed.train()
+    resumed.close()
+    assert not finished["interrupted"] and "test" in finished

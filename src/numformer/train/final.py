@@ -253,8 +253,8 @@ def finish(trainer, stop, n_params, wall_start):
 
 def final_scoring(trainer, stop):
     """(figures of the weights kept, the test split's figures or None). A first stop signal during it (or
-    since the last step's checkpoint) abandons it, which writes nothing: the weights are those saved,
-    unscored (``unscored_figures``), and ``stop`` says interrupted. Under MPI rank 0 alone scores, and every
+    since the last step's checkpoint) abandons it (its saves are atomic: each file is the old one or the new
+    one): the weights are those saved, unscored (``unscored_figures``), and ``stop`` says interrupted. Under MPI rank 0 alone scores, and every
     rank agrees (``stop_agreed``) before and after it whether any rank was stopped: then it is abandoned on
     every rank alike, whichever rank the signal reached."""
     t, figures, test = trainer.train_cfg, None, None
@@ -268,7 +268,9 @@ def final_scoring(trainer, stop):
                                 trainer.config, stop["diverged"], resumable=resumable))))
     if (not stopped and trainer._writer and ended and not stop["interrupted"] and not stop["diverged"]
             and trainer.evaluation.reports_test and trainer.step):      # not after Ctrl-C or stop_after
-        stopped, test = abandonable(trainer, lambda: trainer.evaluation("test", full=True, metrics=True))
+        stopped = trainer.stop_requested        # a signal between the two scorings: this one is abandoned too
+        if not stopped:
+            stopped, test = abandonable(trainer, lambda: trainer.evaluation("test", full=True, metrics=True))
     if trainer.world is not None and not stop["interrupted"]:
         stopped = stop_agreed(trainer, stopped)
     if stopped:

@@ -27,7 +27,7 @@ WORKER_IGNORES = ALONE
 
 class FinalPhaseStopped(Exception):
     """A first stop signal during a run's final scoring (of the kept weights, of the test split): the scoring,
-    which writes nothing, is abandoned; the run ends as an interrupted one, which ``--resume`` finishes."""
+    whose saves are atomic, is abandoned; the run ends as an interrupted one, which ``--resume`` finishes."""
 
 
 def name(signum):

@@ -213,7 +213,7 @@ class Trainer:
         doing = ("finishing this step and writing a checkpoint" if self._phase == "steps"
                  else "stopping the final scoring and writing summary.json")
         self._print(f"\n{stop_signals.name(signum)}: {doing} ({again} to abort)...")
-        if self._phase == "scoring":     # it writes nothing, so it is abandoned at once
+        if self._phase == "scoring":     # its saves are atomic, so it is abandoned at once
             raise stop_signals.FinalPhaseStopped
 
     @property

@@ -249,6 +249,10 @@ def test_a_checkpoint_copied_from_another_run_is_refused_naming_both_steps(tmp_p
         f"checkpoint {run / CHECKPOINT} is at step 12, but {run / 'metrics.jsonl'} ends at step 4: they are not "
         f"of one run (its metrics went to step 12); put back this run's checkpoint or metrics.jsonl, or start "
         f"afresh with --overwrite")
+    (run / "metrics.jsonl").unlink()        # a lost metrics.jsonl is named as lost, not as another run's
+    with pytest.raises(ValueError, match=r"is at step 12, but .*metrics\.jsonl is missing \(its run logged to "
+                                         r"step 12\): put back this run's metrics\.jsonl"):
+        Trainer(None, run, resume=True, quiet=True)
 
 
 def test_a_signal_between_the_weights_scoring_and_the_test_scoring_abandons_the_test_scoring(tmp_path,

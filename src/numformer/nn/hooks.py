@@ -299,8 +299,7 @@ class ActivationCache(dict):
     ``cache["hook_embed"]`` (``act_name``)."""
 
     def __getitem__(self, key):
-        if isinstance(key, tuple) or (isinstance(key, str) and key not in self and "." not in key):
-            key = act_name(*key) if isinstance(key, tuple) else act_name(key)
+        key = _full_name(key, self)
         try:
             return dict.__getitem__(self, key)
         except KeyError:

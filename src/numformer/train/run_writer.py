@@ -157,7 +157,11 @@ class RunWriter:
         logged, path = state.get("metrics_step"), self.run_dir / METRICS
         if not self.writes or logged is None:
             return
-        end = max((r["step"] for _, r in run_folder.metrics_records(path)), default=0) if path.is_file() else 0
+        if not path.is_file():
+            raise ValueError(f"checkpoint {self.run_dir / CHECKPOINT} is at step {state['step']}, but {path} is "
+                             f"missing (its run logged to step {logged}): put back this run's metrics.jsonl, or "
+                             f"start afresh with --overwrite")
+        end = max((r["step"] for _, r in run_folder.metrics_records(path)), default=0)
         if end < logged:
             raise ValueError(f"checkpoint {self.run_dir / CHECKPOINT} is at step {state['step']}, but {path} ends "
                              f"at step {end}: they are not of one run (its metrics went to step {logged}); put "

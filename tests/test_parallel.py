@@ -184,3 +184,13 @@ def test_a_killed_worker_is_named_when_its_generators_are_read_or_set():
         for call in (dp.rng_states, lambda: dp.set_rng_states(states)):
             with pytest.raises(RuntimeError, match=r"data-parallel worker 1 exited unexpectedly \(exit code -9\)"):
                 call()
+
+
+def test_the_start_line_names_unequal_shares_of_a_batch():
+    """A batch that does not split evenly is described by its shares (7 on 2: 4 and 3; 3 on 4 ranks: one
+    computes nothing), not as "1/N of every batch"."""
+    from numformer.train.parallel import share_text
+
+    assert share_text(12, 2) == "1/2 of every batch"
+    assert share_text(7, 2) == "its share of every batch of 7 (3 and 4 examples)"
+    assert share_text(3, 4) == "its share of every batch of 3 (0, 1, 1 and 1 examples)"

@@ -113,6 +113,16 @@ def _shares(n, parts):
     return [slice(bounds[i], bounds[i + 1]) for i in range(parts)]
 
 
+def share_text(n, parts):
+    """How ``parts`` processes split a batch of ``n`` examples, for the line a run starts with: "1/4 of every
+    batch" when the shares are equal, else "its share of every batch of 7 (4 and 3 examples)"."""
+    sizes = [s.stop - s.start for s in _shares(n, parts)]
+    if len(set(sizes)) == 1:
+        return f"1/{parts} of every batch"
+    listed = ", ".join(map(str, sizes[:-1])) + f" and {sizes[-1]}"
+    return f"its share of every batch of {n} ({listed} examples)"
+
+
 def _take(inputs, share, batch_size):
     """The share of every batched input (arrays whose first axis is the batch); anything else as it is."""
     return {k: v[share] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == batch_size else v

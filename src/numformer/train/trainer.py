@@ -38,7 +38,7 @@ from .dpo import check_objective, set_reference_logprobs
 from .early_stopping import EarlyStopping
 from .evaluation import Evaluation, describe
 from .final import aborted_note, divergence_advice, ended_before, finish
-from .parallel import usable_processes
+from .parallel import share_text, usable_processes
 from .progress import run_progress
 from .run import config_and_task
 from .run_writer import RunWriter
@@ -337,11 +337,12 @@ class Trainer:
         self.folder.start(self.config, self.task.tokenizer_state())
         self._print(describe_run(self.model, n_params, self.task, self.config))
         if self.world is not None:
-            self._print(f"{self.world.describe()}; each rank computes 1/{self.world.size} of every batch"
+            self._print(f"{self.world.describe()}; each rank computes "
+                        f"{share_text(self.train_cfg['batch_size'], self.world.size)}"
                         + (f", split over {self.processes} processes" if self.processes > 1 else ""))
         elif self.processes > 1:
-            self._print(f"data-parallel on {self.processes} processes: each computes 1/{self.processes} of every "
-                        f"batch ([train] processes)")
+            self._print(f"data-parallel on {self.processes} processes: each computes "
+                        f"{share_text(self.train_cfg['batch_size'], self.processes)} ([train] processes)")
         if self.resumed:
             self._print(f"resuming {self.run_dir} at step {self.step}")
         return n_params

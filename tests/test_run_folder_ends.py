@@ -286,3 +286,26 @@ def test_a_signal_between_the_weights_scoring_and_the_test_scoring_abandons_the_
     finished = resumed.train()
     resumed.close()
     assert not finished["interrupted"] and "test" in finished
+
+
+def test_a_refused_resume_prints_no_note_of_the_changes_it_would_have_made(tmp_path, monkeypatch, capsys):
+    """The notes on what --set changes in a resumed run come once the run is accepted: a resume refused by
+    a later check (as DPO under MPI is) says only why (before: "note: max_steps 12 -> 16 in effect" first)."""
+    import numformer.train.trainer as trainer_module
+
+    run = tmp_path / "run"
+    trainer = Trainer(cfg(), run, quiet=True)
+    trainer.train(stop_after=4)
+    trainer.close()
+
+    def refuse(*args):
+        raise ValueError("refused by a later check")
+    monkeypatch.setattr(trainer_module, "check_objective", refuse)
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="refused by a later check"):
+        Trainer(None, run, resume=True, overrides=["train.max_steps=16"])
+    assert "note:" not in capsys.readouterr().err
+    monkeypatch.undo()
+    capsys.readouterr()
+    Trainer(None, run, resume=True, overrides=["train.max_steps=16"]).close()
+    assert "max_steps 12 -> 16" in capsys.readouterr().err

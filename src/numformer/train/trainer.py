@@ -70,8 +70,6 @@ class Trainer:
         self.folder = (RunWriter.for_resuming(self.run_dir) if resume and self._writer
                        else RunWriter.silent(self.run_dir))
         self.config, self.task, notes = config_and_task(self.run_dir, config, overrides, resume, self.quiet)
-        for note in notes:              # each change --set makes to a resumed run
-            self._print(note)
         t = self.train_cfg = self.config["train"]
         self.dtype = np.dtype(t["dtype"])
         seeds = np.random.SeedSequence(t["seed"]).spawn(2)
@@ -90,6 +88,8 @@ class Trainer:
         self._checkpoint_step = None    # the step of checkpoint.safetensors
         ranks = 1 if world is None else world.size
         self.dpo = check_objective(t["objective"], self.task, world)
+        for note in notes:              # each change --set makes to a resumed run that the checks above accept
+            self._print(note)
         self.processes = usable_processes(self.model, max(1, t["batch_size"] // ranks),
                                           1 if self.dpo else t["processes"])
         self.workers = Workers(self.model, self.processes, t["seed"], world)   # data-parallel processes

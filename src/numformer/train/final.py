@@ -254,9 +254,9 @@ def finish(trainer, stop, n_params, wall_start):
 def final_scoring(trainer, stop):
     """(figures of the weights kept, the test split's figures or None). A first stop signal during it (or
     since the last step's checkpoint) abandons it (its saves are atomic: each file is the old one or the new
-    one): the weights are those saved, unscored (``unscored_figures``), and ``stop`` says interrupted. Under MPI rank 0 alone scores, and every
-    rank agrees (``stop_agreed``) before and after it whether any rank was stopped: then it is abandoned on
-    every rank alike, whichever rank the signal reached."""
+    one): the weights are those saved, unscored (``unscored_figures``), and ``stop`` says interrupted. Under
+    MPI rank 0 alone scores, and every rank agrees (``stop_agreed``) before and after it whether any rank was
+    stopped: then it is abandoned on every rank alike, whichever rank the signal reached."""
     t, figures, test = trainer.train_cfg, None, None
     ended = trainer.step >= t["max_steps"] or stop["stopped_early"] or stop["time_limit"] or stop["budget"]
     resumable = stop["interrupted"] or stop["time_limit"]

@@ -115,7 +115,7 @@ def _shares(n, parts):
 
 def share_text(n, parts):
     """How ``parts`` processes split a batch of ``n`` examples, for the line a run starts with: "1/4 of every
-    batch" when the shares are equal, else "its share of every batch of 7 (4 and 3 examples)"."""
+    batch" when the shares are equal, else "its share of every batch of 7 (3 and 4 examples)"."""
     sizes = [s.stop - s.start for s in _shares(n, parts)]
     if len(set(sizes)) == 1:
         return f"1/{parts} of every batch"

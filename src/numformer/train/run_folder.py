@@ -349,8 +349,10 @@ def metrics_records(path):
 def start_new_run(path, overwrite=False, resumable=True):
     """Make ``path`` ready for a new run (the caller holds its lock): refuse a folder that holds any run file
     unless ``overwrite``, which deletes the old run's files (weights first, config last, leftovers of an
-    interrupted write too); ``resumable``: whether the refusal may suggest --resume (not import-hf's). A DPO run's reference log-probabilities alone are no run (one stopped before it
-    began: its config.json comes with the first step) and are replaced: the new run computes its own."""
+    interrupted write too) and analyze's default report of it (RUN/report); ``resumable``: whether the refusal
+    may suggest --resume (not import-hf's). A DPO run's reference log-probabilities alone are no run (one
+    stopped before it began: its config.json comes with the first step) and are replaced: the new run
+    computes its own."""
     path = Path(path)
     present = run_files(path)
     if present and present != [REFERENCE] and not overwrite:

@@ -205,6 +205,23 @@ def test_head_ablation_grid_and_restore_after_an_error():
             pass
 
 
+
+@pytest.mark.parametrize("returned, named", [
+    (np.array([1.0, 2.0]), "an array of shape (2,)"), ("1.5", "a str"), (None, "a NoneType"),
+    (np.array(["x"]), "dtype <U1")])
+def test_head_ablation_names_a_metric_that_returns_no_number(returned, named):
+    gpt = _gpt()
+    with pytest.raises(ValueError) as err:
+        A.head_ablation(gpt, lambda model: returned)
+    assert named in str(err.value) and "must return one real number" in str(err.value)
+    assert gpt.blocks[0].self_attn.head_mask is None
+
+
+def test_head_ablation_takes_a_metric_of_one_element_or_a_numpy_scalar():
+    gpt = _gpt()
+    assert A.head_ablation(gpt, lambda model: np.array([0.5])).baseline == 0.5
+    assert A.head_ablation(gpt, lambda model: np.float32(0.25)).values["self"][0, 0] == 0.25
+
 # -- saliency -------------------------------------------------------------------------------------------------
 
 

@@ -53,6 +53,19 @@ def ablate_heads(model, heads):
             m.head_mask = old
 
 
+def metric_value(metric, model):
+    """metric(model) as a float; anything but one real number (an array of several, a string, None) is a
+    ValueError naming what the metric returned."""
+    value = metric(model)
+    arr = np.asarray(value) if isinstance(value, (int, float, np.generic, np.ndarray)) else None
+    if arr is None or arr.size != 1 or arr.dtype.kind not in "biuf":
+        what = (f"an array of shape {arr.shape} and dtype {arr.dtype}" if arr is not None
+                else f"a {type(value).__name__}")
+        raise ValueError(f"the metric returned {what}; metric(model) must return one real number "
+                         "(e.g. a validation loss or an accuracy as a float)")
+    return float(arr.reshape(()))
+
+
 @dataclass
 class AblationResult:
     """baseline: metric of the intact model; values[group] (L, H): metric with that head zeroed;
@@ -89,7 +102,7 @@ def head_ablation(model, metric, groups=None, metric_name="metric", progress=Fal
     mods = attention_modules(model)
     groups = list(mods) if groups is None else list(groups)
     with eval_mode(model):
-        baseline = float(metric(model))
+        baseline = metric_value(metric, model)
         result = AblationResult(baseline, metric_name=metric_name)
         jobs = [(g, l, h) for g in groups for l, (_, m) in enumerate(mods[g]) for h in range(m.n_heads)]
         bar = None
@@ -100,7 +113,7 @@ def head_ablation(model, metric, groups=None, metric_name="metric", progress=Fal
             result.values[g] = np.full((len(mods[g]), mods[g][0][1].n_heads), np.nan)
         for g, l, h in jobs:
             with ablate_heads(model, [(g, l, h)]):
-                result.values[g][l, h] = float(metric(model))
+                result.values[g][l, h] = metric_value(metric, model)
             if bar is not None:
                 bar.update()
         if bar is not None:

@@ -68,7 +68,8 @@ def test_analyze_on_a_hugging_face_folder_says_what_it_is_and_which_command_read
     assert "numformer import-hf" in err and "numformer explore" in err and "a typo" not in err
 
 
-def test_analyze_split_test_on_a_text_run_is_refused_naming_its_splits(tmp_path, capsys):
+def test_analyze_split_test_on_a_text_run_is_refused_naming_its_splits(tmp_path, capsys, monkeypatch):
+    from numformer.analysis import run_report
     from numformer.cli import main
     from numformer.experiments.runner import find_config
 
@@ -79,6 +80,11 @@ def test_analyze_split_test_on_a_text_run_is_refused_naming_its_splits(tmp_path,
     run = tmp_path / "char"
     assert main(["train", str(find_config("shakespeare_char")), "--out", str(run), *sets, "--quiet"]) == 0
     capsys.readouterr()
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the split was checked")
+
+    monkeypatch.setattr(run_report, "load_model", no_model)     # refused before the slow part
     assert main(["analyze", str(run), "--split", "test", "--no-ablation", "--no-occlusion"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1

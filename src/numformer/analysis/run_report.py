@@ -49,13 +49,13 @@ def analyze_run(run_dir, out=None, text=None, src=None, tgt=None, ablation=True,
     out = Path(out) if out is not None else run_dir / "report"
     check_report_folder(out, overwrite)
     text, src = _check_options(kind, run_dir, text, src, tgt)
-    model = load_model(run_dir, config)
     given = text is not None or src is not None
     task, task_error = _load_task(run_dir, config, kind, given)
     if split == "test" and task is not None and not getattr(task, "has_test_split", True):
         # a text task's "test" would read the validation data: say so instead of mislabelling it
         raise ValueError(f"the task of {run_dir} ({data.get('task', kind)}) has no test split, only train and "
                          f"val; use --split val")
+    model = load_model(run_dir, config)                         # after the checks: loading is the slow part
     decode = None if toks is None else {n: (lambda ids, t=t: token_labels(t, ids)) for n, t in toks.items()}
     labels = None
     if given:

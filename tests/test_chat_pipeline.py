@@ -16,6 +16,7 @@ from numformer.data.tokenizers import ByteLevelBPE
 from numformer.experiments import _chat_data as cd
 from numformer.experiments._chat_eval import parse_label, reply_text, wilson
 
+ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("NUMFORMER_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 needs_shared = pytest.mark.skipif(not (SHARED / "aclImdb_v1.tar.gz").is_file()
                                   or not (SHARED / "instructions").is_dir(),
@@ -229,3 +230,15 @@ def test_given_runs_are_used_whatever_commit_trained_them_but_only_with_the_conf
     (given / "sft_lora_r8" / "config.json").write_text(json.dumps({"model": {}, "data": {}, "train": {}}))
     with pytest.raises(ValueError, match="sft_lora_r8 run: its config.json differs from the config wanted"):
         cp.plan(ctx, cfg)
+
+
+@pytest.mark.parametrize("judge_run, named", [
+    ("/elsewhere/runs/imdb", "judged by the classifier /elsewhere/runs/imdb (pipeline.judge_run)."),
+    ("", "judged by the classifier `imdb` under --runs (`reproduce imdb`).")])
+def test_the_page_names_the_judge_the_pipeline_used(judge_run, named):
+    from numformer.experiments._chat_page import recipe_section
+
+    record = json.loads((ROOT / "results" / "chat_pipeline.json").read_text(encoding="utf-8"))
+    record["config"]["pipeline"]["judge_run"] = judge_run
+    evaluation = [line for line in recipe_section(record) if line.startswith("- **Evaluation**")]
+    assert len(evaluation) == 1 and evaluation[0].endswith(named)

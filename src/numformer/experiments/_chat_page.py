@@ -170,7 +170,9 @@ def recipe_section(r):
         f"of the {d['test_reviews']:,} test reviews classified by greedy generation (a reply whose first word is "
         f"not a label counts as wrong); {p['write_requests']} requests for a review (half positive), each about the "
         f"topic of a test review, sampled at temperature {p['temperature']:g}, top-k {p['top_k']}, at most "
-        f"{p['max_new_tokens']} tokens, and judged by runs/imdb.",
+        f"{p['max_new_tokens']} tokens, and judged by " + (f"the classifier {p['judge_run']} (pipeline.judge_run)."
+                                                           if p.get("judge_run") else
+                                                           "the classifier `imdb` under --runs (`reproduce imdb`)."),
         f"- **DPO pairs**: {d['dpo_pairs']:,} pairs of training reviews (not among the conversations' replies), "
         f"each request's review chosen and one of the other sentiment and about the same length rejected"
         + (", and the instruction set's preference pairs" if p["dpo_instruction_pairs"] else "") + ".",

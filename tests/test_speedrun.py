@@ -310,3 +310,30 @@ def test_the_profile_page_names_each_profiles_cpu_and_keeps_one_column_per_cpu_m
     assert head == ("| op family | ms/step, aaa, AMD EPYC (model not recorded) | ms/step, bbb, AMD EPYC (model not "
                     "recorded) | ms/step, ccc, Intel Xeon (SPR) | ms/step, eee, AMD EPYC (Zen 3) |")
     assert "| **step** | **90.00** | **89.00** | **80.00** | **94.00** |" in profile_markdown(record)
+
+
+def _committed(name):
+    path = Path(__file__).resolve().parents[1] / "results" / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_the_pytorch_anchor_is_compared_only_on_the_cpu_of_numformers_runs():
+    from numformer.experiments.speedrun import speedrun_markdown, torch_markdown
+
+    main, anchor = _committed("shakespeare_speedrun"), _committed("shakespeare_speedrun_torch")
+    zen3 = {"cpu": "AMD EPYC", "cpu_label": "AMD EPYC (Zen 3, family 25 model 1, AVX2)", "cores": 2}
+    zen4 = {"cpu": "AMD EPYC", "cpu_label": "AMD EPYC (Zen 4, family 25 model 17, AVX-512)", "cores": 2}
+    main["machine"], anchor["machine"] = zen4, zen3
+    page = torch_markdown(anchor, level="##", main=main)
+    assert "Zen 3, family 25 model 1, AVX2); PyTorch" in page
+    assert ("numformer's runs ran on AMD EPYC (Zen 4, family 25 model 17, AVX-512) and PyTorch's on AMD EPYC "
+            "(Zen 3, family 25 model 1, AVX2)") in page
+    assert "numformer over PyTorch" not in page and "minus PyTorch's" not in page
+    anchor["machine"] = zen4
+    page = torch_markdown(anchor, level="##", main=main)
+    assert "numformer over PyTorch" in page and "not compared" not in page
+    del anchor["machine"]                                 # a record written before machines were recorded
+    assert "not compared" in torch_markdown(anchor, level="##", main=main)
+    parts = {name: (None, None) for name in ("shakespeare_speedrun_ablation", "shakespeare_speedrun_torch",
+                                             "shakespeare_speedrun_profile")}
+    assert "2 cores, AMD EPYC (Zen 4, family 25 model 17, AVX-512)). Data:" in speedrun_markdown(main, parts)

@@ -422,7 +422,7 @@ def speedrun_markdown(record, parts):
     quick = record.get("quick_overrides")
     lines = [f"# {NAME}" + (" (quick run)" if quick is not None else ""), "", record["description"], "",
              f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
-             f"{record['machine']['cores']} cores, {record['machine']['cpu']}). Data: {record['task']}.", ""]
+             f"{record['machine']['cores']} cores, {cpu_label(record['machine'])}). Data: {record['task']}.", ""]
     if quick is not None:
         lines += [f"This is the `--quick` check of the pipeline (`{' '.join(quick)}`), not the speedrun.", ""]
     lines += [
@@ -551,7 +551,8 @@ def _rows(numbers):
 def torch_markdown(record, level="#", main=None):
     runs = record["runs"]
     lines = [f"{level} The PyTorch anchor", "",
-             f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}; PyTorch "
+             f"Produced by `{record['command']}` on {record['date']} (commit {record['commit']}, "
+             f"{cpu_label(record.get('machine') or {})}; PyTorch "
              f"{runs['recipe']['torch']}, {runs['recipe']['threads']} threads): the same {record['budget_minutes']:g}"
              f"-minute budget, enforced the same way (train/budget.py), given to PyTorch eager with the same "
              f"initial weights, batches, optimizer and time-planned schedule; seed {record['seed']}. The recipe "
@@ -568,10 +569,21 @@ def torch_markdown(record, level="#", main=None):
         lines.append(f"| {label} | {r['model_class']} | {r['steps']:,} | {r['tokens_per_s']:,.0f} | "
                      f"{r['wall_seconds']:.1f} | {r['val_loss']:.4f} |")
     if main is not None:
-        lines += ["", f"numformer's loss minus PyTorch's on the same recipe and budget: "
-                      f"{ours['val_loss']['mean'] - runs['recipe']['val_loss']:+.4f}; tokens/s, numformer over "
-                      f"PyTorch: {ours['tokens_per_s']['mean'] / runs['recipe']['tokens_per_s']:.2f}×."]
+        lines += [""] + _comparison(ours, runs["recipe"], cpu_label(main.get("machine") or {}),
+                                    cpu_label(record.get("machine") or {}))
     return "\n".join(lines)
+
+
+def _comparison(ours, theirs, our_cpu, their_cpu):
+    """The line comparing numformer's runs of the recipe with PyTorch's: drawn only when both ran on one CPU
+    model (a budget's steps, and so the loss, depend on the CPU)."""
+    if our_cpu != their_cpu:
+        return [f"numformer's runs ran on {our_cpu} and PyTorch's on {their_cpu}: in a time budget the loss "
+                f"depends on the CPU, so the two are not compared here; `numformer reproduce {NAME}_torch` on "
+                f"the CPU of numformer's runs compares them."]
+    return [f"numformer's loss minus PyTorch's on the same recipe and budget: "
+            f"{ours['val_loss']['mean'] - theirs['val_loss']:+.4f}; tokens/s, numformer over "
+            f"PyTorch: {ours['tokens_per_s']['mean'] / theirs['tokens_per_s']:.2f}×."]
 
 
 SPREAD = {"mean": NUMBER, "sd": NUMBER, "n": int}

@@ -356,8 +356,6 @@ def markdown(record, paths, results_dir):
     met, early, heads = record["met"], early_positions(record["settings"]["eval"]), record["induction_heads"]
     rows = ["| figure | value | target | reached |", "|---|---|---|---|"]
     for k, v in f.items():
-        if k == "phase_change_step" and not heads:      # recorded by earlier versions without an induction head
-            continue
         rows.append(f"| {k} | {v:.4f} | {record['targets'].get(k, '')} | "
                     f"{'' if met.get(k) is None else ('yes' if met[k] else 'no')} |")
     wall, cpu, load = record["wall_time_s"], record["cpu_time_s"], record["load_average"]

@@ -108,6 +108,49 @@ def test_products_with_few_rows_are_split_by_columns(rng, threads, native_blas_a
     assert y.dtype == dtype and np.abs(y - x @ W.T).max() <= tol * np.abs(x @ W.T).max()
 
 
+def test_few_rows_columns_keeps_each_product_within_the_small_matrix_kernels(monkeypatch):
+    """2 to FEW_ROWS rows: blocks of columns with m·n·k <= 100³ and m·n <= 1200 (OpenBLAS's limits), a multiple of
+    8; none for one row (a matrix-vector product), more than FEW_ROWS, too long a k, or a BLAS without them."""
+    monkeypatch.setattr(_runtime, "small_kernels", lambda: True)
+    assert _runtime.few_rows_columns(8, 1024) == 120                     # 10⁶ / (8 · 1024) = 122
+    assert _runtime.few_rows_columns(8, 768) == 144                      # 1200 / 8 = 150 binds first
+    assert _runtime.few_rows_columns(16, 3072) == 16
+    assert [_runtime.few_rows_columns(m, 1024) for m in (1, 17)] == [0, 0]
+    assert _runtime.few_rows_columns(16, 10 ** 5) == 0                   # under 8 columns
+    for m, k in [(2, 64), (5, 999), (16, 768)]:
+        cols = _runtime.few_rows_columns(m, k)
+        assert cols % 8 == 0 and m * cols * k <= 100 ** 3 and m * cols <= 1200
+        assert m * (cols + 8) * k > 100 ** 3 or m * (cols + 8) > 1200     # the widest such block
+    monkeypatch.setattr(_runtime, "small_kernels", lambda: False)
+    assert _runtime.few_rows_columns(8, 1024) == 0
+
+
+@pytest.mark.skipif(_runtime._openblas_thread_functions() is None, reason="needs OpenBLAS thread control")
+@pytest.mark.parametrize("n_threads", [1, 3])
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_products_with_few_rows_take_the_small_matrix_kernels(rng, threads, native_blas_afterwards, monkeypatch,
+                                                              n_threads, dtype, tol):
+    """Where the BLAS has small-matrix kernels, each thread's columns (all of them on one thread) are multiplied
+    in blocks of ``few_rows_columns``, the last one shorter; the result is the whole product's."""
+    x = rng.standard_normal((8, 48)).astype(dtype)
+    W = rng.standard_normal((301, 48)).astype(dtype)
+    numformer.set_fast_runtime(blas="numformer")
+    threads(n_threads)
+    monkeypatch.setattr(_runtime, "MATMUL_GRAIN", 64)
+    monkeypatch.setattr(_runtime, "small_kernels", lambda: True)
+    monkeypatch.setattr(_runtime, "SMALL_MNK", 8 * 48 * 24)            # blocks of 24 columns
+    blocks, product = [], _runtime.column_blocks
+    monkeypatch.setattr(_runtime, "column_blocks", lambda a, b, out, lo, hi, cols: blocks.append(
+        (lo, hi, cols)) or product(a, b, out, lo, hi, cols))
+    y = _runtime.matmul(x, W.T)
+    assert sorted(blocks) == ([(0, 301, 24)] if n_threads == 1 else [(0, 100, 24), (100, 200, 24), (200, 301, 24)])
+    assert y.dtype == dtype and np.abs(y - x @ W.T).max() <= tol * np.abs(x @ W.T).max()
+    blocks.clear()
+    monkeypatch.setattr(_runtime, "small_kernels", lambda: False)        # no such kernels: whole products
+    y = _runtime.matmul(x, W.T)
+    assert all(cols == hi - lo for lo, hi, cols in blocks) and np.abs(y - x @ W.T).max() <= tol * np.abs(x @ W.T).max()
+
+
 def test_parallel_for_covers_the_range_once_and_propagates_errors(threads):
     threads(4)
     seen = np.zeros(103, dtype=int)

@@ -83,6 +83,25 @@ def test_kernel_equals_reference(N, K, group_size, batch, dtype, rng, monkeypatc
     assert rel_err(got, expected) < TOL[dtype]
 
 
+@pytest.mark.parametrize("small_kernels", [True, False])
+@pytest.mark.parametrize("group_size", [None, 32])
+@pytest.mark.parametrize("batch", [2, 5, 16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_several_rows_take_the_small_matrix_kernels(small_kernels, group_size, batch, dtype, rng, monkeypatch):
+    """Several rows of x: each block's product is made 8 rows of the block at a time where the BLAS has
+    small-matrix kernels (``_runtime.few_rows_columns``, its limit shrunk here), whole where it has none; the
+    reference's result either way, on blocks of 64 rows and a ragged last one."""
+    monkeypatch.setattr(_runtime, "small_kernels", lambda: small_kernels)
+    monkeypatch.setattr(_runtime, "SMALL_MNK", batch * 8 * 64)
+    monkeypatch.setattr(kernel, "BLOCK_BYTES", 64 * 64 * np.dtype(dtype).itemsize)
+    assert _runtime.few_rows_columns(batch, 64) == (8 if small_kernels else 0)
+    W = rng.standard_normal((203, 64)).astype(dtype)
+    q, s = quantize(W, 8, group_size)
+    x = rng.standard_normal((batch, 64)).astype(dtype)
+    got = kernel.quantized_linear_forward(x, q, s, group_size)
+    assert got.dtype == dtype and rel_err(got, quantized_linear_forward(x, q, s, group_size)) < TOL[dtype]
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("own_blas", [True, False])
 def test_kernel_threads_and_blas_modes(threads, own_blas, rng, monkeypatch):

@@ -392,24 +392,65 @@ MATMUL_GRAIN = 1 << 21
 # Products with at most this many rows in ``a`` (a decoding step's batch) are split by the columns of ``b``: split
 # by rows, every thread would read all of b (the weights), and such products take their time reading b.
 FEW_ROWS = 16
+# OpenBLAS's small-matrix kernels multiply without first copying (packing) the operands into its own layout.
+# Its SkylakeX family (SkylakeX, Cooperlake, SapphireRapids: AVX-512) has them, and takes them for products of
+# m·n·k <= 100³ multiply-adds (and, with the first operand transposed in its column-major terms, m·n <= 1200).
+# A few rows of x times a weight matrix are far larger, and packing the weights then costs more than the
+# products: cut into column blocks below those limits, x Wᵀ with 2-16 rows of x ran 2-3x faster on one
+# thread (float32, weights from memory: 0.38 against 0.89 ns a weight with 8 rows; docs/how-to/fast-numpy.md).
+# The other kernel families have no small-matrix kernel, and there the blocks gained nothing.
+SMALL_MNK, SMALL_MN = 100 ** 3, 1200
+SMALL_KERNEL_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+
+
+@functools.lru_cache(maxsize=None)
+def small_kernels():
+    """Whether the BLAS has small-matrix kernels (OpenBLAS's SkylakeX family; see ``SMALL_MNK``)."""
+    return (openblas_core() or "").lower() in SMALL_KERNEL_CORES
+
+
+def few_rows_columns(m, k):
+    """Columns of b per product when a (m, k) has 2 to FEW_ROWS rows, so that each takes the BLAS's small-matrix
+    kernel (``SMALL_MNK``): a multiple of 8, or 0 where there is no such kernel or a block would be narrower."""
+    if not 2 <= m <= FEW_ROWS or not small_kernels():
+        return 0
+    cols = min(SMALL_MNK // (m * k), SMALL_MN // m) // 8 * 8
+    return cols if cols >= 8 else 0
+
+
+def column_blocks(a, b, out, lo, hi, cols):
+    """out[:, lo:hi] = a @ b[:, lo:hi], in products of ``cols`` columns of b (``few_rows_columns``)."""
+    for c0 in range(lo, hi, cols):
+        c1 = min(c0 + cols, hi)
+        np.matmul(a, b[:, c0:c1], out=out[:, c0:c1])
 
 
 def matmul(a, b, out=None):
     """a @ b for 2-D operands: the fast version of ``np.matmul(a, b)`` (the reference, which this returns
     whenever the product is small or numformer does not own the BLAS threads). When numformer owns the BLAS
     threads (see set_fast_runtime), a large product is split by rows of ``a`` across numformer's threads, or
-    by columns of ``b`` when ``a`` has at most ``FEW_ROWS`` rows. Each block computes the same sums as the
-    whole product; whether it rounds them identically depends on the BLAS kernel (see the module docstring).
-    tests/test_fast_kernels.py compares the two."""
+    by columns of ``b`` when ``a`` has at most ``FEW_ROWS`` rows; with 2 to ``FEW_ROWS`` rows each thread's
+    columns are multiplied in blocks that the BLAS's small-matrix kernels take, where it has them
+    (``few_rows_columns``), on one thread too. Each block computes the same sums as the whole product;
+    whether it rounds them identically depends on the BLAS kernel (see the module docstring).
+    tests/test_kernels.py compares the two."""
     m, k = a.shape
     n = b.shape[1]
-    if not _state["own_blas"] or get_num_threads() == 1 or m * n * k < 2 * MATMUL_GRAIN:
+    cols = few_rows_columns(m, k) if _state["own_blas"] else 0      # with one BLAS thread, few rows of a
+    cols = cols if cols < n else 0
+    split = _state["own_blas"] and get_num_threads() > 1 and m * n * k >= 2 * MATMUL_GRAIN
+    if not split and not cols:
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((m, n), np.result_type(a, b))
     if m <= FEW_ROWS:          # a decoding step: each thread reads its own columns of b (the weights) once
-        parallel_for(n, lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]),
-                     max(1, MATMUL_GRAIN // max(m * k, 1)))
+        def columns(lo, hi):
+            column_blocks(a, b, out, lo, hi, cols or max(hi - lo, 1))
+
+        if split:
+            parallel_for(n, columns, max(1, MATMUL_GRAIN // max(m * k, 1)))
+        else:
+            columns(0, n)
         return out
     rows = max(1, MATMUL_GRAIN // max(n * k, 1))
     parallel_for(m, lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), rows)

@@ -9,7 +9,8 @@ and for each block:
 
     B = float(q[rows])                       int8 -> float, written to the cache
     B *= s[rows, group]                      per group (one scale per row: applied to y instead, below)
-    y[rows] = B @ xᵀ                         the BLAS, reading B from the cache
+    y[rows] = B @ xᵀ                         the BLAS, reading B from the cache (several rows of x: in pieces
+                                             that its small-matrix kernels take, ``_runtime.few_rows_columns``)
     y[rows] *= s[rows]                       one scale per row: R × m products instead of R × K
 
 so every weight byte comes from memory once per call, and the float block is read from cache. What is left per
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._runtime import blas_threads, get_num_threads, matmul, owns_blas, parallel_for
+from .._runtime import blas_threads, few_rows_columns, get_num_threads, matmul, owns_blas, parallel_for
 from .reference import group_width
 
 __all__ = ["quantized_linear_forward", "dequantize", "SMALL_BATCH", "BLOCK_BYTES", "l2_cache_bytes"]
@@ -142,13 +143,18 @@ def product_rows(q, scales, g, xT, yT, lo, hi):
     R = _block_rows(K, yT.dtype.itemsize)
     step = -(-(hi - lo) // -(-(hi - lo) // R))                  # equal blocks of at most R rows
     block = _block(step, K, yT.dtype)
+    # Several rows of x: products of `sub` rows of B at a time, which the BLAS's small-matrix kernels take
+    # (x Ŵᵀ's columns are Ŵ's rows; ``_runtime.few_rows_columns``). One row: one matrix-vector product a block.
+    sub = few_rows_columns(1 if yT.ndim == 1 else yT.shape[1], K) or step
     for r0 in range(lo, hi, step):
         r1 = min(r0 + step, hi)
         B = block[:r1 - r0]
         np.copyto(B, q[r0:r1], casting="unsafe")               # int8 -> float, into the cache-resident block
         if G > 1:
             _scale_groups(B, scales[r0:r1], g)
-        np.matmul(B, xT, out=yT[r0:r1])                         # the BLAS reads B from the cache
+        for s0 in range(r0, r1, sub):                           # the BLAS reads B from the cache
+            s1 = min(s0 + sub, r1)
+            np.matmul(B[s0 - r0:s1 - r0], xT, out=yT[s0:s1])
     if G == 1:                                                  # one scale per row: on N × m sums, not N × K
         yT[lo:hi] *= scales[lo:hi, 0] if yT.ndim == 1 else scales[lo:hi]
 

@@ -148,7 +148,8 @@ def test_products_with_few_rows_take_the_small_matrix_kernels(rng, threads, nati
     blocks.clear()
     monkeypatch.setattr(_runtime, "small_kernels", lambda: False)        # no such kernels: whole products
     y = _runtime.matmul(x, W.T)
-    assert all(cols == hi - lo for lo, hi, cols in blocks) and np.abs(y - x @ W.T).max() <= tol * np.abs(x @ W.T).max()
+    assert all(cols == hi - lo for lo, hi, cols in blocks)
+    assert np.abs(y - x @ W.T).max() <= tol * np.abs(x @ W.T).max()
 
 
 def test_parallel_for_covers_the_range_once_and_propagates_errors(threads):

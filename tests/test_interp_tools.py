@@ -145,6 +145,14 @@ def test_patching_refuses_prompts_of_different_shapes_and_metrics_without_a_grad
         A.attribution_patching(model, np.zeros((1, 4), int), np.ones((1, 4), int), lambda logits: 0.0)
 
 
+@pytest.mark.parametrize("returned, named", [(np.array([1.0, 2.0]), "an array of shape (2,)"), (None, "a NoneType")])
+def test_patching_names_a_metric_that_returns_no_number(returned, named):
+    """activation_patching's metric gets the same one-line check as head_ablation's (``metric_value``)."""
+    with pytest.raises(ValueError) as err:
+        A.activation_patching(gpt(), np.zeros((1, 4), int), np.ones((1, 4), int), lambda logits: returned)
+    assert named in str(err.value) and "metric(logits) must return one real number" in str(err.value)
+
+
 def test_patching_figures(tmp_path):
     model = gpt()
     clean, corrupted = prompts((2,))

@@ -201,3 +201,17 @@ def set_token_ticks(ax, labels, axis, length_inches, rotate=True):
 
 def default_labels(ids):
     return [str(int(i)) for i in np.asarray(ids).reshape(-1)]
+
+
+def metric_value(metric, arg, of="model"):
+    """metric(arg) as a float; anything but one real number (an array of several, a string, None) is a
+    ValueError naming what the metric returned. ``of`` names the argument in that message ("model": head
+    ablation's metrics; "logits": activation patching's)."""
+    value = metric(arg)
+    arr = np.asarray(value) if isinstance(value, (int, float, np.generic, np.ndarray)) else None
+    if arr is None or arr.size != 1 or arr.dtype.kind not in "biuf":
+        what = (f"an array of shape {arr.shape} and dtype {arr.dtype}" if arr is not None
+                else f"a {type(value).__name__}")
+        raise ValueError(f"the metric returned {what}; metric({of}) must return one real number "
+                         "(e.g. a validation loss or an accuracy as a float)")
+    return float(arr.reshape(()))

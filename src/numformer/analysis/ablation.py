@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import ops
 from ..models import EncoderClassifier, GPT, Transformer
-from ._common import as_inputs, eval_mode, new_figure, save_figure
+from ._common import as_inputs, eval_mode, metric_value, new_figure, save_figure
 from .attention import GROUP_TITLES, attention_modules
 
 
@@ -51,19 +51,6 @@ def ablate_heads(model, heads):
     finally:
         for m, old in saved.values():
             m.head_mask = old
-
-
-def metric_value(metric, model):
-    """metric(model) as a float; anything but one real number (an array of several, a string, None) is a
-    ValueError naming what the metric returned."""
-    value = metric(model)
-    arr = np.asarray(value) if isinstance(value, (int, float, np.generic, np.ndarray)) else None
-    if arr is None or arr.size != 1 or arr.dtype.kind not in "biuf":
-        what = (f"an array of shape {arr.shape} and dtype {arr.dtype}" if arr is not None
-                else f"a {type(value).__name__}")
-        raise ValueError(f"the metric returned {what}; metric(model) must return one real number "
-                         "(e.g. a validation loss or an accuracy as a float)")
-    return float(arr.reshape(()))
 
 
 @dataclass

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._common import as_inputs, check_position, check_token_ids, eval_mode, input_names, new_figure, save_figure, set_token_ticks
+from ._common import (as_inputs, check_position, check_token_ids, eval_mode, input_names, metric_value, new_figure,
+                      save_figure, set_token_ticks)
 from .lens import plot_layer_head
 
 PER = {"position": "resid_pre", "head": "z"}      # what a place is: (layer, position) or (layer, head)
@@ -135,7 +136,7 @@ def activation_patching(model, clean, corrupted, metric, per="position"):
     clean, corrupted = _prepared(model, clean, corrupted, per)
     with eval_mode(model):
         clean_logits, cache = _clean_cache(model, clean, per)
-        corrupted_metric = metric(model(corrupted))
+        corrupted_metric = metric_value(metric, model(corrupted), of="logits")
         L = len(model.blocks)
         width = clean.shape[1] if per == "position" else cache[_hook_name(per, 0)].shape[2]
         values = np.empty((L, width))
@@ -149,9 +150,10 @@ def activation_patching(model, clean, corrupted, metric, per="position"):
                     else:
                         act[:, :, i] = source[:, :, i]
                     return act
-                values[layer, i] = metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)]))
+                values[layer, i] = metric_value(metric, model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)]),
+                                                of="logits")
         model.clear_cache()
-    return PatchingResult(values, metric(clean_logits), corrupted_metric, per, PER[per])
+    return PatchingResult(values, metric_value(metric, clean_logits, of="logits"), corrupted_metric, per, PER[per])
 
 
 def attribution_patching(model, clean, corrupted, metric, per="position"):
@@ -174,11 +176,11 @@ def attribution_patching(model, clean, corrupted, metric, per="position"):
             model.backward(metric.grad(corrupted_logits))
         model.zero_grad()
         model.clear_cache()
-    base = metric(corrupted_logits)
+    base = metric_value(metric, corrupted_logits, of="logits")
     axes = (0, 2) if per == "position" else (0, 1, 3)       # (B, T, d): sum d, per position; (B, T, H, d): per head
     values = np.stack([np.sum((clean_cache[n].astype(np.float64) - corrupted_cache[n]) * grads[n], axis=axes)
                        for n in names])
-    return PatchingResult(base + values, metric(clean_logits), base, per, "attribution")
+    return PatchingResult(base + values, metric_value(metric, clean_logits, of="logits"), base, per, "attribution")
 
 
 __all__ = ["LogitDifference", "PatchingResult", "activation_patching", "attribution_patching"]

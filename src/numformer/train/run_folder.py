@@ -355,7 +355,8 @@ def start_new_run(path, overwrite=False, resumable=True):
     computes its own."""
     path = Path(path)
     present = run_files(path)
-    if present and present != [REFERENCE] and not overwrite:
+    holds_a_run = bool(present) and present != [REFERENCE]
+    if holds_a_run and not overwrite:
         if not resumable:
             how = "replace it with --overwrite, or choose another --out"
         elif CHECKPOINT in present:
@@ -367,7 +368,7 @@ def start_new_run(path, overwrite=False, resumable=True):
     for name in present:
         (path / name).unlink(missing_ok=True)
     remove_temp_files(path, RUN_FILES)          # writes cut short (write_atomic's temporary files)
-    if present and present != [REFERENCE]:      # analyze's default report describes the run just deleted
+    if holds_a_run:                             # analyze's default report describes the run just deleted
         remove_report(path / "report")
 
 

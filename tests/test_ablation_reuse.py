@@ -84,12 +84,12 @@ def test_the_first_ablation_trains_each_config_once_and_says_which_rows_share_ru
     r = record(trained)
     sources = [[run["source"] for run in row["runs"]] for row in r["rows"]]
     # --quick: rows 3 and 4 have row 2's config
-    assert sources == [["trained"] * 2] * 3 + [["shared"] * 2] * 2 + [["trained"] * 2] * 2
+    assert sources == [["trained"] * 2] * 3 + [["shared"] * 2] * 2 + [["trained"] * 2] * 3
     assert all(run["commit"] == "abc1234" for row in r["rows"] for run in row["runs"])
     page = (trained / "results" / f"{ABLATION}.md").read_text(encoding="utf-8")
     assert "Rows 3, 4 have the same config as row 2" in page and "show row 2's runs" in page
     assert "earlier run" not in page and "earlier `numformer reproduce`" not in page
-    assert len(run_dirs(trained)) == 10                       # 5 distinct configs x 2 seeds
+    assert len(run_dirs(trained)) == 12                       # 6 distinct configs x 2 seeds
 
 
 def test_a_second_ablation_at_the_same_commit_reuses_every_run(ablation, commit, monkeypatch):
@@ -100,7 +100,7 @@ def test_a_second_ablation_at_the_same_commit_reuses_every_run(ablation, commit,
     r = record(ablation)
     assert {run["source"] for row in r["rows"] for run in row["runs"]} == {"reused", "shared"}
     page = (ablation / "results" / f"{ABLATION}.md").read_text(encoding="utf-8")
-    assert ("Rows 0, 1, 2, 5, 6 reuse the runs that an earlier `numformer reproduce` of this ablation trained with "
+    assert ("Rows 0, 1, 2, 5, 6, 7 reuse the runs that an earlier `numformer reproduce` of this ablation trained with "
             "the same configs and seeds at commit abc1234") in page
 
 
@@ -141,7 +141,7 @@ def test_code_that_cannot_be_shown_the_same_reuses_nothing(ablation, commit, now
     commit(now)
     rc, err = reproduce(ablation, ABLATION, "--seeds", 2)
     line = one_error_line(rc, err, "reproduce")
-    assert reason in line and "and 7 more already hold a run" in line
+    assert reason in line and "and 9 more already hold a run" in line
 
 
 def test_a_run_of_another_config_is_refused_naming_the_difference(ablation, commit):

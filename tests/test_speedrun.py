@@ -286,7 +286,7 @@ def test_quick_pytorch_anchor_trains_both_recipes_within_the_budget(tmp_path, fa
     ctx = Context(runs_dir=tmp_path / "runs", results_dir=tmp_path / "results", quick=True, quiet=True)
     (anchor,) = resolve("shakespeare_speedrun_torch")
     record = run_experiment(anchor, ctx)
-    for key, model_class in (("recipe", "LlamaForCausalLM"), ("nanogpt_cpu", "TorchGPT")):
+    for key, model_class in (("recipe", "ArceeForCausalLM"), ("nanogpt_cpu", "TorchGPT")):
         run = record["runs"][key]
         assert run["model_class"] == model_class and run["wall_seconds"] <= run["budget_seconds"]
         assert math.isfinite(run["val_loss"]) and run["val_loss"] < math.log(65) + 0.5

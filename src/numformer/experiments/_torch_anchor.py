@@ -3,8 +3,9 @@
 The same initial weights (numformer builds the model with the run's seed, as the trainer does, and the
 weights are copied), the same batches (the task's generator seeded as the trainer's), the same AdamW, clipping
 and time-planned schedule (optim/schedules.py ``Schedule.at`` with train/budget.py's ``Budget``), the same
-periodic estimates and the same whole-validation evaluation. A Llama-style recipe runs as transformers'
-``LlamaForCausalLM`` (exported with ``numformer.interop.hf.export_hf``); a GPT-2-style one as numformer's
+periodic estimates and the same whole-validation evaluation. A RoPE recipe runs as the transformers class
+``numformer.interop.hf.export_hf`` writes it as (``ArceeForCausalLM`` for the squared-ReLU recipe,
+``LlamaForCausalLM`` for a SwiGLU one); a GPT-2-style one as numformer's
 PyTorch reference of its GPT (``bench/torch_reference.py``, nanoGPT's architecture).
 
 PyTorch and transformers are test and benchmark dependencies: this module is imported only by

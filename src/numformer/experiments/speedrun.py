@@ -86,6 +86,8 @@ LADDER = [
     Change("Muon for the blocks' matrices (muon_lr 0.02, momentum 0.95, no weight decay), AdamW for the rest", {
         "train.optimizer": "muon", "train.weight_decay": 0.0}, kept=False),
     Change("weight decay 0.3 (from 0.1), chosen at the full 10-minute budget", {"train.weight_decay": 0.3}),
+    Change("squared-ReLU feed-forward, max(0, x)^2 (d_ff 512, two matrices), in place of SwiGLU", {
+        "model.activation": "relu2", "model.d_ff": 512}),
 ]
 
 

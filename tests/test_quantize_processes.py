@@ -122,6 +122,31 @@ def test_a_sleeping_worker_wakes_for_each_product(rng, two_threads):
         assert pool._job == 5
 
 
+def test_a_polling_worker_gets_its_jobs_without_a_byte(rng, monkeypatch, two_threads):
+    """A worker that polls (within spin_seconds of its last job) is not marked asleep, and the products write
+    nothing to its pipe (only ``_wait``'s fallback, for a hand-off slower than its polls, may)."""
+    layer = int8_layer(rng, 512, 256)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    expected = layer(x)
+    with worker_processes(layer, spin_seconds=60) as pool:
+        waiting, wakes = [], []
+        wait, wake = pool._wait, pool._wake
+
+        def counted_wait(*args, **kwargs):
+            waiting.append(True)
+            try:
+                return wait(*args, **kwargs)
+            finally:
+                waiting.pop()
+
+        monkeypatch.setattr(pool, "_wait", counted_wait)
+        monkeypatch.setattr(pool, "_wake", lambda i, what: (None if waiting else wakes.append(what), wake(i, what)))
+        for _ in range(5):
+            np.testing.assert_array_equal(layer(x), expected)
+            assert pool.control[0, processes.ASLEEP] == 0
+        assert pool._job == 5 and wakes == []
+
+
 def test_more_processes_share_the_rows(rng, monkeypatch):
     """Three processes on a matrix of 1003 rows: three shares, the threads' numbers (three threads)."""
     monkeypatch.setitem(_runtime._threads, "n", 3)

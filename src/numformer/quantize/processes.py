@@ -55,12 +55,14 @@ ALIGN = 64                   # every array in the mapping starts on a cache line
 MIN_PIECE_WEIGHTS = 1 << 16  # no process gets fewer weights (~10 us of work; a hand-off costs ~1 us)
 # One worker's control words (int64), on a line of its own: the job counter this process raises, the counter
 # of finished jobs the worker raises, and the job.
-JOB, DONE, ERROR, Q_OFFSET, S_OFFSET, N_ROWS, K_COLS, GROUPS, GROUP_WIDTH, M_ROWS, LO, HI, DTYPE = range(13)
+# ASLEEP: 1 while the worker sleeps on its pipe (a job then comes with a byte there; a polling worker needs none).
+JOB, DONE, ERROR, Q_OFFSET, S_OFFSET, N_ROWS, K_COLS, GROUPS, GROUP_WIDTH, M_ROWS, LO, HI, DTYPE, ASLEEP = range(14)
 CONTROL_WORDS = 16
 STOP_JOB = -2                # the job number that stops a worker
 START_SECONDS = 120          # a worker that has not mapped the file by then is given up
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ERROR_BYTES = 2048
+MAX_KNOWN_ARRAYS = 4096      # arrays whose offset in the mapping is remembered (two per layer)
 
 
 @contextlib.contextmanager
@@ -95,6 +97,7 @@ class WorkerProcesses:
     def __init__(self, layers, n_workers, spin_seconds=SPIN_SECONDS):
         self.layers, self.n_workers = layers, n_workers
         self._lock, self._job, self._workers, self._fd = threading.Lock(), 0, [], None
+        self._offsets = {}          # id(array) -> (array, its offset or None): ``_known_offset``
         x_bytes = max(m.qweight.shape[1] for m in layers) * kernel.SMALL_BATCH * 8     # float64 at most
         y_bytes = max(m.qweight.shape[0] for m in layers) * kernel.SMALL_BATCH * 8
         self.layout = _layout(n_workers, x_bytes, y_bytes, layers)
@@ -158,7 +161,7 @@ class WorkerProcesses:
         take the path (weights outside the mapping, another dtype, a larger batch, the workers busy)."""
         m, K = x2.shape
         N = q.shape[0]
-        q_offset, s_offset = self._offset(q), self._offset(scales)
+        q_offset, s_offset = self._known_offset(q), self._known_offset(scales)
         if (q_offset is None or s_offset is None or x2.dtype not in DTYPES or scales.dtype != x2.dtype
                 or m * K * 8 > self.layout["x_bytes"] or m * N * 8 > self.layout["y_bytes"]):
             return None
@@ -184,8 +187,9 @@ class WorkerProcesses:
             c = self.control[i]
             c[Q_OFFSET:DTYPE + 1] = (q_offset, s_offset, N, K, scales.shape[1], g, m, bounds[i + 1],
                                      bounds[i + 2], DTYPES.index(x2.dtype))
-            self._wake(i, "product")                            # before JOB: a woken worker then finds its job
             c[JOB] = self._job
+            if c[ASLEEP]:                                       # a polling worker finds its job without a byte
+                self._wake(i, "product")
         with kernel._one_blas_thread():
             kernel.product_rows(q, scales, g, xT, yT, bounds[0], bounds[1])
         for i in range(pieces - 1):
@@ -233,6 +237,16 @@ class WorkerProcesses:
         raw = self._view(self.layout["errors"] + i * ERROR_BYTES, np.uint8, ERROR_BYTES).tobytes()
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
+    def _known_offset(self, a):
+        """``_offset(a)``, remembered for the array object (a layer's weights come back every token; finding the
+        address of an array costs microseconds)."""
+        known = self._offsets.get(id(a))
+        if known is None or known[0] is not a:
+            if len(self._offsets) >= MAX_KNOWN_ARRAYS:
+                self._offsets.clear()
+            known = self._offsets[id(a)] = (a, self._offset(a))
+        return known[1]
+
     def _offset(self, a):
         """Offset of array ``a`` in the mapping if it is a C-contiguous array inside it, else None."""
         if not a.flags.c_contiguous:
@@ -253,6 +267,7 @@ class WorkerProcesses:
                 worker.kill()
                 worker.wait()
         self._workers = []
+        self._offsets = {}                                      # its arrays are views of the mapping
         if getattr(self, "_mmap", None) is not None:
             for layer in self.layers:
                 if self._offset(layer.qweight) is not None:
@@ -324,22 +339,23 @@ def _worker_main():
 
 
 def _next_job(control, wake_fd, seen, spin_seconds, parent):
-    """Poll the job counter for ``spin_seconds``; without a new job, sleep until a byte comes on ``wake_fd``
-    (one is written just before each job's counter is raised; the process waiting for a job that does not start
-    writes another), read every byte there, and poll again. Returns the new job's number, or None to stop:
-    ``STOP_JOB``, the end of the pipe, or the ``parent`` process gone. The bytes only wake: a byte without its
-    job (Ctrl-C between the two) costs one more poll, a job whose byte came early is found by the next."""
+    """Poll the job counter for ``spin_seconds``; without a new job, mark the worker ``ASLEEP`` and sleep until
+    a byte comes on ``wake_fd`` (the process that gives a job writes one when it sees the mark; one that waits
+    for a job that does not start writes another), read every byte there, and poll again. Returns the new job's
+    number, or None to stop: ``STOP_JOB``, the end of the pipe, or the ``parent`` process gone. The bytes only
+    wake: a byte left from a job found by polling costs one more round of polling later."""
     while True:
         deadline = time.perf_counter() + spin_seconds
         while control[JOB] == seen and time.perf_counter() < deadline:
             pass
         if control[JOB] != seen:
             break
-        select.select([wake_fd], [], [])
-        if not _read_all(wake_fd) or os.getppid() != parent:
-            return None
-    if not _read_all(wake_fd):                                 # the bytes of jobs found by polling
-        return None
+        control[ASLEEP] = 1
+        if control[JOB] == seen:                                # a job raised meanwhile may have come without a byte
+            select.select([wake_fd], [], [])
+            if not _read_all(wake_fd) or os.getppid() != parent:
+                return None
+        control[ASLEEP] = 0
     job = int(control[JOB])
     return None if job == STOP_JOB else job
 

@@ -1,11 +1,16 @@
 """Exercise ``lora``: LoRA's low-rank update Δh = s · (x Aᵀ) Bᵀ, and its backward."""
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 
-from ..checker import Case, Exercise, Function, normal_inputs
+from ..checker import STANDARD_STEPS, Case, Exercise, Failure, Function, Step, call, normal_inputs
 
 D_IN, D_OUT = 6, 4
+# The memory step: a layer wide enough that B A (d_out × d_in float64, 8 MiB) dwarfs every array the
+# low-rank computation needs (each at most positions × max(d_in, d_out), 48 KiB).
+WIDE_IN, WIDE_OUT, WIDE_RANK, WIDE_LEAD = 1024, 1024, 4, (2, 3)
 
 
 def _inputs(lead=(5,), r=2, scaling=2.0, zero_b=False):
@@ -17,6 +22,43 @@ def _inputs(lead=(5,), r=2, scaling=2.0, zero_b=False):
             values["B"] = np.zeros_like(values["B"])
         return values
     return inputs
+
+
+def _peak_bytes(run):
+    """(run(), the peak of the memory traced while it ran, beyond what was traced before it)."""
+    tracing = tracemalloc.is_tracing()
+    if tracing:
+        tracemalloc.reset_peak()
+    else:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = run()
+        return result, tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+
+
+def step_low_rank_memory(exercise, learner, reference):
+    """Forward and backward on a 1024 × 1024 layer of rank 4: neither may allocate as much as a quarter of
+    the d_out × d_in matrix B A (tracemalloc's peak of the arrays made during each call; NumPy reports its
+    buffers to it), which the low-rank computation never needs."""
+    inputs = normal_inputs({"x": WIDE_LEAD + (WIDE_IN,), "A": (WIDE_RANK, WIDE_IN), "B": (WIDE_OUT, WIDE_RANK)},
+                           scaling=2.0)(np.random.default_rng(0))
+    dy = np.random.default_rng(1).standard_normal(WIDE_LEAD + (WIDE_OUT,))
+    limit = WIDE_OUT * WIDE_IN * 8 // 4
+    forward, backward = exercise.names
+    for name, run in ((forward, lambda: call(forward, learner[forward], **inputs)),
+                      (backward, lambda: call(backward, learner[backward], dy, cache))):
+        result, peak = _peak_bytes(run)
+        if name == forward:
+            cache = result[1]
+        if peak > limit:
+            raise Failure(f"{name} with d_in = d_out = {WIDE_IN} and r = {WIDE_RANK} allocated {peak / 2**20:.1f} "
+                          f"MiB at its peak: about the size of the {WIDE_OUT} × {WIDE_IN} matrix B A (8 MiB in "
+                          f"float64), which LoRA never forms. Go through the rank-r subspace: u = x Aᵀ, then u Bᵀ "
+                          f"(and backward, dy B before anything is multiplied by A)")
 
 
 EXERCISE = Exercise(
@@ -69,4 +111,5 @@ linear layer on x; s appears once on the way down.""",
     ),
     page="tutorials/chat-model.md#lora",
     in_model=False,
+    steps=STANDARD_STEPS + (Step("the product B A never formed", step_low_rank_memory),),
 )

@@ -185,8 +185,8 @@ def test_gradients_and_weights_equal_one_process(tmp_path, ranks):
     for rank in range(1, ranks):                               # and the ranks hold the same bits
         assert all(np.array_equal(first[n], np.load(tmp_path / f"weights{rank}.npz")[n]) for n in single)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == \
-        ["checkpoint.safetensors", "config.json", "metrics.jsonl", "model.safetensors", "summary.json",
-         "tokenizer.json"]
+        ["checkpoint.safetensors", "config.json", "data_files.json", "metrics.jsonl", "model.safetensors",
+         "summary.json", "tokenizer.json"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["mpi_ranks"] == ranks and summary["steps"] == 4
 

@@ -366,6 +366,7 @@ def read_json(path, what):
 
 
 TOKENIZER = "tokenizer.json"
+DATA_FILES = "data_files.json"      # the files the run's task read, and their SHA-256 (data.fingerprint)
 NOT_REBUILT = ("it cannot be rebuilt safely: a vocabulary built again from the data as they are now may give the "
                "weights other ids")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .files import iter_text
+from .fingerprint import note
 from .notices import say
 from .token_files import read_tokens_dir, token_cache, token_dtype, write_tokens_dir
 from .tokenizers import END_OF_TEXT, PATTERNS, ByteLevelBPE, compile_pattern
@@ -43,7 +44,9 @@ class Document:
 
 
 def file_identity(path) -> list:
-    """[path, size, modification time]: a file edited since is another corpus."""
+    """[path, size, modification time]: a file edited since is another corpus. The file counts among a run's
+    data (``fingerprint.note``) whether its tokenization is made now or found in the cache."""
+    note(path)
     st = os.stat(path)
     return [str(Path(path).resolve()), st.st_size, st.st_mtime_ns]
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from .._limits import read_json_file
 from .fetch import cache_dir
+from .fingerprint import note
 
 SPLIT_FILES = {"train": "train.bin", "val": "val.bin"}
 WRITE_BATCH = 1 << 20          # ids gathered in memory before they are appended to the file
@@ -39,6 +40,7 @@ class TokenFile:
 
     def __init__(self, path, dtype):
         self.path, self.dtype = Path(path), np.dtype(dtype)
+        note(self.path)                 # read window by window later: a run's data all the same (fingerprint)
         size = self.path.stat().st_size
         if size % self.dtype.itemsize:
             raise ValueError(f"{self.path} holds {size} bytes, not a whole number of {self.dtype.name} ids; "
@@ -157,12 +159,17 @@ def _read_json(path):
     return read_json_file(path, "file")
 
 
+def token_cache_root() -> Path:
+    """The folder of numformer's tokenized corpora: NUMFORMER_CACHE, else the per-user cache
+    (``~/.cache/numformer``), then ``tokens``."""
+    return (cache_dir() or Path.home() / ".cache" / "numformer") / "tokens"
+
+
 def token_cache(*parts) -> Path:
-    """The cache folder for a tokenized corpus described by ``parts`` (JSON-able): NUMFORMER_CACHE, else the
-    per-user cache (``~/.cache/numformer``), then ``tokens/<hash of the parts>``."""
-    root = cache_dir() or Path.home() / ".cache" / "numformer"
+    """The cache folder for a tokenized corpus described by ``parts`` (JSON-able): ``token_cache_root()`` /
+    ``<hash of the parts>``."""
     key = hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=True).encode()).hexdigest()[:20]
-    return root / "tokens" / key
+    return token_cache_root() / key
 
 
 def write_tokens_dir(folder, splits: dict, tokenizer_document: dict, dtype, source: dict) -> dict:

@@ -7,6 +7,8 @@ saved with another model config each give one ValueError naming the file. A
 run whose task keeps a tokenizer needs its tokenizer.json: it is never built
 again from the data (``data.run_tokenizer.load_tokenizer_json``). A run to
 resume needs a config.json that agrees with its checkpoint (``check_against_checkpoint``).
+Whatever builds a run's task again reads data that must still be the run's: the files it reads are compared
+with the run's data_files.json (``data_files_before`` and ``data_files_after``; ``numformer.data.fingerprint``).
 """
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ import numpy as np
 
 from ..config import (apply_overrides, check_config_json_against_checkpoint, check_saved_config, load_config_json,
                       NotRecorded, resolve_config, resume_changes, resume_section_changes)
+from .._limits import read_json_file
+from ..data import fingerprint
 from ..data.base import make_task
 from ..data.notices import quiet_data
 from ..data.run_tokenizer import load_tokenizer_json
+from ..data.token_files import token_cache_root
 from ..interop.sources import load_run_model, tokenizer_from_state
 from ..models import model_arguments
 from ..optim import OPTIMIZERS
-from ..run_files import CHECKPOINT, TOKENIZER, checkpoint_config, require_checkpoint
+from ..run_files import CHECKPOINT, DATA_FILES, TOKENIZER, checkpoint_config, require_checkpoint
 
 
 def load_model(run_dir, config=None):
@@ -46,44 +51,101 @@ def load_task(run_dir, config=None):
     config = load_config_json(run_dir) if config is None else config
     check_against_checkpoint(run_dir, config, resuming=False)
     state = load_tokenizer_json(run_dir, config["data"])
+    recorded, gone = data_files_before(run_dir, resuming=False)
     try:
-        return make_task(config["data"], config["train"]["seed"], state)
+        with fingerprint.reading() as read:
+            task = make_task(config["data"], config["train"]["seed"], state)
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         if state is None:
             raise
         raise ValueError(f"tokenizer file {Path(run_dir) / TOKENIZER} does not fit the run's [data] "
                          f"({type(e).__name__}: {e}); restore it or retrain") from None
+    data_files_after(run_dir, recorded, gone, read, resuming=False)
+    return task
 
 
 def config_and_task(run_dir, config, overrides, resume, quiet=False):
-    """(resolved config, task, notes) of a run: ``resumed_config`` when it resumes, else ``config`` with
-    ``overrides`` (no notes). The task is built here, its download and BPE lines silenced by ``quiet``."""
+    """(resolved config, task, notes, data files) of a run: ``resumed_config`` when it resumes, else ``config``
+    with ``overrides`` (no notes) and the fingerprint of the files its task read, for data_files.json. The task is
+    built here, its download and BPE lines silenced by ``quiet``."""
     with quiet_data(quiet):
-        return resumed_config(run_dir, overrides) if resume else (
-            *resolve_config(apply_overrides(config, overrides)), ())
+        if resume:
+            return resumed_config(run_dir, overrides)
+        with fingerprint.reading() as read:
+            config, task = resolve_config(apply_overrides(config, overrides))
+        return config, task, (), data_fingerprint(run_dir, read)
 
 
 def resumed_config(run_dir, overrides=None):
-    """(resolved config, task, notes) of a run to resume: its config.json with ``overrides`` (--set) applied, the
-    task with the saved vocabulary (so that ids mean what they meant), and a note line on each change the
+    """(resolved config, task, notes, data files) of a run to resume: its config.json with ``overrides`` (--set)
+    applied, the task with the saved vocabulary (so that ids mean what they meant), a note line on each change the
     overrides make (``config.resume_changes`` for [train], ``config.resume_section_changes`` for [model], [data]
-    and [lora]; each refuses in one line a change that cannot be made). The checkpoint must be there; config.json
-    must agree with it on what --resume cannot change (``check_against_checkpoint``), and tokenizer.json must be
-    there when the run's task keeps one (``data.run_tokenizer.load_tokenizer_json``)."""
+    and [lora]; each refuses in one line a change that cannot be made), and the fingerprint of its data to write
+    when the run folder has none (the data must be the run's: ``data_files_before``, ``data_files_after``). The
+    checkpoint must be there; config.json must agree with it on what --resume cannot change
+    (``check_against_checkpoint``), and tokenizer.json must be there when the run's task keeps one
+    (``data.run_tokenizer.load_tokenizer_json``)."""
     saved = load_config_json(run_dir)
     require_checkpoint(Path(run_dir) / CHECKPOINT)      # before any note on what --set changes
     check_against_checkpoint(run_dir, saved)
     tokenizer_state = load_tokenizer_json(run_dir, saved["data"])
     wanted = apply_overrides(saved, overrides)
     resume_section_changes(saved, wanted)       # a change refused by name before any data or source is read
+    recorded, gone = data_files_before(run_dir)
     try:
-        config, task = resolve_config(wanted, tokenizer_state)
+        with fingerprint.reading() as read:
+            config, task = resolve_config(wanted, tokenizer_state)
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         if tokenizer_state is None:
             raise
         raise ValueError(f"tokenizer file {Path(run_dir) / TOKENIZER} is damaged or does not fit the run's "
                          f"[data] ({type(e).__name__}: {e}); restore it or retrain") from None
-    return config, task, resume_changes(saved["train"], config["train"]) + resume_section_changes(saved, config)
+    data_files = data_files_after(run_dir, recorded, gone, read)
+    return (config, task, resume_changes(saved["train"], config["train"]) + resume_section_changes(saved, config),
+            data_files)
+
+
+def data_fingerprint(run_dir, read):
+    """The data_files.json document of the files in ``read`` (``fingerprint.reading``'s set), leaving out the
+    run folder's own files and numformer's token cache."""
+    return fingerprint.fingerprint(read, excluded=(run_dir, token_cache_root()))
+
+
+def data_files_before(run_dir, resuming=True):
+    """(the run's data_files.json document or None, the part of it to check once the task is built): before the
+    run's task is built again, a recorded file or folder whose path holds other data now is one ValueError
+    (``_refuse``). A run without data_files.json (written before numformer recorded its data) is not checked."""
+    path = Path(run_dir) / DATA_FILES
+    if not path.exists():
+        return None, None
+    recorded = fingerprint.check_document(read_json_file(path, "data files"), path)
+    changed, gone = fingerprint.changed_in_place(recorded)
+    _refuse(run_dir, changed, resuming)
+    return recorded, gone
+
+
+def data_files_after(run_dir, recorded, gone, read, resuming=True):
+    """After the task was built again (``read``: the files it read): the recorded files no longer at their path
+    must have been read from another place (``fingerprint.changes``). Returns the fingerprint to write when a run
+    to resume has no data_files.json, else None."""
+    if recorded is None:
+        return data_fingerprint(run_dir, read) if resuming else None
+    if gone["files"] or gone["folders"]:
+        _refuse(run_dir, fingerprint.changes(gone, data_fingerprint(run_dir, read)), resuming)
+    return None
+
+
+def _refuse(run_dir, changed, resuming):
+    """One ValueError for the data that changed (``changed``: fingerprint's lines; nothing when empty): the first,
+    how many more, what would follow (``resuming``) and the fix."""
+    if not changed:
+        return
+    more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+    consequence = ("--resume would go on training it on other data than its steps so far" if resuming else
+                   "the figures and examples drawn from them now would not be the run's")
+    raise ValueError(f"{run_dir}: {changed[0]}{more}; {consequence}. Restore the data the run read, or train a new "
+                     f"run on them (--out NEW_DIR, or --overwrite); to accept the data as they are now, delete "
+                     f"{Path(run_dir) / DATA_FILES}")
 
 
 def check_against_checkpoint(run_dir, saved, resuming=True):

@@ -39,7 +39,7 @@ from pathlib import Path
 from .._limits import bounded_json
 from .. import _platform
 from .._results import remove_report
-from ..run_files import CHECKPOINT, LOCKED_FOLDERS, MODEL, remove_temp_files
+from ..run_files import CHECKPOINT, DATA_FILES, LOCKED_FOLDERS, MODEL, remove_temp_files
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 REFERENCE = "reference_logps.safetensors"     # a DPO run's reference log-probabilities, computed once
@@ -47,7 +47,7 @@ REFERENCE = "reference_logps.safetensors"     # a DPO run's reference log-probab
 # (train/run_writer.py: a resume from that checkpoint puts it back); removed by the next checkpoint
 KEPT_SELECTION = ".checkpoint-selection.safetensors"
 RUN_FILES = (CHECKPOINT, MODEL, KEPT_SELECTION, REFERENCE, "summary.json", "metrics.jsonl", "tokenizer.json",
-             "config.json")
+             DATA_FILES, "config.json")
 
 # real path -> [fd, exclusive, count, identity, spellings] for the folders this process holds (spellings: the
 # absolute paths, unresolved, it was locked by, one per holder; each is a key of LOCKED_FOLDERS)

@@ -17,8 +17,8 @@ import json
 import os
 
 from . import run_folder
-from ..run_files import (CHECKPOINT, MODEL, open_in_folder, save_checkpoint, save_model, weights_step, write_atomic,
-                         write_json_atomic)
+from ..run_files import (CHECKPOINT, DATA_FILES, MODEL, open_in_folder, save_checkpoint, save_model, weights_step,
+                         write_atomic, write_json_atomic)
 
 METRICS = "metrics.jsonl"
 
@@ -66,8 +66,9 @@ class RunWriter:
         if self.lock is not None:
             self.lock.check()
 
-    def start(self, config, tokenizer_state):
-        """config.json (the resolved config) and tokenizer.json (when the task has a tokenizer). A resumed run's
+    def start(self, config, tokenizer_state, data_files=None):
+        """config.json (the resolved config), tokenizer.json (when the task has a tokenizer) and data_files.json
+        (``data_files``, when given: a new run's, or a resumed run's that had none). A resumed run's
         summary.json, of its earlier end, goes: it no longer describes the weights once the run trains on (a
         crash would leave it naming a step model.safetensors no longer holds); the run's end writes its own."""
         if not self.writes:
@@ -77,6 +78,8 @@ class RunWriter:
         write_json_atomic(self.run_dir / "config.json", config)
         if tokenizer_state is not None:
             write_json_atomic(self.run_dir / "tokenizer.json", tokenizer_state)
+        if data_files is not None:
+            write_json_atomic(self.run_dir / DATA_FILES, data_files)
 
     def log(self, record):
         """Append one line to metrics.jsonl, never through a link placed there meanwhile (O_NOFOLLOW where the

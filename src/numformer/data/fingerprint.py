@@ -1,0 +1,227 @@
+"""The data a run was made from: the files its task read, their size and SHA-256, and whether they still hold that.
+
+A run folder's ``data_files.json`` (``fingerprint``'s document) records the files the run's task read when it
+was built: a corpus, a dataset's tarball or extracted folder, a user task's own files. ``--resume``,
+``numformer eval`` and everything else that builds the run's task again (``train.run``) compare the data they
+read with it (``changes``), so that a file edited, replaced or removed since the run began is one line naming
+it, where it would have been a resumed run trained on two datasets, or figures reported for other data than the
+run's.
+
+Which files: every regular file opened for reading while the task is built (``reading``: Python's audit event
+"open", so numformer's loaders and a user task's own code alike), and the files a loader names without opening
+them then (``note``: the corpus behind a cached tokenization, a token file read window by window during
+training). Left out: Python's own files (modules, the interpreter's and the installed packages' folders), the
+system's (/proc, /sys, /dev, /etc), and the folders the caller excludes (the run folder; numformer's token
+cache, made from files that are recorded).
+
+How they are compared: before the task is built again, every recorded file still at its path must have the
+same size and SHA-256 (``changed_in_place``: a changed corpus is named before the task trips over it, say on
+characters its vocabulary lacks). One that is gone from its path is accepted when the task, once built, read a
+file of the same content from another place (``changes``: the data moved, ``NUMFORMER_DATA`` points at another
+copy).
+A folder from which the task read every file, and at least ``FOLDER_FILES`` of them (an extracted dataset of
+thousands of files), is one entry: its number of files, their bytes, and a SHA-256 of their names and digests.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+
+VERSION = 1
+FOLDER_FILES = 32                # a folder read whole with at least this many files is recorded as one entry
+SKIPPED_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".pth")
+SYSTEM_FOLDERS = ("/proc", "/sys", "/dev", "/etc")
+
+_lock = threading.Lock()
+_recordings = []                 # the sets of paths of the ``reading`` blocks open now (any thread)
+_hook_installed = False
+
+
+def _on_audit(event, args):
+    """Python's audit hook: a file opened for reading goes into every open recording. Never raises (an
+    exception here would fail the open)."""
+    if event != "open" or not _recordings:
+        return
+    try:
+        path, mode, flags = args
+        if isinstance(path, int):                                   # a descriptor, not a file name
+            return
+        writes = any(c in mode for c in "wax+") if mode is not None else (flags or 0) & 3 != os.O_RDONLY
+        if not writes:
+            note(path)
+    except Exception:       # noqa: BLE001 - an audit hook must not break the call it watches
+        pass
+
+
+@contextlib.contextmanager
+def reading():
+    """The files opened for reading inside the ``with`` (any thread) and those ``note``d: a set of the paths
+    as given, filled in as they come."""
+    global _hook_installed
+    paths = set()
+    with _lock:
+        if not _hook_installed:         # once per process: an audit hook cannot be removed
+            sys.addaudithook(_on_audit)
+            _hook_installed = True
+        _recordings.append(paths)
+    try:
+        yield paths
+    finally:
+        with _lock:
+            _recordings[:] = [p for p in _recordings if p is not paths]
+
+
+def note(path):
+    """Count ``path`` among the files of the ``reading`` blocks open now (a file a loader relies on without
+    opening it then); nothing outside one."""
+    if _recordings:
+        with _lock:
+            for paths in _recordings:
+                paths.add(path)
+
+
+def _python_folders():
+    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths = sysconfig.get_paths()
+    folders.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths)
+    return [Path(f).resolve() for f in folders if f]
+
+
+def data_paths(paths, excluded=()):
+    """The regular files among ``paths`` that are data (see the module docstring), resolved, sorted."""
+    skipped = [*_python_folders(), *(Path(f) for f in SYSTEM_FOLDERS), *(Path(f).resolve() for f in excluded)]
+    found = set()
+    for raw in paths:
+        try:
+            path = Path(os.fsdecode(raw)).resolve()
+            if not path.is_file():
+                continue            # gone since (a download's temporary file), or not a regular file
+        except (OSError, TypeError, ValueError):
+            continue
+        if path.suffix in SKIPPED_SUFFIXES or any(path.is_relative_to(folder) for folder in skipped):
+            continue
+        found.add(path)
+    return sorted(found)
+
+
+def _digest(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_entry(path):
+    """{"path", "bytes", "sha256"} of a file; None when it is not there."""
+    try:
+        return {"path": str(path), "bytes": os.path.getsize(path), "sha256": _digest(path)}
+    except FileNotFoundError:
+        return None
+
+
+def folder_entry(folder):
+    """{"path", "files", "bytes", "sha256"} of every regular file directly in ``folder`` (the digest of their
+    names, sizes and digests); None when it is not a folder."""
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.is_file())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    summary, total = hashlib.sha256(), 0
+    for name in names:
+        entry = file_entry(Path(folder) / name)
+        if entry is None:
+            continue
+        total += entry["bytes"]
+        summary.update(f"{name}\0{entry['bytes']}\0{entry['sha256']}\n".encode("utf-8", "surrogateescape"))
+    return {"path": str(folder), "files": len(names), "bytes": total, "sha256": summary.hexdigest()}
+
+
+def _whole_folder(folder, members):
+    try:
+        return {e.name for e in os.scandir(folder) if e.is_file()} == {p.name for p in members}
+    except OSError:
+        return False
+
+
+def fingerprint(paths, excluded=()):
+    """The document of data_files.json for the files ``paths`` (``reading``'s set): {"version", "files":
+    [file_entry ...], "folders": [folder_entry ...]}; ``excluded``: folders whose files are left out."""
+    by_folder = {}
+    for path in data_paths(paths, excluded):
+        by_folder.setdefault(path.parent, []).append(path)
+    files, folders = [], []
+    for folder, members in sorted(by_folder.items()):
+        if len(members) >= FOLDER_FILES and _whole_folder(folder, members):
+            folders.append(folder_entry(folder))
+        else:
+            files += [e for e in map(file_entry, members) if e is not None]
+    return {"version": VERSION, "files": files, "folders": [f for f in folders if f is not None]}
+
+
+def check_document(doc, source):
+    """``doc`` (data_files.json as read) if it has the shape ``fingerprint`` writes, else a ValueError naming
+    ``source``."""
+    def entries_ok(entries, keys):
+        return isinstance(entries, list) and all(
+            isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("sha256"), str)
+            and all(type(e.get(k)) is int for k in keys) for e in entries)
+    if not (isinstance(doc, dict) and doc.get("version") == VERSION and entries_ok(doc.get("files"), ("bytes",))
+            and entries_ok(doc.get("folders"), ("files", "bytes"))):
+        raise ValueError(f"{source} is damaged (expected {{\"version\": {VERSION}, \"files\": [...], \"folders\": "
+                         f"[...]}} as numformer writes it); restore it from a copy of the run folder, or delete it "
+                         f"to accept the data as they are now")
+    return doc
+
+
+def _what(entry):
+    if "files" in entry:
+        return f"{entry['files']:,} files, {entry['bytes']:,} bytes, SHA-256 {entry['sha256'][:12]}"
+    return f"{entry['bytes']:,} bytes, SHA-256 {entry['sha256'][:12]}"
+
+
+def _kinds(doc):
+    return (("file", doc["files"], file_entry), ("folder", doc["folders"], folder_entry))
+
+
+def _changed(kind, old, current):
+    if current is None:
+        return f"data {kind} {old['path']} is gone (the run read {_what(old)})"
+    if (current["sha256"], current["bytes"]) != (old["sha256"], old["bytes"]):
+        return f"data {kind} {old['path']} has changed since the run read it (then {_what(old)}; now {_what(current)})"
+    return None
+
+
+def changed_in_place(recorded):
+    """(one line per recorded file or folder whose path holds other data now, the document of those no longer
+    there): what can be told before the task is built again (``changes`` tells the rest after)."""
+    lines, gone = [], {"version": VERSION, "files": [], "folders": []}
+    for kind, entries, measure in _kinds(recorded):
+        for old in entries:
+            current = measure(old["path"])
+            if current is None:
+                gone[kind + "s"].append(old)
+            elif (line := _changed(kind, old, current)) is not None:
+                lines.append(line)
+    return lines, gone
+
+
+def changes(recorded, now):
+    """One line per recorded file or folder whose data differ now ([] when none): ``recorded`` and ``now``
+    are ``fingerprint`` documents, of the run's start and of the files read again. A recorded path not read again
+    counts as it is now on disk, or, when gone, as the same data if a file of its content was read elsewhere."""
+    now_entries = {e["path"]: e for e in now["files"] + now["folders"]}
+    now_contents = {(e["sha256"], e["bytes"]) for e in now_entries.values()}
+    lines = []
+    for kind, entries, measure in _kinds(recorded):
+        for old in entries:
+            current = now_entries.get(old["path"])
+            if current is None:
+                if (old["sha256"], old["bytes"]) in now_contents:
+                    continue            # the same data, read from another place
+                current = measure(old["path"])
+            if (line := _changed(kind, old, current)) is not None:
+                lines.append(line)
+    return lines

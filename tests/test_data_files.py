@@ -1,0 +1,228 @@
+"""data_files.json: the files a run's task read, with their size and SHA-256, so that --resume, eval and the other
+readers of a run folder refuse data that changed since the run read them (numformer.data.fingerprint).
+
+A resumed run on an edited corpus would train its last steps on other data than its first, and eval would report
+figures for data the run never saw, both silently; now each is one line naming the file, how it changed and the
+fix, and nothing in the run folder is touched.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from numformer.data import Batch, Task, fingerprint, make_task, register_task
+from numformer.data.token_files import token_cache_root, token_dtype, write_tokens_dir
+from numformer.data.tokenizers import ByteLevelBPE
+from numformer.run_files import DATA_FILES
+from numformer.train import Trainer, load_task
+
+from conftest import one_error_line
+from test_run_folder_edits import snapshot
+
+LINES = "".join(f"line {i}: the king and the queen walk to the castle\n" for i in range(300))
+
+
+def config(path, **train):
+    return {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
+            "data": {"task": "text", "path": str(path), "block_size": 16},
+            "train": {"max_steps": 4, "batch_size": 4, "eval_every": 2, "checkpoint_every": 2, "processes": 1,
+                      "seed": 0, "eval_batches": 1, **train}}
+
+
+@pytest.fixture
+def run(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(LINES, encoding="utf-8")
+    Trainer(config(corpus), tmp_path / "run", quiet=True).train()
+    return tmp_path / "run", corpus
+
+
+def recorded(run_dir):
+    return json.loads((run_dir / DATA_FILES).read_text(encoding="utf-8"))
+
+
+def test_a_new_run_records_the_files_its_task_read(run):
+    run_dir, corpus = run
+    data = corpus.read_bytes()
+    assert recorded(run_dir) == {"version": 1, "folders": [], "files": [
+        {"path": str(corpus.resolve()), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}]}
+
+
+def test_resume_refuses_changed_data_and_touches_nothing(run, run_cli):
+    run_dir, corpus = run
+    corpus.write_text(LINES.replace("king", "walk"), encoding="utf-8")          # same size, other bytes
+    before = snapshot(run_dir)
+    rc, _, err = run_cli("train", "--out", run_dir, "--resume", "--set", "train.max_steps=6")
+    line = one_error_line(rc, err, "train")
+    assert f"data file {corpus.resolve()} has changed since the run read it" in line
+    assert "--resume would go on training it on other data" in line and f"delete {run_dir / DATA_FILES}" in line
+    assert snapshot(run_dir) == before
+    corpus.write_text(LINES, encoding="utf-8")                                    # the run's data again
+    assert Trainer(None, run_dir, resume=True, overrides=["train.max_steps=6"], quiet=True).train()["steps"] == 6
+
+
+def test_eval_and_load_task_refuse_changed_data(run, run_cli):
+    run_dir, corpus = run
+    corpus.write_text(LINES + "the king\n", encoding="utf-8")
+    line = one_error_line(*run_cli("eval", run_dir)[::2], "eval")
+    assert f"data file {corpus.resolve()} has changed" in line and "would not be the run's" in line
+    with pytest.raises(ValueError, match="has changed since the run read it"):
+        load_task(run_dir)
+    corpus.unlink()
+    (run_dir.parent / "moved.txt").write_text(LINES, encoding="utf-8")
+    with pytest.raises(ValueError):             # the task's own error: its file is not there
+        load_task(run_dir)
+
+
+def test_deleting_data_files_json_accepts_the_data_as_they_are(run):
+    run_dir, corpus = run
+    corpus.write_text(LINES + "the king\n", encoding="utf-8")
+    (run_dir / DATA_FILES).unlink()
+    load_task(run_dir)                          # a run without the file (as before numformer wrote it): no check
+    Trainer(None, run_dir, resume=True, overrides=["train.max_steps=6"], quiet=True).train()
+    data = corpus.read_bytes()                  # the resumed run records its data
+    assert recorded(run_dir)["files"] == [{"path": str(corpus.resolve()), "bytes": len(data),
+                                           "sha256": hashlib.sha256(data).hexdigest()}]
+
+
+def test_a_damaged_data_files_json_is_named(run):
+    run_dir, _ = run
+    (run_dir / DATA_FILES).write_text("[]", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{run_dir / DATA_FILES} is damaged"):
+        load_task(run_dir)
+
+
+def test_the_same_data_read_from_another_place_is_the_run_s(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("first", encoding="utf-8")
+    b.write_text("second", encoding="utf-8")
+    old = fingerprint.fingerprint([a, b])
+    copy = tmp_path / "elsewhere" / "a.txt"
+    copy.parent.mkdir()
+    copy.write_text("first", encoding="utf-8")
+    a.unlink()
+    assert fingerprint.changes(old, fingerprint.fingerprint([copy, b])) == []     # moved: the same bytes
+    gone = fingerprint.changes(old, fingerprint.fingerprint([b]))
+    assert gone == [f"data file {a.resolve()} is gone (the run read 5 bytes, SHA-256 "
+                    f"{hashlib.sha256(b'first').hexdigest()[:12]})"]
+    a.write_text("first", encoding="utf-8")
+    old = fingerprint.fingerprint([a, b])
+    a.write_text("second", encoding="utf-8")                                    # swapped: both changed
+    b.write_text("first", encoding="utf-8")
+    lines = fingerprint.changes(old, fingerprint.fingerprint([a, b]))
+    assert [line.split(" has changed")[0] for line in lines] == [f"data file {a.resolve()}", f"data file {b.resolve()}"]
+
+
+def test_a_file_not_read_again_is_checked_where_it_was(tmp_path):
+    a = tmp_path / "a.txt"
+    a.write_text("tokens cached", encoding="utf-8")
+    old = fingerprint.fingerprint([a])
+    assert fingerprint.changes(old, fingerprint.fingerprint([])) == []           # a cache served the task
+    a.write_text("tokens edited", encoding="utf-8")
+    assert "has changed" in fingerprint.changes(old, fingerprint.fingerprint([]))[0]
+
+
+def test_a_folder_read_whole_is_one_entry(tmp_path):
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    for i in range(fingerprint.FOLDER_FILES):
+        (folder / f"{i}.txt").write_text(f"review {i}", encoding="utf-8")
+    with fingerprint.reading() as read:
+        texts = [p.read_text(encoding="utf-8") for p in sorted(folder.iterdir())]
+    old = fingerprint.fingerprint(read)
+    assert old["files"] == [] and len(texts) == fingerprint.FOLDER_FILES
+    (entry_,) = old["folders"]
+    assert entry_["path"] == str(folder.resolve()) and entry_["files"] == fingerprint.FOLDER_FILES
+    assert entry_["bytes"] == sum(len(t) for t in texts)
+    (folder / "extra.txt").write_text("a review added", encoding="utf-8")
+    line, = fingerprint.changes(old, fingerprint.fingerprint([]))
+    assert line.startswith(f"data folder {folder.resolve()} has changed since the run read it (then "
+                           f"{fingerprint.FOLDER_FILES} files")
+    assert fingerprint.fingerprint(read)["folders"] == []       # part of a folder: each file on its own
+    assert len(fingerprint.fingerprint(read)["files"]) == fingerprint.FOLDER_FILES
+
+
+def test_only_data_read_is_recorded(tmp_path, monkeypatch):
+    data, written, excluded = tmp_path / "data.bin", tmp_path / "out.txt", tmp_path / "run" / "config.json"
+    data.write_bytes(b"\0\1\2")
+    excluded.parent.mkdir()
+    excluded.write_text("{}", encoding="utf-8")
+    module = tmp_path / "fingerprint_probe_module.py"
+    module.write_text("VALUE = 1\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with fingerprint.reading() as read:
+        fd = os.open(data, os.O_RDONLY)
+        os.close(fd)
+        written.write_text("a file written is no data", encoding="utf-8")
+        excluded.read_text(encoding="utf-8")
+        importlib.import_module("fingerprint_probe_module")     # Python's own files (.py, .pyc) are not data
+        json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))
+    sys.modules.pop("fingerprint_probe_module", None)
+    doc = fingerprint.fingerprint(read, excluded=[tmp_path / "run"])
+    assert [e["path"] for e in doc["files"]] == [str(data.resolve())]
+    with fingerprint.reading() as outer, fingerprint.reading() as inner:        # nested: both see the read
+        data.read_bytes()
+    assert {str(data)} <= {str(p) for p in outer} and {str(data)} <= {str(p) for p in inner}
+    data.read_bytes()                                                           # no recording open: nothing kept
+    assert {str(p) for p in outer} == {str(p) for p in inner}
+
+
+def test_token_files_and_cached_tokenizations_count_as_data(tmp_path):
+    folder = tmp_path / "tokens"
+    ids = list(np.random.default_rng(0).integers(0, 300, 4000))
+    tok = ByteLevelBPE.train("the king and the queen " * 40, 300)
+    write_tokens_dir(folder, {"train": [ids[:3000]], "val": [ids[3000:]]}, tok.to_dict(), token_dtype(300), {})
+    with fingerprint.reading() as read:                 # train.bin is read window by window later: noted here
+        make_task({"task": "text", "tokens_dir": str(folder), "block_size": 16})
+    paths = [e["path"] for e in fingerprint.fingerprint(read)["files"]]
+    assert str((folder / "train.bin").resolve()) in paths and str((folder / "val.bin").resolve()) in paths
+    corpus = tmp_path / "bpe.txt"
+    corpus.write_text("the king and the queen walk to the castle " * 200, encoding="utf-8")
+    data = {"task": "text", "path": str(corpus), "tokenizer": "bpe", "vocab_size": 280, "block_size": 16}
+    make_task(data)                                     # the tokenization made, and kept in the cache
+    with fingerprint.reading() as read:
+        make_task(data)                                 # served by the cache: the corpus is noted all the same
+    doc = fingerprint.fingerprint(read, excluded=[token_cache_root()])
+    assert [e["path"] for e in doc["files"]] == [str(corpus.resolve())]
+
+
+@register_task("fingerprint_probe")
+class OwnFileTask(Task):
+    """A user's task that reads a file of its own with plain open(): recorded as numformer's loaders are."""
+
+    model_type = "gpt"
+    data_keys = {"path": ""}
+
+    def __init__(self, data_config, seed=0, tokenizer_state=None):
+        super().__init__(data_config, seed, tokenizer_state)
+        with open(self.config["path"], encoding="utf-8") as f:
+            self.values = np.array([int(v) for v in f.read().split()]) % 8
+
+    def model_config(self):
+        return {"vocab_size": 8, "block_size": 4}
+
+    def train_batch(self, batch_size, rng):
+        x = rng.choice(self.values, (batch_size, 5))
+        return Batch({"idx": x[:, :-1]}, x[:, 1:])
+
+    def eval_batches(self, split, batch_size):
+        yield self.train_batch(batch_size, np.random.default_rng(0))
+
+
+def test_a_user_task_s_own_files_are_recorded(tmp_path):
+    numbers = tmp_path / "numbers.txt"
+    numbers.write_text(" ".join(map(str, range(50))), encoding="utf-8")
+    cfg = {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
+           "data": {"task": "fingerprint_probe", "path": str(numbers)},
+           "train": {"max_steps": 2, "batch_size": 2, "eval_every": 2, "processes": 1, "eval_batches": 1}}
+    Trainer(cfg, tmp_path / "run", quiet=True).train()
+    assert [e["path"] for e in recorded(tmp_path / "run")["files"]] == [str(numbers.resolve())]
+    numbers.write_text("1 2 3", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"data file {numbers.resolve()} has changed"):
+        load_task(tmp_path / "run")

@@ -62,7 +62,7 @@ STOP_JOB = -2                # the job number that stops a worker
 START_SECONDS = 120          # a worker that has not mapped the file by then is given up
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ERROR_BYTES = 2048
-MAX_KNOWN_ARRAYS = 4096      # arrays whose offset in the mapping is remembered (two per layer)
+MAX_KNOWN_ARRAYS = 4096      # arrays whose offset in the mapping is remembered (two per layer), and product plans
 
 
 @contextlib.contextmanager
@@ -98,6 +98,7 @@ class WorkerProcesses:
         self.layers, self.n_workers = layers, n_workers
         self._lock, self._job, self._workers, self._fd = threading.Lock(), 0, [], None
         self._offsets = {}          # id(array) -> (array, its offset or None): ``_known_offset``
+        self._plans = {}            # a product's shape and weights -> its views, shares and job words: ``_plan``
         x_bytes = max(m.qweight.shape[1] for m in layers) * kernel.SMALL_BATCH * 8     # float64 at most
         y_bytes = max(m.qweight.shape[0] for m in layers) * kernel.SMALL_BATCH * 8
         self.layout = _layout(n_workers, x_bytes, y_bytes, layers)
@@ -175,26 +176,41 @@ class WorkerProcesses:
     def _product(self, x2, q, scales, g, q_offset, s_offset):
         m, K = x2.shape
         N = q.shape[0]
-        xT = self._x[:m * K * x2.itemsize].view(x2.dtype).reshape((K,) if m == 1 else (K, m))
-        yT = self._y[:m * N * x2.itemsize].view(x2.dtype).reshape((N,) if m == 1 else (N, m))
+        xT, yT, bounds, words = self._plan(m, N, K, x2.dtype, q_offset, s_offset, scales.shape[1], g)
         xT[...] = x2[0] if m == 1 else x2.T
-        units = -(-N // kernel.ROW_UNIT)                         # the threads' split, with this grain
-        pieces = max(1, min(self.n_workers + 1, units // max(1, -(-MIN_PIECE_WEIGHTS // (K * kernel.ROW_UNIT)))))
-        bounds = [min(units * i // pieces * kernel.ROW_UNIT, N) for i in range(pieces + 1)]
-        if pieces > 1:
+        workers = len(words)
+        if workers:
             self._job += 1
-        for i in range(pieces - 1):
+        for i in range(workers):
             c = self.control[i]
-            c[Q_OFFSET:DTYPE + 1] = (q_offset, s_offset, N, K, scales.shape[1], g, m, bounds[i + 1],
-                                     bounds[i + 2], DTYPES.index(x2.dtype))
+            c[Q_OFFSET:DTYPE + 1] = words[i]
             c[JOB] = self._job
             if c[ASLEEP]:                                       # a polling worker finds its job without a byte
                 self._wake(i, "product")
         with kernel._one_blas_thread():
             kernel.product_rows(q, scales, g, xT, yT, bounds[0], bounds[1])
-        for i in range(pieces - 1):
+        for i in range(workers):
             self._wait(i, self._job, "product")
         return yT.reshape(1, N).copy() if m == 1 else np.ascontiguousarray(yT.T)
+
+    def _plan(self, m, N, K, dtype, q_offset, s_offset, G, g):
+        """(xT and yT: views of the shared input and output, the row bounds of each process's share, each worker's
+        job words) of a product, remembered by its shape and weights (the same products come back every token).
+        The shares are the threads' split (``kernel.ROW_UNIT``), down to ``MIN_PIECE_WEIGHTS``."""
+        key = (m, N, K, dtype, q_offset, s_offset, G, g)
+        plan = self._plans.get(key)
+        if plan is None:
+            xT = self._x[:m * K * dtype.itemsize].view(dtype).reshape((K,) if m == 1 else (K, m))
+            yT = self._y[:m * N * dtype.itemsize].view(dtype).reshape((N,) if m == 1 else (N, m))
+            units = -(-N // kernel.ROW_UNIT)
+            pieces = max(1, min(self.n_workers + 1, units // max(1, -(-MIN_PIECE_WEIGHTS // (K * kernel.ROW_UNIT)))))
+            bounds = [min(units * i // pieces * kernel.ROW_UNIT, N) for i in range(pieces + 1)]
+            words = [np.array([q_offset, s_offset, N, K, G, g, m, bounds[i + 1], bounds[i + 2], DTYPES.index(dtype)],
+                              np.int64) for i in range(pieces - 1)]
+            if len(self._plans) >= MAX_KNOWN_ARRAYS:
+                self._plans.clear()
+            plan = self._plans[key] = (xT, yT, bounds, words)
+        return plan
 
     def cpu_seconds(self):
         """CPU seconds (user + system) the workers have used so far (0.0 for a worker that cannot be read)."""
@@ -267,7 +283,7 @@ class WorkerProcesses:
                 worker.kill()
                 worker.wait()
         self._workers = []
-        self._offsets = {}                                      # its arrays are views of the mapping
+        self._offsets, self._plans = {}, {}                     # their arrays are views of the mapping
         if getattr(self, "_mmap", None) is not None:
             for layer in self.layers:
                 if self._offset(layer.qweight) is not None:
@@ -322,14 +338,14 @@ def _worker_main():
     wake_fd, parent = sys.stdin.fileno(), os.getppid()
     os.set_blocking(wake_fd, False)
     control[DONE] = -1
-    seen = 0
+    seen, views = 0, {}
     with blas_threads(1):
         while True:
             seen = _next_job(control, wake_fd, seen, spin_seconds, parent)
             if seen is None:
                 return
             try:
-                _run_job(shared, layout, control)
+                _run_job(shared, layout, control, views)
             except Exception as e:                              # reported to the process that waits for it
                 text = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:ERROR_BYTES - 1]
                 error[:len(text)] = np.frombuffer(text, np.uint8)
@@ -371,12 +387,20 @@ def _read_all(fd):
             return True
 
 
-def _run_job(shared, layout, control):
-    """This worker's rows of one product: yT[lo:hi] = Ŵ[lo:hi] xT from the mapping."""
-    q_offset, s_offset, N, K, G, g, m, lo, hi, code = (int(v) for v in control[Q_OFFSET:DTYPE + 1])
-    dtype = DTYPES[code]
-    q = np.frombuffer(shared, np.int8, N * K, q_offset).reshape(N, K)
-    scales = np.frombuffer(shared, dtype, N * G, s_offset).reshape(N, G)
-    xT = np.frombuffer(shared, dtype, K * m, layout["x"]).reshape((K,) if m == 1 else (K, m))
-    yT = np.frombuffer(shared, dtype, N * m, layout["y"]).reshape((N,) if m == 1 else (N, m))
+def _run_job(shared, layout, control, views):
+    """This worker's rows of one product: yT[lo:hi] = Ŵ[lo:hi] xT from the mapping (``views``: the arrays of
+    the jobs seen so far, by their words)."""
+    q_offset, s_offset, N, K, G, g, m, lo, hi, code = control[Q_OFFSET:DTYPE + 1].tolist()
+    key = (q_offset, s_offset, N, K, G, m, code)
+    arrays = views.get(key)
+    if arrays is None:
+        dtype = DTYPES[code]
+        arrays = (np.frombuffer(shared, np.int8, N * K, q_offset).reshape(N, K),
+                  np.frombuffer(shared, dtype, N * G, s_offset).reshape(N, G),
+                  np.frombuffer(shared, dtype, K * m, layout["x"]).reshape((K,) if m == 1 else (K, m)),
+                  np.frombuffer(shared, dtype, N * m, layout["y"]).reshape((N,) if m == 1 else (N, m)))
+        if len(views) >= MAX_KNOWN_ARRAYS:
+            views.clear()
+        views[key] = arrays
+    q, scales, xT, yT = arrays
     kernel.product_rows(q, scales, g, xT, yT, lo, hi)

@@ -32,6 +32,7 @@ def test_site_builds_strictly(tmp_path):
     assert "layer_norm_backward" in ops, "the API page of numformer.ops lists no functions"
     assert (site / "results" / "figures" / "positional.png").is_file(), "results/ figures are not published"
     check_typeset_math(site)
+    check_inline_code_keeps_its_hyphens(site)
     pages = list(site.rglob("*.html"))
     offline = [p.relative_to(site) for p in pages if "fonts.googleapis" in p.read_text(encoding="utf-8")]
     assert not offline, f"pages that load Google Fonts (set theme.font: false): {offline[:5]}"
@@ -61,6 +62,27 @@ def test_the_hook_points_results_links_at_the_sites_copies():
         "[a](results/bench.md#x) [b](tutorials/x.md)"
     assert site_links("![f](../../results/figures/p.png) [c](../results/)", "tutorials/positions.md") == \
         "![f](../results/figures/p.png) [c](../results/)"
+
+
+def check_inline_code_keeps_its_hyphens(site):
+    """A flag in inline code is not broken at its hyphens (docs/hooks/inline_code.py, stylesheets/extra.css)."""
+    page = (site / "tutorials" / "quantization" / "index.html").read_text(encoding="utf-8")
+    assert '<code><span class="nobr">--group-size</span> G</code>' in page
+    css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert re.search(r"\.nobr \{\s*white-space: nowrap;", css)
+
+
+def test_inline_code_is_wrapped_only_around_its_hyphenated_runs():
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        from inline_code import keep_hyphens
+    finally:
+        sys.path.pop(0)
+    html = ('<p><code>--set train.lr=1e-3</code> and <code>make run</code></p>'
+            '<pre><span></span><code><span class="n">a</span> - b</code></pre>')
+    assert keep_hyphens(html) == ('<p><code><span class="nobr">--set</span> <span class="nobr">train.lr=1e-3</span>'
+                                  '</code> and <code>make run</code></p>'
+                                  '<pre><span></span><code><span class="n">a</span> - b</code></pre>')
 
 
 def check_typeset_math(site):

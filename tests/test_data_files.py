@@ -148,6 +148,18 @@ def test_a_folder_read_whole_is_one_entry(tmp_path):
     assert len(fingerprint.fingerprint(read)["files"]) == fingerprint.FOLDER_FILES
 
 
+def test_a_folder_entry_counts_the_files_it_hashed(tmp_path):
+    """A file listed but gone before it is hashed is not counted: the entry describes the bytes it digested."""
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text(name, encoding="utf-8")
+    whole = fingerprint.folder_entry(tmp_path)
+    assert whole["files"] == 2 and whole["bytes"] == 10
+    (tmp_path / "b.txt").unlink()
+    listed_before = fingerprint.folder_entry(tmp_path, ["a.txt", "b.txt"])
+    assert listed_before == fingerprint.folder_entry(tmp_path) and listed_before["files"] == 1
+    assert fingerprint.folder_entry(tmp_path / "a.txt") is None and fingerprint.folder_entry(tmp_path / "no") is None
+
+
 def test_only_data_read_is_recorded(tmp_path, monkeypatch):
     data, written, excluded = tmp_path / "data.bin", tmp_path / "out.txt", tmp_path / "run" / "config.json"
     data.write_bytes(b"\0\1\2")

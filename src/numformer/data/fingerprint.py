@@ -122,28 +122,28 @@ def file_entry(path):
         return None
 
 
-def folder_entry(folder):
+def _file_names(folder):
+    """The names of the regular files directly in ``folder``, sorted (OSError when it cannot be listed)."""
+    return sorted(e.name for e in os.scandir(folder) if e.is_file())
+
+
+def folder_entry(folder, names=None):
     """{"path", "files", "bytes", "sha256"} of every regular file directly in ``folder`` (the digest of their
-    names, sizes and digests); None when it is not a folder."""
-    try:
-        names = sorted(e.name for e in os.scandir(folder) if e.is_file())
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    summary, total = hashlib.sha256(), 0
+    names, sizes and digests; ``names``: the folder's ``_file_names`` when already listed); None when it is not
+    a folder."""
+    if names is None:
+        try:
+            names = _file_names(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    summary, total, files = hashlib.sha256(), 0, 0
     for name in names:
         entry = file_entry(Path(folder) / name)
-        if entry is None:
+        if entry is None:                       # removed since the listing
             continue
-        total += entry["bytes"]
+        total, files = total + entry["bytes"], files + 1
         summary.update(f"{name}\0{entry['bytes']}\0{entry['sha256']}\n".encode("utf-8", "surrogateescape"))
-    return {"path": str(folder), "files": len(names), "bytes": total, "sha256": summary.hexdigest()}
-
-
-def _whole_folder(folder, members):
-    try:
-        return {e.name for e in os.scandir(folder) if e.is_file()} == {p.name for p in members}
-    except OSError:
-        return False
+    return {"path": str(folder), "files": files, "bytes": total, "sha256": summary.hexdigest()}
 
 
 def fingerprint(paths, excluded=()):
@@ -154,8 +154,12 @@ def fingerprint(paths, excluded=()):
         by_folder.setdefault(path.parent, []).append(path)
     files, folders = [], []
     for folder, members in sorted(by_folder.items()):
-        if len(members) >= FOLDER_FILES and _whole_folder(folder, members):
-            folders.append(folder_entry(folder))
+        try:
+            names = _file_names(folder) if len(members) >= FOLDER_FILES else None
+        except OSError:
+            names = None
+        if names is not None and set(names) == {p.name for p in members}:      # the whole folder was read
+            folders.append(folder_entry(folder, names))
         else:
             files += [e for e in map(file_entry, members) if e is not None]
     return {"version": VERSION, "files": files, "folders": [f for f in folders if f is not None]}

@@ -1,10 +1,15 @@
 """How a run folder's training ends and is resumed: the weights file replaced without a gap, the readers'
-note on the weights they use, the signals of the final phase, the wall time, and the ends a resume leaves as
+note on the weights they use, the signals of the final phase, a closed output, the wall time, and the ends a resume leaves as
 they are (max_steps, the time limit, the time budget) or finishes (an interrupted run at its max_steps)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -15,7 +20,9 @@ from numformer.train import evaluation as evaluation_module
 from numformer.train import run_writer
 from numformer.train.run_folder import KEPT_SELECTION
 
-from conftest import ctrl_c_during_step
+from numformer.train import stop_signals
+
+from conftest import ctrl_c_during_step, src_env
 
 
 def cfg(**train):
@@ -146,6 +153,61 @@ def test_a_second_ctrl_c_during_the_final_scoring_aborts_naming_the_checkpoint(t
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == (f"Ctrl-C again: aborted after step 8; the checkpoint of step 8 is kept: numformer train "
                     f"--out {run} --resume goes on from it")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="a closed pipe is a POSIX signal")
+def test_a_closed_output_stops_the_run_after_its_step_with_a_checkpoint(tmp_path):
+    """`numformer train ... 2>&1 | head -2`: the reader goes away, and the first write that fails asks the run to
+    stop after its step as a signal does: a checkpoint, an interrupted summary.json, exit code 141 (128 +
+    SIGPIPE), and --resume goes on (before: the run died at that write, losing the steps since its last
+    checkpoint)."""
+    run, toml = tmp_path / "run", tmp_path / "c.toml"
+    toml.write_text("\n".join(["[model]", 'type = "gpt"', "n_layers = 1", "n_heads = 2", "d_model = 16",
+                               "[data]", 'task = "copy"', "length = 4", "n_val = 16", "n_test = 16", "[train]",
+                               "max_steps = 1500", "batch_size = 8", "eval_every = 1500", "log_every = 1",
+                               "processes = 1", ""]), encoding="utf-8")
+    train = subprocess.Popen([sys.executable, "-m", "numformer.cli", "train", str(toml), "--out", str(run)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=src_env())
+    first = [train.stdout.readline() for _ in range(2)]
+    train.stdout.close()                                        # `head -2` exits
+    assert train.wait(timeout=300) == 128 + signal.SIGPIPE, first
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert summary["interrupted"] and 0 < summary["steps"] < 1500
+    assert (run / CHECKPOINT).is_file()
+    stopped_at = summary["steps"]
+    assert main(["train", "--out", str(run), "--resume", "--quiet"]) == 0
+    assert json.loads((run / "summary.json").read_text(encoding="utf-8"))["steps"] == 1500
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert steps.count(1) == steps.count(stopped_at + 1) == 1  # resumed from the checkpoint, not from step 0
+
+
+class ClosedPipe(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="POSIX signals")
+def test_a_closed_output_asks_once_and_not_after_a_signal(monkeypatch):
+    """Both streams closed: one request (SIGPIPE), the writes then silent; after a signal (Ctrl-C also ends
+    `| head`) a closed output asks nothing more, so it never counts as a second, aborting signal."""
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    monkeypatch.setattr(sys, "stderr", ClosedPipe())
+    broken = sys.stdout, sys.stderr
+    asked = []
+    restore = stop_signals.install(asked.append, ())
+    print("a progress line", file=sys.stderr, flush=True)
+    print("and another", flush=True)
+    assert asked == [signal.SIGPIPE] and sys.stderr.write("quiet now") == len("quiet now")
+    restore()
+    assert (sys.stdout, sys.stderr) == broken
+    asked.clear()
+    restore = stop_signals.install(asked.append, (signal.SIGUSR1,))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        print("Ctrl-C: finishing this step", file=sys.stderr)
+    finally:
+        restore()
+    assert asked == [signal.SIGUSR1]
 
 
 def test_wall_seconds_include_the_final_phase(tmp_path, monkeypatch, fake_clock):

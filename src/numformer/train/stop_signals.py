@@ -7,13 +7,20 @@ final phase, after its last step: to stop scoring and write summary.json); a sec
 last checkpoint is kept). The forked data-parallel workers ignore them: the
 main process stops the run and then its workers.
 
+A closed output counts as such a signal, SIGPIPE: when the reader of the run's output goes away
+(``numformer train ... | head``, a closed ``tee``), the write that fails asks the run to stop after its step,
+and the output goes to the null device from then on (without this the run died at that write, losing the
+steps since its last checkpoint).
+
 Under MPI each rank keeps ``train/mpi.py``'s handlers for SIGTERM, SIGHUP and SIGUSR1 (one line, every rank
 stopped at once, exit code 128 + the signal's number); only Ctrl-C is handled here, in the final phase too:
 rank 0, which alone scores, abandons the scoring, and the ranks agree on the stop (``final.final_scoring``).
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 
 from .. import _platform
@@ -36,17 +43,72 @@ def name(signum):
 
 
 def install(request, signals):
-    """Call ``request(signum)`` on each of ``signals`` instead of their present handlers; returns a function that
-    puts the previous handlers back. Outside the main thread (where Python cannot set handlers) nothing is
+    """Call ``request(signum)`` on each of ``signals`` instead of their present handlers, and ``request(SIGPIPE)``
+    on the first write to a closed stdout or stderr (``WatchedOutput``); returns a function that puts the
+    previous handlers and streams back. Outside the main thread (where Python cannot set handlers) nothing is
     installed."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = {s: signal.signal(s, lambda signum, frame: request(signum)) for s in signals}
+    asked = []                      # the signals received; a closed output after any of them asks nothing more
+
+    def on_signal(signum, frame):
+        asked.append(signum)
+        request(signum)
+
+    def output_closed():            # once, whichever stream fails (Ctrl-C also ends `| head`: not a second stop)
+        if not asked:
+            asked.append(signal.SIGPIPE)
+            request(signal.SIGPIPE)
+
+    previous = {s: signal.signal(s, on_signal) for s in signals}
+    streams = sys.stdout, sys.stderr
+    if hasattr(signal, "SIGPIPE"):                              # POSIX: a pipe's closed end
+        sys.stdout, sys.stderr = (WatchedOutput(s, output_closed) for s in streams)
 
     def restore():
         for s, handler in previous.items():
             signal.signal(s, handler)
+        sys.stdout, sys.stderr = streams
     return restore
+
+
+class WatchedOutput:
+    """A stream (stdout or stderr) whose writes cannot fail on a closed pipe: the first BrokenPipeError calls
+    ``closed()`` and points the stream's file descriptor at the null device (so that nothing fails again,
+    the interpreter's flush at exit included); every other attribute is the stream's."""
+
+    def __init__(self, stream, closed):
+        self._stream, self._closed, self._silent = stream, closed, False
+
+    def write(self, text):
+        if not self._silent:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._went_away()
+        return len(text)
+
+    def flush(self):
+        if not self._silent:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._went_away()
+
+    def _went_away(self):
+        self._silent = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._stream.fileno())
+            finally:
+                os.close(null)
+        except (OSError, ValueError, AttributeError):          # no file descriptor (a test's or an IDE's stream)
+            pass
+        self._closed()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def ignore_in_worker():

@@ -1,6 +1,7 @@
 """How a run folder's training ends and is resumed: the weights file replaced without a gap, the readers'
-note on the weights they use, the signals of the final phase, a closed output, the wall time, and the ends a resume leaves as
-they are (max_steps, the time limit, the time budget) or finishes (an interrupted run at its max_steps)."""
+note on the weights they use, the signals of the final phase, a closed output, the wall time, and the ends a
+resume leaves as they are (max_steps, the time limit, the time budget) or finishes (an interrupted run at its
+max_steps)."""
 from __future__ import annotations
 
 import hashlib

@@ -54,10 +54,11 @@ def l2_cache_bytes(default=1 << 20):
 
 
 # One float block: four times a core's L2 (4 MiB on a 1 MiB-L2 core), so it lives in the L3. Measured on an AMD
-# EPYC (Zen 5, L2 1 MiB/core; ``numformer bench quantize``'s kernel table): with blocks of 1/4 to 1 L2 the
-# conversion ran at ~0.14 ns a weight, with 2-8 MiB blocks at ~0.08 (the int8 rows are read in longer
-# sequential runs, which the hardware prefetcher streams), and the product reads a block from the L3 as fast
-# as from the L2 (~0.04 ns a weight). Larger blocks than the L3's share of a core fall out of it.
+# EPYC with AVX-512 (L2 1 MiB/core, its model not recorded; ``numformer bench quantize``'s kernel table): with
+# blocks of 1/4 to 1 L2 the conversion ran at ~0.14 ns a weight, with 2-8 MiB blocks at ~0.08 (the int8 rows
+# are read in longer sequential runs, which the hardware prefetcher streams), and the product reads a block
+# from the L3 as fast as from the L2 (~0.04 ns a weight). Larger blocks than the L3's share of a core fall out
+# of it.
 BLOCK_BYTES = 4 * l2_cache_bytes()
 
 _buffers = threading.local()         # each thread's float block, reused across calls (grown when too small)

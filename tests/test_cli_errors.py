@@ -139,6 +139,15 @@ def test_a_missing_source_says_how_a_hub_id_is_written(tmp_path, cli_error, comm
            "hf:HuggingFaceTB/SmolLM2-135M" in line
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_missing_run_folder_inside_a_folder_is_not_taken_for_a_hub_id(tmp_path, cli_error, command, monkeypatch):
+    """runs/nope, where runs/ exists, is a mistyped run folder: the error does not suggest the hub's hf: form."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    line = cli_error(command, "runs/nope")
+    assert "run folder runs/nope does not exist" in line and "hf:" not in line
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "explore", "eval", "analyze"])
 def test_a_run_config_without_its_model_section_is_not_taken_for_hugging_faces(text_run, copy_of, cli_error,
                                                                                command):

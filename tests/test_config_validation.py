@@ -201,6 +201,8 @@ def test_every_unknown_key_of_every_section_gets_the_closest_valid_one():
     ({"train": {"optimizer": "adamq"}, "data": {"task": "copy"}}, "is not allowed (did you mean 'adam'?)"),
     ({"train": {"no_decay": ["bias", "norms"]}, "data": {"task": "copy"}}, "is not allowed (did you mean 'norm'?)"),
     ({"train": {"schedule": "cosin"}, "data": {"task": "copy"}}, "(did you mean 'cosine'?)"),
+    ({"train": {"steps": 5}, "data": {"task": "copy"}},                     # a part of names, not a typo of 'eps'
+     "(did you mean 'max_steps' or 'decay_steps' or 'warmup_steps'?)"),
     ({"data": {"task": "copy", "lenght": 4, "n_vall": 3}},
      "(did you mean 'length' for 'lenght', 'n_val' for 'n_vall'?)"),
 ])

@@ -363,6 +363,19 @@ def test_skip_and_modes_are_kept():
     assert "int8 (per channel)" in str(report) and "kept float" in str(report)
 
 
+def test_the_report_says_where_a_group_is_a_whole_row():
+    """A group size at least a layer's inputs is one scale per row there (``group_width``): the report says so,
+    for every layer or for those it concerns."""
+    widths = {n: m.in_features for n, m in gpt2_like().named_modules() if isinstance(m, Linear)}
+    widest, narrowest = max(widths.values()), min(widths.values())
+    assert str(quantize_model(gpt2_like(), group_size=widest)).startswith(
+        f"int8 (groups of {widest}, that is one per row: no layer has more inputs)")
+    some = quantize_model(gpt2_like(), group_size=narrowest)
+    assert sorted(some.whole_rows) == sorted(n for n, w in widths.items() if w <= narrowest) != sorted(widths)
+    assert f"(groups of {narrowest}; one per row in the {len(some.whole_rows)} layers of at most" in str(some)
+    assert quantize_model(gpt2_like(), group_size=narrowest // 2).whole_rows == []
+
+
 def test_generate_command_quantize(tmp_path, run_cli, cli_error, monkeypatch):
     """`numformer generate RUN --quantize int8` generates and says what it quantized; --group-size needs it."""
     from numformer.data.text import read_corpus
@@ -387,6 +400,9 @@ def test_generate_command_quantize(tmp_path, run_cli, cli_error, monkeypatch):
                    "--quantize", "int8", "--group-size", "8")[1] == out
     assert len(pools) == 1 and pools[0] > 0
     assert "--group-size" in cli_error("generate", tmp_path / "run", "--group-size", "8")
+    rc, _, err = run_cli("generate", tmp_path / "run", "--prompt", "\u00e9", "--quantize", "int8")
+    assert rc == 2 and "not in the vocabulary" in err and "a trained model's vocabulary is fixed" in err
+    assert "quantized" not in err                                 # the prompt is checked before quantizing
     assert "--group-size must be a positive number of inputs per scale" in cli_error(
         "generate", tmp_path / "run", "--quantize", "int8", "--group-size", "0")
     assert f"adapter folder {tmp_path / 'nope'} does not exist" in cli_error(

@@ -14,18 +14,30 @@ from dataclasses import dataclass
 
 
 def did_you_mean(words, choices):
-    """' (did you mean 'n_layers'?)' for the close matches (difflib) among ``choices`` of each of ``words`` (one
-    word or a list), naming which word each is for when there are several; '' when none is close."""
+    """' (did you mean 'n_layers'?)' for the close matches among ``choices`` of each of ``words`` (one word or a
+    list), naming which word each is for when there are several; '' when none is close (``_meant``)."""
     if words is None:
         return ""
     words = [words] if isinstance(words, str) else list(words)
-    matches = [(w, m[0]) for w in words if isinstance(w, str)
-               for m in [difflib.get_close_matches(w, [str(c) for c in choices], n=1, cutoff=0.6)] if m]
+    choices = [str(c) for c in choices]
+    matches = [(w, " or ".join(map(repr, m))) for w in words if isinstance(w, str) for m in [_meant(w, choices)] if m]
     if not matches:
         return ""
     if len(words) == 1:
-        return f" (did you mean {matches[0][1]!r}?)"
-    return " (did you mean " + ", ".join(f"{m!r} for {w!r}" for w, m in matches) + "?)"
+        return f" (did you mean {matches[0][1]}?)"
+    return " (did you mean " + ", ".join(f"{m} for {w!r}" for w, m in matches) + "?)"
+
+
+def _meant(word, choices):
+    """The choices ``word`` may have meant: the closest by spelling (difflib) when it is a typo of it (ratio 0.8),
+    else the names that hold it as a part, closest first ('steps': 'max_steps' or 'decay_steps' or
+    'warmup_steps'; at most three), else the closest by spelling above 0.6."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close and difflib.SequenceMatcher(None, word, close[0]).ratio() >= 0.8:
+        return close
+    holding = sorted((c for c in choices if word in c.split("_")),
+                     key=lambda c: -difflib.SequenceMatcher(None, word, c).ratio())
+    return holding[:3] or close
 
 
 # -- the type and range of a key --------------------------------------------------------------------------

@@ -24,8 +24,9 @@ def load_generator(source, adapter=None, command="generate"):
     run = not str(source).startswith("hf:") and not (Path(source, "config.json").is_file()
                                                     and not is_run_folder(source))
     if run and not Path(source).exists():
-        raise ValueError(f"run folder {source} does not exist (a Hugging Face hub id is written hf:{source}, read "
-                         f"from the Hugging Face cache)")
+        hub_like = str(source).count("/") == 1 and not Path(source).parent.exists()    # OWNER/NAME, not a folder
+        raise ValueError(f"run folder {source} does not exist" + (f" (a Hugging Face hub id is written hf:{source}, "
+                         f"read from the Hugging Face cache)" if hub_like else ""))
     if run:
         config = load_config_json(source)          # the whole config.json checked, as every command does
         if config["model"]["type"] != "gpt":
@@ -50,10 +51,10 @@ def run(args):
     check_sampling_arguments(args)
     check_quantize_arguments(args)
     model, tokenizer = load_generator(args.run_dir, args.adapter)
-    quantize_if_asked(model, args)
-    prompt_ids = tokenizer.encode_prompt(args.prompt)
+    prompt_ids = tokenizer.encode_prompt(args.prompt)          # before quantizing: a prompt it cannot encode
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
+    quantize_if_asked(model, args)
     out = sys.stdout
     new, shown = [], []               # the prompt is printed with the first token: after every option is checked
 

@@ -134,8 +134,9 @@ class QuantizedQKVProjection(QuantizedLinear):
 
 @dataclass
 class QuantizationReport:
-    """What ``quantize_model`` did: the layers quantized, those kept float (name -> why), and the bytes of
-    the model's weights before and after (``weight_bytes``)."""
+    """What ``quantize_model`` did: the layers quantized, those kept float (name -> why), the bytes of the
+    model's weights before and after (``weight_bytes``), and the layers whose rows are one group (at most
+    ``group_size`` inputs: one scale per row there)."""
 
     bits: int
     group_size: int | None
@@ -143,9 +144,14 @@ class QuantizationReport:
     kept_float: dict = field(default_factory=dict)
     bytes_before: int = 0
     bytes_after: int = 0
+    whole_rows: list = field(default_factory=list)
 
     def __str__(self):
         per = "per channel" if self.group_size is None else f"groups of {self.group_size}"
+        if self.group_size is not None and self.whole_rows:
+            every = len(self.whole_rows) == len(self.quantized)
+            per += (", that is one per row: no layer has more inputs" if every else
+                    f"; one per row in the {len(self.whole_rows)} layers of at most {self.group_size} inputs")
         text = (f"int{self.bits} ({per}): {len(self.quantized)} linear layers quantized, weights "
                 f"{self.bytes_before / 2**20:,.1f} -> {self.bytes_after / 2**20:,.1f} MiB")
         if self.kept_float:
@@ -187,6 +193,8 @@ def quantize_model(model, bits=8, group_size=None, skip=()):
         if id(layer) not in done:
             done[id(layer)] = QuantizedLinear.from_linear(layer, bits, group_size).train(layer.training)
             report.quantized.append(name)
+            if group_size is not None and layer.in_features <= group_size:
+                report.whole_rows.append(name)
         model.set_submodule(name, done[id(layer)])
     report.bytes_after = weight_bytes(model)
     return report

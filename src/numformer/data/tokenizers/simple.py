@@ -71,8 +71,9 @@ class UnknownCharacters(ValueError):
     def __init__(self, characters, vocab_size):
         self.characters, self.vocab_size = characters, vocab_size
         super().__init__(f"{len(characters)} character(s) not in the vocabulary of {vocab_size}: "
-                         f"{''.join(characters)[:50]!r}; remove them or rebuild the tokenizer from a text that "
-                         "contains them")
+                         f"{''.join(characters)[:50]!r}; remove them (a trained model's vocabulary is fixed: "
+                         "new characters need a tokenizer built from a text that holds them, and a model trained "
+                         "with it)")
 
 
 class CharTokenizer(Tokenizer):

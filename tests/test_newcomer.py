@@ -136,6 +136,14 @@ def test_help_strings_name_what_the_commands_take(command, words, capsys):
     assert words in " ".join(capsys.readouterr().out.split())
 
 
+def test_help_shows_a_required_argument_as_required(capsys):
+    """`numformer train --help` shows --out RUN_DIR as required, as the usage line of its errors does."""
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    usage = " ".join(capsys.readouterr().out.split("\n\n")[0].split())
+    assert " --out RUN_DIR " in usage and "[--out RUN_DIR]" not in usage
+
+
 def test_quick_reproduce_report_says_it_is_the_quick_run(tmp_path):
     results = tmp_path / "results"
     assert main(["reproduce", "copy", "--quick", "--results", str(results), "--runs", str(tmp_path / "runs"),

@@ -46,6 +46,8 @@ def parse_arguments(parser, argv=None):
     """The parsed command line; an argument the command does not know is the command's own error (its usage,
     ``numformer COMMAND: error: ...``, and the flag it was probably meant to be), not the top-level one, and
     comes before a missing required argument (a misspelt --out is named, not reported as --out missing)."""
+    if any(a in ("-h", "--help") for a in (sys.argv[1:] if argv is None else argv)):
+        return parser.parse_args(argv)          # the help shows the required arguments as required
     args, unknown = _parse_leniently(parser, argv)
     if unknown:
         command = _innermost_parser(parser, args)

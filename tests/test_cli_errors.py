@@ -140,6 +140,17 @@ def test_a_missing_source_says_how_a_hub_id_is_written(tmp_path, cli_error, comm
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
+def test_greedy_with_a_sampling_flag_is_one_error(tmp_path, cli_error, command, monkeypatch):
+    """--greedy takes the most likely token: a temperature (other than 0), top-k or top-p beside it would be
+    ignored without a word, so it is the command's error, before any model is loaded."""
+    monkeypatch.chdir(tmp_path)
+    line = cli_error(command, "no_such_run", "--greedy", "--temperature", "0.7", "--top-k", "5")
+    assert ("--greedy always takes the most likely token, so --temperature and --top-k would do nothing: drop "
+            "--greedy to sample, or drop --temperature and --top-k") in line
+    assert "--temperature" not in cli_error(command, "no_such_run", "--greedy", "--temperature", "0")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
 def test_a_missing_run_folder_inside_a_folder_is_not_taken_for_a_hub_id(tmp_path, cli_error, command, monkeypatch):
     """runs/nope, where runs/ exists, is a mistyped run folder: the error does not suggest the hub's hf: form."""
     monkeypatch.chdir(tmp_path)

@@ -263,6 +263,8 @@ def test_a_static_path_that_cannot_be_written_is_named(explorer_run, cli_error, 
     (["--static", "p.html", "--prompt", "a", "--port", "1"], "--port is the server's"),
     (["--static", "p.html", "--prompt", "ROMEO:", "--max-new-tokens", "40"], "at most 26 new tokens fit"),
     (["--prompt", "a", "--temperature", "-1"], "--temperature must be a number >= 0 (0: greedy), got -1.0"),
+    (["--prompt", "a", "--greedy", "--temperature", "0.5"], "--greedy always takes the most likely token, so "
+                                                             "--temperature would do nothing"),
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--static", "p.txt", "--prompt", "a"], "ending in .html"),
     (["--prompt", "\u00e9"], "not in the vocabulary of 52: '\u00e9'"),

@@ -218,7 +218,7 @@ def register(sub):
                                                      "run folder")
     p.add_argument("--system", default=None, help="system prompt (kept when old turns are dropped)")
     add_adapter_argument(p)
-    add_sampling_arguments(p, max_new_tokens=512, temperature=None,
+    add_sampling_arguments(p, max_new_tokens=512,
                            temperature_default="generation_config.json's, with its top_k, top_p and "
                                               "do_sample, when no other sampling flag is given; else 1.0")
     next(a for a in p._actions if a.dest == "max_new_tokens").help = \

@@ -27,7 +27,8 @@ def run(args):
         raise ValueError("--port is the server's; --static writes a file and serves nothing: give one of them")
     if static:
         check_static_path(args.static)                  # before anything is computed
-    sampling = {"temperature": 0.0 if args.greedy else args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    temperature = 1.0 if args.temperature is None else args.temperature
+    sampling = {"temperature": 0.0 if args.greedy else temperature, "top_k": args.top_k, "top_p": args.top_p}
     model, tokenizer = load_generator(args.run_dir, command="explore")
     new_tokens = args.max_new_tokens if args.max_new_tokens is not None else STATIC_NEW_TOKENS if static else 0
     ids, n_prompt = None, 0
@@ -67,7 +68,7 @@ def register(sub):
                    help=f"tokens generated after the prompt, to step through (default {STATIC_NEW_TOKENS} with "
                         f"--static, or fewer where the model's context holds fewer; else 0: the page's 'next "
                         f"token' button samples more)")
-    p.add_argument("--temperature", type=float, default=1.0,
+    p.add_argument("--temperature", type=float, default=None,
                    help="softmax temperature of the generated tokens and the page's starting value (default 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")

@@ -71,7 +71,8 @@ def run(args):
             shown[0] = len(text)
 
     with int8_worker_processes(model, args):
-        generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        generate(model, prompt_ids, args.max_new_tokens, temperature=1.0 if args.temperature is None else
+                 args.temperature, top_k=args.top_k,
                  top_p=args.top_p, greedy=args.greedy, rng=args.seed, stream=stream)
     out.write((tokenizer.decode(new)[shown[0]:] if shown else args.prompt) + "\n")
 
@@ -94,11 +95,12 @@ def add_adapter_argument(p):
                         "`numformer export` of a LoRA run or peft's save_pretrained writes) to put on the model")
 
 
-def add_sampling_arguments(p, max_new_tokens=500, temperature=1.0, temperature_default="1.0"):
-    """The sampling flags of ``generate`` (``numformer chat`` has them too)."""
+def add_sampling_arguments(p, max_new_tokens=500, temperature_default="1.0"):
+    """The sampling flags of ``generate`` (``numformer chat`` has them too). --temperature is None when not
+    given (the command then takes its default), so that --greedy with it is an error."""
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
                    help=f"tokens to generate (default {max_new_tokens})")
-    p.add_argument("--temperature", type=float, default=temperature,
+    p.add_argument("--temperature", type=float, default=None,
                    help=f"softmax temperature (default {temperature_default}; 0 = greedy)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with probability >= p")
@@ -123,6 +125,13 @@ def check_sampling_arguments(args):
         value = getattr(args, name)
         if value is not None and not valid(value):
             raise ValueError(f"{flag} must be {wanted}, got {value}")
+    if getattr(args, "greedy", False):
+        ignored = [flag for flag, name in (("--temperature", "temperature"), ("--top-k", "top_k"), ("--top-p", "top_p"))
+                   if getattr(args, name, None) not in (None, 0 if name == "temperature" else None)]
+        if ignored:
+            flags = " and ".join(ignored)
+            raise ValueError(f"--greedy always takes the most likely token, so {flags} would do nothing: drop "
+                             f"--greedy to sample, or drop {flags}")
 
 
 def add_quantize_arguments(p):

@@ -87,6 +87,24 @@ def test_dpo_run_raises_the_reward_accuracy_and_stores_the_reference(tmp_path, l
     np.testing.assert_array_equal(checkpoint_arrays_of(tmp_path / "dpo" / REFERENCE), start)   # not recomputed
 
 
+def test_a_dpo_run_keeps_its_last_weights_unless_told_otherwise(tmp_path):
+    """DPO raises the replies' cross-entropy (val_loss) as it works, so its "best" weights by val_loss would be
+    those of before the tuning: restore_best defaults to false for objective = "dpo" (model.safetensors holds
+    the last step's weights); a config that sets it keeps its choice, and cross-entropy runs keep true."""
+    from numformer.config import resolve_config
+    from numformer.run_files import MODEL, weights_step
+
+    base = sft_base(tmp_path)
+    trainer = Trainer(dpo_config(tmp_path, base), tmp_path / "dpo", quiet=True)
+    assert trainer.config["train"]["restore_best"] is False
+    trainer.train()
+    assert weights_step(tmp_path / "dpo" / MODEL) == 20
+    chosen = Trainer(dpo_config(tmp_path, base, restore_best=True), tmp_path / "dpo_best", quiet=True)
+    assert chosen.config["train"]["restore_best"] is True
+    sft = resolve_config({"data": {"task": "copy"}})[0]
+    assert sft["train"]["restore_best"] is True
+
+
 def checkpoint_arrays_of(path):
     from safetensors.numpy import load_file
     return load_file(str(path))["reference"]

@@ -77,6 +77,10 @@ TRAIN_DEFAULTS = {
     "objective": "cross_entropy",  # cross_entropy | dpo (preference pairs: [data] task = "preference")
     "beta": 0.1,                  # dpo only: the strength of the pull toward the reference model
 }
+# Defaults that differ by objective. DPO keeps its last weights: its val_loss is the replies' cross-entropy,
+# which preference tuning raises as it works (its own figures are reward_accuracy and logratio_margin), so the
+# "best" weights by val_loss would be those of before the tuning.
+OBJECTIVE_DEFAULTS = {"dpo": {"restore_best": False}}
 
 
 # -- loading ------------------------------------------------------------------------------------------------
@@ -347,7 +351,8 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     ValueError naming the first problem found.
     """
     check_sections(config)
-    train = {**TRAIN_DEFAULTS, **check_section("train", config.get("train", {}), _train_keys())}
+    given = check_section("train", config.get("train", {}), _train_keys())
+    train = {**TRAIN_DEFAULTS, **OBJECTIVE_DEFAULTS.get(given.get("objective"), {}), **given}
     _check_train_together(train)
     data, task_cls, written = _resolve_data(dict(config.get("data", {})))
     model = dict(config.get("model", {}))

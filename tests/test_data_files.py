@@ -67,6 +67,23 @@ def test_resume_refuses_changed_data_and_touches_nothing(run, run_cli):
     assert Trainer(None, run_dir, resume=True, overrides=["train.max_steps=6"], quiet=True).train()["steps"] == 6
 
 
+def test_resume_refuses_a_data_path_set_to_other_data(run, run_cli, tmp_path):
+    """--set data.path may move the run to where the same data now are, not to other data (before: the run went
+    on training on the new file, its data_files.json still naming the old one, which was still in place)."""
+    run_dir, corpus = run
+    other = tmp_path / "other.txt"
+    other.write_text(LINES[:len(LINES) // 2], encoding="utf-8")
+    before = snapshot(run_dir)
+    rc, _, err = run_cli("train", "--out", run_dir, "--resume", "--set", f"data.path={other}")
+    line = one_error_line(rc, err, "train")
+    assert f"data file {other.resolve()} holds data the run did not read" in line and "--resume would" in line
+    assert snapshot(run_dir) == before
+    same = tmp_path / "same.txt"
+    same.write_text(LINES, encoding="utf-8")
+    resumed = Trainer(None, run_dir, resume=True, overrides=[f"data.path={same}", "train.max_steps=6"], quiet=True)
+    assert resumed.train()["steps"] == 6
+
+
 def test_eval_and_load_task_refuse_changed_data(run, run_cli):
     run_dir, corpus = run
     corpus.write_text(LINES + "the king\n", encoding="utf-8")

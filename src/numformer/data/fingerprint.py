@@ -229,3 +229,12 @@ def changes(recorded, now):
             if (line := _changed(kind, old, current)) is not None:
                 lines.append(line)
     return lines
+
+
+def unrecorded(recorded, now):
+    """One line per file or folder of ``now`` (the files read again) whose data are none of ``recorded``'s, at
+    any path ([] when none): a [data] path pointed at other data (``--resume --set data.path=...``), where
+    ``changes`` sees every recorded file still in its place."""
+    known = {(e["sha256"], e["bytes"]) for e in recorded["files"] + recorded["folders"]}
+    return [f"data {kind} {entry['path']} holds data the run did not read ({_what(entry)})"
+            for kind, entries, _ in _kinds(now) for entry in entries if (entry["sha256"], entry["bytes"]) not in known]

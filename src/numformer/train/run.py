@@ -126,13 +126,25 @@ def data_files_before(run_dir, resuming=True):
 
 def data_files_after(run_dir, recorded, gone, read, resuming=True):
     """After the task was built again (``read``: the files it read): the recorded files no longer at their path
-    must have been read from another place (``fingerprint.changes``). Returns the fingerprint to write when a run
-    to resume has no data_files.json, else None."""
+    must have been read from another place (``fingerprint.changes``), and every file read must hold data the run
+    read (``fingerprint.unrecorded``: a [data] path now pointing at other data). Returns the fingerprint to write
+    when a run to resume has no data_files.json, else None."""
     if recorded is None:
         return data_fingerprint(run_dir, read) if resuming else None
+    now = _read_elsewhere(run_dir, recorded, read)
     if gone["files"] or gone["folders"]:
-        _refuse(run_dir, fingerprint.changes(gone, data_fingerprint(run_dir, read)), resuming)
+        _refuse(run_dir, fingerprint.changes(gone, now), resuming)
+    _refuse(run_dir, fingerprint.unrecorded(recorded, now), resuming)
     return None
+
+
+def _read_elsewhere(run_dir, recorded, read):
+    """The fingerprint of the files read (``read``) that the run did not record at their path: those it did, in
+    a file or a folder entry, were checked in place before the task was built (not hashed twice)."""
+    files, folders = {e["path"] for e in recorded["files"]}, {e["path"] for e in recorded["folders"]}
+    paths = [p for p in fingerprint.data_paths(read, (run_dir, token_cache_root()))
+             if str(p) not in files and str(p.parent) not in folders]
+    return fingerprint.fingerprint(paths)
 
 
 def _refuse(run_dir, changed, resuming):

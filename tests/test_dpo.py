@@ -87,7 +87,7 @@ def test_dpo_run_raises_the_reward_accuracy_and_stores_the_reference(tmp_path, l
     np.testing.assert_array_equal(checkpoint_arrays_of(tmp_path / "dpo" / REFERENCE), start)   # not recomputed
 
 
-def test_a_dpo_run_keeps_its_last_weights_unless_told_otherwise(tmp_path):
+def test_a_dpo_run_keeps_its_last_weights_unless_told_otherwise(tmp_path, capsys):
     """DPO raises the replies' cross-entropy (val_loss) as it works, so its "best" weights by val_loss would be
     those of before the tuning: restore_best defaults to false for objective = "dpo" (model.safetensors holds
     the last step's weights); a config that sets it keeps its choice, and cross-entropy runs keep true."""
@@ -99,6 +99,12 @@ def test_a_dpo_run_keeps_its_last_weights_unless_told_otherwise(tmp_path):
     assert trainer.config["train"]["restore_best"] is False
     trainer.train()
     assert weights_step(tmp_path / "dpo" / MODEL) == 20
+    capsys.readouterr()                                 # eval reports the figures training showed
+    assert main(["eval", str(tmp_path / "dpo"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    expected = trainer.task.evaluate(trainer.model, "val")
+    assert shown["reward_accuracy"] == expected["reward_accuracy"]
+    assert shown["logratio_margin"] == pytest.approx(expected["logratio_margin"], rel=1e-6)
     chosen = Trainer(dpo_config(tmp_path, base, restore_best=True), tmp_path / "dpo_best", quiet=True)
     assert chosen.config["train"]["restore_best"] is True
     sft = resolve_config({"data": {"task": "copy"}})[0]

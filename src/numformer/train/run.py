@@ -29,6 +29,8 @@ from ..interop.sources import load_run_model, tokenizer_from_state
 from ..models import model_arguments
 from ..optim import OPTIMIZERS
 from ..run_files import CHECKPOINT, DATA_FILES, TOKENIZER, checkpoint_config, require_checkpoint
+from .dpo import read_reference
+from .run_folder import REFERENCE
 
 
 def load_model(run_dir, config=None):
@@ -61,6 +63,9 @@ def load_task(run_dir, config=None):
         raise ValueError(f"tokenizer file {Path(run_dir) / TOKENIZER} does not fit the run's [data] "
                          f"({type(e).__name__}: {e}); restore it or retrain") from None
     data_files_after(run_dir, recorded, gone, read, resuming=False)
+    reference = Path(run_dir) / REFERENCE
+    if hasattr(task, "set_reference") and reference.is_file():     # a DPO run: its metrics need the reference
+        task.set_reference(read_reference(reference, len(task.examples)))
     return task
 
 

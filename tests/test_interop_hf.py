@@ -279,6 +279,18 @@ def test_offline_hub_id_says_what_to_download_and_where(tmp_path, monkeypatch):
         hf.load_pretrained("hf:gpt2")[0]
 
 
+def test_a_missing_folder_inside_a_folder_and_a_folder_without_a_model_are_named(tmp_path, monkeypatch):
+    """runs/nope where runs/ exists is a mistyped folder, not a hub id to fetch; a folder that is neither a run
+    folder nor a Hugging Face one says both kinds."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "empty").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"^there is no folder 'runs/nope' in 'runs' \(a typo\? a Hugging Face hub "
+                                         r"id is written hf:runs/nope\)$"):
+        hf.load_pretrained("runs/nope")
+    with pytest.raises(ValueError, match="has no config.json: it is neither a run folder .* nor a Hugging Face model"):
+        hf.load_pretrained("runs/empty")
+
+
 # -- export --------------------------------------------------------------------------------------------------
 def hf_logits(folder, idx):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()

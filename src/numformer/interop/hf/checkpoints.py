@@ -74,6 +74,9 @@ def resolve_source(source):
     hub = text[3:] if text.startswith("hf:") else None
     if hub is None and Path(text).is_dir():
         return Path(text)
+    if hub is None and Path(text).parent.name and Path(text).parent.is_dir():     # runs/nope, where runs/ is
+        raise ValueError(f"there is no folder {text!r} in {str(Path(text).parent)!r} (a typo? a Hugging Face hub id "
+                         f"is written hf:{text})")
     hub = text if hub is None else hub
     if not _HUB_ID.match(hub) or Path(text).exists():
         raise ValueError(f"{text!r} is neither a folder nor a Hugging Face hub id (such as gpt2 or "
@@ -87,8 +90,9 @@ def read_hf_config(folder):
     folder = Path(folder)
     path = folder / CONFIG
     if not path.is_file():
-        raise ValueError(f"{folder} has no {CONFIG}: a Hugging Face model folder holds {CONFIG} and {WEIGHTS} "
-                         f"(write one with model.save_pretrained(folder))")
+        raise ValueError(f"{folder} has no {CONFIG}: it is neither a run folder (written by numformer train) nor a "
+                         f"Hugging Face model folder ({CONFIG} and {WEIGHTS}, as model.save_pretrained(folder) "
+                         f"writes)")
     config = bounded_json(path.read_bytes(), str(path))
     if not isinstance(config, dict):
         raise ValueError(f"{path} is a JSON {type(config).__name__}, not a Hugging Face config (an object with "

@@ -244,6 +244,23 @@ def test_lora_run_trains_the_adapters_only_and_resumes_bit_exact(tmp_path):
     assert [r.get("train_loss") for r in read_metrics(straight)] == [r.get("train_loss") for r in read_metrics(resumed)]
 
 
+def test_a_lora_run_s_first_line_counts_what_it_trains(tmp_path):
+    """The start line gives the total and the trained count (the adapters; the base is frozen), as `params`."""
+    from numformer.train.build import describe_run
+
+    trainer = Trainer(lora_config(), tmp_path / "run", quiet=True)
+    total = trainer.model.num_parameters()
+    trained = sum(p.size for p in trainer.model.parameters() if p.requires_grad)
+    line = describe_run(trainer.model, total, trainer.task, trainer.config)
+    assert 0 < trained < total and f"with {total:,} parameters ({trained:,} trained, the rest frozen);" in line
+
+
+def test_a_case_only_typo_in_target_modules_suggests_that_name():
+    from numformer.keys import did_you_mean
+
+    assert did_you_mean(["Q_proj"], ["q_proj", "v_proj"]) == " (did you mean 'q_proj'?)"
+
+
 def test_a_lora_run_loads_with_its_adapters(tmp_path):
     from numformer.train.run import load_model
     trainer = Trainer(lora_config(), tmp_path / "run", quiet=True)

@@ -29,9 +29,13 @@ def did_you_mean(words, choices):
 
 
 def _meant(word, choices):
-    """The choices ``word`` may have meant: the closest by spelling (difflib) when it is a typo of it (ratio 0.8),
-    else the names that hold it as a part, closest first ('steps': 'max_steps' or 'decay_steps' or
-    'warmup_steps'; at most three), else the closest by spelling above 0.6."""
+    """The choices ``word`` may have meant: the one it is but for the case, else the closest by spelling
+    (difflib) when it is a typo of it (ratio 0.8), else the names that hold it as a part, closest first
+    ('steps': 'max_steps' or 'decay_steps' or 'warmup_steps'; at most three), else the closest by spelling
+    above 0.6."""
+    same = [c for c in choices if c.lower() == word.lower()]
+    if same:                                                    # 'Q_proj': only the case is wrong
+        return same[:1]
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     if close and difflib.SequenceMatcher(None, word, close[0]).ratio() >= 0.8:
         return close

@@ -46,7 +46,9 @@ def describe_run(model, n_params, task, config):
     """The line a new run starts with: the model, its parameters and data; a warning for a warmup longer than
     the run (``config.schedule_warning``), and one for [lora] adapters without [model] init_from (they would
     train on a random base, frozen: LoRA fine-tunes a trained model)."""
-    line = f"{type(model).__name__} with {n_params:,} parameters; data: {task.describe()}"
+    trainable = sum(p.size for p in model.parameters() if p.requires_grad)
+    of_which = f" ({trainable:,} trained, the rest frozen)" if trainable < n_params else ""
+    line = f"{type(model).__name__} with {n_params:,} parameters{of_which}; data: {task.describe()}"
     warning = schedule_warning(config["train"])
     if warning:
         line += f"\n{warning}"

@@ -253,6 +253,11 @@ def test_a_lora_run_s_first_line_counts_what_it_trains(tmp_path):
     trained = sum(p.size for p in trainer.model.parameters() if p.requires_grad)
     line = describe_run(trainer.model, total, trainer.task, trainer.config)
     assert 0 < trained < total and f"with {total:,} parameters ({trained:,} trained, the rest frozen);" in line
+    assert "PEFT" not in line                           # Llama's names on a Llama-style base: it exports
+    fused = Trainer(lora_config(target_modules=["c_attn"]), tmp_path / "fused", quiet=True)
+    note = describe_run(fused.model, fused.model.num_parameters(), fused.task, fused.config).splitlines()[-1]
+    assert note.startswith("note: this run will not export as a PEFT adapter: the adapter ")
+    assert "numformer export --merge" in note and '"q_proj"' in note
 
 
 def test_a_case_only_typo_in_target_modules_suggests_that_name():

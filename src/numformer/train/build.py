@@ -7,6 +7,8 @@ import contextlib
 from pathlib import Path
 
 from ..config import schedule_warning
+from ..interop.hf.families import default_export_type
+from ..interop.peft import savable_adapter_keys
 from ..interop.sources import load_weights
 from ..lora import add_lora
 from ..models import build_model
@@ -55,7 +57,20 @@ def describe_run(model, n_params, task, config):
     if config.get("lora") and "init_from" not in config["model"]:
         line += ("\nwarning: [lora] adapters without [model] init_from train on a random, frozen base; LoRA "
                  "fine-tunes a trained model: set [model] init_from to a run folder or a Hugging Face model")
+    if config.get("lora"):
+        line += peft_export_note(model)
     return line
+
+
+def peft_export_note(model):
+    """'' or a note line for a LoRA run whose adapters have no module of their own in the Hugging Face family
+    it exports as (GPT-2's fused c_attn on a Llama-style base, Llama's q_proj on GPT-2's): said at the start,
+    not first by ``numformer export`` after the training."""
+    try:
+        savable_adapter_keys(model, default_export_type(model.config))
+    except ValueError as e:
+        return f"\nnote: this run will not export as a PEFT adapter: {e}"
+    return ""
 
 
 def make_optimizer(model, train):

@@ -175,6 +175,20 @@ def pipe_unread(fd):
     return int.from_bytes(unread, sys.byteorder)
 
 
+def point_at_null_device(stream):
+    """Point the file descriptor of ``stream`` (stdout, stderr) at the null device, after its reader went away
+    (a closed pipe), so that nothing written to it fails again, the interpreter's flush at exit included (what
+    the Python documentation advises for SIGPIPE). A stream without a descriptor (a test's, an IDE's) is left."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def signals(*names):
     """The signals of ``names`` this platform has (Windows has SIGTERM, not SIGHUP or SIGUSR1), in that order."""
     return tuple(getattr(signal, n) for n in names if hasattr(signal, n))

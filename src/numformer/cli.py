@@ -21,7 +21,6 @@ import contextlib
 import difflib
 import errno
 import importlib
-import os
 import pkgutil
 import sys
 import traceback
@@ -110,7 +109,8 @@ def main(argv=None):
         print(file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:         # the reader of the output went away (`numformer data list | head`)
-        _silence_stdout()
+        from numformer._platform import point_at_null_device
+        point_at_null_device(sys.stdout)
         return EXIT_BROKEN_PIPE
     except Exception as e:          # noqa: BLE001 -- sorted into expected failures and bugs
         message = error_message(e)
@@ -136,15 +136,6 @@ def _set_up_runtime(args):
     # Token-by-token generation is matrix-vector work, where the BLAS's own threads measured fastest
     # (`numformer bench hf-generate`: 42.4 against 24.2 tokens/s at batch 1 for numformer's row split).
     set_fast_runtime(blas="native" if args.command in ("generate", "chat") else "numformer")
-
-
-def _silence_stdout():
-    """Point stdout at the null device, so that Python's flush at exit does not fail on the closed pipe again
-    (what the Python documentation advises for SIGPIPE)."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):    # no file descriptor (stdout replaced by a test or an IDE)
-        pass
 
 
 TEXT_ARGUMENTS = ("text", "texts", "prompt", "src", "tgt", "system")    # the arguments that are text to encode

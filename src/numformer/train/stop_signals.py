@@ -18,7 +18,6 @@ rank 0, which alone scores, abandons the scoring, and the ranks agree on the sto
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -74,8 +73,8 @@ def install(request, signals):
 
 class WatchedOutput:
     """A stream (stdout or stderr) whose writes cannot fail on a closed pipe: the first BrokenPipeError calls
-    ``closed()`` and points the stream's file descriptor at the null device (so that nothing fails again,
-    the interpreter's flush at exit included); every other attribute is the stream's."""
+    ``closed()`` and points the stream at the null device (``_platform.point_at_null_device``); every other
+    attribute is the stream's."""
 
     def __init__(self, stream, closed):
         self._stream, self._closed, self._silent = stream, closed, False
@@ -97,14 +96,7 @@ class WatchedOutput:
 
     def _went_away(self):
         self._silent = True
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(null, self._stream.fileno())
-            finally:
-                os.close(null)
-        except (OSError, ValueError, AttributeError):          # no file descriptor (a test's or an IDE's stream)
-            pass
+        _platform.point_at_null_device(self._stream)
         self._closed()
 
     def __getattr__(self, name):

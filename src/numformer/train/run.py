@@ -147,9 +147,8 @@ def _read_elsewhere(run_dir, recorded, read):
     """The fingerprint of the files read (``read``) that the run did not record at their path: those it did, in
     a file or a folder entry, were checked in place before the task was built (not hashed twice)."""
     files, folders = {e["path"] for e in recorded["files"]}, {e["path"] for e in recorded["folders"]}
-    paths = [p for p in fingerprint.data_paths(read, (run_dir, token_cache_root()))
-             if str(p) not in files and str(p.parent) not in folders]
-    return fingerprint.fingerprint(paths)
+    return data_fingerprint(run_dir, [p for p in fingerprint.data_paths(read)
+                                      if str(p) not in files and str(p.parent) not in folders])
 
 
 def _refuse(run_dir, changed, resuming):

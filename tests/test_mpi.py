@@ -32,7 +32,7 @@ def _mpi_missing():
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        return "mpi4py is not installed (pip install \"numformer[mpi]\")"
+        return "mpi4py is not installed (pip install -e \".[mpi]\")"
     if _mpiexec() is None:
         return "no mpiexec next to python or on PATH"
     if not sys.platform.startswith("linux"):

@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._install import install_hint
 from .._platform import process_cpu_seconds
 from .._runtime import set_fast_runtime, usable_cores
 from ..config import load_config
@@ -55,7 +56,7 @@ def mpiexec():
     beside = Path(sys.executable).parent / "mpiexec"
     found = str(beside) if beside.exists() else shutil.which("mpiexec")
     if found is None:
-        raise ValueError("no mpiexec found: pip install \"numformer[mpi]\" (mpi4py and the mpich wheel)")
+        raise ValueError(f"no mpiexec found: {install_hint('mpi', 'mpi4py mpich')}")
     return found
 
 
@@ -64,8 +65,8 @@ def require_mpi(part):
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        raise ValueError(f"numformer bench {part} needs mpi4py: pip install \"numformer[mpi]\" (mpi4py and the "
-                         f"mpich wheel, whose mpiexec it uses)") from None
+        raise ValueError(f"numformer bench {part} needs mpi4py and the mpich wheel, whose mpiexec it uses: "
+                         f"{install_hint('mpi', 'mpi4py mpich')}") from None
     mpiexec()
 
 

@@ -25,7 +25,7 @@ named "default" is used ("tool_use" when tools are given), or the one you name.
 
 ``ChatSession`` keeps the history of a conversation with a model: each ``send`` renders it, trims the oldest
 turns to fit the context, generates the reply with the key/value cache (``decoding.generate``), stops at
-the end-of-turn tokens, and streams the text as it comes. Jinja2 is the ``numformer[chat]`` extra;
+the end-of-turn tokens, and streams the text as it comes. Jinja2 is the ``chat`` extra;
 numformer's own plain format (``DEFAULT_TEMPLATE``) is rendered without it.
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._install import install_hint
 from .._limits import bounded_json
 from ..decoding import generate
 
@@ -69,8 +70,8 @@ def _jinja():
         import jinja2.ext
         import jinja2.sandbox
     except ImportError:
-        raise ValueError("rendering a chat template needs jinja2, which is not installed: pip install "
-                         "'numformer[chat]' (in a checkout of numformer: pip install -e '.[chat]')") from None
+        raise ValueError(f"rendering a chat template needs jinja2, which is not installed: "
+                         f"{install_hint('chat', 'jinja2')}") from None
     if tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit()) < (3, 1, 6):
         raise ValueError(f"jinja2 {jinja2.__version__} has known sandbox escapes, and chat templates are untrusted "
                          f"code: pip install -U 'jinja2>=3.1.6'")

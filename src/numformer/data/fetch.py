@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._install import install_hint
 from .notices import is_quiet
 
 DATA_ENV = "NUMFORMER_DATA"
@@ -189,7 +190,7 @@ def _download(f: RemoteFile, quiet: bool) -> Path:
         import pooch
     except ImportError:
         raise DataUnavailable(f"{f.path} is not in the data folder nor the cache, and downloading it needs "
-                              f"pooch: pip install 'numformer[data]' (or download {url} by hand and set "
+                              f"pooch: {install_hint('data', 'pooch')}; or download {url} by hand and set "
                               f"{DATA_ENV} to the folder holding {f.path})") from None
     target = cache / f.path
     by_hand = (f"download it by hand to {target} (or to $NUMFORMER_DATA/{f.path}), "

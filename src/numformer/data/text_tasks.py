@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+from .._install import install_hint
 from .base import IGNORE, Batch, Task, register_task
 from .batching import LengthBuckets, eval_mode, eval_order
 from .fetch import locate
@@ -591,7 +592,7 @@ def corpus_bleu(hypotheses, references, lowercase=False) -> float:
     try:
         import sacrebleu
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("BLEU needs sacrebleu: pip install 'numformer[nlp]' (or pip install sacrebleu)") from e
+        raise ImportError(f"BLEU needs sacrebleu: {install_hint('nlp', 'sacrebleu')}") from e
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")

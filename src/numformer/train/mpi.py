@@ -30,7 +30,7 @@ update, one writer of the run folder), one level up:
   gathered on rank 0 for the checkpoint (``train.workers.Workers.state``),
   which rank 0 alone writes.
 
-Requirements: ``mpi4py`` with an MPI library (``pip install "numformer[mpi]"``
+Requirements: ``mpi4py`` with an MPI library (``pip install -e ".[mpi]"`` in the checkout
 installs the ``mpich`` wheel, whose ``mpiexec`` lands in the environment's
 ``bin``; a system MPI works too). ``init_world`` refuses to run N independent
 copies when a launcher started N processes but mpi4py is missing or belongs to
@@ -46,6 +46,7 @@ import time
 
 import numpy as np
 
+from .._install import install_hint
 from .. import _platform
 from ..data.base import IGNORE
 from .parallel import ClosesOnExit, DataParallel, _generators, _shares, _take
@@ -203,8 +204,8 @@ def init_world(command="numformer train"):
             raise SystemExit(2) from None     # rank 0 says why; N copies of the message would say nothing more
         raise ValueError(f"{command} was started as one of {n} processes ({variable}={n}, set by mpiexec or "
                          f"srun) but mpi4py is not installed, so the processes cannot train together and "
-                         f"would each write the run folder; install it with pip install \"numformer[mpi]\" "
-                         f"(mpi4py and the mpich wheel, whose mpiexec to use), or run without mpiexec") from None
+                         f"would each write the run folder; install it and the mpich wheel, whose mpiexec to use: "
+                         f"{install_hint('mpi', 'mpi4py mpich')}; or run without mpiexec") from None
     comm = MPI.COMM_WORLD
     if comm.Get_size() != n:
         if launcher_rank() != 0:
@@ -212,7 +213,7 @@ def init_world(command="numformer train"):
         raise ValueError(f"the launcher started {n} processes ({variable}={n}) but mpi4py's MPI sees "
                          f"{comm.Get_size()}: mpiexec and mpi4py come from different MPI libraries "
                          f"({MPI.Get_library_version().splitlines()[0].strip()}); launch with the mpiexec of "
-                         f"the library mpi4py was built for (with numformer[mpi]: the one in the environment's bin)")
+                         f"the library mpi4py was built for (with the mpi extra: the one in the environment's bin)")
     return World(comm)
 
 

@@ -31,6 +31,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..._install import install_hint
+
 # GPT-2 (encoder.py): the contractions, then letters, numbers and other characters, each with an optional
 # leading space, then white space (a run of spaces before a word leaves its last space to the word).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -89,7 +91,7 @@ def regex_module():
         import regex
     except ImportError:
         raise ImportError("byte-level BPE needs the `regex` package for its split patterns (\\p{L}, \\p{N}): "
-                          "pip install 'numformer[nlp]' (or pip install regex)") from None
+                          f"{install_hint('nlp', 'regex')}") from None
     return regex
 
 

@@ -9,6 +9,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..._install import install_hint
 from .base import BOS, EOS, Tokenizer, word_piece_label
 from .bpe import ByteLevelBPE
 
@@ -17,8 +18,7 @@ def _hf():
     try:
         import tokenizers
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("this tokenizer needs Hugging Face `tokenizers`: pip install 'numformer[hf]' "
-                          "(or pip install tokenizers)") from e
+        raise ImportError(f"this tokenizer needs Hugging Face `tokenizers`: {install_hint('hf', 'tokenizers')}") from e
     return tokenizers
 
 

@@ -14,7 +14,7 @@ Weights are read from safetensors only (``model.safetensors`` or the shards of
 ``model.safetensors.index.json``); a pickle file (``pytorch_model.bin``) is
 never loaded, because loading one can run arbitrary code. Export writes one
 ``model.safetensors`` (never shards) in the model's dtype. A hub id is fetched
-with ``huggingface_hub`` (the ``numformer[hf]`` extra) into its usual cache
+with ``huggingface_hub`` (the ``hf`` extra) into its usual cache
 (``~/.cache/huggingface/hub``, or ``$HF_HOME``); a copy already there is used
 without the network.
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..._install import install_hint
 from ..._limits import bounded_json, check_bounds
 from ...data.tokenizers import PretrainedTokenizer
 from ...models import GPT
@@ -51,7 +52,7 @@ def _hub_download(repo_id, no_folder=False):
         from huggingface_hub import snapshot_download
     except ImportError:
         raise ValueError(f"{repo_id!r} is not a folder, and fetching it from the Hugging Face hub needs "
-                         f"huggingface_hub: pip install 'numformer[hf]' (or pass a local folder)") from None
+                         f"huggingface_hub: {install_hint('hf', 'huggingface_hub')}, or pass a local folder") from None
     try:
         return snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True)
     except Exception:       # not (completely) in the cache: download

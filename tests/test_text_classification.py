@@ -164,6 +164,21 @@ def test_classify_errors(imdb_run, tmp_path, capsys):
     assert "not a numformer run folder" in capsys.readouterr().err
 
 
+def test_classify_refuses_a_synthetic_tasks_classifier_in_one_line(tmp_path, capsys):
+    """reproduce parity trains a classifier on symbol sequences; classify said nothing of it and crashed inside
+    the tokenizer (no <cls> to add)."""
+    from numformer.experiments.synthetic import PARITY_CLASSIFIER, PARITY_CLASSIFIER_QUICK
+    from numformer.train import Trainer
+
+    run = tmp_path / "parity_classifier"
+    Trainer(PARITY_CLASSIFIER, run, overrides=PARITY_CLASSIFIER_QUICK + ["train.processes=1"], quiet=True).train()
+    capsys.readouterr()
+    assert main(["classify", str(run), "0 1 1"]) == 2
+    err = capsys.readouterr().err
+    assert "trained on the 'parity' task's symbol sequences" in err and f"numformer eval {run}" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 # ----------------------------------------------------------------------------------- task preprocessing
 def test_truncation_modes_and_cls():
     from numformer.data.text_tasks import encode_for_classifier

@@ -33,6 +33,10 @@ def load_classifier(run_dir):
     state = load_tokenizer_json(run_dir, config["data"])
     if state is None:
         raise ValueError(f"{run_dir} has no tokenizer.json, so its texts cannot be tokenized as in training")
+    if state.get("type") == "symbols":            # a synthetic task's sequences (parity), made by the task itself
+        raise ValueError(f"{run_dir} was trained on the {config['data'].get('task')!r} task's symbol sequences, "
+                         f"not on texts; numformer classify labels texts (imdb, agnews): evaluate this run with "
+                         f"numformer eval {run_dir}")
     tokenizer = tokenizer_from_state(state, run_dir)
     model = load_model(run_dir, config)
     names = state.get("label_names") or _default_label_names(config["data"].get("task"), model.n_classes)

@@ -367,6 +367,51 @@ def test_numformer_run_exports_to_transformers(tmp_path, hf_folder, capsys):
     assert "is not empty" in capsys.readouterr().err
 
 
+def test_a_model_with_more_rows_than_its_tokenizer_has_tokens_imports_and_runs(tmp_path, capsys):
+    """Qwen's embedding has 151,936 rows for 151,665 tokens: the run import-hf writes of such a model is used by
+    generate, eval and export (they refused its tokenizer.json as "of another vocabulary"), and an id past the
+    tokenizer's vocabulary decodes to nothing, as transformers' tokenizer decodes it."""
+    folder, tmodel = make_hf(tmp_path, **SHAPES["default_ff"])
+    tokens = save_tokenizer(folder, vocab_size=270).get_vocab_size()
+    assert tokens < VOCAB
+    (tmp_path / "text.txt").write_text(TEXT * 3)
+    run = tmp_path / "run"
+    assert cli("import-hf", folder, "--out", run, "--data", tmp_path / "text.txt", "--block-size", 32) == 0
+    assert cli("generate", run, "--prompt", "It is", "--greedy", "--max-new-tokens", "4") == 0
+    assert cli("eval", run) == 0
+    assert cli("export", run, "--out", tmp_path / "exported") == 0
+    idx = np.random.default_rng(3).integers(0, VOCAB, (1, 10))
+    np.testing.assert_allclose(hf_logits(tmp_path / "exported", idx),
+                               tmodel(torch.from_numpy(idx)).logits.detach().numpy(), rtol=1e-5, atol=1e-6)
+    from numformer import load
+    tokenizer = load(run)[1]
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    ids = [5, tokens, VOCAB - 1, 7]
+    assert tokenizer.decode(ids) == theirs.decode(ids) == theirs.decode([5, 7])
+    with pytest.raises(ValueError, match="id -1 is negative"):
+        tokenizer.decode([3, -1])
+
+
+def test_generate_stops_at_the_end_token_as_transformers_does(tmp_path, capsys):
+    """A model whose every next token is <|endoftext|> (the config's eos_token_id): transformers' generate stops
+    after it, and so does `numformer generate` (the end token unprinted); --ignore-eos goes on."""
+    folder, tmodel = make_hf(tmp_path, **SHAPES["default_ff"])
+    save_tokenizer(folder)
+    with torch.no_grad():                        # the final hidden state is a constant pointing at token EOS
+        tmodel.transformer.wte.weight[EOS] *= 4
+        tmodel.transformer.ln_f.weight.zero_()
+        tmodel.transformer.ln_f.bias.copy_(tmodel.transformer.wte.weight[EOS])
+    tmodel.save_pretrained(folder)
+    prompt = torch.tensor([[5, 6, 7]])
+    theirs = tmodel.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=EOS)
+    assert theirs[0, 3:].tolist() == [EOS]
+    capsys.readouterr()
+    assert cli("generate", folder, "--prompt", "It is", "--greedy", "--max-new-tokens", "5") == 0
+    assert capsys.readouterr().out == "It is\n"
+    assert cli("generate", folder, "--prompt", "It is", "--greedy", "--max-new-tokens", "3", "--ignore-eos") == 0
+    assert capsys.readouterr().out == "It is" + "<|endoftext|>" * 3 + "\n"
+
+
 def test_export_of_a_run_that_is_no_gpt_is_one_line(tmp_path, capsys):
     """A copy-task run (encoder-decoder): one error naming the model type, no traceback, no folder left."""
     sets = ["model.n_layers=1", "model.d_model=16", "model.d_ff=16", "data.length=4", "data.n_val=8",

@@ -33,9 +33,8 @@ COMMANDS = {"/reset": "clears the conversation (the system prompt stays)", "/qui
 def load_chat_model(source, args=None):
     """(model, tokenizer, folder) of SOURCE: the one place ``numformer chat`` loads a model (through the
     loading of ``numformer generate``; quantized when ``args`` asks for it with ``--quantize``)."""
-    from ..interop.hf import resolve_source
-    from ..interop.sources import is_run_folder
-    from .generate import check_quantize_arguments, check_sampling_arguments, load_generator, quantize_if_asked
+    from .generate import (check_quantize_arguments, check_sampling_arguments, load_generator, model_folder,
+                           quantize_if_asked)
 
     if args is not None:
         check_sampling_arguments(args)
@@ -43,7 +42,7 @@ def load_chat_model(source, args=None):
     model, tokenizer = load_generator(source, getattr(args, "adapter", None), "chat")
     if args is not None:
         quantize_if_asked(model, args)
-    return model, tokenizer, Path(source) if is_run_folder(source) else resolve_source(source)
+    return model, tokenizer, model_folder(source)
 
 
 # What transformers' generate() uses for a sampling value a generation_config.json leaves unset or null

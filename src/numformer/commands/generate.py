@@ -1,6 +1,7 @@
 """numformer generate SOURCE [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
-[--greedy] [--seed S] [--adapter DIR] [--quantize int8 [--group-size G]]: continue a prompt with a GPT, printing
-the text as it comes (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``, the products
+[--greedy] [--seed S] [--ignore-eos] [--adapter DIR] [--quantize int8 [--group-size G]]: continue a prompt with a
+GPT, printing the text as it comes, until the model's end token (as transformers' ``generate`` stops; not with
+--ignore-eos) or --max-new-tokens (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``, the products
 shared with worker processes: ``numformer.quantize.worker_processes``).
 
 SOURCE: a run folder, or a Hugging Face model of a family numformer loads (GPT-2, Llama, Mistral, Qwen2, Qwen3,
@@ -45,12 +46,23 @@ def load_generator(source, adapter=None, command="generate"):
     return model, tokenizer
 
 
+def model_folder(source):
+    """The folder that holds SOURCE's files: the run folder or Hugging Face folder itself, or a hub id's cached
+    snapshot."""
+    from ..interop.hf import resolve_source
+    from ..interop.sources import is_run_folder
+
+    return Path(source) if is_run_folder(source) else resolve_source(source)
+
+
 def run(args):
+    from ..data.chat import model_eos_ids
     from ..generate import generate
 
     check_sampling_arguments(args)
     check_quantize_arguments(args)
     model, tokenizer = load_generator(args.run_dir, args.adapter)
+    stop = None if args.ignore_eos else model_eos_ids(model_folder(args.run_dir), tokenizer) or None
     prompt_ids = tokenizer.encode_prompt(args.prompt)          # before quantizing: a prompt it cannot encode
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
@@ -63,6 +75,8 @@ def run(args):
         if not shown:
             out.write(args.prompt)
             shown.append(0)
+        if stop is not None and token in stop:         # the end token ends the text, unprinted
+            return
         new.append(token)
         text = tokenizer.decode(new)
         if not text.endswith("\ufffd"):
@@ -73,7 +87,7 @@ def run(args):
     with int8_worker_processes(model, args):
         generate(model, prompt_ids, args.max_new_tokens, temperature=1.0 if args.temperature is None else
                  args.temperature, top_k=args.top_k,
-                 top_p=args.top_p, greedy=args.greedy, rng=args.seed, stream=stream)
+                 top_p=args.top_p, greedy=args.greedy, rng=args.seed, stream=stream, stop_tokens=stop)
     out.write((tokenizer.decode(new)[shown[0]:] if shown else args.prompt) + "\n")
 
 
@@ -83,6 +97,8 @@ def register(sub):
                                                      "a Hugging Face model folder or hub id (hf:gpt2) of a family "
                                                      "numformer loads")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="go on past the model's end token (by default generation stops there, as transformers' does)")
     add_adapter_argument(p)
     add_sampling_arguments(p)
     add_quantize_arguments(p)

@@ -504,15 +504,21 @@ def _ids(value):
     return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
 
 
-def stop_token_ids(folder, tokenizer, chat_format):
-    """The ids that end a reply of the model in ``folder``: ``eos_token_id`` of config.json and of
-    generation_config.json (an id or a list: Llama 3's <|eot_id|>, Gemma's <end_of_turn>, ...), the
-    tokenizer's eos (``special_ids["<eos>"]``), and the template's ``eos_token`` (looked up in a
-    ``PretrainedTokenizer``'s vocabulary), each as far as the vocabulary has it; sorted."""
+def model_eos_ids(folder, tokenizer):
+    """The ids at which transformers' ``generate`` stops the model in ``folder``: ``eos_token_id`` of config.json
+    and of generation_config.json (an id or a list: Llama 3's <|eot_id|>, Gemma's <end_of_turn>, ...) and the
+    tokenizer's eos (``special_ids["<eos>"]``), each as far as the vocabulary has it; sorted."""
     ids = set()
     for name in ("config.json", "generation_config.json"):
         ids.update(_ids(read_json_object(Path(folder) / name).get("eos_token_id")))
     ids.update(_ids(getattr(tokenizer, "special_ids", {}).get("<eos>")))
+    return sorted(i for i in ids if 0 <= i < tokenizer.vocab_size)
+
+
+def stop_token_ids(folder, tokenizer, chat_format):
+    """The ids that end a reply of the model in ``folder``: ``model_eos_ids`` and the template's ``eos_token``
+    (looked up in a ``PretrainedTokenizer``'s vocabulary); sorted."""
+    ids = set(model_eos_ids(folder, tokenizer))
     token, hf = chat_format.special_tokens.get("eos_token"), getattr(tokenizer, "hf", None)
     if token is not None and hf is not None and hf.token_to_id(token) is not None:
         ids.add(hf.token_to_id(token))

@@ -52,7 +52,8 @@ def _saved_model_section(run_dir):
 def _check_vocab_sizes(path, state, model):
     """One ValueError naming tokenizer.json when a vocabulary in it (``state``) is not the size of the model's
     (``model``: the run's [model] section): an edited or swapped file whose ids the weights do not mean. A
-    fine-tuned model (init_from) may have more ids than its tokenizer (a padded embedding), never fewer."""
+    fine-tuned model (init_from) or a Hugging Face tokenizer's model (``import-hf``: Qwen's embedding has
+    151,936 rows for 151,665 tokens) may have more ids than its tokenizer (a padded embedding), never fewer."""
     keys = (["vocab_size"] if "vocab_size" in model else
             ["src_vocab_size"] + ([] if state.get("joint") else ["tgt_vocab_size"]))
     for key, part in zip(keys, tokenizer_parts(state)):
@@ -62,7 +63,8 @@ def _check_vocab_sizes(path, state, model):
             size = tokenizer_from_dict(part).vocab_size
         except (KeyError, TypeError, AttributeError, ValueError):
             continue            # a damaged state: the tokenizer's reader names it
-        if size > model[key] or (size != model[key] and "init_from" not in model):
+        padded = "init_from" in model or part.get("type") == "hf"
+        if size > model[key] or (size != model[key] and not padded):
             raise ValueError(f"tokenizer file {path} holds a vocabulary of {size} tokens, but the model's {key} "
                              f"is {model[key]}: the weights were trained on the ids of another tokenizer; "
                              f"restore the run's tokenizer.json from a copy of the run folder ({NOT_REBUILT})")

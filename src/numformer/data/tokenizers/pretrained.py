@@ -58,11 +58,12 @@ class PretrainedTokenizer(Tokenizer):
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids, skip_special: bool = False) -> str:
+        """The text of ``ids``. An id past the vocabulary (a padded embedding's row, such as Qwen's 151,665 …
+        151,935) has no token and decodes to nothing, as in transformers; a negative id is a ValueError."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"id {bad[0]} is outside the tokenizer's vocabulary [0, {self.vocab_size})")
-        return self.hf.decode(ids, skip_special_tokens=skip_special)
+        if any(i < 0 for i in ids):
+            raise ValueError(f"id {min(ids)} is negative: token ids start at 0")
+        return self.hf.decode([i for i in ids if i < self.vocab_size], skip_special_tokens=skip_special)
 
     def token_bytes(self) -> np.ndarray | None:
         """UTF-8 bytes per id when the tokenizer is byte-level BPE (GPT-2's); else None (no bits per byte)."""

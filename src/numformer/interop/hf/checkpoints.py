@@ -399,7 +399,8 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     n = config.block_size
     beyond = ("raises an IndexError" if model_type == "gpt2" else
               "keeps every earlier token, at positions the model was not trained on")
-    note = (f"numformer generates past the context of {n} tokens by sliding its window over the last {n} tokens; "
+    note = (f"numformer generates past the context of {n} tokens by dropping the oldest half of its full window "
+            f"(positions counted again from 0); "
             f"transformers' generate {beyond} past {n} tokens: the two agree on sequences of up to {n} tokens")
     hf_config["numformer_context"] = {"block_size": n, "note": note}
     tensors = to_hf_state(fam, config, _full_state(fam, model))

@@ -78,6 +78,20 @@ def test_peft_adapter_loads_in_numformer_with_the_same_logits(tmp_path, family, 
     np.testing.assert_allclose(model.eval()(IDS), peft_logits(pmodel), rtol=1e-9, atol=1e-9)
 
 
+def test_an_all_linear_peft_adapter_loads_with_the_same_logits(tmp_path):
+    """PEFT saves target_modules="all-linear" as the full paths of the modules (model.layers.0.self_attn.q_proj
+    ...); numformer matches each by its last part, as PEFT matches names, and refused them before."""
+    model, tmodel = base_models(tmp_path, "llama")
+    torch.manual_seed(0)
+    lcfg = peft.LoraConfig(r=2, lora_alpha=5, target_modules="all-linear", init_lora_weights=False,
+                           task_type="CAUSAL_LM")
+    pmodel = peft.get_peft_model(tmodel, lcfg).eval()
+    pmodel.save_pretrained(tmp_path / "adapter")
+    load_adapter(model, tmp_path / "adapter")
+    assert sorted(model.lora_config["target_modules"]) == sorted(LLAMA_TARGETS)
+    np.testing.assert_allclose(model.eval()(IDS), peft_logits(pmodel), rtol=1e-9, atol=1e-9)
+
+
 def _adapter(tmp_path):
     model, _ = hf.load_pretrained(make_llama(tmp_path, **LLAMA)[0])
     save_adapter(add_lora(model, r=2), tmp_path / "adapter")

@@ -132,7 +132,10 @@ def read_adapter_config(folder):
     if isinstance(targets, str):
         raise ValueError(f"{path}: target_modules {targets!r} is a pattern; numformer loads adapters whose "
                          f"target_modules list layer names among {list(TARGET_MODULES)}")
-    unknown = [t for t in targets or [] if t not in TARGET_MODULES]
+    # PEFT matches a name to every module whose path ends with it; "all-linear" is saved as full module paths
+    # (model.layers.0.self_attn.q_proj): their last part names the layer (the weights' keys say which blocks)
+    targets = list(dict.fromkeys(t.rsplit(".", 1)[-1] if isinstance(t, str) else t for t in targets or []))
+    unknown = [t for t in targets if t not in TARGET_MODULES]
     if unknown:
         raise ValueError(f"{path}: target_modules {unknown} are not layers numformer puts adapters on; it loads "
                          f"adapters of {list(TARGET_MODULES)}")

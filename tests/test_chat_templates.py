@@ -268,7 +268,7 @@ def without_jinja2(monkeypatch):
 
 
 def test_missing_jinja2_is_one_clear_error(without_jinja2):
-    with pytest.raises(ValueError, match=r"needs jinja2, which is not installed: pip install 'numformer\[chat\]'"):
+    with pytest.raises(ValueError, match=r"needs jinja2, which is not installed: pip install -e \"\.\[chat\]\" in numformer's checkout"):
         apply_chat_template([{"role": "user", "content": "x"}], "{{ 1 }}")
 
 

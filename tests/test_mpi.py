@@ -115,7 +115,7 @@ def test_mpiexec_without_mpi4py_is_one_clear_error(monkeypatch, capsys, tmp_path
     monkeypatch.setitem(sys.modules, "mpi4py", None)          # `import mpi4py` raises ImportError
     monkeypatch.setenv("PMI_SIZE", "2")
     monkeypatch.setenv("PMI_RANK", "0")
-    with pytest.raises(ValueError, match=r"one of 2 processes \(PMI_SIZE=2.*mpi4py is not installed.*numformer\[mpi\]"):
+    with pytest.raises(ValueError, match=r"one of 2 processes \(PMI_SIZE=2.*mpi4py is not installed.*pip install -e \"\.\[mpi\]\""):
         init_world()
     assert main(["train", "unused.toml", "--out", str(tmp_path / "run")]) == 2
     assert "mpi4py is not installed" in capsys.readouterr().err

@@ -106,7 +106,7 @@ bench: $(VENV)/.installed-test
 
 # The documentation site (MkDocs + Material, API pages from the docstrings) into site/.
 $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[nlp,docs]"
+	$(BIN)/pip install -q -e ".[nlp,data,docs]"
 	touch $@ $(VENV)/.installed-run
 
 docs: $(VENV)/.installed-docs

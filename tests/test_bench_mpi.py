@@ -17,8 +17,8 @@ def test_the_mpi_parts_need_mpi4py_before_measuring(monkeypatch, part, module):
     monkeypatch.setitem(sys.modules, "mpi4py", None)          # import mpi4py raises ImportError
     monkeypatch.setattr(module, "ForkedTrainer", _measured)
     monkeypatch.setattr(module, "MPIJob", _measured)
-    with pytest.raises(ValueError, match=rf'^numformer bench {part} needs mpi4py and the mpich wheel, whose mpiexec it uses: '
-                                         rf'pip install -e "\.\[mpi\]" in numformer\'s checkout'):
+    with pytest.raises(ValueError, match=rf'^numformer bench {part} needs mpi4py and the mpich wheel, whose mpiexec it '
+                                         rf'uses: pip install -e "\.\[mpi\]" in numformer\'s checkout'):
         module.run(quick=True)
 
 

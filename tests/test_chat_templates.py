@@ -268,7 +268,8 @@ def without_jinja2(monkeypatch):
 
 
 def test_missing_jinja2_is_one_clear_error(without_jinja2):
-    with pytest.raises(ValueError, match=r"needs jinja2, which is not installed: pip install -e \"\.\[chat\]\" in numformer's checkout"):
+    with pytest.raises(ValueError, match=r"needs jinja2, which is not installed: pip install -e \"\.\[chat\]\" in "
+                                         r"numformer's checkout"):
         apply_chat_template([{"role": "user", "content": "x"}], "{{ 1 }}")
 
 

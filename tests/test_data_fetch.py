@@ -338,8 +338,8 @@ def test_without_pooch_local_data_works_and_downloads_ask_for_it(toy, monkeypatc
     monkeypatch.setenv(F.DATA_ENV, str(data))
     assert F.locate("toy", ["toy/a.txt"])["toy/a.txt"] == data / "toy/a.txt"
     with pytest.raises(F.DataUnavailable, match=r"toy/b\.txt is not in the data folder nor the cache, and "
-                                                r"downloading it needs pooch: pip install -e \"\.\[data\]\" in numformer's checkout "
-                                                r"\(or pip install pooch\)"):
+                                                r"downloading it needs pooch: pip install -e \"\.\[data\]\" in "
+                                                r"numformer's checkout \(or pip install pooch\)"):
         F.locate("toy")
     assert toy.requests == []
 

@@ -355,6 +355,44 @@ def test_bad_config_is_reported_once(tmp_path):
     assert len(errors) == 1 and "lr" in errors[0] and "(on ranks 0, 1 of 2)" in errors[0], result.stderr
 
 
+def test_ranks_must_train_rank_0s_run():
+    """Ranks started with other --set items trained one model with several optimizers without a word (a
+    different lr), or failed inside MPI (a different d_model); a rank's own data path, init_from path or
+    processes are its own, and data of the same contents are the same data."""
+    from numformer.train.mpi import run_disagreement
+
+    config = {"model": {"d_model": 16, "init_from": "/a/gpt2"}, "data": {"path": "/a/text.txt", "block_size": 8},
+              "train": {"lr": 1e-3, "processes": 2}}
+    data = {"version": 1, "files": [{"path": "/a/text.txt", "sha256": "ab", "bytes": 3}], "folders": []}
+    elsewhere = {"model": {"d_model": 16, "init_from": "/b/gpt2"}, "data": {"path": "/b/t.txt", "block_size": 8},
+                 "train": {"lr": 1e-3, "processes": 8}}
+    moved = {**data, "files": [{"path": "/b/t.txt", "sha256": "ab", "bytes": 3}]}
+    assert run_disagreement([(config, data), (elsewhere, moved), (config, None)]) is None
+    other_lr = {**config, "train": {"lr": 1e-2, "processes": 2}}
+    assert run_disagreement([(config, data), (config, data), (other_lr, data)]) == (
+        "rank 2 was started with another config than rank 0: train.lr = 0.01 there, 0.001 on rank 0; start every "
+        "rank with the same config file and --set items")
+    assert "model.n_layers = 2 there, None on rank 0" in run_disagreement(
+        [(config, data), ({**config, "model": {**config["model"], "n_layers": 2}}, data)])
+    other_data = {**data, "files": [{"path": "/a/text.txt", "sha256": "cd", "bytes": 3}]}
+    assert run_disagreement([(config, data), (config, other_data)]).startswith("rank 1 read other data than rank 0")
+
+
+@needs_mpi
+def test_a_rank_started_with_another_config_stops_the_job_before_training(tmp_path):
+    cfg = _config(tmp_path)
+    toml = tmp_path / "config.toml"
+    toml.write_text(_toml(cfg))
+    rank = [sys.executable, "-m", "numformer.cli", "train", str(toml), "--out", str(tmp_path / "run")]
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), NUMFORMER_NUM_THREADS="1")
+    result = subprocess.run([_mpiexec(), "-n", "1", *rank, ":", "-n", "1", *rank, "--set", "train.lr=0.01"],
+                            capture_output=True, text=True, timeout=90, env=env)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "rank 1 was started with another config than rank 0: train.lr = 0.01" in errors[0]
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
 # -- the benchmarks ---------------------------------------------------------------------------------------
 
 def test_scaling_model():

@@ -51,6 +51,8 @@ def _run_rank(build, world):
     except (ValueError, OSError) as e:
         error = _one_line(e)
     error = world.agree_on_errors(error)
+    if not error:                            # every rank built its trainer: each must train rank 0's run
+        error = world.disagreement(trainer.config, trainer.data_files)
     if error:
         if world.is_writer:
             print(f"numformer train: error: {error}", file=sys.stderr)

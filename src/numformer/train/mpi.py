@@ -163,6 +163,12 @@ class World:
         ranks = f"rank {failed[0]}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
         return f"{errors[failed[0]]} (on {ranks} of {self.size})"
 
+    def disagreement(self, config, data_files):
+        """Collective: None when every rank was started on rank 0's run (``run_disagreement``), else one line
+        naming the first rank that was not and what differs. ``config``: this rank's resolved config;
+        ``data_files``: the data_files.json document of the data it read (or None)."""
+        return run_disagreement(self.comm.allgather((config, data_files)))
+
     def stop_on_signals(self, command):
         """A rank told to stop by a signal (SIGTERM, SIGHUP, SIGUSR1) says so in one line and stops all ranks;
         the job's exit code is 128 + the signal's number (143 for SIGTERM), as for a run alone."""
@@ -175,6 +181,61 @@ class World:
                        f"stopping every rank (the last checkpoint is kept)", code=128 + signum)
         for s in STOP_SIGNALS:
             signal.signal(s, handler)
+
+
+# What ranks may hold differently: the [data] keys that name a file or a folder (each machine may keep its copy
+# of the data elsewhere; the files' contents are compared instead), [model] init_from (a path too) and [train]
+# processes (a machine's own number of worker processes).
+PER_MACHINE_KEYS = {"model": ("init_from",), "train": ("processes",)}
+PATH_KEY_WORDS = ("path", "file", "dir", "module", "template")
+
+
+def _shared_part(config):
+    """The config without the keys each machine may set for itself (``PER_MACHINE_KEYS``, [data] paths)."""
+    out = {}
+    for section, values in config.items():
+        if isinstance(values, dict):
+            values = {k: v for k, v in values.items() if k not in PER_MACHINE_KEYS.get(section, ())
+                      and not (section == "data" and any(w in k for w in PATH_KEY_WORDS))}
+        out[section] = values
+    return out
+
+
+def _first_difference(a, b, prefix=""):
+    """(key, value in a, value in b) of the first key where two configs differ, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            found = _first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
+            if found:
+                return found
+        return None
+    return None if a == b else (prefix.rstrip("."), a, b)
+
+
+def _contents(data_files):
+    """The sorted sha256 of every file and folder of a data_files.json document (None without one)."""
+    if data_files is None:
+        return None
+    return sorted(e["sha256"] for part in ("files", "folders") for e in data_files.get(part, []))
+
+
+def run_disagreement(states):
+    """``states``: every rank's (resolved config, data_files.json document or None), rank 0 first. None when
+    each rank trains rank 0's run (the same config but for ``PER_MACHINE_KEYS`` and [data] paths, and data of
+    the same contents), else one line naming the first rank that does not: ranks started with other --set
+    items would train one model with several optimizers, or fail inside MPI with a message of its own."""
+    config0, data0 = _shared_part(states[0][0]), _contents(states[0][1])
+    for rank, (config, data_files) in enumerate(states[1:], 1):
+        found = _first_difference(config0, _shared_part(config))
+        if found:
+            key, ours, theirs = found
+            return (f"rank {rank} was started with another config than rank 0: {key} = {theirs!r} there, {ours!r} "
+                    f"on rank 0; start every rank with the same config file and --set items")
+        contents = _contents(data_files)
+        if data0 is not None and contents is not None and contents != data0:
+            return (f"rank {rank} read other data than rank 0 (the files' contents differ); give every machine "
+                    f"the same copy of the data")
+    return None
 
 
 def wait_until_read(stream, timeout=5.0, poll=0.002):

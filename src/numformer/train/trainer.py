@@ -69,7 +69,7 @@ class Trainer:
         # under MPI rank 0 alone holds the folder; a new run's folder is touched only once the config is valid
         self.folder = (RunWriter.for_resuming(self.run_dir) if resume and self._writer
                        else RunWriter.silent(self.run_dir))
-        self.config, self.task, notes, self._data_files = config_and_task(self.run_dir, config, overrides, resume,
+        self.config, self.task, notes, self.data_files = config_and_task(self.run_dir, config, overrides, resume,
                                                                           self.quiet)
         t = self.train_cfg = self.config["train"]
         self.dtype = np.dtype(t["dtype"])
@@ -335,7 +335,7 @@ class Trainer:
         n_params = self.model.num_parameters()
         if not self._writer:
             return n_params
-        self.folder.start(self.config, self.task.tokenizer_state(), self._data_files)
+        self.folder.start(self.config, self.task.tokenizer_state(), self.data_files)
         self._print(describe_run(self.model, n_params, self.task, self.config))
         if self.world is not None:
             self._print(f"{self.world.describe()}; each rank computes "

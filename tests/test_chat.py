@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import sys
 
 import numpy as np
@@ -199,17 +200,17 @@ def _args(**kw):
 
 
 def test_sampling_follows_the_flags_then_generation_config(tmp_path):
-    assert sampling_settings(_args(), tmp_path) == {"temperature": 1.0, "top_k": None, "top_p": None,
+    assert sampling_settings(_args(), tmp_path)[0] == {"temperature": 1.0, "top_k": None, "top_p": None,
                                                     "greedy": False}
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6,
                                                                  "top_p": 0.9, "top_k": 20}))
-    assert sampling_settings(_args(), tmp_path) == {"temperature": 0.6, "top_k": 20, "top_p": 0.9, "greedy": False}
-    assert sampling_settings(_args(temperature=0.8), tmp_path)["top_p"] is None
-    assert sampling_settings(_args(top_k=5), tmp_path) == {"temperature": 1.0, "top_k": 5, "top_p": None,
+    assert sampling_settings(_args(), tmp_path)[0] == {"temperature": 0.6, "top_k": 20, "top_p": 0.9, "greedy": False}
+    assert sampling_settings(_args(temperature=0.8), tmp_path)[0]["top_p"] is None
+    assert sampling_settings(_args(top_k=5), tmp_path)[0] == {"temperature": 1.0, "top_k": 5, "top_p": None,
                                                            "greedy": False}
-    assert sampling_settings(_args(greedy=True), tmp_path)["greedy"]
+    assert sampling_settings(_args(greedy=True), tmp_path)[0]["greedy"]
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))       # no do_sample
-    assert sampling_settings(_args(), tmp_path)["greedy"]
+    assert sampling_settings(_args(), tmp_path)[0]["greedy"]
 
 
 def test_unset_sampling_values_of_generation_config_take_transformers_defaults(tmp_path):
@@ -219,12 +220,38 @@ def test_unset_sampling_values_of_generation_config_take_transformers_defaults(t
     for written, top_k in (({"do_sample": True}, 50), ({"do_sample": True, "top_k": None, "top_p": None}, 50),
                            ({"do_sample": True, "top_k": 0, "temperature": 0.7}, None)):
         (tmp_path / "generation_config.json").write_text(json.dumps(written))
-        settings = sampling_settings(_args(), tmp_path)
+        settings = sampling_settings(_args(), tmp_path)[0]
         # what transformers' generate() fills in for the values the file leaves unset
         filled = GenerationConfig.from_dict(written)
         filled.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
         assert settings == {"temperature": filled.temperature, "top_k": top_k, "top_p": filled.top_p, "greedy": False}
         assert (filled.top_k or None) == top_k
+
+
+def test_a_hugging_face_model_without_generation_config_is_greedy_as_in_transformers(tmp_path):
+    """transformers' do_sample defaults to False: a model folder with no generation_config.json answers
+    greedily there; a run folder of numformer's samples at temperature 1, as numformer generate does."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert sampling_settings(_args(), tmp_path)[0]["greedy"]
+    assert not sampling_settings(_args(temperature=0.7), tmp_path)[0]["greedy"]
+
+
+@pytest.mark.parametrize("written, says", [
+    ({"do_sample": True, "top_p": 0}, "top_p = 0 must be a number in (0, 1]"),
+    ({"do_sample": True, "top_k": -1}, "top_k = -1 must be an integer >= 0"),
+    ({"do_sample": True, "top_k": 3.5}, "top_k = 3.5 must be an integer >= 0"),
+    ({"do_sample": True, "temperature": 0}, "temperature = 0 must be a number > 0 when do_sample is true")])
+def test_a_bad_sampling_value_in_generation_config_names_the_file(tmp_path, written, says):
+    (tmp_path / "generation_config.json").write_text(json.dumps(written))
+    with pytest.raises(ValueError, match=f"generation_config.json: {re.escape(says)}; fix the file"):
+        sampling_settings(_args(), tmp_path)
+    assert sampling_settings(_args(greedy=True), tmp_path)[0]["greedy"]     # a flag replaces the file
+
+
+def test_generation_settings_numformer_does_not_apply_are_named(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "repetition_penalty": 1.05,
+                                                                 "no_repeat_ngram_size": 0, "top_k": 20}))
+    assert sampling_settings(_args(), tmp_path)[1] == ["repetition_penalty = 1.05"]
 
 
 def test_template_flags(folder, tmp_path, run_cli, monkeypatch, cli_error):
@@ -276,7 +303,8 @@ def test_a_missing_jinja2_is_one_error_at_start(folder, run_cli, monkeypatch, wi
     """Not one error per message after the model loaded: one line before it loads, naming the extra to install;
     a session (as for an hf:ID source, whose folder is known once the model is loaded) says it before a message."""
     session = session_for(folder)
-    with pytest.raises(ValueError, match=r"needs jinja2, which is not installed: pip install -e \"\.\[chat\]\" in numformer's checkout"):
+    with pytest.raises(ValueError, match=r"needs jinja2, which is not installed: pip install -e \"\.\[chat\]\" in "
+                                         r"numformer's checkout"):
         session.check()
     _never_loads(monkeypatch)
     rc, out, err = chat(run_cli, monkeypatch, folder, "Hello there!\nHow are you?\n", "--greedy")

@@ -24,6 +24,7 @@ token), else those of ``numformer generate``. ``--quantize int8`` replies from i
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -50,23 +51,56 @@ def load_chat_model(source, args=None):
 TRANSFORMERS_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
-def sampling_settings(args, folder):
-    """{temperature, top_k, top_p, greedy}: the flags given (any of them replaces the file), else the
-    folder's generation_config.json read as transformers reads it (no do_sample: greedy; an unset value takes
-    transformers' default, top_k 50; top_k 0: no top-k filtering), else generate's."""
-    from ..data.chat import read_json_object
+# generation_config.json settings that change what transformers generates and numformer does not apply, each
+# with the value that changes nothing
+UNAPPLIED_GENERATION = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": None, "typical_p": 1.0,
+                        "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "encoder_repetition_penalty": 1.0,
+                        "min_new_tokens": None, "min_length": 0, "bad_words_ids": None, "suppress_tokens": None,
+                        "begin_suppress_tokens": None, "sequence_bias": None, "forced_bos_token_id": None,
+                        "forced_eos_token_id": None, "exponential_decay_length_penalty": None}
+
+
+def sampling_settings(args, folder, tokenizer=None):
+    """({temperature, top_k, top_p, greedy}, the settings of generation_config.json not applied). The flags
+    given (any of them replaces the file), else the model's generation_config.json (``model_files``) read as
+    transformers reads it (no do_sample: greedy; an unset value takes transformers' default, top_k 50; top_k
+    0: no top-k filtering), else for a Hugging Face model transformers' default (greedy) and for a run of
+    numformer's generate's (temperature 1). A value transformers would refuse is one error naming the file."""
+    from ..data.chat import model_files
+    from ..interop.sources import is_run_folder
 
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
-    path = Path(folder) / "generation_config.json"
-    if path.is_file() and not args.greedy and all(v is None for k, v in settings.items() if k != "greedy"):
-        gen = read_json_object(path)
+    gen = model_files(folder, tokenizer).get("generation_config.json")
+    flags = args.greedy or any(v is not None for k, v in settings.items() if k != "greedy")
+    if gen is not None and not flags:
         settings = {"greedy": gen.get("do_sample") is not True,
                     **{k: default if gen.get(k) is None else gen[k]
                        for k, default in TRANSFORMERS_SAMPLING_DEFAULTS.items()}}
+        _check_generation_config(settings, folder)
         settings["top_k"] = settings["top_k"] or None
+    elif not flags and (Path(folder) / "config.json").is_file() and not is_run_folder(folder):
+        settings["greedy"] = True                    # transformers' do_sample defaults to False
     if settings["temperature"] is None:
         settings["temperature"] = 1.0
-    return settings
+    unapplied = [f"{k} = {gen[k]!r}" for k, neutral in UNAPPLIED_GENERATION.items()
+                 if gen is not None and gen.get(k, neutral) not in (neutral, None, [], {})]
+    return settings, unapplied
+
+
+def _check_generation_config(settings, folder):
+    """One ValueError naming generation_config.json when a sampling value in it is one transformers refuses."""
+    path = Path(folder) / "generation_config.json"
+    where = path if path.is_file() else f"the generation_config.json kept in {Path(folder) / 'tokenizer.json'}"
+    t, k, p = settings["temperature"], settings["top_k"], settings["top_p"]
+    if not settings["greedy"] and not (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
+                                        and math.isfinite(t)):
+        raise ValueError(f"{where}: temperature = {t!r} must be a number > 0 when do_sample is true; fix the file, "
+                         f"or pass --temperature or --greedy")
+    if not (isinstance(k, int) and not isinstance(k, bool) and k >= 0):
+        raise ValueError(f"{where}: top_k = {k!r} must be an integer >= 0; fix the file, or pass --top-k or --greedy")
+    if not (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p <= 1):
+        raise ValueError(f"{where}: top_p = {p!r} must be a number in (0, 1]; fix the file, or pass --top-p or "
+                         f"--greedy")
 
 
 def template_variables(pairs):
@@ -86,14 +120,14 @@ def template_variables(pairs):
     return out
 
 
-def chat_format(args, folder):
-    """The ``ChatFormat`` of the command line (the folder's, or ``--chat-template``'s), rendered once with the
-    system prompt: a template that cannot be used (jinja2 missing, not valid Jinja, refusing the system prompt)
-    is one error at start rather than one per message."""
+def chat_format(args, folder, tokenizer=None):
+    """The ``ChatFormat`` of the command line (the folder's, its tokenizer's, or ``--chat-template``'s), rendered
+    once with the system prompt: a template that cannot be used (jinja2 missing, not valid Jinja, refusing the
+    system prompt) is one error at start rather than one per message."""
     from ..data.chat import ChatFormat
 
     variables = template_variables(args.template_var)
-    fmt = ChatFormat.from_folder(folder, variables)
+    fmt = ChatFormat.from_folder(folder, variables, tokenizer)
     if args.chat_template is not None:
         fmt = ChatFormat(Path(args.chat_template).read_text(encoding="utf-8"), fmt.special_tokens, variables)
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
@@ -122,12 +156,15 @@ def make_session(args):
     if Path(args.run_dir).is_dir():                # the template is tried before the (slow) model load
         chat_format(args, args.run_dir)
     model, tokenizer, folder = load_chat_model(args.run_dir, args)
-    fmt = chat_format(args, folder)
+    fmt = chat_format(args, folder, tokenizer)
     note = None
     if fmt.is_default:
         note = (f"{args.run_dir} has no chat template: using numformer's plain format (\"User: ...\" / "
                 f"\"Assistant:\"); give one with --chat-template FILE")
-    sampling = sampling_settings(args, folder)
+    sampling, unapplied = sampling_settings(args, folder, tokenizer)
+    if unapplied:
+        note = "; ".join(filter(None, [note, f"generation_config.json sets {', '.join(unapplied)}, which numformer "
+                                             f"does not apply (its replies differ from transformers' there)"]))
     generate(model, [0], 0, **sampling)          # checks the sampling flags once, before the first message
     session = ChatSession(model, tokenizer, fmt, system=args.system, max_new_tokens=args.max_new_tokens,
                           stop_tokens=stop_token_ids(folder, tokenizer, fmt), rng=args.seed, **sampling)

@@ -1,8 +1,8 @@
 """numformer generate SOURCE [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
 [--greedy] [--seed S] [--ignore-eos] [--adapter DIR] [--quantize int8 [--group-size G]]: continue a prompt with a
 GPT, printing the text as it comes, until the model's end token (as transformers' ``generate`` stops; not with
---ignore-eos) or --max-new-tokens (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``, the products
-shared with worker processes: ``numformer.quantize.worker_processes``).
+--ignore-eos) or --max-new-tokens (with --quantize, from int8 weights: ``numformer.quantize.quantize_model``, the
+products shared with worker processes: ``numformer.quantize.worker_processes``).
 
 SOURCE: a run folder, or a Hugging Face model of a family numformer loads (GPT-2, Llama, Mistral, Qwen2, Qwen3,
 Gemma 2, Gemma 3, Arcee): a folder, or a hub id written ``hf:NAME``."""

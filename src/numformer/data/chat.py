@@ -43,6 +43,7 @@ import numpy as np
 from .._install import install_hint
 from .._limits import bounded_json
 from ..decoding import generate
+from .tokenizers.pretrained import TEMPLATES_DIR, side_files
 
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -288,22 +289,29 @@ def _token_text(value):
     return value if isinstance(value, str) else None
 
 
-def read_chat_template(folder):
-    """(template or None, special tokens {"bos_token": ..., ...}) of a model folder, read as transformers'
-    ``AutoTokenizer.from_pretrained`` reads them (see the module docstring); the template is a string, or a
-    dict of named templates."""
-    folder = Path(folder)
-    config = read_json_object(folder / "tokenizer_config.json")
+def model_files(folder, tokenizer=None):
+    """The side files of the model in ``folder`` (``SIDE_FILES``: tokenizer_config.json, generation_config.json,
+    chat templates ...): the folder's own, else those its tokenizer carries (``PretrainedTokenizer.files``: a run
+    folder made from a Hugging Face model keeps them in its tokenizer.json); {name: JSON object or text}."""
+    return {**getattr(tokenizer, "files", {}), **side_files(folder)}
+
+
+def read_chat_template(folder, tokenizer=None):
+    """(template or None, special tokens {"bos_token": ..., ...}) of a model folder (``model_files``), read as
+    transformers' ``AutoTokenizer.from_pretrained`` reads them (see the module docstring); the template is a
+    string, or a dict of named templates."""
+    files = model_files(folder, tokenizer)
+    config = files.get("tokenizer_config.json", {})
     tokens = {k: _token_text(config.get(k)) for k in NAMED_SPECIAL_TOKENS}
-    if "added_tokens_decoder" not in config and (folder / "special_tokens_map.json").is_file():
-        legacy = read_json_object(folder / "special_tokens_map.json")     # older folders: overrides, as transformers
+    if "added_tokens_decoder" not in config and "special_tokens_map.json" in files:
+        legacy = files["special_tokens_map.json"]           # older folders: overrides, as transformers
         tokens.update({k: _token_text(legacy[k]) for k in NAMED_SPECIAL_TOKENS if k in legacy})
     templates = {}
-    if (folder / "chat_template.jinja").is_file():
-        templates["default"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    extra = folder / "additional_chat_templates"
-    for path in sorted(extra.glob("*.jinja")) if extra.is_dir() else ():
-        templates[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+    if "chat_template.jinja" in files:
+        templates["default"] = files["chat_template.jinja"]
+    for name in sorted(files):
+        if name.startswith(TEMPLATES_DIR + "/"):
+            templates[name[len(TEMPLATES_DIR) + 1:].removesuffix(".jinja")] = files[name]
     if templates:
         template = templates["default"] if list(templates) == ["default"] else templates
     else:
@@ -343,9 +351,9 @@ class ChatFormat:
         return cls(DEFAULT_TEMPLATE, dict(special_tokens or {}), dict(variables or {}), DEFAULT_STOP_STRINGS, True)
 
     @classmethod
-    def from_folder(cls, folder, variables=None):
+    def from_folder(cls, folder, variables=None, tokenizer=None):
         """The folder's template and special tokens (``read_chat_template``), else the default format."""
-        template, tokens = read_chat_template(folder)
+        template, tokens = read_chat_template(folder, tokenizer)
         if template is None:
             return cls.default(tokens, variables)
         return cls(template, tokens, dict(variables or {}))
@@ -506,11 +514,12 @@ def _ids(value):
 
 def model_eos_ids(folder, tokenizer):
     """The ids at which transformers' ``generate`` stops the model in ``folder``: ``eos_token_id`` of config.json
-    and of generation_config.json (an id or a list: Llama 3's <|eot_id|>, Gemma's <end_of_turn>, ...) and the
-    tokenizer's eos (``special_ids["<eos>"]``), each as far as the vocabulary has it; sorted."""
-    ids = set()
-    for name in ("config.json", "generation_config.json"):
-        ids.update(_ids(read_json_object(Path(folder) / name).get("eos_token_id")))
+    and of generation_config.json (``model_files``; an id or a list: Llama 3's <|eot_id|>, Gemma's
+    <end_of_turn>, ...) and the tokenizer's (``eos_ids``, ``special_ids["<eos>"]``), each as far as the
+    vocabulary has it; sorted."""
+    ids = set(_ids(read_json_object(Path(folder) / "config.json").get("eos_token_id")))
+    ids.update(_ids(model_files(folder, tokenizer).get("generation_config.json", {}).get("eos_token_id")))
+    ids.update(_ids(getattr(tokenizer, "eos_ids", None)))
     ids.update(_ids(getattr(tokenizer, "special_ids", {}).get("<eos>")))
     return sorted(i for i in ids if 0 <= i < tokenizer.vocab_size)
 

@@ -172,7 +172,19 @@ class ChatTask(Task):
         return len(self.splits.get(split, ()))
 
     def tokenizer_state(self):
-        return self.tokenizer.to_dict()
+        """The base model's tokenizer with the chat template this run learns, which ``numformer chat`` and
+        ``export`` then use: [data] chat_template's text as chat_template.jinja, or none for numformer's plain
+        format (a template the base model came with is dropped: the run learns the plain one)."""
+        state = dict(self.tokenizer.to_dict())
+        files = {name: content for name, content in getattr(self.tokenizer, "files", {}).items()
+                 if not name.endswith(".jinja")}
+        config = files.get("tokenizer_config.json")
+        if isinstance(config, dict) and "chat_template" in config:
+            files["tokenizer_config.json"] = {k: v for k, v in config.items() if k != "chat_template"}
+        if self.config["chat_template"]:
+            files["chat_template.jinja"] = self.chat_format.template
+        state.pop("files", None)
+        return {**state, "files": files} if files else state
 
     def describe(self):
         labelled = sum(int(np.sum(labels[1:] != IGNORE)) for _, labels in self.examples)

@@ -46,6 +46,7 @@ class Tokenizer:
     and ``to_dict()``, and ``special_ids`` ({token: id}) when its vocabulary has special tokens."""
 
     special_ids: dict = {}
+    files: dict = {}        # a model's side files (PretrainedTokenizer.files), e.g. a fine-tuned run's chat template
     _build_hint = "; build it with that option"
 
     def encode_batch(self, texts: Iterable[str], **kw) -> list[list[int]]:

@@ -5,13 +5,44 @@ Needs ``tokenizers``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
 from ..._install import install_hint
+from ..._limits import MAX_JSON_BYTES, bounded_json
 from .base import BOS, EOS, Tokenizer, word_piece_label
 from .bpe import ByteLevelBPE
+
+
+# The files of a Hugging Face model folder beside its weights and tokenizer that say how the model is used:
+# its special tokens and chat template (tokenizer_config.json, special_tokens_map.json, chat_template.jinja,
+# additional_chat_templates/NAME.jinja) and its generation settings (generation_config.json).
+SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
+TEMPLATES_DIR = "additional_chat_templates"
+
+
+def side_files(folder):
+    """The ``SIDE_FILES`` of a Hugging Face model folder that it has, and its additional chat templates:
+    {name: JSON object, or the text of a .jinja file}; one ValueError naming a file that is not valid."""
+    folder, files = Path(folder), {}
+    names = list(SIDE_FILES) + [f"{TEMPLATES_DIR}/{p.name}" for p in sorted((folder / TEMPLATES_DIR).glob("*.jinja"))]
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            continue
+        if name.endswith(".jinja"):
+            files[name] = path.read_text(encoding="utf-8", errors="replace")
+            if len(files[name]) > MAX_JSON_BYTES:
+                raise ValueError(f"{path} is {len(files[name]):,} bytes, more than numformer reads "
+                                 f"({MAX_JSON_BYTES:,}); it is no chat template: restore it")
+            continue
+        data = bounded_json(path.read_bytes(), str(path))
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is a JSON {type(data).__name__}, not an object; restore it")
+        files[name] = data
+    return files
 
 
 def _hf():
@@ -31,14 +62,20 @@ class PretrainedTokenizer(Tokenizer):
     give the text back (a word-level one joins its tokens with spaces).
 
     ``eos_id`` / ``bos_id``: the model's end / start token ids (GPT-2: 50256, ``<|endoftext|>``), or None;
-    ``special_id("<eos>")`` / ``special_id("<bos>")`` give them too.
+    ``special_id("<eos>")`` / ``special_id("<bos>")`` give them too. ``eos_ids``: every id of the model's
+    ``eos_token_id`` (Llama 3 Instruct lists three). ``files``: the model folder's files beside the tokenizer
+    that say how the model is used (``SIDE_FILES``: tokenizer_config.json's special tokens and chat template,
+    generation_config.json ...; JSON objects, or text for a .jinja template), carried through the run folders
+    made from the model (its tokenizer.json) to ``numformer chat`` and ``export``.
     """
 
     _build_hint = " (the model's config.json names no such id)"
 
-    def __init__(self, hf_tokenizer, eos_id=None, bos_id=None):
+    def __init__(self, hf_tokenizer, eos_id=None, bos_id=None, eos_ids=None, files=None):
         self.hf = hf_tokenizer
         self.eos_id, self.bos_id = eos_id, bos_id
+        self.eos_ids = [eos_id] if eos_ids is None and eos_id is not None else list(eos_ids or [])
+        self.files = dict(files or {})
         self.special_ids = {t: i for t, i in ((EOS, eos_id), (BOS, bos_id)) if i is not None}
 
     @property
@@ -87,15 +124,25 @@ class PretrainedTokenizer(Tokenizer):
         return self.hf.id_to_token(i)
 
     def to_dict(self) -> dict:
-        return {"type": "hf", "hf_json": self.hf.to_str(), "eos_id": self.eos_id, "bos_id": self.bos_id}
+        state = {"type": "hf", "hf_json": self.hf.to_str(), "eos_id": self.eos_id, "bos_id": self.bos_id}
+        if self.eos_ids != ([] if self.eos_id is None else [self.eos_id]):     # more ids than eos_id
+            state["eos_ids"] = self.eos_ids
+        if self.files:
+            state["files"] = self.files
+        return state
 
     @classmethod
     def from_dict(cls, d: dict) -> "PretrainedTokenizer":
-        hf_json = d["hf_json"]
+        hf_json, files, eos_ids = d["hf_json"], d.get("files", {}), d.get("eos_ids")
         if not isinstance(hf_json, str):
             raise TypeError(f"hf_json is a {type(hf_json).__name__}, not a string")
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, (dict, str))
+                                                  for k, v in files.items()):
+            raise TypeError("files is not an object of file names and their JSON objects or texts")
+        if eos_ids is not None and not (isinstance(eos_ids, list) and all(type(i) is int for i in eos_ids)):
+            raise TypeError("eos_ids is not a list of token ids")
         try:
             tokenizer = _hf().Tokenizer.from_str(hf_json)
         except Exception as e:   # noqa: BLE001 -- the tokenizers library raises a bare Exception for bad JSON
             raise ValueError(f"hf_json is not a Hugging Face tokenizer ({' '.join(str(e).split())})") from None
-        return cls(tokenizer, d.get("eos_id"), d.get("bos_id"))
+        return cls(tokenizer, d.get("eos_id"), d.get("bos_id"), eos_ids, files)

@@ -22,13 +22,20 @@ def is_hf_document(d) -> bool:
 
 def tokenizer_from_dict(d: dict):
     """Rebuild any tokenizer from its ``to_dict()``: a ``ByteLevelBPE`` from a tokenizer.json document."""
-    if is_hf_document(d):
-        return ByteLevelBPE.from_dict(d)
     kind = d.get("type") if isinstance(d, dict) else None
-    if not isinstance(kind, str) or kind not in TOKENIZER_TYPES:
+    if is_hf_document(d):
+        tokenizer = ByteLevelBPE.from_dict({k: v for k, v in d.items() if k != "files"})
+    elif not isinstance(kind, str) or kind not in TOKENIZER_TYPES:
         raise ValueError(f"unknown tokenizer type {kind!r} in the saved state; expected one of "
                          f"{sorted(TOKENIZER_TYPES)} or a Hugging Face tokenizer.json")
-    return TOKENIZER_TYPES[kind].from_dict(d)
+    else:
+        tokenizer = TOKENIZER_TYPES[kind].from_dict(d)
+    files = d.get("files")
+    if files is not None and not isinstance(tokenizer, PretrainedTokenizer):   # a fine-tuned run's chat template
+        if not isinstance(files, dict) or not all(isinstance(v, (dict, str)) for v in files.values()):
+            raise TypeError("files is not an object of file names and their JSON objects or texts")
+        tokenizer.files = dict(files)
+    return tokenizer
 
 
 def restore_saved_tokenizer(state: dict):

@@ -30,6 +30,7 @@ import numpy as np
 from ..._install import install_hint
 from ..._limits import bounded_json, check_bounds
 from ...data.tokenizers import PretrainedTokenizer
+from ...data.tokenizers.pretrained import side_files
 from ...models import GPT
 from ...run_files import write_atomic, write_json_atomic
 from ..safetensors_reader import read_header, read_safetensors_file, shard_files
@@ -275,11 +276,23 @@ def load_tokenizer(folder, hf_config=None):
     else:
         return None
     cfg = hf_config or {}
-    eos = cfg.get("eos_token_id", tok.token_to_id("<|endoftext|>"))
-    bos = cfg.get("bos_token_id", eos)
+    files = side_files(folder)
     n = tok.get_vocab_size(with_added_tokens=True)
-    fit = lambda i: i if isinstance(i, int) and 0 <= i < n else None     # noqa: E731
-    return PretrainedTokenizer(tok, fit(eos), fit(bos))
+    fit = lambda i: i if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n else None     # noqa: E731
+    eos = cfg.get("eos_token_id", tok.token_to_id("<|endoftext|>"))
+    eos_ids = [i for i in (eos if isinstance(eos, list) else [eos]) if fit(i) is not None]
+    if isinstance(eos, list):       # Llama 3 Instruct's three: the tokenizer's own eos_token, else the first
+        named = _token_content(files.get("tokenizer_config.json", {}).get("eos_token"))
+        eos = tok.token_to_id(named) if named is not None and tok.token_to_id(named) in eos_ids else \
+            (eos_ids or [None])[0]
+    bos = cfg.get("bos_token_id", eos)
+    return PretrainedTokenizer(tok, fit(eos), fit(bos), eos_ids, files)
+
+
+def _token_content(token):
+    """The text of a special token as tokenizer_config.json writes it: a string, or {"content": ...}."""
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) else None
 
 
 def load_pretrained(source, dtype=np.float32, **overrides):
@@ -365,9 +378,30 @@ def _one_of(names):
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
+def _write_side_files(out, tokenizer, model_type, block_size):
+    """The tokenizer's files beside tokenizer.json: those of the Hugging Face model it came from
+    (``PretrainedTokenizer.files``: its tokenizer_config.json, chat template, generation_config.json ...) as they
+    were, else a tokenizer_config.json of GPT-2's kind (the end token as bos, eos and unk)."""
+    files = getattr(tokenizer, "files", {})
+    for name, content in files.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        if isinstance(content, str):
+            write_atomic(out / name, content.encode("utf-8"))
+        else:
+            write_json_atomic(out / name, content)
+    if "tokenizer_config.json" not in files:
+        eos = getattr(tokenizer, "eos_id", None)
+        eos_tok = None if eos is None else tokenizer.token(eos)
+        gpt2_tokenizer = model_type == "gpt2" and isinstance(tokenizer, PretrainedTokenizer)
+        write_json_atomic(out / "tokenizer_config.json",
+                          {"tokenizer_class": "GPT2Tokenizer" if gpt2_tokenizer else "PreTrainedTokenizerFast",
+                           "model_max_length": block_size, "add_prefix_space": False,
+                           "bos_token": eos_tok, "eos_token": eos_tok, "unk_token": eos_tok})
+
+
 def export_hf(model, out_dir, tokenizer=None, model_type=None):
-    """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json plus
-    tokenizer_config.json for a tokenizer with a Hugging Face form), which transformers'
+    """Write ``model`` as a Hugging Face folder: config.json, model.safetensors (and tokenizer.json with the
+    files beside it, ``_write_side_files``, for a tokenizer with a Hugging Face form), which transformers'
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads. ``model_type``: a key of ``FAMILIES`` (gpt2,
     llama, mistral, qwen2, qwen3, gemma2, gemma3_text); by default ``default_export_type`` (gpt2 for a position
     table; for a RoPE model gemma3_text or gemma2 with Gemma's 1 + w norms, qwen3 with q/k norms, qwen2 with
@@ -378,10 +412,11 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     The weights go into one model.safetensors in the model's dtype (config.json's ``dtype`` says which); a
     tied output layer is written once, as the embedding (``tie_word_embeddings`` true, no lm_head.weight);
     biases the family stores but the model lacks are written as zeros, a sinusoidal position table as its
-    fixed values. config.json's bos/eos ids are the tokenizer's (null without one).
+    fixed values. config.json's bos/eos ids are the tokenizer's (null without one; every eos id of a model
+    that has several, as Llama 3 Instruct).
 
-    numformer's ``generate`` continues past the model's context (block_size) by sliding its window over the
-    last block_size tokens; transformers' does not (GPT-2 raises an IndexError past n_positions, a RoPE model
+    numformer's ``generate`` continues past the model's context (block_size) by dropping the oldest half of
+    its full window; transformers' does not (GPT-2 raises an IndexError past n_positions, a RoPE model
     keeps attending to every earlier token at positions beyond max_position_embeddings), so generations
     agree up to block_size tokens only: one warning line on stderr says so, and config.json records it
     (``numformer_context``). Returns the folder."""
@@ -405,20 +440,15 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     hf_config["numformer_context"] = {"block_size": n, "note": note}
     tensors = to_hf_state(fam, config, _full_state(fam, model))
     hf_json = tokenizer.to_hf_json() if hasattr(tokenizer, "to_hf_json") else None   # a Hugging Face form
-    eos = getattr(tokenizer, "eos_id", None)
-    hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None), eos_token_id=eos,
-                     pad_token_id=hf_config.get("pad_token_id"))
+    eos, eos_ids = getattr(tokenizer, "eos_id", None), getattr(tokenizer, "eos_ids", [])
+    hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None),
+                     eos_token_id=eos_ids if len(eos_ids) > 1 else eos, pad_token_id=hf_config.get("pad_token_id"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / CONFIG, hf_config)
     write_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))
     if hf_json is not None:
         write_atomic(out / "tokenizer.json", hf_json.encode())
-        eos_tok = None if eos is None else tokenizer.token(eos)
-        gpt2_tokenizer = model_type == "gpt2" and isinstance(tokenizer, PretrainedTokenizer)
-        write_json_atomic(out / "tokenizer_config.json",
-                          {"tokenizer_class": "GPT2Tokenizer" if gpt2_tokenizer else "PreTrainedTokenizerFast",
-                           "model_max_length": config.block_size, "add_prefix_space": False,
-                           "bos_token": eos_tok, "eos_token": eos_tok, "unk_token": eos_tok})
+        _write_side_files(out, tokenizer, model_type, config.block_size)
     print(f"warning: {out}: {note}", file=sys.stderr)
     return out

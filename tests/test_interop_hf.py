@@ -412,6 +412,20 @@ def test_generate_stops_at_the_end_token_as_transformers_does(tmp_path, capsys):
     assert capsys.readouterr().out == "It is" + "<|endoftext|>" * 3 + "\n"
 
 
+def test_import_of_a_long_context_model_evaluates_on_a_window_of_1024_tokens(tmp_path):
+    """The default evaluation window was the model's whole context, longer than the built-in text's validation
+    split for a Llama 3.2 (131,072 tokens): its import failed. The model keeps its context."""
+    from numformer.commands.import_hf import EVAL_WINDOW
+    from numformer.train import load_config_json
+
+    folder, _ = make_hf(tmp_path, n_positions=131072, **SHAPES["default_ff"])
+    save_tokenizer(folder)
+    assert cli("import-hf", folder, "--out", tmp_path / "run") == 0
+    config = load_config_json(tmp_path / "run")
+    assert config["data"]["block_size"] == EVAL_WINDOW and config["model"]["block_size"] == 131072
+    assert cli("eval", tmp_path / "run") == 0
+
+
 def test_export_of_a_run_that_is_no_gpt_is_one_line(tmp_path, capsys):
     """A copy-task run (encoder-decoder): one error naming the model type, no traceback, no folder left."""
     sets = ["model.n_layers=1", "model.d_model=16", "model.d_ff=16", "data.length=4", "data.n_val=8",

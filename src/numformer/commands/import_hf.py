@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The default evaluation window of an imported run (eval, analyze), in tokens: the model's context when shorter.
+# A window of a Llama 3.2's whole context (131,072 tokens) is longer than the built-in text's validation split.
+EVAL_WINDOW = 1024
+
 
 def import_run(source, out, data_path="", block_size=None, dtype="float32", overwrite=False):
     """Write the run folder: config.json (resolved as by `numformer train`), tokenizer.json, model.safetensors."""
@@ -22,7 +26,8 @@ def import_run(source, out, data_path="", block_size=None, dtype="float32", over
     if tokenizer_state is None:
         raise ValueError(f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt); without one "
                          f"text cannot be encoded: add the tokenizer files to the folder")
-    data = {"task": "text", "path": data_path, "block_size": block_size or source_model["block_size"]}
+    data = {"task": "text", "path": data_path, "block_size": block_size or min(source_model["block_size"],
+                                                                                EVAL_WINDOW)}
     config, task = resolve_config({"model": {"init_from": str(source)}, "data": data, "train": {"dtype": dtype}})
     config["model"].pop("init_from")          # the weights are in the run folder itself
     model_cfg = {k: v for k, v in config["model"].items() if v is not None}
@@ -53,8 +58,9 @@ def register(sub):
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder to write")
     p.add_argument("--data", default="", metavar="TEXT_FILE",
                    help="text file for `numformer eval` and `analyze` (default: the built-in tiny Shakespeare)")
-    p.add_argument("--block-size", type=int, default=None, help="evaluation window in tokens (default: the "
-                                                                 "model's context length)")
+    p.add_argument("--block-size", type=int, default=None, help=f"evaluation window in tokens (default: the "
+                                                                 f"model's context, at most {EVAL_WINDOW}; the "
+                                                                 f"model keeps its whole context)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="weights' dtype (default float32)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in RUN_DIR")

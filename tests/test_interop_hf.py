@@ -5,6 +5,7 @@ into a temporary folder); nothing is downloaded.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 
 import numpy as np
@@ -246,7 +247,10 @@ def test_hub_id_goes_through_snapshot_download(tmp_path, monkeypatch):
 
     def fake_snapshot_download(repo_id, allow_patterns=None, local_files_only=False, **kw):
         calls.append((repo_id, local_files_only))
-        assert "model.safetensors" in allow_patterns and "config.json" in allow_patterns
+        wanted = ["model.safetensors", "config.json", "model-00001-of-00002.safetensors", "tokenizer_config.json",
+                  "generation_config.json", "chat_template.jinja", "additional_chat_templates/tool_use.jinja"]
+        assert all(any(fnmatch.fnmatch(name, p) for p in allow_patterns) for name in wanted)   # templates too
+        assert not any(fnmatch.fnmatch("pytorch_model.bin", p) for p in allow_patterns)
         if local_files_only:
             raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
         return str(folder)
@@ -273,8 +277,8 @@ def test_offline_hub_id_says_what_to_download_and_where(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("there is no folder 'gpt2', and cannot fetch 'gpt2' from the Hugging Face hub")
-    assert "hf download gpt2 config.json model.safetensors tokenizer.json" in msg
-    assert ".cache/huggingface/hub" in msg
+    assert 'hf download gpt2 --include "*.json" "*.safetensors" "*.jinja" "merges.txt"' in msg
+    assert huggingface_hub.constants.HF_HUB_CACHE in msg
     with pytest.raises(ValueError, match="^cannot fetch 'gpt2' from"):        # written as a hub id: no folder meant
         hf.load_pretrained("hf:gpt2")[0]
 

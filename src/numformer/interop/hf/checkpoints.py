@@ -41,7 +41,10 @@ WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
-HUB_FILES = [CONFIG, WEIGHTS, WEIGHTS_INDEX, "model-*.safetensors", "generation_config.json", *TOKENIZER_FILES]
+HUB_FILES = [CONFIG, WEIGHTS, WEIGHTS_INDEX, "model-*.safetensors", "generation_config.json", *TOKENIZER_FILES,
+             "chat_template.jinja", "additional_chat_templates/*.jinja"]
+# What `hf download --include` fetches for numformer (weights, config and tokenizer files, chat templates)
+HUB_PATTERNS = '"*.json" "*.safetensors" "*.jinja" "merges.txt"'
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -61,12 +64,13 @@ def _hub_download(repo_id, no_folder=False):
     try:
         return snapshot_download(repo_id, allow_patterns=HUB_FILES)
     except Exception as e:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
         raise ValueError(
             (f"there is no folder {repo_id!r}, and " if no_folder else "")
             + f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(e).__name__}; offline?). On a machine with "
-            f"internet run `hf download {repo_id} {CONFIG} {WEIGHTS} tokenizer.json` (it fills the cache in "
-            f"~/.cache/huggingface/hub, which numformer then uses offline), or download those files into a folder "
-            f"and pass the folder") from None
+            f"internet run `hf download {repo_id} --include {HUB_PATTERNS}` (it fills the cache in {HF_HUB_CACHE}, "
+            f"which numformer then uses offline), or download those files into a folder and pass the folder") from None
 
 
 def resolve_source(source):

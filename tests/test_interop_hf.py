@@ -430,6 +430,17 @@ def test_import_of_a_long_context_model_evaluates_on_a_window_of_1024_tokens(tmp
     assert cli("eval", tmp_path / "run") == 0
 
 
+def test_a_quantized_checkpoint_is_refused_by_its_field(tmp_path):
+    """An FP8 checkpoint was called damaged ("download it again"): its weights' dtype is not one numformer reads."""
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json: gpt2 config.json field quantization_config = "
+                                         r"\{'quant_method': 'fp8'\}: its weights are quantized"):
+        hf.load_pretrained(folder)
+
+
 def test_export_of_a_run_that_is_no_gpt_is_one_line(tmp_path, capsys):
     """A copy-task run (encoder-decoder): one error naming the model type, no traceback, no folder left."""
     sets = ["model.n_layers=1", "model.d_model=16", "model.d_ff=16", "data.length=4", "data.n_val=8",

@@ -165,7 +165,14 @@ def rope_refusal(v, r):
 def resolve(fields, c, model_type):
     """{field: value} of config.json ``c`` under the table ``fields``: each field as transformers reads it (its
     default when absent), of its type, checked by its rule; one ValueError naming the first refused field and
-    its value (``{model_type} config.json field NAME = VALUE: why``)."""
+    its value (``{model_type} config.json field NAME = VALUE: why``). A quantized checkpoint (its weights
+    fp8, int4 ... with their scales) is refused first, whatever its family."""
+    quantized = c.get("quantization_config")
+    if quantized:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+        _refuse(model_type, "quantization_config", {"quant_method": method},
+                "its weights are quantized, and numformer reads float32, bfloat16 and float16 weights; use the "
+                "model's unquantized release (numformer's own int8: generate --quantize int8)")
     for f in fields:                         # every value of its type first: a rule may read several fields
         key = next((n for n in (f.name, *f.aliases) if n in c), None)
         if key is not None and not fits(c[key], f.type):

@@ -2,6 +2,7 @@
 traceback; Ctrl-C exits with 130 quietly; only a bug shows a traceback, with a line asking to report it."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -79,6 +80,15 @@ def test_damaged_run_folder(text_run, copy_of, cli_error, damage, expected):
     run = copy_of(text_run)
     damage(run)
     assert expected in cli_error("eval", run)
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_an_empty_folder_is_neither_a_run_nor_a_hugging_face_model(tmp_path, cli_error, command, monkeypatch):
+    """generate and chat take both kinds of folder: an empty one is named as neither (it was named a run folder
+    to train, as if only runs were taken); a run folder that lost its config.json is still named a run."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert "has no config.json: it is neither a run folder (written by numformer train) nor a Hugging Face model " \
+           "folder" in cli_error(command, tmp_path)
 
 
 @pytest.mark.parametrize("damage,expected", [

@@ -22,6 +22,11 @@ def load_generator(source, adapter=None, command="generate"):
     from ..interop.sources import is_run_folder, load
     from ..train import load_config_json
 
+    from ..interop.hf import read_hf_config
+    from ..train.run_folder import RUN_FILES
+
+    if Path(source).is_dir() and not any(Path(source, name).exists() for name in ("config.json", *RUN_FILES)):
+        read_hf_config(source)                     # one error: neither a run folder nor a Hugging Face one
     run = not str(source).startswith("hf:") and not (Path(source, "config.json").is_file()
                                                     and not is_run_folder(source))
     if run and not Path(source).exists():

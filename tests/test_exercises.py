@@ -38,6 +38,19 @@ MISTAKES = [
      "keyword case 'axis=0'"),
     ("softmax", "no guard for a fully masked slice", [("    m = np.where(np.isfinite(m), m, 0.0)\n", "")], EDGE,
      "edge case 'masked entries'"),
+    ("softmax", "one maximum over the whole array",
+     [("m = np.max(x, axis=axis, keepdims=True)", "m = np.max(x)")], EDGE, "edge case 'slices far apart'"),
+    ("softmax", "the backward reads the last forward's y from a global",
+     [("    return y, (y, axis)", "    global LAST\n    LAST = (y, axis)\n    return y, None"),
+      ("    y, axis = cache", "    y, axis = LAST")], BACKWARD, "a second softmax_forward call on other inputs"),
+    ("log_softmax", "one maximum over the whole array",
+     [("m = np.max(x, axis=axis, keepdims=True)", "m = np.max(x)")], EDGE, "edge case 'slices far apart'"),
+    ("cross_entropy", "one maximum over the whole array", [("m = z.max(axis=1, keepdims=True)", "m = z.max()")],
+     EDGE, "edge case 'positions far apart'"),
+    ("relu_squared", "the backward writes into the forward's x through its cache",
+     [("    return y, dydx", "    return y, (x, r)"),
+      ("    return dy * cache", "    x, r = cache\n    x[x < 0] = 0\n    return dy * 2 * r")],
+     BACKWARD, "relu_squared_backward (through the cache of relu_squared_forward) changed its argument x"),
     ("log_softmax", "the log of a softmax", [("y = x - lse", "y = np.log(np.exp(x - m) / total)")], EDGE,
      "edge case 'widely spread entries'"),
     ("log_softmax", "backward without exp", [("dy - np.exp(y) *", "dy - y *")], BACKWARD, "dx differs"),
@@ -141,7 +154,7 @@ MISTAKES = [
       ("def scaled_dot_product_attention_forward", "import numpy as np\n\n\ndef scaled_dot_product_attention_forward")],
      KEYWORDS, "generators of different seeds drop the same weights"),
     ("scaled_dot_product_attention", "one keep-mask for every batch element and head",
-     [("rng.random(p.shape)", "rng.random(p.shape[-2:])")], KEYWORDS, "every batch element and head has the same"),
+     [("rng.random(p.shape)", "rng.random(p.shape[-2:])")], KEYWORDS, "every batch element has the same mask"),
     ("scaled_dot_product_attention", "whole key columns dropped",
      [("rng.random(p.shape)", "rng.random(p.shape[:-2] + (1, p.shape[-1]))")], KEYWORDS,
      "each column is dropped or kept whole"),
@@ -430,6 +443,21 @@ NUMFORMER_IMPORTS = [
      "ops = sys.modules['numformer.ops']"),
     ("a helper file beside it", "softmax", "from helper import softmax_forward, softmax_backward\n", 1,
      "from numformer.ops import softmax_backward, softmax_forward"),
+    ("__import__ under another name", "softmax",
+     "imp = __import__\nops = imp('numformer.ops', fromlist=['x'])\n" + SOFTMAX_BY_NAME, 4,
+     "ops = imp('numformer.ops', fromlist=['x'])"),
+    ("getattr(__builtins__, ...)", "softmax",
+     "ops = getattr(__builtins__, '__import__')('numformer.ops', None, None, ['x'])\n" + SOFTMAX_BY_NAME, 3,
+     "ops = getattr(__builtins__, '__import__')('numformer.ops', None, None, ['x'])"),
+    ("exec of an import", "softmax", "exec('import numformer.ops as ops')\n" + SOFTMAX_BY_NAME, 3,
+     "exec('import numformer.ops as ops')"),
+    ("pkgutil.resolve_name", "softmax", "import pkgutil\nops = pkgutil.resolve_name('numformer.ops')\n"
+     + SOFTMAX_BY_NAME, 4, "ops = pkgutil.resolve_name('numformer.ops')"),
+    ("dict.get of sys.modules", "softmax", "import sys\nops = dict.get(sys.modules, 'numformer.ops')\n"
+     + SOFTMAX_BY_NAME, 4, "ops = dict.get(sys.modules, 'numformer.ops')"),
+    ("a helper file loaded by name", "softmax",
+     "h = __import__('helper')\nsoftmax_forward, softmax_backward = h.softmax_forward, h.softmax_backward\n", 1,
+     "from numformer.ops import softmax_backward, softmax_forward"),
 ]
 HELPER = "from numformer.ops import softmax_backward, softmax_forward\n"
 
@@ -449,7 +477,7 @@ def test_a_file_that_imports_numformers_op_is_refused(form, name, text, line, co
     assert not Path(f"{path}.ran").exists(), "the file ran before it was refused"
     assert "FAILED" in E.format_report(report, path) and report.message.splitlines()[0][:40] in \
         " ".join(E.format_report(report, path).split())
-    if form == "a helper file beside it":
+    if form.startswith("a helper file"):
         assert f"{tmp_path / 'helper.py'} (a file {name}.py imports), line 1" in report.message
 
 
@@ -764,7 +792,7 @@ def _torch_functions():
             label_smoothing=label_smoothing),
         "scaled_dot_product_attention": lambda q, k, v, attn_mask=None, is_causal=False, scale=None,
         need_weights=False, softcap=None: _torch_attention(torch, q, k, v, attn_mask, is_causal, scale)
-        if softcap is None else _capped_attention(torch, q, k, v, is_causal, scale, softcap),
+        if softcap is None else _capped_attention(torch, q, k, v, attn_mask, is_causal, scale, softcap),
     }
 
 
@@ -777,11 +805,14 @@ def _torch_attention(torch, q, k, v, attn_mask, is_causal, scale):
                                                             scale=scale)
 
 
-def _capped_attention(torch, q, k, v, is_causal, scale, cap):
+def _capped_attention(torch, q, k, v, attn_mask, is_causal, scale, cap):
     """Soft-capped attention written out in torch (its scaled_dot_product_attention has no soft-cap; Gemma 2's
-    modeling code computes it this way): S = c·tanh(Q Kᵀ · scale / c), the causal mask, softmax, times V."""
+    modeling code computes it this way): S = c·tanh(Q Kᵀ · scale / c), then the masks, softmax, times V."""
     scores = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
     scores = cap * torch.tanh(scores / cap)
+    if attn_mask is not None:           # a float mask added after the cap, as Gemma 2's eager attention adds it
+        scores = scores + attn_mask if attn_mask.dtype != torch.bool else \
+            scores.masked_fill(~attn_mask, float("-inf"))
     if is_causal:
         blocked = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
         scores = scores.masked_fill(blocked, float("-inf"))

@@ -290,10 +290,11 @@ def fail_if_different(values, reference, prefix="", tol=TOL, context=""):
         raise Failure(context + "\n".join(wrong) + matched)
 
 
-def mask_dependence(dropped, item="item"):
+def mask_dependence(dropped, items=()):
     """What makes a dropout mask (True = dropped, at least 2-D) not a draw of each entry on its own, or None:
-    every row dropped or kept whole, every column likewise, or the same mask for every leading-axis ``item``
-    (batch element, head). A mask drawn entry by entry (of a few hundred entries) shows none of these."""
+    every row dropped or kept whole, every column likewise, or the same mask along a leading axis (``items``
+    names them: "batch element", "head"), for every batch element or every head. A mask drawn entry by entry
+    (of a few hundred entries) shows none of these."""
     dropped = np.asarray(dropped, dtype=bool)
 
     def uniform(axis):
@@ -302,9 +303,9 @@ def mask_dependence(dropped, item="item"):
         return "each row is dropped or kept whole: draw a mask entry by entry, of the full shape"
     if uniform(-2):
         return "each column is dropped or kept whole: draw a mask entry by entry, of the full shape"
-    items = dropped.reshape((-1,) + dropped.shape[-2:])
-    if len(items) > 1 and all(np.array_equal(m, items[0]) for m in items[1:]):
-        return f"every {item} has the same mask: draw a mask entry by entry, of the full shape"
+    for axis, item in enumerate(items):
+        if dropped.shape[axis] > 1 and np.all(dropped == dropped.take([0], axis=axis)):
+            return f"every {item} has the same mask: draw a mask entry by entry, of the full shape"
     return None
 
 
@@ -443,15 +444,24 @@ def step_forward(exercise, learner, reference):
 
 
 def step_backward(exercise, learner, reference):
+    """The backward of a first forward call after a second one on other inputs, as a model's layers call them
+    (a backward that reads the last forward's values from globals rather than its cache fails here), leaving
+    the first call's inputs as they were (a backward may not write into them through its cache)."""
     case = exercise.case
-    _, cache = run_forward(exercise, learner, case.inputs())
+    inputs = case.inputs()
+    _, cache = run_forward(exercise, learner, inputs)
+    run_forward(exercise, learner, case.inputs(seed=SEED + 2))
+    kept = {k: v.copy() for k, v in inputs.items() if isinstance(v, np.ndarray)}
     ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
     upstream = upstream_for(ref_outputs, exercise)
     grads = run_backward(exercise, learner, cache, dict(upstream))
+    _inputs_unchanged(f"{exercise.names[1]} (through the cache of {exercise.names[0]})", kept, inputs)
     ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False)
     fail_if_different(grads, ref_grads, "d", case.tol,
-                      context=f"{exercise.names[1]} after {exercise.names[0]}({describe(case.inputs())}), the same "
-                              f"upstream gradient given to both:\n")
+                      context=f"{exercise.names[1]} after {exercise.names[0]}({describe(case.inputs())}) and a "
+                              f"second {exercise.names[0]} call on other inputs, the same upstream gradient given "
+                              f"to both (a backward takes what it needs from its own cache, not from the last "
+                              f"call):\n")
 
 
 def step_finite_differences(exercise, learner, reference):

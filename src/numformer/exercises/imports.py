@@ -4,21 +4,25 @@ The grader compares results only, so a file that imports numformer's own op (``f
 softmax_forward``) would pass without a line of it written. ``refuse_numformer_imports(path, allowed)`` reads the
 file's syntax tree before the file runs and raises a ``Failure`` at the first use of numformer that the exercise's
 stub does not make itself (``allowed``: dotted names such as "numformer.ops.erf", imported as
-``from numformer.ops import erf``): an ``import numformer...`` or ``from numformer... import ...`` statement, or
-``__import__``, ``importlib`` or ``sys.modules`` given a literal "numformer..." name. The helper files of the
-learner's folder that the file imports are read the same way. A name built at run time is not seen: the check keeps
-a learner from passing by accident or shortcut; it is no sandbox.
+``from numformer.ops import erf``): an ``import numformer...`` or ``from numformer... import ...`` statement, a call
+given a literal "numformer..." module name (``__import__``, ``importlib``, ``sys.modules.get``, ``pkgutil.resolve_name``
+... under any alias), ``sys.modules["numformer..."]``, or ``exec``/``eval``/``compile`` of an import of numformer.
+The helper files of the learner's folder that the file imports are read the same way, whether by an import
+statement or by name (``__import__("helper")``). A name built at run time is not seen: the check keeps a learner
+from passing by accident or shortcut; it is no sandbox.
 """
 from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 from pathlib import Path
 
 from .checker import Failure
 
 PACKAGE = "numformer"
-LOOKUPS = ("__import__", "import_module", "find_spec", "reload")   # callables that import a module named by a string
+RUNS_CODE = ("exec", "eval", "compile")           # builtins that run a string of code
+IMPORT_IN_CODE = re.compile(rf"\b(import|from)\s+{PACKAGE}\b")
 
 
 def names_numformer(name):
@@ -69,16 +73,15 @@ def _message(path, current, text, node, what, allowed):
 
 def _first_numformer_use(tree, allowed):
     """(node, what it is) of the first use of numformer in ``tree`` outside ``allowed``, or (None, None)."""
-    aliases = _importlib_aliases(tree)
     found = []
     for node in ast.walk(tree):
-        what = _numformer_use(node, allowed, aliases)
+        what = _numformer_use(node, allowed)
         if what:
             found.append((node.lineno, node.col_offset, node, what))
     return min(found, key=lambda f: f[:2])[2:] if found else (None, None)
 
 
-def _numformer_use(node, allowed, aliases):
+def _numformer_use(node, allowed):
     """What ``node`` takes from numformer beyond ``allowed`` (a sentence), or None."""
     if isinstance(node, ast.Import):
         names = [a.name for a in node.names if names_numformer(a.name)]
@@ -86,34 +89,20 @@ def _numformer_use(node, allowed, aliases):
     if isinstance(node, ast.ImportFrom) and not node.level and names_numformer(node.module):
         names = [a.name for a in node.names if f"{node.module}.{a.name}" not in allowed]
         return f"imports {', '.join(names)} from {node.module}" if names else None
-    if isinstance(node, ast.Call) and _is_lookup(_dotted(node.func), aliases):
-        names = [a.value for a in [*node.args, *(k.value for k in node.keywords)]
-                 if isinstance(a, ast.Constant) and names_numformer(a.value)]
-        return f"imports {names[0]} by name" if names else None
+    if isinstance(node, ast.Call):
+        texts = [a.value for a in [*node.args, *(k.value for k in node.keywords)]
+                 if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        names = [t for t in texts if names_numformer(t)]
+        if names:                                   # any callee: an alias of __import__ or import_module too
+            return f"imports {names[0]} by name"
+        if _dotted(node.func).split(".")[-1] in RUNS_CODE and any(IMPORT_IN_CODE.search(t) for t in texts):
+            return "imports numformer in a string of code it runs"
+        return None
     if isinstance(node, ast.Subscript) and _dotted(node.value).endswith("modules"):
         key = node.slice
         if isinstance(key, ast.Constant) and names_numformer(key.value):
             return f"takes {key.value} from the modules loaded"
     return None
-
-
-def _is_lookup(dotted, aliases):
-    """Whether a call of ``dotted`` (a callee's dotted name) imports or finds a module named by a string."""
-    parts = dotted.split(".")
-    return (parts[-1] in LOOKUPS or parts[0] in aliases or dotted in aliases
-            or dotted.endswith("modules.get"))
-
-
-def _importlib_aliases(tree):
-    """The names the file binds to importlib or to one of its functions (``import importlib as il``,
-    ``from importlib import import_module as load``)."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "importlib"}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "importlib":
-            names |= {a.asname or a.name for a in node.names}
-    return names
 
 
 def _dotted(node):
@@ -129,6 +118,8 @@ def _local_files(tree, root):
     """The learner's own files that ``tree`` imports: ROOT/NAME.py, or every .py file of a package ROOT/NAME/."""
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level and n.module}
+    modules |= {a.value for n in ast.walk(tree) if isinstance(n, ast.Call) for a in n.args      # __import__("helper")
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.isidentifier()}
     files = []
     for top in sorted({m.split(".")[0] for m in modules}):
         if (root / f"{top}.py").is_file():

@@ -15,6 +15,12 @@ def _inputs(targets, scale=2.0, shift=0.0, **options):
     return make
 
 
+def _far_apart(rng):
+    inputs = _inputs([0, 4, 2, 2, 1, 3])(rng)
+    inputs["logits"][1] -= 2000.0
+    return inputs
+
+
 EXERCISE = Exercise(
     name="cross_entropy",
     summary="cross-entropy with ignore_index and label smoothing",
@@ -53,6 +59,9 @@ by a mixture with the uniform one.""",
         Case("large logits", _inputs([0, 4, 2, 2, 1, 3], scale=300.0, shift=1000.0),
              why="logits near 1000 and spread by hundreds: exp overflows and a softmax underflows to 0"),
         Case("batch axes", _inputs([[0, 4, 2], [2, 1, 3]]), why="logits (2, 3, 5) and targets (2, 3)"),
+        Case("positions far apart", _far_apart,
+             why="position 1's logits lie about 2000 below the others: each position needs its own log-sum-exp "
+                 "shift (one maximum over the whole array gives inf or NaN there)"),
     ),
     keyword_cases=(
         Case("label_smoothing=0.1", _inputs([0, 4, 2, 2, 1, 3], label_smoothing=0.1),

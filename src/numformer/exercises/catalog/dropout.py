@@ -31,7 +31,7 @@ def _check_rate(exercise, learner, p):
         i = tuple(np.argwhere(~(kept | dropped))[0])
         raise Failure(where + f"every entry of y is either 0 or x / (1 - p); y{index_text(i)} = {y[i]:.6g} for "
                               f"x{index_text(i)} = {x[i]:.6g}")
-    dependence = mask_dependence(dropped, "row")
+    dependence = mask_dependence(dropped)
     if dependence:
         raise Failure(where + f"each entry is zeroed on its own, with probability p; here {dependence}")
     if abs(dropped.mean() - p) > 0.02:

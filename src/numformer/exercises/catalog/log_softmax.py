@@ -16,6 +16,12 @@ def _spread(rng):
     return {"x": x}
 
 
+def _far_apart(rng):
+    x = _x(rng)
+    x[1] -= 2000.0
+    return {"x": x}
+
+
 def _masked_row(rng):
     x = _x(rng)
     x[2, 1] = -np.inf
@@ -47,6 +53,9 @@ dy: the shape of y   ->   dx: the shape of x.""",
     edge_cases=(
         Case("large entries", lambda rng: {"x": _x(rng) + 1000.0},
              why="every entry is near 1000: exp(1000) is inf in float64"),
+        Case("slices far apart", _far_apart,
+             why="the slices x[1, j] lie about 2000 below the others: each slice needs its own shift (one "
+                 "maximum over the whole array gives -inf or a wrong log-sum-exp there)"),
         Case("widely spread entries", _spread,
              why="the first entry of every slice is 1000 below the others: its softmax underflows to 0, but its "
                  "log softmax is a finite number near -1000"),

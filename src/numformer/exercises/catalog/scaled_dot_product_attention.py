@@ -24,6 +24,9 @@ def _with_mask(kind):
             mask[1, ..., 3:] = False
         elif kind == "float":
             mask = rng.standard_normal((3, 5))
+        elif kind == "far":                 # query 2's scores lie 2000 below the others'
+            mask = np.zeros((3, 5))
+            mask[2] = -2000.0
         else:                               # query 1 of every head may attend to no key
             mask = rng.random((2, 2, 3, 5)) > 0.3
             mask[..., 0] = True
@@ -82,7 +85,7 @@ def step_keywords_and_dropout(exercise, learner, reference):
         if abs(dropped.mean() - p) > 5 * np.sqrt(p * (1 - p) / dropped.size):
             raise Failure(where + f"{100 * dropped.mean():.0f}% of the weights are dropped; each one is dropped "
                                   f"with probability dropout_p = {p}")
-        dependence = mask_dependence(dropped, "batch element and head")
+        dependence = mask_dependence(dropped, ("batch element", "head"))
         if dependence:
             raise Failure(where + f"each weight is dropped on its own; here {dependence}")
     if not np.array_equal(_dropped_weights(exercise, learner, reference, p)[1], dropped):
@@ -153,6 +156,9 @@ multiplies P by a constant mask; the soft-cap's derivative is 1 - tanh²(S / c).
              why="a boolean mask of shape (2, 1, 1, 5), broadcast over heads and queries: batch element 1 may not "
                  "attend to its last two keys, in the forward and the backward"),
         Case("a float mask", _with_mask("float"), why="a float mask (3, 5) is added to the scores"),
+        Case("rows far apart", _with_mask("far"),
+             why="a float mask puts query 2's scores about 2000 below the others: each row of scores needs its "
+                 "own shift in the softmax (one maximum over all the scores underflows that row to 0)"),
         Case("a fully masked row", _with_mask("row"),
              why="query 1 of every head may attend to no key: its weights, output and gradients are 0, never NaN"),
         Case("no batch axes", _qkv(()), why="q (3, 4), k (5, 4), v (5, 3)"),
@@ -172,6 +178,8 @@ multiplies P by a constant mask; the soft-cap's derivative is 1 - tanh²(S / c).
         Case("softcap=1.5", _qkv(t_q=4, t_k=4, is_causal=True, softcap=1.5),
              why="the scores capped to 1.5·tanh(S / 1.5) before the causal mask (masked keys stay masked), and "
                  "the cap's derivative in the backward"),
+        Case("softcap=1.5 with a float mask", lambda rng: _with_mask("float")(rng) | {"softcap": 1.5},
+             why="the cap comes before the mask: 1.5·tanh(S / 1.5) + M, not a cap of S + M"),
     ),
     hints=(
         "Forward: the mask is applied to the scores before the softmax (-inf where a key is hidden), so that the "

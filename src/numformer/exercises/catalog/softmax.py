@@ -10,6 +10,12 @@ def _x(rng, shape=(3, 4, 5)):
     return rng.standard_normal(shape) * 3.0
 
 
+def _far_apart(rng):
+    x = _x(rng)
+    x[1] -= 2000.0
+    return {"x": x}
+
+
 def _masked_row(rng):
     x = _x(rng)
     x[1, 2] = -np.inf
@@ -47,6 +53,9 @@ one product, one sum along the axis, one subtraction.""",
     edge_cases=(
         Case("large entries", lambda rng: {"x": _x(rng) + 1000.0},
              why="every entry is near 1000, as unscaled attention scores can be: exp(1000) is inf in float64"),
+        Case("slices far apart", _far_apart,
+             why="the slices x[1, j] lie about 2000 below the others: each slice needs its own shift (one "
+                 "maximum over the whole array underflows them to 0)"),
         Case("masked entries", _masked_row,
              why="-inf entries are masked keys, and x[1, 2] is a slice whose keys are all masked: its "
                  "softmax is 0, and so is its gradient"),

@@ -103,7 +103,10 @@ def reusable_run(run_dir, resolved, commit, resumable=False, same_commit=True):
     wanted = json.loads(json.dumps(resolved))
     if saved != wanted:
         return None, f"its config.json differs from the config wanted ({config_difference(saved, wanted)})"
+    mixed = summary.get("commits")
     why = same_code(summary["commit"], commit) if same_commit else None
+    if same_commit and not why and isinstance(mixed, list) and len(set(mixed)) > 1:
+        why = f"it was trained by more than one version of numformer (commits {', '.join(map(str, mixed))})"
     if why:
         return None, why
     if resumable:

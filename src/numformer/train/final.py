@@ -235,6 +235,8 @@ def finish(trainer, stop, n_params, wall_start):
         "time_limit_reached": stop["time_limit"], "stopped_by": stopped_by(stop),
         "commit": git_commit(), "run_dir": str(trainer.run_dir),
     }
+    if len(set(trainer.commits)) > 1:           # resumed by other code: every version that trained it, in order
+        summary["commits"] = trainer.commits
     if trainer.budget is not None:
         summary["budget_seconds"] = trainer.budget.seconds
     if stop["diverged"]:

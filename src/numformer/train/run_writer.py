@@ -15,12 +15,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import weakref
 
 from . import run_folder
 from ..run_files import (CHECKPOINT, DATA_FILES, MODEL, open_in_folder, save_checkpoint, save_model, weights_step,
                          write_atomic, write_json_atomic)
 
 METRICS = "metrics.jsonl"
+# The last writer this process made of each run folder (its real path -> a weak reference: a writer's lock goes
+# with it): locks are re-entrant within a process, so a second Trainer may take a folder an earlier one of the
+# same process still holds; the earlier one then stops.
+_LATEST = {}
 
 
 class RunWriter:
@@ -42,7 +47,12 @@ class RunWriter:
         except BaseException:
             lock.release()
             raise
-        return cls(run_dir, lock)
+        return cls(run_dir, lock)._take()
+
+    def _take(self):
+        """This writer is the folder's from now on: an earlier one of this process stops at its next write."""
+        _LATEST[os.path.realpath(self.run_dir)] = weakref.ref(self)
+        return self
 
     @classmethod
     def for_resuming(cls, run_dir):
@@ -62,9 +72,17 @@ class RunWriter:
             self.lock.release()
 
     def check(self):
-        """Stop with one line when the run folder was deleted, moved or replaced since it was locked."""
+        """Stop with one line when the run folder was deleted, moved or replaced since it was locked, or when a
+        later writer of this process took it (a Trainer made with overwrite or resume on the same folder), so that
+        two runs never write into one folder."""
         if self.lock is not None:
             self.lock.check()
+            latest = _LATEST.get(os.path.realpath(self.run_dir), lambda: None)()
+            if latest is not None and latest is not self:
+                raise run_folder.RunFolderBusy(
+                    f"{self.run_dir} was taken by another run of this process (a Trainer made later on the same "
+                    f"folder, with overwrite=True or resume=True); this one stopped without writing more: train "
+                    f"with the later Trainer, or give each run its own folder")
 
     def start(self, config, tokenizer_state, data_files=None):
         """config.json (the resolved config), tokenizer.json (when the task has a tokenizer) and data_files.json
@@ -190,6 +208,7 @@ class RunWriter:
         (val_loss or val_loss_estimate): see ``restore_selection``. The checkpoint must be of the run metrics.jsonl
         records (``check_history``)."""
         self.check_history(state)
+        self._take()
         self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
         self._pending_selection = {selected_on: state["early_stopping"]["best"]}
 

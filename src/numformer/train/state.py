@@ -38,7 +38,9 @@ def check_state(state):
               "early_stopping": isinstance(early, dict) and number(early["best"], none=True)
               and count(early["best_step"], none=True) and count(early["bad_evals"]),
               "worker_rngs": rng_list(state.get("worker_rngs")), "mpi_rngs": rng_list(state.get("mpi_rngs")),
-              "metrics_step": count(state.get("metrics_step"), none=True)}
+              "metrics_step": count(state.get("metrics_step"), none=True),
+              "commits": state.get("commits") is None or (isinstance(state["commits"], list) and all(
+                  c is None or isinstance(c, str) for c in state["commits"]))}
     if "divergence" in state:
         d = state["divergence"]
         checks["divergence"] = isinstance(d, dict) and number(d["first_loss"], none=True) and count(d["steps_above"])
@@ -53,6 +55,19 @@ def check_state(state):
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
         raise TypeError(f"{bad[0]} is not what a checkpoint holds")
+
+
+def commits_after_resume(recorded, current, step, say):
+    """The commits whose code trained a run resumed by code at ``current``: ``recorded`` (the checkpoint's list;
+    None from a checkpoint written before numformer kept it), then ``current`` when it is another. ``say`` gets a
+    note when the code changed: the run's figures then come from more than one version of numformer, and
+    summary.json lists them (``numformer reproduce`` reuses no such run)."""
+    commits = list(recorded or [current])
+    if commits[-1] != current:
+        say(f"note: this run was trained to step {step} by commit {commits[-1] or 'unknown'} and goes on with "
+            f"commit {current or 'unknown'} (the code changed): summary.json lists both")
+        commits.append(current)
+    return commits
 
 
 class LogWindow:

@@ -42,7 +42,8 @@ from .parallel import share_text, usable_processes
 from .progress import run_progress
 from .run import config_and_task
 from .run_writer import RunWriter
-from .state import DivergenceGuard, LogWindow, TrainingDiverged, check_state, resumable_step
+from .state import (DivergenceGuard, LogWindow, TrainingDiverged, check_state, commits_after_resume,
+                    resumable_step)
 from . import stop_signals
 from .step import dpo_loss_and_backward
 from .workers import Workers
@@ -61,7 +62,7 @@ class Trainer:
 
     def __init__(self, config, run_dir, resume=False, overwrite=False, overrides=None, quiet=False, world=None):
         clock_start = time.perf_counter()       # a time budget counts the setup too
-        git_commit()            # the commit is read at the start: the summary names the code this process loaded
+        self.commits = [git_commit()]   # the code this process loaded, read at the start; a resume adds earlier ones
         self.run_dir, self.world, self.resumed = Path(run_dir), world, resume
         self._writer = world is None or world.is_writer         # the one process that writes the run folder
         self.quiet = quiet or not self._writer
@@ -117,7 +118,7 @@ class Trainer:
                  "model_rng": rng_state(self.model_rng), "data_rng": rng_state(self.data_rng),
                  "worker_rngs": None, "early_stopping": self.early.state_dict(),
                  "divergence": self.divergence.state_dict(), "log_window": self._window.state_dict(),
-                 "metrics_step": self.folder.logged_step}
+                 "metrics_step": self.folder.logged_step, "commits": self.commits}
         state.update(self.workers.state())      # collective under MPI: every rank's generators, on rank 0
         return state
 
@@ -134,6 +135,7 @@ class Trainer:
             raise ValueError(f"checkpoint {path} is damaged (its state metadata: {type(e).__name__}: {e}); it "
                              f"cannot be resumed: restore it or train again") from None
         self.early.load_state_dict(state["early_stopping"])
+        self.commits = commits_after_resume(state.get("commits"), self.commits[-1], self.step, self._print)
         self.folder.resumed_from(state, self.evaluation.selected_on())
         self.workers.restore(state)
         d, w = state.get("divergence"), state.get("log_window")

@@ -71,6 +71,29 @@ def _open_at(folder_fd, path, flags, mode=0o666):
                          f"{path.name} (nothing is recreated)") from None
 
 
+def remove_in_folder(path):
+    """Delete the file ``path`` if it exists, relative to the locked folder's descriptor where ``path``'s folder
+    is locked (see ``open_in_folder``): never a file of another folder put at the same path."""
+    folder_fd = _locked_folder_fd(path)
+    try:
+        if folder_fd is None:
+            os.unlink(path)
+        else:
+            os.unlink(Path(path).name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        pass
+
+
+def replace_in_folder(source, target):
+    """``os.replace(source, target)`` for two files of one folder, relative to its descriptor where it is locked
+    (see ``open_in_folder``)."""
+    folder_fd = _locked_folder_fd(target)
+    if folder_fd is None:
+        os.replace(source, target)
+    else:
+        os.replace(Path(source).name, Path(target).name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+
+
 TEMP_SUFFIX = ".tmp"
 _CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)    # never through a link
 

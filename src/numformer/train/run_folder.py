@@ -39,7 +39,7 @@ from pathlib import Path
 from .._limits import bounded_json
 from .. import _platform
 from .._results import remove_report
-from ..run_files import CHECKPOINT, DATA_FILES, LOCKED_FOLDERS, MODEL, remove_temp_files
+from ..run_files import CHECKPOINT, DATA_FILES, LOCKED_FOLDERS, MODEL, remove_in_folder, remove_temp_files
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 REFERENCE = "reference_logps.safetensors"     # a DPO run's reference log-probabilities, computed once
@@ -366,7 +366,7 @@ def start_new_run(path, overwrite=False, resumable=True):
                    "choose another --out")
         raise ValueError(f"{path} already holds a run; {how} (it has {', '.join(present)})")
     for name in present:
-        (path / name).unlink(missing_ok=True)
+        remove_in_folder(path / name)
     remove_temp_files(path, RUN_FILES)          # writes cut short (write_atomic's temporary files)
     if holds_a_run:                             # analyze's default report describes the run just deleted
         remove_report(path / "report")

@@ -18,8 +18,8 @@ import os
 import weakref
 
 from . import run_folder
-from ..run_files import (CHECKPOINT, DATA_FILES, MODEL, open_in_folder, save_checkpoint, save_model, weights_step,
-                         write_atomic, write_json_atomic)
+from ..run_files import (CHECKPOINT, DATA_FILES, MODEL, open_in_folder, remove_in_folder, replace_in_folder,
+                         save_checkpoint, save_model, weights_step, write_atomic, write_json_atomic)
 
 METRICS = "metrics.jsonl"
 # The last writer this process made of each run folder (its real path -> a weak reference: a writer's lock goes
@@ -92,7 +92,7 @@ class RunWriter:
         if not self.writes:
             return
         self.check()
-        (self.run_dir / "summary.json").unlink(missing_ok=True)
+        remove_in_folder(self.run_dir / "summary.json")
         write_json_atomic(self.run_dir / "config.json", config)
         if tokenizer_state is not None:
             write_json_atomic(self.run_dir / "tokenizer.json", tokenizer_state)
@@ -160,7 +160,7 @@ class RunWriter:
             save_checkpoint(self.run_dir / CHECKPOINT, model, optimizer, state, run_folder.weights_metadata(config),
                             config=config)
             self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
-            (self.run_dir / run_folder.KEPT_SELECTION).unlink(missing_ok=True)      # this checkpoint's is in MODEL
+            remove_in_folder(self.run_dir / run_folder.KEPT_SELECTION)      # this checkpoint's is in MODEL
 
     def _sync_metrics(self):
         path = self.run_dir / METRICS
@@ -225,7 +225,8 @@ class RunWriter:
         if selected == step:
             self.save_weights(model, config, step=step, **figure)
         elif weights_step(kept) == selected:
-            os.replace(kept, self.run_dir / MODEL)
+            self.check()
+            replace_in_folder(kept, self.run_dir / MODEL)
 
     def save_summary(self, summary):
         """summary.json: the ``summary`` dict of a train() call."""

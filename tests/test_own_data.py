@@ -74,6 +74,9 @@ def test_text_from_several_files_and_a_folder(tmp_path, capsys):
     assert len(t2.splits["train"]) + len(t2.splits["val"]) == len(text)
     t3 = make_task({"task": "text", "path": str(folder / "*.txt"), "block_size": 8})
     assert "question" not in t3.tokenizer.decode(t3.splits["val"])  # the glob matched a.txt only
+    with pytest.raises(ValueError, match=r"\[data\] path and paths name the file '.*a\.txt' twice \(by '.*corpus' "
+                                         r"and by '.*a\.txt'\): each file is read once; remove the repeat"):
+        make_task({"task": "text", "path": str(folder), "paths": [str(folder / "a.txt")], "block_size": 8})
     run = train(tmp_path, "gpt", {"task": "text", "path": str(folder), "block_size": 16})
     capsys.readouterr()
     assert main(["generate", str(run), "--prompt", "to be", "--max-new-tokens", "10", "--seed", "0"]) == 0

@@ -173,9 +173,11 @@ def read_lines(path) -> list[str]:
 
 def expand_paths(path: str = "", paths=()) -> list[str]:
     """Files named by ``path`` (a file, a folder: every file in it, recursively, sorted; or a glob pattern)
-    and by the list ``paths`` (each one the same). Hidden files are skipped; nothing found is an error."""
+    and by the list ``paths`` (each one the same). Hidden files are skipped; nothing found is an error, and so is
+    a file named twice (by path and paths, or by two patterns): it would be read twice, and the end of the
+    first copy, which trains, is the text of the second one's end, which validates."""
     items = ([path] if path else []) + list(paths or [])
-    out = []
+    out, seen = [], {}
     for item in items:
         item = str(item)
         if any(ch in item for ch in "*?["):
@@ -191,6 +193,12 @@ def expand_paths(path: str = "", paths=()) -> list[str]:
             found = [item]
         else:
             raise FileNotFoundError(f"no such file or folder: {item!r}")
+        for file in found:
+            real = os.path.realpath(file)
+            if real in seen:
+                raise ValueError(f"[data] path and paths name the file {file!r} twice (by {seen[real]!r} and by "
+                                 f"{item!r}): each file is read once; remove the repeat")
+            seen[real] = item
         out += found
     return out
 

@@ -18,11 +18,10 @@ def load_generator(source, adapter=None, command="generate"):
     """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``; ``adapter``:
     a PEFT LoRA adapter folder put on the model (``numformer.interop.peft.load_adapter``); ``command``: the
     command named in the errors (generate, chat, explore)."""
+    from ..interop.hf import read_hf_config
     from ..interop.peft import load_adapter
     from ..interop.sources import is_run_folder, load
     from ..train import load_config_json
-
-    from ..interop.hf import read_hf_config
     from ..train.run_folder import RUN_FILES
 
     if Path(source).is_dir() and not any(Path(source, name).exists() for name in ("config.json", *RUN_FILES)):

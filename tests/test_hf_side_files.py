@@ -101,3 +101,19 @@ def test_a_fine_tuned_run_keeps_the_template_it_learned(llama3, tmp_path, with_t
     assert fmt.is_default != with_template
     if with_template:
         assert fmt.template == hf_tok.chat_template
+
+
+def test_a_tokenizer_json_naming_a_file_elsewhere_is_refused(llama3, tmp_path):
+    """export writes the side files by their names: an edited tokenizer.json may not name a path outside them."""
+    from numformer.data.tokenizers import tokenizer_from_dict
+
+    folder = llama3[0]
+    run = tmp_path / "run"
+    assert cli("import-hf", folder, "--out", run, "--block-size", 32) == 0
+    state = json.loads((run / "tokenizer.json").read_text())
+    for name in ("../../escaped.json", "additional_chat_templates/../../x.jinja", "config.json"):
+        bad = {**state, "files": {**state["files"], name: {"a": 1}}}
+        with pytest.raises(TypeError, match="files is not an object of a Hugging Face model's side files"):
+            tokenizer_from_dict(bad)
+    good = {**state, "files": {**state["files"], "additional_chat_templates/tool-use.jinja": "{{ 1 }}"}}
+    assert "additional_chat_templates/tool-use.jinja" in tokenizer_from_dict(good).files

@@ -23,6 +23,21 @@ SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_co
 TEMPLATES_DIR = "additional_chat_templates"
 
 
+def check_side_files(files):
+    """``files`` if it is a {name: JSON object or text} of ``SIDE_FILES`` names (or additional chat templates,
+    ``additional_chat_templates/NAME.jinja``), else a TypeError: the names become paths when ``export`` writes
+    them, so an edited tokenizer.json must not name a file elsewhere."""
+    def allowed(name):
+        folder, _, file = name.rpartition("/")
+        return name in SIDE_FILES or (folder == TEMPLATES_DIR and file.endswith(".jinja") and
+                                      file.removesuffix(".jinja").replace("-", "_").isidentifier())
+    if not isinstance(files, dict) or not all(isinstance(k, str) and allowed(k) and isinstance(v, (dict, str))
+                                              for k, v in files.items()):
+        raise TypeError(f"files is not an object of a Hugging Face model's side files ({', '.join(SIDE_FILES)}, "
+                        f"{TEMPLATES_DIR}/NAME.jinja) and their JSON objects or texts")
+    return files
+
+
 def side_files(folder):
     """The ``SIDE_FILES`` of a Hugging Face model folder that it has, and its additional chat templates:
     {name: JSON object, or the text of a .jinja file}; one ValueError naming a file that is not valid."""
@@ -136,9 +151,7 @@ class PretrainedTokenizer(Tokenizer):
         hf_json, files, eos_ids = d["hf_json"], d.get("files", {}), d.get("eos_ids")
         if not isinstance(hf_json, str):
             raise TypeError(f"hf_json is a {type(hf_json).__name__}, not a string")
-        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, (dict, str))
-                                                  for k, v in files.items()):
-            raise TypeError("files is not an object of file names and their JSON objects or texts")
+        check_side_files(files)
         if eos_ids is not None and not (isinstance(eos_ids, list) and all(type(i) is int for i in eos_ids)):
             raise TypeError("eos_ids is not a list of token ids")
         try:

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from .bpe import ByteLevelBPE
 from .normalized_bpe import NormalizedBPE
-from .pretrained import PretrainedTokenizer
+from .pretrained import PretrainedTokenizer, check_side_files
 from .simple import CharTokenizer, SymbolTokenizer, WordTokenizer
 
 # "type" of a saved state -> its class. A plain Hugging Face tokenizer.json (no "type" key, a "model") is a
@@ -32,9 +32,7 @@ def tokenizer_from_dict(d: dict):
         tokenizer = TOKENIZER_TYPES[kind].from_dict(d)
     files = d.get("files")
     if files is not None and not isinstance(tokenizer, PretrainedTokenizer):   # a fine-tuned run's chat template
-        if not isinstance(files, dict) or not all(isinstance(v, (dict, str)) for v in files.values()):
-            raise TypeError("files is not an object of file names and their JSON objects or texts")
-        tokenizer.files = dict(files)
+        tokenizer.files = dict(check_side_files(files))
     return tokenizer
 
 

@@ -239,6 +239,20 @@ RESUME_REFUSED_SECTIONS = {
 }
 
 
+def config_changes(a, b):
+    """Every difference between two resolved configs, section by section and key by key in name order:
+    [(name, value in a, value in b)], name "section.key", or "[section]" for a section that is not a table in
+    both."""
+    changes = []
+    for section in sorted(set(a) | set(b)):
+        x, y = a.get(section), b.get(section)
+        if isinstance(x, dict) and isinstance(y, dict):
+            changes += [(f"{section}.{k}", x.get(k), y.get(k)) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+        elif x != y:
+            changes.append((f"[{section}]", x, y))
+    return changes
+
+
 def _section_changes(saved, config):
     """Each difference of [model], [data] and [lora] from ``saved`` to ``config`` (both resolved), in the order
     of the messages: (section, key, old, new, why it may not change, whether --resume may make it: ``RESUMABLE``)."""

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from .._limits import NUMBER, check_record, read_json_file
+from ..config import config_changes
 from .._platform import LOCK_FILE
 from ..train import Trainer
 from ..run_files import CHECKPOINT
@@ -62,14 +63,7 @@ def read_run_config(run_dir):
 
 def config_difference(saved, wanted, limit=3):
     """'section.key saved -> wanted, ...' for the keys whose values differ (the first ``limit``)."""
-    diffs = []
-    for section in sorted(set(saved) | set(wanted)):
-        a, b = saved.get(section), wanted.get(section)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += [f"{section}.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-                      if a.get(k) != b.get(k)]
-        elif a != b:
-            diffs.append(f"[{section}]")
+    diffs = [name if name.startswith("[") else f"{name} {a!r} -> {b!r}" for name, a, b in config_changes(saved, wanted)]
     return ", ".join(diffs[:limit]) + (f" and {len(diffs) - limit} more" if len(diffs) > limit else "")
 
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from .._install import install_hint
 from .. import _platform
+from ..config import config_changes
 from ..data.base import IGNORE
 from .parallel import ClosesOnExit, DataParallel, _generators, _shares, _take
 
@@ -201,17 +202,6 @@ def _shared_part(config):
     return out
 
 
-def _first_difference(a, b, prefix=""):
-    """(key, value in a, value in b) of the first key where two configs differ, or None."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            found = _first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
-            if found:
-                return found
-        return None
-    return None if a == b else (prefix.rstrip("."), a, b)
-
-
 def _contents(data_files):
     """The sorted sha256 of every file and folder of a data_files.json document (None without one)."""
     if data_files is None:
@@ -226,9 +216,9 @@ def run_disagreement(states):
     items would train one model with several optimizers, or fail inside MPI with a message of its own."""
     config0, data0 = _shared_part(states[0][0]), _contents(states[0][1])
     for rank, (config, data_files) in enumerate(states[1:], 1):
-        found = _first_difference(config0, _shared_part(config))
-        if found:
-            key, ours, theirs = found
+        changes = config_changes(config0, _shared_part(config))
+        if changes:
+            key, ours, theirs = changes[0]
             return (f"rank {rank} was started with another config than rank 0: {key} = {theirs!r} there, {ours!r} "
                     f"on rank 0; start every rank with the same config file and --set items")
         contents = _contents(data_files)

@@ -123,6 +123,18 @@ def ctrl_c_during_step(trainer, monkeypatch, step):
     monkeypatch.setattr(trainer, "_train_step", step_then_interrupt)
 
 
+def freeze(proc):
+    """Stop the child process ``proc`` (a Popen) with SIGSTOP and return once it has stopped. ``kill`` only
+    queues the signal: a process running on another core goes on for a moment and may write a file
+    meanwhile. Returns False if it had exited instead (its returncode is then set)."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    if os.WIFSTOPPED(status):
+        return True
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return False
+
+
 def one_error_line(rc, err, command):
     """The CLI's promise for an expected failure: exit code 2, no traceback and exactly one line
     ``numformer COMMAND: error: ...`` on stderr; returns that line."""

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import one_error_line, tiny_copy_toml
+from conftest import freeze, one_error_line, tiny_copy_toml
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the faults are made with POSIX signals and links")
 
@@ -95,7 +95,7 @@ def test_a_deleted_or_replaced_folder_stops_its_writer(tmp_path, cfgs, fault):
     out = tmp_path / "R"
     first = start("train", long_cfg, "--out", out, "--quiet")
     wait_for_step(first, out / "metrics.jsonl", 5)
-    os.kill(first.pid, signal.SIGSTOP)     # the writer sees the folder only as deleted, or only as replaced
+    assert freeze(first)                   # the writer sees the folder only as deleted, or only as replaced
     try:
         remove(out)
         if fault == "replaced":

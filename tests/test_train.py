@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ctrl_c_during_step, tiny_copy_toml
+from conftest import ctrl_c_during_step, freeze, tiny_copy_toml
 from numformer.cli import main
 from numformer.data import Batch, Task, register_task
 from numformer.train import EarlyStopping, Trainer, TrainingDiverged, resolve_config, write_atomic
@@ -328,7 +328,8 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
             if step is not None and max((s for s, _ in complete_metric_lines(run)), default=-1) > step:
                 # Freeze the run and look again (it may have written a newer checkpoint meanwhile): kill it
                 # only in a state with metrics lines past its checkpoint.
-                proc.send_signal(signal.SIGSTOP)
+                if not freeze(proc):
+                    continue
                 step = saved_step(run)
                 if max((s for s, _ in complete_metric_lines(run)), default=-1) > step:
                     proc.send_signal(signal.SIGKILL)

@@ -244,6 +244,20 @@ def test_data_list(toy, capsys, monkeypatch, tmp_path):
         assert f"\n{name}: " in out
 
 
+def test_data_list_shows_the_size_of_the_file_here(toy, capsys, monkeypatch, tmp_path):
+    """A data folder's file is used as it is (no hash check): the list shows its size, and the official one
+    beside it where they differ (a subset, another version)."""
+    data = tmp_path / "data"
+    (data / "toy").mkdir(parents=True)
+    (data / "toy/a.txt").write_bytes(toy.files["toy/a.txt"][:100])
+    (data / "toy/b.txt").write_bytes(toy.files["toy/b.txt"])
+    monkeypatch.setenv(F.DATA_ENV, str(data))
+    assert main(["data", "list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  toy/")}
+    assert "100 bytes (official 550 bytes)  in the data folder" in rows["toy/a.txt"]
+    assert " 240 bytes  in the data folder" in rows["toy/b.txt"] and "official" not in rows["toy/b.txt"]
+
+
 def test_train_quiet_prints_no_download_line(mirror, monkeypatch, tmp_path, run_cli):
     """--quiet reaches the task's download (made while the config is resolved): nothing on stderr."""
     agnews_folder(mirror.root / "ag_news_csv", 8)

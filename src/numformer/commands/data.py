@@ -20,10 +20,11 @@ def run_list(args):
         exact = all(f.exact_size for f in ds.files)
         state = _summary(rows)
         print(f"\n{name}: {ds.title}; {'' if exact else 'about '}{F.human_size(total)}; {state}")
+        width = max(16, *(len(r["size"]) for r in rows))
         for r in rows:
             where = {"data folder": "in the data folder", "cache": "cached",
                      "stand-in": "stand-in in the data folder", "missing": "not here"}[r["where"]]
-            print(f"  {r['path']:<34} {r['size']:>16}  {where:<28} {r['local'] or r['url']}")
+            print(f"  {r['path']:<34} {r['size']:>{width}}  {where:<28} {r['local'] or r['url']}")
 
 
 def _summary(rows):

@@ -313,10 +313,17 @@ def fetch(name: str, quiet: bool = False) -> list[tuple[str, Path, str]]:
 
 
 def status(name: str) -> list[dict]:
-    """One dict per file of ``name``: path, size, url, where (data folder / cache / stand-in / missing), local."""
+    """One dict per file of ``name``: path, size, url, where (data folder / cache / stand-in / missing), local.
+    The size is the local file's when there is one, with the official size beside it where they differ (a
+    data folder's file is not hash-checked: it may be a subset or another version)."""
     rows = []
     for f in dataset(name).files:
         found = find_local(f)
-        rows.append({"path": f.path, "size": human_size(f), "url": source_url(f),
+        size = human_size(f)
+        if found and found[0].is_file():
+            here = found[0].stat().st_size
+            differs = here != f.size if f.exact_size else found[1] == "stand-in"
+            size = f"{human_size(here)} (official {human_size(f)})" if differs else human_size(here)
+        rows.append({"path": f.path, "size": size, "url": source_url(f),
                      "where": found[1] if found else "missing", "local": str(found[0]) if found else ""})
     return rows

@@ -169,6 +169,36 @@ def test_a_train_key_set_on_resume_is_in_effect_or_refused_by_name(key, base_run
     assert probe(run, trainer, spy, summary), (key, spy, summary)                     # ... and in effect
 
 
+@pytest.mark.parametrize("key, value, change, effect", [
+    ("lr", 5e-3, "lr 0.01 -> 0.005", "changes the learning-rate schedule of the resumed run from this step on"),
+    ("grad_clip", 0.5, "grad_clip 1.0 -> 0.5", "in effect from this step on")])
+def test_a_train_value_edited_by_hand_is_announced_as_set_would_be(key, value, change, effect, base_runs, tmp_path,
+                                                                   capsys):
+    """config.json edited by hand since the checkpoint: the resumed run names the change, as for --set (the
+    checkpoint records the config it trained with); a resume of an unedited run says nothing."""
+    run = tmp_path / "run"
+    shutil.copytree(base_runs["adamw"], run)
+
+    def notes():
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+
+    Trainer(None, run, resume=True).close()
+    assert notes() == []
+    config = json.loads((run / "config.json").read_text())
+    config["train"][key] = value
+    (run / "config.json").write_text(json.dumps(config))
+    Trainer(None, run, resume=True).close()
+    assert notes() == [f"note: {change} {effect}"]
+    trainer = Trainer(None, run, resume=True, overrides=["train.max_steps=6"])
+    both = " ".join(notes())                    # the edit is still a change from the checkpoint's run
+    assert "max_steps 4 -> 6" in both and change in both
+    trainer.train()
+    trainer.close()
+    capsys.readouterr()
+    Trainer(None, run, resume=True, overrides=["train.max_steps=8"]).close()   # its checkpoint records the edit
+    assert notes() == ["note: max_steps 6 -> 8 in effect from this step on"]
+
+
 def _lines_all(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 

@@ -84,15 +84,16 @@ def config_and_task(run_dir, config, overrides, resume, quiet=False):
 def resumed_config(run_dir, overrides=None):
     """(resolved config, task, notes, data files) of a run to resume: its config.json with ``overrides`` (--set)
     applied, the task with the saved vocabulary (so that ids mean what they meant), a note line on each change the
-    overrides make (``config.resume_changes`` for [train], ``config.resume_section_changes`` for [model], [data]
-    and [lora]; each refuses in one line a change that cannot be made), and the fingerprint of its data to write
+    overrides make (``config.resume_changes`` for [train], also naming a [train] value edited by hand in config.json
+    since the checkpoint; ``config.resume_section_changes`` for [model], [data] and [lora]; each refuses in one
+    line a change that cannot be made), and the fingerprint of its data to write
     when the run folder has none (the data must be the run's: ``data_files_before``, ``data_files_after``). The
     checkpoint must be there; config.json must agree with it on what --resume cannot change
     (``check_against_checkpoint``), and tokenizer.json must be there when the run's task keeps one
     (``data.run_tokenizer.load_tokenizer_json``)."""
     saved = load_config_json(run_dir)
     require_checkpoint(Path(run_dir) / CHECKPOINT)      # before any note on what --set changes
-    check_against_checkpoint(run_dir, saved)
+    trained = check_against_checkpoint(run_dir, saved)
     tokenizer_state = load_tokenizer_json(run_dir, saved["data"])
     wanted = apply_overrides(saved, overrides)
     resume_section_changes(saved, wanted)       # a change refused by name before any data or source is read
@@ -106,8 +107,15 @@ def resumed_config(run_dir, overrides=None):
         raise ValueError(f"tokenizer file {Path(run_dir) / TOKENIZER} is damaged or does not fit the run's "
                          f"[data] ({type(e).__name__}: {e}); restore it or retrain") from None
     data_files = data_files_after(run_dir, recorded, gone, read)
-    return (config, task, resume_changes(saved["train"], config["train"]) + resume_section_changes(saved, config),
-            data_files)
+    return (config, task, resume_changes(_trained_train(trained, saved), config["train"])
+            + resume_section_changes(saved, config), data_files)
+
+
+def _trained_train(trained, saved):
+    """The [train] section the checkpoint's run trained with (config.json's for what it does not record)."""
+    if trained is None:
+        return saved["train"]
+    return {k: saved["train"].get(k) if isinstance(v, NotRecorded) else v for k, v in trained["train"].items()}
 
 
 def data_fingerprint(run_dir, read):
@@ -168,12 +176,14 @@ def check_against_checkpoint(run_dir, saved, resuming=True):
     """config.json (``saved``, resolved) against the config the run's checkpoint was trained with: one ValueError
     naming each value edited by hand that ``--resume --set`` would refuse to change
     (``config.check_config_json_against_checkpoint``; ``resuming``: whose advice). Nothing to compare without a
-    checkpoint (resuming says so)."""
+    checkpoint (resuming says so). Returns the checkpoint's config (``trained_config``), or None."""
     path = Path(run_dir) / CHECKPOINT
     recorded = checkpoint_config(path)
-    if recorded is not None:
-        check_config_json_against_checkpoint(trained_config(recorded, saved, path), saved,
-                                             Path(run_dir) / "config.json", path, resuming)
+    if recorded is None:
+        return None
+    trained = trained_config(recorded, saved, path)
+    check_config_json_against_checkpoint(trained, saved, Path(run_dir) / "config.json", path, resuming)
+    return trained
 
 
 def trained_config(recorded, saved, path):

@@ -3,9 +3,14 @@ is not on PyPI: ``pip install "numformer[mpi]"`` would fetch nothing, or a stran
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-from numformer._install import install_hint
+import pytest
+
+from conftest import one_error_line, src_env, tiny_text_toml
+from numformer._install import MissingDependency, install_hint, require
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "numformer"
 
@@ -20,3 +25,54 @@ def test_no_message_installs_numformer_from_an_index():
              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"numformer\[\w+\]", line)]
     assert not found, f"pip install 'numformer[extra]' fails (numformer is not on PyPI): use install_hint at {found}"
+
+
+# -- a missing optional package is one error line, before anything runs ------------------------------------------
+def test_a_missing_package_is_one_error_line_and_any_other_import_error_a_bug():
+    from numformer.cli import error_message
+
+    line = error_message(MissingDependency("BLEU needs sacrebleu, not installed: pip install ..."))
+    assert line == "BLEU needs sacrebleu, not installed: pip install ..."
+    assert error_message(ImportError("cannot import name 'x' from 'numformer.y'")) is None
+
+
+def test_require_names_the_feature_the_missing_packages_and_their_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)               # not installed, as importlib sees it
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(MissingDependency) as e:
+        require(("numpy", "torch", "transformers"), "the feature")
+    assert str(e.value) == ("the feature needs torch and transformers, not installed: pip install -e \".[test]\" in "
+                            "numformer's checkout (or pip install torch==2.13.0 transformers)")
+    require(("numpy",), "the feature")                            # installed: nothing raised, nothing imported
+
+
+@pytest.mark.parametrize("argv, needs", [
+    (["bench", "throughput", "--quick"], "numformer bench throughput needs torch"),
+    (["bench", "generate", "hf-generate", "--quick"], "numformer bench hf-generate needs torch and transformers"),
+    (["reproduce", "shakespeare_speedrun_torch", "--quick"],
+     "numformer reproduce shakespeare_speedrun_torch needs torch and transformers")])
+def test_a_part_or_experiment_without_its_reference_is_refused_before_it_runs(argv, needs, monkeypatch, tmp_path,
+                                                                              run_cli):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli(*argv, *(["--out", "res"] if argv[0] == "bench" else ["--results", "res", "--runs", "r"]))
+    line = one_error_line(rc, err, argv[0])
+    assert needs in line and "pip install -e \".[test]\"" in line and "torch==2.13.0" in line
+    assert list(tmp_path.iterdir()) == []                         # nothing ran, nothing written (generate neither)
+
+
+def test_byte_level_bpe_without_regex_is_one_error_line(tmp_path):
+    """In a fresh process (this one may hold a compiled split pattern already), as the command line runs."""
+    text = tmp_path / "small.txt"
+    text.write_text("to be or not to be, that is the question\n" * 40, encoding="utf-8")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tiny_text_toml(text).replace('block_size = 16', 'block_size = 16\ntokenizer = "bpe"\n'
+                                                                   'vocab_size = 280'), encoding="utf-8")
+    hidden = ("import sys; sys.modules['regex'] = None; from numformer.cli import main; "
+              "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", hidden, "train", str(cfg), "--out", str(tmp_path / "run"), "--quiet"],
+                          capture_output=True, text=True, env=src_env(), timeout=120)
+    line = one_error_line(done.returncode, done.stderr, "train")
+    assert "byte-level BPE" in line and "needs regex" in line and "pip install -e \".[nlp]\"" in line
+    assert not (tmp_path / "run").exists()

@@ -159,6 +159,7 @@ def check_text_arguments(args):
 
 def error_message(e):
     """The one-line message for an expected failure, or None for an unexpected one (a bug)."""
+    from numformer._install import MissingDependency
     from numformer.train import TrainingDiverged
     from numformer.train.parallel import DataParallelError
 
@@ -167,7 +168,7 @@ def error_message(e):
     elif isinstance(e, MemoryError):
         text = (f"out of memory ({e or 'an allocation failed'}); use smaller sizes "
                 f"(batch_size, --max-new-tokens, the model) or a machine with more memory")
-    elif isinstance(e, (ValueError, TrainingDiverged, DataParallelError)):
+    elif isinstance(e, (ValueError, TrainingDiverged, DataParallelError, MissingDependency)):
         text = str(e)
     else:
         return None

@@ -27,6 +27,8 @@ import numpy as np
 from . import _family
 from .hf_generate import cpu_row  # noqa: F401  (bench.md's row per CPU model: the ratio at each batch size)
 
+REQUIRES = ("torch", "transformers")     # the reference it measures against: the runner refuses the part without it
+
 PROMPT, NEW_TOKENS, BATCHES = 64, 64, (1, 8)
 CACHE_WINDOWS, CACHE_NEW_TOKENS = 3, 64      # the KV-cache run: a prompt of 3 windows, then 64 tokens
 GEMMA3_1B = dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,

@@ -35,6 +35,8 @@ from .._runtime import get_num_threads
 from ..interop.hf import load_pretrained
 from . import _measure
 
+REQUIRES = ("torch", "transformers")     # the reference it measures against: the runner refuses the part without it
+
 PROMPT, NEW_TOKENS, BATCHES = 64, 128, (1, 8)
 MODES = ("one_thread", "numformer", "blas")
 QUICK_CONFIG = {"vocab_size": 1000, "n_positions": 128, "n_embd": 128, "n_layer": 2, "n_head": 4}

@@ -26,6 +26,8 @@ from ..models import GPT
 from .hf_generate import measure, random_models
 from .hf_generate import cpu_row  # noqa: F401  (bench.md's row per CPU model: the ratio at each batch size)
 
+REQUIRES = ("torch", "transformers")     # the reference it measures against: the runner refuses the part without it
+
 PROMPT, NEW_TOKENS = 64, 128
 SMOLLM_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,

@@ -36,6 +36,8 @@ from .profile import Timers, timed_ops
 from .throughput import (CONFIGS, NumformerTrainer, build_models, environment, make_batches, one_thread_each,
                          torch_trainer)
 
+REQUIRES = ("torch",)     # the reference it measures against: the runner refuses the part without it
+
 # steps profiled per configuration (after 2 warm-up steps), and for --quick
 STEPS = {"nanogpt": 20, "minillm": 2, "classifier": 20}
 QUICK_STEPS = {"nanogpt": 2, "minillm": 1, "classifier": 2}

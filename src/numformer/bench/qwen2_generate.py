@@ -13,6 +13,8 @@ from __future__ import annotations
 from . import _family
 from .hf_generate import cpu_row  # noqa: F401  (bench.md's row per CPU model: the ratio at each batch size)
 
+REQUIRES = ("torch", "transformers")     # the reference it measures against: the runner refuses the part without it
+
 PROMPT, NEW_TOKENS = 64, 64
 QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,

@@ -15,6 +15,8 @@ from __future__ import annotations
 from . import _family
 from .hf_generate import cpu_row  # noqa: F401  (bench.md's row per CPU model: the ratio at each batch size)
 
+REQUIRES = ("torch", "transformers")     # the reference it measures against: the runner refuses the part without it
+
 PROMPT, NEW_TOKENS, BATCHES = 64, 64, (1, 8)
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,

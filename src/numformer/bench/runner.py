@@ -22,6 +22,10 @@ and may define
         in bench.md's table "Measured on each CPU model" of the part's section: the speed ratios change from
         one CPU model to another, so one full run's row is kept per CPU model (see ``keep_cpu_rows``).
 
+    REQUIRES: tuple
+        The optional packages the part imports (import names of ``_install.PROVIDED_BY``, e.g. ("torch",)):
+        a part whose package is missing is refused with what to install before any part runs.
+
 ``run_parts`` merges each part's result into ``bench.json`` under the part's
 name (other parts' entries are kept, so parts can be run one at a time; a part
 run with ``quantize="int8"`` under ``<part>_int8``, beside its float32 section) and
@@ -43,6 +47,7 @@ from pathlib import Path
 
 from .._limits import check_record, read_json_file
 from .._results import BENCH_TITLE, check_results_folder
+from .._install import require
 from ..provenance import cpu_label, git_commit, machine_info
 from ..run_files import write_atomic
 
@@ -229,7 +234,9 @@ def run_parts(parts, quick=False, out_dir="results", log=print, options=None):
     if isinstance(parts, str):
         parts = [parts]
     names = available_parts() if "all" in parts else list(dict.fromkeys(p.replace("-", "_") for p in parts))
-    modules = {name: load_part(name) for name in names}       # fail early on a bad name
+    modules = {name: load_part(name) for name in names}       # fail early on a bad name ...
+    for name, module in modules.items():                        # ... or a package a part needs
+        require(getattr(module, "REQUIRES", ()), f"numformer bench {name.replace('_', '-')}")
     taken = _part_options(modules, {k: v for k, v in (options or {}).items() if v is not None})
     out_dir = Path(out_dir)
     check_results_folder(out_dir, "--out")

@@ -41,6 +41,8 @@ from ..train.parallel import ClosesOnExit, DataParallel, usable_processes
 from .profile import matmul_peak
 from .runner import image_link
 
+REQUIRES = ("torch",)     # the reference it measures against: the runner refuses the part without it
+
 OPTIM = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
 
 # name -> title, model kind, model arguments, batch size, sequence length

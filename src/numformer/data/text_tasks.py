@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from .._install import install_hint
+from .._install import require
 from .base import IGNORE, Batch, Task, register_task
 from .batching import LengthBuckets, eval_mode, eval_order
 from .fetch import locate
@@ -589,10 +589,8 @@ def corpus_bleu(hypotheses, references, lowercase=False) -> float:
     Both sides are detokenized text: the hypotheses as the target tokenizer decodes
     them, the references as the raw lines of the corpus.
     """
-    try:
-        import sacrebleu
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(f"BLEU needs sacrebleu: {install_hint('nlp', 'sacrebleu')}") from e
+    require(("sacrebleu",), "BLEU")
+    import sacrebleu
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")

@@ -225,9 +225,11 @@ register(Experiment(
     [], time_limit_minutes=30.0,
     quick_overrides=QUICK_MODEL + ["train.budget_minutes=0.1", "data.vocab_size=300", "data.val_size=100",
                                    "data.unlabelled=false"],
-    custom=run_imdb_lm, run_dirs=lambda exp, ctx: [(ctx.runs_dir / exp.name, None)]), group="bpe_lm")
+    custom=run_imdb_lm, run_dirs=lambda exp, ctx: [(ctx.runs_dir / exp.name, None)], requires=("regex",)),
+    group="bpe_lm")
 register(Experiment(
     COMPARISON, "Tiny Shakespeare: a character-level model against byte-level BPE of 512, 1,024 and 2,048 tokens, "
     "each trained with the speedrun's recipe for 10 minutes, compared in bits per byte.",
     custom=run_comparison, seeds_in_custom=True,
-    run_dirs=lambda exp, ctx: [(run_dir, None) for _, (_, run_dir) in comparison_runs(exp, ctx)]), group="bpe_lm")
+    run_dirs=lambda exp, ctx: [(run_dir, None) for _, (_, run_dir) in comparison_runs(exp, ctx)],
+    requires=("regex",)), group="bpe_lm")

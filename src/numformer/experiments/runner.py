@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .._install import require
 from .._limits import NUMBER, check_record, read_json_file
 from .._results import INDEX_TITLE, check_results_folder
 from ..analysis import GROUP_TITLES, attention_maps, plot_attention, plot_loss_curves, read_metrics
@@ -75,6 +76,7 @@ class Experiment:
     run_dirs: Callable | None = None       # run_dirs(exp, ctx), for a custom experiment (required)
     extra_runs: tuple = ()                 # run folders under --runs that ``extra`` trains (parity's baseline)
     seed_study_runs: Callable | None = None    # seed_study_runs(exp, ctx): the seed study's
+    requires: tuple = ()                   # optional packages it imports (``_install.PROVIDED_BY``'s import names)
 
     def config_name(self):
         return self.config or self.name
@@ -129,8 +131,9 @@ def check_context(ctx):
 
 def check_before_running(exp, ctx):
     """Refuse, before anything trains, what the experiment would write where it may not (see the module's
-    docstring): one line naming each folder."""
+    docstring): one line naming each folder; or a package it needs that is not installed."""
     check_context(ctx)
+    require(exp.requires, f"numformer reproduce {exp.name}")
     if ctx.seeds and not exp.seeds_in_custom and exp.seed_study is None:
         raise ValueError(f"--seeds: experiment {exp.name!r} takes no seeds (`numformer reproduce --help` names "
                          f"those that do)")

@@ -359,7 +359,7 @@ def _shown_profiles(profiles):
 
 def run_torch_anchor(exp, ctx):
     """The recipe and nanoGPT's CPU recipe, each trained by PyTorch under the same budget (one seed each)."""
-    from . import _torch_anchor          # imports torch, a test and benchmark dependency
+    from . import _torch_anchor          # imports torch and transformers (Experiment.requires)
 
     seed = 0
     recipe = speedrun_config()
@@ -651,7 +651,7 @@ register(Experiment(
     custom=run_ablation, seeds_in_custom=True, quick_seeds=2, run_dirs=ablation_run_dirs), group="speedrun")
 register(Experiment(
     f"{NAME}_torch", "The speedrun's budget given to PyTorch: the same recipe, and nanoGPT's CPU recipe.",
-    custom=run_torch_anchor, run_dirs=lambda exp, ctx: []), group="speedrun")
+    custom=run_torch_anchor, run_dirs=lambda exp, ctx: [], requires=("torch", "transformers")), group="speedrun")
 register(Experiment(
     f"{NAME}_profile", "Where a training step of the speedrun's model spends its time, op family by op family.",
     custom=run_profile, run_dirs=lambda exp, ctx: []), group="speedrun")

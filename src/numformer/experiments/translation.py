@@ -146,4 +146,5 @@ register(Experiment(
     "multi30k",
     "Multi30k German -> English translation with the encoder-decoder Transformer (29,000 training pairs); "
     "sacrebleu BLEU on test_2016_flickr with greedy decoding and beam search.",
-    [Target("bleu_beam", 30.0)], quick_overrides=QUICK, time_limit_minutes=120, extra=multi30k_extra))
+    [Target("bleu_beam", 30.0)], quick_overrides=QUICK, time_limit_minutes=120, extra=multi30k_extra,
+    requires=("sacrebleu",)))

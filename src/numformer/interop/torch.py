@@ -38,16 +38,15 @@ import re
 
 import numpy as np
 
+from .._install import require
 from ..models import Transformer
 from ..nn import Decoder, DecoderBlock, Encoder, EncoderBlock, LayerNorm, Module, MultiHeadAttention
 from ..nn.positional import SinusoidalPositionalEncoding, sinusoidal_table
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("numformer.interop.torch needs PyTorch: pip install torch==2.13.0") from e
+    require(("torch",), "numformer.interop.torch")
+    import torch
     return torch
 
 

@@ -31,7 +31,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..._install import install_hint
+from ..._install import require
 
 # GPT-2 (encoder.py): the contractions, then letters, numbers and other characters, each with an optional
 # leading space, then white space (a run of spaces before a word leaves its last space to the word).
@@ -86,12 +86,9 @@ def byte_alphabet() -> list[str]:
 
 
 def regex_module():
-    """The ``regex`` package (Unicode properties such as ``\\p{L}``), or one clear ImportError."""
-    try:
-        import regex
-    except ImportError:
-        raise ImportError("byte-level BPE needs the `regex` package for its split patterns (\\p{L}, \\p{N}): "
-                          f"{install_hint('nlp', 'regex')}") from None
+    """The ``regex`` package (Unicode properties such as ``\\p{L}``), or one clear MissingDependency."""
+    require(("regex",), "byte-level BPE (its split patterns use \\p{L} and \\p{N})")
+    import regex
     return regex
 
 

@@ -10,7 +10,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..._install import install_hint
+from ..._install import require
 from ..._limits import MAX_JSON_BYTES, bounded_json
 from .base import BOS, EOS, Tokenizer, word_piece_label
 from .bpe import ByteLevelBPE
@@ -61,10 +61,8 @@ def side_files(folder):
 
 
 def _hf():
-    try:
-        import tokenizers
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(f"this tokenizer needs Hugging Face `tokenizers`: {install_hint('hf', 'tokenizers')}") from e
+    require(("tokenizers",), "this tokenizer (Hugging Face `tokenizers`)")
+    import tokenizers
     return tokenizers
 
 

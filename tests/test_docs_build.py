@@ -33,6 +33,7 @@ def test_site_builds_strictly(tmp_path):
     assert (site / "results" / "figures" / "positional.png").is_file(), "results/ figures are not published"
     check_typeset_math(site)
     check_inline_code_keeps_its_hyphens(site)
+    check_api_pages_show_their_tokens(site)
     pages = list(site.rglob("*.html"))
     offline = [p.relative_to(site) for p in pages if "fonts.googleapis" in p.read_text(encoding="utf-8")]
     assert not offline, f"pages that load Google Fonts (set theme.font: false): {offline[:5]}"
@@ -62,6 +63,17 @@ def test_the_hook_points_results_links_at_the_sites_copies():
         "[a](results/bench.md#x) [b](tutorials/x.md)"
     assert site_links("![f](../../results/figures/p.png) [c](../results/)", "tutorials/positions.md") == \
         "![f](../results/figures/p.png) [c](../results/)"
+
+
+def check_api_pages_show_their_tokens(site):
+    """A token such as <eos> written bare in a docstring becomes an unknown HTML tag, which browsers do not show:
+    docstrings put it in backticks. Also: every module of numformer.analysis has its functions on the page."""
+    bare = re.compile(r"<(pad|unk|bos|eos|sep|cls|EXTRA|extra|param index|index|buffer)>")
+    found = {str(p.relative_to(site)): sorted(set(bare.findall(p.read_text(encoding="utf-8"))))
+             for p in (site / "api").rglob("*.html")}
+    assert not {k: v for k, v in found.items() if v}, f"tokens that render as HTML tags: {found}"
+    analysis = (site / "api" / "analysis" / "index.html").read_text(encoding="utf-8")
+    assert 'id="numformer.analysis.lens.logit_lens"' in analysis
 
 
 def check_inline_code_keeps_its_hyphens(site):
@@ -101,7 +113,7 @@ def check_typeset_math(site):
 # The packages whose every public module the API reference renders: the equations (ops), their fast kernels,
 # the layers and models built on them, the optimizers, the quantized kernels and every Hugging Face family.
 RENDERED_IN_FULL = {"ops": "ops", "kernels": "kernels", "nn": "nn", "models": "models", "optim": "optim",
-                    "quantize": "quantize", "interop/hf": "interop"}
+                    "quantize": "quantize", "interop/hf": "interop", "analysis": "analysis"}
 
 
 @pytest.mark.parametrize("package, page", sorted(RENDERED_IN_FULL.items()))

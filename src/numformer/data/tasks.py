@@ -23,9 +23,9 @@ A problem is a prompt x and an answer y, over the vocabulary::
   ``src = x``, ``tgt = <bos> y``, targets ``y <eos>``; padding targets are IGNORE.
 - ``model_type = "gpt"`` (decoder-only): the sequence ``x <sep> y <eos>``;
   inputs are all but its last token and targets are the next tokens, IGNORE on
-  the prompt, so the loss is on the answer (and its <eos>) only.
+  the prompt, so the loss is on the answer (and its ``<eos>``) only.
 
-Metrics (``evaluate``): ``exact_match`` (the whole answer, <eos> included, is
+Metrics (``evaluate``): ``exact_match`` (the whole answer, ``<eos>`` included, is
 right) and ``token_accuracy`` on the evaluation set at ``length``, and
 ``exact_match@L`` / ``token_accuracy@L`` for each of ``test_lengths``. They
 come from ONE teacher-forced forward pass; exact match computed that way is
@@ -121,7 +121,7 @@ class SyntheticTask(Task):
         raise NotImplementedError
 
     def shape(self, length: int) -> tuple[int, int]:
-        """(longest prompt, longest answer) at this length (answer without <eos>)."""
+        """(longest prompt, longest answer) at this length (answer without ``<eos>``)."""
         return length, length
 
     def space_size(self, length: int) -> int:
@@ -253,7 +253,7 @@ class SyntheticTask(Task):
 
         The model writes ``n_steps`` tokens after the prompt (GPT: after ``prompt <sep>``, with the
         key/value cache; Transformer: after ``<bos>``, stopping a row at ``<eos>``, whose later
-        slots are <eos>), each from its own previous outputs, as at inference.
+        slots are ``<eos>``), each from its own previous outputs, as at inference.
         """
         prompts = np.stack([np.asarray(p) for p, _ in examples]) + OFFSET
         if self.model_type == "gpt":
@@ -274,7 +274,7 @@ class SyntheticTask(Task):
         return {"type": "symbols", "tokens": self.tokens}
 
     def decode(self, ids) -> str:
-        """Token ids as text (symbols joined; <pad> dropped), for printing examples."""
+        """Token ids as text (symbols joined; ``<pad>`` dropped), for printing examples."""
         toks = [self.tokens[i] for i in np.asarray(ids).reshape(-1).tolist() if i != PAD_ID]
         sep = "" if all(len(t) == 1 for t in self.symbols()) else " "
         return sep.join(toks)
@@ -331,7 +331,7 @@ class ReversalTask(CopyTask):
     Model: GPT by default: answer position p reads prompt position 2L - p, an
     attention pattern its learned position table represents directly; with
     several lengths (``min_length``) the model must also find where the prompt
-    ends, which the <sep> token marks. ``"transformer"`` is supported. Target:
+    ends, which the ``<sep>`` token marks. ``"transformer"`` is supported. Target:
     99% exact match at length 64.
     """
 

@@ -62,10 +62,10 @@ TRUNCATIONS = ("head", "tail", "head_tail")
 
 
 def encode_for_classifier(tokenizer, texts, max_len: int, cls_token: bool = True, keep: str = "head"):
-    """Texts -> int64 id arrays as a classifier run sees them: <cls> (optional) + tokens, at most max_len.
+    """Texts -> int64 id arrays as a classifier run sees them: ``<cls>`` (optional) + tokens, at most max_len.
 
-    keep: "head" (the first max_len ids), "tail" (<cls> + the last ones) or "head_tail"
-    (<cls> + the first half + the last half of the budget: the opening and the conclusion
+    keep: "head" (the first max_len ids), "tail" (``<cls>`` + the last ones) or "head_tail"
+    (``<cls>`` + the first half + the last half of the budget: the opening and the conclusion
     of a long review).
     """
     if keep not in TRUNCATIONS:
@@ -85,7 +85,7 @@ def encode_for_classifier(tokenizer, texts, max_len: int, cls_token: bool = True
 
 
 class TextClassificationTask(Task):
-    """Shared by IMDB and AG News: texts -> <cls> + token ids (truncated to max_len) -> EncoderClassifier.
+    """Shared by IMDB and AG News: texts -> ``<cls>`` + token ids (truncated to max_len) -> EncoderClassifier.
 
     The classifier is the model: the label is one of C classes for the whole text.
     ``label_names`` are the names shown to users (saved with the tokenizer, so that
@@ -154,7 +154,7 @@ class TextClassificationTask(Task):
         return list(self.class_names)
 
     def encode_texts(self, texts) -> list[np.ndarray]:
-        """This task's preprocessing of raw texts: the run's tokenizer, <cls>, truncation to max_len."""
+        """This task's preprocessing of raw texts: the run's tokenizer, ``<cls>``, truncation to max_len."""
         c = self.config
         return encode_for_classifier(self.tokenizer, texts, c["max_len"], c["cls_token"], c["truncate"])
 
@@ -181,7 +181,7 @@ class TextClassificationTask(Task):
 
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
         """Uniform (or length-bucketed) training texts; with ``token_dropout`` p, each token (a word, or a
-        BPE piece; not <cls>, not padding) is replaced by <unk> with probability p (drawn from ``rng``): a
+        BPE piece; not ``<cls>``, not padding) is replaced by ``<unk>`` with probability p (drawn from ``rng``): a
         regularizer that keeps the classifier from leaning on a few words."""
         batch = self._batch("train", self.buckets.sample(batch_size, rng))
         p = float(self.config["token_dropout"])
@@ -435,7 +435,7 @@ class Multi30kTask(Task):
                 for x in self.src_tokenizer.encode_batch(texts)]
 
     def decode_target(self, ids) -> str:
-        """Target ids -> text, stopping at the first <eos>."""
+        """Target ids -> text, stopping at the first ``<eos>``."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         stop = np.flatnonzero(ids == self.eos_id)
         return self.tgt_tokenizer.decode(ids[:stop[0]] if stop.size else ids)
@@ -505,7 +505,7 @@ class Multi30kTask(Task):
         return token_labels(tok, ids)
 
     def analysis_example(self, split: str = "test") -> tuple[dict, dict]:
-        """A test pair of moderate length (teacher forcing: tgt = <bos> + reference), labelled with its tokens."""
+        """A test pair of moderate length (teacher forcing: tgt = ``<bos>`` + reference), labelled with its tokens."""
         xs, ys = self.ids[split]
         lengths = np.array([len(x) for x in xs])
         fits = np.flatnonzero((lengths >= 8) & (lengths <= 14))

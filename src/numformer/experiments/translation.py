@@ -36,7 +36,7 @@ def cross_attention_figure(model, task, src_text, path, title):
     """Cross-attention of the last decoder layer while the model writes its own (beam) translation of src_text.
 
     Rows: the target token produced at each step (the query at position t is the decoder input
-    <bos> y_1 … y_t and predicts y_{t+1}); columns: the source tokens. Writes PATH (every head of
+    ``<bos>`` y_1 … y_t and predicts y_{t+1}); columns: the source tokens. Writes PATH (every head of
     the last layer) and PATH with ``_mean`` (the average over heads). Returns (paths, translation).
     """
     src = np.asarray(task.encode_source([src_text])[0], dtype=np.int64)[None]

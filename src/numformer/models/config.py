@@ -43,7 +43,8 @@ def _doc(default, text):
 @dataclass(frozen=True)
 class GPTConfig:
     """Every architectural choice of a ``GPT``: each field's description is in its metadata
-    (``fields(GPTConfig)``, ``config_fields_markdown``). ``layers`` are stored resolved
+    (``fields(GPTConfig)``, ``config_fields_markdown``), and the docs' engine page ("A model is a GPTConfig")
+    shows them as tables, with ``BlockConfig``'s. ``layers`` are stored resolved
     (``BlockConfig.resolved(d_model)``), ``final_norm`` too, so that two configs of the same model are equal.
     """
 

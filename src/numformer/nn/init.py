@@ -16,10 +16,12 @@ def default_rng(rng):
 
 
 def uniform(rng, shape, bound, dtype):
+    """An array of ``shape`` drawn uniformly from [-bound, bound) by ``rng``, in ``dtype``."""
     return rng.uniform(-bound, bound, size=shape).astype(dtype)
 
 
 def normal(rng, shape, std, dtype):
+    """An array of ``shape`` drawn from N(0, std²) by ``rng``, in ``dtype``."""
     return (rng.standard_normal(size=shape) * std).astype(dtype)
 
 

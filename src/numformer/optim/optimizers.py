@@ -102,7 +102,7 @@ class Optimizer:
     _buffers: tuple = ()
 
     def state_dict(self):
-        """(arrays, meta): arrays keyed "<param index>.<buffer>", meta with steps and group options."""
+        """(arrays, meta): arrays keyed ``"<param index>.<buffer>"``, meta with steps and group options."""
         arrays, steps = {}, {}
         for i, p in enumerate(self._own_params()):
             st = self.state.get(id(p))
@@ -519,8 +519,8 @@ class Muon(Optimizer):
         p.data -= (g["lr"] * scale) * o
 
     def state_dict(self):
-        """(arrays, meta): Muon's momentum buffers keyed "<index>.momentum_buffer", the AdamW's arrays keyed
-        "adamw.<index>.<buffer>", its meta under meta["adamw"] (None without an AdamW)."""
+        """(arrays, meta): Muon's momentum buffers keyed ``"<index>.momentum_buffer"``, the AdamW's arrays keyed
+        ``"adamw.<index>.<buffer>"``, its meta under meta["adamw"] (None without an AdamW)."""
         arrays, meta = super().state_dict()
         meta["adamw"] = None
         if self.adamw is not None:

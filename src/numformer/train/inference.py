@@ -94,7 +94,7 @@ def load_translator(run_dir):
 
 
 def unknown_words(tokenizer, text):
-    """Words of ``text`` that a word-level tokenizer reads as <unk> (byte-level BPE has none)."""
+    """Words of ``text`` that a word-level tokenizer reads as ``<unk>`` (byte-level BPE has none)."""
     if not hasattr(tokenizer, "stoi") or not hasattr(tokenizer, "tokenize"):
         return []
     return [w for w in tokenizer.tokenize(text) if w not in tokenizer.stoi]

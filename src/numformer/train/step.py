@@ -4,7 +4,7 @@
     clip_grad_norm(optimizer.params, 1.0)
     optimizer.step(); optimizer.zero_grad()
 
-The trainer calls :func:`loss_and_backward` on each micro-batch (``grad_accum`` of them per update, with
+The trainer calls ``loss_and_backward`` on each micro-batch (``grad_accum`` of them per update, with
 grad_scale = 1 / grad_accum) when it trains in one process; data parallelism (``train/parallel.py``) calls it
 on each process's share of a micro-batch, scaling each share's gradient so that the shares add up to the
 gradient of the whole micro-batch's mean loss.

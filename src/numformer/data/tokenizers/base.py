@@ -37,7 +37,7 @@ def split_words(text: str) -> list[str]:
 
 
 def special_tokens(bos: bool, eos: bool, cls: bool) -> list[str]:
-    """The special tokens at the start of a built vocabulary, in id order (<pad> = 0, <unk> = 1, ...)."""
+    """The special tokens at the start of a built vocabulary, in id order (``<pad>`` = 0, ``<unk>`` = 1, ...)."""
     return [PAD, UNK] + [s for s, on in zip(OPTIONAL_SPECIALS, (bos, eos, cls)) if on]
 
 

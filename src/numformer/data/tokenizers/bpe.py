@@ -9,7 +9,7 @@ Encoding a text takes four steps, each a few lines below:
    by a regex (``PreTokenizer``: words with their leading space, numbers, punctuation, white space).
    As in ``tokenizers``, step 1 matches only the added tokens marked ``normalized=False``; those marked
    ``normalized=True`` are matched after the normalizer, in the normalized stretch, as normalized themselves
-   (with a Lowercase normalizer "<EXTRA>" matches "<extra>" too);
+   (with a Lowercase normalizer ``"<EXTRA>"`` matches ``"<extra>"`` too);
 3. each piece is written as bytes, one printable character per byte (``to_byte_chars``);
 4. each piece's characters are merged by the merge rules, lowest rank first (``bpe``): among the adjacent
    pairs of the piece the one whose merge was learnt earliest is merged, everywhere in the piece, and again

@@ -14,7 +14,7 @@ class SymbolTokenizer(Tokenizer):
     """The vocabulary of the synthetic tasks ({"type": "symbols", "tokens": [...]}) as a tokenizer.
 
     encode: whitespace separates tokens; inside a chunk the longest vocabulary entry is taken first,
-    so "0123<sep>3210" and "12 7 99" both work. Every entry is a special id (``special_id("<sep>")``).
+    so ``"0123<sep>3210"`` and ``"12 7 99"`` both work. Every entry is a special id (``special_id("<sep>")``).
     """
 
     _build_hint = ""

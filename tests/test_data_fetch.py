@@ -379,3 +379,12 @@ def test_a_cached_file_failing_its_hash_while_offline_says_so(toy, monkeypatch, 
         cached.write_bytes(b"bit rot")
         F.locate("toy", ["toy/a.txt"], quiet=True)
     assert not cached.exists()
+
+
+def test_the_cache_is_poochs_folder_for_numformer(monkeypatch):
+    """Found without importing pooch (which loads tqdm.auto: a warning in a notebook without ipywidgets)."""
+    pooch = pytest.importorskip("pooch")
+    monkeypatch.delenv(F.CACHE_ENV, raising=False)
+    assert F.cache_dir() == pooch.os_cache("numformer")
+    monkeypatch.setitem(sys.modules, "pooch", None)
+    assert F.cache_dir() is None

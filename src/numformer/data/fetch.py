@@ -24,6 +24,7 @@ it must be an http(s):// URL. ``NUMFORMER_CACHE`` must not be a file.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -121,11 +122,12 @@ def cache_dir() -> Path | None:
             raise DataUnavailable(f"{CACHE_ENV} = {value!r} is not a folder{where}; point it at a folder "
                                   f"for downloads (made if missing) or unset it")
         return path
-    try:
-        import pooch
-    except ImportError:
+    # pooch.os_cache's folder, read from platformdirs (a dependency of pooch): importing pooch itself loads
+    # tqdm.auto, which warns in a notebook without ipywidgets although nothing is downloaded
+    if importlib.util.find_spec("pooch") is None:
         return None
-    return Path(pooch.os_cache("numformer"))
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("numformer"))
 
 
 def source_url(f: RemoteFile) -> str:

@@ -78,7 +78,8 @@ assert by_hand == model.num_parameters()
 # `Trainer` takes the same three sections as a config file. The loss starts near ln 65 ≈ 4.17 (a
 # uniform guess over 65 characters); the full run of `configs/shakespeare_char_full.toml` takes
 # hours on a CPU. Here the validation text is the last 1% of the corpus, so that the final
-# evaluation, over every character of it, stays quick.
+# evaluation, over every character of it, stays quick. It trains in one process (`processes = 1`;
+# the default is one per core), so the numbers below are the same on any machine.
 
 # %%
 from numformer.train import Trainer
@@ -90,7 +91,8 @@ run = {
     "train": {"max_steps": train_steps, "batch_size": batch_size, "lr": 1e-3,
               "beta2": 0.99, "weight_decay": 0.1, "schedule": "cosine",
               "warmup_steps": 10, "min_lr": 1e-4, "eval_every": train_steps,
-              "eval_batches": 2, "eval_metrics": False, "seed": 1337},
+              "eval_batches": 2, "eval_metrics": False, "seed": 1337,
+              "processes": 1},        # one process: the same numbers on any machine
 }
 trainer = Trainer(run, "runs/minillm_notebook", overwrite=True, quiet=True)
 summary = trainer.train()

@@ -12,6 +12,7 @@ import http.server
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import src_env
 from numformer.cli import main
 from numformer.data import fetch as F
 from numformer.data import make_task
@@ -256,6 +258,15 @@ def test_data_list_shows_the_size_of_the_file_here(toy, capsys, monkeypatch, tmp
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  toy/")}
     assert "100 bytes (official 550 bytes)  in the data folder" in rows["toy/a.txt"]
     assert " 240 bytes  in the data folder" in rows["toy/b.txt"] and "official" not in rows["toy/b.txt"]
+    (data / "toy/a.txt").unlink()
+    (data / "toy/a.txt").mkdir()                                   # an extracted copy
+    monkeypatch.setitem(F.REGISTRY, "toy", F.Dataset("toy", "t", (
+        F.REGISTRY["toy"].files[0], F.RemoteFile("toy/b.txt", "https://example.invalid/b", "md5:0", 2400,
+                                                 exact_size=False))))
+    assert main(["data", "list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  toy/")}
+    assert "a folder (official 550 bytes)" in rows["toy/a.txt"]
+    assert "240 bytes (official about 2.4 kB)" in rows["toy/b.txt"]           # an estimate, off by far more
 
 
 def test_train_quiet_prints_no_download_line(mirror, monkeypatch, tmp_path, run_cli):
@@ -386,5 +397,10 @@ def test_the_cache_is_poochs_folder_for_numformer(monkeypatch):
     pooch = pytest.importorskip("pooch")
     monkeypatch.delenv(F.CACHE_ENV, raising=False)
     assert F.cache_dir() == pooch.os_cache("numformer")
+    fresh = ("import sys; from numformer.data.fetch import cache_dir; folder = cache_dir(); "
+             "print(folder is not None, 'pooch' in sys.modules, 'tqdm' in sys.modules)")
+    env = {k: v for k, v in src_env().items() if k != F.CACHE_ENV}
+    done = subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout.split() == ["True", "False", "False"], done.stderr
     monkeypatch.setitem(sys.modules, "pooch", None)
     assert F.cache_dir() is None

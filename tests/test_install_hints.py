@@ -76,3 +76,32 @@ def test_byte_level_bpe_without_regex_is_one_error_line(tmp_path):
     line = one_error_line(done.returncode, done.stderr, "train")
     assert "byte-level BPE" in line and "needs regex" in line and "pip install -e \".[nlp]\"" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_every_declared_package_says_what_installs_it():
+    """Each bench part's REQUIRES and each experiment's requires name packages of PROVIDED_BY (a name missing
+    there would fail as a KeyError, reported as a bug, instead of saying what to install)."""
+    from numformer._install import PROVIDED_BY
+    from numformer.bench.runner import available_parts, load_part
+    from numformer.experiments import EXPERIMENTS
+
+    declared = {f"bench {p}": getattr(load_part(p), "REQUIRES", ()) for p in available_parts()}
+    declared.update({f"reproduce {name}": exp.requires for name, exp in EXPERIMENTS.items()})
+    unknown = {k: [m for m in v if m not in PROVIDED_BY] for k, v in declared.items()}
+    assert not {k: v for k, v in unknown.items() if v}, unknown
+    assert declared["bench tokenizer"] == ("tokenizers", "regex") and declared["bench mpi"] == ("mpi4py",)
+
+
+def test_a_translation_run_without_sacrebleu_is_refused_before_it_trains(tmp_path):
+    """BLEU is the task's test metric, computed after the last step: the task refuses to be built without it."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\ntype = "transformer"\nn_layers = 1\nn_heads = 2\nd_model = 16\n'
+                   '[data]\ntask = "multi30k"\n[train]\nmax_steps = 2\nbatch_size = 4\nprocesses = 1\n',
+                   encoding="utf-8")
+    hidden = ("import sys; sys.modules['sacrebleu'] = None; from numformer.cli import main; "
+              "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", hidden, "train", str(cfg), "--out", str(tmp_path / "run"), "--quiet"],
+                          capture_output=True, text=True, env=src_env(), timeout=120)
+    line = one_error_line(done.returncode, done.stderr, "train")
+    assert "the multi30k task (its test BLEU) needs sacrebleu" in line and "pip install -e \".[nlp]\"" in line
+    assert not (tmp_path / "run").exists()

@@ -169,11 +169,12 @@ def test_a_train_key_set_on_resume_is_in_effect_or_refused_by_name(key, base_run
     assert probe(run, trainer, spy, summary), (key, spy, summary)                     # ... and in effect
 
 
-@pytest.mark.parametrize("key, value, change, effect", [
-    ("lr", 5e-3, "lr 0.01 -> 0.005", "changes the learning-rate schedule of the resumed run from this step on"),
-    ("grad_clip", 0.5, "grad_clip 1.0 -> 0.5", "in effect from this step on")])
-def test_a_train_value_edited_by_hand_is_announced_as_set_would_be(key, value, change, effect, base_runs, tmp_path,
-                                                                   capsys):
+@pytest.mark.parametrize("section, key, value, change, effect", [
+    ("train", "lr", 5e-3, "lr 0.01 -> 0.005", "changes the learning-rate schedule of the resumed run from this step on"),
+    ("train", "grad_clip", 0.5, "grad_clip 1.0 -> 0.5", "in effect from this step on"),
+    ("model", "dropout", 0.1, "[model] dropout 0.0 -> 0.1", "in effect from this step on")])
+def test_a_value_edited_by_hand_is_announced_as_set_would_be(section, key, value, change, effect, base_runs, tmp_path,
+                                                             capsys):
     """config.json edited by hand since the checkpoint: the resumed run names the change, as for --set (the
     checkpoint records the config it trained with); a resume of an unedited run says nothing."""
     run = tmp_path / "run"
@@ -185,7 +186,7 @@ def test_a_train_value_edited_by_hand_is_announced_as_set_would_be(key, value, c
     Trainer(None, run, resume=True).close()
     assert notes() == []
     config = json.loads((run / "config.json").read_text())
-    config["train"][key] = value
+    config[section][key] = value
     (run / "config.json").write_text(json.dumps(config))
     Trainer(None, run, resume=True).close()
     assert notes() == [f"note: {change} {effect}"]

@@ -15,6 +15,7 @@ PROVIDED_BY = {
     "tokenizers": ("nlp", "tokenizers"),
     "regex": ("nlp", "regex"),
     "sacrebleu": ("nlp", "sacrebleu"),
+    "mpi4py": ("mpi", "mpi4py mpich"),
 }
 
 

@@ -396,8 +396,8 @@ FEW_ROWS = 16
 # Its SkylakeX family (SkylakeX, Cooperlake, SapphireRapids: AVX-512) has them, and takes them for products of
 # m·n·k <= 100³ multiply-adds (and, with the first operand transposed in its column-major terms, m·n <= 1200).
 # A few rows of x times a weight matrix are far larger, and packing the weights then costs more than the
-# products: cut into column blocks below those limits, x Wᵀ with 2-16 rows of x runs 2-3x faster on one
-# thread (docs/tutorials/fast-numpy.md, "A few rows times the weights"). The other kernel families have no
+# products: cut into column blocks below those limits, x Wᵀ with 2-16 rows of x runs several times faster on
+# one thread (docs/tutorials/fast-numpy.md, "A few rows times the weights"). The other kernel families have no
 # small-matrix kernel, and there the blocks gain nothing.
 SMALL_MNK, SMALL_MN = 100 ** 3, 1200
 SMALL_KERNEL_CORES = ("skylakex", "cooperlake", "sapphirerapids")

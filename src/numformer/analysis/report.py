@@ -117,7 +117,7 @@ def write_report(out_dir, model, inputs=None, *, text=None, encode=None, decode_
     token, which the report says; pass ``<unk>``'s id when the vocabulary has one). occlusion=False skips it (it runs one forward pass
     per input position, the slowest part on long inputs).
     max_positions: rows of the positional tables drawn.
-    title: the report's heading (default "Analysis report: <model class>").
+    title: the report's heading (default ``"Analysis report: <model class>"``).
     Figures an earlier report left in ``out_dir`` that this one does not draw are removed.
     """
     out = Path(out_dir)

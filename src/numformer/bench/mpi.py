@@ -38,6 +38,8 @@ from ..config import load_config
 from ..train import Trainer
 from ..train.parallel import ClosesOnExit
 
+REQUIRES = ("mpi4py",)     # the runner refuses the part without it before any part runs (mpiexec: require_mpi)
+
 PLAN = (5, 7, 20)            # warm-up steps, rounds, steps per round
 QUICK_PLAN = (1, 3, 3)
 

@@ -37,6 +37,8 @@ from .._runtime import set_fast_runtime
 from ..optim import clip_grad_norm
 from .mpi import ForkedTrainer, MPIJob, cores, find_config, require_mpi
 
+REQUIRES = ("mpi4py",)     # the runner refuses the part without it before any part runs (mpiexec: require_mpi)
+
 LINKS_GBIT = (1, 10)
 MACHINES = (1, 2, 4, 8, 16, 32, 64)
 LATENCY_S = 50e-6

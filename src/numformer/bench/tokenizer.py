@@ -26,7 +26,7 @@ from ..data.text_datasets import load_imdb
 from ..data.tokenizers import END_OF_TEXT, ByteLevelBPE
 from ._measure import best_of
 
-REQUIRES = ("tokenizers",)     # the reference it measures against: the runner refuses the part without it
+REQUIRES = ("tokenizers", "regex")     # the reference, and numformer's byte-level BPE: refused without them
 
 VOCAB, QUICK_VOCAB = 8192, 512
 REFERENCE_BYTES, QUICK_BYTES = 100_000, 150_000     # the reference trainer's text; --quick's corpus

@@ -231,7 +231,7 @@ def apply_chat_template(messages, chat_template, add_generation_prompt=False, to
 
     messages: a non-empty list of message dicts (or dataclasses); add_generation_prompt: end with the
     start of the assistant's turn (default False); tools: JSON schemas (dicts) of the tools; documents:
-    dicts with "title" and "text"; special_tokens: {"bos_token": "<s>", ...} (``read_chat_template``
+    dicts with "title" and "text"; special_tokens: ``{"bos_token": "<s>", ...}`` (``read_chat_template``
     gives a folder's); template_name: which of several named templates (``select_chat_template``);
     variables: extra template variables (``enable_thinking=False``, ``date_string="26 Jul 2024"``),
     which win over the special tokens. A template that refuses the conversation (``raise_exception``,
@@ -514,8 +514,8 @@ def _ids(value):
 
 def model_eos_ids(folder, tokenizer):
     """The ids at which transformers' ``generate`` stops the model in ``folder``: ``eos_token_id`` of config.json
-    and of generation_config.json (``model_files``; an id or a list: Llama 3's <|eot_id|>, Gemma's
-    <end_of_turn>, ...) and the tokenizer's (``eos_ids``, ``special_ids["<eos>"]``), each as far as the
+    and of generation_config.json (``model_files``; an id or a list: Llama 3's ``<|eot_id|>``, Gemma's
+    ``<end_of_turn>``, ...) and the tokenizer's (``eos_ids``, ``special_ids["<eos>"]``), each as far as the
     vocabulary has it; sorted."""
     ids = set(_ids(read_json_object(Path(folder) / "config.json").get("eos_token_id")))
     ids.update(_ids(model_files(folder, tokenizer).get("generation_config.json", {}).get("eos_token_id")))

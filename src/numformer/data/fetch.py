@@ -316,15 +316,18 @@ def fetch(name: str, quiet: bool = False) -> list[tuple[str, Path, str]]:
 
 def status(name: str) -> list[dict]:
     """One dict per file of ``name``: path, size, url, where (data folder / cache / stand-in / missing), local.
-    The size is the local file's when there is one, with the official size beside it where they differ (a
-    data folder's file is not hash-checked: it may be a subset or another version)."""
+    The size is the local copy's when there is one, with the official size beside it where they differ (a data
+    folder's file is not hash-checked: it may be a subset or another version; an estimated size differs by
+    more than a tenth; a stand-in always), or "a folder" for an extracted one."""
     rows = []
     for f in dataset(name).files:
         found = find_local(f)
         size = human_size(f)
-        if found and found[0].is_file():
+        if found and found[0].is_dir():
+            size = f"a folder (official {human_size(f)})"
+        elif found:
             here = found[0].stat().st_size
-            differs = here != f.size if f.exact_size else found[1] == "stand-in"
+            differs = found[1] == "stand-in" or (here != f.size if f.exact_size else abs(here - f.size) > f.size / 10)
             size = f"{human_size(here)} (official {human_size(f)})" if differs else human_size(here)
         rows.append({"path": f.path, "size": size, "url": source_url(f),
                      "where": found[1] if found else "missing", "local": str(found[0]) if found else ""})

@@ -333,6 +333,7 @@ class Multi30kTask(Task):
 
     def __init__(self, data_config: dict, seed: int = 0, tokenizer_state: dict | None = None):
         super().__init__(data_config, seed, tokenizer_state)
+        require(("sacrebleu",), f"the {self.name} task (its test BLEU)")   # before training, not at its end
         c = self.config
         if c["max_len"] < 2:
             raise ValueError(f"{self.name}: max_len must be >= 2, got {c['max_len']}")

@@ -84,9 +84,9 @@ def config_and_task(run_dir, config, overrides, resume, quiet=False):
 def resumed_config(run_dir, overrides=None):
     """(resolved config, task, notes, data files) of a run to resume: its config.json with ``overrides`` (--set)
     applied, the task with the saved vocabulary (so that ids mean what they meant), a note line on each change the
-    overrides make (``config.resume_changes`` for [train], also naming a [train] value edited by hand in config.json
-    since the checkpoint; ``config.resume_section_changes`` for [model], [data] and [lora]; each refuses in one
-    line a change that cannot be made), and the fingerprint of its data to write
+    overrides make, and on each value edited by hand in config.json since the checkpoint (both compared with the
+    checkpoint's config: ``config.resume_changes`` for [train], ``config.resume_section_changes`` for [model],
+    [data] and [lora]; each refuses in one line a change that cannot be made), and the fingerprint of its data to write
     when the run folder has none (the data must be the run's: ``data_files_before``, ``data_files_after``). The
     checkpoint must be there; config.json must agree with it on what --resume cannot change
     (``check_against_checkpoint``), and tokenizer.json must be there when the run's task keeps one
@@ -108,7 +108,7 @@ def resumed_config(run_dir, overrides=None):
                          f"[data] ({type(e).__name__}: {e}); restore it or retrain") from None
     data_files = data_files_after(run_dir, recorded, gone, read)
     return (config, task, resume_changes(_trained_train(trained, saved), config["train"])
-            + resume_section_changes(saved, config), data_files)
+            + resume_section_changes(trained or saved, config), data_files)
 
 
 def _trained_train(trained, saved):

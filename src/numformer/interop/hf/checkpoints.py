@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..._install import install_hint
+from ..._install import install_hint, require
 from ..._limits import bounded_json, check_bounds
 from ...data.tokenizers import PretrainedTokenizer
 from ...data.tokenizers.pretrained import side_files
@@ -259,6 +259,7 @@ def load_tokenizer(folder, hf_config=None):
     ``PretrainedTokenizer``, or None when the folder has neither. Its end id is ``hf_config``'s eos_token_id
     (default: the id of ``<|endoftext|>``), its start id bos_token_id (default: the end id); a list of ids or
     an id outside the vocabulary gives None."""
+    require(("tokenizers",), "reading a Hugging Face folder's tokenizer")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     folder = Path(folder)

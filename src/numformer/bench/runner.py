@@ -45,9 +45,9 @@ import pkgutil
 import time
 from pathlib import Path
 
+from .._install import require
 from .._limits import check_record, read_json_file
 from .._results import BENCH_TITLE, check_results_folder
-from .._install import require
 from ..provenance import cpu_label, git_commit, machine_info
 from ..run_files import write_atomic
 

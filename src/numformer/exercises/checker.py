@@ -290,23 +290,101 @@ def fail_if_different(values, reference, prefix="", tol=TOL, context=""):
         raise Failure(context + "\n".join(wrong) + matched)
 
 
+# A check on a mask's slices runs only where a mask drawn entry by entry would fail it with a chance below this.
+CHANCE = 1e-6
+
+
 def mask_dependence(dropped, items=()):
     """What makes a dropout mask (True = dropped, at least 2-D) not a draw of each entry on its own, or None:
-    every row dropped or kept whole, every column likewise, or the same mask along a leading axis (``items``
-    names them: "batch element", "head"), for every batch element or every head. A mask drawn entry by entry
-    (of a few hundred entries) shows none of these."""
-    dropped = np.asarray(dropped, dtype=bool)
 
-    def uniform(axis):
-        return np.all(dropped.all(axis=axis) | (~dropped).all(axis=axis))
-    if uniform(-1):
-        return "each row is dropped or kept whole: draw a mask entry by entry, of the full shape"
-    if uniform(-2):
-        return "each column is dropped or kept whole: draw a mask entry by entry, of the full shape"
+    * every row dropped or kept whole, every column likewise, or the same mask along a leading axis (``items``
+      names them: "batch element", "head") for every batch element or every head;
+    * two rows, two columns or two items with the same mask (part of a draw used twice; with leading axes,
+      row i is every item's row i);
+    * the flattened mask repeating itself after some shift (a shorter draw repeated, as ``np.resize`` does);
+    * the same number of entries dropped in every row, every column or every item (a fixed number of entries
+      picked in each, where each entry is dropped on its own).
+
+    The last two checks on slices run where a mask drawn entry by entry at the mask's own rate would fail them
+    with a chance below ``CHANCE``.
+    """
+    dropped = np.asarray(dropped, dtype=bool)
+    fix = "draw a mask entry by entry, of the full shape"
+    if np.all(dropped.all(axis=-1) | (~dropped).all(axis=-1)):
+        return f"each row is dropped or kept whole: {fix}"
+    if np.all(dropped.all(axis=-2) | (~dropped).all(axis=-2)):
+        return f"each column is dropped or kept whole: {fix}"
     for axis, item in enumerate(items):
         if dropped.shape[axis] > 1 and np.all(dropped == dropped.take([0], axis=axis)):
-            return f"every {item} has the same mask: draw a mask entry by entry, of the full shape"
+            return f"every {item} has the same mask: {fix}"
+    rate = float(dropped.mean())
+    slices = [("row", dropped.ndim - 2), ("column", dropped.ndim - 1)] + [(item, a) for a, item in enumerate(items)]
+    for name, axis in slices:
+        found = _repeated_slice(np.moveaxis(dropped, axis, 0).reshape(dropped.shape[axis], -1), rate)
+        if found:
+            return f"{name}s {found[0]} and {found[1]} have the same mask: {fix}"
+    shift = _period(dropped.reshape(-1))
+    if shift:
+        return f"the mask repeats itself every {shift} entries (in memory order): {fix}"
+    own = [("row", dropped.reshape(-1, dropped.shape[-1])),
+           ("column", np.swapaxes(dropped, -1, -2).reshape(-1, dropped.shape[-2]))]
+    for name, flat in own + [(item, np.moveaxis(dropped, a, 0).reshape(dropped.shape[a], -1))
+                             for a, item in enumerate(items)]:
+        count = _same_count(flat, rate)
+        if count is not None:
+            return (f"every {name} has exactly {count} dropped entries: drop each entry on its own, with "
+                    f"probability p (the count then varies), not a fixed number of entries")
     return None
+
+
+def _repeated_slice(flat, rate):
+    """The first two rows of ``flat`` (slices, entries) that are equal, or None; not checked (None) where two
+    independent draws at ``rate`` would have some equal pair with a chance of ``CHANCE`` or more."""
+    n, m = flat.shape
+    agree = rate ** 2 + (1 - rate) ** 2                     # two entries drawn on their own are equal
+    if n < 2 or n * (n - 1) / 2 * agree ** m >= CHANCE:
+        return None
+    seen = {}
+    for i, row in enumerate(np.packbits(flat, axis=1)):
+        j = seen.setdefault(row.tobytes(), i)
+        if j != i:
+            return j, i
+    return None
+
+
+def _same_count(flat, rate):
+    """The count when every row of ``flat`` (slices, entries) has the same number of True entries, else None;
+    not checked (None) where draws at ``rate`` would all agree with a chance of ``CHANCE`` or more (a binomial
+    count takes its likeliest value with a chance of at most about 1/√(2π m p (1 - p)))."""
+    n, m = flat.shape
+    spread = 2 * np.pi * m * rate * (1 - rate)
+    if n < 2 or spread <= 1 or spread ** (-(n - 1) / 2) >= CHANCE:
+        return None
+    counts = flat.sum(axis=1)
+    return int(counts[0]) if np.all(counts == counts[0]) else None
+
+
+def _period(flat):
+    """The smallest shift s <= len/2 with flat[s:] == flat[:-s] (a draw of s entries repeated), or 0. Found
+    from the autocorrelation of ±1 through an FFT: at shift s it is len - s exactly when every pair agrees."""
+    n = flat.size
+    rate = float(flat.mean()) if n else 0.0
+    if n < 2 or n / 2 * (rate ** 2 + (1 - rate) ** 2) ** (n / 2) >= CHANCE:
+        return 0
+    signs = np.where(flat, 1.0, -1.0)
+    spectrum = np.fft.rfft(signs, 2 * n)
+    shifts = np.arange(1, n // 2 + 1)
+    agreement = np.fft.irfft(spectrum * spectrum.conj(), 2 * n)[shifts]
+    candidates = shifts[agreement > n - shifts - 0.5]
+    return next((int(s) for s in candidates if np.array_equal(flat[s:], flat[:-s])), 0)
+
+
+def fixed_count(draws):
+    """True when every (mask, p) in ``draws`` (masks of other seeds or rates) drops exactly round(p · size)
+    entries, as picking a fixed number of entries does. A draw entry by entry hits that count with a chance of
+    about 1/√(2π · size · p (1 - p)) each (0.005 for 30,000 entries at p = 0.3): the callers pass enough draws
+    for all of them to hit it with a chance below ``CHANCE``."""
+    return all(int(np.sum(m)) == round(p * np.size(m)) for m, p in draws)
 
 
 def describe(inputs):

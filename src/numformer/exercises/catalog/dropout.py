@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checker import (STANDARD_STEPS, Case, Exercise, Failure, Function, NewRng, Step, describe, index_text,
-                       mask_dependence, run_backward, run_forward, step_edge_cases, step_keywords)
+                       fixed_count, mask_dependence, run_backward, run_forward, step_edge_cases, step_keywords)
 
 P = 0.3
 
@@ -40,9 +40,14 @@ def _check_rate(exercise, learner, p):
     if not np.array_equal(_draw(exercise, learner, p)[1], y):
         raise Failure(where + "two calls with generators of the same seed drop different entries: draw the mask "
                               "from the rng argument (not from np.random), so that a run can be reproduced")
-    if np.array_equal(_draw(exercise, learner, p, seed=1)[1], y):
+    other = _draw(exercise, learner, p, seed=1)[1]
+    if np.array_equal(other, y):
         raise Failure(where + "generators of different seeds drop the same entries: draw the mask from the rng "
                               "argument")
+    if fixed_count([(dropped, p), (other == 0, p), (_draw(exercise, learner, p, seed=2)[1] == 0, p)]):
+        raise Failure(where + f"generators of three seeds all zero exactly {round(p * y.size)} entries: zero each "
+                              f"entry on its own, with probability p (the count then varies from draw to draw), "
+                              f"not a fixed number of entries")
 
 
 def step_forward(exercise, learner, reference):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checker import (FD_TOL, STANDARD_STEPS, Calls, Case, Exercise, Failure, Function, NewRng, Step,
-                       check_gradients, describe, index_text, mask_dependence, run_backward, run_forward,
+                       check_gradients, describe, fixed_count, index_text, mask_dependence, run_backward, run_forward,
                        step_keywords)
 
 
@@ -80,8 +80,10 @@ def step_keywords_and_dropout(exercise, learner, reference):
     gives the same mask, another seed another); the backward is checked by finite differences with the same
     draw."""
     step_keywords(exercise, learner, reference)
+    draws = []
     for p in reversed(DROPOUT_RATES):                  # the first rate last: its mask is compared below
         where, dropped = _dropped_weights(exercise, learner, reference, p)
+        draws += [(dropped, p)] + [(_dropped_weights(exercise, learner, reference, p, seed=s)[1], p) for s in (4, 5)]
         if abs(dropped.mean() - p) > 5 * np.sqrt(p * (1 - p) / dropped.size):
             raise Failure(where + f"{100 * dropped.mean():.0f}% of the weights are dropped; each one is dropped "
                                   f"with probability dropout_p = {p}")
@@ -91,8 +93,12 @@ def step_keywords_and_dropout(exercise, learner, reference):
     if not np.array_equal(_dropped_weights(exercise, learner, reference, p)[1], dropped):
         raise Failure(where + "two calls with generators of the same seed drop different weights: draw the "
                               "keep-mask from rng (not from np.random)")
-    if np.array_equal(_dropped_weights(exercise, learner, reference, p, seed=4)[1], dropped):
+    if np.array_equal(draws[-1][0], dropped):
         raise Failure(where + "generators of different seeds drop the same weights: draw the keep-mask from rng")
+    if fixed_count(draws):
+        raise Failure(where + "at both rates, generators of three seeds each drop exactly round(dropout_p · "
+                              f"{dropped.size}) weights: drop each weight on its own, with probability dropout_p "
+                              "(the count then varies from draw to draw), not a fixed number of weights")
     _dropout_gradients(exercise, learner, _dropout_case(p), where)
 
 

@@ -50,6 +50,40 @@ def test_a_dirty_start_stays_dirty_and_no_checkout_stays_none(checkout, monkeypa
     assert provenance.git_commit() is None
 
 
+def test_a_commit_that_leaves_src_and_configs_alone_moves_nothing(tmp_path, monkeypatch):
+    """A docs or results commit made while a run trains keeps its commit clean; a change to src/ (or an edit
+    not yet committed) marks it "+dirty"."""
+    repo = tmp_path / "repo"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "docs").mkdir()
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                       capture_output=True)
+
+    def commit(path, text):
+        (repo / path).write_text(text)
+        git("add", "-A")
+        git("commit", "-q", "-m", path)
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q")
+    started = commit("src/pkg/model.py", "x = 1\n")
+    monkeypatch.setattr(provenance, "_PACKAGE", repo / "src" / "pkg")
+    monkeypatch.setattr(provenance, "_first_commit", {})
+    assert provenance.git_commit() == started
+    docs = commit("docs/page.md", "a page\n")
+    assert provenance.git_commit() == started
+    (repo / "src" / "pkg" / "model.py").write_text("x = 2\n")         # edited, not committed
+    assert provenance.git_commit() == started + "+dirty"
+    monkeypatch.setattr(provenance, "_first_commit", {})                   # a process started now
+    assert provenance.git_commit() == docs + "+dirty"
+    moved = commit("src/pkg/model.py", "x = 2\n")
+    monkeypatch.setattr(provenance, "_first_commit", {"first": started})
+    assert provenance.git_commit() == started + "+dirty" and moved != started
+
+
 def _config():
     return {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
             "data": {"task": "copy", "length": 4, "n_val": 16, "n_test": 16},

@@ -21,40 +21,56 @@ def git_commit():
     changes), or None outside a git checkout.
 
     A process runs the code it loaded when it started, so the first answer is kept: a later call returns that
-    commit again, with "+dirty" added when the checkout has moved since (another commit checked out, files
-    edited), because the figures of this process can then no longer be tied to one commit. A run therefore
-    asks once at its start (``Trainer.__init__``, each experiment's plan) and records the answer at its end."""
+    commit again, with "+dirty" added when the code has moved since (another commit checked out whose src/ or
+    configs/ differ, files edited), because the figures of this process can then no longer be tied to one
+    commit. A commit that changes neither (docs, results, tests) moves nothing. A run therefore asks once at its
+    start (``Trainer.__init__``, each experiment's plan) and records the answer at its end."""
     now = _checkout_commit()
     if "first" not in _first_commit:
         _first_commit["first"] = now
     first = _first_commit["first"]
-    if now != first:
+    if now != first and not _same_code(first, now):
         _first_commit["moved"] = True       # once moved, files of either commit may have been loaded
     if first is None or first.endswith("+dirty") or not _first_commit.get("moved"):
         return first
     return first + "+dirty"
 
 
+def _same_code(first, now):
+    """Whether the commits ``first`` and ``now`` (both without uncommitted changes) hold the same src/ and
+    configs/; False when either is dirty or unknown, or git cannot compare them."""
+    if not first or not now or "+dirty" in first + now:
+        return False
+    try:
+        return _git("diff", "--quiet", first, now, "--", "src", "configs", at_top=True).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _checkout_commit():
-    """The commit the checkout holding numformer's source is at now (see git_commit), or None.
+    """The commit the checkout holding numformer's source is at now (see git_commit), or None."""
+    try:
+        commit = _git("rev-parse", "--short", "HEAD").stdout.strip()
+        if not commit:
+            return None
+        # uncommitted changes to the library or the configs: the commit alone does not say what ran
+        dirty = _git("status", "--porcelain", "--", "src", "configs", at_top=True)
+        return commit + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _git(*args, at_top=False):
+    """``git args`` in the folder of numformer's source (``at_top``: its checkout's top folder).
 
     git runs with GIT_OPTIONAL_LOCKS=0: ``git status`` then does not refresh the index, so it never takes
     .git/index.lock, for which the ranks of an MPI run (each asks) and the user's own git commands would race."""
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=_PACKAGE, env=env)
-        commit = out.stdout.strip()
-        if not commit:
-            return None
-        # uncommitted changes to the library or the configs: the commit alone does not say what ran
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=5,
-                             cwd=_PACKAGE, env=env).stdout.strip() or str(_PACKAGE)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "configs"], capture_output=True,
-                               text=True, timeout=5, cwd=top, env=env)
-        return commit + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
+    where = _PACKAGE
+    if at_top:
+        where = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=5,
+                               cwd=_PACKAGE, env=env).stdout.strip() or _PACKAGE
+    return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=where, env=env)
 
 
 CPUINFO = "/proc/cpuinfo"          # Linux's; macOS and Windows have none (machine_info then names less)

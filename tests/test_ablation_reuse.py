@@ -119,8 +119,8 @@ def _edit_summary(run_dir, **changes):
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"commit": "def5678"}, "it was trained by commit def5678, not this commit abc1234"),
-    ({"commit": None}, "it was trained by commit None, not this commit abc1234"),
+    ({"commit": "def5678"}, "it was trained by commit def5678, whose src/ or configs/ differ from this commit abc1234"),
+    ({"commit": None}, "its summary.json records no commit, so it cannot be shown to come from this commit abc1234"),
     ({"interrupted": True, "stopped_by": "interrupted"}, "its run did not finish (stopped by interrupted)"),
 ])
 def test_a_run_that_cannot_be_reused_is_refused_with_the_reason(ablation, commit, change, reason):
@@ -131,6 +131,18 @@ def test_a_run_that_cannot_be_reused_is_refused_with_the_reason(ablation, commit
     line = one_error_line(rc, err, "reproduce")
     assert f"{run_dir} (not reused: {reason})" in line and "give --overwrite" in line
     assert snapshot(ablation) == before
+
+
+def test_a_run_of_another_commit_with_the_same_source_is_reused(ablation, commit, monkeypatch):
+    """A docs or results commit since the run trained changes nothing it ran: the run is reused."""
+    import numformer.experiments._runs as runs
+    monkeypatch.setattr(runs, "same_source", lambda a, b: {a, b} == {"def5678", "abc1234"})
+    _edit_summary(run_dirs(ablation)[3], commit="def5678")
+    calls = count_trainings(monkeypatch)
+    assert reproduce(ablation, ABLATION, "--seeds", 2)[0] == 0
+    assert calls == []
+    assert runs.same_code("def5678", "abc1234") is None
+    assert runs.same_code("0123abc", "abc1234").endswith("whose src/ or configs/ differ from this commit abc1234")
 
 
 @pytest.mark.parametrize("now, reason", [
@@ -377,7 +389,7 @@ def test_every_reused_run_is_checked_before_reuse(tmp_path, commit, name):
     assert _reproduce_again(tmp_path, name, *args)[0] == 0                  # the same commit: reused
     run_dir = _runs_of(tmp_path)[-1]
     kept = {name: (run_dir / name).read_bytes() for name in ("summary.json", "config.json")}
-    for damage, reason in [("commit", "it was trained by commit def5678, not this commit abc1234"),
+    for damage, reason in [("commit", "it was trained by commit def5678, whose src/ or configs/ differ from this commit abc1234"),
                            ("config", "its config.json differs from the config wanted (train.lr 0.5 -> "),
                            ("summary", "summary.json: key 'steps' is missing")]:
         for file, data in kept.items():                                   # the previous damage undone

@@ -171,7 +171,7 @@ def test_a_base_run_of_another_commit_or_config_is_not_reused_and_named(tmp_path
     assert stages["imdb_lm"].summary is not None and stages["imdb"].summary is not None      # both reused
     (tmp_path / "runs" / "imdb_lm" / "summary.json").write_text(json.dumps({**summary, "commit": "def5678"}))
     stages = {s.name: s for s in cp.plan(ctx, cfg)}
-    assert stages["imdb_lm"].summary is None and "trained by commit def5678, not this commit abc1234" in \
+    assert stages["imdb_lm"].summary is None and "trained by commit def5678, whose src/ or configs/ differ from this commit abc1234" in \
         stages["imdb_lm"].why
     assert all(stages[n].summary is None for n in ("sft_full", "sft_lora_r8", "dpo"))     # built on it: again
     (tmp_path / "runs" / "imdb" / "config.json").write_text(json.dumps({**wanted, "train": {"lr": 0.5}}))

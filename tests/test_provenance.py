@@ -82,6 +82,8 @@ def test_a_commit_that_leaves_src_and_configs_alone_moves_nothing(tmp_path, monk
     moved = commit("src/pkg/model.py", "x = 2\n")
     monkeypatch.setattr(provenance, "_first_commit", {"first": started})
     assert provenance.git_commit() == started + "+dirty" and moved != started
+    assert provenance.same_source(started, docs) and not provenance.same_source(docs, moved)
+    assert not provenance.same_source(started, started + "+dirty") and not provenance.same_source(started, "0000000")
 
 
 def _config():

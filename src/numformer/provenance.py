@@ -29,16 +29,17 @@ def git_commit():
     if "first" not in _first_commit:
         _first_commit["first"] = now
     first = _first_commit["first"]
-    if now != first and not _same_code(first, now):
+    if now != first and not same_source(first, now):
         _first_commit["moved"] = True       # once moved, files of either commit may have been loaded
     if first is None or first.endswith("+dirty") or not _first_commit.get("moved"):
         return first
     return first + "+dirty"
 
 
-def _same_code(first, now):
+def same_source(first, now):
     """Whether the commits ``first`` and ``now`` (both without uncommitted changes) hold the same src/ and
-    configs/; False when either is dirty or unknown, or git cannot compare them."""
+    configs/, so that a figure of one is a figure of the other; False when either is dirty or unknown, or git
+    cannot compare them (a commit not in this checkout)."""
     if not first or not now or "+dirty" in first + now:
         return False
     try:

@@ -7,8 +7,9 @@ that could have been reused, why it is not) unless ``--overwrite`` was given. Tr
 
 A run is reused (the ablation's rows, the seed study's seeds) only when its folder holds, readable and
 well-formed, a config.json equal to the resolved config wanted, and a summary.json saying that the run
-finished and was trained by this very code: the same git commit, with no uncommitted changes on either side
-(``provenance.git_commit``; outside a git checkout nothing is reused). ``--overwrite`` reuses nothing.
+finished and was trained by this very code: the same git commit, or one whose src/ and configs/ are the same
+(``provenance.same_source``), with no uncommitted changes on either side (``provenance.git_commit``; outside a
+git checkout nothing is reused). ``--overwrite`` reuses nothing.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .._limits import NUMBER, check_record, read_json_file
 from ..config import config_changes
 from .._platform import LOCK_FILE
 from ..train import Trainer
+from ..provenance import same_source
 from ..run_files import CHECKPOINT
 
 # What a reused run's summary.json must hold (train/trainer.py writes more).
@@ -74,8 +76,10 @@ def same_code(trained_by, commit):
     if commit.endswith("+dirty"):
         return (f"this code has uncommitted changes (commit {commit}), so no earlier run can be shown to come "
                 f"from the same code")
-    if trained_by != commit:
-        return f"it was trained by commit {trained_by}, not this commit {commit}"
+    if trained_by is None:
+        return f"its summary.json records no commit, so it cannot be shown to come from this commit {commit}"
+    if trained_by != commit and not same_source(trained_by, commit):
+        return f"it was trained by commit {trained_by}, whose src/ or configs/ differ from this commit {commit}"
     return None
 
 
@@ -99,7 +103,7 @@ def reusable_run(run_dir, resolved, commit, resumable=False, same_commit=True):
         return None, f"its config.json differs from the config wanted ({config_difference(saved, wanted)})"
     mixed = summary.get("commits")
     why = same_code(summary["commit"], commit) if same_commit else None
-    if same_commit and not why and isinstance(mixed, list) and len(set(mixed)) > 1:
+    if same_commit and not why and isinstance(mixed, list) and any(same_code(c, commit) for c in set(mixed)):
         why = f"it was trained by more than one version of numformer (commits {', '.join(map(str, mixed))})"
     if why:
         return None, why

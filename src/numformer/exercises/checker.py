@@ -421,10 +421,11 @@ def step_signature(exercise, learner, reference):
         except (TypeError, ValueError):
             continue
         ours = inspect.signature(reference[name])
-        if [(p.name, p.default) for p in theirs.parameters.values()] != \
-                [(p.name, p.default) for p in ours.parameters.values()]:
+        if [(p.name, p.default, p.kind) for p in theirs.parameters.values()] != \
+                [(p.name, p.default, p.kind) for p in ours.parameters.values()]:
             raise Failure(f"{name}{theirs} has other parameters than the exercise's {name}{ours}: keep the "
-                          f"names, their order and the defaults (the model calls it that way)")
+                          f"names, their order, the defaults and which may be given by position (the model "
+                          f"calls it that way)")
 
 
 def _inputs_unchanged(name, before, after):
@@ -432,6 +433,30 @@ def _inputs_unchanged(name, before, after):
         if isinstance(v, np.ndarray) and not np.array_equal(v, after[k], equal_nan=True):
             raise Failure(f"{name} changed its argument {k} in place (an in-place operation such as {k} -= ..., "
                           f"or {k}[...] = ..., writes into the caller's array); compute into new arrays")
+
+
+def _arrays(values):
+    return {k: v.copy() for k, v in values.items() if isinstance(v, np.ndarray)}
+
+
+def backward_writing_nothing(exercise, learner, call, upstream, options=()):
+    """{input name: gradient} of the learner's backward after the forward ``call`` = (inputs, outputs, cache),
+    given copies of ``upstream``; a Failure if it wrote into its upstream gradient, or through its cache into
+    the forward's arguments or the outputs the caller holds (a softmax's y, attention's weights)."""
+    inputs, outputs, cache = call
+    kept_inputs, kept_outputs = _arrays(inputs), _arrays(outputs)
+    given = {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in upstream.items()}
+    backward = exercise.names[1]
+    grads = run_backward(exercise, learner, cache, given, options=options)
+    _inputs_unchanged(backward, {f"d{k}": v for k, v in upstream.items() if isinstance(v, np.ndarray)},
+                      {f"d{k}": v for k, v in given.items()})
+    _inputs_unchanged(f"{backward} (through the cache of {exercise.names[0]})", kept_inputs, inputs)
+    for k, v in kept_outputs.items():
+        if not np.array_equal(v, outputs[k], equal_nan=True):
+            raise Failure(f"{backward} changed the output {k} of {exercise.names[0]} through the cache (an "
+                          f"in-place operation on a cached array that is also the returned {k}): the caller "
+                          f"still holds {k} and uses it; compute into new arrays")
+    return grads
 
 
 def step_shapes(exercise, learner, reference):
@@ -446,10 +471,7 @@ def step_shapes(exercise, learner, reference):
     for name, want in ref_outputs.items():
         _check_shape_and_dtype(f"{forward} returned {name}", outputs[name], want)
     upstream = upstream_for(ref_outputs, exercise)
-    given = {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in upstream.items()}
-    grads = run_backward(exercise, learner, cache, given)
-    _inputs_unchanged(exercise.names[1], {f"d{k}": v for k, v in upstream.items() if isinstance(v, np.ndarray)},
-                      {f"d{k}": v for k, v in given.items()})
+    grads = backward_writing_nothing(exercise, learner, (inputs, outputs, cache), upstream)
     ref_grads = run_backward(exercise, reference, ref_cache, upstream, learner=False)
     for name, want in ref_grads.items():
         _check_shape_and_dtype(f"{exercise.names[1]} returned d{name}", grads[name], want)
@@ -501,7 +523,7 @@ def _compare(exercise, learner, reference, case, inputs):
     upstream = upstream_for(ref_outputs, exercise)
     options = case.backward_options
     try:
-        grads = run_backward(exercise, learner, cache, dict(upstream), options=options)
+        grads = backward_writing_nothing(exercise, learner, (inputs, outputs, cache), upstream, options)
     except Failure as failure:
         raise Failure(f"after {call_text}: {failure}") from None
     ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False, options=options)
@@ -522,24 +544,26 @@ def step_forward(exercise, learner, reference):
 
 
 def step_backward(exercise, learner, reference):
-    """The backward of a first forward call after a second one on other inputs, as a model's layers call them
-    (a backward that reads the last forward's values from globals rather than its cache fails here), leaving
-    the first call's inputs as they were (a backward may not write into them through its cache)."""
+    """The backward of a first forward call after a second one on other inputs (those of the finite-difference
+    case, of other shapes where it has one, drawn anew), as a model's layers call them: a backward that reads the
+    last forward's arrays or shapes from globals rather than its cache fails here (a value both calls share,
+    such as an axis or a flag, goes unseen). The first call's inputs, its outputs and the upstream gradient
+    stay as they were (``backward_writing_nothing``)."""
     case = exercise.case
     inputs = case.inputs()
-    _, cache = run_forward(exercise, learner, inputs)
-    run_forward(exercise, learner, case.inputs(seed=SEED + 2))
-    kept = {k: v.copy() for k, v in inputs.items() if isinstance(v, np.ndarray)}
+    outputs, cache = run_forward(exercise, learner, inputs)
+    run_forward(exercise, learner, (exercise.fd_case or case).inputs(seed=SEED + 2))
     ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
     upstream = upstream_for(ref_outputs, exercise)
-    grads = run_backward(exercise, learner, cache, dict(upstream))
-    _inputs_unchanged(f"{exercise.names[1]} (through the cache of {exercise.names[0]})", kept, inputs)
+    context = (f"{exercise.names[1]} after {exercise.names[0]}({describe(case.inputs())}) and a second "
+               f"{exercise.names[0]} call on other inputs, the same upstream gradient given to both (a backward "
+               f"takes what it needs from its own cache, not from the last call):\n")
+    try:
+        grads = backward_writing_nothing(exercise, learner, (inputs, outputs, cache), upstream)
+    except Failure as failure:
+        raise Failure(context + str(failure)) from None
     ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False)
-    fail_if_different(grads, ref_grads, "d", case.tol,
-                      context=f"{exercise.names[1]} after {exercise.names[0]}({describe(case.inputs())}) and a "
-                              f"second {exercise.names[0]} call on other inputs, the same upstream gradient given "
-                              f"to both (a backward takes what it needs from its own cache, not from the last "
-                              f"call):\n")
+    fail_if_different(grads, ref_grads, "d", case.tol, context=context)
 
 
 def step_finite_differences(exercise, learner, reference):

@@ -55,8 +55,11 @@ def step_forward(exercise, learner, reference):
 
 
 def step_backward(exercise, learner, reference):
-    """dx = dy ⊙ (the forward's y / x): the entries the forward dropped pass no gradient, the others 1/(1-p)."""
+    """dx = dy ⊙ (the forward's y / x): the entries the forward dropped pass no gradient, the others 1/(1-p);
+    the backward of a first call after a second call on another draw (a model's dropout layers all draw before
+    any backward: a mask kept anywhere but the cache is the last layer's)."""
     x, y, cache = _draw(exercise, learner, P)
+    _draw(exercise, learner, P, seed=1)
     dy = np.random.default_rng(1).standard_normal(x.shape)
     dx = np.asarray(run_backward(exercise, learner, cache, {"y": dy})["x"])
     want = dy * (y / x)
@@ -64,8 +67,9 @@ def step_backward(exercise, learner, reference):
     if dx.shape != want.shape or not np.allclose(dx, want, rtol=1e-12, atol=1e-12):
         what = "a dropped entry (dx is 0 there)" if y[i] == 0 else \
             f"a kept entry (dx is dy / (1 - p) = {want[i]:.6g} there)"
-        raise Failure(f"{exercise.names[1]} after {exercise.names[0]}(x (100, 300), p={P}, rng): dx{index_text(i)} = "
-                      f"{dx[i]:.6g} for dy{index_text(i)} = {dy[i]:.6g} at {what} of the forward's mask")
+        raise Failure(f"{exercise.names[1]} after {exercise.names[0]}(x (100, 300), p={P}, rng) and a second call "
+                      f"with another seed: dx{index_text(i)} = {dx[i]:.6g} for dy{index_text(i)} = {dy[i]:.6g} at "
+                      f"{what} of the first call's mask (the backward takes the mask from its own cache)")
 
 
 def step_keywords_and_rates(exercise, learner, reference):

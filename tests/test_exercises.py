@@ -241,6 +241,8 @@ MISTAKES = [
      KEYWORDS, "keyword case 'scaling yarn'"),
     ("rope", "dynamic scaling's n taken as T", [("int(np.max(positions)) + 1)", "x.shape[-2])")], KEYWORDS,
      "keyword case 'scaling dynamic'"),
+    ("swiglu", "b_up's gradient returned when b_gate is given", [("if has_bu else None", "if has_bg else None")],
+     KEYWORDS, "keyword case 'b_up alone'"),
     ("swiglu", "SiLU' = σ", [("(s + a * s * (1 - s))", "s")], BACKWARD, "(dw_up, dw_down"),
     ("swiglu", "gate on the up projection", [("s = 1 / (1 + np.exp(-a))", "s = 1 / (1 + np.exp(-b))"),
                                              ("h = a * s * b", "h = b * s * a")], FORWARD, "y differs"),

@@ -6,14 +6,13 @@ from ..checker import Case, Exercise, Function
 D, F = 4, 6
 
 
-def _inputs(lead=(2, 3), scale=1.0, biases=False):
+def _inputs(lead=(2, 3), scale=1.0, biases=()):
+    """A ``Case.make`` with the biases named in ``biases`` ("b_gate", "b_up", "b_down") given."""
     def make(rng):
         inputs = {"x": rng.standard_normal(lead + (D,)) * scale, "w_gate": rng.standard_normal((F, D)),
                   "w_up": rng.standard_normal((F, D)), "w_down": rng.standard_normal((D, F))}
-        if biases:
-            inputs |= {"b_gate": rng.standard_normal(F), "b_up": rng.standard_normal(F),
-                       "b_down": rng.standard_normal(D)}
-        return inputs
+        sizes = {"b_gate": F, "b_up": F, "b_down": D}
+        return inputs | {name: rng.standard_normal(sizes[name]) for name in biases}
     return make
 
 
@@ -48,7 +47,10 @@ every leading axis. SiLU'(a) = σ(a) (1 + a (1 - σ(a))).""",
         Case("batch axes", _inputs((2, 2, 3))),
     ),
     keyword_cases=(
-        Case("with biases", _inputs(biases=True), why="b_gate, b_up and b_down given: their gradients are returned"),
+        Case("with biases", _inputs(biases=("b_gate", "b_up", "b_down")),
+             why="b_gate, b_up and b_down given: their gradients are returned"),
+        Case("b_up alone", _inputs(biases=("b_up",)),
+             why="each bias may be given without the others: a gradient for each one given, None for the rest"),
     ),
     hints=(
         "Three linear maps and a product: a = x W_gateᵀ, b = x W_upᵀ, h = SiLU(a) ⊙ b, y = h W_downᵀ. Go "

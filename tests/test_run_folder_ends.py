@@ -156,6 +156,47 @@ def test_a_second_ctrl_c_during_the_final_scoring_aborts_naming_the_checkpoint(t
                     f"--out {run} --resume goes on from it")
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_second_signal_aborts_with_128_plus_its_number(tmp_path, monkeypatch, capsys, signum):
+    """Two stop signals during a step: the run aborts after it, keeping its checkpoint, and the command exits
+    with 128 + that signal's number as the first signal's stop does (before: 130, Ctrl-C's, for every signal)."""
+    run, toml = tmp_path / "run", tmp_path / "c.toml"
+    toml.write_text("\n".join(["[model]", 'type = "gpt"', "n_layers = 1", "n_heads = 2", "d_model = 16",
+                               "[data]", 'task = "copy"', "length = 4", "n_val = 16", "n_test = 16", "[train]",
+                               "max_steps = 8", "batch_size = 8", "eval_every = 4", "checkpoint_every = 2",
+                               "processes = 1", ""]), encoding="utf-8")
+    real = Trainer._train_step
+
+    def step_then_signal_twice(self):
+        out = real(self)
+        if self.step == 4:
+            os.kill(os.getpid(), signum)
+            os.kill(os.getpid(), signum)
+        return out
+    monkeypatch.setattr(Trainer, "_train_step", step_then_signal_twice)
+    previous = signal.getsignal(signum)
+    try:
+        rc = main(["train", str(toml), "--out", str(run)])
+    finally:
+        signal.signal(signum, previous)
+    err = capsys.readouterr().err
+    assert rc == 128 + signum, err
+    assert f"{stop_signals.name(signum)} again: aborted after step" in err and "is kept" in err
+
+
+def test_ctrl_c_while_the_command_line_is_read_is_no_traceback(monkeypatch, capsys):
+    """Ctrl-C in the first moments, while the parser is built (it imports the experiments): exit code 130, no
+    traceback (before: 35 lines of one)."""
+    import numformer.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["train", "--help"]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="a closed pipe is a POSIX signal")
 def test_a_closed_output_stops_the_run_after_its_step_with_a_checkpoint(tmp_path):
     """`numformer train ... 2>&1 | head -2`: the reader goes away, and the first write that fails asks the run to

@@ -95,7 +95,11 @@ def _innermost_parser(parser, args):
 
 
 def main(argv=None):
-    parser = build_parser()
+    try:                            # building the parser imports the experiments: Ctrl-C may come here already
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not (sys.argv[1:] if argv is None else argv):      # plain `numformer`: what it can do, not an error
         parser.print_help()
         return 0
@@ -105,9 +109,9 @@ def main(argv=None):
         check_text_arguments(args)
         with _reading(args):
             result = args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or a second stop signal of a run (128 + that signal's number)
         print(file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 128 + e.signum if hasattr(e, "signum") else EXIT_INTERRUPTED
     except BrokenPipeError:         # the reader of the output went away (`numformer data list | head`)
         from numformer._platform import point_at_null_device
         point_at_null_device(sys.stdout)

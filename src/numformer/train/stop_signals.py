@@ -31,6 +31,15 @@ UNDER_MPI = _platform.signals("SIGINT")
 WORKER_IGNORES = ALONE
 
 
+class Aborted(KeyboardInterrupt):
+    """A second stop signal: the run stops at once (its last checkpoint kept). A KeyboardInterrupt, so that it
+    unwinds as Ctrl-C does; ``signum`` gives the command's exit code, 128 + the signal's number."""
+
+    def __init__(self, signum):
+        super().__init__(name(signum))
+        self.signum = int(signum)
+
+
 class FinalPhaseStopped(Exception):
     """A first stop signal during a run's final scoring (of the kept weights, of the test split): the scoring,
     whose saves are atomic, is abandoned; the run ends as an interrupted one, which ``--resume`` finishes."""

@@ -210,7 +210,7 @@ class Trainer:
     def _on_stop_signal(self, signum):
         if self._stop_requested:          # a second Ctrl-C (or SIGTERM ...): stop now, saying what is kept
             self._print(aborted_note(stop_signals.name(signum), self.step, self.run_dir, self._checkpoint_step))
-            raise KeyboardInterrupt
+            raise stop_signals.Aborted(signum)
         self._stop_requested, self.stop_signal = True, signum
         again = "press it again" if signum == signal.SIGINT else "send it again"
         doing = ("finishing this step and writing a checkpoint" if self._phase == "steps"

@@ -93,6 +93,10 @@ def test_every_key_is_checked_before_anything_is_written(tmp_path, cli_error, se
     ("model.type={a=1}", "[model] type"), ("model.n_heads=3", "[model] d_model = 16 must be divisible"),
     ("train.seed=-1", "[train] seed"), ("model.dropout=1.0", "[model] dropout"),
     ("data.task_module=nosuch_mod_f2", "[data] task_module = 'nosuch_mod_f2' cannot be imported"),
+    # beyond 2**53 a count overflowed NumPy's integers: an OverflowError called a bug, or NumPy's words alone
+    ("model.n_layers=99999999999999999999", "[model] n_layers = 99999999999999999999 is out of range"),
+    ("train.batch_size=99999999999999999999", "[train] batch_size = 99999999999999999999 is out of range"),
+    ("train.grad_accum=99999999999999999999", "at most 2**53"), ("train.seed=9007199254740993", "[train] seed"),
 ])
 def test_cases_found_by_hand(tmp_path, cli_error, setting, named):
     cfg = tmp_path / "c.toml"

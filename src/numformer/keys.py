@@ -45,6 +45,11 @@ def _meant(word, choices):
 
 
 # -- the type and range of a key --------------------------------------------------------------------------
+# No integer of a config is larger: a count, a size or a seed beyond it overflows NumPy's 64-bit integers (an
+# OverflowError, or "Maximum allowed dimension exceeded") before it could mean anything.
+MAX_INT = 2 ** 53
+
+
 @dataclass(frozen=True)
 class Key:
     """What a config value may be: ``kind`` (int, float, bool, str, list), ``lo``/``hi`` bounds (``open``
@@ -75,6 +80,8 @@ class Key:
             parts.append(f"{'<' if self.open[1] else '<='} {self.hi:g}")
         if self.choices is not None:
             parts.append(f"with entries among {list(self.choices)}")
+        if self.kind is int and self.hi is None:
+            parts.append("at most 2**53")
         return what + (" " + " and ".join(parts) if parts else "") + (" (or null)" if self.none else "")
 
     def check(self, where, key, value):
@@ -99,6 +106,8 @@ class Key:
     def _in_range(self, v):
         if self.choices is not None:
             return (set(v) <= set(self.choices)) if self.kind is list else v in self.choices
+        if self.kind is int and abs(v) > MAX_INT:
+            return False
         if self.lo is not None and (v <= self.lo if self.open[0] else v < self.lo):
             return False
         return self.hi is None or (v < self.hi if self.open[1] else v <= self.hi)

@@ -597,6 +597,23 @@ def test_bytes_changed_inside_a_saved_tensor_are_reported_as_corruption(tmp_path
             load_model_weights(path, trainer.model)
 
 
+def test_damaged_kept_weights_are_found_before_a_resumed_run_changes_anything(tmp_path):
+    """model.safetensors damaged: --resume refuses before training, the folder as it was (before: the run trained
+    on and replaced summary.json, and only its final phase, reading the kept weights, found the damage)."""
+    trainer = Trainer(config(max_steps=10), tmp_path, quiet=True)
+    trainer.train()
+    trainer.close()
+    path = tmp_path / MODEL
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[(start + len(data)) // 2:(start + len(data)) // 2 + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match=f"{MODEL} is corrupt: .* \\(found before resuming: nothing was changed\\)"):
+        Trainer(None, tmp_path, resume=True, quiet=True, overrides=["train.max_steps=12"])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
 def test_a_resumed_run_that_crashes_leaves_no_summary_of_its_earlier_end(tmp_path):
     """summary.json describes the weights in model.safetensors; a finished run resumed for more steps trains new
     bests into model.safetensors, so its earlier summary goes when it starts (before: a crash left summary.json

@@ -19,7 +19,7 @@ import weakref
 
 from . import run_folder
 from ..run_files import (CHECKPOINT, DATA_FILES, MODEL, open_in_folder, remove_in_folder, replace_in_folder,
-                         save_checkpoint, save_model, weights_step, write_atomic, write_json_atomic)
+                         save_checkpoint, save_model, verify_file, weights_step, write_atomic, write_json_atomic)
 
 METRICS = "metrics.jsonl"
 # The last writer this process made of each run folder (its real path -> a weak reference: a writer's lock goes
@@ -188,6 +188,17 @@ class RunWriter:
                              f"at step {end}: they are not of one run (its metrics went to step {logged}); put "
                              f"back this run's checkpoint or metrics.jsonl, or start afresh with --overwrite")
 
+    def check_kept_weights(self):
+        """ValueError when model.safetensors, the weights the run kept so far, is damaged: found before a resumed
+        run trains (the final phase reads them; a damage found there came after the run had trained on, with its
+        summary.json already replaced)."""
+        path = self.run_dir / MODEL
+        if self.writes and path.is_file():
+            try:
+                verify_file(path, "model file")
+            except ValueError as e:
+                raise ValueError(f"{e} (found before resuming: nothing was changed)") from None
+
     def save_weights(self, model, config, **figures):
         """model.safetensors: the weights to use, with their ``figures`` (step, loss) in the metadata.
 
@@ -208,6 +219,7 @@ class RunWriter:
         (val_loss or val_loss_estimate): see ``restore_selection``. The checkpoint must be of the run metrics.jsonl
         records (``check_history``)."""
         self.check_history(state)
+        self.check_kept_weights()
         self._take()
         self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
         self._pending_selection = {selected_on: state["early_stopping"]["best"]}

@@ -305,8 +305,8 @@ def mask_dependence(dropped, items=()):
     * the same number of entries dropped in every row, every column or every item (a fixed number of entries
       picked in each, where each entry is dropped on its own).
 
-    The last two checks on slices run where a mask drawn entry by entry at the mask's own rate would fail them
-    with a chance below ``CHANCE``.
+    The checks of the last three kinds run only where a mask drawn entry by entry at the mask's own rate would
+    fail them with a chance below ``CHANCE``.
     """
     dropped = np.asarray(dropped, dtype=bool)
     fix = "draw a mask entry by entry, of the full shape"
@@ -436,6 +436,7 @@ def _inputs_unchanged(name, before, after):
 
 
 def _arrays(values):
+    """Copies of the arrays among ``values`` (a dict), to tell later whether a call wrote into them."""
     return {k: v.copy() for k, v in values.items() if isinstance(v, np.ndarray)}
 
 
@@ -463,7 +464,7 @@ def step_shapes(exercise, learner, reference):
     """Outputs and gradients shaped as the reference's, float64, and no argument written into."""
     case = exercise.case
     inputs = case.inputs()
-    kept = {k: v.copy() for k, v in inputs.items() if isinstance(v, np.ndarray)}
+    kept = _arrays(inputs)
     outputs, cache = run_forward(exercise, learner, inputs)
     _inputs_unchanged(exercise.names[0], kept, inputs)
     ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
@@ -512,7 +513,7 @@ def _compare_case(exercise, learner, reference, case, what):
 
 def _compare(exercise, learner, reference, case, inputs):
     call_text = f"{exercise.names[0]}({describe(inputs)})"
-    kept = {k: v.copy() for k, v in inputs.items() if isinstance(v, np.ndarray)}
+    kept = _arrays(inputs)
     try:
         outputs, cache = run_forward(exercise, learner, inputs)
         _inputs_unchanged(exercise.names[0], kept, inputs)

@@ -359,6 +359,34 @@ def test_a_checkpoint_copied_from_another_run_is_refused_naming_both_steps(tmp_p
         Trainer(None, run, resume=True, quiet=True)
 
 
+def test_a_checkpoint_of_another_run_at_a_step_the_metrics_reach_is_refused(tmp_path):
+    """A checkpoint of step 8 copied from another run of the same config and seed into a folder whose
+    metrics.jsonl goes to step 12: the lines before step 8 are not the ones its run logged (their timings
+    differ), so --resume refuses in one line (before: it resumed, and the folder mixed two runs); the run's own
+    checkpoint still resumes."""
+    import shutil
+
+    from numformer.run_files import load_metadata
+
+    other, run = tmp_path / "other", tmp_path / "run"
+    for folder, steps in ((other, 8), (run, 12)):
+        trainer = Trainer(cfg(log_every=2), folder, quiet=True)
+        trainer.train(stop_after=steps)
+        trainer.close()
+    own = (run / CHECKPOINT).read_bytes()
+    shutil.copyfile(other / CHECKPOINT, run / CHECKPOINT)
+    state = json.loads(load_metadata(run / CHECKPOINT, "checkpoint")["state"])
+    assert state["metrics_step"] == 8 and state["step"] == 8        # the step check alone passes it
+    with pytest.raises(ValueError) as e:
+        Trainer(None, run, resume=True, quiet=True)
+    assert "\n" not in str(e.value) and str(e.value) == (
+        f"checkpoint {run / CHECKPOINT} is at step 8, but the lines of {run / 'metrics.jsonl'} before that step are "
+        f"not the ones its run logged: they are not of one run (a checkpoint or metrics.jsonl of another run, or "
+        f"lines edited by hand); put back this run's checkpoint or metrics.jsonl, or start afresh with --overwrite")
+    (run / CHECKPOINT).write_bytes(own)             # the run's own checkpoint, of step 12, resumes
+    Trainer(None, run, resume=True, quiet=True).close()
+
+
 def test_a_signal_between_the_weights_scoring_and_the_test_scoring_abandons_the_test_scoring(tmp_path,
                                                                                              monkeypatch):
     """SIGTERM after the kept weights were scored and before the test split is: the line says the final

@@ -60,6 +60,16 @@ def open_in_folder(path, flags, mode=0o666):
     return _open_at(_locked_folder_fd(path), Path(path), flags, mode)
 
 
+def read_in_folder(path):
+    """The bytes of file ``path``, read through the locked folder's descriptor where ``path``'s folder is locked
+    (see ``open_in_folder``): a writer reads its own folder's file even if another was put at the same path
+    since its last check. FileNotFoundError when the file is not there."""
+    folder_fd = _locked_folder_fd(path)
+    fd = os.open(Path(path) if folder_fd is None else Path(path).name, os.O_RDONLY, dir_fd=folder_fd)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def _open_at(folder_fd, path, flags, mode=0o666):
     if folder_fd is None:
         return os.open(path, flags, mode)

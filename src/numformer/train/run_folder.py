@@ -32,6 +32,7 @@ weights, nothing, or the new run; never a mix of the two.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -39,7 +40,8 @@ from pathlib import Path
 from .._limits import bounded_json
 from .. import _platform
 from .._results import remove_report
-from ..run_files import CHECKPOINT, DATA_FILES, LOCKED_FOLDERS, MODEL, remove_in_folder, remove_temp_files
+from ..run_files import (CHECKPOINT, DATA_FILES, LOCKED_FOLDERS, MODEL, read_in_folder, remove_in_folder,
+                         remove_temp_files)
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 REFERENCE = "reference_logps.safetensors"     # a DPO run's reference log-probabilities, computed once
@@ -327,7 +329,7 @@ def metrics_records(path):
     dropped; any other line that is not a JSON object with an integer ``step``, a complete last line too,
     raises one ValueError naming the file and line."""
     path = Path(path)
-    data = path.read_bytes()
+    data = read_in_folder(path)             # a writer's own file, whatever was put at its path
     lines, cut_short = data.splitlines(), not data.endswith(b"\n")
     records = []
     for n, line in enumerate(lines, 1):
@@ -344,6 +346,22 @@ def metrics_records(path):
                              f"remove the line (or restore the file)")
         records.append((line, record))
     return records
+
+
+def history_digest(path, step):
+    """The SHA-256 (hex) of the regular lines of metrics file ``path`` before ``step``, each as its record with
+    sorted keys: what a checkpoint of ``step`` records of the run it belongs to (``RunWriter.check_history``).
+    Those lines never change once the checkpoint is written (a resume rewrites or drops only lines of its step
+    and after, and partial lines, which are left out); their timings differ from any other run's."""
+    digest = hashlib.sha256()
+    try:
+        records = metrics_records(path)
+    except FileNotFoundError:
+        records = []
+    for _, record in records:
+        if record["step"] < step and record.get("partial") is not True:
+            digest.update(json.dumps(record, sort_keys=True).encode() + b"\n")
+    return digest.hexdigest()
 
 
 def start_new_run(path, overwrite=False, resumable=True):

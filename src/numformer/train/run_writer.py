@@ -157,8 +157,9 @@ class RunWriter:
         if self.writes:
             self.check()
             self._sync_metrics()        # the lines the checkpoint counts (``logged_step``) outlast a system crash
-            save_checkpoint(self.run_dir / CHECKPOINT, model, optimizer, state, run_folder.weights_metadata(config),
-                            config=config)
+            history = run_folder.history_digest(self.run_dir / METRICS, state["step"])
+            save_checkpoint(self.run_dir / CHECKPOINT, model, optimizer, {**state, "metrics_digest": history},
+                            run_folder.weights_metadata(config), config=config)
             self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
             remove_in_folder(self.run_dir / run_folder.KEPT_SELECTION)      # this checkpoint's is in MODEL
 
@@ -172,9 +173,10 @@ class RunWriter:
                 os.close(fd)
 
     def check_history(self, state):
-        """ValueError when the checkpoint of ``state`` is not of the run metrics.jsonl records: its run had
-        logged lines up to a step (``metrics_step``) that metrics.jsonl does not reach (a checkpoint copied in
-        from another run, or a metrics.jsonl from an earlier point). Checkpoints that do not record it pass."""
+        """ValueError when the checkpoint of ``state`` is not of the run metrics.jsonl records (a checkpoint copied
+        in from another run, or a metrics.jsonl of another run or from an earlier point): its run had logged lines
+        up to a step (``metrics_step``) that metrics.jsonl does not reach, or other lines before the checkpoint's
+        step (``metrics_digest``: ``run_folder.history_digest``). Checkpoints that do not record them pass."""
         logged, path = state.get("metrics_step"), self.run_dir / METRICS
         if not self.writes or logged is None:
             return
@@ -187,6 +189,12 @@ class RunWriter:
             raise ValueError(f"checkpoint {self.run_dir / CHECKPOINT} is at step {state['step']}, but {path} ends "
                              f"at step {end}: they are not of one run (its metrics went to step {logged}); put "
                              f"back this run's checkpoint or metrics.jsonl, or start afresh with --overwrite")
+        recorded = state.get("metrics_digest")
+        if recorded is not None and recorded != run_folder.history_digest(path, state["step"]):
+            raise ValueError(f"checkpoint {self.run_dir / CHECKPOINT} is at step {state['step']}, but the lines of "
+                             f"{path} before that step are not the ones its run logged: they are not of one run (a "
+                             f"checkpoint or metrics.jsonl of another run, or lines edited by hand); put back this "
+                             f"run's checkpoint or metrics.jsonl, or start afresh with --overwrite")
 
     def check_kept_weights(self):
         """ValueError when model.safetensors, the weights the run kept so far, is damaged: found before a resumed

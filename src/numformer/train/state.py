@@ -39,6 +39,8 @@ def check_state(state):
               and count(early["best_step"], none=True) and count(early["bad_evals"]),
               "worker_rngs": rng_list(state.get("worker_rngs")), "mpi_rngs": rng_list(state.get("mpi_rngs")),
               "metrics_step": count(state.get("metrics_step"), none=True),
+              "metrics_digest": state.get("metrics_digest") is None or (
+                  isinstance(state["metrics_digest"], str) and len(state["metrics_digest"]) == 64),
               "commits": state.get("commits") is None or (isinstance(state["commits"], list) and all(
                   c is None or isinstance(c, str) for c in state["commits"]))}
     if "divergence" in state:

@@ -130,7 +130,7 @@ def test_errors(runs, tmp_path, capsys):
     shutil.copytree(runs / "char", bare, ignore=shutil.ignore_patterns("report"))
     for f in ("model.safetensors", "checkpoint.safetensors"):
         (bare / f).unlink()
-    one_error(capsys, ["analyze", str(bare)], "has no model.safetensors.*--resume")
+    one_error(capsys, ["analyze", str(bare)], "has no saved weights.*--resume cannot continue it.*--overwrite")
     one_error(capsys, ["analyze", str(runs / "char"), "--text", ""], "has no tokens after tokenization")
     one_error(capsys, ["analyze", str(runs / "copy"), "--src", "   "], "has no tokens after tokenization")
     one_error(capsys, ["analyze", str(runs / "copy"), "--src", "12x"], "'x' is not in the run's vocabulary")

@@ -82,6 +82,34 @@ def test_damaged_run_folder(text_run, copy_of, cli_error, damage, expected):
     assert expected in cli_error("eval", run)
 
 
+@pytest.mark.parametrize("command", ["eval", "analyze"])
+def test_a_run_that_saved_no_weights_is_named_with_the_fix_that_works(text_run, copy_of, cli_error, command):
+    """A run that ended before it saved any weights (killed before its first evaluation or checkpoint): the
+    readers say so with the one fix that works (before: eval gave no fix, and analyze advised a --resume that
+    needs the missing checkpoint)."""
+    run = copy_of(text_run)
+    (run / MODEL).unlink()
+    (run / CHECKPOINT).unlink()
+    assert cli_error(command, run) == (
+        f"numformer {command}: error: {run} has no saved weights ({MODEL} or {CHECKPOINT}): its training ended before its first evaluation or "
+        f"checkpoint saved any, so --resume cannot continue it either; train it again with `numformer train CONFIG "
+        f"--out {run} --overwrite`")
+
+
+def test_a_folder_in_place_of_the_weights_file_is_named(text_run, copy_of, cli_error):
+    """A folder named model.safetensors: eval names it (before: it was read as missing, and eval went on with the
+    checkpoint's last weights instead of the selected ones), as --resume does before it writes anything."""
+    run = copy_of(text_run)
+    (run / MODEL).unlink()
+    (run / MODEL).mkdir()
+    fix = "is not a file; numformer saves a run's weights as a file of that name: remove what is there"
+    assert cli_error("eval", run) == f"numformer eval: error: {run / MODEL} {fix}, or put back the file"
+    before = sorted(p.name for p in run.iterdir())
+    line = cli_error("train", "--resume", "--out", run, "--set", "train.max_steps=100")
+    assert line == f"numformer train: error: {run / MODEL} is not a regular file; remove it, or choose another --out"
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
 @pytest.mark.parametrize("command", ["generate", "chat"])
 def test_an_empty_folder_is_neither_a_run_nor_a_hugging_face_model(tmp_path, cli_error, command, monkeypatch):
     """generate and chat take both kinds of folder: an empty one is named as neither (it was named a run folder

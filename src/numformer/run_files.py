@@ -254,21 +254,40 @@ def save_model(path, model, metadata=None):
     _save_safetensors(path, dict(model.state_dict()), {"format": "numformer-model-1", **(metadata or {})})
 
 
-def run_weights(run_dir):
+def no_saved_weights(run_dir):
+    """The ValueError for a run folder with neither weights file: its run ended (stopped, crashed or diverged)
+    before it saved any, so nothing can read it and --resume cannot continue it."""
+    return ValueError(f"{run_dir} has no saved weights ({MODEL} or {CHECKPOINT}): its training ended before its "
+                      f"first evaluation or checkpoint saved any, so --resume cannot continue it either; train it "
+                      f"again with `numformer train CONFIG --out {run_dir} --overwrite`")
+
+
+def weights_path(run_dir):
     """The file a run folder's weights are read from: model.safetensors, else checkpoint.safetensors (a run
-    stopped before an evaluation saved weights), which one line on stderr names, with its step, since its
-    weights are the last ones rather than the selected ones. ValueError when the folder has neither."""
+    stopped before an evaluation saved weights). ValueError when the folder has neither, or when either name is
+    taken by something other than a file (a folder, say: read as missing, it would hide the weights)."""
     run_dir = Path(run_dir)
-    if (run_dir / MODEL).is_file():
-        return run_dir / MODEL
-    path = run_dir / CHECKPOINT
-    if not path.is_file():
-        raise ValueError(f"{run_dir} has no saved weights ({MODEL} or {CHECKPOINT})")
+    for path in (run_dir / MODEL, run_dir / CHECKPOINT):
+        if path.exists() and not path.is_file():
+            raise ValueError(f"{path} is not a file; numformer saves a run's weights as a file of that name: "
+                             f"remove what is there, or put back the file")
+    for path in (run_dir / MODEL, run_dir / CHECKPOINT):
+        if path.is_file():
+            return path
+    raise no_saved_weights(run_dir)
+
+
+def run_weights(run_dir):
+    """The file a run folder's weights are read from (``weights_path``); checkpoint.safetensors is named on
+    stderr by one line, with its step, since its weights are the last ones rather than the selected ones."""
+    path = weights_path(run_dir)
+    if path.name == MODEL:
+        return path
     try:
         step = f" (step {int(bounded_json(load_metadata(path, 'checkpoint')['state'], 'its state')['step'])})"
     except (KeyError, TypeError, ValueError):       # a damaged checkpoint is named when it is loaded
         step = ""
-    print(f"note: {run_dir} has no {MODEL}; using the last weights, those of {path}{step}", file=sys.stderr,
+    print(f"note: {path.parent} has no {MODEL}; using the last weights, those of {path}{step}", file=sys.stderr,
           flush=True)
     return path
 

@@ -26,7 +26,7 @@ from ..interop.sources import tokenizer_from_state
 from ..train import evaluate_loss, load_config_json, load_model, load_task
 from .._limits import read_json_file
 from .._results import check_report_folder
-from ..run_files import CHECKPOINT, MODEL
+from ..run_files import weights_path
 from .report import write_report
 
 ABLATION_BATCHES = 4          # validation batches per ablation evaluation
@@ -83,9 +83,7 @@ def _check_run(run_dir):
                          f"folders: import it first (numformer import-hf {run_dir} --out RUN_DIR, then numformer "
                          f"analyze RUN_DIR), or look inside it with numformer explore {run_dir}")
     config = load_config_json(run_dir)
-    if not (run_dir / MODEL).is_file() and not (run_dir / CHECKPOINT).is_file():
-        raise ValueError(f"{run_dir} has no {MODEL} (no weights saved yet); let `numformer train` reach its "
-                         f"first evaluation, or continue it with `numformer train --resume --out {run_dir}`")
+    weights_path(run_dir)
     return config       # without model.safetensors, load_model's note names the checkpoint it reads
 
 

@@ -197,6 +197,12 @@ MISTAKES = [
     ("scaled_dot_product_attention", "the mask ignored when causal",
      [("    if attn_mask is not None:\n", "    if attn_mask is not None and not is_causal:\n")], KEYWORDS,
      "keyword case 'is_causal=True with a padding mask'"),
+    ("scaled_dot_product_attention", "the float mask ignored when causal",
+     [("        else:\n            s = s + attn_mask\n", "        elif not is_causal:\n            s = s + attn_mask\n")],
+     KEYWORDS, "keyword case 'is_causal=True with a float mask'"),
+    ("scaled_dot_product_attention", "the causal mask skipped under a float mask",
+     [("    if is_causal:\n", "    if is_causal and (attn_mask is None or attn_mask.dtype == bool):\n")],
+     KEYWORDS, "keyword case 'is_causal=True with a float mask'"),
     ("scaled_dot_product_attention", "scale 0 taken for the default",
      [("    if scale is None:\n        scale = 1 / math.sqrt(q.shape[-1])\n",
        "    scale = scale or 1 / math.sqrt(q.shape[-1])\n")], KEYWORDS, "keyword case 'scale=0.0'"),
@@ -835,9 +841,12 @@ def _torch_functions():
 
 
 def _torch_attention(torch, q, k, v, attn_mask, is_causal, scale):
-    """torch's attention, whose is_causal refuses an attn_mask beside it: both as one boolean mask then."""
+    """torch's attention, whose is_causal refuses an attn_mask beside it: both as one mask then (boolean, or a
+    float mask with -inf after query i's keys)."""
     if is_causal and attn_mask is not None:
-        attn_mask = attn_mask & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        attn_mask = attn_mask & causal if attn_mask.dtype == torch.bool else \
+            attn_mask.masked_fill(~causal, float("-inf"))
         is_causal = False
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                             scale=scale)

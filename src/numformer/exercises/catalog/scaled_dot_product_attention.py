@@ -42,6 +42,11 @@ def _causal_and_padding(rng):
     return inputs | {"attn_mask": mask}
 
 
+def _causal_and_float(rng):
+    inputs = _qkv(t_q=4, t_k=4, is_causal=True)(rng)
+    return inputs | {"attn_mask": rng.standard_normal((4, 4))}
+
+
 # Dropout is checked at two rates (at 0.5 alone, keep and drop swapped, or 1/p for 1/(1 - p), go unseen) on
 # 4 x 4 items of 8 x 8 weights: the share dropped lies within 5 standard deviations of p.
 DROPOUT_RATES = (0.5, 0.1)
@@ -176,6 +181,9 @@ multiplies P by a constant mask; the soft-cap's derivative is 1 - tanh²(S / c).
         Case("is_causal=True with a padding mask", _causal_and_padding,
              why="both masks apply: query i attends to keys j <= i that the mask (2, 1, 1, 4) lets it see (batch "
                  "element 1 may not attend to its last key)"),
+        Case("is_causal=True with a float mask", _causal_and_float,
+             why="both masks apply: the float mask (4, 4) is added to the scores of the keys j <= i, and the "
+                 "keys after query i stay hidden"),
         Case("scale=0.3", _qkv(scale=0.3), why="the scores are Q Kᵀ · 0.3"),
         Case("scale=0.0", _qkv(scale=0.0), why="a scale of 0 is a scale (every score 0: uniform weights), not "
                                                "the default 1/√d_k"),

@@ -84,7 +84,17 @@ MISTAKES = [
                                          "u = c * (x + 0.044715 * x ** 3)\n"
                                          "        t = (np.exp(u) - np.exp(-u)) / (np.exp(u) + np.exp(-u))")],
      KEYWORDS, "large inputs"),
-    ("gelu", "approximate ignored", [('if approximate == "tanh":', "if False:")], KEYWORDS, "y differs"),
+    ("gelu", "approximate ignored", [('if approximate == "tanh":', "if False:"),
+                                     ('elif approximate == "none":', 'elif approximate in ("none", "tanh"):')],
+     KEYWORDS, "y differs"),
+    ("gelu", "an unknown approximate taken for the exact GELU",
+     [('    elif approximate == "none":\n', "    else:\n"),
+      ("    else:\n        raise ValueError(f\"approximate is 'none' or 'tanh', not {approximate!r}\")\n", "")],
+     KEYWORDS, "keyword case 'approximate=\"erf\"': gelu_forward(x (4, 7), approximate='erf') returned a result; "
+     "the reference refuses it with ValueError"),
+    ("gelu", "an unknown approximate refused with another error",
+     [("        raise ValueError(", "        raise KeyError(")], KEYWORDS,
+     "gelu_forward raised KeyError: \"approximate is 'none' or 'tanh', not 'erf'\" at line"),
     ("relu_squared", "derivative 2x, without the max", [("dydx = 2 * r", "dydx = 2 * x")], BACKWARD, "dx differs"),
     ("relu_squared", "derivative max(0, x), without the 2", [("dydx = 2 * r", "dydx = r")], BACKWARD,
      "dx differs"),
@@ -871,7 +881,7 @@ def _cases_with_a_torch_twin():
     return [(name, case) for name in ("softmax", "log_softmax", "linear", "gelu", "relu_squared", "layer_norm",
                                       "rms_norm", "cross_entropy", "scaled_dot_product_attention")
             for case in (E.EXERCISES[name].case, *E.EXERCISES[name].edge_cases, *E.EXERCISES[name].keyword_cases)
-            if case.name not in skip]
+            if case.name not in skip and not case.raises]       # torch refuses those too
 
 
 @pytest.mark.parametrize("name, case", _cases_with_a_torch_twin(), ids=lambda v: getattr(v, "name", v))

@@ -13,7 +13,8 @@
    (``numformer.gradcheck.check_gradients``, the check the ops' own tests run);
 6. edge cases: the inputs that catch real mistakes (a repeated id, a fully masked row, ignored targets,
    large logits, batch axes, broadcast parameters);
-7. keyword arguments: every keyword argument at a value other than its default, at the same tolerance.
+7. keyword arguments: every keyword argument at a value other than its default, at the same tolerance; a value
+   the reference refuses (``Case.raises``) raises the reference's error.
 
 A failure says which step failed, on which input and where (the output or gradient, its worst entry), never
 what the code should be. The oracle is the reference op itself, the one the ops' own tests check by finite
@@ -57,12 +58,14 @@ class NewRng:
 class Case:
     """One call of the op: ``make(rng)`` returns the forward's keyword arguments; ``why`` says what a failure
     on this case usually means (shown with the failure); ``name`` names the case; ``backward_options`` are
-    keyword arguments the backward is called with."""
+    keyword arguments the backward is called with; ``raises``: the exception the reference's forward refuses
+    these arguments with (an unknown keyword value), which the learner's forward must raise too."""
     name: str
     make: Callable
     why: str = ""
     tol: float = TOL
     backward_options: tuple = ()       # (name, value) pairs: keyword arguments of the backward (linear's weight_grad)
+    raises: type | None = None
 
     def inputs(self, seed=SEED):
         """The keyword arguments, fresh (new arrays, new generators) at every call."""
@@ -184,11 +187,16 @@ def call(name, function, *args, **kwargs):
         raise Failure(f"{name} is not written yet (it raises NotImplementedError, as the stub does): fill in its "
                       f"TODOs") from None
     except Exception as e:          # noqa: BLE001 -- any error of the learner's code is a failed step
-        frames = [f for f in traceback.extract_tb(e.__traceback__)
-                  if not Path(f.filename).resolve().is_relative_to(_NOT_THEIRS[0])
-                  and not Path(f.filename).resolve().is_relative_to(_NOT_THEIRS[1])]
-        where = f" at line {frames[-1].lineno} of {frames[-1].filename}: {frames[-1].line}" if frames else ""
-        raise Failure(f"{name} raised {type(e).__name__}: {e}{where}") from None
+        raise Failure(raised(name, e)) from None
+
+
+def raised(name, error):
+    """"NAME raised TYPE: message at line N of FILE: code", the line the last of the learner's own frames."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not Path(f.filename).resolve().is_relative_to(_NOT_THEIRS[0])
+              and not Path(f.filename).resolve().is_relative_to(_NOT_THEIRS[1])]
+    where = f" at line {frames[-1].lineno} of {frames[-1].filename}: {frames[-1].line}" if frames else ""
+    return f"{name} raised {type(error).__name__}: {error}{where}"
 
 
 def run_forward(exercise, functions, inputs, learner=True):
@@ -506,7 +514,7 @@ def _compare_case(exercise, learner, reference, case, what):
     inputs = case.inputs()
     why = f"\n({case.why})" if case.why else ""
     try:
-        _compare(exercise, learner, reference, case, inputs)
+        (_refused if case.raises else _compare)(exercise, learner, reference, case, inputs)
     except Failure as failure:
         raise Failure(f"{what}{failure}{why}") from None
 
@@ -534,6 +542,26 @@ def _compare(exercise, learner, reference, case, inputs):
         backward = exercise.names[1] + "".join(f" with {k}={v!r}" for k, v in options)
         raise Failure(f"{backward} after {call_text}:\n" + "\n".join(wrong)
                       + f"\n(the forward matches{matched})")
+
+
+def _refused(exercise, learner, reference, case, inputs):
+    """The learner's forward refuses ``inputs`` as the reference does: it raises ``case.raises`` (or a subclass)
+    rather than another error or a result."""
+    name = exercise.names[0]
+    call_text = f"{name}({describe(inputs)})"
+    try:
+        reference[name](**case.inputs())
+    except case.raises as e:
+        want = f"the reference refuses it with {type(e).__name__}: {e}"
+    else:
+        raise RuntimeError(f"{call_text}: the reference raises no {case.raises.__name__} (the case is wrong)")
+    try:
+        learner[name](**inputs)
+    except case.raises:
+        return
+    except Exception as e:          # noqa: BLE001 -- another error than the reference's is a failed step
+        raise Failure(f"on {call_text}: {raised(name, e)}; {want}") from None
+    raise Failure(f"{call_text} returned a result; {want}")
 
 
 def step_forward(exercise, learner, reference):

@@ -19,9 +19,10 @@ GELU(x) = x Φ(x), Φ the standard normal CDF, elementwise. Returns (y, cache).
 
 approximate="none":  Φ(x) = ½ (1 + erf(x / √2))                    (torch's default)
 approximate="tanh":  Φ(x) ≈ ½ (1 + tanh(√(2/π) (x + 0.044715 x³)))  (GPT-2's)
+any other approximate: raise a ValueError.
 NumPy has no erf: use numformer.ops.erf (or math.erf through np.vectorize).
 x: any shape   ->   y: the shape of x.""",
-                 todos=("Φ(x) for each value of approximate", "y = x Φ(x)",
+                 todos=("Φ(x) for each value of approximate (a ValueError for any other)", "y = x Φ(x)",
                         "keep what the backward needs (the derivative itself is fine)")),
         Function("gelu_backward", """\
 dx = dy ⊙ GELU'(x), with GELU'(x) = Φ(x) + x φ(x), φ(x) = exp(-x²/2) / √(2π);
@@ -42,6 +43,9 @@ the chain rule through tanh).""",
         Case('approximate="tanh", large inputs', lambda rng: {"x": np.linspace(-40.0, 40.0, 81),
                                                               "approximate": "tanh"},
              why="x from -40 to 40, where x³ is large"),
+        Case('approximate="erf"', lambda rng: {"x": _x(rng), "approximate": "erf"}, raises=ValueError,
+             why='approximate is "none" or "tanh": any other value is a mistake of the caller\'s, refused with a '
+                 'ValueError rather than computed as one of the two'),
     ),
     hints=(
         "Product rule: d/dx [x Φ(x)] = Φ(x) + x Φ'(x), and Φ' is the normal density φ.",

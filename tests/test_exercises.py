@@ -108,6 +108,18 @@ MISTAKES = [
     ("layer_norm", "eps keyword-only", [("def layer_norm_forward(x, gamma, beta, eps=1e-5)",
                                          "def layer_norm_forward(x, gamma, beta, *, eps=1e-5)")],
      "import and signature", "which may be given by position"),
+    ("layer_norm", "x renamed in the forward (the grader passes it by name)",
+     [("def layer_norm_forward(x, gamma, beta, eps=1e-5):\n", "def layer_norm_forward(z, gamma, beta, eps=1e-5):\n"
+                                                              "    x = z\n")],
+     SIGNATURE, "parameter 1 is z, not x (a caller passes it by name)"),
+    ("linear", "weight_grad renamed (passed by name)",
+     [("def linear_backward(dy, cache, weight_grad=True):", "def linear_backward(dy, cache, need_dw=True):"),
+      (" if weight_grad else", " if need_dw else")], SIGNATURE, "parameter 3 is need_dw, not weight_grad"),
+    ("linear", "the cache keyword-only (the model passes it by position)",
+     [("def linear_backward(dy, cache, weight_grad=True):", "def linear_backward(dy, *, cache, weight_grad=True):")],
+     SIGNATURE, "cache is keyword-only, where the exercise's cache is positional or keyword"),
+    ("adamw", "betas defaulting to other values",
+     [("betas=(0.9, 0.999)", "betas=[0.9, 0.99]")], SIGNATURE, "betas defaults to [0.9, 0.99], not (0.9, 0.999)"),
     ("layer_norm", "eps outside the square root", [("r = 1 / np.sqrt(var + eps)", "r = 1 / (np.sqrt(var) + eps)")],
      FORWARD, "y differs"),
     ("layer_norm", "unbiased variance", [("x.var(axis=-1, keepdims=True)", "x.var(axis=-1, keepdims=True, ddof=1)")],
@@ -208,7 +220,8 @@ MISTAKES = [
      [("    if attn_mask is not None:\n", "    if attn_mask is not None and not is_causal:\n")], KEYWORDS,
      "keyword case 'is_causal=True with a padding mask'"),
     ("scaled_dot_product_attention", "the float mask ignored when causal",
-     [("        else:\n            s = s + attn_mask\n", "        elif not is_causal:\n            s = s + attn_mask\n")],
+     [("        else:\n            s = s + attn_mask\n",
+       "        elif not is_causal:\n            s = s + attn_mask\n")],
      KEYWORDS, "keyword case 'is_causal=True with a float mask'"),
     ("scaled_dot_product_attention", "the causal mask skipped under a float mask",
      [("    if is_causal:\n", "    if is_causal and (attn_mask is None or attn_mask.dtype == bool):\n")],
@@ -384,6 +397,67 @@ def test_an_output_none_on_both_sides_is_not_called_a_match(tmp_path):
     report = E.check_file("scaled_dot_product_attention", write_mistake(
         tmp_path, "scaled_dot_product_attention", [("scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / q.shape[-1]")]))
     assert not report.ok and "weights match" not in report.message, report.message
+
+
+# (exercise, what the learner wrote, [(text of the solution, what the learner wrote instead)]): not the
+# reference's signature, and right: every call the model and the grader make calls it as it calls the reference
+SIGNATURES_THAT_PASS = [
+    ("adamw", "betas a list", [("betas=(0.9, 0.999)", "betas=[0.9, 0.999]")]),
+    ("adamw", "the moments named m and v", [("exp_avg, exp_avg_sq, step, lr", "m, v, step, lr"),
+                                            ("    exp_avg *= beta1\n", "    exp_avg, exp_avg_sq = m, v\n"
+                                                                       "    exp_avg *= beta1\n")]),
+    ("scaled_dot_product_attention", "backward(dy, cache) for backward(dout, cache)",
+     [("_backward(dout, cache):", "_backward(dy, cache):"), ("    q, k, v, p,", "    dout = dy\n    q, k, v, p,")]),
+    ("softmax", "backward(grad, saved, /), positional-only",
+     [("def softmax_backward(dy, cache):\n    y, axis = cache\n",
+       "def softmax_backward(grad, saved, /):\n    dy, (y, axis) = grad, saved\n")]),
+    ("cross_entropy", "backward(c, g=1.0)", [("def cross_entropy_backward(cache, dloss=1.0):",
+                                               "def cross_entropy_backward(c, g=1.0):\n    cache, dloss = c, g")]),
+    ("linear", "a default for the cache", [("def linear_backward(dy, cache, weight_grad=True):",
+                                            "def linear_backward(dy, cache=None, weight_grad=True):")]),
+    ("bpe_merge", "merge_pair(ids, p, new)",
+     [("def merge_pair(word, pair, new_id)", "def merge_pair(ids, p, new)"),
+      ("    out = []\n", "    word, pair, new_id = ids, p, new\n    out = []\n")]),
+]
+
+
+@pytest.mark.parametrize("name, change, patches", SIGNATURES_THAT_PASS,
+                         ids=[f"{s[0]}: {s[1]}" for s in SIGNATURES_THAT_PASS])
+def test_a_signature_every_caller_calls_alike_passes(name, change, patches, tmp_path):
+    report = E.check_file(name, write_mistake(tmp_path, name, patches))
+    assert report.ok, E.format_report(report, f"{name}.py")
+
+
+def _recording_learner(exercises, calls):
+    """A training.Learner of the reference functions of ``exercises``, each recording (positional arguments,
+    keyword names) of every call into ``calls`` (function name -> list)."""
+    def recorded(name, function):
+        def run(*args, **kwargs):
+            calls.setdefault(name, []).append((len(args), set(kwargs)))
+            return function(*args, **kwargs)
+        return run
+    functions = {e.name: {n: recorded(n, f) for n, f in e.reference_functions().items()} for e in exercises}
+    return training.Learner(functions, {e.name: f"{e.name}.py" for e in exercises})
+
+
+@pytest.mark.parametrize("model, overrides", [("gpt", ["model.bias=true", "model.dropout=0.1"]),
+                                              ("gpt", ["model.activation=relu2", "model.tie_weights=false"]),
+                                              ("llama", [])])
+def test_no_caller_names_a_parameter_the_signature_step_lets_a_learner_rename(model, overrides):
+    """The signature step lets a learner rename a function's first ``by_position`` parameters (a backward's dy
+    and cache): a training step of the model passes each op only by position there, and the grader too
+    (``run_backward``)."""
+    exercises = [e for e in E.EXERCISES.values() if e.in_model or e.route]
+    calls = {}
+    config, task = training.configure(model, [*SMALL, *overrides])
+    training.Run(config, task, _recording_learner(exercises, calls)).step()
+    for exercise in exercises:
+        for name, reference in exercise.reference_functions().items():
+            free = list(inspect.signature(reference).parameters)[:exercise.by_position(name)]
+            for positional, keywords in calls.get(name, []):
+                assert positional >= len(free) and not keywords & set(free), (name, positional, keywords)
+    assert {"linear_backward", "scaled_dot_product_attention_backward", "cross_entropy_backward",
+            "adamw_step"} <= set(calls), sorted(calls)
 
 
 def test_numpy_integers_are_integers_to_the_bpe_grader(tmp_path):

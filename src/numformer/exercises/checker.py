@@ -4,7 +4,7 @@
 
 1. import and signature: the file imports nothing of numformer but what its stub imports (read before it runs,
    ``exercises.imports``), and defines every function of the exercise, with the parameters and defaults of the
-   reference in ``numformer.ops``;
+   reference in ``numformer.ops`` (the names of those every caller passes by position are the learner's);
 2. shapes and dtype: every output and gradient has the reference's shape, float64 in gives float64 out,
    and neither forward nor backward writes into its arguments;
 3. forward: equal to the reference within 1e-10 (float64, relative to the largest entry);
@@ -84,10 +84,13 @@ def normal_inputs(shapes, scale=1.0, **values):
 @dataclass(frozen=True)
 class Function:
     """A function the learner writes: its name in ``numformer.ops`` (or the exercise's reference), the stub's
-    docstring (shapes and equation) and the TODO lines of its body."""
+    docstring (shapes and equation) and the TODO lines of its body. ``positional``: how many of its leading
+    parameters every caller (the model and the grader) passes by position, whose names are then the learner's
+    to choose; None: a backward's gradients and cache (``Exercise.by_position``), none of another function's."""
     name: str
     doc: str
     todos: tuple = ()
+    positional: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,15 @@ class Exercise:
 
     def reference_functions(self):
         return {n: getattr(self.reference, n) for n in self.names}
+
+    def by_position(self, name):
+        """How many leading parameters of function ``name`` every caller passes by position: its ``positional``,
+        else for the backward of a forward/backward pair the gradients and the cache it is called with
+        (backward(dy, cache), backward(cache, dloss): ``run_backward``, as the model calls it), else 0."""
+        function = self.functions[self.names.index(name)]
+        if function.positional is not None:
+            return function.positional
+        return len(self.calls.differentiable) + 1 if self.grads and name == self.names[1] else 0
 
 
 @dataclass(frozen=True)
@@ -417,7 +429,8 @@ def _signature_text(function):
 
 
 def step_signature(exercise, learner, reference):
-    """Every function exists, is callable, and has the reference's parameters (names, order, defaults)."""
+    """Every function exists, is callable, and is called by the reference's calls as the reference is
+    (``_misfit``)."""
     for name in exercise.names:
         function = learner.get(name)
         if function is None:
@@ -429,11 +442,53 @@ def step_signature(exercise, learner, reference):
         except (TypeError, ValueError):
             continue
         ours = inspect.signature(reference[name])
-        if [(p.name, p.default, p.kind) for p in theirs.parameters.values()] != \
-                [(p.name, p.default, p.kind) for p in ours.parameters.values()]:
-            raise Failure(f"{name}{theirs} has other parameters than the exercise's {name}{ours}: keep the "
-                          f"names, their order, the defaults and which may be given by position (the model "
+        misfit = _misfit(theirs, ours, exercise.by_position(name))
+        if misfit:
+            raise Failure(f"{name}{theirs} has other parameters than the exercise's {name}{ours}: {misfit}. Keep "
+                          f"the names, their order, the defaults and which may be given by position (the model "
                           f"calls it that way)")
+
+
+_BY_POSITION = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _misfit(theirs, ours, free):
+    """Why a call that the reference's signature ``ours`` takes, made as the model and the grader make it, would
+    not call the learner's ``theirs`` the same way, in words; None when none. Every parameter keeps its place,
+    its kind and the reference's default (a default where the reference has none is never used; a list for a
+    tuple of the same items is the same default: it is only read); the first ``free`` come by position from every
+    caller, so any name, and positional-only, is fine there. A keyword-only parameter is refused: the model passes
+    some by position."""
+    mine, reference = list(theirs.parameters.values()), list(ours.parameters.values())
+    if len(mine) != len(reference):
+        return f"{len(mine)} parameters where it has {len(reference)}"
+    for i, (p, q) in enumerate(zip(mine, reference)):
+        if i >= free and p.name != q.name:
+            return f"parameter {i + 1} is {p.name}, not {q.name} (a caller passes it by name)"
+        if p.kind != q.kind and not (i < free and p.kind in _BY_POSITION and q.kind in _BY_POSITION):
+            return f"{p.name} is {p.kind.description}, where the exercise's {q.name} is {q.kind.description}"
+        if q.default is not inspect.Parameter.empty and not _same_default(p.default, q.default):
+            return f"{p.name} defaults to {_default_text(p.default)}, not {q.default!r}"
+    return None
+
+
+def _same_default(mine, reference):
+    """True when the default ``mine`` computes as ``reference`` does: equal, or a list or tuple of the same items
+    for a tuple (betas=[0.9, 0.999] for (0.9, 0.999))."""
+    if isinstance(mine, (list, tuple)) and isinstance(reference, (list, tuple)):
+        return len(mine) == len(reference) and all(map(_same_default, mine, reference))
+    if mine is reference:
+        return True
+    if mine is inspect.Parameter.empty:
+        return False
+    try:
+        return bool(mine == reference)
+    except (TypeError, ValueError):                     # an array's == is no bool
+        return False
+
+
+def _default_text(default):
+    return "nothing" if default is inspect.Parameter.empty else repr(default)
 
 
 def _inputs_unchanged(name, before, after):

@@ -116,7 +116,8 @@ read. step: t, the number of this update (1 for the first).
     θ ← θ - lr · m̂ / (√v̂ + ε),  m̂ = m / (1 - β₁ᵗ),  v̂ = v / (1 - β₂ᵗ)
 Returns nothing: the caller's arrays hold the result.""",
                  todos=("the decoupled weight decay", "the two moments, in place", "the bias corrections",
-                        "the update of param, in place")),
+                        "the update of param, in place"),
+                 positional=5),         # param ... step: by position from the optimizer and the grader
     ),
     reference=optim,
     page="tutorials/block-by-block.md#adamw",

@@ -148,13 +148,15 @@ word counts, overlapping ones too ((a, a) twice in [a, a, a]), times its word's
 count. Ties: the pair with the smallest left id, then the smallest right id
 (ByteLevelBPE's rule, the one of Hugging Face tokenizers' BpeTrainer).""",
                  todos=("count every adjacent pair, times its word's count", "no pair at all: (None, 0)",
-                        "the most frequent pair, ties by the smallest ids; return (pair, count)")),
+                        "the most frequent pair, ties by the smallest ids; return (pair, count)"),
+                 positional=2),         # the grader passes every argument by position
         Function("merge_pair", """\
 ``word`` (a list of ids) with every occurrence of ``pair`` replaced by the one id
 ``new_id``, scanning left to right: [a, a, a] with the pair (a, a) becomes
 [new_id, a]. Returns a new list; ``word`` is left unchanged.""",
                  todos=("walk the word left to right; where the pair starts, append new_id and skip both ids",
-                        "return the new list")),
+                        "return the new list"),
+                 positional=3),
     ),
     reference=bpe_train,
     in_model=False,

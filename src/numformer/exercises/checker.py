@@ -8,7 +8,8 @@
 2. shapes and dtype: every output and gradient has the reference's shape, float64 in gives float64 out,
    and neither forward nor backward writes into its arguments;
 3. forward: equal to the reference within 1e-10 (float64, relative to the largest entry);
-4. backward: every gradient equal to the reference's within 1e-10, for the same upstream gradient;
+4. backward: every gradient equal to the reference's within 1e-10, for the same upstream gradient, after a
+   second forward call on other inputs (those of the finite-difference case, then of each edge and keyword case);
 5. finite differences: the learner's backward against central differences of the learner's own forward
    (``numformer.gradcheck.check_gradients``, the check the ops' own tests run);
 6. edge cases: the inputs that catch real mistakes (a repeated id, a fully masked row, ignored targets,
@@ -628,26 +629,46 @@ def step_forward(exercise, learner, reference):
 
 
 def step_backward(exercise, learner, reference):
-    """The backward of a first forward call after a second one on other inputs (those of the finite-difference
-    case, of other shapes where it has one, drawn anew), as a model's layers call them: a backward that reads the
-    last forward's arrays or shapes from globals rather than its cache fails here (a value both calls share,
-    such as an axis or a flag, goes unseen). The first call's inputs, its outputs and the upstream gradient
-    stay as they were (``backward_writing_nothing``)."""
+    """The backward of a first forward call after a second one on other inputs, as a model's layers call them:
+    those of the finite-difference case (of other shapes where it has one, drawn anew), then those of each edge
+    and keyword case in turn (another axis, no bias, another scale or approximation; a case the learner's
+    forward fails on is left to its own step). A backward that reads the last forward's arrays, shapes or flags
+    from globals rather than its cache fails here. The first call's inputs, its outputs and the upstream
+    gradient stay as they were (``backward_writing_nothing``)."""
     case = exercise.case
-    inputs = case.inputs()
-    outputs, cache = run_forward(exercise, learner, inputs)
-    run_forward(exercise, learner, (exercise.fd_case or case).inputs(seed=SEED + 2))
     ref_outputs, ref_cache = run_forward(exercise, reference, case.inputs(), learner=False)
     upstream = upstream_for(ref_outputs, exercise)
-    context = (f"{exercise.names[1]} after {exercise.names[0]}({describe(case.inputs())}) and a second "
-               f"{exercise.names[0]} call on other inputs, the same upstream gradient given to both (a backward "
-               f"takes what it needs from its own cache, not from the last call):\n")
+    ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False)
+    _backward_after(exercise, learner, (upstream, ref_grads), (exercise.fd_case or case).inputs(seed=SEED + 2),
+                    "on other inputs")
+    for other in exercise.edge_cases + exercise.keyword_cases:
+        if not other.raises:
+            _backward_after(exercise, learner, (upstream, ref_grads), other.inputs(),
+                            f"on the inputs of case '{other.name}' ({describe(other.inputs())})", tolerant=True)
+
+
+def _backward_after(exercise, learner, want, second, what, tolerant=False):
+    """The learner's backward of a call on the exercise's case, after a second forward call on ``second``,
+    against ``want`` = (upstream gradient, the reference's gradients); ``tolerant``: nothing to check when the
+    second call fails."""
+    forward, backward = exercise.names
+    upstream, ref_grads = want
+    inputs = exercise.case.inputs()
+    outputs, cache = run_forward(exercise, learner, inputs)
+    try:
+        run_forward(exercise, learner, second)
+    except Failure:
+        if tolerant:
+            return
+        raise
+    context = (f"{backward} after {forward}({describe(inputs)}) and a second {forward} call {what}, the same "
+               f"upstream gradient given to both (a backward takes what it needs from its own cache, not from the "
+               f"last call: a value kept in a global is the last call's):\n")
     try:
         grads = backward_writing_nothing(exercise, learner, (inputs, outputs, cache), upstream)
     except Failure as failure:
         raise Failure(context + str(failure)) from None
-    ref_grads = run_backward(exercise, reference, ref_cache, dict(upstream), learner=False)
-    fail_if_different(grads, ref_grads, "d", case.tol, context=context)
+    fail_if_different(grads, ref_grads, "d", exercise.case.tol, context=context)
 
 
 def step_finite_differences(exercise, learner, reference):

@@ -204,7 +204,8 @@ def call(name, function, *args, **kwargs):
 
 
 def raised(name, error):
-    """"NAME raised TYPE: message at line N of FILE: code", the line the last of the learner's own frames."""
+    """The words of a Failure for ``error`` raised in the learner's function ``name``: NAME raised TYPE: message
+    at line N of FILE: code, that line the last of the learner's own frames."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if not Path(f.filename).resolve().is_relative_to(_NOT_THEIRS[0])
               and not Path(f.filename).resolve().is_relative_to(_NOT_THEIRS[1])]

@@ -741,6 +741,20 @@ def test_train_finds_where_the_curves_part(tmp_path, capsys):
     assert "The curves part at step 1" in " ".join(capsys.readouterr().out.split())
 
 
+def test_train_names_an_op_that_fails_on_the_models_inputs(tmp_path, capsys):
+    """An op that passes its check and raises at the model's width: one message naming the step, the error and
+    the learner's line, and exit code 1 (before: numformer's "internal error ... a bug in numformer")."""
+    text = solution("layer_norm").replace("    return y, (xhat, r, gamma)",
+                                          "    if x.shape[-1] == 32:\n        raise ValueError('too wide')\n"
+                                          "    return y, (xhat, r, gamma)")
+    (tmp_path / "layer_norm.py").write_text(text, encoding="utf-8")
+    assert training.train([tmp_path / "layer_norm.py"], steps=2, every=1, overrides=SMALL) == 1
+    said = " ".join(capsys.readouterr().out.split())
+    assert "Training on your ops stopped at step 1: the step raised ValueError: too wide at line" in said
+    assert f"of {tmp_path / 'layer_norm.py'}: raise ValueError('too wide')" in said
+    assert "The library's copy took that step" in said
+
+
 def test_train_with_the_llama_model_uses_rope_and_rms_norm(capsys):
     files = [SOLUTIONS / f"{n}.py" for n in ("rope", "rms_norm", "repeat_kv", "swiglu")]
     assert training.train(files, steps=2, model="llama", every=1, overrides=SMALL) == 0

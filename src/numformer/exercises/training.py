@@ -24,6 +24,7 @@ from ..nn.dispatch import OPS, reference_mode, using_ops
 from ..optim import clip_grad_norm, train_schedule
 from ..train.build import make_optimizer
 from . import EXERCISES, Failure, check, format_report, load_functions, wrap
+from .checker import raised
 
 MODELS = {"gpt": "shakespeare_char", "llama": "shakespeare_char_llama"}     # configs/NAME.toml
 CURVE_TOL = 1e-10          # |your loss - the library's| at every step, float64
@@ -139,6 +140,35 @@ def _recording(name, names):
     return recorded
 
 
+class LearnerStepFailed(Exception):
+    """A training step on the learner's ops raised where the library's copy took the same step."""
+
+
+def side_by_side(yours, library, steps, every, out):
+    """Train both copies ``steps`` steps, printing the losses at step 1, every ``every`` steps, at the last and at
+    the first step where they part; returns (that step or None, the largest difference). LearnerStepFailed when a
+    step on the learner's ops raises and the library's copy takes the step (else the error is numformer's own)."""
+    out(f"{'step':>6}  {'your loss':>18}  {'library loss':>18}  {'difference':>10}")
+    first_bad, worst = None, 0.0
+    for n in range(1, steps + 1):
+        try:
+            a = yours.step()
+        except Exception as e:          # noqa: BLE001 -- an error in the learner's ops, unless the library's fails too
+            library.step()
+            raise LearnerStepFailed(
+                f"Training on your ops stopped at step {n}: {raised('the step', e)}. The library's copy took that "
+                f"step, so one of your ops fails on inputs the checks did not try, or returns what the model cannot "
+                f"use there (a missing gradient, another shape): train with each file alone to find which.") from e
+        b = library.step()
+        diff = abs(a - b) if math.isfinite(a) else math.inf
+        worst = max(worst, diff)
+        if first_bad is None and not diff <= CURVE_TOL:
+            first_bad = n
+        if n == 1 or n % every == 0 or n == steps or n == first_bad:
+            out(f"{n:>6}  {a:>18.12f}  {b:>18.12f}  {diff:>10.1e}")
+    return first_bad, worst
+
+
 def train(paths, steps=300, model="gpt", every=25, overrides=(), out=print):
     """Check the learner's files, then train both copies ``steps`` steps (``overrides``: ``--set`` items of the
     config); returns 0 when the curves agree to CURVE_TOL at every step, 1 otherwise (or when a check fails)."""
@@ -163,17 +193,11 @@ def train(paths, steps=300, model="gpt", every=25, overrides=(), out=print):
              + (f"; not called by this model: {', '.join(unused)}" if unused else "")))
     out(wrap(f"Training {MODELS[model]} (configs/{MODELS[model]}.toml) in float64 for {steps} steps, your ops "
              f"against numformer's references, from the same seed on the same batches:"))
-    yours, library = Run(config, task, learner), Run(config, task)
-    out(f"{'step':>6}  {'your loss':>18}  {'library loss':>18}  {'difference':>10}")
-    first_bad, worst = None, 0.0
-    for n in range(1, steps + 1):
-        a, b = yours.step(), library.step()
-        diff = abs(a - b) if math.isfinite(a) else math.inf
-        worst = max(worst, diff)
-        if first_bad is None and not diff <= CURVE_TOL:
-            first_bad = n
-        if n == 1 or n % every == 0 or n == steps or n == first_bad:
-            out(f"{n:>6}  {a:>18.12f}  {b:>18.12f}  {diff:>10.1e}")
+    try:
+        first_bad, worst = side_by_side(Run(config, task, learner), Run(config, task), steps, every, out)
+    except LearnerStepFailed as e:
+        out(wrap(str(e)))
+        return 1
     if first_bad is None:
         out(wrap(f"Your ops trained the GPT: its loss equals the library's to {worst:.1e} at every one of the "
                  f"{steps} steps (tolerance {CURVE_TOL:g})."))

@@ -332,12 +332,13 @@ def test_training_that_explodes_is_stopped_with_one_line_and_no_numpy_warnings(t
     assert summary["stopped_by"] == "diverged" and "diverged" in summary["error"]
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_nan_stop_prints_only_its_line(tmp_path, cfg, processes):
+@pytest.mark.parametrize("processes,lr", [(1, "1e6"), (2, "1e6"), (1, "1e308")])
+def test_nan_stop_prints_only_its_line(tmp_path, cfg, processes, lr):
     """A real process (warnings go to its stderr, also from data-parallel workers and kernel threads): the NaN
-    stop is the one line on stderr, with no NumPy overflow warnings before it."""
+    stop is the one line on stderr, with no NumPy overflow warnings before it (lr = 1e308 overflows in the
+    optimizer's update, which printed them)."""
     proc = subprocess.run([sys.executable, "-W", "default", "-m", "numformer.cli", "train", str(cfg), "--out",
-                           str(tmp_path / "r"), "--quiet", "--set", "train.lr=1e6", "--set", "train.max_steps=30",
+                           str(tmp_path / "r"), "--quiet", "--set", f"train.lr={lr}", "--set", "train.max_steps=30",
                            "--set", "model.d_model=64", "--set", f"train.processes={processes}"],
                           capture_output=True, text=True, env=src_env(), timeout=300)
     line = one_error_line(proc.returncode, proc.stderr, "train")

@@ -188,9 +188,9 @@ class Trainer:
             if not math.isfinite(loss):
                 raise TrainingDiverged(f"the training loss became {loss} at step {self.step + 1}")
             norm = clip_grad_norm(self.optimizer.params, t["grad_clip"])
-        if not math.isfinite(norm):
-            raise TrainingDiverged(f"the gradient norm became {norm} at step {self.step + 1}")
-        self.optimizer.step()
+            if not math.isfinite(norm):
+                raise TrainingDiverged(f"the gradient norm became {norm} at step {self.step + 1}")
+            self.optimizer.step()       # weights an lr made non-finite: the next step's loss says so
         self.optimizer.zero_grad()
         self.divergence.check(loss, self.step + 1)      # the combined loss: the same on every rank
         return loss, norm, tokens

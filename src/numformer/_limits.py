@@ -45,6 +45,8 @@ def check_bounds(text, where, toml=False, max_bytes=MAX_JSON_BYTES, max_depth=MA
     deeper than ``max_depth``."""
     if len(text) > max_bytes:
         raise ValueError(f"{where} is {len(text):,} bytes, more than numformer reads ({max_bytes:,}); {hint}")
+    if text.count("[") + text.count("{") <= max_depth:        # it cannot nest deeper than its brackets
+        return
     depth = nesting_depth(text, _TOML_STRINGS if toml else _JSON_STRINGS)
     if depth > max_depth:
         raise ValueError(f"{where} nests {depth:,} levels deep (more than {max_depth}); {hint}")

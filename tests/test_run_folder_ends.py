@@ -387,6 +387,31 @@ def test_a_checkpoint_of_another_run_at_a_step_the_metrics_reach_is_refused(tmp_
     Trainer(None, run, resume=True, quiet=True).close()
 
 
+def test_the_digest_a_checkpoint_records_is_that_of_the_file_read_whole(tmp_path, monkeypatch):
+    """The writer hashes each metrics line as it logs it (run_folder.History); the digest it records at each
+    checkpoint, over training and evaluation lines, a stop's partial line and a resume, is the one the file read
+    whole gives (what --resume compares)."""
+    from numformer.run_files import load_metadata
+    from numformer.train.run_folder import History
+
+    run = tmp_path / "run"
+    config = cfg(log_every=3, eval_every=4, checkpoint_every=5)
+    seen = []
+    real = run_writer.RunWriter.save_checkpoint
+
+    def recording(self, model, optimizer, state, config):
+        real(self, model, optimizer, state, config)
+        recorded = json.loads(load_metadata(run / CHECKPOINT, "checkpoint")["state"])
+        seen.append(recorded["metrics_digest"] == History.of_file(run / "metrics.jsonl").digest(state["step"]))
+
+    monkeypatch.setattr(run_writer.RunWriter, "save_checkpoint", recording)
+    trainer = Trainer(config, run, quiet=True)
+    trainer.train(stop_after=7)                     # a stop at step 7: its partial line and checkpoint
+    trainer.close()
+    Trainer(None, run, resume=True, quiet=True).train()
+    assert len(seen) >= 4 and all(seen)
+
+
 def test_a_signal_between_the_weights_scoring_and_the_test_scoring_abandons_the_test_scoring(tmp_path,
                                                                                              monkeypatch):
     """SIGTERM after the kept weights were scored and before the test split is: the line says the final

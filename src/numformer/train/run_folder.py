@@ -31,6 +31,7 @@ weights, nothing, or the new run; never a mix of the two.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import hashlib
 import json
@@ -348,20 +349,43 @@ def metrics_records(path):
     return records
 
 
-def history_digest(path, step):
-    """The SHA-256 (hex) of the regular lines of metrics file ``path`` before ``step``, each as its record with
-    sorted keys: what a checkpoint of ``step`` records of the run it belongs to (``RunWriter.check_history``).
-    Those lines never change once the checkpoint is written (a resume rewrites or drops only lines of its step
-    and after, and partial lines, which are left out); their timings differ from any other run's."""
-    digest = hashlib.sha256()
-    try:
-        records = metrics_records(path)
-    except FileNotFoundError:
-        records = []
-    for _, record in records:
-        if record["step"] < step and record.get("partial") is not True:
-            digest.update(json.dumps(record, sort_keys=True).encode() + b"\n")
-    return digest.hexdigest()
+class History:
+    """The SHA-256 of the regular lines of a metrics file before a step, each as its record with sorted keys:
+    what a checkpoint of that step records of the run it belongs to (``RunWriter.check_history``). Those lines
+    never change once the checkpoint is written (a resume rewrites or drops only lines of its step and after, and
+    partial lines, which are left out); their timings differ from any other run's.
+
+    Fed the records as they are logged (``add``, in the order of their steps), it hashes each line once:
+    ``digest(step)`` folds in the lines before ``step`` and keeps the rest for later."""
+
+    def __init__(self, records=()):
+        self._hash, self._before, self._pending = hashlib.sha256(), 0, collections.deque()
+        for record in records:
+            self.add(record)
+
+    @classmethod
+    def of_file(cls, path):
+        """The History of metrics file ``path`` read whole (no file: no lines)."""
+        try:
+            return cls(record for _, record in metrics_records(path))
+        except FileNotFoundError:
+            return cls()
+
+    def add(self, record):
+        """A line logged after those given so far; False (and nothing added) when its step comes before the last
+        digest's, which has no place for it."""
+        if record["step"] < self._before:
+            return False
+        if record.get("partial") is not True:
+            self._pending.append((record["step"], json.dumps(record, sort_keys=True).encode() + b"\n"))
+        return True
+
+    def digest(self, step):
+        """The hex SHA-256 of the regular lines before ``step`` (at least the step of the last digest)."""
+        self._before = max(self._before, step)
+        while self._pending and self._pending[0][0] < step:
+            self._hash.update(self._pending.popleft()[1])
+        return self._hash.hexdigest()
 
 
 def start_new_run(path, overwrite=False, resumable=True):

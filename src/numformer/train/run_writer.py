@@ -37,6 +37,7 @@ class RunWriter:
         self._checkpoint_selection = None       # (step, selected step) of the last checkpoint written or resumed
         self._pending_selection = None          # a resumed run's: see restore_selection
         self.logged_step = None                 # the step of metrics.jsonl's last line (a checkpoint records it)
+        self._history = None                    # run_folder.History of metrics.jsonl's lines; None: read the file
 
     @classmethod
     def for_new_run(cls, run_dir, overwrite=False):
@@ -116,6 +117,8 @@ class RunWriter:
         with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         self.logged_step = record["step"]
+        if self._history is not None and not self._history.add(record):
+            self._history = None                # out of order: the next checkpoint reads the file
 
     def truncate_metrics(self, step, keep_partial=True):
         """Drop the metrics lines logged after ``step`` (the checkpoint's): a resumed run logs them again; with
@@ -128,6 +131,7 @@ class RunWriter:
         keep = [(line, record) for line, record in run_folder.metrics_records(path) if record["step"] < step
                 or (record["step"] == step and (keep_partial or record.get("partial") is not True))]
         write_atomic(path, b"".join(line + b"\n" for line, _ in keep))     # a full disk keeps the old file
+        self._history = None
         self.logged_step = max((r["step"] for _, r in keep), default=None)
         return step if any(r["step"] == step and r.get("partial") is True for _, r in keep) else None
 
@@ -150,6 +154,7 @@ class RunWriter:
         if lines == [line for line, _ in records]:
             return False
         write_atomic(path, b"".join(line + b"\n" for line in lines))
+        self._history = None
         return True
 
     def save_checkpoint(self, model, optimizer, state, config):
@@ -157,7 +162,9 @@ class RunWriter:
         if self.writes:
             self.check()
             self._sync_metrics()        # the lines the checkpoint counts (``logged_step``) outlast a system crash
-            history = run_folder.history_digest(self.run_dir / METRICS, state["step"])
+            if self._history is None:               # read once: then each line logged is added as it is written
+                self._history = run_folder.History.of_file(self.run_dir / METRICS)
+            history = self._history.digest(state["step"])
             save_checkpoint(self.run_dir / CHECKPOINT, model, optimizer, {**state, "metrics_digest": history},
                             run_folder.weights_metadata(config), config=config)
             self._checkpoint_selection = (state["step"], state["early_stopping"]["best_step"])
@@ -176,7 +183,7 @@ class RunWriter:
         """ValueError when the checkpoint of ``state`` is not of the run metrics.jsonl records (a checkpoint copied
         in from another run, or a metrics.jsonl of another run or from an earlier point): its run had logged lines
         up to a step (``metrics_step``) that metrics.jsonl does not reach, or other lines before the checkpoint's
-        step (``metrics_digest``: ``run_folder.history_digest``). Checkpoints that do not record them pass."""
+        step (``metrics_digest``: ``run_folder.History``). Checkpoints that do not record them pass."""
         logged, path = state.get("metrics_step"), self.run_dir / METRICS
         if not self.writes or logged is None:
             return
@@ -190,7 +197,7 @@ class RunWriter:
                              f"at step {end}: they are not of one run (its metrics went to step {logged}); put "
                              f"back this run's checkpoint or metrics.jsonl, or start afresh with --overwrite")
         recorded = state.get("metrics_digest")
-        if recorded is not None and recorded != run_folder.history_digest(path, state["step"]):
+        if recorded is not None and recorded != run_folder.History.of_file(path).digest(state["step"]):
             raise ValueError(f"checkpoint {self.run_dir / CHECKPOINT} is at step {state['step']}, but the lines of "
                              f"{path} before that step are not the ones its run logged: they are not of one run (a "
                              f"checkpoint or metrics.jsonl of another run, or lines edited by hand); put back this "

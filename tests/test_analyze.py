@@ -124,6 +124,28 @@ def one_error(capsys, argv, pattern):
     assert re.search(pattern, err), err
 
 
+def test_an_out_folder_that_cannot_be_written_is_named_before_the_work(runs, tmp_path, capsys, monkeypatch):
+    """A read-only place for the report (simulated: tests run as root, whom permissions do not stop) is one line
+    before the model is loaded (before: every section was computed, then the write failed)."""
+    import errno
+    import tempfile
+
+    from numformer.analysis import run_report
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(run_report, "load_model", never)
+    out = tmp_path / "new" / "report"
+    one_error(capsys, ["analyze", str(runs / "char"), "--out", str(out)],
+              re.escape(f"--out {out} cannot be written ({tmp_path}: Read-only file system); choose another --out"))
+    assert not (tmp_path / "new").exists()
+
+
 def test_errors(runs, tmp_path, capsys):
     one_error(capsys, ["analyze", str(tmp_path / "missing")], "does not exist.*numformer train")
     bare = tmp_path / "bare"

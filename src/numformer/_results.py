@@ -10,6 +10,7 @@ recognized by its title, ``REPORT_TITLE``).
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from ._platform import LOCK_FILE
@@ -66,10 +67,25 @@ def check_report_folder(path, overwrite=False):
     if os.path.lexists(path) and not path.is_dir():
         raise ValueError(f"--out {path} is a file, not a folder; choose another --out")
     if overwrite or is_results_folder(path, {"report.md": REPORT_TITLE}):
-        return
+        return _check_writable(path)
     raise ValueError(f"--out {path} holds files that are not an analysis report of numformer's (no report.md "
                      f"starting with '{REPORT_TITLE}'): report.md and its figures would be written among them; "
                      f"choose another --out, or give --overwrite")
+
+
+def _check_writable(path):
+    """ValueError when no file can be made in ``path``, or in the nearest folder above it that exists (the one
+    its making would write): found before the report is computed, not after."""
+    folder = Path(os.path.abspath(path))
+    while not folder.is_dir() and folder.parent != folder:
+        folder = folder.parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".numformer-probe-")
+    except OSError as e:
+        raise ValueError(f"--out {path} cannot be written ({folder}: {e.strerror or e}); choose another --out, for "
+                         f"example one in your home folder") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def remove_report(path):

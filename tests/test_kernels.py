@@ -412,6 +412,34 @@ def test_layer_norm_split_is_identical_and_correct(rng, split_everything):
     assert_gradcheck(check_gradients(fwd, bwd, {"x": x, "gamma": gamma, "beta": beta}))
 
 
+NORMS = {"layer_norm": lambda m, x, g, b: m.layer_norm_forward(x, g, b),
+         "layer_norm without beta": lambda m, x, g, b: m.layer_norm_forward(x, g, None),
+         "rms_norm": lambda m, x, g, b: m.rms_norm_forward(x, g)}
+
+
+@pytest.mark.parametrize("name", sorted(NORMS))
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_norm_kernels_equal_references_at_model_widths(name, dtype, tol, rng, split_everything):
+    """Layer norm and RMSNorm, forward and backward, against numformer.ops at d = 128: 335 rows, split across 3
+    threads, so that each piece multiplies by γ (and adds β) 64 rows at a time and its last rows one at a time
+    (``_along_rows``); the results do not depend on the split."""
+    x = (rng.standard_normal((5, 67, 128)) * 3 + 5).astype(dtype)
+    g, b = (rng.standard_normal(128) + 1).astype(dtype), rng.standard_normal(128).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    op = name.split()[0]
+
+    def run(m):
+        y, cache = NORMS[name](m, x, g, b)
+        return (y,) + tuple(getattr(m, f"{op}_backward")(dy, cache))
+
+    split = run(kernels)
+    _runtime.set_num_threads(1)
+    whole = run(kernels)
+    for got, one, want, what in zip(split, whole, run(ops), ("y", "dx", "dgamma", "dbeta")):
+        assert got.dtype == want.dtype and np.array_equal(got, one), what
+        assert_close(got, want, tol, what)
+
+
 def test_layer_norm_float32_and_no_bias(rng):
     x = rng.standard_normal((4, 16)).astype(np.float32)
     gamma = rng.standard_normal(16).astype(np.float32)

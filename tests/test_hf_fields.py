@@ -452,6 +452,18 @@ def test_tied_gpt2_with_a_stored_lm_head_uses_it_as_transformers_does(tmp_path):
     assert hf.load_pretrained(folder)[0].tie_weights
 
 
+def test_gpt2_aliases_win_over_the_fields_own_keys_as_in_transformers(tmp_path):
+    """GPT-2's config.json with both n_head and num_attention_heads (n_layer and num_hidden_layers) of different
+    values: transformers' attribute_map sets the field from the alias, so the alias's values are the model's
+    (before: numformer read n_head and n_layer, and ran another model without a word)."""
+    base = base_config_json("gpt2")
+    heads, layers = base["n_head"], base["n_layer"]
+    folder = make_family_model(tmp_path, "gpt2", {"n_head": 1, "num_attention_heads": heads,
+                                                  "n_layer": layers + 1, "num_hidden_layers": layers})
+    model = assert_parity(folder, "gpt2", torch.float64, np.float64, 1e-9)
+    assert (model.config.n_layers, model.config.layers[0].n_heads) == (layers, heads)
+
+
 def test_docs_hold_the_generated_fields_tables():
     from pathlib import Path
 

@@ -33,7 +33,8 @@ class Field:
               cache flags: the logits and gradients do not depend on it), TRAINING (dropout rates: numformer
               uses its own [model] dropout), TOKENIZER (special token ids), or REFUSED for values in ``refuse``.
     refuse:   (value, resolved fields) -> why numformer cannot reproduce this value, or None.
-    aliases:  other names transformers maps onto this field (GPT-2's ``attribute_map``).
+    aliases:  other names transformers maps onto this field (GPT-2's ``attribute_map``): one present wins over the
+              field's own name, as transformers sets the field from it after its own key.
     type:     the value's type as transformers annotates it ("int", "float | None", "list[str] | None" ...).
     note:     the docs' wording of what numformer does with it (the ``GPTConfig`` option it sets ...).
     """
@@ -174,13 +175,13 @@ def resolve(fields, c, model_type):
                 "its weights are quantized, and numformer reads float32, bfloat16 and float16 weights; use the "
                 "model's unquantized release (numformer's own int8: generate --quantize int8)")
     for f in fields:                         # every value of its type first: a rule may read several fields
-        key = next((n for n in (f.name, *f.aliases) if n in c), None)
+        key = _key(f, c)
         if key is not None and not fits(c[key], f.type):
             _refuse(model_type, key, c[key], f"must be {describe(f.type)}, the type transformers gives it; restore "
                                              f"the file")
     values = {}
     for f in fields:
-        key = next((n for n in (f.name, *f.aliases) if n in c), None)
+        key = _key(f, c)
         value = c[key] if key is not None else None
         fill = f.default if key is None else None if value is not None or f.null == KEEP else \
             f.default if f.null == SAME else f.null
@@ -199,6 +200,13 @@ def resolve(fields, c, model_type):
                     if isinstance(value, dict) else value, why + "; numformer refuses a checkpoint it would not "
                                                                  "run as transformers does")
     return values
+
+
+def _key(field, c):
+    """The key of config.json ``c`` that gives ``field`` its value, as transformers reads it: an alias present
+    (``attribute_map``: ``num_attention_heads`` for GPT-2's ``n_head``) wins over the field's own name; None when
+    neither is there."""
+    return next((n for n in (*field.aliases, field.name) if n in c), None)
 
 
 def _refuse(model_type, name, value, why):

@@ -420,6 +420,20 @@ def test_generate_stops_at_the_end_token_as_transformers_does(tmp_path, capsys):
     assert capsys.readouterr().out == "It is" + "<|endoftext|>" * 3 + "\n"
 
 
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_named_as_the_cause(tmp_path, capsys):
+    """A folder whose tokenizer has more tokens than the model embeds: a prompt that encodes to an id beyond the
+    vocabulary is one line naming the mismatch and the fix (before: 'prompt holds token ids outside [0, 300)')."""
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    tok = save_tokenizer(folder, vocab_size=600)
+    prompt = "It is a truth universally acknowledged"
+    assert max(tok.encode(prompt).ids) >= VOCAB
+    capsys.readouterr()
+    assert cli("generate", folder, "--prompt", prompt, "--greedy", "--max-new-tokens", "2") == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"beyond the model's vocabulary of {VOCAB} ids: {folder}'s tokenizer has " in err
+    assert err.endswith("give the folder the model's own tokenizer")
+
+
 def test_import_of_a_long_context_model_evaluates_on_a_window_of_1024_tokens(tmp_path):
     """The default evaluation window was the model's whole context, longer than the built-in text's validation
     split for a Llama 3.2 (131,072 tokens): its import failed. The model keeps its context."""

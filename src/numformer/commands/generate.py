@@ -50,6 +50,17 @@ def load_generator(source, adapter=None, command="generate"):
     return model, tokenizer
 
 
+def check_ids_fit(ids, model, tokenizer, source):
+    """ValueError when the tokenizer gave ``ids`` the model has no embedding for: a tokenizer larger than the
+    model's vocabulary is not the model's (or tokens were added to it without resizing the model)."""
+    beyond = [i for i in ids if i >= model.vocab_size]
+    if beyond:
+        raise ValueError(f"the prompt encodes to token id {max(beyond)}, beyond the model's vocabulary of "
+                         f"{model.vocab_size:,} ids: {source}'s tokenizer has {tokenizer.vocab_size:,} tokens, so it "
+                         f"is not this model's tokenizer (or tokens were added to it without resizing the model's "
+                         f"embedding); give the folder the model's own tokenizer")
+
+
 def model_folder(source):
     """The folder that holds SOURCE's files: the run folder or Hugging Face folder itself, or a hub id's cached
     snapshot."""
@@ -70,6 +81,7 @@ def run(args):
     prompt_ids = tokenizer.encode_prompt(args.prompt)          # before quantizing: a prompt it cannot encode
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
+    check_ids_fit(prompt_ids, model, tokenizer, args.run_dir)
     quantize_if_asked(model, args)
     out = sys.stdout
     new, shown = [], []               # the prompt is printed with the first token: after every option is checked

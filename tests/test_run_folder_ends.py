@@ -334,6 +334,14 @@ def test_an_interrupted_run_resumed_at_its_max_steps_ends_as_at_max_steps(tmp_pa
 
 
 # -- a checkpoint that is not of the run's history ---------------------------------------------------
+def resume_refusal(run):
+    """The one line of the ValueError that --resume of ``run`` stops with."""
+    with pytest.raises(ValueError) as e:
+        Trainer(None, run, resume=True, quiet=True)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
 def test_a_checkpoint_copied_from_another_run_is_refused_naming_both_steps(tmp_path):
     """A checkpoint of step 12 copied from another run (same config) into a folder whose metrics.jsonl ends
     at step 4: --resume refuses in one line naming both steps and the fix (before: resumed without a word,
@@ -347,9 +355,7 @@ def test_a_checkpoint_copied_from_another_run_is_refused_naming_both_steps(tmp_p
     trainer.close()
     Trainer(None, run, resume=True, quiet=True).close()         # its own checkpoint resumes
     shutil.copyfile(other / CHECKPOINT, run / CHECKPOINT)
-    with pytest.raises(ValueError) as e:
-        Trainer(None, run, resume=True, quiet=True)
-    assert "\n" not in str(e.value) and str(e.value) == (
+    assert resume_refusal(run) == (
         f"checkpoint {run / CHECKPOINT} is at step 12, but {run / 'metrics.jsonl'} ends at step 4: they are not "
         f"of one run (its metrics went to step 12); put back this run's checkpoint or metrics.jsonl, or start "
         f"afresh with --overwrite")
@@ -377,9 +383,7 @@ def test_a_checkpoint_of_another_run_at_a_step_the_metrics_reach_is_refused(tmp_
     shutil.copyfile(other / CHECKPOINT, run / CHECKPOINT)
     state = json.loads(load_metadata(run / CHECKPOINT, "checkpoint")["state"])
     assert state["metrics_step"] == 8 and state["step"] == 8        # the step check alone passes it
-    with pytest.raises(ValueError) as e:
-        Trainer(None, run, resume=True, quiet=True)
-    assert "\n" not in str(e.value) and str(e.value) == (
+    assert resume_refusal(run) == (
         f"checkpoint {run / CHECKPOINT} is at step 8, but the lines of {run / 'metrics.jsonl'} before that step are "
         f"not the ones its run logged: they are not of one run (a checkpoint or metrics.jsonl of another run, or "
         f"lines edited by hand); put back this run's checkpoint or metrics.jsonl, or start afresh with --overwrite")

@@ -100,14 +100,35 @@ def _adapter(tmp_path):
 
 @pytest.mark.parametrize("option,value", [("use_dora", True), ("rank_pattern", {"q_proj": 4}),
                                           ("alpha_pattern", {"q_proj": 4}), ("bias", "all"),
-                                          ("modules_to_save", ["lm_head"]), ("layers_to_transform", [0])])
+                                          ("modules_to_save", ["lm_head"]), ("layers_to_transform", [0]),
+                                          ("alora_invocation_tokens", [42, 99]), ("kasa_config", {"beta": 1e-4}),
+                                          ("velora_config", {"num_groups": 64}),
+                                          ("monteclora_config", {"num_samples": 8}), ("use_bdlora", {"nblocks": 2})])
 def test_options_numformer_does_not_implement_are_refused_by_name(tmp_path, option, value):
+    """aLoRA (PEFT applies it from the invocation tokens on), KaSA, VeLoRA, MonteCLoRA and BD-LoRA loaded as plain
+    LoRA once, or were refused as keys or shapes of another base model: each is refused by its option's name."""
     folder, model = _adapter(tmp_path)
     c = json.loads((folder / ADAPTER_CONFIG).read_text())
     (folder / ADAPTER_CONFIG).write_text(json.dumps({**c, option: value}))
     with pytest.raises(ValueError, match=f"does not implement the PEFT option\\(s\\) {option} = ") as e:
         load_adapter(model, folder)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("init", ["pissa", "pissa_niter_4", "olora", "corda"])
+def test_an_init_peft_runs_again_on_the_base_weights_is_refused_by_name(tmp_path, init):
+    """PEFT re-runs PiSSA / OLoRA / CorDA when it loads such an adapter, changing the base layers' weights (its logits
+    then differ from the plain LoRA numformer loaded): refused, pointing to PEFT's conversion to plain LoRA."""
+    folder, model = _adapter(tmp_path)
+    c = json.loads((folder / ADAPTER_CONFIG).read_text())
+    (folder / ADAPTER_CONFIG).write_text(json.dumps({**c, "init_lora_weights": init}))
+    with pytest.raises(ValueError, match=f"init_lora_weights = '{init}': PEFT runs this initialisation again .* "
+                                         f"path_initial_model_for_weight_conversion") as e:
+        load_adapter(model, folder)
+    assert "\n" not in str(e.value)
+    for harmless in (True, False, "gaussian", "orthogonal", "eva", "mica"):   # PEFT loads these as plain LoRA
+        (folder / ADAPTER_CONFIG).write_text(json.dumps({**c, "init_lora_weights": harmless}))
+        load_adapter(hf.load_pretrained(tmp_path / "llama")[0], folder)
 
 
 @pytest.mark.parametrize("targets,says", [

@@ -8,7 +8,9 @@ PEFT names a tensor ``base_model.model.<Hugging Face module>.lora_A.weight`` (no
 stores them, the scaling α / r (α / √r with rsLoRA) kept apart. The Hugging Face module of each adapter comes
 from the family's layout (``interop.hf``: the same table as the weights'). PEFT only warns about keys it does not
 expect and leaves such an adapter's B at zero, an adapter that silently does nothing: so ``load_adapter`` reads
-every key or refuses, and refuses by name the PEFT options numformer does not implement (``REFUSED``). GPT-2's
+every key or refuses, and refuses by name the PEFT options numformer does not implement (``REFUSED``, among them
+the LoRA variants: DoRA, aLoRA, BD-LoRA, VeLoRA, MonteCLoRA, KaSA, Arrow) and the initialisations PEFT runs again
+on the base weights when it loads an adapter (``BASE_CHANGING_INITS``: PiSSA, CorDA, OLoRA). GPT-2's
 ``Conv1D`` layers store W as (in, out): PEFT marks them ``fan_in_fan_out`` (which changes how it merges, not
 the adapter's tensors); ``c_attn`` there is one adapter on the fused q/k/v matrix.
 """
@@ -33,7 +35,11 @@ PREFIX = "base_model.model."
 REFUSED = {"use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "bias": "none", "modules_to_save": None,
            "layers_to_transform": None, "layers_pattern": None, "lora_bias": False, "exclude_modules": None,
            "target_parameters": None, "trainable_token_indices": None, "layer_replication": None,
-           "use_qalora": False, "megatron_config": None, "loftq_config": {}, "arrow_config": None}
+           "use_qalora": False, "megatron_config": None, "loftq_config": {}, "arrow_config": None,
+           "alora_invocation_tokens": None, "use_bdlora": None, "velora_config": None, "monteclora_config": None,
+           "kasa_config": None}
+# init_lora_weights PEFT runs again when it loads an adapter, changing the base layers' weights (PiSSA, CorDA, OLoRA)
+BASE_CHANGING_INITS = ("pissa", "corda", "olora")
 
 
 def adapter_keys(model, model_type=None):
@@ -123,11 +129,7 @@ def read_adapter_config(folder):
         raise ValueError(f"{path} is not a JSON object")
     if c.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{path}: peft_type {c.get('peft_type')!r} is not supported; numformer loads LoRA adapters")
-    used = [f"{k} = {c[k]!r}" for k, off in REFUSED.items() if c.get(k, off) not in (off, None, {}, [], False)
-            and not (k == "bias" and c[k] == "none")]
-    if used:
-        raise ValueError(f"{path}: numformer does not implement the PEFT option(s) {', '.join(used)}; it loads "
-                         f"plain LoRA adapters (bias 'none', no DoRA, no per-layer patterns or extra modules)")
+    _refuse_options(c, path)
     targets = c.get("target_modules")
     if isinstance(targets, str):
         raise ValueError(f"{path}: target_modules {targets!r} is a pattern; numformer loads adapters whose "
@@ -141,6 +143,24 @@ def read_adapter_config(folder):
                          f"adapters of {list(TARGET_MODULES)}")
     return {"r": c.get("r", 8), "alpha": c.get("lora_alpha", 8), "dropout": c.get("lora_dropout", 0.0),
             "target_modules": targets or [], "use_rslora": bool(c.get("use_rslora", False))}
+
+
+def _refuse_options(c, path):
+    """One ValueError naming the options of the adapter config ``c`` (read from ``path``) that numformer does not
+    implement: those of ``REFUSED`` set to other than their "not used" value, and an ``init_lora_weights`` that
+    PEFT runs again at load (``BASE_CHANGING_INITS``)."""
+    used = [f"{k} = {c[k]!r}" for k, off in REFUSED.items() if c.get(k, off) not in (off, None, {}, [], False)
+            and not (k == "bias" and c[k] == "none")]
+    if used:
+        raise ValueError(f"{path}: numformer does not implement the PEFT option(s) {', '.join(used)}; it loads "
+                         f"plain LoRA adapters (bias 'none', no DoRA, aLoRA or other LoRA variant, no per-layer "
+                         f"patterns or extra modules): run this adapter with PEFT")
+    init = c.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
+        raise ValueError(f"{path}: init_lora_weights = {init!r}: PEFT runs this initialisation again when it loads "
+                         f"the adapter, changing the base model's weights, and numformer does not; convert it to a "
+                         f"plain LoRA adapter (PEFT's save_pretrained(..., path_initial_model_for_weight_conversion="
+                         f"...)) and load that")
 
 
 def load_adapter(model, folder, model_type=None):
@@ -177,4 +197,4 @@ def _shown(keys, most=4):
 
 
 __all__ = ["save_adapter", "load_adapter", "read_adapter_config", "adapter_keys", "ADAPTER_CONFIG",
-           "ADAPTER_WEIGHTS", "REFUSED"]
+           "ADAPTER_WEIGHTS", "REFUSED", "BASE_CHANGING_INITS"]

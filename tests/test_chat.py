@@ -240,7 +240,9 @@ def test_a_hugging_face_model_without_generation_config_is_greedy_as_in_transfor
     ({"do_sample": True, "top_p": 0}, "top_p = 0 must be a number in (0, 1]"),
     ({"do_sample": True, "top_k": -1}, "top_k = -1 must be an integer >= 0"),
     ({"do_sample": True, "top_k": 3.5}, "top_k = 3.5 must be an integer >= 0"),
-    ({"do_sample": True, "temperature": 0}, "temperature = 0 must be a number > 0 when do_sample is true")])
+    ({"do_sample": True, "temperature": 0}, "temperature = 0 must be a number > 0 when do_sample is true"),
+    ({"do_sample": "yes"}, "do_sample = 'yes' must be true or false (a JSON boolean)"),   # transformers samples
+    ({"do_sample": 1, "temperature": 0.7}, "do_sample = 1 must be true or false (a JSON boolean)")])
 def test_a_bad_sampling_value_in_generation_config_names_the_file(tmp_path, written, says):
     (tmp_path / "generation_config.json").write_text(json.dumps(written))
     with pytest.raises(ValueError, match=f"generation_config.json: {re.escape(says)}; fix the file"):

@@ -18,8 +18,9 @@ encode or the context cannot hold, ``--max-new-tokens 0``) is one error at start
 Sampling: the flags you give (with any of --temperature, --top-k, --top-p or --greedy the file is not read, and
 the flags left out take generate's defaults), else the settings of the folder's generation_config.json
 (do_sample, temperature, top_k, top_p, as transformers uses them: without do_sample it picks the most likely
-token), else those of ``numformer generate``. ``--quantize int8`` replies from int8 weights, as ``numformer generate``
-(``numformer.quantize.quantize_model``; what it quantized goes to stderr).
+token; a do_sample that is not true or false is an error), else those of ``numformer generate``. ``--quantize
+int8`` replies from int8 weights, as ``numformer generate`` (``numformer.quantize.quantize_model``; what it
+quantized goes to stderr).
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def sampling_settings(args, folder, tokenizer=None):
     given (any of them replaces the file), else the model's generation_config.json (``model_files``) read as
     transformers reads it (no do_sample: greedy; an unset value takes transformers' default, top_k 50; top_k
     0: no top-k filtering), else for a Hugging Face model transformers' default (greedy) and for a run of
-    numformer's generate's (temperature 1). A value transformers would refuse is one error naming the file."""
+    numformer's generate's (temperature 1). A value transformers would refuse, or a do_sample that is not a
+    boolean (transformers would sample for "yes"), is one error naming the file."""
     from ..data.chat import model_files
     from ..interop.sources import is_run_folder
 
@@ -73,6 +75,7 @@ def sampling_settings(args, folder, tokenizer=None):
     gen = model_files(folder, tokenizer).get("generation_config.json")
     flags = args.greedy or any(v is not None for k, v in settings.items() if k != "greedy")
     if gen is not None and not flags:
+        _check_do_sample(gen.get("do_sample"), folder)
         settings = {"greedy": gen.get("do_sample") is not True,
                     **{k: default if gen.get(k) is None else gen[k]
                        for k, default in TRANSFORMERS_SAMPLING_DEFAULTS.items()}}
@@ -87,10 +90,23 @@ def sampling_settings(args, folder, tokenizer=None):
     return settings, unapplied
 
 
+def _generation_config_path(folder):
+    """Where the generation_config.json of ``folder`` was read: its own, else the copy its tokenizer.json keeps."""
+    path = Path(folder) / "generation_config.json"
+    return path if path.is_file() else f"the generation_config.json kept in {Path(folder) / 'tokenizer.json'}"
+
+
+def _check_do_sample(do_sample, folder):
+    """One ValueError naming generation_config.json when its do_sample is neither true, false nor null: transformers
+    samples for any value that is true in Python ("yes", "no", 1) while its mode says greedy."""
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise ValueError(f"{_generation_config_path(folder)}: do_sample = {do_sample!r} must be true or false (a JSON "
+                         f"boolean); fix the file, or pass --greedy or --temperature")
+
+
 def _check_generation_config(settings, folder):
     """One ValueError naming generation_config.json when a sampling value in it is one transformers refuses."""
-    path = Path(folder) / "generation_config.json"
-    where = path if path.is_file() else f"the generation_config.json kept in {Path(folder) / 'tokenizer.json'}"
+    where = _generation_config_path(folder)
     t, k, p = settings["temperature"], settings["top_k"], settings["top_p"]
     if not settings["greedy"] and not (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
                                         and math.isfinite(t)):

@@ -271,6 +271,52 @@ def test_template_flags(folder, tmp_path, run_cli, monkeypatch, cli_error):
     assert "--max-new-tokens must be at least 1" in cli_error("chat", folder, "--max-new-tokens", "0")
 
 
+def test_a_template_that_renders_nothing_is_one_error_at_start(folder, tmp_path, run_cli, monkeypatch):
+    """It was generate's "empty prompt: give at least one token id" once per message; now one line, before the
+    model loads, that names the template and --chat-template. A template empty for one message only says the
+    same for that message; one that writes only the messages' text is not refused for the empty probe message."""
+    template = tmp_path / "empty.jinja"
+    template.write_text("{% if false %}x{% endif %}")
+    _never_loads(monkeypatch)
+    rc, out, err = chat(run_cli, monkeypatch, folder, "Hello there!\nHow are you?\n", "--chat-template", template)
+    line = one_error_line(rc, err, "chat")
+    assert "the chat template rendered an empty prompt" in line and "--chat-template FILE" in line and out == ""
+    monkeypatch.undo()
+    session = session_for(folder, system=None)
+    session.format = ChatFormat("", session.format.special_tokens)
+    with pytest.raises(ValueError, match="the chat template rendered an empty prompt"):
+        session.check()
+    session.format = ChatFormat("{% for m in messages %}{{ m.content }}{% endfor %}", session.format.special_tokens)
+    session.check()
+    session.format = ChatFormat("{% if messages[-1].content != 'x' %}hi{% endif %}", session.format.special_tokens)
+    session.check()
+    with pytest.raises(ValueError, match="the chat template rendered an empty prompt"):
+        session.send("x")
+    assert session.history == [] and session.send("y") is not None
+
+
+@pytest.mark.parametrize("written", [5, [], [{"name": "default"}], ["{{ messages }}"], {"default": 5}])
+def test_a_chat_template_in_tokenizer_config_that_is_not_a_string_names_the_file(folder, tmp_path, run_cli,
+                                                                                   monkeypatch, written):
+    """tokenizer_config.json's chat_template 5 was a Jinja TypeError reported as a bug in numformer (a list entry
+    without "template", a KeyError): one line naming the file and key; --chat-template FILE then chats."""
+    import shutil
+
+    other = tmp_path / "model"
+    shutil.copytree(folder, other)
+    (other / "chat_template.jinja").unlink()
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": written}))
+    rc, out, err = chat(run_cli, monkeypatch, other, "Hi\n", "--greedy", "--max-new-tokens", "2")
+    line = one_error_line(rc, err, "chat")
+    assert f"{other / 'tokenizer_config.json'}: chat_template = {written!r} must be a string" in line
+    assert "--chat-template FILE" in line and out == ""
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    rc, out, err = chat(run_cli, monkeypatch, other, "Hi\n", "--greedy", "--max-new-tokens", "2",
+                        "--chat-template", tmp_path / "t.jinja")
+    assert rc == 0 and out and "error" not in err
+
+
 def test_stop_tokens_of_a_folder(tmp_path):
     _, hf_tok = model_folder(tmp_path, "chatml-thinking")
     folder = tmp_path / "chatml-thinking"

@@ -201,8 +201,9 @@ def test_namespace_refuses_underscore_names():
 
 
 def test_folder_forms_equal_transformers(tmp_path):
-    """tokenizer_config.json with a template string or a list of named templates, chat_template.jinja plus
-    additional_chat_templates/ (which win over tokenizer_config.json), special_tokens_map.json (legacy)."""
+    """tokenizer_config.json with a template string, a list of named templates or an object of them by name (which
+    transformers keeps as it is), chat_template.jinja plus additional_chat_templates/ (which win over
+    tokenizer_config.json), special_tokens_map.json (legacy)."""
     folder, _ = model_folder(tmp_path, "chatml")
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
@@ -211,6 +212,7 @@ def test_folder_forms_equal_transformers(tmp_path):
         "string": {"chat_template": source},
         "named": {"chat_template": [{"name": "default", "template": source},
                                     {"name": "short", "template": "{{ messages[-1]['content'] }}!"}]},
+        "by_name": {"chat_template": {"default": source, "short": "{{ messages[-1]['content'] }}!"}},
     }
     for name, extra in variants.items():
         other = tmp_path / name
@@ -245,6 +247,8 @@ def test_clear_errors():
         apply_chat_template([{"role": "user", "content": "x"}], {"a": "x", "b": "y"})
     with pytest.raises(ValueError, match="no chat template"):
         apply_chat_template([{"role": "user", "content": "x"}], None)
+    with pytest.raises(ValueError, match=r"the chat template is a int \(5\), not a string"):   # was Jinja's TypeError
+        apply_chat_template([{"role": "user", "content": "x"}], 5)
     with pytest.raises(ValueError, match="JSON schemas"):
         apply_chat_template([{"role": "user", "content": "x"}], "x", tools=[print])
 

@@ -169,6 +169,20 @@ def test_a_context_too_small_for_the_chat_format_says_so(text_run, cli_error, tm
     assert expected in line and line.count("chat format") <= 1
 
 
+def test_a_chat_template_file_that_is_not_utf8_names_it(text_run, cli_error, tmp_path, monkeypatch):
+    """It was "'utf-8' codec can't decode byte 0xff in position 2: invalid start byte", naming neither the file nor
+    what to do; [data] chat_template (a chat fine-tuning run's) reads its file the same way."""
+    from numformer.data.chat_tasks import chat_format
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
+    (tmp_path / "t.jinja").write_bytes(b"{{\xff messages }}")
+    line = cli_error("chat", text_run, "--max-new-tokens", "2", "--chat-template", tmp_path / "t.jinja")
+    assert f"--chat-template {tmp_path / 't.jinja'} is not UTF-8 text (invalid start byte at byte 2); save the " \
+           f"template as UTF-8" in line
+    with pytest.raises(ValueError, match=r"^\[data\] chat_template .*t.jinja is not UTF-8 text"):
+        chat_format(tmp_path / "t.jinja")
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "explore"])
 def test_a_missing_source_says_how_a_hub_id_is_written(tmp_path, cli_error, command, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -137,17 +137,19 @@ def template_variables(pairs):
 
 
 def chat_format(args, folder, tokenizer=None):
-    """The ``ChatFormat`` of the command line (the folder's, its tokenizer's, or ``--chat-template``'s), rendered
-    once with the system prompt: a template that cannot be used (jinja2 missing, not valid Jinja, refusing the
-    system prompt) is one error at start rather than one per message."""
-    from ..data.chat import ChatFormat
+    """The ``ChatFormat`` of the command line (the folder's, its tokenizer's, or ``--chat-template``'s with the
+    folder's special tokens), rendered once with the system prompt (``ChatFormat.check``): a template that cannot
+    be used (jinja2 missing, not valid Jinja, refusing the system prompt, rendering nothing, a --chat-template
+    file that is not UTF-8) is one error at start rather than one per message."""
+    from ..data.chat import ChatFormat, read_special_tokens, read_template_file
 
     variables = template_variables(args.template_var)
-    fmt = ChatFormat.from_folder(folder, variables, tokenizer)
     if args.chat_template is not None:
-        fmt = ChatFormat(Path(args.chat_template).read_text(encoding="utf-8"), fmt.special_tokens, variables)
-    system = [] if args.system is None else [{"role": "system", "content": args.system}]
-    fmt.render(system + [{"role": "user", "content": ""}], add_generation_prompt=True)
+        fmt = ChatFormat(read_template_file(args.chat_template, "--chat-template"),
+                         read_special_tokens(folder, tokenizer), variables)
+    else:
+        fmt = ChatFormat.from_folder(folder, variables, tokenizer)
+    fmt.check(args.system)
     return fmt
 
 

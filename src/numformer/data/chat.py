@@ -20,8 +20,9 @@ chat_template_utils``), so the same conversation gives the same string and the s
 
 Where a template is found (``read_chat_template``): ``chat_template.jinja`` and
 ``additional_chat_templates/*.jinja`` in a model folder win over the ``chat_template`` of
-``tokenizer_config.json`` (a string, or a list of ``{"name", "template"}``); with several templates the one
-named "default" is used ("tool_use" when tools are given), or the one you name.
+``tokenizer_config.json`` (a string, or a list of ``{"name", "template"}``, or an object of them by name; any
+other value is an error naming the file); with several templates the one named "default" is used ("tool_use"
+when tools are given), or the one you name.
 
 ``ChatSession`` keeps the history of a conversation with a model: each ``send`` renders it, trims the oldest
 turns to fit the context, generates the reply with the key/value cache (``decoding.generate``), stops at
@@ -54,6 +55,9 @@ DEFAULT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] | trim }}\n\n"
     "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
 DEFAULT_STOP_STRINGS = ("\nUser:", "\nSystem:", "\nAssistant:")
+# A template that writes nothing for a conversation leaves the model no token to start its reply from.
+EMPTY_PROMPT = ("the chat template rendered an empty prompt (no text for the model to continue from); give a "
+                "template that writes the conversation's messages, with --chat-template FILE")
 
 
 def render_default(messages, add_generation_prompt=False):
@@ -260,6 +264,9 @@ def _render(messages, chat_template, add_generation_prompt, tools, documents, sp
     if documents is not None and any(not isinstance(d, Mapping) for d in documents):
         raise ValueError("documents must be a list of dicts with 'title' and 'text' keys")
     source = select_chat_template(chat_template, template_name, tools)
+    if not isinstance(source, str):
+        raise ValueError(f"the chat template is a {type(source).__name__} ({_shown(source)}), not a string; a chat "
+                         f"template is Jinja source text (or a dict of such texts by name)")
     if source == DEFAULT_TEMPLATE:          # numformer's own format needs no Jinja (nor the chat extra)
         return render_default(_messages(messages), add_generation_prompt)
     jinja2 = _jinja()
@@ -299,13 +306,9 @@ def model_files(folder, tokenizer=None):
 def read_chat_template(folder, tokenizer=None):
     """(template or None, special tokens {"bos_token": ..., ...}) of a model folder (``model_files``), read as
     transformers' ``AutoTokenizer.from_pretrained`` reads them (see the module docstring); the template is a
-    string, or a dict of named templates."""
+    string, or a dict of named templates. A ``chat_template`` in tokenizer_config.json that is neither a string
+    nor a list of named templates is one ValueError naming the file."""
     files = model_files(folder, tokenizer)
-    config = files.get("tokenizer_config.json", {})
-    tokens = {k: _token_text(config.get(k)) for k in NAMED_SPECIAL_TOKENS}
-    if "added_tokens_decoder" not in config and "special_tokens_map.json" in files:
-        legacy = files["special_tokens_map.json"]           # older folders: overrides, as transformers
-        tokens.update({k: _token_text(legacy[k]) for k in NAMED_SPECIAL_TOKENS if k in legacy})
     templates = {}
     if "chat_template.jinja" in files:
         templates["default"] = files["chat_template.jinja"]
@@ -315,10 +318,67 @@ def read_chat_template(folder, tokenizer=None):
     if templates:
         template = templates["default"] if list(templates) == ["default"] else templates
     else:
-        template = config.get("chat_template")
-        if isinstance(template, list):
-            template = {t["name"]: t["template"] for t in template}
-    return template, {k: v for k, v in tokens.items() if v is not None}
+        template = _config_template(files.get("tokenizer_config.json", {}).get("chat_template"),
+                                    _side_file_path(folder, "tokenizer_config.json"))
+    return template, _special_tokens(files)
+
+
+def _config_template(template, where):
+    """tokenizer_config.json's ``chat_template`` (read from ``where``) as ``read_chat_template`` gives it: None, a
+    string, or a dict {name: template} of a non-empty list of ``{"name", "template"}`` (or such a dict itself, as
+    transformers takes it); any other value is one ValueError naming the file."""
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, Mapping) and template and all(isinstance(v, str) for v in template.values()):
+        return dict(template)
+    if isinstance(template, list) and template and all(
+            isinstance(t, Mapping) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+            for t in template):
+        return {t["name"]: t["template"] for t in template}
+    raise ValueError(f"{where}: chat_template = {_shown(template)} must be a string (the Jinja template) or a "
+                     f"non-empty list of named templates [{{\"name\": \"default\", \"template\": \"...\"}}, ...]; "
+                     f"fix the file, or give a template with --chat-template FILE")
+
+
+def _side_file_path(folder, name):
+    """Where the side file ``name`` of ``folder`` was read (``model_files``): the folder's own, else the copy its
+    tokenizer.json keeps."""
+    path = Path(folder) / name
+    return path if path.is_file() else f"the {name} kept in {Path(folder) / 'tokenizer.json'}"
+
+
+def _shown(value, most=80):
+    """``repr(value)``, cut to ``most`` characters."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def read_template_file(path, where):
+    """The text of the Jinja chat template file ``path`` (``where`` names it in errors: "--chat-template",
+    "[data] chat_template"); one ValueError for a file that is not UTF-8 text, naming it."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where} {path} is not UTF-8 text ({e.reason} at byte {e.start}); save the template "
+                         f"as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def read_special_tokens(folder, tokenizer=None):
+    """The special tokens {"bos_token": ..., ...} of a model folder (``model_files``: tokenizer_config.json, and
+    special_tokens_map.json over it in older folders, as transformers); ``read_chat_template`` gives them with the
+    template, this without reading it (``--chat-template`` replaces it)."""
+    return _special_tokens(model_files(folder, tokenizer))
+
+
+def _special_tokens(files):
+    """The special tokens of a model's side files ``files`` ({name: JSON object or text}, ``model_files``)."""
+    config = files.get("tokenizer_config.json", {})
+    tokens = {k: _token_text(config.get(k)) for k in NAMED_SPECIAL_TOKENS}
+    if "added_tokens_decoder" not in config and "special_tokens_map.json" in files:
+        legacy = files["special_tokens_map.json"]           # older folders: overrides, as transformers
+        tokens.update({k: _token_text(legacy[k]) for k in NAMED_SPECIAL_TOKENS if k in legacy})
+    return {k: v for k, v in tokens.items() if v is not None}
 
 
 def read_json_object(path):
@@ -362,6 +422,15 @@ class ChatFormat:
         """The text of ``messages`` in this format (``apply_chat_template`` with its tokens and variables)."""
         return apply_chat_template(messages, self.template, add_generation_prompt,
                                    special_tokens=self.special_tokens, **self.variables)
+
+    def check(self, system=None):
+        """Render the conversation of the system prompt ``system`` (or none) and an empty user message: the
+        ValueError every message would meet, once (jinja2 missing, a template that is not valid Jinja or refuses
+        the system prompt, or one that renders nothing, not even for the user message "Hello": ``EMPTY_PROMPT``)."""
+        head = [] if system is None else [{"role": "system", "content": system}]
+        if not self.render(head + [{"role": "user", "content": ""}], add_generation_prompt=True) and \
+                not self.render(head + [{"role": "user", "content": "Hello"}], add_generation_prompt=True):
+            raise ValueError(EMPTY_PROMPT)
 
     def encode(self, tokenizer, messages, add_generation_prompt=False):
         """The token ids of the rendered conversation: the tokenizer's encoding of the text, without adding
@@ -422,7 +491,8 @@ class ChatSession:
     A ``send`` interrupted while the reply is generated (``KeyboardInterrupt``, Ctrl-C) keeps the message and
     the reply so far (the text already streamed) in the history, then raises the interrupt again; one
     interrupted before generation starts keeps nothing. ``check()`` raises at once the error every message
-    would meet (a template that cannot be rendered, a system prompt that cannot be encoded or does not fit).
+    would meet (a template that cannot be rendered or renders nothing, a system prompt that cannot be encoded or
+    does not fit).
     Defaults: no system prompt, max_new_tokens 256, no stop tokens, temperature 1, no top-k or top-p.
     """
 
@@ -443,8 +513,10 @@ class ChatSession:
 
     def check(self):
         """Raise the ValueError that every message would meet, once: the conversation of the system prompt and
-        an empty message cannot be rendered (jinja2 missing, a template that refuses it), cannot be encoded (a
-        character of the system prompt outside the vocabulary), or does not fit in the model's context."""
+        an empty message cannot be rendered (jinja2 missing, a template that refuses it or renders nothing:
+        ``ChatFormat.check``), cannot be encoded (a character of the system prompt outside the vocabulary), or
+        does not fit in the model's context."""
+        self.format.check(self.system)
         system = [] if self.system is None else [{"role": "system", "content": self.system}]
         what = "the system prompt, written in the chat format," if system else "the chat format"
         try:
@@ -465,7 +537,8 @@ class ChatSession:
                          f"template with --chat-template FILE")
 
     def prompt_ids(self):
-        """The ids of the conversation with the generation prompt, dropping the oldest turns to fit."""
+        """The ids of the conversation with the generation prompt, dropping the oldest turns to fit; none at all
+        (a template that wrote nothing) is the ValueError ``EMPTY_PROMPT``."""
         context = int(self.model.block_size)
         limit = context - min(self.max_new_tokens, context // 2)
         while True:
@@ -475,6 +548,8 @@ class ChatSession:
                 if "chat template" in str(e):
                     raise
                 raise ValueError(f"the conversation, written in the chat format, cannot be encoded: {e}") from None
+            if not ids:
+                raise ValueError(EMPTY_PROMPT)
             if len(ids) <= limit or len(self.history) <= 1:
                 break
             self.history, self.dropped = self.history[2:], self.dropped + 1

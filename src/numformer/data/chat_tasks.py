@@ -26,7 +26,7 @@ import numpy as np
 from .. import ops
 from .._limits import bounded_json
 from .base import IGNORE, Batch, Task, register_task
-from .chat import ChatFormat, alpaca_messages, encode_chat
+from .chat import ChatFormat, alpaca_messages, encode_chat, read_template_file
 from .files import json_lines
 from .tokenizers import UnknownCharacters, tokenizer_from_dict
 
@@ -79,7 +79,7 @@ def chat_format(template_path):
     if not path.is_file():
         raise ValueError(f"[data] chat_template {template_path!r} is not a file; give a Jinja template (a model "
                          f"folder's chat_template.jinja) or leave it out for numformer's plain format")
-    return ChatFormat(path.read_text(encoding="utf-8"))
+    return ChatFormat(read_template_file(path, "[data] chat_template"))
 
 
 def pad_examples(examples, pad_id):

@@ -420,6 +420,33 @@ def test_generate_stops_at_the_end_token_as_transformers_does(tmp_path, capsys):
     assert capsys.readouterr().out == "It is" + "<|endoftext|>" * 3 + "\n"
 
 
+@pytest.mark.parametrize("generation_eos", [299, None])
+def test_generate_stops_where_transformers_generate_does_when_the_two_configs_differ(tmp_path, capsys,
+                                                                                     generation_eos):
+    """config.json's eos_token_id is the first greedy token, generation_config.json names another (or none):
+    transformers' generate reads generation_config.json alone and goes on, and so does `numformer generate`
+    (before: it stopped at config.json's id, printing nothing)."""
+    from numformer.commands.generate import load_generator
+    from numformer.data.chat import generation_eos_ids
+
+    folder, tmodel = make_hf(tmp_path, **SHAPES["default_ff"])
+    tok = save_tokenizer(folder)
+    prompt = tok.encode("It is").ids
+    with torch.no_grad():
+        first = int(tmodel(torch.tensor([prompt])).logits[0, -1].argmax())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": first}))
+    generation = {"eos_token_id": generation_eos} if generation_eos is not None else {}
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    new = theirs.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False, pad_token_id=EOS)[0, len(prompt):]
+    assert new.tolist()[0] == first and len(new) == 3                       # transformers went on
+    assert generation_eos_ids(folder, load_generator(folder)[1]) == ([] if generation_eos is None else [299])
+    capsys.readouterr()
+    assert cli("generate", folder, "--prompt", "It is", "--greedy", "--max-new-tokens", "3") == 0
+    assert capsys.readouterr().out == "It is" + tok.decode(new.tolist()) + "\n"
+
+
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_named_as_the_cause(tmp_path, capsys):
     """A folder whose tokenizer has more tokens than the model embeds: a prompt that encodes to an id beyond the
     vocabulary is one line naming the mismatch and the fix (before: 'prompt holds token ids outside [0, 300)')."""

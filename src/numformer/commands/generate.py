@@ -71,13 +71,13 @@ def model_folder(source):
 
 
 def run(args):
-    from ..data.chat import model_eos_ids
+    from ..data.chat import generation_eos_ids
     from ..generate import generate
 
     check_sampling_arguments(args)
     check_quantize_arguments(args)
     model, tokenizer = load_generator(args.run_dir, args.adapter)
-    stop = None if args.ignore_eos else model_eos_ids(model_folder(args.run_dir), tokenizer) or None
+    stop = None if args.ignore_eos else generation_eos_ids(model_folder(args.run_dir), tokenizer) or None
     prompt_ids = tokenizer.encode_prompt(args.prompt)          # before quantizing: a prompt it cannot encode
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")

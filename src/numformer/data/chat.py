@@ -587,11 +587,23 @@ def _ids(value):
     return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
 
 
-def model_eos_ids(folder, tokenizer):
-    """The ids at which transformers' ``generate`` stops the model in ``folder``: ``eos_token_id`` of config.json
-    and of generation_config.json (``model_files``; an id or a list: Llama 3's ``<|eot_id|>``, Gemma's
-    ``<end_of_turn>``, ...) and the tokenizer's (``eos_ids``, ``special_ids["<eos>"]``), each as far as the
+def generation_eos_ids(folder, tokenizer):
+    """The ids at which transformers' ``generate`` stops the model in ``folder`` (``numformer generate``): the
+    ``eos_token_id`` of its generation_config.json when it has one (``model_files``: an id or a list; a file
+    without the key stops at none, as transformers' ``generate``), else ``model_eos_ids``; each as far as the
     vocabulary has it; sorted."""
+    files = model_files(folder, tokenizer)
+    if "generation_config.json" not in files:
+        return model_eos_ids(folder, tokenizer)
+    ids = _ids(files["generation_config.json"].get("eos_token_id"))
+    return sorted({i for i in ids if 0 <= i < tokenizer.vocab_size})
+
+
+def model_eos_ids(folder, tokenizer):
+    """The ids that end the model's text in ``folder``, as a chat stops at any of them: ``eos_token_id`` of
+    config.json and of generation_config.json (``model_files``; an id or a list: Llama 3's ``<|eot_id|>``,
+    Gemma's ``<end_of_turn>``, ...) and the tokenizer's (``eos_ids``, ``special_ids["<eos>"]``), each as far as
+    the vocabulary has it; sorted. (``generate`` stops where transformers' does: ``generation_eos_ids``.)"""
     ids = set(_ids(read_json_object(Path(folder) / "config.json").get("eos_token_id")))
     ids.update(_ids(model_files(folder, tokenizer).get("generation_config.json", {}).get("eos_token_id")))
     ids.update(_ids(getattr(tokenizer, "eos_ids", None)))

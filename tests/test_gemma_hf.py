@@ -98,6 +98,40 @@ def test_gemma_exports_refuse_what_the_family_cannot_express(tmp_path):
         hf.export_hf(GPT(**{**gemma, "activation": "swiglu"}, rng=np.random.default_rng(0)), tmp_path / "g3")
 
 
+@pytest.mark.parametrize("fam,qk_norm", [("gemma3_text", True), ("gemma2", False)])
+def test_gemma_export_without_sliding_layers_runs_in_transformers_with_the_same_logits(tmp_path, fam, qk_norm):
+    """No layer slides: the export writes a positive window (block_size) with every layer full attention, as
+    transformers' forward builds the sliding mask from the window whatever the layers (a null one fails)."""
+    from numformer.models import GPT
+
+    model = GPT(VOCAB, 24, n_layers=2, n_heads=4, d_model=16, positional="rope", activation="geglu",
+                norm="rms_plus_one", bias=False, qk_norm=qk_norm, norm_placement="sandwich", scale_embeddings=True,
+                attn_logit_softcap=None, rng=np.random.default_rng(0), dtype=np.float64)
+    out = hf.export_hf(model, tmp_path / "out", model_type=fam)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["model_type"], cfg["sliding_window"], cfg["layer_types"]) == (fam, 24, ["full_attention"] * 2)
+    again = hf.load_pretrained(out, dtype=np.float64)[0]
+    assert [b.sliding_window for b in again.config.layers] == [None, None]
+    idx = np.random.default_rng(1).integers(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        ref = transformers_model(out, torch.float64)(torch.from_numpy(idx)).logits.numpy()
+    assert rel_err(model.eval()(idx), ref) < 1e-9 and rel_err(again(idx), ref) < 1e-9
+
+
+@pytest.mark.parametrize("fam", ["gemma3_text", "gemma2"])
+def test_gemma_null_window_is_refused_as_transformers_cannot_run_it_even_with_full_layers(tmp_path, fam):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    cfg = {**base_config_json(fam), "model_type": fam, "sliding_window": None, "layer_types": ["full_attention"] * 3}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"{fam} config.json field sliding_window = None: transformers' Gemma "
+                                         r"forward builds the sliding-window mask .*set it to a positive integer"):
+        hf.hf_model_config(folder, cfg)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder))
+    with pytest.raises(ValueError, match="Could not find a `sliding_window` argument"):   # what transformers does
+        model(torch.zeros((1, 6), dtype=torch.long))
+
+
 def test_gemma3_sliding_layers_kv_cache_is_bounded_by_the_window():
     """Decoding step by step, a sliding layer's cache keeps at most its window's keys and values (its bytes
     stop growing), a full-attention layer's grows with the sequence."""

@@ -227,6 +227,8 @@ REFUSED = {
                                                                                  "factor": 2.0},
                                                               "sliding_attention": {"rope_type": "default"}}},
     ("gemma3_text", "sliding_window_pattern"): {"layer_types": DELETE, "sliding_window_pattern": 0},
+    ("gemma3_text", "sliding_window"): {"sliding_window": None, "layer_types": ["full_attention"] * 3},
+    ("gemma2", "sliding_window"): {"sliding_window": None, "layer_types": ["full_attention"] * 3},
 }
 
 

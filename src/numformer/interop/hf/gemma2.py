@@ -19,7 +19,7 @@ from ...models import GPTConfig
 from ..hf_rope import hf_rope_parameters, rope_settings
 from .family import Family, Layout, Module_, check_export, shared
 from .fields import (HONOURED, NO_EFFECT, TOKENIZER, TRAINING, Field, divides, documented, only, pad_id, positive,
-                     positive_or_null, read_rope, resolve, rope_refusal)
+                     read_rope, resolve, rope_refusal)
 from .llama import head_dim_rule
 
 MODEL_TYPE = "gemma2"
@@ -29,6 +29,15 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 @documented("null or false")
 def not_bidirectional(v, _):
     return None if not v else "makes the attention bidirectional (an encoder); numformer's GPT is causal"
+
+
+@documented("a positive integer (also when no layer slides)")
+def window_rule(v, r):
+    if v is None:       # Gemma2Model / Gemma3TextModel build the sliding-window mask whatever the layer types
+        return ("transformers' Gemma forward builds the sliding-window mask from it even when every layer is full "
+                "attention, and fails on null ('Could not find a `sliding_window` argument in the config'); set it "
+                "to a positive integer, such as max_position_embeddings (full-attention layers ignore it)")
+    return positive(v, r)
 
 
 def common_fields(max_positions, vocab_size):
@@ -60,7 +69,7 @@ def common_fields(max_positions, vocab_size):
               note="qkv_bias and attn_bias (the four attention projections)"),
         Field("attention_dropout", 0.0, TRAINING, type="int | float | None"),
         Field("query_pre_attn_scalar", 256, HONOURED, positive, note="attn_scale = query_pre_attn_scalar^-½"),
-        Field("sliding_window", 4096, HONOURED, positive_or_null, type="int | None",
+        Field("sliding_window", 4096, HONOURED, window_rule, type="int | None",
               note="sliding_window of the sliding layers"),
         Field("layer_types", None, HONOURED, type="list[str] | None", note="which layers slide: "
               "layers[i].sliding_window", accepts="null, or 'full_attention' / 'sliding_attention' for each layer"),
@@ -90,9 +99,6 @@ def layer_types(r, model_type, default):
     if len(types) != n or not set(types) <= set(LAYER_TYPES):
         raise ValueError(f"{model_type} config.json field layer_types = {types!r}: must list 'full_attention' or "
                          f"'sliding_attention' for each of the {n} layers")
-    if "sliding_attention" in types and r["sliding_window"] is None:
-        raise ValueError(f"{model_type} config.json field sliding_window = None: the sliding layers of layer_types "
-                         f"need a window (transformers cannot build their mask either)")
     return types
 
 
@@ -126,7 +132,9 @@ def to_config(c):
 
 def hf_fields(name, config, qk_norm):
     """The config.json fields Gemma 2 and 3 share, from a GPTConfig (layer_types and one window for the sliding
-    layers); ValueError naming what the family ``name`` cannot express."""
+    layers: block_size when no layer slides, as transformers' forward builds the sliding mask from the window
+    whatever the layers, and fails on a null one); ValueError naming what the family ``name`` cannot
+    express."""
     n_heads, head_dim, kv, d_ff, activation, placement, has_qk_norm, bias, attn, qkv, scale = shared(
         config, name, "n_heads", "head_dim", "n_kv_heads", "d_ff", "activation", "norm_placement", "qk_norm",
         "bias", "attn_bias", "qkv_bias", "attn_scale")
@@ -151,7 +159,7 @@ def hf_fields(name, config, qk_norm):
             "max_position_embeddings": config.block_size, "rms_norm_eps": config.layer_norm_eps,
             "tie_word_embeddings": config.tie_weights, "attention_bias": attn, "attention_dropout": 0.0,
             "query_pre_attn_scalar": head_dim if scale is None else scalar,
-            "sliding_window": sizes.pop() if sizes else None,
+            "sliding_window": sizes.pop() if sizes else config.block_size,
             "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows],
             "initializer_range": 0.02, "use_cache": True, "pad_token_id": config.padding_idx}
 

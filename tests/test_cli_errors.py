@@ -222,6 +222,22 @@ def test_a_run_config_without_its_model_section_is_not_taken_for_hugging_faces(t
     assert "config.json" in line and "model" in line and "model_type" not in line
 
 
+@pytest.mark.parametrize("command", ["export", "eval"])
+def test_a_hugging_face_folder_given_for_a_run_is_named_as_one_with_what_to_do(tmp_path, cli_error, command):
+    """A Hugging Face model folder where a run folder is expected: one line saying so and what to do (before: a
+    wall of "no key of any section (a typo?)", one per config.json field)."""
+    folder = tmp_path / "hf_model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                    "hidden_size": 16, "vocab_size": 300}))
+    line = cli_error(command, folder, *(["--out", tmp_path / "out"] if command == "export" else []))
+    assert line.startswith(f"numformer {command}: error: {folder} is a Hugging Face model folder (its config.json "
+                           f"has model_type 'llama'), not a numformer run folder: "), line
+    assert f"`numformer import-hf {folder} --out RUN_DIR`" in line and "a typo?" not in line, line
+    if command == "export":
+        assert "transformers loads it as it is" in line and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("args,expected", [
     (["eval", "{tmp}/missing"], "run folder {tmp}/missing does not exist"),
     (["eval", "{tmp}/copy.toml"], "{tmp}/copy.toml is a file, not a run folder"),

@@ -559,11 +559,18 @@ def check_sections(config):
                          f"[data] and [train], and [lora] for LoRA adapters")
 
 
-def load_config_json(run_dir):
-    """The run's config.json, checked like a TOML config (every key's type and range)."""
+def load_config_json(run_dir, hf_advice=None):
+    """The run's config.json, checked like a TOML config (every key's type and range). A Hugging Face model's
+    config.json (a ``model_type`` and no [model] section) is refused in one line saying so, with ``hf_advice``
+    (what to do with such a folder) or else the advice to import it with ``numformer import-hf`` first."""
     check_run_dir(run_dir)
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
                          f"`numformer train CONFIG --out {run_dir}`")
-    return check_saved_config(read_json(path, "config file"), path)
+    saved = read_json(path, "config file")
+    if isinstance(saved, dict) and "model" not in saved and isinstance(saved.get("model_type"), str):
+        raise ValueError(f"{run_dir} is a Hugging Face model folder (its config.json has model_type "
+                         f"{saved['model_type']!r}), not a numformer run folder: " +
+                         (hf_advice or f"import it first with `numformer import-hf {run_dir} --out RUN_DIR`"))
+    return check_saved_config(saved, path)

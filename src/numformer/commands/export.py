@@ -42,7 +42,10 @@ def run(args):
     from ..train import load_config_json, load_model, run_folder
     from ..interop.sources import tokenizer_from_state
 
-    config = load_config_json(args.run_dir)
+    config = load_config_json(args.run_dir, hf_advice=(
+        "it is already in the Hugging Face format, and transformers loads it as it is; to write it as another "
+        f"family (--model-type), import it first with `numformer import-hf {args.run_dir} --out RUN_DIR` and "
+        "export that run"))
     kind = config["model"].get("type")
     if kind != "gpt":
         raise ValueError(f"{args.run_dir} holds a {kind} model; `numformer export` writes GPT runs (a Hugging Face "

@@ -347,6 +347,18 @@ def test_export_refuses_what_gpt2_cannot_express(tmp_path, options, feature):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("options", [dict(), dict(positional="rope", activation="swiglu", norm="rms", bias=False)])
+@pytest.mark.parametrize("model_type", [None, "gpt2", "llama"])
+def test_export_of_an_attention_only_gpt_names_feed_forward_false(tmp_path, options, model_type):
+    """feed_forward = false: no family has blocks without a feed-forward; the refusal names the option (before:
+    "the model has no parameter blocks.0.norm2.weight to export")."""
+    model = GPT(VOCAB, 16, n_layers=2, n_heads=2, d_model=8, feed_forward=False, **options)
+    with pytest.raises(ValueError, match=r"^no Hugging Face family can express feed_forward = false \(attention-only "
+                                         r"blocks\).*; this model cannot be exported$"):
+        hf.export_hf(model, tmp_path / "out", model_type=model_type)
+    assert not (tmp_path / "out").exists() and hf.checkpoints.export_types(model.config) == []
+
+
 # -- run folders and the command line --------------------------------------------------------------------------
 def cli(*argv):
     from numformer.cli import main

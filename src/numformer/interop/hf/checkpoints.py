@@ -356,6 +356,8 @@ def export_types(config):
     ``config``: the ``model_type`` values ``export_hf`` accepts for such a model (none for a model no family
     expresses, such as a post-LN GPT with RoPE)."""
     types = []
+    if _no_family_expresses(config):
+        return types
     for model_type, fam in FAMILIES.items():
         try:
             fam.to_hf(config)
@@ -365,10 +367,22 @@ def export_types(config):
     return types
 
 
+def _no_family_expresses(config):
+    """What no family numformer writes can express, in words (a block without a feed-forward), or None."""
+    if any(not b.feed_forward for b in config.layers):
+        return ("feed_forward = false (attention-only blocks): every Hugging Face family numformer writes has a "
+                "feed-forward in each block")
+    return None
+
+
 def hf_export_config(config, model_type):
     """The config.json of the ``GPTConfig`` ``config`` as the family ``model_type``: one ValueError naming what
-    the family cannot express and the model_types this model can be exported as (``export_types``)."""
+    the family cannot express (first what none can, ``_no_family_expresses``) and the model_types this model
+    can be exported as (``export_types``)."""
     fam = family(model_type)
+    what = _no_family_expresses(config)
+    if what:
+        raise ValueError(f"no Hugging Face family can express {what}; this model cannot be exported")
     try:
         return fam.to_hf(config)
     except ValueError as e:

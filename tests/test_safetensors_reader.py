@@ -75,8 +75,8 @@ DAMAGE = {
                          r"data_offsets \[32, 16\], not \[begin, end\]"),
     "negative shape": (dict(ln_f__bias={"dtype": "F32", "shape": [-4], "data_offsets": [16, 32]}),
                        r"shape \[-4\], not a list of non-negative integers"),
-    "unknown dtype": (dict(ln_f__bias={"dtype": "F8_E4M3", "shape": [16], "data_offsets": [16, 32]}),
-                      r"dtype 'F8_E4M3'; numformer reads"),
+    "unknown dtype": (dict(ln_f__bias={"dtype": "F9_X", "shape": [16], "data_offsets": [16, 32]}),
+                      r"dtype 'F9_X'; numformer reads"),
     # found by tests/test_fuzz_read_files.py at NUMFORMER_FUZZ_EXAMPLES=300: a TypeError (unhashable) before
     "dtype a list": (dict(ln_f__bias={"dtype": ["F32"], "shape": [4], "data_offsets": [16, 32]}),
                      r"dtype \['F32'\]; numformer reads"),
@@ -94,6 +94,21 @@ def test_damaged_header_is_one_line_naming_the_file_and_the_damage(tmp_path, kin
     with pytest.raises(ValueError, match=match) as e:
         read_safetensors_file(path)
     assert str(e.value).startswith(f"{path} is damaged: ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dtype,kind", [("F8_E4M3", "an 8-bit float"), ("F8_E5M2", "an 8-bit float"),
+                                        ("F4", "a 4-bit float"), ("C64", "a complex number")])
+def test_a_dtype_safetensors_defines_but_numformer_does_not_read_is_named_unsupported(tmp_path, dtype, kind):
+    """An FP8 tensor (as transformers saves a float8_e4m3fn weight) is no damage: one line naming the tensor, its
+    dtype and what to use instead (before: "is damaged ... download it again")."""
+    path = two_tensors(tmp_path / "model.safetensors",
+                       ln_f__bias={"dtype": dtype, "shape": [16], "data_offsets": [16, 32]})
+    with pytest.raises(ValueError) as e:
+        read_safetensors_file(path)
+    line = str(e.value)
+    assert line.startswith(f"{path}: tensor 'ln_f.bias' has dtype '{dtype}' ({kind}), which numformer does not "
+                           f"support: it reads F32, F64, F16 and BF16 weights; "), line
+    assert "damaged" not in line and "download it again" not in line and "\n" not in line
 
 
 @pytest.mark.parametrize("raw,match", [

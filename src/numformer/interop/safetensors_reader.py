@@ -8,14 +8,15 @@ with the header ``{name: {"dtype": "F32", "shape": [..], "data_offsets": [begin,
 offsets counted from the start of the data. ``read_safetensors_file`` accepts a file only when
 
     8 <= 8 + N <= file size, the header is one JSON object with no repeated names,
-    every dtype is known and every shape a list of non-negative integers,
+    every dtype is one NumPy holds and every shape a list of non-negative integers,
     end - begin = prod(shape) · itemsize(dtype) for every tensor,
     the tensors sorted by begin tile the data exactly: the first begins at 0, each begins where the
     previous ends (no gap, no overlap, no two tensors on the same bytes), the last ends at the file's end
     (no trailing bytes).
 
-Anything else raises one ValueError naming the file and what is wrong. bfloat16 (NumPy has none) is read as
-float32 exactly (a bfloat16 is the upper half of a float32); every other dtype is kept.
+Anything else raises one ValueError naming the file and what is wrong: a dtype safetensors defines but NumPy
+lacks (``UNREAD_DTYPES``: FP8, FP6, FP4, complex) as not supported, naming it; others as damage. bfloat16
+(NumPy has none) is read as float32 exactly (a bfloat16 is the upper half of a float32); every other dtype is kept.
 
 Sharded checkpoints (``model.safetensors.index.json``): ``shard_files`` returns the index's ``weight_map``
 and the shards it names, each a plain file name inside the folder (no absolute path, no ``..``).
@@ -33,11 +34,22 @@ from .._limits import bounded_json, check_bounds
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
           "U8": np.uint8, "BOOL": np.bool_}
+# safetensors dtypes numformer does not read (NumPy has no such types): named as unsupported, not as damage
+UNREAD_DTYPES = {"F8_E4M3": "an 8-bit float", "F8_E4M3FNUZ": "an 8-bit float", "F8_E5M2": "an 8-bit float",
+                 "F8_E5M2FNUZ": "an 8-bit float", "F8_E8M0": "an 8-bit float", "F6_E2M3": "a 6-bit float",
+                 "F6_E3M2": "a 6-bit float", "F4": "a 4-bit float", "C64": "a complex number"}
 MAX_HEADER_BYTES = 100 * 1024 * 1024          # the safetensors library's own limit
 
 
 def _bad(path, what):
     return ValueError(f"{path} is damaged: {what}; download it again")
+
+
+def _unsupported(path, name, dtype):
+    return ValueError(f"{path}: tensor {name!r} has dtype {dtype!r} ({UNREAD_DTYPES[dtype]}), which numformer does "
+                      f"not support: it reads F32, F64, F16 and BF16 weights; use the model's release in one of "
+                      f"those, or convert the file (transformers: from_pretrained(folder, "
+                      f"dtype=torch.bfloat16).save_pretrained(new_folder))")
 
 
 def _unique_object(pairs):
@@ -78,6 +90,8 @@ def read_header(path):
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise _bad(path, f"tensor {name!r} is not described by exactly dtype, shape and data_offsets")
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if isinstance(dtype, str) and dtype in UNREAD_DTYPES:
+            raise _unsupported(path, name, dtype)
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise _bad(path, f"tensor {name!r} has dtype {dtype!r}; numformer reads {sorted(DTYPES)}")
         if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):

@@ -173,6 +173,19 @@ def test_index_and_shards_must_agree(tmp_path, weight_map, match):
         hf.read_safetensors(sharded_folder(tmp_path, weight_map))
 
 
+def test_a_tensor_the_index_does_not_list_is_named_so(tmp_path):
+    """A shard holding a tensor its index's weight_map omits: one line saying the index does not list it (before:
+    "index.json places it in None")."""
+    folder = sharded_folder(tmp_path)
+    safetensors_numpy.save_file({"b": np.zeros(2, np.float32), "c": np.ones(3, np.float32)},
+                                folder / "model-00002-of-00002.safetensors")
+    with pytest.raises(ValueError) as e:
+        hf.read_safetensors(folder)
+    assert str(e.value) == (f"{folder / 'model-00002-of-00002.safetensors'} holds tensor 'c', which "
+                            f"model.safetensors.index.json does not list (its weight_map names the shard of every "
+                            f"tensor); download the index and the shards again")
+
+
 def test_a_tensor_in_two_shards_is_refused(tmp_path):
     folder = sharded_folder(tmp_path)
     safetensors_numpy.save_file({"b": np.zeros(2, np.float32), "a": np.ones(3, np.float32)},

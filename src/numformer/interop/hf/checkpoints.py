@@ -130,8 +130,8 @@ def _weight_files(folder):
 
 def read_safetensors(folder):
     """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32), each file
-    checked in full by ``safetensors_reader`` before it is read; with shards, every tensor must be in the
-    shard the index names, and in one shard only."""
+    checked in full by ``safetensors_reader`` before it is read; with shards, every tensor must be listed by
+    the index, in the shard the index names, and in one shard only."""
     folder = Path(folder)
     weight_map, files = _weight_files(folder)
     tensors, where = {}, {}
@@ -142,9 +142,12 @@ def read_safetensors(folder):
             if name in tensors:
                 raise ValueError(f"{path} holds tensor {name!r}, which {where[name]} also holds; download the "
                                  f"shards again")
-            if weight_map is not None and weight_map.get(name) != path.name:
+            if weight_map is not None and name not in weight_map:
+                raise ValueError(f"{path} holds tensor {name!r}, which {WEIGHTS_INDEX} does not list (its weight_map "
+                                 f"names the shard of every tensor); download the index and the shards again")
+            if weight_map is not None and weight_map[name] != path.name:
                 raise ValueError(f"{path} holds tensor {name!r}, but {WEIGHTS_INDEX} places it in "
-                                 f"{weight_map.get(name)!r}; download the shards again")
+                                 f"{weight_map[name]!r}; download the shards again")
             tensors[name], where[name] = array, path.name
     if weight_map is not None and set(weight_map) - set(tensors):
         raise ValueError(f"{folder / WEIGHTS_INDEX} lists tensors no shard holds: "

@@ -586,6 +586,18 @@ def test_export_refuses_a_model_type_the_model_cannot_be(llama_like_runs, tmp_pa
         assert not (tmp_path / run).exists()
 
 
+@pytest.mark.parametrize("size", [0, -5, N_POS + 1, 1000])
+def test_import_hf_block_size_out_of_range_names_the_option(tmp_path, hf_folder, cli_error, size):
+    """--block-size 0 was taken as the default, -5 and 1000 refused in config words ([data] block_size, the
+    init_from model): one line naming --block-size, its range and the default; nothing is written."""
+    folder, _ = hf_folder
+    line = cli_error("import-hf", folder, "--out", tmp_path / "run", f"--block-size={size}")
+    assert line == (f"numformer import-hf: error: --block-size {size}: the evaluation window must be from 1 to the "
+                    f"model's context of {N_POS} tokens; leave it out for the default ({N_POS})")
+    assert not (tmp_path / "run").exists()
+    assert cli("import-hf", folder, "--out", tmp_path / "edge", "--block-size", N_POS) == 0    # the context itself
+
+
 def test_imported_run_works_with_generate_eval_and_analyze(tmp_path, hf_folder, capsys):
     folder, tmodel = hf_folder
     run = tmp_path / "run"

@@ -12,7 +12,9 @@ EVAL_WINDOW = 1024
 
 
 def import_run(source, out, data_path="", block_size=None, dtype="float32", overwrite=False):
-    """Write the run folder: config.json (resolved as by `numformer train`), tokenizer.json, model.safetensors."""
+    """Write the run folder: config.json (resolved as by `numformer train`), tokenizer.json, model.safetensors.
+    ``block_size``: the evaluation window, from 1 to the model's context (a ValueError naming --block-size
+    otherwise); None: the context, at most ``EVAL_WINDOW``."""
     import numpy as np
 
     from ..interop.sources import load_weights, read_source
@@ -26,8 +28,12 @@ def import_run(source, out, data_path="", block_size=None, dtype="float32", over
     if tokenizer_state is None:
         raise ValueError(f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt); without one "
                          f"text cannot be encoded: add the tokenizer files to the folder")
-    data = {"task": "text", "path": data_path, "block_size": block_size or min(source_model["block_size"],
-                                                                                EVAL_WINDOW)}
+    context = source_model["block_size"]
+    if block_size is not None and not 1 <= block_size <= context:      # --block-size 0 is no default either
+        raise ValueError(f"--block-size {block_size}: the evaluation window must be from 1 to the model's context "
+                         f"of {context} tokens; leave it out for the default ({min(context, EVAL_WINDOW)})")
+    data = {"task": "text", "path": data_path,
+            "block_size": min(context, EVAL_WINDOW) if block_size is None else block_size}
     config, task = resolve_config({"model": {"init_from": str(source)}, "data": data, "train": {"dtype": dtype}})
     config["model"].pop("init_from")          # the weights are in the run folder itself
     model_cfg = {k: v for k, v in config["model"].items() if v is not None}

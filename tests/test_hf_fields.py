@@ -229,6 +229,9 @@ REFUSED = {
     ("gemma3_text", "sliding_window_pattern"): {"layer_types": DELETE, "sliding_window_pattern": 0},
     ("gemma3_text", "sliding_window"): {"sliding_window": None, "layer_types": ["full_attention"] * 3},
     ("gemma2", "sliding_window"): {"sliding_window": None, "layer_types": ["full_attention"] * 3},
+    ("qwen3", "rms_norm_eps"): {"rms_norm_eps": -1.0},
+    ("gemma3_text", "rms_norm_eps"): {"rms_norm_eps": -1e-6},
+    ("arcee", "rms_norm_eps"): {"rms_norm_eps": -0.5},
 }
 
 
@@ -522,6 +525,19 @@ def test_a_kv_head_count_that_does_not_divide_names_the_field_and_what_to_do(tmp
     with pytest.raises(ValueError, match=r"config.json: llama config.json field num_key_value_heads = 3: must divide "
                                          r"num_attention_heads = 4 .*transformers cannot run this config.json either"):
         hf.hf_model_config(folder, cfg)
+
+
+@pytest.mark.parametrize("fam", ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "arcee"])
+def test_a_negative_rms_norm_eps_is_refused_at_load_naming_the_field(tmp_path, fam):
+    """A negative rms_norm_eps makes the norms NaN (NumPy warned, then the logits were blamed on 'a diverged
+    run?'): refused when config.json is read, naming the field; 0 is read, as transformers reads it."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    cfg = {"model_type": fam, **BASE[fam], "rms_norm_eps": -1.0}
+    with pytest.raises(ValueError, match=rf"^{folder / 'config.json'}: {fam} config.json field rms_norm_eps = -1\.0: "
+                                         r"must be a finite number >= 0: .*NaN"):
+        hf.hf_model_config(folder, cfg)
+    assert hf.FAMILIES[fam].to_config({**cfg, "rms_norm_eps": 0.0}).layer_norm_eps == 0.0
 
 
 @pytest.mark.parametrize("fam", ["qwen2", "qwen3"])

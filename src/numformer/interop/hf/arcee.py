@@ -13,7 +13,7 @@ from dataclasses import replace
 from ...models import GPTConfig
 from . import llama
 from .family import Family, Module_, check_export, shared
-from .fields import HONOURED, TOKENIZER, TRAINING, Field, only, positive, resolve, with_fields
+from .fields import HONOURED, TOKENIZER, TRAINING, Field, norm_eps, only, positive, resolve, with_fields
 
 MODEL_TYPE = "arcee"
 # transformers' ACT2FN name -> numformer's activation, for those numformer computes
@@ -28,7 +28,7 @@ FIELDS = with_fields(
     hidden_act=Field("hidden_act", "relu2", HONOURED, only(*ACTIVATIONS), type="str",
                      note="activation (of the feed-forward, not gated)"),
     max_position_embeddings=Field("max_position_embeddings", 4096, HONOURED, positive, note="block_size"),
-    rms_norm_eps=Field("rms_norm_eps", 1e-5, HONOURED, type="float", note="layer_norm_eps (norm 'rms')"),
+    rms_norm_eps=Field("rms_norm_eps", 1e-5, HONOURED, norm_eps, type="float", note="layer_norm_eps (norm 'rms')"),
     bos_token_id=Field("bos_token_id", 128000, TOKENIZER, type="int | None"),
     eos_token_id=Field("eos_token_id", 128001, TOKENIZER, type="int | list[int] | None"),
     attention_dropout=Field("attention_dropout", 0.0, TRAINING, type="float"),

@@ -71,6 +71,14 @@ def positive(v, _):
     return None if type(v) is int and v > 0 else "must be a positive integer"
 
 
+@documented("a number >= 0")
+def norm_eps(v, _):
+    if v >= 0 and v != float("inf"):
+        return None
+    return ("must be a finite number >= 0: each RMSNorm divides by √(mean(x²) + eps), which a negative eps "
+            "makes NaN (in transformers too); restore the file")
+
+
 positive_or_null = documented("a positive integer or null")(lambda v, r: None if v is None else positive(v, r))
 
 

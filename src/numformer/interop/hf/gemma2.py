@@ -19,7 +19,7 @@ from ...models import GPTConfig
 from ..hf_rope import hf_rope_parameters, rope_settings
 from .family import Family, Layout, Module_, check_export, shared
 from .fields import (HONOURED, NO_EFFECT, TOKENIZER, TRAINING, Field, divides, documented, only, pad_id, positive,
-                     read_rope, resolve, rope_refusal)
+                     norm_eps, read_rope, resolve, rope_refusal)
 from .llama import head_dim_rule
 
 MODEL_TYPE = "gemma2"
@@ -55,7 +55,7 @@ def common_fields(max_positions, vocab_size):
               "gate of activation 'geglu')"), type="str", note="activation 'geglu'"),
         Field("max_position_embeddings", max_positions, HONOURED, positive, note="block_size"),
         Field("initializer_range", 0.02, NO_EFFECT, type="float"),
-        Field("rms_norm_eps", 1e-6, HONOURED, type="float", note="layer_norm_eps (norm 'rms_plus_one')"),
+        Field("rms_norm_eps", 1e-6, HONOURED, norm_eps, type="float", note="layer_norm_eps (norm 'rms_plus_one')"),
         Field("use_cache", True, NO_EFFECT, type="bool"),
         Field("pad_token_id", 0, HONOURED, pad_id, type="int | None",
               note="padding_idx (that embedding row gets no lookup gradient)"),

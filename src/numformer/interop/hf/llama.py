@@ -14,7 +14,7 @@ from ...models import GPTConfig
 from ..hf_rope import hf_rope_parameters, rope_settings
 from .family import Family, Layout, Module_, check_export, shared
 from .fields import (HONOURED, NO_EFFECT, SAME, TOKENIZER, TRAINING, Field, divides, documented, only, pad_id,
-                     positive, read_rope, resolve, rope_refusal, same, with_fields)
+                     norm_eps, positive, read_rope, resolve, rope_refusal, same, with_fields)
 
 MODEL_TYPE = "llama"
 
@@ -40,7 +40,7 @@ COMMON_FIELDS = (  # fields every Llama-like config class has, in the class's or
           note="activation 'swiglu'"),
     Field("max_position_embeddings", 2048, HONOURED, positive, note="block_size"),
     Field("initializer_range", 0.02, NO_EFFECT, type="float"),
-    Field("rms_norm_eps", 1e-6, HONOURED, type="float", note="layer_norm_eps (norm 'rms')"),
+    Field("rms_norm_eps", 1e-6, HONOURED, norm_eps, type="float", note="layer_norm_eps (norm 'rms')"),
     Field("use_cache", True, NO_EFFECT, type="bool"),
     Field("pad_token_id", None, HONOURED, pad_id, type="int | None",
           note="padding_idx (that embedding row gets no lookup gradient)"),

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,6 +234,7 @@ REFUSED = {
     ("qwen3", "rms_norm_eps"): {"rms_norm_eps": -1.0},
     ("gemma3_text", "rms_norm_eps"): {"rms_norm_eps": -1e-6},
     ("arcee", "rms_norm_eps"): {"rms_norm_eps": -0.5},
+    ("gpt2", "layer_norm_epsilon"): {"layer_norm_epsilon": -1e-5},
 }
 
 
@@ -469,13 +472,23 @@ def test_gpt2_aliases_win_over_the_fields_own_keys_as_in_transformers(tmp_path):
     assert (model.config.n_layers, model.config.layers[0].n_heads) == (layers, heads)
 
 
-def test_docs_hold_the_generated_fields_tables():
-    from pathlib import Path
+FIELDS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "hf-checkpoints.md"
 
+
+def test_docs_hold_the_generated_fields_tables():
     from numformer.interop.hf import fields_markdown
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "hf-checkpoints.md").read_text()
-    assert fields_markdown() in page, "regenerate the tables of docs/reference/hf-checkpoints.md with fields_markdown()"
+    assert fields_markdown() in FIELDS_PAGE.read_text(encoding="utf-8"), \
+        "regenerate the tables of docs/reference/hf-checkpoints.md: python tests/test_hf_fields.py --write"
+
+
+def write_fields_tables():
+    """Replace the page's tables (from '### gpt2' to 'Tested field by field') with ``fields_markdown()``."""
+    from numformer.interop.hf import fields_markdown
+
+    page = FIELDS_PAGE.read_text(encoding="utf-8")
+    start, end = page.index("### gpt2\n"), page.index("\nTested field by field")
+    FIELDS_PAGE.write_text(page[:start] + fields_markdown() + page[end:], encoding="utf-8")
 
 
 WRONG_TYPE = {"int": "1", "float": "0.5", "bool": "yes", "str": 7, "dict": "rope", "list[str]": "full_attention",
@@ -556,3 +569,10 @@ def test_sliding_layers_without_a_window_are_refused(tmp_path, fam):
         k: v for k, v in cfg.items() if k != "model_type"}))
     with pytest.raises(TypeError):                              # what transformers does with such a file
         model(torch.zeros((1, 12), dtype=torch.long))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        write_fields_tables()
+    else:
+        sys.exit("usage: python tests/test_hf_fields.py --write")

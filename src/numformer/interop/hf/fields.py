@@ -75,8 +75,8 @@ def positive(v, _):
 def norm_eps(v, _):
     if v >= 0 and v != float("inf"):
         return None
-    return ("must be a finite number >= 0: each RMSNorm divides by √(mean(x²) + eps), which a negative eps "
-            "makes NaN (in transformers too); restore the file")
+    return ("must be a finite number >= 0: each norm divides by √(mean(x²) + eps) (LayerNorm: of the variance), "
+            "which a negative eps makes NaN (in transformers too); restore the file")
 
 
 positive_or_null = documented("a positive integer or null")(lambda v, r: None if v is None else positive(v, r))

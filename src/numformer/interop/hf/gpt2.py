@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from ...models import GPTConfig
 from .family import Family, Layout, Module_, check_export, shared
-from .fields import HONOURED, NO_EFFECT, SAME, TOKENIZER, TRAINING, Field, documented, only, positive, resolve
+from .fields import (HONOURED, NO_EFFECT, SAME, TOKENIZER, TRAINING, Field, documented, norm_eps, only, positive,
+                     resolve)
 
 MODEL_TYPE = "gpt2"
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -33,7 +34,7 @@ FIELDS = (  # the fields of transformers' GPT2Config, in its order
     Field("resid_pdrop", 0.1, TRAINING, type="float"),
     Field("embd_pdrop", 0.1, TRAINING, type="float"),
     Field("attn_pdrop", 0.1, TRAINING, type="float"),
-    Field("layer_norm_epsilon", 1e-5, HONOURED, type="float", note="layer_norm_eps"),
+    Field("layer_norm_epsilon", 1e-5, HONOURED, norm_eps, type="float", note="layer_norm_eps"),
     Field("initializer_range", 0.02, NO_EFFECT, type="float"),
     Field("summary_type", "cls_index", NO_EFFECT, type="str", note="GPT2DoubleHeadsModel only"),
     Field("summary_use_proj", True, NO_EFFECT, type="bool", note="GPT2DoubleHeadsModel only"),

@@ -117,3 +117,15 @@ def test_a_tokenizer_json_naming_a_file_elsewhere_is_refused(llama3, tmp_path):
             tokenizer_from_dict(bad)
     good = {**state, "files": {**state["files"], "additional_chat_templates/tool-use.jinja": "{{ 1 }}"}}
     assert "additional_chat_templates/tool-use.jinja" in tokenizer_from_dict(good).files
+
+
+def test_a_chat_template_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    """chat_template.jinja with a byte that is not UTF-8: transformers' tokenizer refuses the file, so numformer
+    does too, in one line naming it (before: the byte was replaced and the template rendered otherwise)."""
+    from numformer.data.tokenizers.pretrained import side_files
+
+    (tmp_path / "chat_template.jinja").write_bytes(b"{{ messages[0]['content'] }}\xff")
+    with pytest.raises(ValueError) as e:
+        side_files(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'chat_template.jinja'} is not UTF-8 text (invalid start byte at byte 28); "
+                            f"restore it, or give a template with --chat-template FILE")

@@ -48,10 +48,15 @@ def side_files(folder):
         if not path.is_file():
             continue
         if name.endswith(".jinja"):
-            files[name] = path.read_text(encoding="utf-8", errors="replace")
-            if len(files[name]) > MAX_JSON_BYTES:
-                raise ValueError(f"{path} is {len(files[name]):,} bytes, more than numformer reads "
+            data = path.read_bytes()
+            if len(data) > MAX_JSON_BYTES:
+                raise ValueError(f"{path} is {len(data):,} bytes, more than numformer reads "
                                  f"({MAX_JSON_BYTES:,}); it is no chat template: restore it")
+            try:                                # as transformers reads it: bad bytes are an error, not replaced
+                files[name] = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); restore it, or give a "
+                                 f"template with --chat-template FILE") from None
             continue
         data = bounded_json(path.read_bytes(), str(path))
         if not isinstance(data, dict):

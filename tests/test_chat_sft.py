@@ -96,6 +96,18 @@ def test_alpaca_and_messages_records(tmp_path):
         record_messages({"prompt": "x"})
 
 
+GOOD = {"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "how are"}]}
+
+
+def test_a_chat_file_with_a_utf8_bom_is_read(tmp_path):
+    """A byte order mark (Windows' Notepad, PowerShell's Out-File -Encoding utf8) was "not valid JSON (Unexpected
+    UTF-8 BOM ...); JSON lines hold one value per line", for a JSON list too; Python's json.loads of the bytes and
+    numformer's read_text take it."""
+    for name, text in [("a.json", json.dumps([GOOD] * 2)), ("b.jsonl", json.dumps(GOOD) + "\n" + json.dumps(GOOD))]:
+        (tmp_path / name).write_text(text, encoding="utf-8-sig")
+        assert read_conversations(tmp_path / name) == [GOOD["messages"]] * 2
+
+
 def test_json_lines_split_at_line_feeds_only(tmp_path):
     """U+2028, U+0085 and a form feed are valid unescaped in a JSON string: a JSON-lines file breaks at "\\n"."""
     record = {"messages": [{"role": "user", "content": "a\u2028b\x85c\x0cd"}, {"role": "assistant", "content": "e"}]}

@@ -151,6 +151,14 @@ def test_objective_and_task_must_go_together(tmp_path):
         Trainer({**c, "train": {**c["train"], "processes": 2}}, tmp_path / "c", quiet=True)
 
 
+def test_a_preference_file_with_a_utf8_bom_is_read(tmp_path):
+    """A byte order mark was "not valid JSON (Unexpected UTF-8 BOM ...); JSON lines hold one value per line"."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PAIRS), encoding="utf-8-sig")
+    task = PreferenceTask({"path": str(path), "val_size": 0, "block_size": 96}, 0, tokenizer().to_dict())
+    assert len(task.examples) == len(PAIRS)
+
+
 @pytest.mark.parametrize("damage, says", [
     ("another tensor", r"holds \['logps'\], not the one tensor 'reference'"),
     ("another shape", r"'reference' is float64 of shape \(3, 2\), not .* of the 12 pairs \(12, 2\)"),

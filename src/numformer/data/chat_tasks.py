@@ -1,6 +1,7 @@
 """Supervised fine-tuning on conversations: ``[data] task = "chat"``.
 
-The records of ``path`` are conversations, in either of the two formats people have:
+The records of ``path`` (UTF-8, a byte order mark allowed) are conversations, in either of the two formats
+people have:
 
 - JSON lines (or a JSON list) of ``{"messages": [{"role": ..., "content": ...}, ...]}``, the format of Hugging
   Face's chat datasets and OpenAI's fine-tuning files;
@@ -32,15 +33,15 @@ from .tokenizers import UnknownCharacters, tokenizer_from_dict
 
 
 def read_records(path):
-    """The records of a JSON list or JSON-lines file."""
+    """The records of a JSON list or JSON-lines file (UTF-8, a byte order mark allowed)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"[data] path {str(path)!r} is not a file; give a JSON or JSON-lines file of conversations "
                          f"({{\"messages\": [...]}}), Alpaca records ({{\"instruction\", \"input\", \"output\"}}) or "
                          f"preference pairs ({{\"prompt\", \"chosen\", \"rejected\"}})")
     raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8").lstrip()
+    try:                            # a byte order mark (Notepad, PowerShell) is read past, as json.loads(bytes) does
+        text = raw.decode("utf-8").removeprefix("\ufeff").lstrip()
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
     if text.startswith("["):

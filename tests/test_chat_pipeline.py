@@ -82,6 +82,16 @@ def test_the_instruction_split_is_85_10_5_in_file_order():
     assert (len(train), len(test), len(val)) == (935, 110, 55) and train[-1] == 934 and test[0] == 935
 
 
+def test_an_instruction_record_whose_input_is_not_text_is_one_line_naming_it(tmp_path):
+    """``"input": 5`` in the instruction set passed read_instructions and stopped the pipeline later with an
+    AttributeError (``5.strip()``)."""
+    path = tmp_path / "instruction-data.json"
+    path.write_text(json.dumps([{"instruction": "Add", "input": "", "output": "6"},
+                                {"instruction": "Add", "input": 5, "output": "6"}]))
+    with pytest.raises(ValueError, match=f'{path}: record 1: "input" is the number 5, not a string'):
+        cd.read_instructions(path)
+
+
 def test_wilson_interval_and_labels_read_from_replies(tok):
     lo, hi = wilson(85, 100)
     assert abs(lo - 0.7672) < 1e-3 and abs(hi - 0.9069) < 1e-3        # the textbook values

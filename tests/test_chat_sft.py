@@ -96,6 +96,17 @@ def test_alpaca_and_messages_records(tmp_path):
         record_messages({"prompt": "x"})
 
 
+def chat_error(tmp_path, records, name="c.json", **config):
+    """The one-line error of ChatTask on ``records`` (written as a JSON list to ``name``), checked to name the file."""
+    path = tmp_path / name
+    path.write_text(json.dumps(records))
+    with pytest.raises(ValueError) as e:
+        ChatTask({"path": str(path), "val_size": 0, "block_size": 64, **config}, 0, tokenizer().to_dict())
+    message = str(e.value)
+    assert str(path) in message and "\n" not in message
+    return message
+
+
 GOOD = {"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "how are"}]}
 
 
@@ -106,6 +117,49 @@ def test_a_chat_file_with_a_utf8_bom_is_read(tmp_path):
     for name, text in [("a.json", json.dumps([GOOD] * 2)), ("b.jsonl", json.dumps(GOOD) + "\n" + json.dumps(GOOD))]:
         (tmp_path / name).write_text(text, encoding="utf-8-sig")
         assert read_conversations(tmp_path / name) == [GOOD["messages"]] * 2
+
+
+@pytest.mark.parametrize("role, hint", [("gpt", '"gpt" is ShareGPT\'s "assistant"'), ("bot", "bot"),
+                                        ("Assistant", 'roles are lowercase: "assistant"'),
+                                        ("human", '"human" is ShareGPT\'s "user"')])
+def test_an_unknown_role_is_refused_naming_the_file_the_record_and_the_roles(tmp_path, role, hint):
+    """A role the templates do not know ("gpt", "bot", "Assistant") was accepted: with the assistant's turn under
+    it the conversation had no assistant token and was left out in silence ("3 without an assistant token in the
+    context left out"), or, every record so, the error blamed block_size."""
+    messages = [{"role": "user", "content": "hello"}, {"role": role, "content": "how are"}]
+    message = chat_error(tmp_path, [GOOD, GOOD, {"messages": messages}])
+    assert f'record 2, messages[1]: role "{role}"' in message
+    assert hint in message and '"system", "user", "assistant"' in message and "block_size" not in message
+
+
+@pytest.mark.parametrize("record, says", [
+    ({"instruction": "Add", "input": 5, "output": "6"}, 'record 1: "input" is the number 5, not a string'),
+    ({"instruction": ["Add"], "input": "", "output": "6"}, 'record 1: "instruction" is a JSON list, not a string'),
+    ({"instruction": "Add", "output": None}, 'record 1: "output" is null, not a string'),
+    ({"instruction": "Add", "input": "2"}, 'record 1 has no "output"'),
+    ({"messages": [{"role": "user", "content": 5}]}, 'record 1, messages[0]: "content" is the number 5'),
+    ({"messages": [{"role": "user", "content": "hi"}, "yo"]}, "record 1, messages[1] is a JSON string, not a message"),
+    ({"messages": [{"content": "hi"}]}, 'record 1, messages[0] has no "role"'),
+    ({"messages": {"role": "user", "content": "hi"}}, 'record 1: "messages" is a JSON object, not a list'),
+    ([GOOD], "record 1 is a JSON list, not an object"),
+])
+def test_a_field_of_the_wrong_type_is_one_line_naming_the_file_the_record_and_the_field(tmp_path, record, says):
+    """``"input": 5`` was "internal error (AttributeError)"; other fields of the wrong type the message "neither
+    {"messages": ...} nor an Alpaca record", naming no field."""
+    message = chat_error(tmp_path, [GOOD, record])
+    assert says in message, message
+
+
+@pytest.mark.parametrize("messages, says", [
+    ([], 'record 1: "messages" is an empty list'),
+    ([{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "hi"},
+      {"role": "assistant", "content": "yo"}], "record 1 starts with the assistant's message"),
+])
+def test_a_conversation_that_cannot_be_learned_names_the_file_and_the_record(tmp_path, messages, says):
+    """An empty conversation, or one that starts with the assistant's turn, was "a conversation is a non-empty
+    list of messages", naming neither file nor record."""
+    message = chat_error(tmp_path, [GOOD, {"messages": messages}])
+    assert says in message, message
 
 
 def test_json_lines_split_at_line_feeds_only(tmp_path):

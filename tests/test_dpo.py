@@ -159,6 +159,32 @@ def test_a_preference_file_with_a_utf8_bom_is_read(tmp_path):
     assert len(task.examples) == len(PAIRS)
 
 
+@pytest.mark.parametrize("record, says", [
+    ({"instruction": "Add", "input": 5, "chosen": "6", "rejected": "7"}, 'record 1: "input" is the number 5, not a'),
+    ({"prompt": "Add", "chosen": 6, "rejected": "7"}, 'record 1: "chosen" is the number 6, not a string'),
+    ({"prompt": "Add", "chosen": "6", "rejected": [{"role": "assistant", "content": "7"}]},
+     'record 1: "rejected" is a JSON list, not a string'),
+    ({"prompt": 5, "chosen": "6", "rejected": "7"}, 'record 1: "prompt" is the number 5, not a string or a list'),
+    ({"chosen": "6", "rejected": "7"}, 'record 1 has no "prompt" (or "instruction")'),
+    ({"prompt": [], "chosen": "6", "rejected": "7"}, 'record 1: "prompt" is an empty list'),
+    ({"prompt": [{"role": "gpt", "content": "Add"}], "chosen": "6", "rejected": "7"},
+     'record 1, prompt[0]: role "gpt" is not a chat role'),
+    ({"prompt": [{"role": "assistant", "content": "Hi"}], "chosen": "6", "rejected": "7"},
+     "record 1 starts with the assistant's message"),
+    ({"prompt": "Add", "chosen": "6"}, "record 1 is not a preference pair"),
+])
+def test_a_preference_record_of_the_wrong_shape_is_one_line_naming_the_file_the_record_and_the_field(
+        tmp_path, record, says):
+    """``"input": 5`` was "internal error (AttributeError)"; a reply or prompt of the wrong type, or a prompt with
+    an unknown role, "not a preference pair" or a silent drop, naming no field."""
+    path = tmp_path / "pairs.json"
+    path.write_text(json.dumps([PAIRS[0], record]))
+    with pytest.raises(ValueError) as e:
+        PreferenceTask({"path": str(path), "val_size": 0, "block_size": 96}, 0, tokenizer().to_dict())
+    message = str(e.value)
+    assert says in message and str(path) in message and "\n" not in message, message
+
+
 @pytest.mark.parametrize("damage, says", [
     ("another tensor", r"holds \['logps'\], not the one tensor 'reference'"),
     ("another shape", r"'reference' is float64 of shape \(3, 2\), not .* of the 12 pairs \(12, 2\)"),

@@ -4,10 +4,14 @@ The records of ``path`` (UTF-8, a byte order mark allowed) are conversations, in
 people have:
 
 - JSON lines (or a JSON list) of ``{"messages": [{"role": ..., "content": ...}, ...]}``, the format of Hugging
-  Face's chat datasets and OpenAI's fine-tuning files;
+  Face's chat datasets and OpenAI's fine-tuning files; the roles are ``ROLES`` (transformers' "system", "user",
+  "assistant", "tool"), the first message is not the assistant's;
 - Alpaca-style records ``{"instruction", "input", "output"}`` (such as the instruction data of
   rasbt/LLMs-from-scratch), each read as a user turn (the instruction, then its input after a blank line)
   and the assistant's reply.
+
+A record of another shape (another role, a field that is not text, an empty conversation) is one ValueError
+naming the file, the record (counted from 0) and the field, never left out in silence.
 
 Each conversation is rendered with the chat template (``chat_template``: a Jinja file, as a Hugging Face model
 ships; else numformer's plain default, ``User: ...`` / ``Assistant: ...``) and encoded with the tokenizer of
@@ -58,17 +62,92 @@ def read_conversations(path):
     return [record_messages(r, path, i) for i, r in enumerate(read_records(path))]
 
 
+# The roles a message may have: transformers' chat convention, which the templates of Hugging Face models
+# (Llama 3, Qwen, SmolLM) and numformer's plain format render: "system", "user", "assistant", and "tool" for a
+# tool's result, lowercase. A template may still refuse one (Gemma's has no system role): ChatTask names the record.
+ROLES = ("system", "user", "assistant", "tool")
+# What a role of another convention is called here (ShareGPT's "human" / "gpt", Gemma's template's "model").
+ROLE_NAMES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant", "chatgpt": "assistant",
+              "ai": "assistant", "developer": "system"}
+
+
+def _kind(value):
+    """What a JSON value is, for an error: "null", "the number 5", "a JSON list", "a JSON string"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    return "a JSON " + {dict: "object", list: "list", str: "string"}.get(type(value), type(value).__name__)
+
+
+def text_field(record, key, where, optional=False):
+    """``record[key]``, a string; "" for an ``optional`` key that is missing or null; else one ValueError naming
+    ``where`` (the file and record) and the field."""
+    value = record.get(key)
+    if optional and value is None:
+        return ""
+    if key not in record:
+        raise ValueError(f"{where} has no \"{key}\"; give it as a string")
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: \"{key}\" is {_kind(value)}, not a string; write it as text, in quotes")
+    return value
+
+
+def _check_role(role, at):
+    """One ValueError naming ``at`` for a role not in ``ROLES``, with the role it likely means."""
+    if role in ROLES:
+        return
+    likely = ROLE_NAMES.get(role.lower(), role.lower())
+    if role.lower() in ROLES:
+        hint = f"roles are lowercase: \"{role.lower()}\""
+    elif role.lower() in ("human", "gpt"):
+        hint = f"\"{role}\" is ShareGPT's \"{likely}\""
+    else:
+        hint = f"\"{role}\" likely means \"{likely}\"" if likely in ROLES else "rename it"
+    roles = ", ".join(f'"{r}"' for r in ROLES[:-1])
+    raise ValueError(f"{at}: role \"{role}\" is not a chat role ({hint}); the roles are {roles} "
+                     f"and \"{ROLES[-1]}\"")
+
+
+def check_messages(messages, where, field="messages"):
+    """``messages`` (the list ``field`` of the record at ``where``), checked to be a conversation the templates
+    render: a non-empty list of ``{"role": one of ROLES, "content": text}`` that does not start with the
+    assistant's turn (its span is found by rendering the messages before it, and there are none); else one
+    ValueError naming the file, the record and the message."""
+    if not isinstance(messages, list):
+        raise ValueError(f"{where}: \"{field}\" is {_kind(messages)}, not a list of messages "
+                         f"{{\"role\": ..., \"content\": ...}}")
+    if not messages:
+        raise ValueError(f"{where}: \"{field}\" is an empty list; give the conversation's messages "
+                         f"{{\"role\": \"user\", \"content\": ...}}, ..., or drop the record")
+    for k, message in enumerate(messages):
+        at = f"{where}, {field}[{k}]"
+        if not isinstance(message, dict):
+            raise ValueError(f"{at} is {_kind(message)}, not a message {{\"role\": ..., \"content\": ...}}")
+        _check_role(text_field(message, "role", at), at)
+        text_field(message, "content", at)
+    if messages[0]["role"] == "assistant":
+        raise ValueError(f"{where} starts with the assistant's message; a conversation starts with the user's "
+                         f"message (a system message may come first): add the user's turn before it, or drop it")
+    return messages
+
+
 def record_messages(record, path="data", i=0):
-    """One record as a conversation; ValueError naming the record when it is neither format."""
-    if isinstance(record, dict) and isinstance(record.get("messages"), list):
-        messages = record["messages"]
-        if all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-               for m in messages):
-            return messages
-    if isinstance(record, dict) and isinstance(record.get("instruction"), str) and isinstance(record.get("output"),
-                                                                                                 str):
-        return alpaca_messages(record)
-    raise ValueError(f"{path}: record {i} is neither {{\"messages\": [{{\"role\", \"content\"}}, ...]}} nor an Alpaca "
+    """One record as a conversation (``check_messages``; an Alpaca record's fields checked to be text, "input"
+    optional); one ValueError naming the file, the record and the field when it is neither format."""
+    where = f"{path}: record {i}"
+    if not isinstance(record, dict):
+        raise ValueError(f"{where} is {_kind(record)}, not an object {{\"messages\": [...]}} or "
+                         f"{{\"instruction\", \"input\", \"output\"}}")
+    if "messages" in record:
+        return check_messages(record["messages"], where)
+    if "instruction" in record or "output" in record:
+        return alpaca_messages({"instruction": text_field(record, "instruction", where),
+                                "input": text_field(record, "input", where, optional=True),
+                                "output": text_field(record, "output", where)})
+    raise ValueError(f"{where} is neither {{\"messages\": [{{\"role\", \"content\"}}, ...]}} nor an Alpaca "
                      f"record {{\"instruction\", \"input\", \"output\"}}")
 
 
@@ -198,17 +277,26 @@ class ChatTask(Task):
 
 def preference_record(record, path="data", i=0):
     """(prompt messages, chosen reply, rejected reply) of a preference record: ``{"prompt", "chosen",
-    "rejected"}`` (the prompt a text or a list of messages) or an Alpaca record with ``chosen`` / ``rejected``."""
-    if isinstance(record, dict) and isinstance(record.get("chosen"), str) and isinstance(record.get("rejected"), str):
-        prompt = record.get("prompt")
-        if isinstance(prompt, str):
-            return [{"role": "user", "content": prompt}], record["chosen"], record["rejected"]
-        if isinstance(prompt, list):
-            return record_messages({"messages": prompt}, path, i), record["chosen"], record["rejected"]
-        if isinstance(record.get("instruction"), str):
-            return alpaca_messages({**record, "output": ""})[:1], record["chosen"], record["rejected"]
-    raise ValueError(f"{path}: record {i} is not a preference pair {{\"prompt\", \"chosen\", \"rejected\"}} (or an "
-                     f"Alpaca record with \"chosen\" and \"rejected\")")
+    "rejected"}`` (the prompt a text or a list of messages, ``check_messages``) or an Alpaca record with
+    ``chosen`` / ``rejected``; one ValueError naming the file, the record and the field of the wrong shape."""
+    where = f"{path}: record {i}"
+    if not (isinstance(record, dict) and "chosen" in record and "rejected" in record):
+        raise ValueError(f"{where} is not a preference pair {{\"prompt\", \"chosen\", \"rejected\"}} (or an "
+                         f"Alpaca record with \"chosen\" and \"rejected\")")
+    chosen, rejected = text_field(record, "chosen", where), text_field(record, "rejected", where)
+    prompt = record.get("prompt")
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}], chosen, rejected
+    if isinstance(prompt, list):
+        return check_messages(prompt, where, "prompt"), chosen, rejected
+    if prompt is not None:
+        raise ValueError(f"{where}: \"prompt\" is {_kind(prompt)}, not a string or a list of messages")
+    if "instruction" not in record:
+        raise ValueError(f"{where} has no \"prompt\" (or \"instruction\"); give the prompt the replies answer")
+    instruction = text_field(record, "instruction", where)
+    user = alpaca_messages({"instruction": instruction, "input": text_field(record, "input", where, optional=True),
+                            "output": ""})[:1]
+    return user, chosen, rejected
 
 
 @register_task("preference")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.chat import ChatFormat, alpaca_messages
-from ..data.chat_tasks import read_records
+from ..data.chat_tasks import read_records, record_messages
 from ..data.text import clean_review
 
 QUESTION = "Is this review positive or negative?"
@@ -95,7 +95,8 @@ def instruction_split(records):
 
 
 def read_instructions(path):
-    """The records of an instruction-data JSON file (a list of Alpaca records)."""
+    """The records of an instruction-data JSON file (a list of Alpaca records, each checked by ``record_messages``:
+    a field that is not text is one error naming the file, the record and the field)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"the instruction set {path} is missing: put LLMs-from-scratch's instruction-data.json "
@@ -104,6 +105,8 @@ def read_instructions(path):
     records = read_records(path)
     if not all(isinstance(r, dict) and isinstance(r.get("instruction"), str) for r in records):
         raise ValueError(f"{path} is not a JSON list of Alpaca records {{\"instruction\", \"input\", \"output\"}}")
+    for i, record in enumerate(records):
+        record_messages(record, path, i)
     return records
 
 

@@ -162,6 +162,33 @@ def test_a_conversation_that_cannot_be_learned_names_the_file_and_the_record(tmp
     assert says in message, message
 
 
+def test_a_conversation_without_an_assistant_message_is_refused_unless_train_on_all(tmp_path):
+    """It was left out in silence, counted as "without an assistant token in the context" (every record so, an
+    error blaming block_size); with train_on = "all" every token takes the loss, so it is kept."""
+    user_only = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]}
+    message = chat_error(tmp_path, [GOOD, user_only])
+    assert "record 1 of" in message and "has no assistant message, so no token takes the loss" in message
+    assert 'set [data] train_on = "all"' in message and "block_size" not in message
+    task = ChatTask({"path": str(tmp_path / "c.json"), "val_size": 0, "block_size": 64, "train_on": "all"}, 0,
+                    tokenizer().to_dict())
+    assert len(task.examples) == 2
+
+
+def test_a_template_that_refuses_a_conversation_names_the_file_and_the_record(tmp_path):
+    """The chat template's own refusal (``raise_exception``) named no record; a template that is not valid Jinja
+    is said once, naming the file, not as the first record's fault."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+                        "{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}assistant: {% endif %}")
+    records = [GOOD, {"messages": [{"role": "system", "content": "x"}] + GOOD["messages"]}]
+    message = chat_error(tmp_path, records, chat_template=str(template))
+    assert "record 1 of" in message and "the chat template refused the conversation: no system role" in message
+    template.write_text("{% for m in messages %}{{ m.content }")
+    with pytest.raises(ValueError, match=r"^\[data\] chat_template .*t\.jinja: the chat template is not valid Jinja"):
+        ChatTask({"path": str(tmp_path / "c.json"), "chat_template": str(template)}, 0, tokenizer().to_dict())
+
+
 def test_json_lines_split_at_line_feeds_only(tmp_path):
     """U+2028, U+0085 and a form feed are valid unescaped in a JSON string: a JSON-lines file breaks at "\\n"."""
     record = {"messages": [{"role": "user", "content": "a\u2028b\x85c\x0cd"}, {"role": "assistant", "content": "e"}]}

@@ -10,8 +10,9 @@ people have:
   rasbt/LLMs-from-scratch), each read as a user turn (the instruction, then its input after a blank line)
   and the assistant's reply.
 
-A record of another shape (another role, a field that is not text, an empty conversation) is one ValueError
-naming the file, the record (counted from 0) and the field, never left out in silence.
+A record of another shape (another role, a field that is not text, an empty conversation), without an assistant
+message (``train_on = "assistant"``), or refused by the template is one ValueError naming the file, the record
+(counted from 0) and the field, never left out in silence.
 
 Each conversation is rendered with the chat template (``chat_template``: a Jinja file, as a Hugging Face model
 ships; else numformer's plain default, ``User: ...`` / ``Assistant: ...``) and encoded with the tokenizer of
@@ -31,7 +32,8 @@ import numpy as np
 from .. import ops
 from .._limits import bounded_json
 from .base import IGNORE, Batch, Task, register_task
-from .chat import ChatFormat, alpaca_messages, encode_chat, read_template_file
+from .chat import (DEFAULT_TEMPLATE, ChatFormat, alpaca_messages, compile_chat_template, encode_chat,
+                   read_template_file)
 from .files import json_lines
 from .tokenizers import UnknownCharacters, tokenizer_from_dict
 
@@ -152,14 +154,21 @@ def record_messages(record, path="data", i=0):
 
 
 def chat_format(template_path):
-    """The ChatFormat of a Jinja template file, or numformer's default format for ""."""
+    """The ChatFormat of a Jinja template file (compiled: an error of the template is one ValueError naming the
+    file), or numformer's default format for ""."""
     if not template_path:
         return ChatFormat.default()
     path = Path(template_path)
     if not path.is_file():
         raise ValueError(f"[data] chat_template {template_path!r} is not a file; give a Jinja template (a model "
                          f"folder's chat_template.jinja) or leave it out for numformer's plain format")
-    return ChatFormat(read_template_file(path, "[data] chat_template"))
+    template = read_template_file(path, "[data] chat_template")
+    try:                            # jinja2 missing or a syntax error: said once, not as a record's fault
+        if template != DEFAULT_TEMPLATE:
+            compile_chat_template(template)
+    except ValueError as e:
+        raise ValueError(f"[data] chat_template {template_path}: {e}") from None
+    return ChatFormat(template)
 
 
 def pad_examples(examples, pad_id):
@@ -210,7 +219,11 @@ class ChatTask(Task):
 
     def _example(self, messages):
         """(ids, labels) of a conversation cut to the context, as int32 arrays (a list of Python ints takes
-        nine times the memory), or None when no label is left in it."""
+        nine times the memory), or None when no label is left in it; a ValueError for a conversation without an
+        assistant message when the loss is on the assistant's tokens (nothing to learn from it)."""
+        if self.config["train_on"] == "assistant" and all(m["role"] != "assistant" for m in messages):
+            raise ValueError("the conversation has no assistant message, so no token takes the loss (train_on = "
+                             "\"assistant\"); add the assistant's reply, or set [data] train_on = \"all\"")
         n = self.config["block_size"] + 1
         ids, labels = encode_chat(self, messages, self.config["train_on"])
         ids, labels = np.asarray(ids[:n], dtype=np.int32), np.asarray(labels[:n], dtype=np.int32)
@@ -230,6 +243,8 @@ class ChatTask(Task):
                                  f"that the base model's tokenizer ({e.vocab_size} characters) lacks: "
                                  f"{''.join(e.characters)[:50]!r}; remove them from the data, or fine-tune a "
                                  f"base model whose tokenizer has them") from None
+            except ValueError as e:             # the template refused it, or it has nothing to learn from
+                raise ValueError(f"task {self.name!r}: record {i} of {path}: {e}") from None
         keep = [e for e in examples if e is not None]
         if not keep:
             raise ValueError(f"task {self.name!r}: none of the {len(conversations)} records of {self.config['path']} "

@@ -153,6 +153,20 @@ def test_agnews_missing_files(tmp_path):
         load_agnews(str(tmp_path), "train")
 
 
+def test_agnews_files_with_a_byte_order_mark(tmp_path):
+    """A headerless CSV saved with a UTF-8 byte-order mark lost its first row (taken for a header) and classes.txt
+    gave the class '\\ufeffWorld'; the mark is dropped, as read_text drops it. A classes.txt that is not UTF-8
+    is one error naming it (it was the codec's message alone)."""
+    (tmp_path / "test.csv").write_bytes(b"\xef\xbb\xbf" + HEADERLESS.encode("utf-8"))
+    (tmp_path / "classes.txt").write_bytes(b"\xef\xbb\xbfWorld\nSports\nBusiness\nSci/Tech\n")
+    te = load_agnews(str(tmp_path), "test")
+    assert te.labels.tolist() == [2, 3, 0, 1] and te.class_names == ["World", "Sports", "Business", "Sci/Tech"]
+    (tmp_path / "classes.txt").write_bytes(b"World\nSports\nBusiness\nSci/Tech\nW\xf6rld\n")
+    with pytest.raises(ValueError, match=r"classes\.txt is not valid UTF-8 text: byte offset 32 \(line 5\).*"
+                                         r"convert the file to UTF-8"):
+        load_agnews(str(tmp_path), "test")
+
+
 # ------------------------------------------------------------------------------------------------ Multi30k
 def write_gz(path, lines):
     with gzip.open(path, "wt", encoding="utf-8") as f:

@@ -198,11 +198,20 @@ def read_class_names(folder: str) -> list[str] | None:
 
 
 def read_class_names_file(p: str) -> list[str] | None:
-    """Class names from a file with one per line, or None if there is no such file."""
+    """Class names from a UTF-8 file with one per line (a leading byte-order mark dropped), or None if there is
+    no such file; a file that is not UTF-8 is a ValueError naming it, the byte offset and the line."""
     if not os.path.isfile(p):
         return None
-    with open(p, encoding="utf-8") as f:
-        names = [line.strip() for line in f if line.strip()]
+    with open(p, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{p} is not valid UTF-8 text: byte offset {e.start} (line {line}) "
+                         f"holds {raw[e.start:e.start + 1]!r} ({e.reason}); convert the file to UTF-8 "
+                         f"(e.g. iconv -f latin1 -t utf-8)") from None
+    names = [line.strip() for line in text.split("\n") if line.strip()]
     if not names:
         raise ValueError(f"{p}: no class names")
     return names
@@ -211,7 +220,8 @@ def read_class_names_file(p: str) -> list[str] | None:
 def load_agnews_csv(path: str, class_names: list[str] | None = None, classes_file: str = "") -> LabeledTexts:
     """One AG News CSV file: ``"class","title","description"`` rows, optionally after a header row.
 
-    Classes 1..C in the file become labels 0..C-1. Text = title + " " + description,
+    Classes 1..C in the file become labels 0..C-1 (a leading UTF-8 byte-order mark is dropped, so that a
+    headerless file keeps its first row). Text = title + " " + description,
     both cleaned with ``clean_agnews_text``. A malformed row raises a ValueError
     naming the file and line (and ``classes_file``, where the class names came from, for a class
     beyond them).
@@ -221,7 +231,7 @@ def load_agnews_csv(path: str, class_names: list[str] | None = None, classes_fil
     class_names = list(class_names) if class_names else list(AGNEWS_CLASSES)
     C = len(class_names)
     texts, labels = [], []
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:      # -sig: a byte-order mark is not the first class
         for n, (line, row) in enumerate(csv_rows(path, f)):
             if n == 0 and not row[0].strip().isdigit():      # a header row such as class_index,title,description
                 if len(row) != 3:

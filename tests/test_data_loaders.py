@@ -84,6 +84,16 @@ def test_imdb_errors_name_the_problem(tmp_path):
         load_imdb(str(tmp_path / "junk.tar.gz"))
 
 
+def test_imdb_hidden_files_are_skipped(tmp_path):
+    """An extracted aclImdb folder holding macOS's .DS_Store (or a tarball with ._* AppleDouble files) was refused
+    as an unexpected review file; hidden files are skipped, as the text loader skips them."""
+    root = write_imdb_folder(tmp_path / "x")
+    (root / "train" / "pos" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    check_imdb(load_imdb(str(root)))
+    tgz = write_imdb_tarball(tmp_path / "mac.tar.gz", {**IMDB_FILES, "aclImdb/train/neg/._0_2.txt": "\x00"})
+    check_imdb(load_imdb(str(tgz)))
+
+
 # ------------------------------------------------------------------------------------------------ AG News
 HEADERLESS = (
     '"3","Fears for T N pension","Unions say they are \'disappointed\' after talks."\n'

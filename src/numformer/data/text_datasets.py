@@ -51,6 +51,8 @@ def _imdb_record(path_in_set, name, raw, splits, out):
     if m is None or m.group(1) not in splits:
         return
     split, polarity, fname = m.groups()
+    if fname.startswith("."):                   # a hidden file (macOS .DS_Store, ._* AppleDouble) in the tarball
+        return
     n = _IMDB_NAME.match(fname)
     if n is None:
         raise ValueError(f"{name}: unexpected IMDB file {path_in_set!r}; review files are named ID_RATING.txt")
@@ -105,6 +107,8 @@ def load_imdb(path: str, splits=("train", "test")) -> dict[str, LabeledTexts]:
                 if not os.path.isdir(d):
                     continue
                 for fname in os.listdir(d):
+                    if fname.startswith("."):     # hidden files (.DS_Store, ._* AppleDouble): skipped, as by path
+                        continue
                     with open(os.path.join(d, fname), "rb") as f:
                         _imdb_record(f"aclImdb/{split}/{polarity}/{fname}", os.path.join(d, fname), f.read(),
                                      splits, out)

@@ -241,3 +241,83 @@ def test_other_table_errors(tmp_path):
         make_task({"task": "classification"}, seed=0)
     with pytest.raises(FileNotFoundError, match=r"set \[data\] train = "):
         make_task({"task": "translation"}, seed=0)
+
+
+# ----------------------------------------------------------------------- labels and pairs as the files hold them
+def test_one_label_value_spelled_two_ways_is_refused_and_the_order_is_total(tmp_path):
+    """"0" and "0.0" (or 1 and true) were two classes whose ids followed Python's string hashing: the same run
+    read in two processes (eval, --resume) saw its labels permuted. Now one line names both spellings and their
+    lines; every other label set sorts the same in every process (numbers numerically, else by their text)."""
+    num = tmp_path / "num.csv"
+    num.write_text("text,label\na,1\nb,1.0\nc,0\nd,0\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"num\.csv: the label column 'label' holds '1' \(line 2\) and '1\.0' "
+                                         r"\(line 3\), one value spelled two ways.*write every label the same way"):
+        make_task({"task": "classification", "path": str(num)}, seed=0)
+    jl = tmp_path / "mix.jsonl"
+    jl.write_text("".join(json.dumps({"text": t, "label": v}) + "\n" for t, v in
+                          [("good", 1), ("bad", 0), ("fine", True), ("poor", 0), ("nice", 1)]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"holds '1' \(line 1\) and 'true' \(line 3\), one value spelled two ways"):
+        make_task({"task": "classification", "path": str(jl)}, seed=0)
+    from numformer.data.user_tasks import label_order
+    assert label_order(["10", "9", "-1", "9"]) == ["-1", "9", "10"]
+    assert label_order(["b", "10", "a", "9"]) == ["10", "9", "a", "b"]
+    assert label_order(["true", "false", "nan", "x"]) == ["false", "nan", "true", "x"]
+
+
+def test_classification_refuses_junk_it_used_to_load(tmp_path):
+    """A header naming a column twice (the last one silently won), a JSONL label that is a list or an object,
+    test_path naming the training file (the test scored the training rows), and a label column whose labels are
+    nearly all different (text and label columns swapped: 40 classes from 40 rows): one line each."""
+    dup = tmp_path / "dup.csv"
+    dup.write_text("text,label,label\na,pos,neg\nb,neg,pos\nc,pos,neg\nd,neg,pos\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"dup\.csv, line 1: the header names the column 'label' twice \(columns 2 "
+                                         r"and 3\).*rename or remove one"):
+        make_task({"task": "classification", "path": str(dup)}, seed=0)
+    for value, kind in (([1], "list"), ({"y": 1}, "object")):
+        jl = tmp_path / "nested.jsonl"
+        jl.write_text("".join(json.dumps({"text": f"t{i}", "label": i % 2}) + "\n" for i in range(6))
+                      + json.dumps({"text": "x", "label": value}) + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=rf"nested\.jsonl, line 7: the label in column 'label' is a JSON {kind}"):
+            make_task({"task": "classification", "path": str(jl)}, seed=0)
+    same = tmp_path / "same.csv"
+    same.write_text("text,label\n" + "".join(f"t{i},{i % 2}\n" for i in range(40)), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"test_path names the training file .*same\.csv.*give a separate test file"):
+        make_task({"task": "classification", "path": str(same), "test_path": str(tmp_path / "." / "same.csv")})
+    swap = tmp_path / "swap.csv"
+    swap.write_text("label,text\n" + "".join(f"review {i},{'pos' if i % 2 else 'neg'}\n" for i in range(40)),
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match=r"swap\.csv: in the label column 'label', 40 of the 40 rows have a label no "
+                                         r"other row has .*\(swapped\?\)"):
+        make_task({"task": "classification", "path": str(swap)}, seed=0)
+
+
+def test_saved_label_names_must_be_the_datas(topics_csv, tmp_path, capsys):
+    """eval and --resume rebuild the labels from the data: when they are not the run's saved label_names (in its
+    tokenizer.json), label id i would name another class than the model learned; one line says so."""
+    train_csv, _ = topics_csv
+    data = {"task": "classification", "path": str(tmp_path / "t.csv"), "text_column": "review",
+            "label_column": "topic", "min_freq": 1, "max_len": 16}
+    (tmp_path / "t.csv").write_text(train_csv.read_text(encoding="utf-8"), encoding="utf-8")
+    t = make_task(data, seed=0)
+    assert make_task(data, seed=0, tokenizer_state=t.tokenizer_state()).label_names == t.label_names
+    with pytest.raises(ValueError, match=r"the run's classes \(label_names in its tokenizer\.json\) are \['sports', "
+                                         r"'money', 'science'\] \(3\) but the data gives \['money', 'science', "
+                                         r"'sports'\] \(3\)"):
+        make_task(data, seed=0, tokenizer_state={**t.tokenizer_state(), "label_names": ["sports", "money", "science"]})
+    run = train(tmp_path, "classifier", data)
+    (tmp_path / "t.csv").write_text(train_csv.read_text(encoding="utf-8").replace(",money", ",finance"),
+                                    encoding="utf-8")
+    (run / "data_files.json").unlink()          # the data accepted as they are now: the labels are still checked
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 2
+    assert "the data gives ['finance', 'science', 'sports']" in capsys.readouterr().err
+
+
+def test_a_csv_field_longer_than_csvs_default_limit(tmp_path):
+    """A CSV cell over 131,072 characters (a long document) was "field larger than field limit (131072)" with no
+    fix; numformer bounds no line of a file it reads (JSONL and text neither), so neither does it bound a field."""
+    long = tmp_path / "long.csv"
+    long.write_text("text,label\n" + "word " * 30000 + ",pos\n" + "".join(f"t{i},{'pos' if i % 2 else 'neg'}\n"
+                                                                         for i in range(20)), encoding="utf-8")
+    t = make_task({"task": "classification", "path": str(long), "min_freq": 1, "val_size": 2, "test_size": 2})
+    assert max(len(x) for s in t.data.values() for x in s.texts) == len("word " * 30000) - 1

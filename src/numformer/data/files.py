@@ -234,6 +234,7 @@ def read_table(path, fmt: str = "", header: bool = True) -> tuple[list[str], lis
         if columns is None:
             columns = [c.strip() for c in row] if header else [str(i) for i in range(len(row))]
             if header:
+                _check_header(path, line, columns)
                 continue
         if len(row) != len(columns):
             raise ValueError(f"{path}, line {line}: {len(row)} fields, but the "
@@ -244,11 +245,30 @@ def read_table(path, fmt: str = "", header: bool = True) -> tuple[list[str], lis
     return columns, rows
 
 
+def _check_header(path, line, columns) -> None:
+    """One ValueError when a header row names a column twice: a row keeps one of the two values (the last),
+    so a duplicated ``label`` column would silently train on the other one. Unnamed columns (empty names, e.g. a
+    spreadsheet's trailing commas) may repeat."""
+    seen = {}
+    for i, name in enumerate(columns, 1):
+        if name and name in seen:
+            raise ValueError(f"{path}, line {line}: the header names the column {name!r} twice (columns {seen[name]} "
+                             f"and {i}); a row would keep only the last one: rename or remove one of them")
+        seen.setdefault(name, i)
+
+
+# csv's default limit on a field (131,072 characters) is below a long document; numformer reads a whole file
+# into memory and bounds no line of it (JSONL and text lines neither), so a CSV field may be as long as a file
+CSV_FIELD_LIMIT = 2 ** 31 - 1       # the largest limit csv accepts on every platform (a C long)
+
+
 def csv_rows(path, lines, fmt="csv"):
     """(line number, fields) of each non-blank row of CSV or TSV ``lines`` (an open file or a StringIO); TSV
-    fields are taken literally (no quoting). A malformed row, or bytes that are not UTF-8, raise one
-    ValueError naming ``path`` and the line."""
+    fields are taken literally (no quoting); a field may hold up to ``CSV_FIELD_LIMIT`` characters. A malformed
+    row, or bytes that are not UTF-8, raise one ValueError naming ``path`` and the line."""
     dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {"delimiter": ","}
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:
+        csv.field_size_limit(CSV_FIELD_LIMIT)
     reader = csv.reader(lines, strict=True, **dialect)
     while True:
         try:
@@ -258,7 +278,8 @@ def csv_rows(path, lines, fmt="csv"):
         except csv.Error as e:
             raise ValueError(f"{path}, line {reader.line_num}: malformed {fmt.upper()} ({e})") from None
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+            raise ValueError(f"{path}: not UTF-8 text ({e}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                             ) from None
         if row and any(c.strip() for c in row):
             yield reader.line_num, row
 
@@ -300,7 +321,8 @@ def _cell(value) -> str:
 def read_labeled(path, text_columns, label_column, fmt: str = "", header: bool = True):
     """(texts, label strings, line numbers) of a table: text = the ``text_columns`` joined by a space.
 
-    A missing column is an error naming the file, the column and the columns there are.
+    A missing column is an error naming the file, the column and the columns there are; an empty label or text,
+    and (JSONL) a label or text that is a list or an object, are errors naming the line.
     """
     columns, rows = read_table(path, fmt, header)
     for col, key in [(c, "text_column") for c in text_columns] + [(label_column, "label_column")]:
@@ -312,6 +334,11 @@ def read_labeled(path, text_columns, label_column, fmt: str = "", header: bool =
         if any(c not in row for c in (*text_columns, label_column)):
             missing = [c for c in (*text_columns, label_column) if c not in row]
             raise ValueError(f"{path}, line {line}: no {missing[0]!r} in this row")
+        nested = next((c for c in (label_column, *text_columns) if isinstance(row[c], (list, dict))), None)
+        if nested is not None:
+            raise ValueError(f"{path}, line {line}: the {'label' if nested == label_column else 'text'} in column "
+                             f"{nested!r} is a JSON {'list' if isinstance(row[nested], list) else 'object'} "
+                             f"({json.dumps(row[nested])[:40]}); it must be one string, number or boolean")
         text = " ".join(_cell(row[c]).strip() for c in text_columns if row[c] is not None).strip()
         label = row[label_column]
         if label is None or not _cell(label).strip():

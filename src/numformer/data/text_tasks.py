@@ -61,6 +61,13 @@ def _restore_tokenizer(state: dict, kind: str, what: str):
 TRUNCATIONS = ("head", "tail", "head_tail")
 
 
+def _names(names, show: int = 8) -> str:
+    """A list of class names for a message: the first ``show`` of them and how many there are."""
+    names = list(names)
+    listed = ", ".join(repr(str(x)[:30]) for x in names[:show])
+    return f"[{listed}{', ...' if len(names) > show else ''}] ({len(names)})"
+
+
 def encode_for_classifier(tokenizer, texts, max_len: int, cls_token: bool = True, keep: str = "head"):
     """Texts -> int64 id arrays as a classifier run sees them: ``<cls>`` (optional) + tokens, at most max_len.
 
@@ -140,6 +147,7 @@ class TextClassificationTask(Task):
                                        .permutation(len(test))[:c["n_test"]]))
         self.data = {"train": full_train.subset(tr), "val": full_train.subset(va), "test": test}
         if tokenizer_state is not None:
+            self._check_saved_labels(tokenizer_state.get("label_names"))
             self.tokenizer = _restore_tokenizer(tokenizer_state, c["tokenizer"], self.name)
         else:
             self.tokenizer = build_tokenizer(c["tokenizer"], self.data["train"].texts, c["vocab_size"],
@@ -147,6 +155,17 @@ class TextClassificationTask(Task):
         self.ids = {s: self.encode_texts(d.texts) for s, d in self.data.items()}
         self.lengths = {s: np.array([len(x) for x in v]) for s, v in self.ids.items()}
         self.buckets = LengthBuckets(self.lengths["train"], c["buckets"])
+
+    def _check_saved_labels(self, saved) -> None:
+        """One ValueError when a saved run's ``label_names`` (its tokenizer.json, read back on --resume, eval or
+        init_from) are not the names this data gives, in the same order: label id i would then be another class
+        than the one the model learned as class i. A state without label_names (an older or an LM run's) passes."""
+        if saved is None or list(saved) == self.label_names:
+            return
+        raise ValueError(f"{self.name}: the run's classes (label_names in its tokenizer.json) are "
+                         f"{_names(saved)} but the data gives {_names(self.label_names)}: each label id would name "
+                         f"another class than the model learned; give the run's data (as it was when it trained), "
+                         f"or train a new run")
 
     @property
     def label_names(self) -> list[str]:

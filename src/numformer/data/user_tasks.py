@@ -3,18 +3,23 @@
 ``task = "classification"``: texts and labels from a CSV, TSV or JSON-lines file
 (``path``), with an optional separate test file (``test_path``). The label names
 are the distinct values of the label column in the training data (numbers in
-numeric order, other labels alphabetically). Splits as IMDB's: "val" is a seeded
+numeric order, other labels alphabetically; one value spelled two ways, such as
+"1" and "1.0", is refused). Splits as IMDB's: "val" is a seeded
 slice of the training rows (``val_size``, 0 = a tenth); without ``test_path`` the
 test set is another seeded slice (``test_size``, 0 = a tenth). Everything else
 (tokenizers, truncation, ``numformer classify``) is the IMDB / AG News pipeline.
 
 ``task = "translation"``: ``train``, ``val`` and ``test`` each name two
-line-aligned files (source, target) or one TSV of ``source<TAB>target`` pairs.
+line-aligned files (source, target; a line empty on one side only is refused) or
+one TSV of ``source<TAB>target`` pairs.
 A missing ``val`` or ``test`` is held out of ``train`` with the seed
 (``val_size`` / ``test_size``, 0 = a tenth). Everything else (tokenizers, BLEU,
 beam search, ``numformer translate``) is the Multi30k pipeline.
 """
 from __future__ import annotations
+
+import os
+from collections import Counter
 
 import numpy as np
 
@@ -26,13 +31,41 @@ from .text_tasks import _VAL_SALT, Multi30kTask, TextClassificationTask, _data_e
 _TEST_SALT = _VAL_SALT + 2
 
 
-def label_order(labels) -> list[str]:
-    """The distinct labels, sorted: numerically when every label is a number, else alphabetically."""
-    distinct = set(labels)
+def _label_value(label: str) -> float | None:
+    """The number a label spells (booleans: 1 and 0, in any case), or None (NaN is no value: it equals nothing)."""
+    if label.lower() in ("true", "false"):
+        return float(label.lower() == "true")
     try:
-        return sorted(distinct, key=float)
+        value = float(label)
     except ValueError:
-        return sorted(distinct)
+        return None
+    return None if value != value else value
+
+
+def label_order(labels, lines=(), where="the label column") -> list[str]:
+    """The distinct labels in a total order that does not depend on hashing: numerically when every label is a
+    number (``float`` reads it, NaN aside), else by their text.
+
+    Two labels that spell one value ("1" and "1.0", "0" and "false", "True" and "true") are a ValueError naming
+    ``where`` and the first line of each (``lines``: the line number of each label): they would be two classes.
+    """
+    distinct = sorted(set(labels))
+    first_line = {}
+    for label, line in zip(labels, lines):
+        first_line.setdefault(label, line)
+    values = {}
+    for label in distinct:
+        value = _label_value(label)
+        if value is not None and value in values:
+            other = values[value]
+            at = (lambda x: f" (line {first_line[x]})" if x in first_line else "")  # noqa: E731
+            raise ValueError(f"{where} holds {other!r}{at(other)} and {label!r}{at(label)}, one value spelled two "
+                             f"ways, which would be two classes: write every label the same way (e.g. all {other!r})")
+        if value is not None:
+            values[value] = label
+    if all(_label_value(x) is not None and x.lower() not in ("true", "false") for x in distinct):
+        return sorted(distinct, key=lambda x: (float(x), x))
+    return distinct
 
 
 @register_task("classification")
@@ -60,13 +93,13 @@ class ClassificationTask(TextClassificationTask):
             raise ValueError("classification: set text_column or text_columns, not both")
         columns = [str(x) for x in c["text_columns"]] or [c["text_column"]]
         read = lambda p: read_labeled(p, columns, c["label_column"], c["format"], c["header"])  # noqa: E731
+        if c["test_path"] and os.path.realpath(c["test_path"]) == os.path.realpath(c["path"]):
+            raise ValueError(f"classification: [data] test_path names the training file {c['path']!r}: the test would "
+                             f"score the rows the model trained on; give a separate test file, or remove test_path "
+                             f"(test_size rows of path are then held out)")
         texts, labels, lines = read(c["path"])
-        names = label_order(labels)
-        if len(names) < 2:
-            raise ValueError(f"{c['path']}: the label column {c['label_column']!r} holds {len(names)} class"
-                             + (f" ({names[0]!r}) in all {len(labels)} rows" if names else "")
-                             + "; a classifier needs at least 2 classes: check label_column, or add examples of "
-                               "the other classes")
+        names = label_order(labels, lines, f"{c['path']}: the label column {c['label_column']!r}")
+        _check_classes(c["path"], c["label_column"], labels, names)
         full = LabeledTexts(texts, self._label_ids(labels, names, lines, c["path"]), [], names, c["path"])
         if c["test_path"]:
             try:
@@ -88,6 +121,24 @@ class ClassificationTask(TextClassificationTask):
                                  f"{train_path} (its labels: {', '.join(map(repr, names))}); a classifier can only "
                                  f"predict labels it was trained on")
         return np.array([index[x] for x in labels], dtype=np.int64)
+
+
+def _check_classes(path, column, labels, names) -> None:
+    """One ValueError when the label column cannot be a classifier's: fewer than 2 classes, or most rows with a
+    label no other row has (the column of texts or ids, e.g. text and label columns swapped: 40 classes from 40
+    rows). A class seen once is never both trained on and scored, so such a run learns nothing it can show."""
+    if len(names) < 2:
+        raise ValueError(f"{path}: the label column {column!r} holds {len(names)} class"
+                         + (f" ({names[0]!r}) in all {len(labels)} rows" if names else "")
+                         + "; a classifier needs at least 2 classes: check label_column, or add examples of "
+                           "the other classes")
+    counts = Counter(labels)
+    once = [x for x in labels if counts[x] == 1]
+    if 2 * len(once) > len(labels):
+        raise ValueError(f"{path}: in the label column {column!r}, {len(once):,} of the {len(labels):,} rows have a "
+                         f"label no other row has (e.g. {', '.join(repr(x[:30]) for x in once[:2])}): it holds "
+                         f"texts or ids, not classes; check label_column and text_column (swapped?), or give "
+                         f"each class several examples")
 
 
 @register_task("translation")

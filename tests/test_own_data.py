@@ -313,6 +313,27 @@ def test_saved_label_names_must_be_the_datas(topics_csv, tmp_path, capsys):
     assert "the data gives ['finance', 'science', 'sports']" in capsys.readouterr().err
 
 
+def test_parallel_lines_empty_on_one_side_are_refused(tmp_path):
+    """Blank lines at different places of two parallel files (same line count) gave pairs with an empty side and
+    shifted every pair between them; now the first one-sided blank line is an error naming the file and the line.
+    A line blank in both files is skipped (as a blank line of a TSV of pairs is)."""
+    (tmp_path / "a.de").write_text("ein hund\n\neine katze\nein mann\nzwei frauen\n", encoding="utf-8")
+    (tmp_path / "a.en").write_text("a dog\na cat\n\na man\ntwo women\n", encoding="utf-8")
+    data = {"task": "translation", "train": [str(tmp_path / "a.de"), str(tmp_path / "a.en")], "val_size": 1,
+            "test_size": 1, "min_freq": 1}
+    with pytest.raises(ValueError, match=r"a\.de, line 2: empty, but line 2 of .*a\.en is not.*remove the line "
+                                         r"from both files"):
+        make_task(data, seed=0)
+    (tmp_path / "a.de").write_text("ein hund\n\neine katze\nein mann\nzwei frauen\n\n", encoding="utf-8")
+    (tmp_path / "a.en").write_text("a dog\n  \na cat\na man\ntwo women\n\n", encoding="utf-8")
+    t = make_task(data, seed=0)
+    pairs = {p for v in t.text.values() for p in zip(*v)}
+    assert pairs == {("ein hund", "a dog"), ("eine katze", "a cat"), ("ein mann", "a man"),
+                     ("zwei frauen", "two women")}
+    with pytest.raises(ValueError, match=r"\[data\] test names the training file .*a\.de.*give separate test files"):
+        make_task({**data, "test": [str(tmp_path / "a.de"), str(tmp_path / "a.en")]}, seed=0)
+
+
 def test_a_csv_field_longer_than_csvs_default_limit(tmp_path):
     """A CSV cell over 131,072 characters (a long document) was "field larger than field limit (131072)" with no
     fix; numformer bounds no line of a file it reads (JSONL and text neither), so neither does it bound a field."""

@@ -355,13 +355,26 @@ def read_labeled(path, text_columns, label_column, fmt: str = "", header: bool =
 def read_parallel(src_path, tgt_path) -> tuple[list[str], list[str]]:
     """Line-aligned (sources, targets): line i of one file translates line i of the other.
 
-    Different line counts are an error naming both files and both counts.
+    Different line counts are an error naming both files and both counts; a line that is empty (or white space)
+    in one file but not in the other is an error naming the file and the line. A line empty in both files is
+    skipped, as a blank line of a TSV of pairs is.
     """
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
         raise ValueError(f"misaligned parallel files: {src_path} has {len(src)} lines but {tgt_path} has "
                          f"{len(tgt)}; line i of one must translate line i of the other")
-    return src, tgt
+    keep = []
+    for n, (s, t) in enumerate(zip(src, tgt), 1):
+        if s.strip() and t.strip():
+            keep.append(n - 1)
+        elif s.strip() or t.strip():
+            blank, other = (src_path, tgt_path) if t.strip() else (tgt_path, src_path)
+            raise ValueError(f"{blank}, line {n}: empty, but line {n} of {other} is not: a pair needs both sides "
+                             f"(a blank line in one file only shifts every later pair); remove the line from both "
+                             f"files, or fill it in")
+    if len(keep) == len(src):
+        return src, tgt
+    return [src[i] for i in keep], [tgt[i] for i in keep]
 
 
 def read_pairs(path) -> tuple[list[str], list[str]]:

@@ -160,6 +160,7 @@ class TranslationTask(Multi30kTask):
             raise FileNotFoundError('translation: set [data] train = ["train.src", "train.tgt"] (two line-aligned '
                                     'files) or ["pairs.tsv"] (source<TAB>target per line)')
         text = {s: _read_split(c[s], s) for s in ("train", "val", "test") if c[s]}
+        _check_not_train(c)
         src, tgt = text["train"]
         for split, key, salt in (("test", "test_size", _TEST_SALT), ("val", "val_size", _VAL_SALT)):
             if split not in text:
@@ -176,6 +177,18 @@ class TranslationTask(Multi30kTask):
         return (f"translation from {', '.join(self.config['train'])}: {n['train']:,} train / {n['val']:,} val / "
                 f"{n['test']:,} test pairs" + (f" ({' and '.join(held)} held out of train)" if held else "")
                 + f"; {self.config['tokenizer']} tokenizer")
+
+
+def _check_not_train(c) -> None:
+    """One ValueError when [data] val or test names a file of train: it would score pairs the model trained on
+    (or, paired with another file, misaligned ones)."""
+    train_files = {os.path.realpath(str(f)) for f in c["train"]}
+    for split in ("val", "test"):
+        same = [str(f) for f in c[split] if os.path.realpath(str(f)) in train_files]
+        if same:
+            raise ValueError(f"translation: [data] {split} names the training file {same[0]!r}: it would score "
+                             f"pairs the model trained on; give separate {split} files, or remove {split} "
+                             f"({split}_size pairs of train are then held out)")
 
 
 def _read_split(files, split):

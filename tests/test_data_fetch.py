@@ -7,6 +7,9 @@ those files are byte-identical copies; those tests skip when it is absent.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import errno
+import gc
 import hashlib
 import http.server
 import json
@@ -404,3 +407,65 @@ def test_the_cache_is_poochs_folder_for_numformer(monkeypatch):
     assert done.stdout.split() == ["True", "False", "False"], done.stderr
     monkeypatch.setitem(sys.modules, "pooch", None)
     assert F.cache_dir() is None
+
+
+# ------------------------------------------------------------------------------------------------ a shared cache
+def test_processes_sharing_a_cache_whose_copy_fails_its_hash_all_get_the_file(toy, monkeypatch):
+    """Before: each removed the bad copy, and the others' hash check or removal found it gone ("...: no such file
+    or folder"); now they take turns (the cache folder's lock) and the first downloads it again."""
+    F.locate("toy", ["toy/a.txt"], quiet=True)
+    cached = toy.cache / "toy/a.txt"
+    cached.write_bytes(b"bit rot" * 20)
+    hash_ok, together, seen = F._hash_ok, threading.Barrier(6), threading.local()
+
+    def checked_together(path, f):          # every process finds the bad copy at once, then goes on
+        ok = hash_ok(path, f)
+        if not getattr(seen, "once", False):
+            seen.once = True
+            together.wait(timeout=10)
+        return ok
+
+    monkeypatch.setattr(F, "_hash_ok", checked_together)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda _: F.locate("toy", ["toy/a.txt"], quiet=True)["toy/a.txt"], range(6)))
+    assert got == [cached] * 6 and cached.read_bytes() == toy.files["toy/a.txt"]
+    assert toy.requests.count("/toy/a.txt") == 2                    # downloaded again once
+    assert cached_files(toy) == ["toy/a.txt"]                       # the lock file is removed after use
+
+
+def test_a_download_killed_outright_leaves_a_temporary_file_removed_by_the_next(toy):
+    (toy.cache / "toy").mkdir(parents=True)
+    (toy.cache / "toy/tmpk1ll3d_0").write_bytes(b"half a download")       # pooch's name for its temporary file
+    (toy.cache / "toy/tmp_notes.txt").write_bytes(b"not pooch's")
+    F.locate("toy", ["toy/a.txt"], quiet=True)
+    assert cached_files(toy) == ["toy/a.txt", "toy/tmp_notes.txt"]
+
+
+def test_a_cache_that_cannot_be_written_is_named_with_the_setting_that_moves_it(toy, monkeypatch, capsys):
+    """Before: "cannot download URL (Read-only file system); download it by hand to <that same cache>"."""
+    toy.cache.mkdir()
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).startswith(str(toy.cache)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert main(["data", "fetch", "toy", "--quiet"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (f"numformer data: error: the cache folder {toy.cache} is not writable (Read-only file system), so "
+                    f"toy/a.txt cannot be downloaded into it: set NUMFORMER_CACHE to a writable folder, or download "
+                    f"{toy.url}/toy/a.txt by hand into a folder of datasets as toy/a.txt and set NUMFORMER_DATA to "
+                    f"that folder")
+    assert toy.requests == []
+
+
+def test_a_broken_download_s_progress_bar_comes_before_the_error_line(toy, capsys):
+    """Before: pooch's bar of a broken download was drawn when collected, after the error line."""
+    toy.drop.add("toy/a.txt")
+    assert main(["data", "fetch", "toy"]) == 2
+    gc.collect()                            # a bar still referenced by the error's frames is drawn now
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("numformer: downloading toy/a.txt")
+    assert err[-1].startswith(f"numformer data: error: cannot download {toy.url}/toy/a.txt")

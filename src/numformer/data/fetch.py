@@ -16,7 +16,12 @@ its files in this order, and uses the first it finds:
 5. a download from the official URL into the cache, announced with its URL and
    size, with a progress bar, and checked against the registry's hash. A file
    that fails the check is deleted (nothing is cached); an interrupted download
-   leaves no partial file.
+   leaves no partial file (pooch's temporary file of a process killed outright
+   is removed by the next download into that folder).
+
+Downloads into one cache folder take turns (``cache_lock``: a lock file beside the files), so processes sharing
+a cache check, replace and download each file one at a time. A cache folder that cannot be written is one line
+naming it and ``NUMFORMER_CACHE``, which moves the cache.
 
 ``NUMFORMER_DATA_MIRROR`` replaces every official URL by ``MIRROR/<path>``
 (a server holding a copy of the data folder; the tests serve one on 127.0.0.1);
@@ -24,6 +29,7 @@ it must be an http(s):// URL. ``NUMFORMER_CACHE`` must not be a file.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -38,6 +44,8 @@ DATA_ENV = "NUMFORMER_DATA"
 CACHE_ENV = "NUMFORMER_CACHE"
 MIRROR_ENV = "NUMFORMER_DATA_MIRROR"
 TIMEOUT_S = 30                      # seconds without an answer before a download is given up
+LOCK_NAME = ".numformer-download.lock"  # in a cache folder while a process checks or downloads a file there
+POOCH_TEMP = re.compile(r"tmp[a-z0-9_]{8}")     # pooch's temporary download (tempfile's name, no suffix)
 
 
 class DataUnavailable(ValueError):
@@ -165,13 +173,38 @@ def find_local(f: RemoteFile) -> tuple[Path, str] | None:
 def download(f: RemoteFile, quiet: bool = False) -> Path:
     """Download ``f`` into the cache with pooch (progress bar, hash check); returns its path.
 
-    An existing cached copy is re-checked and kept when its hash matches (no request is made); one that fails
-    its hash is removed first, and the one-line DataUnavailable of a failed download then says so.
-    Raises DataUnavailable with one line naming the URL and where to put the file by hand.
+    An existing cached copy is re-checked and kept when its hash matches (no request is made, nothing written).
+    Otherwise the check and download happen holding the cache folder's lock (``cache_lock``), after removing
+    pooch's leftovers there: a copy another process fixed meanwhile is kept; one that fails its hash is removed
+    first, and the one-line DataUnavailable of a failed download then says so. Raises DataUnavailable with one
+    line naming the URL and where to put the file by hand, or naming the cache folder when it is not writable.
     """
     cache = cache_dir()
-    stale = cache / f.path if cache is not None else None
-    if stale is None or not stale.is_file() or _hash_ok(stale, f):
+    if cache is None:
+        return _download(f, quiet)                  # says that downloading needs pooch
+    target = cache / f.path
+    if target.is_file() and _hash_ok(target, f):
+        return target
+    new_dirs = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
+    try:
+        with cache_lock(target.parent):
+            _remove_leftovers(target.parent)
+            return _download_again(f, target, quiet)
+    except DataUnavailable:
+        _remove_empty(new_dirs)
+        raise
+    except OSError as e:                            # the cache folder or its lock file cannot be made
+        _remove_empty(new_dirs)
+        raise DataUnavailable(f"the cache folder {cache} is not writable ({e.strerror or e}), so {f.path} cannot "
+                              f"be downloaded into it: set {CACHE_ENV} to a writable folder, or download "
+                              f"{source_url(f)} by hand into a folder of datasets as {f.path} and set {DATA_ENV} "
+                              f"to that folder") from None
+
+
+def _download_again(f: RemoteFile, stale: Path, quiet: bool) -> Path:
+    """Download ``f`` to ``stale`` (its place in the cache; the cache folder's lock held), removing first a copy
+    there that fails its hash; a copy that passes it (another process downloaded it meanwhile) is kept."""
+    if not stale.is_file() or _hash_ok(stale, f):
         return _download(f, quiet)
     stale.unlink()
     try:
@@ -202,13 +235,12 @@ def _download(f: RemoteFile, quiet: bool) -> Path:
     logger = pooch.get_logger()
     level = logger.level
     logger.setLevel("WARNING")                      # our line above replaces pooch's own announcement
-    new_dirs = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
+    bar = None if quiet else ProgressBar()
     try:
-        downloader = pooch.HTTPDownloader(progressbar=not quiet, timeout=TIMEOUT_S)
+        downloader = pooch.HTTPDownloader(progressbar=bar or False, timeout=TIMEOUT_S)
         return Path(pooch.retrieve(url, known_hash=f.known_hash, fname=target.name, path=target.parent,
                                    downloader=downloader))
     except ValueError as e:                          # pooch: hash mismatch (the download is deleted)
-        _remove_empty(new_dirs)
         if "hash" not in str(e):
             raise DataUnavailable(f"cannot download {url} ({e}); {by_hand}") from None
         got = re.search(r"but got (\w+)", str(e))
@@ -217,12 +249,101 @@ def _download(f: RemoteFile, quiet: bool) -> Path:
                               + f": the download was deleted and nothing was cached; try again, or {by_hand}"
                               ) from None
     except Exception as e:                           # requests' connection errors, HTTP errors, timeouts
-        _remove_empty(new_dirs)
         if not _is_network_error(e):
             raise
         raise DataUnavailable(f"cannot download {url} ({_reason(e)}); {by_hand}") from None
     finally:
+        if bar is not None:
+            bar.close()                             # before the error line, not when the bar is collected
         logger.setLevel(level)
+
+
+class ProgressBar:
+    """pooch's progress bar (a tqdm bar on stderr, as pooch draws it) made on the first bytes and closed by its
+    owner whatever happens: pooch closes its own only after a complete download, so a broken one left it to be
+    drawn when collected, after the error line."""
+
+    def __init__(self):
+        self.total, self._bar = None, None
+
+    def update(self, n):
+        if self._bar is None:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=self.total, ncols=79, ascii=sys.platform == "win32", unit="B", unit_scale=True,
+                             leave=True)
+        self._bar.update(n)
+
+    def reset(self):
+        if self._bar is not None:
+            self._bar.reset()
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+
+
+@contextlib.contextmanager
+def cache_lock(folder: Path):
+    """Hold ``folder``'s download lock (``LOCK_NAME``, made with the folder if missing; removed on release) for the
+    ``with``: processes sharing a cache check and download its files one at a time (before: each removed a copy
+    failing its hash, and the others' checks found it gone). Without fcntl nor msvcrt, no lock."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            _lock(fd)
+            if _same_file(fd, path):
+                break                   # else its holder removed it meanwhile: lock the file there now
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)             # while still held, so that no process locks the removed file
+        os.close(fd)
+
+
+def _lock(fd):
+    """Wait for an exclusive lock on the open file ``fd`` (released when it is closed)."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    try:
+        import msvcrt
+    except ImportError:         # pragma: no cover - neither POSIX nor Windows
+        return
+    while True:
+        try:
+            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)       # gives up after 10 s: try again
+            return
+        except OSError:
+            continue
+
+
+def _same_file(fd, path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
+def _remove_leftovers(folder: Path):
+    """Remove pooch's temporary files in ``folder`` (the cache folder's lock held, so no download of this
+    process's or another's is writing one): those of a download killed outright (SIGKILL, power loss), which
+    pooch could not remove."""
+    with os.scandir(folder) as entries:
+        for e in entries:
+            if POOCH_TEMP.fullmatch(e.name) and e.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(e.path)
 
 
 def _remove_empty(folders):
@@ -292,7 +413,10 @@ def _hash_ok(path: Path, f: RemoteFile) -> bool:
     except ImportError:
         return True
     alg, digest = f.known_hash.split(":", 1)
-    return pooch.file_hash(str(path), alg=alg) == digest.lower()
+    try:
+        return pooch.file_hash(str(path), alg=alg) == digest.lower()
+    except FileNotFoundError:           # removed meanwhile by another process (which downloads it again)
+        return False
 
 
 def fetch(name: str, quiet: bool = False) -> list[tuple[str, Path, str]]:

@@ -112,6 +112,14 @@ def test_a_folder_of_uint32_token_files_and_a_meta_json_that_does_not_match_its_
         (folder / "meta.json").write_text(json.dumps({**meta, "dtype": dtype}))
         with pytest.raises(ValueError, match=message):
             read_tokens_dir(folder)
+    (folder / "meta.json").unlink()         # before: read as uint16, every other token 0
+    with pytest.raises(ValueError) as e:
+        make_task({"task": "text", "tokens_dir": str(folder), "block_size": 16})
+    assert str(e.value).startswith(f"{folder / 'train.bin'} holds uint32 ids (every second uint16 of it is 0), but "
+                                   f"without a meta.json saying so its tokenizer's vocabulary means uint16; write "
+                                   f"{folder / 'meta.json'} with {{\"dtype\": \"uint32\"}}")
+    (folder / "meta.json").write_text('{"dtype": "uint32"}')
+    assert read_tokens_dir(folder)[0]["val"][:].tolist() == ids[3000:]
 
 
 def test_language_model_tokenizer_choices(tmp_path):

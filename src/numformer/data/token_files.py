@@ -122,7 +122,11 @@ def read_tokens_dir(folder) -> tuple[dict, dict]:
     if not isinstance(document, dict):
         raise ValueError(f"{folder / 'tokenizer.json'} holds a JSON {type(document).__name__}, not a tokenizer "
                          f"(an object); restore it")
-    dtype = _meta_dtype(folder, meta) or _dtype_of(document)
+    dtype = _meta_dtype(folder, meta)
+    if dtype is None:
+        dtype = _dtype_of(document)
+        for name in SPLIT_FILES.values():
+            _check_not_wider(folder / name, dtype)
     files = {split: TokenFile(folder / name, dtype) for split, name in SPLIT_FILES.items()}
     counts = meta.get("tokens") if isinstance(meta, dict) else None
     for split, f in files.items():
@@ -143,6 +147,24 @@ def _meta_dtype(folder, meta):
                          f"(the type of the ids in the token files), not {given}; restore it, or delete it to take "
                          f"the dtype from the vocabulary's size")
     return None if dtype is None else np.dtype(dtype).newbyteorder("<")
+
+
+def _check_not_wider(path, dtype, sample=1 << 16):
+    """One ValueError naming ``path`` when it is read as uint16 ids (no meta.json, a vocabulary of up to 65,536
+    tokens) but holds uint32 ids: its size is a whole number of uint32, and every second uint16 of its start (the
+    high halves of little-endian uint32 ids under 65,536) is 0 while the others are not all 0. Read as uint16,
+    every other token would be id 0."""
+    if dtype != np.dtype("<u2"):
+        return
+    size = path.stat().st_size
+    if size % 4 or size < 64:               # fewer than 16 ids: too few to tell
+        return
+    with open(path, "rb") as f:
+        head = np.frombuffer(f.read(min(size, sample * 4)), dtype="<u2")
+    if not head[1::2].any() and head[0::2].any():
+        raise ValueError(f"{path} holds uint32 ids (every second uint16 of it is 0), but without a meta.json "
+                         f"saying so its tokenizer's vocabulary means uint16; write {path.parent / 'meta.json'} "
+                         f"with {{\"dtype\": \"uint32\"}}, or write the ids as uint16")
 
 
 def _dtype_of(document):

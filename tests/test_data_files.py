@@ -50,8 +50,11 @@ def recorded(run_dir):
 def test_a_new_run_records_the_files_its_task_read(run):
     run_dir, corpus = run
     data = corpus.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
     assert recorded(run_dir) == {"version": 1, "folders": [], "files": [
-        {"path": str(corpus.resolve()), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}]}
+        {"path": str(corpus.resolve()), "bytes": len(data), "sha256": digest}], "sequences": [
+        {"path": str(corpus.parent.resolve()), "files": 1, "bytes": len(data),
+         "sha256": hashlib.sha256(f"{digest}\0{len(data)}\n".encode()).hexdigest()}]}
 
 
 def test_resume_refuses_changed_data_and_touches_nothing(run, run_cli):
@@ -255,3 +258,98 @@ def test_a_user_task_s_own_files_are_recorded(tmp_path):
     numbers.write_text("1 2 3", encoding="utf-8")
     with pytest.raises(ValueError, match=f"data file {numbers.resolve()} has changed"):
         load_task(tmp_path / "run")
+
+
+@pytest.fixture
+def folder_run(tmp_path):
+    """A run on a corpus folder of two files, joined in name order (a.txt trains, b.txt mostly validates)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text(LINES[:2000], encoding="utf-8")
+    (corpus / "b.txt").write_text(LINES[2000:], encoding="utf-8")
+    Trainer(config(corpus), tmp_path / "run", quiet=True).train()
+    return tmp_path / "run", corpus
+
+
+@pytest.mark.parametrize("edit", ["copy added", "renamed"])
+def test_resume_and_eval_refuse_a_corpus_folder_joined_in_another_order_or_with_a_copy(folder_run, run_cli, edit):
+    """Every file's content is still one the run read, but the text is not the run's: a copy of a.txt adds its
+    text again, a.txt renamed z.txt comes after b.txt (another train/validation split). Before: both accepted,
+    the resumed run trained on other data, eval reported another split's figures."""
+    run_dir, corpus = folder_run
+    if edit == "copy added":
+        (corpus / "a2.txt").write_bytes((corpus / "a.txt").read_bytes())
+    else:
+        (corpus / "a.txt").rename(corpus / "z.txt")
+    before = snapshot(run_dir)
+    line = one_error_line(*run_cli("train", "--out", run_dir, "--resume", "--set", "train.max_steps=6")[::2], "train")
+    assert f"the files of {corpus.resolve()} are not joined as the run joined them (then 2 files" in line
+    assert "--resume would go on training it on other data" in line and f"delete {run_dir / DATA_FILES}" in line
+    assert snapshot(run_dir) == before
+    assert "are not joined as the run joined them" in one_error_line(*run_cli("eval", run_dir)[::2], "eval")
+    if edit == "copy added":
+        (corpus / "a2.txt").unlink()
+    else:
+        (corpus / "z.txt").rename(corpus / "a.txt")
+    assert Trainer(None, run_dir, resume=True, overrides=["train.max_steps=6"], quiet=True).train()["steps"] == 6
+
+
+def test_a_data_files_json_without_sequences_is_checked_as_before(folder_run):
+    """A run folder written before the order of a corpus's files was recorded: its files are checked as they
+    were (a renamed file of the same content is accepted), its order is not."""
+    run_dir, corpus = folder_run
+    doc = recorded(run_dir)
+    assert [s["files"] for s in doc.pop("sequences")] == [2]
+    (run_dir / DATA_FILES).write_text(json.dumps(doc), encoding="utf-8")
+    (corpus / "a.txt").rename(corpus / "z.txt")
+    load_task(run_dir)
+    (corpus / "z.txt").write_text("the queen and the king\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"data file {corpus.resolve() / 'a.txt'} is gone"):
+        load_task(run_dir)
+
+
+def test_the_order_of_files_is_their_content_s_not_their_names(tmp_path):
+    """A sequence is the files' contents in order: the same files read from another folder are the same data, a
+    file renamed keeping its place too; another order or a copy added is not."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("first", encoding="utf-8")
+    b.write_text("second", encoding="utf-8")
+
+    def read(*paths):
+        with fingerprint.reading() as recording:
+            fingerprint.note_sequence(paths)
+        return fingerprint.fingerprint(recording)
+
+    old = read(a, b)
+    (entry_,) = old["sequences"]
+    assert entry_["path"] == str(tmp_path.resolve()) and (entry_["files"], entry_["bytes"]) == (2, 11)
+    elsewhere = tmp_path / "moved"
+    elsewhere.mkdir()
+    (elsewhere / "0.txt").write_text("first", encoding="utf-8")
+    assert fingerprint.reordered(old, read(elsewhere / "0.txt", b)) == []
+    (line,) = fingerprint.reordered(old, read(b, a))
+    assert line.startswith(f"the files of {tmp_path.resolve()} are not joined as the run joined them (then 2 files, "
+                           f"11 bytes, SHA-256 {entry_['sha256'][:12]} in order; now 2 files, 11 bytes")
+    assert fingerprint.reordered(old, read(a, elsewhere / "0.txt", b)) != []
+    assert fingerprint.reordered({k: v for k, v in old.items() if k != "sequences"}, read(b, a)) == []
+
+
+def test_a_run_folder_inside_its_data_folder_is_refused(tmp_path, run_cli):
+    """Before: the first run trained, then every --resume, eval and new run on the folder read the run's
+    checkpoint as text ("checkpoint.safetensors is not valid utf-8 text ... convert the file")."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text(LINES, encoding="utf-8")
+    toml = tmp_path / "text.toml"
+    toml.write_text('[model]\nn_layers = 1\nd_model = 16\nn_heads = 2\n[data]\ntask = "text"\nblock_size = 16\n'
+                    f'path = "{corpus}"\n[train]\nmax_steps = 2\nbatch_size = 4\nprocesses = 1\n', encoding="utf-8")
+    line = one_error_line(*run_cli("train", toml, "--out", corpus / "run")[::2], "train")
+    assert f"--out {corpus / 'run'} is inside the data folder [data] path = '{corpus}'" in line
+    assert f"give --out a folder outside {corpus}" in line and not (corpus / "run").exists()
+    assert run_cli("train", toml, "--out", tmp_path / "run", "--quiet")[0] == 0
+    (tmp_path / "run").rename(corpus / "run")                  # put there by hand, or by an older numformer
+    for args in (("train", "--out", corpus / "run", "--resume"), ("eval", corpus / "run"),
+                 ("train", toml, "--out", tmp_path / "new")):
+        line = one_error_line(*run_cli(*args)[::2], args[0])
+        assert f"{corpus / 'run'} is a numformer run folder (config.json and checkpoint.safetensors), not text" in line
+        assert "move the run folder out of the data folder" in line

@@ -21,6 +21,12 @@ file of the same content from another place (``changes``: the data moved, ``NUMF
 copy).
 A folder from which the task read every file, and at least ``FOLDER_FILES`` of them (an extracted dataset of
 thousands of files), is one entry: its number of files, their bytes, and a SHA-256 of their names and digests.
+
+Files joined into one text in an order (a corpus folder's files, in name order: ``note_sequence``) are also
+one ``sequences`` entry: their number, bytes and a SHA-256 of their digests in that order. A file renamed so that
+the files are joined in another order, or a copy of a file added, changes the text and its train/validation split
+while every file's content is still one the run read: ``reordered`` names it. A data_files.json written before
+sequences were recorded has none, and is checked as before.
 """
 from __future__ import annotations
 
@@ -38,8 +44,18 @@ SKIPPED_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".pth")
 SYSTEM_FOLDERS = ("/proc", "/sys", "/dev", "/etc")
 
 _lock = threading.Lock()
-_recordings = []                 # the sets of paths of the ``reading`` blocks open now (any thread)
+_recordings = []                 # the ``Recording`` s of the ``reading`` blocks open now (any thread)
 _hook_installed = False
+_digests = {}                    # (path, device, inode, size, mtime, ctime) -> SHA-256: a file is hashed once
+
+
+class Recording(set):
+    """The paths of a ``reading`` block, and ``sequences``: the lists of files ``note_sequence`` d in it, in
+    their order."""
+
+    def __init__(self):
+        super().__init__()
+        self.sequences = []
 
 
 def _on_audit(event, args):
@@ -60,10 +76,10 @@ def _on_audit(event, args):
 
 @contextlib.contextmanager
 def reading():
-    """The files opened for reading inside the ``with`` (any thread) and those ``note``d: a set of the paths
-    as given, filled in as they come."""
+    """The files opened for reading inside the ``with`` (any thread) and those ``note``d: a ``Recording`` (a set
+    of the paths as given, filled in as they come, and the ``note_sequence`` d lists)."""
     global _hook_installed
-    paths = set()
+    paths = Recording()
     with _lock:
         if not _hook_installed:         # once per process: an audit hook cannot be removed
             sys.addaudithook(_on_audit)
@@ -85,6 +101,19 @@ def note(path):
                 paths.add(path)
 
 
+def note_sequence(paths):
+    """Count the files ``paths`` among the files read (``note``) and as one sequence: files joined into one text
+    in this order (a corpus), whose order is part of the data."""
+    paths = [str(p) for p in paths]
+    for path in paths:
+        note(path)
+    if _recordings:
+        with _lock:
+            for recording in _recordings:
+                if isinstance(recording, Recording):
+                    recording.sequences.append(paths)
+
+
 def _python_folders():
     folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     paths = sysconfig.get_paths()
@@ -92,10 +121,10 @@ def _python_folders():
     return [Path(f).resolve() for f in folders if f]
 
 
-def data_paths(paths, excluded=()):
-    """The regular files among ``paths`` that are data (see the module docstring), resolved, sorted."""
+def _data_in_order(paths, excluded=()):
+    """The regular files among ``paths`` that are data (see the module docstring), resolved, in their order."""
     skipped = [*_python_folders(), *(Path(f) for f in SYSTEM_FOLDERS), *(Path(f).resolve() for f in excluded)]
-    found = set()
+    found = []
     for raw in paths:
         try:
             path = Path(os.fsdecode(raw)).resolve()
@@ -105,19 +134,31 @@ def data_paths(paths, excluded=()):
             continue
         if path.suffix in SKIPPED_SUFFIXES or any(path.is_relative_to(folder) for folder in skipped):
             continue
-        found.add(path)
-    return sorted(found)
+        found.append(path)
+    return found
 
 
-def _digest(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def data_paths(paths, excluded=()):
+    """The regular files among ``paths`` that are data (see the module docstring), resolved, sorted."""
+    return sorted(set(_data_in_order(paths, excluded)))
+
+
+def digest(path) -> str:
+    """The SHA-256 of a file's content (hex). Hashed once per process while the file's inode, size, modification
+    and change times stay the same (a file replaced or edited, even keeping its size and modification time with
+    ``cp -p``, gets a new change time, so is hashed again)."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _digests:
+        with open(path, "rb") as f:
+            _digests[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _digests[key]
 
 
 def file_entry(path):
     """{"path", "bytes", "sha256"} of a file; None when it is not there."""
     try:
-        return {"path": str(path), "bytes": os.path.getsize(path), "sha256": _digest(path)}
+        return {"path": str(path), "bytes": os.path.getsize(path), "sha256": digest(path)}
     except FileNotFoundError:
         return None
 
@@ -146,9 +187,34 @@ def folder_entry(folder, names=None):
     return {"path": str(folder), "files": files, "bytes": total, "sha256": summary.hexdigest()}
 
 
+def sequence_entry(paths, excluded=()):
+    """{"path", "files", "bytes", "sha256"} of files joined in the order of ``paths`` (those that are data): their
+    common folder, number, bytes and the SHA-256 of their digests and sizes in that order (not their names: the
+    same text read from another place is the same data); None when none of them is data."""
+    summary, total, files = hashlib.sha256(), 0, []
+    for path in _data_in_order(paths, excluded):
+        entry = file_entry(path)
+        if entry is None:
+            continue
+        total, files = total + entry["bytes"], files + [path]
+        summary.update(f"{entry['sha256']}\0{entry['bytes']}\n".encode())
+    if not files:
+        return None
+    return {"path": os.path.commonpath([str(p.parent) for p in files]), "files": len(files), "bytes": total,
+            "sha256": summary.hexdigest()}
+
+
+def sequences(recording, excluded=()):
+    """The ``sequence_entry`` s of the sequences of ``recording`` (a ``reading``'s ``Recording``; none for a
+    plain set of paths)."""
+    entries = (sequence_entry(s, excluded) for s in getattr(recording, "sequences", ()))
+    return [e for e in entries if e is not None]
+
+
 def fingerprint(paths, excluded=()):
-    """The document of data_files.json for the files ``paths`` (``reading``'s set): {"version", "files":
-    [file_entry ...], "folders": [folder_entry ...]}; ``excluded``: folders whose files are left out."""
+    """The document of data_files.json for the files ``paths`` (``reading``'s ``Recording``): {"version", "files":
+    [file_entry ...], "folders": [folder_entry ...], "sequences": [sequence_entry ...]}; ``excluded``: folders
+    whose files are left out."""
     by_folder = {}
     for path in data_paths(paths, excluded):
         by_folder.setdefault(path.parent, []).append(path)
@@ -162,7 +228,8 @@ def fingerprint(paths, excluded=()):
             folders.append(folder_entry(folder, names))
         else:
             files += [e for e in map(file_entry, members) if e is not None]
-    return {"version": VERSION, "files": files, "folders": [f for f in folders if f is not None]}
+    return {"version": VERSION, "files": files, "folders": [f for f in folders if f is not None],
+            "sequences": sequences(paths, excluded)}
 
 
 def check_document(doc, source):
@@ -173,7 +240,8 @@ def check_document(doc, source):
             isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("sha256"), str)
             and all(type(e.get(k)) is int for k in keys) for e in entries)
     if not (isinstance(doc, dict) and doc.get("version") == VERSION and entries_ok(doc.get("files"), ("bytes",))
-            and entries_ok(doc.get("folders"), ("files", "bytes"))):
+            and entries_ok(doc.get("folders"), ("files", "bytes"))
+            and entries_ok(doc.get("sequences", []), ("files", "bytes"))):
         raise ValueError(f"{source} is damaged (expected {{\"version\": {VERSION}, \"files\": [...], \"folders\": "
                          f"[...]}} as numformer writes it); restore it from a copy of the run folder, or delete it "
                          f"to accept the data as they are now")
@@ -182,7 +250,8 @@ def check_document(doc, source):
 
 def _what(entry):
     if "files" in entry:
-        return f"{entry['files']:,} files, {entry['bytes']:,} bytes, SHA-256 {entry['sha256'][:12]}"
+        files = "1 file" if entry["files"] == 1 else f"{entry['files']:,} files"
+        return f"{files}, {entry['bytes']:,} bytes, SHA-256 {entry['sha256'][:12]}"
     return f"{entry['bytes']:,} bytes, SHA-256 {entry['sha256'][:12]}"
 
 
@@ -238,3 +307,24 @@ def unrecorded(recorded, now):
     known = {(e["sha256"], e["bytes"]) for e in recorded["files"] + recorded["folders"]}
     return [f"data {kind} {entry['path']} holds data the run did not read ({_what(entry)})"
             for kind, entries, _ in _kinds(now) for entry in entries if (entry["sha256"], entry["bytes"]) not in known]
+
+
+def reordered(recorded, now):
+    """One line per sequence of ``recorded`` (files joined in an order: ``note_sequence``) that is none of
+    ``now``'s sequences ([] when none, or when ``recorded`` was written before sequences were recorded): a file
+    renamed (the files joined in another order), a copy of a file added, or a file left out, where each file read
+    is still one the run read."""
+    if "sequences" not in recorded:
+        return []
+    remaining = [(e["sha256"], e["bytes"]) for e in now["sequences"]]
+    lines = []
+    for old in recorded["sequences"]:
+        if (old["sha256"], old["bytes"]) in remaining:
+            remaining.remove((old["sha256"], old["bytes"]))
+            continue
+        current = next((e for e in now["sequences"] if e["path"] == old["path"]), None)
+        now_what = f"now {_what(current)}" if current is not None else "now not read as one"
+        lines.append(f"the files of {old['path']} are not joined as the run joined them (then {_what(old)} in "
+                     f"order; {now_what}): a file renamed (files are joined in name order), added as a copy or "
+                     f"left out changes the text and its train/validation split")
+    return lines

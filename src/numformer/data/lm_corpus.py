@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from ..run_files import CHECKPOINT, DATA_FILES, MODEL
 from .files import iter_text
-from .fingerprint import note
+from .fingerprint import note, note_sequence
 from .notices import say
 from .token_files import read_tokens_dir, token_cache, token_dtype, write_tokens_dir
 from .tokenizers import END_OF_TEXT, PATTERNS, ByteLevelBPE, compile_pattern
@@ -43,12 +44,31 @@ class Document:
     ends: bool = True
 
 
+RUN_FOLDER_FILES = (CHECKPOINT, MODEL, DATA_FILES)      # beside a config.json: a numformer run folder
+
+
 def file_identity(path) -> list:
     """[path, size, modification time]: a file edited since is another corpus. The file counts among a run's
     data (``fingerprint.note``) whether its tokenization is made now or found in the cache."""
     note(path)
     st = os.stat(path)
     return [str(Path(path).resolve()), st.st_size, st.st_mtime_ns]
+
+
+def corpus_sequence(files: list, given: str) -> list:
+    """``files`` (the corpus's files, in the order they are joined; ``given``: the [data] path or paths that named
+    them), counted as one sequence of the run's data (``fingerprint.note_sequence``: another order or a copy
+    added is other data). A numformer run folder among them (a config.json beside a checkpoint, weights or
+    data_files.json) is one ValueError: its files are no text, and a run written into its data folder changes
+    the data of the next run, --resume and eval."""
+    for f in files:
+        p = Path(f)
+        if p.name in RUN_FOLDER_FILES and (p.parent / "config.json").is_file():
+            raise ValueError(f"[data] path {given}: {p.parent} is a numformer run folder (config.json and "
+                             f"{p.name}), not text; move the run folder out of the data folder (and give --out a "
+                             f"folder outside it)")
+    note_sequence(files)
+    return files
 
 
 class TextFiles:

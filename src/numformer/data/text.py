@@ -31,7 +31,7 @@ import numpy as np
 from .base import Batch, Task, register_task, spread_sample
 from .fetch import locate
 from .files import expand_paths, read_text
-from .lm_corpus import (Document, TextFiles, bpe_token_files, check_bpe_vocab_size, check_pattern,
+from .lm_corpus import (Document, TextFiles, bpe_token_files, check_bpe_vocab_size, check_pattern, corpus_sequence,
                         file_identity)
 from .text_datasets import load_imdb, load_imdb_unlabelled
 from .text_tasks import _data_error, _split_train
@@ -48,11 +48,13 @@ def builtin_corpus_path():
 
 
 def corpus_files(path="", paths=()) -> list:
-    """The files of ``path`` and ``paths`` (each a file, a folder or a glob pattern), or the built-in corpus."""
+    """The files of ``path`` and ``paths`` (each a file, a folder or a glob pattern), or the built-in corpus; the
+    user's files are counted in their order as one sequence of the run's data, and a run folder among them is
+    refused (``lm_corpus.corpus_sequence``)."""
     if not path and not paths:
         return [builtin_corpus_path()]
     try:
-        return expand_paths(path, paths)
+        return corpus_sequence(expand_paths(path, paths), ", ".join(map(repr, filter(None, [path, *paths]))))
     except FileNotFoundError as e:
         raise ValueError(f"[data] path: {e} (leave path empty for the built-in tiny Shakespeare)") from None
 

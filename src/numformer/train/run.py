@@ -76,9 +76,25 @@ def config_and_task(run_dir, config, overrides, resume, quiet=False):
     with quiet_data(quiet):
         if resume:
             return resumed_config(run_dir, overrides)
+        config = apply_overrides(config, overrides)
+        check_out_outside_data(run_dir, config.get("data"))
         with fingerprint.reading() as read:
-            config, task = resolve_config(apply_overrides(config, overrides))
+            config, task = resolve_config(config)
         return config, task, (), data_fingerprint(run_dir, read)
+
+
+def check_out_outside_data(run_dir, data):
+    """One ValueError when the run folder would be inside a folder named by ``data``'s ``path`` or ``paths`` (a
+    new run's [data] section): the run writes its checkpoint and logs there, which the next run, --resume or eval
+    would read as data (a corpus folder's files are all read)."""
+    data = data if isinstance(data, dict) else {}
+    paths = data.get("paths") if isinstance(data.get("paths"), list) else []
+    out = Path(run_dir).resolve()
+    for key, given in [("path", data.get("path")), *(("paths", p) for p in paths)]:
+        if isinstance(given, str) and given and Path(given).is_dir() and out.is_relative_to(Path(given).resolve()):
+            raise ValueError(f"--out {run_dir} is inside the data folder [data] {key} = {given!r}: the run's files "
+                             f"(checkpoint, logs) would be read as data by the next run, --resume and eval; give "
+                             f"--out a folder outside {given}")
 
 
 def resumed_config(run_dir, overrides=None):
@@ -118,10 +134,15 @@ def _trained_train(trained, saved):
     return {k: saved["train"].get(k) if isinstance(v, NotRecorded) else v for k, v in trained["train"].items()}
 
 
+def _excluded(run_dir):
+    """The folders whose files are never a run's data: the run folder and numformer's token cache."""
+    return run_dir, token_cache_root()
+
+
 def data_fingerprint(run_dir, read):
     """The data_files.json document of the files in ``read`` (``fingerprint.reading``'s set), leaving out the
     run folder's own files and numformer's token cache."""
-    return fingerprint.fingerprint(read, excluded=(run_dir, token_cache_root()))
+    return fingerprint.fingerprint(read, excluded=_excluded(run_dir))
 
 
 def data_files_before(run_dir, resuming=True):
@@ -148,6 +169,8 @@ def data_files_after(run_dir, recorded, gone, read, resuming=True):
     if gone["files"] or gone["folders"]:
         _refuse(run_dir, fingerprint.changes(gone, now), resuming)
     _refuse(run_dir, fingerprint.unrecorded(recorded, now), resuming)
+    _refuse(run_dir, fingerprint.reordered(recorded, {"sequences": fingerprint.sequences(read, _excluded(run_dir))}),
+            resuming)
     return None
 
 

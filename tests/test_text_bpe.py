@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -75,6 +76,23 @@ def test_token_files_are_cached_and_a_saved_tokenizer_is_reused(tmp_path, monkey
     monkeypatch.undo()
     path.write_text(path.read_text() + " and more.")                     # an edited corpus is another corpus
     assert make_task(data).splits["train"].path != first.splits["train"].path
+
+
+def test_the_token_cache_is_keyed_by_the_corpus_s_content(tmp_path):
+    """A corpus replaced by other text of the same size and modification time (cp -p, rsync -t, tar x) is another
+    corpus. Before: the cache, keyed by path, size and modification time, served the old text's tokenizer and
+    token files, while data_files.json recorded the new file."""
+    path = corpus(tmp_path)
+    stat = path.stat()
+    data = {"task": "text", "path": str(path), "tokenizer": "bpe", "vocab_size": 300, "block_size": 16}
+    first = make_task(data)
+    other = corpus(tmp_path, seed=7).read_text()[:stat.st_size].ljust(stat.st_size)
+    path.write_text(other, encoding="utf-8")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    again = make_task(data)
+    assert again.splits["train"].path != first.splits["train"].path
+    assert other.startswith(again.tokenizer.decode(again.splits["train"][:50]))
 
 
 def test_a_folder_of_token_files_trains(tmp_path):

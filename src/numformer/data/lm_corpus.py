@@ -10,8 +10,9 @@ What is built is kept in numformer's cache (``token_files.token_cache``) under a
 made from, so that the next run, ``numformer eval`` or a resumed run reads the token files instead of
 encoding the corpus again:
 
-- the tokenizer learnt from the training split, named by the corpus (its files' paths, sizes and
-  modification times), the split and the BPE settings;
+- the tokenizer learnt from the training split, named by the corpus (its files' paths, sizes and SHA-256, in
+  order: a file replaced by other text of the same size and modification time, as ``cp -p`` or ``rsync -t``
+  leave it, is another corpus), the split and the BPE settings;
 - the token files, named by the corpus, the split and the tokenizer's content.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Callable, Iterable
 
 from ..run_files import CHECKPOINT, DATA_FILES, MODEL
 from .files import iter_text
-from .fingerprint import note, note_sequence
+from .fingerprint import digest as file_digest, note, note_sequence
 from .notices import say
 from .token_files import read_tokens_dir, token_cache, token_dtype, write_tokens_dir
 from .tokenizers import END_OF_TEXT, PATTERNS, ByteLevelBPE, compile_pattern
@@ -48,11 +49,14 @@ RUN_FOLDER_FILES = (CHECKPOINT, MODEL, DATA_FILES)      # beside a config.json: 
 
 
 def file_identity(path) -> list:
-    """[path, size, modification time]: a file edited since is another corpus. The file counts among a run's
-    data (``fingerprint.note``) whether its tokenization is made now or found in the cache."""
+    """[path, size, SHA-256] of a file (a file edited or replaced since, whatever its size and modification time,
+    is another corpus), or [path, size, modification time] of a folder (an extracted dataset). The file counts
+    among a run's data (``fingerprint.note``) whether its tokenization is made now or found in the cache; its
+    digest is data_files.json's (hashed once)."""
     note(path)
     st = os.stat(path)
-    return [str(Path(path).resolve()), st.st_size, st.st_mtime_ns]
+    resolved = str(Path(path).resolve())
+    return [resolved, st.st_size, st.st_mtime_ns if Path(path).is_dir() else file_digest(path)]
 
 
 def corpus_sequence(files: list, given: str) -> list:

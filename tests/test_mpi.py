@@ -376,6 +376,12 @@ def test_ranks_must_train_rank_0s_run():
         [(config, data), ({**config, "model": {**config["model"], "n_layers": 2}}, data)])
     other_data = {**data, "files": [{"path": "/a/text.txt", "sha256": "cd", "bytes": 3}]}
     assert run_disagreement([(config, data), (config, other_data)]).startswith("rank 1 read other data than rank 0")
+    joined = {**data, "sequences": [{"path": "/a", "files": 2, "bytes": 6, "sha256": "ab-then-cd"}]}
+    reordered = {**data, "sequences": [{"path": "/b", "files": 2, "bytes": 6, "sha256": "cd-then-ab"}]}
+    assert run_disagreement([(config, joined), (config, {**joined, "sequences": [
+        {**joined["sequences"][0], "path": "/b"}]})]) is None            # the same files joined in the same order
+    assert run_disagreement([(config, joined), (config, reordered)]).startswith(   # the same files, another order
+        "rank 1 read other data than rank 0")
 
 
 @needs_mpi

@@ -203,10 +203,13 @@ def _shared_part(config):
 
 
 def _contents(data_files):
-    """The sorted sha256 of every file and folder of a data_files.json document (None without one)."""
+    """What a data_files.json document says of the data, whatever their paths (None without one): the sorted
+    sha256 of every file and folder, and of each sequence of files joined in order (``fingerprint.sequence_entry``:
+    the same files joined in another order are other data)."""
     if data_files is None:
         return None
-    return sorted(e["sha256"] for part in ("files", "folders") for e in data_files.get(part, []))
+    return (sorted(e["sha256"] for part in ("files", "folders") for e in data_files.get(part, [])),
+            [e["sha256"] for e in data_files.get("sequences", [])])
 
 
 def run_disagreement(states):

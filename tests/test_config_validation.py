@@ -218,6 +218,40 @@ def test_misspelt_sections_tasks_types_and_choices_get_the_closest_name(config, 
     assert says in str(e.value)
 
 
+@pytest.mark.parametrize("config, says", [
+    ({"train": {"block_size": 128}, "data": {"task": "text"}},      # before: did you mean 'batch_size'?
+     "block_size is a [data] key, not a [train] one: write it under [data] (on the command line: --set "
+     "data.block_size=128)"),
+    ({"data": {"task": "text", "batch_size": 8}},                   # before: did you mean 'block_size'?
+     "batch_size is a [train] key, not a [data] one: write it under [train] (on the command line: --set "
+     "train.batch_size=8)"),
+    ({"train": {"n_layers": 2}, "data": {"task": "copy"}},          # before: no hint at all
+     "n_layers is a [model] key, not a [train] one"),
+    ({"model": {"lr": 0.1}, "data": {"task": "copy"}}, "lr is a [train] key, not a [model] one"),
+    ({"model": {"norm_first": True, "schedule": "cosine"}, "data": {"task": "copy"}},
+     '--set train.schedule="cosine"'),
+])
+def test_a_key_written_in_another_section_is_answered_with_its_section(config, says):
+    """The likeliest slip, a key under the wrong header (or --set section): the error names the key's section
+    rather than a near name of the wrong one."""
+    from numformer.config import resolve_config
+
+    with pytest.raises(ValueError) as e:
+        resolve_config(config, build_task=False)
+    assert says in str(e.value)
+
+
+def test_a_data_size_written_in_model_says_where_it_goes(tmp_path):
+    """--set model.block_size=128 on a GPT: [model]'s block_size is the data's, so the error says to give it as
+    [data] block_size (before: only 'remove them from [model]', to a user who had edited no file)."""
+    from numformer.config import resolve_config
+
+    with pytest.raises(ValueError) as e:
+        resolve_config({"model": {"type": "gpt", "block_size": 128}, "data": {"task": "text", "block_size": 8}})
+    assert str(e.value).endswith("remove them from [model]; block_size is a [data] key: write it there "
+                                 "(--set data.block_size=128)")
+
+
 @pytest.mark.parametrize("warmup, warned", [(100, True), (4, True), (3, False)])
 def test_a_warmup_longer_than_the_run_is_warned_about(tmp_path, run_cli, warmup, warned):
     """warmup_steps >= max_steps: one warning line (not an error: --quick runs cut max_steps on purpose)."""

@@ -365,6 +365,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     ValueError naming the first problem found.
     """
     check_sections(config)
+    check_homes("train", config.get("train", {}), TRAIN_DEFAULTS)
     given = check_section("train", config.get("train", {}), _train_keys())
     train = {**TRAIN_DEFAULTS, **OBJECTIVE_DEFAULTS.get(given.get("objective"), {}), **given}
     _check_train_together(train)
@@ -386,6 +387,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     kind, model = _resolve_model_kind(model, data, task_cls, written)
     model = apply_preset(kind, model, fine_tuning=init_from is not None)
     valid = _model_defaults(kind)
+    check_homes("model", model, valid)
     model = check_section("model", model, model_keys(), valid)
     task = None
     if build_task:
@@ -430,8 +432,10 @@ def _add_data_sizes(model, data, task_cls, seed, tokenizer_state, sizes_only, in
         model, from_data = merge_init_from(init_from, model, source_model, from_data), {}
     clash = sorted(k for k in from_data if k in model and model[k] != from_data[k])
     if clash:
+        moved = "".join(f"; {k} is a [data] key: write it there (--set data.{k}={_toml_text(model[k])})"
+                        for k in clash if k in data and k != "vocab_size")    # a vocabulary is the tokenizer's
         raise ValueError(f"[model] {clash} are set by the data ({ {k: from_data[k] for k in clash} }); "
-                         f"remove them from [model]")
+                         f"remove them from [model]{moved}")
     return {**model, **from_data}, task
 
 
@@ -443,7 +447,9 @@ def _resolve_data(data):
     name = data["task"]
     task_cls = find_task(name, data.get("task_module"))
     module = data.get("task_module") or task_module_of(task_cls)
-    values = check_data_section({k: v for k, v in data.items() if k not in ("task", "task_module")}, task_cls)
+    values = {k: v for k, v in data.items() if k not in ("task", "task_module")}
+    check_homes("data", values, task_cls.data_keys)
+    values = check_data_section(values, task_cls)
     if values.get("path"):        # read relative to where the config is used; stored resolved
         values["path"] = str(Path(values["path"]).expanduser().resolve())
     return ({"task": name, **({"task_module": module} if module else {}), **task_cls.data_keys, **values},
@@ -534,13 +540,37 @@ def check_saved_config(config, where):
     return resolved
 
 
-def _home_of(key) -> str:
-    """Where a loose top-level ``key`` goes: "lr belongs in [train]" (or the sections that have it)."""
+def _homes(key):
+    """The sections that have ``key`` (any model type's and any built-in task's): ["train"] for lr; [data] first,
+    whose sizes (block_size, vocab_size, max_len) decide [model]'s."""
     data_keys = {"task", "task_module", *DATA_KEYS, *(k for t in import_builtin_tasks().values()
                                                      for k in t.data_keys)}
-    homes = [f"[{name}]" for name, keys in (("model", model_keys()), ("data", data_keys),
-                                            ("train", TRAIN_DEFAULTS), ("lora", LORA_DEFAULTS)) if key in keys]
+    return [name for name, keys in (("data", data_keys), ("train", TRAIN_DEFAULTS), ("model", model_keys()),
+                                    ("lora", LORA_DEFAULTS)) if key in keys]
+
+
+def _home_of(key) -> str:
+    """Where a loose top-level ``key`` goes: "lr belongs in [train]" (or the sections that have it)."""
+    homes = [f"[{name}]" for name in _homes(key)]
     return f"{key} belongs in {' or '.join(homes)}" if homes else f"{key} is no key of any section (a typo?)"
+
+
+def check_homes(where, values, valid):
+    """One ValueError for the first key of section ``where`` (``values``) that it does not have (``valid``) but
+    another section does: the most likely slip, answered with where the key goes rather than a near name of
+    this section ("block_size is a [data] key ..." where [train] would suggest batch_size)."""
+    for key in sorted(k for k in values if k not in valid):
+        homes = [h for h in _homes(key) if h != where]
+        if homes:
+            raise ValueError(f"{key} is a [{homes[0]}] key, not a [{where}] one: write it under [{homes[0]}] "
+                             f"(on the command line: --set {homes[0]}.{key}={_toml_text(values[key])})")
+
+
+def _toml_text(value):
+    """``value`` as written after --set: TOML's true/false, quoted strings, numbers as they are."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else str(value)
 
 
 def check_sections(config):

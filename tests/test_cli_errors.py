@@ -96,6 +96,17 @@ def test_a_run_that_saved_no_weights_is_named_with_the_fix_that_works(text_run, 
         f"--out {run} --overwrite`")
 
 
+def test_a_folder_of_runs_given_as_a_run_names_the_runs_in_it(text_run, copy_of, cli_error, tmp_path):
+    """`numformer eval runs/`: the folder that holds the runs is named as such, with runs to give (before: the
+    advice to train one with --out runs/, which scatters a run's files among the others)."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    run = copy_of(text_run)
+    run.rename(runs / "a")
+    assert cli_error("eval", runs) == (f"numformer eval: error: {runs} is not a numformer run folder (no "
+                                       f"config.json) but holds run folders: give one of them, e.g. {runs / 'a'}")
+
+
 def test_a_folder_in_place_of_the_weights_file_is_named(text_run, copy_of, cli_error):
     """A folder named model.safetensors: eval names it (before: it was read as missing, and eval went on with the
     checkpoint's last weights instead of the selected ones), as --resume does before it writes anything."""

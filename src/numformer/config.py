@@ -589,6 +589,14 @@ def check_sections(config):
                          f"[data] and [train], and [lora] for LoRA adapters")
 
 
+def _runs_inside(folder, most=3):
+    """The names of the first ``most`` folders in ``folder`` that hold a config.json (a folder of runs)."""
+    try:
+        return sorted(p.name for p in Path(folder).iterdir() if (p / "config.json").is_file())[:most]
+    except OSError:                 # unreadable: nothing to suggest
+        return []
+
+
 def load_config_json(run_dir, hf_advice=None):
     """The run's config.json, checked like a TOML config (every key's type and range). A Hugging Face model's
     config.json (a ``model_type`` and no [model] section) is refused in one line saying so, with ``hf_advice``
@@ -596,6 +604,10 @@ def load_config_json(run_dir, hf_advice=None):
     check_run_dir(run_dir)
     path = Path(run_dir) / "config.json"
     if not path.is_file():
+        inside = _runs_inside(run_dir)
+        if inside:                  # a folder of runs (runs/): name them, rather than train among them
+            raise ValueError(f"{run_dir} is not a numformer run folder (no config.json) but holds run folders: "
+                             f"give one of them, e.g. {', '.join(str(Path(run_dir) / n) for n in inside)}")
         raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
                          f"`numformer train CONFIG --out {run_dir}`")
     saved = read_json(path, "config file")

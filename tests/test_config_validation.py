@@ -241,6 +241,15 @@ def test_a_key_written_in_another_section_is_answered_with_its_section(config, s
     assert says in str(e.value)
 
 
+def test_a_boolean_spelled_as_python_writes_it_says_how_toml_does(run_cli, tmp_path):
+    """--set model.norm_first=True reads as the string 'True' (TOML's booleans are lowercase): the error says so."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY)
+    rc, _, err = run_cli("train", cfg, "--out", tmp_path / "r", "--set", "model.norm_first=True")
+    assert rc == 2 and err.strip().endswith(
+        "[model] norm_first = 'True' should be a boolean (TOML writes true and false in lowercase)")
+
+
 def test_a_data_size_written_in_model_says_where_it_goes(tmp_path):
     """--set model.block_size=128 on a GPT: [model]'s block_size is the data's, so the error says to give it as
     [data] block_size (before: only 'remove them from [model]', to a user who had edited no file)."""

@@ -89,7 +89,9 @@ class Key:
         if value is None and self.none:
             return None
         if not _has_kind(value, self.kind) or (self.item and not all(_has_kind(v, self.item) for v in value)):
-            raise ValueError(f"[{where}] {key} = {value!r} should be {self.describe()}")
+            spelled = (" (TOML writes true and false in lowercase)" if self.kind is bool and isinstance(value, str)
+                       and value.lower() in ("true", "false") else "")
+            raise ValueError(f"[{where}] {key} = {value!r} should be {self.describe()}{spelled}")
         if self.kind is float:
             value = float(value)
             if not math.isfinite(value):

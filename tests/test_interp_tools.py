@@ -224,3 +224,64 @@ def test_repeated_random_tokens_and_the_in_context_score():
     assert scores.shape == (5,)
     assert scores.mean() == pytest.approx(A.in_context_score(per_position, early=(1, 3), late=(5, 8)), rel=1e-12)
 
+
+
+# -- padded prompts: {"idx": ids, "attention_mask": mask} -------------------------------------------------------
+def padded(ids, pad=2):
+    """{"idx", "attention_mask"} of ids (B, T) left-padded with ``pad`` positions of token 0."""
+    ids = np.atleast_2d(ids)
+    mask = np.c_[np.zeros((len(ids), pad), int), np.ones(ids.shape, int)]
+    return {"idx": np.c_[np.zeros((len(ids), pad), int), ids], "attention_mask": mask}
+
+
+@pytest.mark.parametrize("family", [{}, dict(positional="rope", norm="rms", activation="swiglu", bias=False)])
+def test_the_lens_and_attribution_of_a_left_padded_row_are_those_of_the_row_alone(family):
+    """The mask is used: a padded row reads as the row alone (its positions count its real tokens)."""
+    model = gpt(**family)
+    row, other = np.random.default_rng(3).integers(0, V, 6), np.random.default_rng(4).integers(0, V, 8)
+    inputs = {"idx": np.stack([np.r_[[0, 0], row], other]), "attention_mask": np.array([[0, 0] + [1] * 6, [1] * 8])}
+    lens, alone = A.logit_lens(model, inputs), A.logit_lens(model, row)
+    np.testing.assert_allclose(lens.logits[:, 0, 2:], alone.logits[:, 0], atol=1e-10)
+    np.testing.assert_allclose(lens.logits[:, 1], A.logit_lens(model, other).logits[:, 0], atol=1e-10)
+    p = lens.next_token_probability()
+    assert np.isnan(p[:, 0, :2]).all() and not np.isnan(p[:, 0, 2:]).any() and not np.isnan(p[:, 1]).any()
+    np.testing.assert_allclose(p[:, 0, 2:], alone.next_token_probability()[:, 0], atol=1e-10)
+    dla, by_row = A.direct_logit_attribution(model, inputs, tokens=[3, 5]), A.direct_logit_attribution(model, row, 3)
+    for term in ("embed", "heads", "attn_bias", "mlp", "norm_bias", "logit"):
+        np.testing.assert_allclose(getattr(dla, term)[0], getattr(by_row, term)[0], atol=1e-10, err_msg=term)
+    np.testing.assert_allclose(dla.logit, model(**inputs)[[0, 1], -1, [3, 5]], atol=1e-10)
+
+
+@pytest.mark.parametrize("per", ["position", "head"])
+def test_patching_left_padded_prompts_gives_the_result_of_the_prompts_alone(per):
+    model = gpt()
+    clean, corrupted = prompts((3,), batch=1)
+    metric = A.LogitDifference(answer=1, wrong=4)
+    for run in (A.activation_patching, A.attribution_patching):
+        with_pad, alone = run(model, padded(clean), padded(corrupted), metric, per), run(model, clean, corrupted,
+                                                                                          metric, per)
+        assert (with_pad.clean, with_pad.corrupted) == pytest.approx((alone.clean, alone.corrupted), abs=1e-10)
+        np.testing.assert_allclose(with_pad.values[:, 2:] if per == "position" else with_pad.values, alone.values,
+                                   atol=1e-10, err_msg=run.__name__)
+        if per == "position":                        # a padding position patched changes nothing
+            np.testing.assert_allclose(with_pad.values[:, :2], with_pad.corrupted, atol=1e-10)
+
+
+def test_padding_the_tools_cannot_read_is_one_clear_error():
+    model = gpt()
+    clean, corrupted = prompts((3,), batch=1)
+    inputs = padded(np.r_[clean, corrupted])
+    right = {"idx": inputs["idx"][:, ::-1].copy(), "attention_mask": inputs["attention_mask"][:, ::-1].copy()}
+    with pytest.raises(ValueError, match=r"position -1, which is padding in batch row\(s\) \[0, 1\]"):
+        A.direct_logit_attribution(model, right, tokens=3)
+    with pytest.raises(ValueError, match="metric reads position -1, which is padding"):
+        A.attribution_patching(model, right, right, A.LogitDifference(1, 2))
+    unmasked = padded(corrupted)["idx"]
+    other_mask = {"idx": unmasked, "attention_mask": padded(corrupted)["attention_mask"] * 0 + 1}
+    for corrupted_inputs in (unmasked, other_mask):
+        with pytest.raises(ValueError, match="same padding mask"):
+            A.activation_patching(model, padded(clean), corrupted_inputs, A.LogitDifference(1, 2))
+        with pytest.raises(ValueError, match="same padding mask"):
+            A.attribution_patching(model, padded(clean), corrupted_inputs, A.LogitDifference(1, 2))
+    with pytest.raises(ValueError, match="padding mask only; got 'logits_to_keep'"):
+        A.logit_lens(model, {"idx": clean, "logits_to_keep": 1})

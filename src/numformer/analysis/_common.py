@@ -59,6 +59,39 @@ def as_inputs(model, inputs):
     return d
 
 
+MASKS = ("attention_mask", "key_padding_mask")     # GPT's, the encoder classifier's
+
+
+def mask_kwargs(model, inputs, what):
+    """{name: mask}: the padding mask among the normalized ``inputs`` (``as_inputs``), for ``what`` to pass to
+    each forward it runs; one ValueError for any other keyword argument (``kv_caches``, ``logits_to_keep``):
+    ``what`` reads whole forward passes of the token ids."""
+    names = input_names(model)
+    extra = {k: v for k, v in inputs.items() if k not in names}
+    other = sorted(k for k in extra if k not in MASKS)
+    if other:
+        raise ValueError(f"{what} runs the model on the token ids {names} and a padding mask only; got "
+                         f"{', '.join(map(repr, other))} too")
+    return {k: v for k, v in extra.items() if v is not None}
+
+
+def check_unpadded(extra, position, what):
+    """One ValueError when ``position`` (one index into every row) is padding in a row of the mask in
+    ``extra`` (``mask_kwargs``): what it reads there is not a token's. Nothing to check without a mask."""
+    mask = extra.get("attention_mask")
+    padded = None if mask is None else ~np.asarray(mask).astype(bool)
+    if "key_padding_mask" in extra:
+        padded = np.asarray(extra["key_padding_mask"]).astype(bool)
+    if padded is None or padded.ndim != 2 or not isinstance(position, (int, np.integer)) or \
+            not -padded.shape[1] <= position < padded.shape[1]:
+        return
+    rows = np.flatnonzero(padded[:, position])
+    if rows.size:
+        raise ValueError(f"{what} reads position {position}, which is padding in batch row(s) {rows.tolist()}; "
+                         f"pad on the left (position -1 is then every row's last token) or choose a position "
+                         f"with a real token in every row")
+
+
 def embedding_modules(model):
     """{input name: the Embedding module that looks its ids up}."""
     if isinstance(model, Transformer):

@@ -24,7 +24,8 @@ import numpy as np
 from ..lora import LoRALinear
 from ..models import GPT
 from ..nn import RMSNorm
-from ._common import as_inputs, check_position, check_token_ids, eval_mode, new_figure, save_figure, set_token_ticks
+from ._common import (as_inputs, check_position, check_token_ids, check_unpadded, eval_mode, mask_kwargs, new_figure,
+                      save_figure, set_token_ticks)
 
 
 def _check_gpt(model, what):
@@ -45,9 +46,11 @@ def unembed(model, resid):
 @dataclass
 class LogitLens:
     """logits (L + 1, B, T, V): stage 0 reads the embeddings (resid_pre of layer 0), stage l the output of
-    layer l - 1; the last stage is the model's own logits (before a final soft-cap). ids (B, T): the input."""
+    layer l - 1; the last stage is the model's own logits (before a final soft-cap). ids (B, T): the input;
+    attention_mask (B, T) bool or None: True at real tokens (the logits at padding are not a token's)."""
     logits: np.ndarray
     ids: np.ndarray
+    attention_mask: np.ndarray = None
 
     @property
     def stage_names(self):
@@ -61,9 +64,13 @@ class LogitLens:
         return x / x.sum(axis=-1, keepdims=True)
 
     def next_token_probability(self):
-        """(L + 1, B, T - 1): each stage's probability of the token that comes next in ``ids``."""
+        """(L + 1, B, T - 1): each stage's probability of the token that comes next in ``ids`` (NaN where this
+        token or the next is padding)."""
         p = self.probabilities()[:, :, :-1]
-        return np.take_along_axis(p, self.ids[None, :, 1:, None], axis=-1)[..., 0]
+        prob = np.take_along_axis(p, self.ids[None, :, 1:, None], axis=-1)[..., 0]
+        if self.attention_mask is not None:
+            prob[:, ~(self.attention_mask[:, :-1] & self.attention_mask[:, 1:])] = np.nan
+        return prob
 
     def top(self, k=5):
         """(token ids, probabilities), each (L + 1, B, T, k): each stage's k most likely tokens."""
@@ -84,7 +91,7 @@ class LogitLens:
         im = ax.imshow(prob, cmap="Blues", vmin=0, vmax=1, aspect="auto")
         if T * S <= 600:
             for s in range(S):
-                for t in range(T):
+                for t in np.flatnonzero(np.isfinite(prob[s])):              # no text on padding
                     ax.text(t, s, _short(name(top[s, t])), ha="center", va="center", fontsize=6,
                             color="white" if prob[s, t] > 0.6 else "black")
         ax.set_yticks(range(S))
@@ -103,18 +110,20 @@ def _short(s, n=4):
 
 
 def logit_lens(model, ids, cache=None):
-    """The ``LogitLens`` of a GPT on ids (T,) or (B, T): each layer's residual stream (resid_pre of every layer,
-    then resid_post of the last) through the final norm and the output layer. ``cache``: a run_with_cache
-    cache of these ids, to reuse."""
+    """The ``LogitLens`` of a GPT on ids (T,) or (B, T), or a dict {"idx": ids, "attention_mask": mask}: each
+    layer's residual stream (resid_pre of every layer, then resid_post of the last) through the final norm and
+    the output layer. ``cache``: a run_with_cache cache of these ids (and mask), to reuse."""
     _check_gpt(model, "the logit lens")
-    idx = as_inputs(model, ids)["idx"]
+    inputs = as_inputs(model, ids)
+    idx, extra = inputs["idx"], mask_kwargs(model, inputs, "the logit lens")
     with eval_mode(model):
         if cache is None:
             _, cache = model.run_with_cache(idx, names_filter=lambda n: n.endswith(("hook_resid_pre",
-                                                                                       "hook_resid_post")))
+                                                                                       "hook_resid_post")), **extra)
         L = model.n_layers
         stream = np.stack([cache["resid_pre", layer] for layer in range(L)] + [cache["resid_post", L - 1]])
-        return LogitLens(unembed(model, stream), idx)
+        mask = extra.get("attention_mask")
+        return LogitLens(unembed(model, stream), idx, None if mask is None else np.asarray(mask).astype(bool))
 
 
 # -- direct logit attribution ---------------------------------------------------------------------------------
@@ -219,17 +228,20 @@ def direct_logit_attribution(model, ids, tokens=None, baseline_tokens=None, posi
     """The ``LogitAttribution`` of the logit of ``tokens`` (an id, or one per batch row; default: the token the
     model ranks first) at ``position``, or of the difference of logits ``tokens`` - ``baseline_tokens``.
 
-    ids: (T,) or (B, T); cache: a ``run_with_cache`` cache of these ids with every hook, to reuse. The terms
-    are float64. Post-LN models are refused (ValueError)."""
+    ids: (T,) or (B, T), or a dict {"idx": ids, "attention_mask": mask} (``position`` must then be a real token
+    in every row: left padding); cache: a ``run_with_cache`` cache of these ids with every hook, to reuse. The
+    terms are float64. Post-LN models are refused (ValueError)."""
     _check_gpt(model, "direct logit attribution")
     if any(b.norm_placement == "post" for b in model.config.layers):
         raise ValueError("direct logit attribution splits the residual stream, which post-LN blocks do not "
                          "keep (each sub-layer's output is normed with it); use a pre-norm or sandwich model")
-    idx = as_inputs(model, ids)["idx"]
+    inputs = as_inputs(model, ids)
+    idx, extra = inputs["idx"], mask_kwargs(model, inputs, "direct logit attribution")
     check_position(position, idx.shape[1])
+    check_unpadded(extra, position, "direct logit attribution")
     with eval_mode(model):
         if cache is None:
-            _, cache = model.run_with_cache(idx)
+            _, cache = model.run_with_cache(idx, **extra)
         last = cache["resid_post", model.n_layers - 1][:, position].astype(np.float64)
         if tokens is None:
             tokens = np.argmax(unembed(model, last), axis=-1)

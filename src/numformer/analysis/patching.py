@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._common import (as_inputs, check_position, check_token_ids, eval_mode, input_names, metric_value, new_figure,
-                      save_figure, set_token_ticks)
+from ._common import (as_inputs, check_position, check_token_ids, check_unpadded, eval_mode, input_names,
+                      mask_kwargs, metric_value, new_figure, save_figure, set_token_ticks)
 from .lens import plot_layer_head
 
 PER = {"position": "resid_pre", "head": "z"}      # what a place is: (layer, position) or (layer, head)
@@ -112,31 +112,38 @@ def _hook_name(per, layer):
     return f"blocks.{layer}.hook_{PER[per]}" if per == "position" else f"blocks.{layer}.attn.hook_{PER[per]}"
 
 
-def _prepared(model, clean, corrupted, per):
+def _prepared(model, clean, corrupted, per, metric, what):
+    """(clean ids, corrupted ids, the padding mask both share as forward keyword arguments: {} or one entry)."""
     if per not in PER:
         raise ValueError(f"per must be one of {sorted(PER)}, got {per!r}")
     name = input_names(model)[0]
-    clean, corrupted = as_inputs(model, clean)[name], as_inputs(model, corrupted)[name]
-    if clean.shape != corrupted.shape:
+    clean, corrupted = as_inputs(model, clean), as_inputs(model, corrupted)
+    extra, other = mask_kwargs(model, clean, what), mask_kwargs(model, corrupted, what)
+    if clean[name].shape != corrupted[name].shape:
         raise ValueError(f"the clean and corrupted prompts must have the same shape (one token each position), "
-                         f"got {clean.shape} and {corrupted.shape}")
-    return clean, corrupted
+                         f"got {clean[name].shape} and {corrupted[name].shape}")
+    if extra.keys() != other.keys() or any(not np.array_equal(extra[k], other[k]) for k in extra):
+        raise ValueError("the clean and corrupted prompts must have the same padding mask (or none): patching "
+                         "moves the activation at each position to the same position of the other run")
+    check_unpadded(extra, getattr(metric, "position", None), f"{what}'s metric")
+    return clean[name], corrupted[name], extra
 
 
-def _clean_cache(model, clean, per):
+def _clean_cache(model, clean, per, extra):
     names = [_hook_name(per, layer) for layer in range(len(model.blocks))]
-    return model.run_with_cache(clean, names_filter=names)
+    return model.run_with_cache(clean, names_filter=names, **extra)
 
 
 def activation_patching(model, clean, corrupted, metric, per="position"):
     """The ``PatchingResult`` of running ``corrupted`` with one place from the ``clean`` run: per="position"
     patches the residual stream ``blocks.{l}.hook_resid_pre`` at one position (L, T); per="head" patches one
     head's output ``blocks.{l}.attn.hook_z`` at every position (L, H). ``metric(logits) -> float``. One
-    forward pass per place (L·T or L·H of them)."""
-    clean, corrupted = _prepared(model, clean, corrupted, per)
+    forward pass per place (L·T or L·H of them). Prompts with padding: dicts {"idx": ids, "attention_mask":
+    mask}, the same mask in both (a padding position patched changes nothing)."""
+    clean, corrupted, extra = _prepared(model, clean, corrupted, per, metric, "activation patching")
     with eval_mode(model):
-        clean_logits, cache = _clean_cache(model, clean, per)
-        corrupted_metric = metric_value(metric, model(corrupted), of="logits")
+        clean_logits, cache = _clean_cache(model, clean, per, extra)
+        corrupted_metric = metric_value(metric, model(corrupted, **extra), of="logits")
         L = len(model.blocks)
         width = clean.shape[1] if per == "position" else cache[_hook_name(per, 0)].shape[2]
         values = np.empty((L, width))
@@ -150,8 +157,8 @@ def activation_patching(model, clean, corrupted, metric, per="position"):
                     else:
                         act[:, :, i] = source[:, :, i]
                     return act
-                values[layer, i] = metric_value(metric, model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)]),
-                                                of="logits")
+                logits = model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)], **extra)
+                values[layer, i] = metric_value(metric, logits, of="logits")
         model.clear_cache()
     return PatchingResult(values, metric_value(metric, clean_logits, of="logits"), corrupted_metric, per, PER[per])
 
@@ -160,19 +167,19 @@ def attribution_patching(model, clean, corrupted, metric, per="position"):
     """The first-order estimate of ``activation_patching``'s result (same places, same shape): the metric of
     the corrupted run plus (a_clean - a_corrupted) · ∂metric/∂a, the gradient taken on the corrupted run
     through backward hooks. ``metric`` must have ``grad(logits)`` (as ``LogitDifference``). Uses the model's
-    backward pass: the parameters' gradients are zeroed at the end."""
+    backward pass: the parameters' gradients are zeroed at the end. Padding: as ``activation_patching``."""
     if not callable(getattr(metric, "grad", None)):
         raise ValueError("attribution patching needs the metric's gradient: give a metric with grad(logits) "
                          "(as numformer.analysis.LogitDifference)")
-    clean, corrupted = _prepared(model, clean, corrupted, per)
+    clean, corrupted, extra = _prepared(model, clean, corrupted, per, metric, "attribution patching")
     L = len(model.blocks)
     names = [_hook_name(per, layer) for layer in range(L)]
     with eval_mode(model):
-        clean_logits, clean_cache = _clean_cache(model, clean, per)
+        clean_logits, clean_cache = _clean_cache(model, clean, per, extra)
         grads = {}
         model.zero_grad()
         with model.hooks(bwd_hooks=[(n, lambda g, hook: grads.__setitem__(hook.name, g)) for n in names]):
-            corrupted_logits, corrupted_cache = model.run_with_cache(corrupted, names_filter=names)
+            corrupted_logits, corrupted_cache = model.run_with_cache(corrupted, names_filter=names, **extra)
             model.backward(metric.grad(corrupted_logits))
         model.zero_grad()
         model.clear_cache()

@@ -326,6 +326,68 @@ def test_a_backward_hook_receives_the_gradient_of_the_activation(name):
         assert abs(numeric - grad[index]) <= 1e-6 * max(1.0, abs(numeric)), (index, numeric, grad[index])
 
 
+def parameter_grads(model, run, weights):
+    """{name: gradient} of sum(logits * weights) after ``run()`` (a forward returning the logits, or None to
+    use the forward already run) and one backward."""
+    model.zero_grad()
+    run()
+    model.backward(weights)
+    grads = {n: p.grad.copy() for n, p in model.named_parameters()}
+    model.zero_grad()
+    return grads
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gemma_like"])
+def test_changing_a_cache_entry_or_an_array_a_hook_kept_leaves_the_models_gradients(family):
+    """The cache's arrays and those a hook keeps are the hooks' own (nn/hooks.py): changing them after the
+    forward (``cache[name] *= 0.5`` in a notebook) does not change what backward reads."""
+    model = gpt(family)
+    x, weights = ids(), np.random.default_rng(3).normal(size=(B, T, V))
+    reference = parameter_grads(model, lambda: model(x), weights)
+    for name in model.hook_dict:
+        kept = []
+
+        def run():
+            _, cache = model.run_with_cache(x, names_filter=name)
+            cache[name] *= 0.5
+        grads = parameter_grads(model, run, weights)
+        for n in reference:
+            np.testing.assert_allclose(grads[n], reference[n], rtol=0, atol=1e-12, err_msg=f"{name}: {n}")
+
+        def keep_then_change():
+            model.run_with_hooks(x, fwd_hooks=[(name, lambda a, h: kept.append(a))])
+            kept[-1][...] = 0.0
+        grads = parameter_grads(model, keep_then_change, weights)
+        for n in reference:
+            np.testing.assert_allclose(grads[n], reference[n], rtol=0, atol=1e-12, err_msg=f"kept {name}: {n}")
+
+
+def test_an_array_a_hook_wrote_and_kept_or_returned_is_not_the_models():
+    """A hook that writes in place and keeps its array, or returns an array it keeps, then changes it: the
+    model's patched gradients stay those of the values written in the forward pass."""
+    model = gpt("gpt2")
+    x, weights = ids(), np.random.default_rng(3).normal(size=(B, T, V))
+    name = "blocks.1.ln1.hook_normalized"
+    kept = []
+
+    def write_and_keep(act, hook):
+        act[:, 2] = 1.0
+        kept.append(act)
+
+    def give_and_keep(act, hook):
+        kept.append(np.where(np.arange(T)[:, None] == 2, 1.0, act))
+        return kept[-1]
+    for hook in (write_and_keep, give_and_keep):
+        reference = parameter_grads(model, lambda: model.run_with_hooks(x, fwd_hooks=[(name, hook)]), weights)
+
+        def change_later():
+            model.run_with_hooks(x, fwd_hooks=[(name, hook)])
+            kept[-1][...] = 7.0
+        grads = parameter_grads(model, change_later, weights)
+        for n in reference:
+            np.testing.assert_allclose(grads[n], reference[n], rtol=0, atol=1e-12, err_msg=f"{hook.__name__}: {n}")
+
+
 # -- zero cost ------------------------------------------------------------------------------------------------
 def test_without_hooks_no_hook_point_keeps_anything():
     model = gpt("llama_gqa").train()

@@ -38,7 +38,10 @@ they may return a replacement. They fire only while attached, so attach them aro
         logits = model(ids); model.backward(dlogits)
 
 Hook functions receive copies: keeping the array they are given, or changing it in place (TransformerLens's
-``act[:, pos] = ...``, which with a None return replaces the activation), never touches the model's own arrays.
+``act[:, pos] = ...``, which with a None return replaces the activation), never touches the model's own arrays,
+then or later: the model goes on with its own array when the hook wrote nothing, with a copy of the hook's
+when it wrote, and with a copy of an array a hook returns. So the cache of ``run_with_cache`` holds arrays of
+its own: changing an entry in place (``cache[name] *= 0.5``) changes neither the model nor its next backward.
 The copy is an ndarray subclass that records the writes (its arithmetic gives plain arrays); a hook
 returns None or a real-valued array of the activation's shape (anything else is a ValueError).
 """
@@ -122,11 +125,12 @@ class HookPoint:
             if out is None or log.is_whole(out):
                 new = np.asarray(given)          # written in place: the elements written, and any changed
                 changed = log.mask.reshape(x.shape) | ~((new == x) | (np.isnan(new) & np.isnan(x)))
+                if changed.any():                # the model goes on with a copy: the hook may keep ``given``
+                    x = np.array(new)
             else:                                # a new array replaces every element
-                new = self._checked(out, x, "activation")
+                x = self._checked(out, x, "activation")
                 changed = True
             written = changed if written is None else (written | changed)
-            x = new
         if written is not True:
             written = None if not written.any() else (True if written.all() else written)
         self._written = written
@@ -137,11 +141,10 @@ class HookPoint:
         if kind not in "biuf":
             raise ValueError(f"the hook on {self.name} returned {_describe(out)}; a hook returns None or a "
                              f"real-valued array of the {what}'s shape {like.shape}")
-        out = np.asarray(out)
-        if out.shape != like.shape:
-            raise ValueError(f"the hook on {self.name} returned an array of shape {out.shape}; a replacement "
+        if np.shape(out) != like.shape:
+            raise ValueError(f"the hook on {self.name} returned an array of shape {np.shape(out)}; a replacement "
                              f"{what} must have the shape {like.shape} of the one it replaces")
-        return out.astype(like.dtype, copy=False)
+        return np.array(out, dtype=like.dtype)     # a copy of its own: the hook may keep (and change) what it returned
 
     # -- backward -----------------------------------------------------------------------------------------
     @property
@@ -429,7 +432,8 @@ class HookedModel:
 
     def run_with_cache(self, *args, names_filter=None, **kwargs):
         """(output, ``ActivationCache``) of every hook point (or those ``names_filter`` selects: a name, a list
-        of names, or a function of the name), copies taken in forward order."""
+        of names, or a function of the name): copies taken in forward order, the cache's own (changing one
+        changes neither the model nor its backward)."""
         points = self.hook_dict
         if names_filter is None:
             selected = list(points)

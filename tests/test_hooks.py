@@ -388,6 +388,28 @@ def test_an_array_a_hook_wrote_and_kept_or_returned_is_not_the_models():
             np.testing.assert_allclose(grads[n], reference[n], rtol=0, atol=1e-12, err_msg=f"{hook.__name__}: {n}")
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama_gqa"])
+def test_backward_after_a_forward_whose_hook_raised_is_refused(family):
+    """Layers before the hook keep the failed pass's activations, those after it the previous pass's."""
+    model = gpt(family)
+    model(ids(0))
+
+    def boom(act, hook):
+        raise RuntimeError("hook failed")
+    with pytest.raises(RuntimeError, match="hook failed"):
+        model.run_with_hooks(ids(1), fwd_hooks=[("blocks.1.hook_resid_pre", boom)])
+    with pytest.raises(RuntimeError, match="forward pass that raised"):
+        model.backward(np.ones((B, T, V)))
+    logits = model(ids(1))                             # a forward that completes allows backward again
+    model.backward(np.ones_like(logits))
+    classifier = EncoderClassifier(V, 3, max_len=16, d_model=8, n_heads=2, n_layers=2, rng=0, dtype=np.float64)
+    classifier(ids(0))
+    with pytest.raises(RuntimeError, match="hook failed"):
+        classifier.run_with_hooks(ids(1), fwd_hooks=[("blocks.1.hook_resid_pre", boom)])
+    with pytest.raises(RuntimeError, match="forward pass that raised"):
+        classifier.backward(np.ones((B, 3)))
+
+
 # -- zero cost ------------------------------------------------------------------------------------------------
 def test_without_hooks_no_hook_point_keeps_anything():
     model = gpt("llama_gqa").train()

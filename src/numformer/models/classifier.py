@@ -18,7 +18,7 @@ import numpy as np
 from ..nn import Dropout, Embedding, Encoder, EncoderBlock, Linear, Module, make_norm, make_positional
 from ..nn import init
 from ..nn.hooks import HookedModel, HookPoint, add_through_hook, add_through_hook_backward
-from ..nn.module import NO_FORWARD
+from ..nn.module import FAILED_FORWARD, NO_FORWARD
 from .config import EncoderClassifierConfig, config_from
 
 POOLINGS = ("mean", "first")
@@ -78,6 +78,7 @@ class EncoderClassifier(HookedModel, Module):
 
     def forward(self, ids, key_padding_mask=None):
         ids = np.asarray(ids)
+        self._cache = FAILED_FORWARD                   # until this forward completes (a hook may raise)
         if ids.ndim != 2:
             raise ValueError(f"ids must have shape (batch, seq), got {ids.shape}")
         if key_padding_mask is None:
@@ -96,8 +97,8 @@ class EncoderClassifier(HookedModel, Module):
 
     def backward(self, dlogits):
         """Accumulate every parameter's gradient from dL/dlogits (B, n_classes)."""
-        if self._cache is None:
-            raise RuntimeError(NO_FORWARD)
+        if self._cache is None or isinstance(self._cache, str):
+            raise RuntimeError(NO_FORWARD if self._cache is None else self._cache)
         weights, h_shape = self._cache
         dpooled = self.head_drop.backward(self.head.backward(dlogits))
         if weights is not None:

@@ -26,7 +26,7 @@ from ..nn import Dropout, Embedding, EncoderBlock, KVCache, Linear, Module, Modu
 from ..nn import checkpoint, init
 from ..nn.dispatch import F
 from ..nn.hooks import HookedModel, HookPoint, add_through_hook, add_through_hook_backward, has_forward_hooks
-from ..nn.module import NO_FORWARD
+from ..nn.module import FAILED_FORWARD, NO_FORWARD
 from .config import GPTConfig, config_from
 
 
@@ -161,11 +161,7 @@ class GPT(HookedModel, Module):
         (inference: generation needs the last one; backward is not supported then).
         """
         idx = np.asarray(idx)
-        self._no_backward = (
-            "backward after a forward with kv_caches: a cached (inference) forward keeps nothing for backward; "
-            "train with a forward without kv_caches" if kv_caches is not None else
-            f"backward after a forward with logits_to_keep={logits_to_keep}: only the last positions' logits were "
-            f"computed; train with a forward without logits_to_keep" if logits_to_keep else None)
+        self._no_backward = FAILED_FORWARD            # until this forward completes (a hook may raise)
         if idx.ndim != 2 or 0 in idx.shape:
             raise ValueError(f"idx must have shape (batch, seq) with batch >= 1 and seq >= 1, got {idx.shape}")
         offset = 0 if kv_caches is None else kv_caches[0].length
@@ -189,6 +185,11 @@ class GPT(HookedModel, Module):
         logits = self.lm_head(x)
         if self.config.final_logit_softcap is not None:              # c·tanh(logits / c) (Gemma 2)
             logits, self._cache = F.softcap_forward(logits, self.config.final_logit_softcap)
+        self._no_backward = (
+            "backward after a forward with kv_caches: a cached (inference) forward keeps nothing for backward; "
+            "train with a forward without kv_caches" if kv_caches is not None else
+            f"backward after a forward with logits_to_keep={logits_to_keep}: only the last positions' logits were "
+            f"computed; train with a forward without logits_to_keep" if logits_to_keep else None)
         return logits
 
     @staticmethod

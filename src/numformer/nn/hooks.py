@@ -43,7 +43,8 @@ then or later: the model goes on with its own array when the hook wrote nothing,
 when it wrote, and with a copy of an array a hook returns. So the cache of ``run_with_cache`` holds arrays of
 its own: changing an entry in place (``cache[name] *= 0.5``) changes neither the model nor its next backward.
 The copy is an ndarray subclass that records the writes (its arithmetic gives plain arrays); a hook
-returns None or a real-valued array of the activation's shape (anything else is a ValueError).
+returns None or a real-valued array of the activation's shape (anything else is a ValueError). A forward
+pass whose hook raises leaves the model without a pass to go back through: ``model.backward`` then refuses.
 """
 from __future__ import annotations
 

@@ -58,6 +58,10 @@ class Parameter:
 # What backward says when there is no forward pass to go back through (a layer keeps one pass's cache).
 NO_FORWARD = ("backward called without a forward pass to go back through (call forward first; each forward "
               "allows one backward)")
+# What a model's backward says after a forward pass that raised (a hook's error, a bad input): some layers
+# keep that pass's activations, others the previous pass's, so there is no forward pass to go back through.
+FAILED_FORWARD = ("backward after a forward pass that raised an exception: its layers keep activations of "
+                  "different passes; run a forward pass that completes, then backward")
 
 
 class Module:

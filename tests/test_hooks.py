@@ -388,6 +388,22 @@ def test_an_array_a_hook_wrote_and_kept_or_returned_is_not_the_models():
             np.testing.assert_allclose(grads[n], reference[n], rtol=0, atol=1e-12, err_msg=f"{hook.__name__}: {n}")
 
 
+def test_a_backward_hook_alone_on_the_position_embeddings_runs():
+    """hook_pos_embed's array is added inside the position table's module: a backward hook there needs it apart."""
+    model = gpt("gpt2")
+    seen = []
+
+    def zero(grad, hook):
+        seen.append(grad.shape)
+        return np.zeros_like(grad)
+    model.zero_grad()
+    with model.hooks(bwd_hooks=[("hook_pos_embed", zero)]):
+        logits = model(ids())
+        model.backward(np.ones_like(logits))
+    assert seen == [(B, T, 8)] and not model.pos_emb.weight.grad.any()
+    np.testing.assert_allclose(logits, model(ids()), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama_gqa"])
 def test_backward_after_a_forward_whose_hook_raised_is_refused(family):
     """Layers before the hook keep the failed pass's activations, those after it the previous pass's."""

@@ -275,8 +275,8 @@ class _Tracked(np.ndarray):
 def add_through_hook(module, point, x, *args, **kwargs):
     """``module(x, ...)`` for a module that adds an array to x (a position table), with that array through the
     hook point ``point`` (None: the module has none): (output, whether the array was computed apart, which
-    happens only while ``point`` has a forward hook)."""
-    if point is None or not point.fwd_hooks:
+    happens only while ``point`` has a hook: a forward hook to see it, a backward hook to see its gradient)."""
+    if point is None or not (point.fwd_hooks or point.bwd_hooks):
         if point is not None:
             point.forget()
         return module(x, *args, **kwargs), False

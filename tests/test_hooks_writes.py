@@ -57,10 +57,23 @@ def copy_to(act, hook):
     np.copyto(act[:, 0], SRC[:, 0])
 
 
+def flat_assign(act, hook):
+    width = act.shape[2]
+    act.flat[:width] = SRC[:, 0].ravel()     # act is (1, T, d): its first d flat elements are position 0
+
+
+def put(act, hook):
+    act.put(np.arange(act.shape[2]), SRC[:, 0].ravel())
+
+
+def put_through_numpy(act, hook):
+    np.put(act, np.arange(-act.size, -act.size + act.shape[2]), SRC[:, 0].ravel())   # negative indices too
+
+
 SRC = source()
 
 
-@pytest.mark.parametrize("hook", [assign, through_a_view, copy_to])
+@pytest.mark.parametrize("hook", [assign, through_a_view, copy_to, flat_assign, put, put_through_numpy])
 def test_an_element_written_with_its_own_value_passes_no_gradient(hook):
     grad, fd = embedding_grad_and_fd(gpt(), hook)   # token 1 appears only at position 0
     np.testing.assert_allclose(grad, fd, atol=1e-7)
@@ -104,3 +117,14 @@ def test_short_names_work_in_fwd_hooks_and_names_filter_as_in_the_cache():
     seen = []
     model.run_with_hooks(CLEAN, fwd_hooks=[(("pattern", 1), lambda a, h: seen.append(h.name))])
     assert seen == ["blocks.1.attn.hook_pattern"]
+
+
+@pytest.mark.parametrize("hook", [flat_assign, put, put_through_numpy])
+def test_flat_and_put_writes_record_exactly_the_elements_written(hook):
+    model = gpt()
+    model.run_with_hooks(CORRUPTED, fwd_hooks=[("blocks.1.hook_resid_pre", hook)])
+    written = model.blocks[1].hook_resid_pre._written
+    expected = np.zeros((1, CORRUPTED.shape[1], 8), bool)
+    expected[:, 0] = True
+    np.testing.assert_array_equal(written, expected)
+    model.clear_cache()

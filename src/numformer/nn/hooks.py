@@ -16,9 +16,10 @@ patched computation (no gradient flows through it to what produced the original 
 autograd does for ``act[...] = value``. Which elements are written:
 
 * a hook that changes the array it is given in place (``act[:, pos] = v``, also through a view of it,
-  ``act.fill``, ``act *= 0``, ``np.copyto(act, ...)``, ``np.add.at(act, ...)``) and returns None or that
-  array writes the elements it assigned, even those assigned an equal value, plus any whose value
-  changed; the others pass their gradient through unchanged;
+  ``act.flat[i] = v``, ``act.put(i, v)``, ``act.fill``, ``act *= 0``, ``np.copyto(act, ...)``,
+  ``np.add.at(act, ...)``) and returns None or that array writes the elements it assigned, even those
+  assigned an equal value, plus any whose value changed (the only ones counted for other in-place
+  methods, ``act.sort()``); the others pass their gradient through unchanged;
 * a hook that returns a new array (``act * 2``, ``np.where(...)``, another run's activation) writes
   every element: nothing upstream gets a gradient through the hook point. To patch a slice and keep
   the gradient of the rest, assign the slice in place.
@@ -213,14 +214,15 @@ class _WriteLog:
         strides = tuple(st // size * self.index.itemsize for st in view.strides)
         return np.lib.stride_tricks.as_strided(self.index[offset:], view.shape, strides)
 
-    def mark(self, view, key=Ellipsis):
+    def mark(self, view, key=Ellipsis, flat=False):
+        """Record the writes into ``view[key]`` (``flat``: ``view.flat[key]``, key a flat C-order index)."""
         if not self.active:
             return
         index = self.indices(view)
         if index is None:
             self.mask[...] = True            # unknown layout: count every element as written
         else:
-            self.mask[index[key]] = True
+            self.mask[(index.ravel() if flat else index)[key]] = True
 
     def is_whole(self, out):
         """Whether the hook returned the array it was given (or a view of all of it in its order)."""
@@ -230,7 +232,7 @@ class _WriteLog:
         return index is not None and np.array_equal(index.ravel(), self.index)
 
 
-_WRITERS = {np.copyto, np.put, np.place, np.putmask, np.fill_diagonal}
+_WRITERS = {np.copyto, np.place, np.putmask, np.fill_diagonal}      # np.put calls ndarray.put
 
 
 class _Tracked(np.ndarray):
@@ -252,6 +254,25 @@ class _Tracked(np.ndarray):
             self._log.mark(self)
         super().fill(value)
 
+    def put(self, indices, values, mode="raise"):
+        """``ndarray.put``, its writes recorded (flat indices, wrapped or clipped as ``mode`` says)."""
+        super().put(indices, values, mode)
+        if self._log is not None and self.size:
+            index = np.asarray(indices, dtype=np.intp).ravel()
+            index = np.clip(index, 0, self.size - 1) if mode == "clip" else index % self.size
+            self._log.mark(self, index, flat=True)
+
+    @property
+    def flat(self):
+        """``ndarray.flat``, whose item assignments (``act.flat[i] = v``) are recorded."""
+        return _TrackedFlat(self)
+
+    @flat.setter
+    def flat(self, value):
+        if self._log is not None:
+            self._log.mark(self)
+        self.view(np.ndarray).flat = value
+
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         plain = tuple(a.view(np.ndarray) if isinstance(a, _Tracked) else a for a in inputs)
         if method == "at" and isinstance(inputs[0], _Tracked) and inputs[0]._log is not None:
@@ -270,6 +291,35 @@ class _Tracked(np.ndarray):
         if func in _WRITERS and isinstance(args[0], _Tracked) and args[0]._log is not None:
             args[0]._log.mark(args[0])
         return super().__array_function__(func, types, args, kwargs)
+
+
+class _TrackedFlat:
+    """``act.flat`` of the array a forward hook receives: numpy's flat iterator, with ``act.flat[key] = v``
+    recorded as a write of those elements (everything else is the iterator's own)."""
+
+    def __init__(self, array):
+        self._array, self._flat = array, array.view(np.ndarray).flat
+
+    def __setitem__(self, key, value):
+        if self._array._log is not None:
+            self._array._log.mark(self._array, key.view(np.ndarray) if isinstance(key, _Tracked) else key,
+                                  flat=True)
+        self._flat[key] = value
+
+    def __getitem__(self, key):
+        return self._flat[key]
+
+    def __iter__(self):
+        return iter(self._flat)
+
+    def __len__(self):
+        return len(self._flat)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._flat, dtype=dtype)
+
+    def __getattr__(self, name):
+        return getattr(self._flat, name)
 
 
 def add_through_hook(module, point, x, *args, **kwargs):

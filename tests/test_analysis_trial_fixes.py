@@ -117,6 +117,30 @@ def test_bad_arguments_of_the_analysis_api_are_one_clear_value_error():
     _raises_one_line(lambda: A.head_scores(model, batch=1), r"seq_len <= 8")
 
 
+def test_more_bad_arguments_of_the_analysis_api_are_one_clear_value_error():
+    model = _tiny_gpt().eval()
+    ids = np.array([[1, 2, 3, 4]])
+    _raises_one_line(lambda: A.attribution_patching(model, ids, ids[:, ::-1].copy(), A.LogitDifference(99, 2)),
+                     r"LogitDifference's answer 99 .*\[0, 20\)")
+    _raises_one_line(lambda: A.attribution_patching(model, ids, ids[:, ::-1].copy(), A.LogitDifference(1, 99)),
+                     r"LogitDifference's wrong 99 .*\[0, 20\)")
+    _raises_one_line(lambda: A.attribution_patching(model, ids, ids, A.LogitDifference(1, 2, position=10)),
+                     r"LogitDifference's position 10 is outside the input's 4 positions")
+    _raises_one_line(lambda: A.LogitDifference([1, 2, 3], 2)(np.zeros((2, 4, 20))),
+                     r"answer must be one token id or one per batch row \(2\), got shape \(3,\)")
+    _raises_one_line(lambda: A.ablate_heads(model, [("self", 0, 1.5)]).__enter__(),
+                     r"the head of \('self', 0, 1.5\) must be an integer index")
+    _raises_one_line(lambda: A.ablate_heads(model, [("self", "0", 1)]).__enter__(),
+                     r"the layer of \('self', '0', 1\) must be an integer index")
+    assert all(m.head_mask is None for _, m in A.attention_modules(model)["self"])
+    _raises_one_line(lambda: A.head_scores(model, seq_len=4, batch=0), r"batch must be a positive integer, got 0")
+    scores = A.head_scores(model, seq_len=4, batch=1)
+    _raises_one_line(lambda: scores.top("inductin"), r"no head score 'inductin'.*did you mean 'induction'")
+    _raises_one_line(lambda: scores.plot("copying"), r"no head score 'copying'; the scores are previous_token")
+    _raises_one_line(lambda: A.direct_logit_attribution(model, np.vstack([ids, ids]), tokens=[1, 2, 3]),
+                     r"tokens must be one token id or one per batch row \(2\), got shape \(3,\)")
+
+
 def test_the_ablation_metric_text_says_a_fixed_sample_spread_over_the_split():
     from numformer.analysis import run_report
 

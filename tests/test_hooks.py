@@ -426,6 +426,20 @@ def test_backward_after_a_forward_whose_hook_raised_is_refused(family):
         classifier.backward(np.ones((B, 3)))
 
 
+def test_hook_lists_and_the_cache_read_names_as_the_cache_does():
+    model = gpt("gpt2")
+    with pytest.raises(ValueError, match=r"fwd_hooks is a list of \(name, fn\) pairs; got one pair"):
+        model.run_with_hooks(ids(), fwd_hooks=("hook_embed", lambda a, h: None))
+    with pytest.raises(ValueError, match="bwd_hooks is a list of .* got an item 'hook_embed'"):
+        model.run_with_hooks(ids(), bwd_hooks=["hook_embed"])
+    assert no_hooks_left(model)
+    _, cache = model.run_with_cache(ids())
+    assert ("pattern", 0) in cache and "embed" in cache and "blocks.0.hook_resid_pre" in cache
+    assert ("pattern", 5) not in cache and "nothing" not in cache
+    assert cache.get(("pattern", 0)) is cache["pattern", 0] and cache.get("embed") is cache["hook_embed"]
+    assert cache.get(("pattern", 5)) is None and cache.get("nothing", 3) == 3
+
+
 # -- zero cost ------------------------------------------------------------------------------------------------
 def test_without_hooks_no_hook_point_keeps_anything():
     model = gpt("llama_gqa").train()

@@ -35,6 +35,10 @@ def ablate_heads(model, heads):
         for group, layer, head in heads:
             if group not in mods:
                 raise ValueError(f"no attention group {group!r} in {type(model).__name__}; groups: {list(mods)}")
+            for what, value in (("layer", layer), ("head", head)):
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                    raise ValueError(f"the {what} of ({group!r}, {layer!r}, {head!r}) must be an integer index, "
+                                     f"got {value!r}")
             if not 0 <= layer < len(mods[group]):
                 raise ValueError(f"layer {layer} out of range: group {group!r} has {len(mods[group])} layers")
             m = mods[group][layer][1]

@@ -22,6 +22,7 @@ positions (nats).
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,14 +63,23 @@ class HeadScores:
 
     def top(self, score="induction", k=3):
         """The k (layer, head) pairs with the highest ``score``, best first."""
-        v = getattr(self, score)
+        v = getattr(self, _score_name(score))
         order = np.argsort(-v, axis=None, kind="stable")[:k]
         return [tuple(int(i) for i in np.unravel_index(j, v.shape)) for j in order]
 
     def plot(self, score="induction", path=None, title=None, dpi=100):
         """Layer × head heatmap of one score (0 to 1); returns the Figure (a PNG at ``path`` when given)."""
-        return plot_layer_head(getattr(self, score), f"{score.replace('_', '-')} score", path,
+        return plot_layer_head(getattr(self, _score_name(score)), f"{score.replace('_', '-')} score", path,
                                title or f"{score.replace('_', '-')} score of each head", dpi, vmin=0.0, vmax=1.0)
+
+
+def _score_name(score):
+    """``score`` if it is one of ``SCORES``; one ValueError naming them otherwise."""
+    if score not in SCORES:
+        close = difflib.get_close_matches(str(score), SCORES, n=1)
+        raise ValueError(f"no head score {score!r}; the scores are {', '.join(SCORES)}"
+                         + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return score
 
 
 def scores_from_patterns(patterns, seq_len):
@@ -96,6 +106,9 @@ def head_scores(model, seq_len=50, batch=8, rng=0, low=0):
     if getattr(model, "pos_emb", None) is not None and 2 * seq_len > model.block_size:
         raise ValueError(f"head_scores runs 2 x seq_len = {2 * seq_len} tokens but the model's position table "
                          f"holds {model.block_size}; pass seq_len <= {model.block_size // 2}")
+    for what, value in (("seq_len", seq_len), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{what} must be a positive integer, got {value!r}")
     ids = repeated_random_tokens(model.vocab_size, seq_len, batch, rng, low)
     with eval_mode(model):
         _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith("attn.hook_pattern"))

@@ -218,10 +218,17 @@ def effective_weight(layer, name):
 def _direction(model, tokens, baseline_tokens, batch):
     """(B, d_model): the unembedding rows of the tokens (minus those of the baseline tokens)."""
     W = effective_weight(model.lm_head, "the output layer lm_head")
-    d = W[np.broadcast_to(check_token_ids(tokens, len(W), "tokens"), (batch,))]
+    d = W[_per_row(check_token_ids(tokens, len(W), "tokens"), batch, "tokens")]
     if baseline_tokens is not None:
-        d = d - W[np.broadcast_to(check_token_ids(baseline_tokens, len(W), "baseline_tokens"), (batch,))]
+        d = d - W[_per_row(check_token_ids(baseline_tokens, len(W), "baseline_tokens"), batch, "baseline_tokens")]
     return d
+
+
+def _per_row(tokens, batch, what):
+    """(batch,) token ids from one id or one per row; one ValueError for another count."""
+    if tokens.ndim > 1 or (tokens.ndim == 1 and len(tokens) not in (1, batch)):
+        raise ValueError(f"{what} must be one token id or one per batch row ({batch}), got shape {tokens.shape}")
+    return np.broadcast_to(tokens, (batch,))
 
 
 def direct_logit_attribution(model, ids, tokens=None, baseline_tokens=None, position=-1, cache=None):

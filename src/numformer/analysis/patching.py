@@ -39,7 +39,11 @@ class LogitDifference:
     def _rows(self, tokens, batch, vocab=None, what="answer"):
         if vocab is not None:
             check_token_ids(tokens, vocab, f"LogitDifference's {what}")
-        return np.broadcast_to(np.asarray(tokens), (batch,))
+        tokens = np.asarray(tokens)
+        if tokens.ndim > 1 or (tokens.ndim == 1 and len(tokens) not in (1, batch)):
+            raise ValueError(f"LogitDifference's {what} must be one token id or one per batch row ({batch}), "
+                             f"got shape {tokens.shape}")
+        return np.broadcast_to(tokens, (batch,))
 
     def __call__(self, logits):
         z = np.asarray(logits, dtype=np.float64)
@@ -55,12 +59,13 @@ class LogitDifference:
     def grad(self, logits):
         """d metric / d logits, the shape (B, T, V) and dtype of ``logits``."""
         z = np.asarray(logits, dtype=np.float64)
+        check_position(self.position, z.shape[1], "LogitDifference's position")
         g = np.zeros_like(z)
-        B = len(z)
+        B, V = len(z), z.shape[-1]
         rows = np.arange(B)
-        g[rows, self.position, self._rows(self.answer, B)] += 1.0 / B
+        g[rows, self.position, self._rows(self.answer, B, V)] += 1.0 / B
         if self.wrong is not None:
-            g[rows, self.position, self._rows(self.wrong, B)] -= 1.0 / B
+            g[rows, self.position, self._rows(self.wrong, B, V, "wrong")] -= 1.0 / B
         else:
             last = z[:, self.position]
             p = np.exp(last - last.max(axis=-1, keepdims=True))

@@ -350,16 +350,23 @@ def has_forward_hooks(module):
 class ActivationCache(dict):
     """{hook name: activation} of ``run_with_cache``, in the order of the forward pass. As TransformerLens's,
     ``cache["pattern", 1]`` is ``cache["blocks.1.attn.hook_pattern"]`` and ``cache["embed"]`` is
-    ``cache["hook_embed"]`` (``act_name``)."""
+    ``cache["hook_embed"]`` (``act_name``); ``in`` and ``get`` read names the same way."""
 
     def __getitem__(self, key):
-        key = _full_name(key, self)
+        key = _full_name(key, self.keys())
         try:
             return dict.__getitem__(self, key)
         except KeyError:
             close = difflib.get_close_matches(str(key), list(self), n=3)
             raise KeyError(f"no activation {key!r} in the cache" + (f"; did you mean {close}?" if close else
                                                                      "")) from None
+
+    def __contains__(self, key):
+        return dict.__contains__(self, _full_name(key, self.keys()))
+
+    def get(self, key, default=None):
+        """``cache[key]`` (a full or a short name, as ``[]`` reads them), or ``default`` when it has none."""
+        return dict.get(self, _full_name(key, self.keys()), default)
 
 
 _ATTN = ("q", "k", "v", "z", "rot_q", "rot_k", "attn_scores", "pattern")
@@ -393,6 +400,18 @@ def _full_name(name, points):
     if isinstance(name, str) and name not in points and "." not in name:
         return act_name(name)
     return name
+
+
+def _pairs(hooks, what):
+    """``hooks`` as a list of (name, fn) pairs; one ValueError for anything else (a bare pair among them)."""
+    hooks = list(hooks)
+    if len(hooks) == 2 and callable(hooks[1]) and not isinstance(hooks[1], (tuple, list)):
+        raise ValueError(f"{what} is a list of (name, fn) pairs; got one pair {tuple(hooks)!r}: "
+                         f"write {what}=[(name, fn)]")
+    for pair in hooks:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"{what} is a list of (name, fn) pairs; got an item {pair!r}")
+    return hooks
 
 
 # Module attribute names -> TransformerLens's names, one dotted part at a time (the classifier's
@@ -465,7 +484,7 @@ class HookedModel:
         added = []
         try:
             for hooks, direction in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
-                for name, fn in hooks:
+                for name, fn in _pairs(hooks, f"{direction}_hooks"):
                     for point in self._matching(name, points):
                         point.add_hook(fn, direction)
                         added.append((point, fn, direction))

@@ -133,7 +133,9 @@ def test_more_bad_arguments_of_the_analysis_api_are_one_clear_value_error():
     _raises_one_line(lambda: A.ablate_heads(model, [("self", "0", 1)]).__enter__(),
                      r"the layer of \('self', '0', 1\) must be an integer index")
     assert all(m.head_mask is None for _, m in A.attention_modules(model)["self"])
-    _raises_one_line(lambda: A.head_scores(model, seq_len=4, batch=0), r"batch must be a positive integer, got 0")
+    _raises_one_line(lambda: A.head_scores(model, seq_len=4, batch=0), r"batch must be an integer >= 1, got 0")
+    _raises_one_line(lambda: A.head_scores(model, seq_len=1), r"seq_len must be an integer >= 2, got 1 \(with one "
+                                                                r"token repeated, the induction target is the current")
     scores = A.head_scores(model, seq_len=4, batch=1)
     _raises_one_line(lambda: scores.top("inductin"), r"no head score 'inductin'.*did you mean 'induction'")
     _raises_one_line(lambda: scores.plot("copying"), r"no head score 'copying'; the scores are previous_token")

@@ -106,9 +106,11 @@ def head_scores(model, seq_len=50, batch=8, rng=0, low=0):
     if getattr(model, "pos_emb", None) is not None and 2 * seq_len > model.block_size:
         raise ValueError(f"head_scores runs 2 x seq_len = {2 * seq_len} tokens but the model's position table "
                          f"holds {model.block_size}; pass seq_len <= {model.block_size // 2}")
-    for what, value in (("seq_len", seq_len), ("batch", batch)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    for what, value, least in (("seq_len", seq_len, 2), ("batch", batch, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"{what} must be an integer >= {least}, got {value!r}" + (
+                " (with one token repeated, the induction target is the current position itself)"
+                if what == "seq_len" and value == 1 else ""))
     ids = repeated_random_tokens(model.vocab_size, seq_len, batch, rng, low)
     with eval_mode(model):
         _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith("attn.hook_pattern"))

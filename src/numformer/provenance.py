@@ -160,7 +160,8 @@ def cpu_label(machine):
 def machine_info():
     """What the figures depend on (JSON-able): CPU model, core count, platform, Python, NumPy and its BLAS.
     "cpu" is the CPU's model name; "cpu_label" adds what tells apart CPU models of the same name
-    (``cpu_from_cpuinfo``; where there is no /proc/cpuinfo, the name alone)."""
+    (``cpu_from_cpuinfo``; where there is no /proc/cpuinfo, the name alone) and, when the environment sets
+    OPENBLAS_CORETYPE, the kernel family it forces (``label_with_coretype``)."""
     cpu = label = platform.processor() or platform.machine()
     try:
         with open(CPUINFO, encoding="utf-8", errors="replace") as f:
@@ -178,4 +179,16 @@ def machine_info():
     core = openblas_core()
     if core:
         info["blas_core"] = core          # OpenBLAS's kernels for this CPU: small products' speed depends on them
+        forced = os.environ.get("OPENBLAS_CORETYPE", "").strip()
+        if forced:                        # kernels chosen by the environment, not by OpenBLAS for this CPU
+            info["blas_coretype"] = forced
+            info["cpu_label"] = label_with_coretype(label, forced)
     return info
+
+
+def label_with_coretype(label, coretype):
+    """``label`` marked with the OPENBLAS_CORETYPE that forced OpenBLAS's kernels, e.g. "AMD EPYC (Zen 5, family 26
+    model 2, AVX-512; OPENBLAS_CORETYPE=Haswell)": the products run about twice as fast with AVX-512 kernels as
+    with AVX2 ones on the same core, so figures under a forced family are a machine of their own."""
+    mark = f"OPENBLAS_CORETYPE={coretype}"
+    return f"{label[:-1]}; {mark})" if label.endswith(")") else f"{label} ({mark})"

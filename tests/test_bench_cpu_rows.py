@@ -73,7 +73,7 @@ def test_machine_info_reads_the_label_from_cpuinfo(tmp_path, monkeypatch):
 @pytest.mark.parametrize("coretype", ["Haswell", " SkylakeX "])
 def test_a_forced_openblas_kernel_family_is_part_of_the_label(tmp_path, monkeypatch, coretype):
     """OPENBLAS_CORETYPE in the environment picks OpenBLAS's kernels instead of the CPU: figures measured under it
-    get a row of their own (the same core runs products about 2x faster with AVX-512 kernels than AVX2 ones)."""
+    get a row of their own (a Zen 5 core runs products about 2x faster with AVX-512 kernels than AVX2 ones)."""
     (tmp_path / "cpuinfo").write_text(ZEN4, encoding="utf-8")
     monkeypatch.setattr(provenance, "CPUINFO", str(tmp_path / "cpuinfo"))
     monkeypatch.setattr(provenance, "openblas_core", lambda: "Haswell")

@@ -188,7 +188,8 @@ def machine_info():
 
 def label_with_coretype(label, coretype):
     """``label`` marked with the OPENBLAS_CORETYPE that forced OpenBLAS's kernels, e.g. "AMD EPYC (Zen 5, family 26
-    model 2, AVX-512; OPENBLAS_CORETYPE=Haswell)": the products run about twice as fast with AVX-512 kernels as
-    with AVX2 ones on the same core, so figures under a forced family are a machine of their own."""
+    model 2, AVX-512; OPENBLAS_CORETYPE=Haswell)": the kernel family sets the products' speed (on a Zen 5 core,
+    about half with AVX2 kernels what it is with AVX-512 ones), so figures under a forced family are a machine of
+    their own."""
     mark = f"OPENBLAS_CORETYPE={coretype}"
     return f"{label[:-1]}; {mark})" if label.endswith(")") else f"{label} ({mark})"

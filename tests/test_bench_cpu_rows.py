@@ -222,3 +222,19 @@ def test_the_committed_sections_give_rows(name):
     rows = runner.keep_cpu_rows(runner.load_part(name), section, {"_run": {"quick": True}}, log=None)
     kept = section.get(runner.CPU_ROWS_KEY)         # a section written since rows are kept: its rows, unchanged
     assert rows == kept if kept else list(rows) == [provenance.cpu_label(section["_run"]["machine"])]
+
+
+def test_a_run_under_a_forced_kernel_family_keeps_its_own_row_and_says_so(tmp_path, monkeypatch):
+    """The same CPU with OPENBLAS_CORETYPE set is another row: neither run's figures replace the other's."""
+    part, out = _fake_part(monkeypatch), tmp_path / "out"
+    _run_on(monkeypatch, out, part, ZEN4_LABEL, 1.5)
+    forced = provenance.label_with_coretype(ZEN4_LABEL, "Haswell")
+    said = []
+    monkeypatch.setattr(runner, "machine_info", lambda: {"cpu": "AMD EPYC", "cpu_label": forced,
+                                                         "blas_coretype": "Haswell"})
+    part.speeds.append(1.1)
+    runner.run_parts(["fake"], out_dir=out, log=said.append)
+    rows = json.loads((out / "bench.json").read_text(encoding="utf-8"))["fake"]["_per_cpu"]
+    assert {label: row["speed ratio"] for label, row in rows.items()} == {ZEN4_LABEL: 1.5, forced: 1.1}
+    assert any(line.startswith("note: OPENBLAS_CORETYPE=Haswell in the environment") for line in said)
+    assert f"| {forced} |" in (out / "bench.md").read_text(encoding="utf-8")

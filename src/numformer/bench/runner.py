@@ -242,6 +242,11 @@ def run_parts(parts, quick=False, out_dir="results", log=print, options=None):
     check_results_folder(out_dir, "--out")
     load_results(out_dir)                                      # a damaged bench.json: refused before any part runs
     commit = git_commit()                                      # the code this process runs, asked at its start
+    forced = machine_info().get("blas_coretype")
+    if forced:
+        log(f"note: OPENBLAS_CORETYPE={forced} in the environment picks OpenBLAS's kernels instead of the CPU, and "
+            f"the products' speed depends on them; these runs are labelled with it (unset it to measure the "
+            f"kernels OpenBLAS picks for this CPU)")
     done = {}
     for name, module in modules.items():
         flags = (" --quick" if quick else "") + "".join(

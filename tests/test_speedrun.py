@@ -186,6 +186,31 @@ def test_the_profile_times_every_family_of_a_step():
         assert name in fam and fam[name] >= 0
     assert sum(fam.values()) == pytest.approx(p["step_seconds"], rel=1e-6)
     assert p["batch_share"] == 2 and p["tokens_per_step"] == 2 * 16
+    assert len(p["round_step_seconds"]) == 1 and p["step_seconds"] == p["round_step_seconds"][0]
+
+
+def test_the_profile_reports_its_median_round(monkeypatch, fake_clock):
+    """Of several timed rounds the one of median step time is reported, families included: a round slowed by
+    another process (here the second: its clipping advances the fake clock by 100 s a step) is not shown."""
+    from numformer.bench import profile as prof
+
+    calls = {"n": 0}
+    real = prof.clip_grad_norm
+
+    def clip(*a, **k):
+        calls["n"] += 1
+        if 4 <= calls["n"] <= 5:                  # the second timed round's two steps (after one warm-up step)
+            fake_clock.now += 100.0
+        return real(*a, **k)
+
+    monkeypatch.setattr(prof, "clip_grad_norm", clip)
+    p = prof.profile_training_step(TINY, processes=2, steps=2, warmup=1, rounds=3)
+    rounds = p["round_step_seconds"]
+    assert calls["n"] == 7 and len(rounds) == 3
+    assert rounds[1] >= 100 > max(rounds[0], rounds[2])
+    assert p["step_seconds"] == sorted(rounds)[1] == max(rounds[0], rounds[2])
+    assert sum(p["families"].values()) == pytest.approx(p["step_seconds"], rel=1e-6)
+    assert p["families"]["optimizer and clipping"] < 100
 
 
 def test_matmul_peak_counts_two_n_cubed(fake_clock):

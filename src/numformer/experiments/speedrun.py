@@ -319,6 +319,10 @@ def _quick_overrides(config):
     return quick + (["model.n_kv_heads=1"] if "n_kv_heads" in config["model"] else [])
 
 
+# The profile times this many rounds of 20 steps and reports the median round (bench.profile).
+PROFILE_ROUNDS = 5
+
+
 def run_profile(exp, ctx):
     """Where a training step of the recipe's model goes, and the MFU; appends this commit's profile to the
     earlier ones of results/shakespeare_speedrun_profile.json (replacing an earlier profile of the same commit;
@@ -334,7 +338,8 @@ def run_profile(exp, ctx):
     started = time.perf_counter()
     peaks = _peaks(ctx.quick)
     cores = peaks["cores"]
-    profile = profile_training_step(config, processes=cores, steps=3 if ctx.quick else 20)
+    profile = profile_training_step(config, processes=cores, steps=3 if ctx.quick else 20,
+                                    rounds=1 if ctx.quick else PROFILE_ROUNDS)
     entry = {"commit": git_commit(), "date": datetime.date.today().isoformat(), "cpu": cpu_label(machine_info()),
              **profile, "mfu_one_worker": profile["flops_per_s"] / peaks["one_thread"], "peaks": peaks}
     history = [e for e in earlier if (e["commit"], e["cpu"]) != (entry["commit"], entry["cpu"])] + [entry]
@@ -612,6 +617,15 @@ PROFILE_RECORD = {"command": str, "date": str,
                                 "batch_share": int}, 1]}
 
 
+def _rounds_text(profile):
+    """How the latest profile was timed: its rounds and the median kept (profiles before rounds: nothing)."""
+    rounds = profile.get("round_step_seconds") or []
+    if len(rounds) < 2:
+        return ""
+    spread = ", ".join(f"{1e3 * s:.2f}" for s in rounds)
+    return f" ({len(rounds)} rounds of steps, ms per step {spread}; the median round is shown)"
+
+
 def profile_markdown(record, level="#", main=None):
     profiles = _profile_history(record)
     last = profiles[-1]
@@ -621,7 +635,8 @@ def profile_markdown(record, level="#", main=None):
     lines = [f"{level} Where a training step's time goes", "",
              f"Produced by `{record['command']}` (latest on {record['date']}): training steps of the recipe's "
              f"model as one of the {last['processes']} data-parallel workers runs them (its share of "
-             f"{last['batch_share']} windows, one thread), every op timed. The first column is the earliest "
+             f"{last['batch_share']} windows, one thread), every op timed{_rounds_text(last)}. The first "
+             f"column is the earliest "
              f"profile kept in the file (before the speed work), then the latest on each CPU model.", "",
              head, "|---|" + "---|" * len(shown)]
     for fam in families:

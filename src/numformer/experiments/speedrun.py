@@ -623,7 +623,7 @@ def _rounds_text(profile):
     if len(rounds) < 2:
         return ""
     spread = ", ".join(f"{1e3 * s:.2f}" for s in rounds)
-    return f" ({len(rounds)} rounds of steps, ms per step {spread}; the median round is shown)"
+    return f"; the latest profile timed {len(rounds)} rounds of steps (ms per step {spread}), its median round shown"
 
 
 def profile_markdown(record, level="#", main=None):

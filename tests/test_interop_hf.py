@@ -208,6 +208,90 @@ def test_shape_mismatch_names_the_tensor(tmp_path):
         hf.load_pretrained(folder)
 
 
+def test_loading_checks_every_shape_before_reading_and_reads_one_tensor_at_a_time(tmp_path, monkeypatch):
+    """load_pretrained checks the whole checkpoint from its headers before reading any tensor (a misshapen
+    tensor is refused with none read), then copies it into the model one numformer tensor at a time: when a
+    tensor is read, no tensor read for an earlier parameter is still held, so loading needs about the model's
+    own memory; the loaded model is the one the eager reader gives."""
+    import weakref
+
+    from numformer.interop import safetensors_reader
+
+    folder, _ = make_hf(tmp_path, **SHAPES["n_inner"])
+    real_read, reads, held = safetensors_reader.StoredTensor.read, [], []
+
+    def read(self):
+        a = real_read(self)
+        held.append(sum(r() is not None for r in reads))          # earlier tensors still alive now
+        reads.append(weakref.ref(a))
+        return a
+
+    monkeypatch.setattr(safetensors_reader.StoredTensor, "read", read)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "n_inner": 48}))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        hf.load_pretrained(folder)
+    assert reads == []
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model, _ = hf.load_pretrained(folder)
+    n_reads = len(reads)
+    stored = hf.read_safetensors(folder)                           # every tensor read at once
+    assert n_reads == len(stored) and max(held[:n_reads]) == 0
+    expected = hf.to_numformer_state(hf.family("gpt2"), model.config, stored,
+                                     {n: p.shape for n, p in model.named_parameters()})
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.data, expected[name])
+
+
+def test_a_checkpoint_larger_than_the_memory_left_is_refused_before_loading(tmp_path, monkeypatch):
+    """With less memory left than the weights in float32 need (plus three times the largest tensor), one
+    ValueError names both figures and the way round, before the model is built; NUMFORMER_NO_MEMORY_CHECK=1
+    loads it anyway, and so does an unknown figure (another platform)."""
+    from numformer.interop.hf import checkpoints
+
+    folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
+    sizes = [int(np.prod(a.shape)) for a in hf.read_safetensors(folder).values()]
+    need = 4 * (sum(sizes) + 3 * max(sizes))
+    built = []
+    monkeypatch.setattr(checkpoints, "GPT", lambda *a, **k: built.append(1) or GPT(*a, **k))
+    monkeypatch.setattr(checkpoints, "available_memory", lambda: need - 1)
+    with pytest.raises(ValueError, match=rf"needs about .* GiB of memory \({sum(sizes):,} weights in float32\), "
+                                         r"but this machine has .* GiB left.*NUMFORMER_NO_MEMORY_CHECK=1"):
+        hf.load_pretrained(folder)
+    assert built == []
+    hf.load_pretrained(folder, dtype=np.float16)                   # half the bytes: fits
+    monkeypatch.setenv("NUMFORMER_NO_MEMORY_CHECK", "1")
+    hf.load_pretrained(folder)
+    monkeypatch.delenv("NUMFORMER_NO_MEMORY_CHECK")
+    monkeypatch.setattr(checkpoints, "available_memory", lambda: need)
+    hf.load_pretrained(folder)
+    monkeypatch.setattr(checkpoints, "available_memory", lambda: None)
+    hf.load_pretrained(folder)
+    assert len(built) == 4
+
+
+@pytest.mark.parametrize("meminfo, cgroup, expected", [
+    ("MemTotal: 9000 kB\nMemAvailable: 1000 kB\nSwapFree: 24 kB\n", None, 1024 * 1024),
+    ("MemAvailable: 1000 kB\n", None, 1000 * 1024),
+    ("MemAvailable: 1000 kB\nSwapFree: 0 kB\n", ("500000", "100000"), 400000),
+    ("MemAvailable: 1000 kB\nSwapFree: 0 kB\n", ("max", "100000"), 1000 * 1024),
+    ("MemAvailable: 1000 kB\nSwapFree: 0 kB\n", ("1000", "5000"), 0),
+    ("MemTotal: 9000 kB\n", None, None),
+    (None, None, None),
+])
+def test_available_memory_reads_meminfo_and_the_cgroup_limit(tmp_path, monkeypatch, meminfo, cgroup, expected):
+    from numformer import _platform
+
+    if meminfo is not None:
+        (tmp_path / "meminfo").write_text(meminfo)
+    if cgroup is not None:
+        (tmp_path / "memory.max").write_text(cgroup[0] + "\n")
+        (tmp_path / "memory.current").write_text(cgroup[1] + "\n")
+    monkeypatch.setattr(_platform, "MEMINFO", str(tmp_path / "meminfo"))
+    monkeypatch.setattr(_platform, "CGROUP_MEMORY", str(tmp_path))
+    assert _platform.available_memory() == expected
+
+
 def test_missing_and_unexpected_tensors(tmp_path):
     from safetensors.numpy import load_file, save_file
 

@@ -215,3 +215,29 @@ def process_cpu_seconds(pid):
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
         return None
+
+
+MEMINFO = "/proc/meminfo"                                   # Linux: the kernel's memory figures
+CGROUP_MEMORY = "/sys/fs/cgroup"                            # Linux: cgroup v2 (a container's memory limit)
+
+
+def available_memory():
+    """Bytes of memory a new allocation can still get on Linux: the kernel's estimate of what is available
+    without swapping (MemAvailable) plus free swap, and no more than the room left under the cgroup's limit
+    (cgroup v2 ``memory.max`` minus ``memory.current``, as in a container); None elsewhere or when unreadable."""
+    try:
+        with open(MEMINFO, encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        available = (int(fields["MemAvailable"].split()[0]) + int(fields.get("SwapFree", "0 kB").split()[0])) * 1024
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    try:
+        with open(os.path.join(CGROUP_MEMORY, "memory.max"), encoding="ascii") as f:
+            limit = f.read().strip()
+        with open(os.path.join(CGROUP_MEMORY, "memory.current"), encoding="ascii") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            available = min(available, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return available

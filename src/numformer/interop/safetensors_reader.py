@@ -119,6 +119,15 @@ def read_header(path):
     return entries, 8 + n, data_len
 
 
+def _decoded(raw, dtype, shape):
+    """The array of a tensor's little-endian bytes ``raw`` (a uint8 buffer) in native byte order, a copy;
+    bfloat16 widened to float32 exactly."""
+    a = np.frombuffer(raw, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<")).reshape(shape)
+    if dtype == "BF16":
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    return np.array(a, dtype=a.dtype.newbyteorder("="))
+
+
 def read_safetensors_file(path, select=None):
     """{name: array} of one safetensors file, checked by ``read_header`` before any tensor is read;
     ``select(name)`` -> bool reads only some tensors."""
@@ -127,14 +136,49 @@ def read_safetensors_file(path, select=None):
         entries = {k: v for k, v in entries.items() if select(k)}
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(data_len,)) if data_len else \
         np.zeros(0, np.uint8)
-    out = {}
-    for name, (dtype, shape, begin, end) in entries.items():
-        a = np.frombuffer(data[begin:end], dtype=np.dtype(DTYPES[dtype]).newbyteorder("<")).reshape(shape)
-        if dtype == "BF16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)
-        out[name] = np.array(a, dtype=a.dtype.newbyteorder("="))
+    out = {name: _decoded(data[begin:end], dtype, shape) for name, (dtype, shape, begin, end) in entries.items()}
     del data
     return out
+
+
+class StoredTensor:
+    """One tensor of a checked safetensors file (``stored_tensors``): its ``shape`` and ``dtype`` (as read:
+    bfloat16 as float32) from the header, its data read from the file only when it is used as an array
+    (``np.asarray``), each time: a whole checkpoint can be copied into a model one tensor at a time."""
+
+    def __init__(self, path, dtype, shape, offset, nbytes):
+        self.path, self.stored_dtype, self.shape, self.offset, self.nbytes = path, dtype, shape, offset, nbytes
+
+    @property
+    def dtype(self):
+        return np.dtype(np.float32 if self.stored_dtype == "BF16" else DTYPES[self.stored_dtype])
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def read(self):
+        """The tensor's array, read from the file now."""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            raw = f.read(self.nbytes)
+        if len(raw) != self.nbytes:
+            raise _bad(self.path, "it ended while a tensor was read (was it changed while numformer read it?)")
+        return _decoded(raw, self.stored_dtype, self.shape)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.read()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __repr__(self):
+        return f"StoredTensor({str(self.path)!r}, {self.stored_dtype}, shape={self.shape})"
+
+
+def stored_tensors(path):
+    """{name: StoredTensor} of one safetensors file, checked by ``read_header`` (no tensor read yet)."""
+    entries, start, _ = read_header(path)
+    return {name: StoredTensor(Path(path), dtype, shape, start + begin, end - begin)
+            for name, (dtype, shape, begin, end) in entries.items()}
 
 
 def shard_files(folder, index_path):

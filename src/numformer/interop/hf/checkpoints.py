@@ -20,6 +20,8 @@ without the network.
 """
 from __future__ import annotations
 
+import math
+import os
 import re
 import sys
 from dataclasses import replace
@@ -28,12 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from ..._install import install_hint, require
+from ..._platform import available_memory
 from ..._limits import bounded_json, check_bounds
 from ...data.tokenizers import PretrainedTokenizer
 from ...data.tokenizers.pretrained import side_files
 from ...models import GPT
 from ...run_files import write_atomic, write_json_atomic
-from ..safetensors_reader import read_header, read_safetensors_file, shard_files
+from ..safetensors_reader import read_header, read_safetensors_file, shard_files, stored_tensors
 from .families import FAMILIES, default_export_type, family
 
 CONFIG = "config.json"
@@ -128,17 +131,18 @@ def _weight_files(folder):
                      f"model.save_pretrained(folder)")
 
 
-def read_safetensors(folder):
-    """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32), each file
-    checked in full by ``safetensors_reader`` before it is read; with shards, every tensor must be listed by
-    the index, in the shard the index names, and in one shard only."""
+def read_safetensors(folder, lazy=False):
+    """{tensor name: array} of every weight file of a folder, as stored (bfloat16 as float32); every file's
+    header checked in full by ``safetensors_reader`` before any tensor is read; with shards, every tensor must be
+    listed by the index, in the shard the index names, and in one shard only. ``lazy``: the values are
+    ``StoredTensor``s (shape and dtype known, the data read when used as an array) instead of arrays."""
     folder = Path(folder)
     weight_map, files = _weight_files(folder)
     tensors, where = {}, {}
     for path in files:
         if not path.is_file():
             raise ValueError(f"{path} is listed in {WEIGHTS_INDEX} but missing; download it again")
-        for name, array in read_safetensors_file(path).items():
+        for name, array in stored_tensors(path).items():
             if name in tensors:
                 raise ValueError(f"{path} holds tensor {name!r}, which {where[name]} also holds; download the "
                                  f"shards again")
@@ -152,7 +156,7 @@ def read_safetensors(folder):
     if weight_map is not None and set(weight_map) - set(tensors):
         raise ValueError(f"{folder / WEIGHTS_INDEX} lists tensors no shard holds: "
                          f"{sorted(set(weight_map) - set(tensors))[:5]}; download the shards again")
-    return tensors
+    return tensors if lazy else {name: t.read() for name, t in tensors.items()}
 
 
 def _stores(folder, fam, name):
@@ -208,6 +212,14 @@ def to_numformer_state(fam, config, hf_state, expected, where="checkpoint"):
     (``config.tie_weights``) drops a stored ``lm_head.weight`` equal to the embedding and refuses one that
     differs. Raises one ValueError naming missing, unexpected or misshapen tensors.
     """
+    return {nf: _assembled(parts, transpose) for nf, parts, transpose in
+            numformer_plan(fam, config, hf_state, expected, where)}
+
+
+def numformer_plan(fam, config, hf_state, expected, where="checkpoint"):
+    """``to_numformer_state``'s checks, made from the tensors' shapes alone: [(numformer name, [checkpoint
+    tensors], transpose)], the tensors that make each numformer tensor (``_assembled``). ``hf_state``'s values
+    may be arrays or ``StoredTensor``s, which are read only to compare a stored lm_head with the embedding."""
     state = {fam.canonical(k): v for k, v in hf_state.items() if not re.search(fam.ignored, fam.canonical(k))}
     emb = fam.tensors(config)[0].hf[0]
     if config.tie_weights and "lm_head.weight" in state:
@@ -215,32 +227,43 @@ def to_numformer_state(fam, config, hf_state, expected, where="checkpoint"):
             raise ValueError(f"{where} stores an lm_head.weight that differs from {emb}, but the model ties them; "
                              f"build it with tie_weights = false")
         state.pop("lm_head.weight")              # a tied head saved anyway: the embedding itself
-    out, missing, wrong = {}, [], []
+    plan, missing, wrong = [], [], []
     for row in fam.tensors(config):
-        parts = []
-        for name in row.hf:
-            if name not in state:
-                missing.append(name)
-                continue
-            a = state.pop(name)
-            parts.append(a.T if row.transpose else a)
+        missing += [name for name in row.hf if name not in state]
+        parts = [state.pop(name) for name in row.hf if name in state]
         if len(parts) != len(row.hf):
             continue
-        a = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-        if a.shape != tuple(expected[row.nf]):
-            shapes = [tuple(p.T.shape if row.transpose else p.shape) for p in parts]
-            want = tuple(expected[row.nf])
+        shapes = [tuple(np.shape(p)) for p in parts]                     # as stored
+        want = tuple(expected[row.nf])
+        if _concatenated_shape([s[::-1] if row.transpose else s for s in shapes]) != want:
             want_hf = want[::-1] if row.transpose and len(parts) == 1 else want
             wrong.append(f"{', '.join(row.hf)} has shape {', '.join(map(str, shapes))} but {CONFIG} implies "
                          f"{want_hf}")
             continue
-        out[row.nf] = np.ascontiguousarray(a)
+        plan.append((row.nf, parts, row.transpose))
     problems = ([f"shape mismatch: {'; '.join(wrong)}"] if wrong else []) + \
                ([f"missing tensors {missing}"] if missing else []) + \
                ([f"unexpected tensors {sorted(state)}"] if state else [])
     if problems:
         raise ValueError(f"{where} does not fit its {CONFIG} ({fam.model_type}): " + " | ".join(problems))
-    return out
+    return plan
+
+
+def _concatenated_shape(shapes):
+    """The shape of arrays of ``shapes`` concatenated along axis 0, or None where they do not concatenate."""
+    if len(shapes) == 1:
+        return shapes[0]
+    if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
+        return None
+    return (sum(s[0] for s in shapes),) + shapes[0][1:]
+
+
+def _assembled(parts, transpose):
+    """One numformer tensor from its checkpoint tensors (``numformer_plan``): each read, transposed if asked,
+    then concatenated along axis 0 (q, k, v into qkv_proj); C-contiguous."""
+    arrays = [np.asarray(p) for p in parts]
+    arrays = [a.T for a in arrays] if transpose else arrays
+    return np.ascontiguousarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0))
 
 
 def to_hf_state(fam, config, nf_state):
@@ -319,18 +342,49 @@ def load_pretrained(source, dtype=np.float32, **overrides):
     if changed:
         raise ValueError(f"{changed} would change the model of {source}; only dropout, attention and "
                          f"gradient_checkpointing may be set when loading it")
+    check_memory(folder, source, dtype)
     model = GPT(replace(config, **overrides), rng=np.random.default_rng(0), dtype=dtype)
     load_hf_weights(model, folder)
     return model.eval(), load_tokenizer(folder, hf_config)
 
 
+# Set (to anything but "" or "0") to load a checkpoint that ``check_memory`` finds too large for this machine.
+NO_MEMORY_CHECK = "NUMFORMER_NO_MEMORY_CHECK"
+
+
+def check_memory(folder, source, dtype):
+    """One ValueError, before anything is allocated, when the weights of ``folder`` (their headers) in ``dtype``
+    and the largest tensor's reading (read, widened, concatenated: three times its size) need more than the
+    memory this machine has left (``_platform.available_memory``): loading would end in the operating system
+    killing the process, with no message. Nothing is checked where that figure is unknown."""
+    available = available_memory()
+    if available is None or os.environ.get(NO_MEMORY_CHECK, "") not in ("", "0"):
+        return
+    sizes = [math.prod(t.shape) for t in read_safetensors(folder, lazy=True).values()]
+    itemsize = np.dtype(dtype).itemsize
+    need = (sum(sizes) + 3 * max(sizes, default=0)) * itemsize
+    if need > available:
+        raise ValueError(f"{source} needs about {need / 2 ** 30:.1f} GiB of memory ({sum(sizes):,} weights in "
+                         f"{np.dtype(dtype).name}), but this machine has {available / 2 ** 30:.1f} GiB left (free "
+                         f"memory and swap); close other programs or use a machine with more memory (or set "
+                         f"{NO_MEMORY_CHECK}=1 to try anyway)")
+
+
 def load_hf_weights(model, folder):
     """Copy the weights of a Hugging Face folder into ``model`` (a GPT of its config, ``hf_model_config``), name
-    by name (``to_numformer_state``), cast to the model's dtype. Returns the model."""
+    by name (``to_numformer_state``'s checks, all made before any tensor is read), cast to the model's dtype.
+    The tensors are read one numformer tensor at a time, straight into the parameters: loading needs about the
+    model's own memory, not twice it. Returns the model."""
     fam = family(read_hf_config(folder)["model_type"])
-    expected = {n: p.shape for n, p in model.named_parameters()}
-    model.load_state_dict(to_numformer_state(fam, model.config, read_safetensors(folder), expected,
-                                             f"{folder}/{WEIGHTS}"))
+    params = dict(model.named_parameters())
+    plan = numformer_plan(fam, model.config, read_safetensors(folder, lazy=True),
+                          {n: p.shape for n, p in params.items()}, f"{folder}/{WEIGHTS}")
+    missing = sorted(set(params) - {nf for nf, _, _ in plan})
+    if missing:
+        raise ValueError(f"{folder}/{WEIGHTS} does not fit its {CONFIG} ({fam.model_type}): the model's "
+                         f"{missing} have no checkpoint tensors")
+    for nf, parts, transpose in plan:
+        params[nf].data[...] = _assembled(parts, transpose)
     return model
 
 

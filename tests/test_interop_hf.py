@@ -270,6 +270,40 @@ def test_a_checkpoint_larger_than_the_memory_left_is_refused_before_loading(tmp_
     assert len(built) == 4
 
 
+def test_a_loaded_model_draws_no_initial_weights(tmp_path, monkeypatch):
+    """Inside ``nn.init.skipped()`` a model is built without drawing from its generator (its weights zeros until
+    written), and load_pretrained builds its model so: the loaded weights are all the checkpoint's."""
+    import contextlib
+
+    from numformer.interop.hf import checkpoints
+    from numformer.nn import init
+
+    rng = np.random.default_rng(3)
+    before = rng.bit_generator.state
+    with init.skipped():
+        model = GPT(vocab_size=50, block_size=8, n_layers=2, n_heads=2, d_model=8, rng=rng)
+    assert rng.bit_generator.state == before
+    assert all(not p.data.any() for n, p in model.named_parameters() if "norm" not in n and "ln" not in n)
+    assert GPT(vocab_size=50, block_size=8, n_layers=2, n_heads=2, d_model=8, rng=rng).lm_head.weight.data.any()
+
+    folder, torch_model = make_hf(tmp_path, **SHAPES["untied_relu"])
+    entered, real_skipped = [], init.skipped
+
+    @contextlib.contextmanager
+    def skipped():
+        with real_skipped():
+            entered.append(1)
+            yield
+
+    monkeypatch.setattr(checkpoints.init, "skipped", skipped)
+    loaded, _ = hf.load_pretrained(folder)
+    assert entered == [1]
+    ids = np.arange(12).reshape(2, 6)
+    with torch.no_grad():
+        want = torch_model(torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(loaded(ids), want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("meminfo, cgroup, expected", [
     ("MemTotal: 9000 kB\nMemAvailable: 1000 kB\nSwapFree: 24 kB\n", None, 1024 * 1024),
     ("MemAvailable: 1000 kB\n", None, 1000 * 1024),

@@ -128,9 +128,10 @@ def load_run_model(run_dir, model_section, dtype, lora=None):
     have been trained with that section (``check_weights``); eval mode."""
     run_dir = Path(run_dir)
     section = {k: v for k, v in model_section.items() if k != "init_from"}
-    model = build_model(section, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
-    if lora:
-        add_lora(model, **lora, rng=0)
+    with init.skipped():            # every parameter is written by load_model_weights (strict: or it raises)
+        model = build_model(section, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
+        if lora:
+            add_lora(model, **lora, rng=0)
     path = run_weights(run_dir)
     check_weights(path, load_model_weights(path, model), section, dtype)
     return model.eval()

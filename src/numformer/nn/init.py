@@ -1,9 +1,30 @@
-"""Weight initializations (the same distributions torch uses)."""
+"""Weight initializations (the same distributions torch uses).
+
+``skipped()`` turns them off for a model about to be overwritten (a checkpoint loaded into it).
+"""
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import numpy as np
+
+_skipping = threading.local()
+
+
+@contextlib.contextmanager
+def skipped():
+    """Inside the block, ``uniform`` and ``normal`` (every initialization below) return zeros (``np.zeros``:
+    memory the system hands out zeroed, not written now) and draw nothing: for a model whose every parameter is
+    written next, as when a checkpoint is loaded (torch's ``skip_init``). Drawing a billion weights only to
+    overwrite them takes most of the loading time. Per thread."""
+    before = getattr(_skipping, "on", False)
+    _skipping.on = True
+    try:
+        yield
+    finally:
+        _skipping.on = before
 
 
 def default_rng(rng):
@@ -17,11 +38,15 @@ def default_rng(rng):
 
 def uniform(rng, shape, bound, dtype):
     """An array of ``shape`` drawn uniformly from [-bound, bound) by ``rng``, in ``dtype``."""
+    if getattr(_skipping, "on", False):
+        return np.zeros(shape, dtype)
     return rng.uniform(-bound, bound, size=shape).astype(dtype)
 
 
 def normal(rng, shape, std, dtype):
     """An array of ``shape`` drawn from N(0, std²) by ``rng``, in ``dtype``."""
+    if getattr(_skipping, "on", False):
+        return np.zeros(shape, dtype)
     return (rng.standard_normal(size=shape) * std).astype(dtype)
 
 

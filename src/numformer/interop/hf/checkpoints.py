@@ -35,6 +35,7 @@ from ..._limits import bounded_json, check_bounds
 from ...data.tokenizers import PretrainedTokenizer
 from ...data.tokenizers.pretrained import side_files
 from ...models import GPT
+from ...nn import init
 from ...run_files import write_atomic, write_json_atomic
 from ..safetensors_reader import read_header, read_safetensors_file, shard_files, stored_tensors
 from .families import FAMILIES, default_export_type, family
@@ -343,7 +344,8 @@ def load_pretrained(source, dtype=np.float32, **overrides):
         raise ValueError(f"{changed} would change the model of {source}; only dropout, attention and "
                          f"gradient_checkpointing may be set when loading it")
     check_memory(folder, source, dtype)
-    model = GPT(replace(config, **overrides), rng=np.random.default_rng(0), dtype=dtype)
+    with init.skipped():                      # every parameter is written by load_hf_weights (or it raises)
+        model = GPT(replace(config, **overrides), rng=np.random.default_rng(0), dtype=dtype)
     load_hf_weights(model, folder)
     return model.eval(), load_tokenizer(folder, hf_config)
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from numformer.interop import hf
-from numformer.interop.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_keys, load_adapter, save_adapter
+from numformer.interop.peft import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, REFUSED, adapter_keys, load_adapter,
+                                    read_adapter_config, save_adapter)
 from numformer.lora import add_lora
 
 torch = pytest.importorskip("torch")
@@ -103,16 +104,48 @@ def _adapter(tmp_path):
                                           ("modules_to_save", ["lm_head"]), ("layers_to_transform", [0]),
                                           ("alora_invocation_tokens", [42, 99]), ("kasa_config", {"beta": 1e-4}),
                                           ("velora_config", {"num_groups": 64}),
-                                          ("monteclora_config", {"num_samples": 8}), ("use_bdlora", {"nblocks": 2})])
+                                          ("monteclora_config", {"num_samples": 8}), ("use_bdlora", {"nblocks": 2}),
+                                          ("kasa_config", {}), ("monteclora_config", {}), ("use_bdlora", {}),
+                                          ("layers_to_transform", 0), ("bias", None), ("use_dora", 1),
+                                          ("loftq_config", {"loftq_bits": 4, "loftq_iter": 1})])
 def test_options_numformer_does_not_implement_are_refused_by_name(tmp_path, option, value):
     """aLoRA (PEFT applies it from the invocation tokens on), KaSA, VeLoRA, MonteCLoRA and BD-LoRA loaded as plain
-    LoRA once, or were refused as keys or shapes of another base model: each is refused by its option's name."""
+    LoRA once, or were refused as keys or shapes of another base model: each is refused by its option's name. A
+    variant's config {} is the variant with PEFT's default options, layers_to_transform 0 the first layer."""
     folder, model = _adapter(tmp_path)
     c = json.loads((folder / ADAPTER_CONFIG).read_text())
     (folder / ADAPTER_CONFIG).write_text(json.dumps({**c, option: value}))
     with pytest.raises(ValueError, match=f"does not implement the PEFT option\\(s\\) {option} = ") as e:
         load_adapter(model, folder)
     assert "\n" not in str(e.value)
+
+
+def test_a_default_peft_adapter_loads_and_so_does_every_not_used_spelling(tmp_path):
+    """PEFT writes each refused option as the first of its "not used" values (``REFUSED``); a default LoRA saved
+    by PEFT loads, and its config still reads with each option set to any of those values, or left out as the
+    PEFT releases before the option did."""
+    model, tmodel = base_models(tmp_path, "llama")
+    peft.get_peft_model(tmodel, peft.LoraConfig(task_type="CAUSAL_LM")).save_pretrained(tmp_path / "adapter")
+    folder = tmp_path / "adapter"
+    saved = json.loads((folder / ADAPTER_CONFIG).read_text())
+    assert {k: saved.get(k) for k in REFUSED} == {k: off[0] for k, off in REFUSED.items()}
+    load_adapter(model, folder)
+    assert model.lora_config["r"] == 8 and sorted(model.lora_config["target_modules"]) == ["q_proj", "v_proj"]
+    for option, off in REFUSED.items():
+        without = {k: v for k, v in saved.items() if k != option}
+        for config in (without, *({**without, option: value} for value in off)):
+            (folder / ADAPTER_CONFIG).write_text(json.dumps(config))
+            assert read_adapter_config(folder)["r"] == 8, (option, config.get(option, "absent"))
+
+
+def test_a_peft_adapter_of_some_layers_is_refused_by_name(tmp_path):
+    """PEFT writes layers_to_transform=0 (the first layer only) as 0: refused by that option, not as an adapter
+    of another base model for its missing keys."""
+    model, tmodel = base_models(tmp_path, "llama")
+    lcfg = peft.LoraConfig(task_type="CAUSAL_LM", layers_to_transform=0)
+    peft.get_peft_model(tmodel, lcfg).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(ValueError, match=r"does not implement the PEFT option\(s\) layers_to_transform = 0;"):
+        load_adapter(model, tmp_path / "adapter")
 
 
 @pytest.mark.parametrize("init", ["pissa", "pissa_niter_4", "olora", "corda"])

@@ -31,13 +31,20 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 
-# PEFT LoRA options numformer does not implement: {option: the value that means "not used"}
-REFUSED = {"use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "bias": "none", "modules_to_save": None,
-           "layers_to_transform": None, "layers_pattern": None, "lora_bias": False, "exclude_modules": None,
-           "target_parameters": None, "trainable_token_indices": None, "layer_replication": None,
-           "use_qalora": False, "megatron_config": None, "loftq_config": {}, "arrow_config": None,
-           "alora_invocation_tokens": None, "use_bdlora": None, "velora_config": None, "monteclora_config": None,
-           "kasa_config": None}
+# PEFT LoRA options numformer does not implement: {option: the values that mean "not used"}, the first the one
+# PEFT writes (every PEFT release writes that one or leaves the option out, and absent means "not used" too).
+# A flag is off as false or null, a list or mapping option as null or empty; a LoRA variant's *_config only as
+# null (PEFT turns {} into the variant's default options) and bias only as "none"; layers_to_transform 0 is a
+# layer. Compared by type as well: 0 is not false.
+_FLAG_OFF = (False, None)
+_EMPTY = (None, {}, [])
+REFUSED = {"use_dora": _FLAG_OFF, "rank_pattern": ({}, None, []), "alpha_pattern": ({}, None, []),
+           "bias": ("none",), "modules_to_save": _EMPTY, "layers_to_transform": (None, []),
+           "layers_pattern": _EMPTY, "lora_bias": _FLAG_OFF, "exclude_modules": _EMPTY, "target_parameters": _EMPTY,
+           "trainable_token_indices": _EMPTY, "layer_replication": _EMPTY, "use_qalora": _FLAG_OFF,
+           "megatron_config": _EMPTY, "loftq_config": ({}, None, []), "arrow_config": (None,),
+           "alora_invocation_tokens": (None, []), "use_bdlora": (None,), "velora_config": (None,),
+           "monteclora_config": (None,), "kasa_config": (None,)}
 # init_lora_weights PEFT runs again when it loads an adapter, changing the base layers' weights (PiSSA, CorDA, OLoRA)
 BASE_CHANGING_INITS = ("pissa", "corda", "olora")
 
@@ -108,7 +115,7 @@ def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
               "r": options["r"], "lora_alpha": options["alpha"], "lora_dropout": options["dropout"],
               "target_modules": list(options["target_modules"]), "use_rslora": options["use_rslora"],
               "fan_in_fan_out": model_type == "gpt2", "init_lora_weights": True, "inference_mode": True,
-              "revision": None, **REFUSED}
+              "revision": None, **{option: off[0] for option, off in REFUSED.items()}}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / ADAPTER_WEIGHTS, save(tensors, metadata={"format": "pt"}))
@@ -147,10 +154,9 @@ def read_adapter_config(folder):
 
 def _refuse_options(c, path):
     """One ValueError naming the options of the adapter config ``c`` (read from ``path``) that numformer does not
-    implement: those of ``REFUSED`` set to other than their "not used" value, and an ``init_lora_weights`` that
-    PEFT runs again at load (``BASE_CHANGING_INITS``)."""
-    used = [f"{k} = {c[k]!r}" for k, off in REFUSED.items() if c.get(k, off) not in (off, None, {}, [], False)
-            and not (k == "bias" and c[k] == "none")]
+    implement: those of ``REFUSED`` set to other than their "not used" values, and an ``init_lora_weights``
+    that PEFT runs again at load (``BASE_CHANGING_INITS``)."""
+    used = [f"{k} = {c[k]!r}" for k, off in REFUSED.items() if k in c and not _is_one_of(c[k], off)]
     if used:
         raise ValueError(f"{path}: numformer does not implement the PEFT option(s) {', '.join(used)}; it loads "
                          f"plain LoRA adapters (bias 'none', no DoRA, aLoRA or other LoRA variant, no per-layer "
@@ -161,6 +167,11 @@ def _refuse_options(c, path):
                          f"the adapter, changing the base model's weights, and numformer does not; convert it to a "
                          f"plain LoRA adapter (PEFT's save_pretrained(..., path_initial_model_for_weight_conversion="
                          f"...)) and load that")
+
+
+def _is_one_of(value, values):
+    """Whether ``value`` equals one of ``values`` with the same type (JSON's 0 is not false, nor 1 true)."""
+    return any(type(value) is type(v) and value == v for v in values)
 
 
 def load_adapter(model, folder, model_type=None):

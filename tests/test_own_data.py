@@ -313,6 +313,44 @@ def test_saved_label_names_must_be_the_datas(topics_csv, tmp_path, capsys):
     assert "the data gives ['finance', 'science', 'sports']" in capsys.readouterr().err
 
 
+def test_fine_tuning_a_classifier_on_data_of_another_number_of_classes_is_refused(topics_csv, tmp_path, capsys):
+    """[model] init_from keeps the source's output layer, one row a class: on data of 2 classes a 3-class model
+    trained with an output no label reaches (and classify then failed), on data of more classes the first step
+    failed on a label id. The saved label_names refuse other classes first; without them (a run written before
+    they were saved, or a task of one's own that saves none) the class counts are compared."""
+    from numformer.config import merge_init_from
+    train_csv, test_csv = topics_csv
+    data = {"task": "classification", "path": str(train_csv), "test_path": str(test_csv), "text_column": "review",
+            "label_column": "topic", "min_freq": 1, "max_len": 16}
+    source = train(tmp_path, "classifier", data, name="source")
+    two = tmp_path / "two.csv"
+    two.write_text("".join(line + "\n" for line in train_csv.read_text(encoding="utf-8").splitlines()
+                           if not line.endswith(",money")), encoding="utf-8")
+
+    def fine_tune(name, **changes):
+        cfg = tmp_path / f"{name}.toml"
+        lines = "\n".join(f"{k} = {toml_value(v)}" for k, v in {**data, **changes}.items())
+        cfg.write_text(f'[model]\ninit_from = "{source}"\n\n[data]\n{lines}\n\n[train]\n{TRAIN}\n', encoding="utf-8")
+        capsys.readouterr()
+        return main(["train", str(cfg), "--out", str(tmp_path / name), "--quiet"]), capsys.readouterr().err
+
+    rc, err = fine_tune("labelled", path=str(two), test_path="")
+    assert rc == 2 and "the run's classes (label_names in its tokenizer.json) are ['money', 'science', 'sports'] " \
+                       "(3) but the data gives ['science', 'sports'] (2)" in err
+    state = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    del state["label_names"]
+    (source / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    rc, err = fine_tune("two", path=str(two), test_path="")
+    assert rc == 2 and not (tmp_path / "two" / "model.safetensors").exists()
+    assert f"the data has 2 classes but the init_from model '{source}' classifies into 3 (n_classes" in err
+    assert "fine-tune it on data of its 3 classes, the same labels in the same order, or train a new model" in err
+    assert fine_tune("three")[0] == 0                                   # the source's 3 classes: fine-tuned
+    model = json.loads((source / "config.json").read_text(encoding="utf-8"))["model"]
+    with pytest.raises(ValueError, match=r"^the data has 4 classes but the init_from model 'src' classifies into 3"):
+        merge_init_from("src", {}, {**model, "type": "classifier"}, {"vocab_size": 4, "n_classes": 4})
+    assert merge_init_from("src", {}, {**model, "type": "classifier"}, {"n_classes": 3})["n_classes"] == 3
+
+
 def test_parallel_lines_empty_on_one_side_are_refused(tmp_path):
     """Blank lines at different places of two parallel files (same line count) gave pairs with an empty side and
     shifted every pair between them; now the first one-sided blank line is an error naming the file and the line.

@@ -476,7 +476,8 @@ def _resolve_model_kind(model, data, task_cls, written):
 
 def merge_init_from(source, model, source_model, from_data):
     """The [model] section of a run fine-tuned from ``source``: the source's architecture, with the
-    ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabulary, context length)."""
+    ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabulary, context length, and a classifier's
+    data the source's number of classes: its output layer has one row a class)."""
     changed = sorted(k for k, v in model.items() if k not in FINE_TUNING_OPTIONS and k != "type"
                      and source_model.get(k) != v)
     if changed:
@@ -490,6 +491,12 @@ def merge_init_from(source, model, source_model, from_data):
             raise ValueError(f"{what} ({from_data[key]}) exceeds the {key} of the init_from model {source!r} "
                              f"({source_model[key]}); " + ("use the model's own tokenizer" if key == "vocab_size"
                                                             else f"set [data] block_size <= {source_model[key]}"))
+    classes, source_classes = from_data.get("n_classes"), source_model.get("n_classes")
+    if classes is not None and source_classes is not None and classes != source_classes:
+        raise ValueError(f"the data has {classes} classes but the init_from model {source!r} classifies into "
+                         f"{source_classes} (n_classes, its output layer's rows): fine-tune it on data of its "
+                         f"{source_classes} classes, the same labels in the same order, or train a new model "
+                         f"on this data (without [model] init_from)")
     return {**{k: v for k, v in source_model.items() if k != "type"}, **model}
 
 

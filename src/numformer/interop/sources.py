@@ -23,6 +23,7 @@ from ..data.tokenizers import tokenizer_from_dict
 from ..keys import Key
 from ..lora import add_lora, check_lora_options, merge_lora
 from ..models import build_model, check_model_section, model_arguments
+from ..nn import init
 from ..run_files import check_run_dir, load_model_weights, load_tokenizer_state, read_json, run_weights
 from .hf import checkpoints as hf
 

@@ -171,6 +171,13 @@ def read_lines(path) -> list[str]:
     return split_lines(read_text(path))
 
 
+def folder_files(folder) -> list[str]:
+    """Every regular file in ``folder``, recursively, sorted; hidden files (and those in hidden folders) are
+    skipped: a folder's files as numformer reads a folder of data."""
+    return sorted(str(p) for p in Path(folder).rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+
+
 def expand_paths(path: str = "", paths=()) -> list[str]:
     """Files named by ``path`` (a file, a folder: every file in it, recursively, sorted; or a glob pattern)
     and by the list ``paths`` (each one the same). Hidden files are skipped; nothing found is an error, and so is
@@ -185,8 +192,7 @@ def expand_paths(path: str = "", paths=()) -> list[str]:
             if not found:
                 raise FileNotFoundError(f"no file matches {item!r}")
         elif os.path.isdir(item):
-            found = sorted(str(p) for p in Path(item).rglob("*")
-                           if p.is_file() and not any(part.startswith(".") for part in p.relative_to(item).parts))
+            found = folder_files(item)
             if not found:
                 raise FileNotFoundError(f"the folder {item!r} holds no files")
         elif os.path.isfile(item):

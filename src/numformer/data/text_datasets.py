@@ -15,6 +15,7 @@ import os
 import re
 import tarfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -67,7 +68,7 @@ def _imdb_record(path_in_set, name, raw, splits, out):
     out[split].append((polarity == "pos", int(n.group(1)), rating, text))
 
 
-def _find_imdb(path):
+def find_imdb(path):
     """The tarball or aclImdb folder at or under ``path``."""
     if os.path.isfile(path):
         return path
@@ -82,6 +83,23 @@ def _find_imdb(path):
                             "https://ai.stanford.edu/~amaas/data/sentiment/)")
 
 
+def _visible_files(folder):
+    """The regular files directly in ``folder`` whose names do not start with a dot, in name order ([] when
+    there is no such folder)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(e.path for e in os.scandir(folder) if e.is_file() and not e.name.startswith("."))
+
+
+def imdb_review_files(folder, splits=("train", "test"), unlabelled=False) -> list[str]:
+    """The files of an extracted aclImdb ``folder`` that ``load_imdb(folder, splits)`` reads (those of SPLIT/neg
+    and SPLIT/pos) and, with ``unlabelled``, those ``load_imdb_unlabelled`` reads (train/unsup): every regular
+    file of these folders but hidden ones (macOS's .DS_Store, ._* AppleDouble files), each folder in name order."""
+    folders = [os.path.join(folder, split, polarity) for split in splits for polarity in ("neg", "pos")]
+    folders += [os.path.join(folder, "train", "unsup")] if unlabelled else []
+    return [f for d in folders for f in _visible_files(d)]
+
+
 def load_imdb(path: str, splits=("train", "test")) -> dict[str, LabeledTexts]:
     """{split: LabeledTexts} for IMDB, label 1 = positive; sorted by (label, review id) for determinism.
 
@@ -89,7 +107,7 @@ def load_imdb(path: str, splits=("train", "test")) -> dict[str, LabeledTexts]:
     extracted ``aclImdb`` folder, or a folder containing one of them.
     """
     splits = tuple(splits)
-    src = _find_imdb(path)
+    src = find_imdb(path)
     out = {s: [] for s in splits}
     if os.path.isfile(src):
         try:
@@ -100,18 +118,10 @@ def load_imdb(path: str, splits=("train", "test")) -> dict[str, LabeledTexts]:
         except (tarfile.TarError, EOFError, OSError) as e:
             raise ValueError(f"{src}: not a readable IMDB tarball ({e})") from None
     else:
-        root = os.path.normpath(src)
-        for split in splits:
-            for polarity in ("neg", "pos"):
-                d = os.path.join(root, split, polarity)
-                if not os.path.isdir(d):
-                    continue
-                for fname in os.listdir(d):
-                    if fname.startswith("."):     # hidden files (.DS_Store, ._* AppleDouble): skipped, as by path
-                        continue
-                    with open(os.path.join(d, fname), "rb") as f:
-                        _imdb_record(f"aclImdb/{split}/{polarity}/{fname}", os.path.join(d, fname), f.read(),
-                                     splits, out)
+        for review in imdb_review_files(os.path.normpath(src), splits):     # hidden files skipped, as by path
+            split, polarity, fname = Path(review).parts[-3:]
+            with open(review, "rb") as f:
+                _imdb_record(f"aclImdb/{split}/{polarity}/{fname}", review, f.read(), splits, out)
     result = {}
     for split, rows in out.items():
         if not rows:
@@ -130,7 +140,7 @@ _IMDB_UNSUP = re.compile(r"(?:^|/)aclImdb/train/unsup/(\d+)_\d+\.txt$")
 def load_imdb_unlabelled(path: str) -> list[str]:
     """The 50,000 unlabelled reviews of IMDB's ``train/unsup`` folder, in review-id order ([] when the tarball or
     folder has none). The test reviews are not read."""
-    src = _find_imdb(path)
+    src = find_imdb(path)
     found = []
 
     def keep(name, raw):
@@ -150,10 +160,9 @@ def load_imdb_unlabelled(path: str) -> list[str]:
         except (tarfile.TarError, EOFError, OSError) as e:
             raise ValueError(f"{src}: not a readable IMDB tarball ({e})") from None
     else:
-        folder = os.path.join(os.path.normpath(src), "train", "unsup")
-        for fname in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            with open(os.path.join(folder, fname), "rb") as f:
-                keep(f"aclImdb/train/unsup/{fname}", f.read())
+        for review in imdb_review_files(os.path.normpath(src), splits=(), unlabelled=True):
+            with open(review, "rb") as f:
+                keep(f"aclImdb/train/unsup/{os.path.basename(review)}", f.read())
     return [text for _, text in sorted(found)]
 
 

@@ -12,10 +12,12 @@ import textwrap
 import numpy as np
 import pytest
 
-from numformer.data import make_task
+from numformer.data import fingerprint, make_task
 from numformer.experiments import bpe_lm
+from numformer.data.lm_corpus import BPE_FORMAT, file_identity
 from numformer.data.text import TextTask
-from numformer.data.token_files import TokenFile, read_tokens_dir, token_dtype, write_token_file, write_tokens_dir
+from numformer.data.token_files import (TokenFile, read_tokens_dir, token_cache, token_cache_root, token_dtype,
+                                        write_token_file, write_tokens_dir)
 from numformer.data.tokenizers import END_OF_TEXT, ByteLevelBPE
 from numformer.train import Trainer
 from numformer.train.bits_per_byte import ByteCount
@@ -365,6 +367,80 @@ def test_imdb_lm_trains_on_training_reviews_and_never_reads_the_test_reviews(tmp
     assert "unsup review" not in without.tokenizer.decode(without.splits["train"][:])
     with pytest.raises(ValueError, match="byte-level BPE"):
         make_task({**data, "tokenizer": "char"})
+
+
+def edit_in_place(path, text):
+    """Write ``text`` (of the file's size) into ``path``, keeping the modification times of the file and of the
+    folders above it up to its grandparent (as an edit inside an extracted dataset leaves its folder)."""
+    stats = {p: p.stat() for p in (path, path.parent, path.parent.parent)}
+    assert len(text.encode()) == stats[path].st_size
+    path.write_text(text, encoding="utf-8")
+    for p, st in stats.items():
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert all(p.stat().st_mtime_ns == st.st_mtime_ns and p.stat().st_size == st.st_size for p, st in stats.items())
+
+
+def test_a_folder_s_identity_is_its_files_contents(tmp_path):
+    """A file of a folder edited in place (same size, every modification time kept) is another folder; a hidden
+    file is none of its data (the loaders skip them)."""
+    folder = tmp_path / "data"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("first file\n", encoding="utf-8")
+    (folder / "sub" / "b.txt").write_text("second file\n", encoding="utf-8")
+    (folder / ".DS_Store").write_bytes(b"\0\1")
+    before = file_identity(folder)
+    edit_in_place(folder / "sub" / "b.txt", "SECOND FILE\n")
+    after = file_identity(folder)
+    assert after != before and after[0] == str(folder.resolve())
+    (folder / ".DS_Store").write_bytes(b"\0\1\2\3")
+    assert file_identity(folder) == after
+
+
+def test_an_imdb_folder_edited_in_place_is_other_data_for_the_token_cache(tmp_path):
+    """A training review edited in place (same size, the folders' modification times kept) is another corpus:
+    new token files of the new text, not the cached ones of the old."""
+    path = fake_imdb(tmp_path, n=40)
+    data = {"task": "imdb_lm", "path": str(path), "vocab_size": 300, "block_size": 16, "val_size": 10,
+            "unlabelled": False}
+    first = make_task(data, seed=3)
+    review = path / "train" / "pos" / "0_8.txt"
+    edit_in_place(review, "zqxv " * (review.stat().st_size // 5) + " " * (review.stat().st_size % 5))
+    again = make_task(data, seed=3)
+    assert again.splits["train"].path != first.splits["train"].path
+    text = "".join(again.tokenizer.decode(again.splits[s][:]) for s in ("train", "val"))
+    assert "zqxv zqxv" in text
+
+
+def test_a_cache_entry_named_by_a_folder_s_modification_time_is_not_read(tmp_path):
+    """The cache entries of a folder named by its path, size and modification time (as numformer named them
+    before) are no longer looked up: the task learns its tokenizer anew rather than read them."""
+    path = fake_imdb(tmp_path, n=40)
+    data = {"task": "imdb_lm", "path": str(path), "vocab_size": 300, "block_size": 16, "val_size": 10,
+            "unlabelled": False}
+    st = path.stat()
+    source = {"task": "imdb_lm", "data": [str(path.resolve()), st.st_size, st.st_mtime_ns], "seed": 3,
+              "val_size": 10, "unlabelled": False}
+    stale = token_cache("tokenizer", BPE_FORMAT, source, 300, "gpt2") / "tokenizer.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("not the tokenizer of these reviews", encoding="utf-8")
+    task = make_task(data, seed=3)
+    assert task.tokenizer.vocab_size == 300 and task.splits["train"].path.parent != stale.parent
+
+
+def test_an_imdb_folder_s_training_reviews_are_the_run_s_data_whether_tokenized_now_or_cached(tmp_path):
+    """data_files.json records the training reviews the token files were made from, the same when the cache
+    serves them; never the test reviews, which the task does not read."""
+    path = fake_imdb(tmp_path, n=40)
+    data = {"task": "imdb_lm", "path": str(path), "vocab_size": 300, "block_size": 16, "val_size": 10}
+    (path / "train" / "unsup" / "._0_0.txt").write_bytes(b"\0")         # hidden: skipped by the loader
+    documents = []
+    for _ in ("made", "cached"):
+        with fingerprint.reading() as read:
+            make_task(data, seed=3)
+        documents.append(fingerprint.fingerprint(read, excluded=[token_cache_root()]))
+    assert documents[0] == documents[1]
+    folders = {e["path"] for e in documents[0]["folders"]} | {os.path.dirname(e["path"]) for e in documents[0]["files"]}
+    assert folders == {str((path / "train" / name).resolve()) for name in ("neg", "pos", "unsup")}
 
 
 # -- the experiments and the benchmark (quick versions) -----------------------------------------------------------

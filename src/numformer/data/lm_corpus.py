@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..run_files import CHECKPOINT, DATA_FILES, MODEL
-from .files import iter_text
+from .files import folder_files, iter_text
 from .fingerprint import digest as file_digest, note, note_sequence
 from .notices import say
 from .token_files import read_tokens_dir, token_cache, token_dtype, write_tokens_dir
@@ -48,15 +48,26 @@ class Document:
 RUN_FOLDER_FILES = (CHECKPOINT, MODEL, DATA_FILES)      # beside a config.json: a numformer run folder
 
 
-def file_identity(path) -> list:
-    """[path, size, SHA-256] of a file (a file edited or replaced since, whatever its size and modification time,
-    is another corpus), or [path, size, modification time] of a folder (an extracted dataset). The file counts
-    among a run's data (``fingerprint.note``) whether its tokenization is made now or found in the cache; its
-    digest is data_files.json's (hashed once)."""
-    note(path)
-    st = os.stat(path)
+def file_identity(path, members=None) -> list:
+    """The data at ``path`` named by their content, for a cache key. A file: [path, size, SHA-256] (a file edited
+    or replaced since, whatever its size and modification time, is another corpus). A folder (an extracted
+    dataset): [path, number of files, bytes, SHA-256 of each file's path relative to the folder, size and
+    SHA-256], of ``members`` (the files of the folder that a task reads) or else of ``files.folder_files`` (every
+    file in it, recursively, hidden ones skipped); a file of it edited, added, removed or renamed is another folder,
+    whatever the folder's modification time. The files count among a run's data (``fingerprint.note``) whether
+    their tokenization is made now or found in the cache; each digest is data_files.json's (hashed once)."""
     resolved = str(Path(path).resolve())
-    return [resolved, st.st_size, st.st_mtime_ns if Path(path).is_dir() else file_digest(path)]
+    if not Path(path).is_dir():
+        note(path)
+        return [resolved, os.stat(path).st_size, file_digest(path)]
+    files = sorted((os.path.relpath(f, path), f) for f in (folder_files(path) if members is None else members))
+    summary, total = hashlib.sha256(), 0
+    for relative, f in files:
+        note(f)
+        size = os.stat(f).st_size
+        summary.update(f"{Path(relative).as_posix()}\0{size}\0{file_digest(f)}\n".encode("utf-8", "surrogateescape"))
+        total += size
+    return [resolved, len(files), total, summary.hexdigest()]
 
 
 def corpus_sequence(files: list, given: str) -> list:

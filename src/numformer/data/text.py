@@ -22,6 +22,7 @@ whole split in bits divided by its UTF-8 bytes) compare models with different to
 """
 from __future__ import annotations
 
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -33,7 +34,7 @@ from .fetch import locate
 from .files import expand_paths, read_text
 from .lm_corpus import (Document, TextFiles, bpe_token_files, check_bpe_vocab_size, check_pattern, corpus_sequence,
                         file_identity)
-from .text_datasets import load_imdb, load_imdb_unlabelled
+from .text_datasets import find_imdb, imdb_review_files, load_imdb, load_imdb_unlabelled
 from .text_tasks import _data_error, _split_train
 from .token_files import read_tokens_dir
 from .tokenizers import ByteLevelBPE, CharTokenizer, is_hf_document, tokenizer_from_dict
@@ -223,6 +224,16 @@ def clean_review(text: str) -> str:
     return _BREAK.sub("\n", text)
 
 
+def imdb_identity(path, unlabelled: bool) -> list:
+    """``file_identity`` of the IMDB data at ``path``: the tarball or the aclImdb folder found there, and of a
+    folder only the files imdb_lm reads (the training reviews, and the unlabelled ones with ``unlabelled``), so
+    that the test reviews are none of its data."""
+    found = find_imdb(path)
+    if not os.path.isdir(found):
+        return file_identity(found)
+    return file_identity(found, imdb_review_files(found, splits=("train",), unlabelled=unlabelled))
+
+
 @register_task("imdb_lm")
 class ImdbLMTask(LanguageModelTask):
     """A byte-level BPE language model of the IMDB reviews (see the module docstring): the 25,000 training
@@ -243,7 +254,7 @@ class ImdbLMTask(LanguageModelTask):
             check_bpe_vocab_size(c["vocab_size"])
         try:
             self.data_path = c["path"] or str(locate("imdb")["aclImdb_v1.tar.gz"])
-            source = {"task": "imdb_lm", "data": file_identity(self.data_path), "seed": int(seed),
+            source = {"task": "imdb_lm", "data": imdb_identity(self.data_path, c["unlabelled"]), "seed": int(seed),
                       "val_size": c["val_size"], "unlabelled": c["unlabelled"]}
         except (FileNotFoundError, NotADirectoryError) as e:
             raise _data_error(e) from None

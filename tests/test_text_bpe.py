@@ -194,6 +194,43 @@ def test_a_bpe_vocab_size_too_small_is_refused_before_anything_is_learnt(tmp_pat
     assert rc == 2 and err.splitlines() == ["numformer train: error: [data] vocab_size = 10 is too small for a "
                                             "byte-level BPE, which holds the 256 bytes and <|endoftext|>: set it "
                                             "to 257 or more (e.g. 4096)"], err
+
+
+def test_a_vocab_size_written_for_the_char_tokenizer_is_refused_before_anything_is_read(tmp_path, run_cli):
+    """[data] vocab_size is the size of a BPE: written with tokenizer = "char" (the default) it was ignored
+    without a word. A char run's config.json, which holds the default vocab_size, still resumes and evaluates."""
+    path = corpus(tmp_path, n_words=400, seed=8)
+    cfg = bpe_config(tmp_path, path, 500)
+    cfg.write_text(cfg.read_text(encoding="utf-8").replace('tokenizer = "bpe"\n', ""), encoding="utf-8")
+    rc, _, err = run_cli("train", cfg, "--out", tmp_path / "run")
+    assert rc == 2 and err.splitlines() == ['numformer train: error: [data] vocab_size = 500 is only used by '
+                                            'tokenizer = "bpe" (the char tokenizer\'s vocabulary is the '
+                                            'corpus\'s characters); remove it or set tokenizer = "bpe"'], err
+    assert not (tmp_path / "run").exists()
+    rc, _, err = run_cli("params", bpe_config(tmp_path, path, 300), "--set", "data.tokenizer=char")
+    assert rc == 2 and "[data] vocab_size = 300 is only used by tokenizer = \"bpe\"" in err, err
+    cfg = bpe_config(tmp_path, path, 500)
+    cfg.write_text(cfg.read_text(encoding="utf-8").replace('tokenizer = "bpe"\nvocab_size = 500\n', ""),
+                   encoding="utf-8")
+    assert run_cli("train", cfg, "--out", tmp_path / "run", "--quiet")[0] == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))["data"]["vocab_size"] == 4096
+    assert run_cli("train", "--resume", "--out", tmp_path / "run", "--set", "train.max_steps=3", "--quiet")[0] == 0
+    assert run_cli("eval", tmp_path / "run")[0] == 0
+
+
+def test_a_vocab_size_is_refused_where_the_user_wrote_it_for_characters_not_in_a_run_s_config_json():
+    from numformer.config import resolve_config
+
+    model = {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16}
+    with pytest.raises(ValueError, match="vocab_size = 4096 is only used by"):      # written, even at its default
+        resolve_config({"model": model, "data": {"task": "text", "vocab_size": 4096}}, sizes_only=True)
+    bpe = {"task": "text", "tokenizer": "bpe", "vocab_size": 512}
+    assert resolve_config({"model": model, "data": bpe}, sizes_only=True)[0]["model"]["vocab_size"] == 512
+    resolved = resolve_config({"model": model, "data": {"task": "text"}}, sizes_only=True)[0]
+    assert resolved["data"]["vocab_size"] == 4096                                   # the default, as config.json
+    assert resolve_config(resolved, build_task=False)[0] == resolved                # holds it: read back as it is
+
+
 def test_files_are_read_in_chunks_with_the_checks_of_a_whole_read(tmp_path):
     import gzip
 

@@ -362,7 +362,9 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     ``sizes_only=True`` (counting parameters) the data's sizes come from
     ``Task.sizes_from_config`` where the task can tell them without reading data
     (the task returned is then None), and from a built task otherwise. Raises
-    ValueError naming the first problem found.
+    ValueError naming the first problem found; when the task's vocabulary is
+    made from [data] (no ``tokenizer_state``, no ``init_from``), that includes a
+    [data] value written that the task would not use (``Task.check_written``).
     """
     check_sections(config)
     check_homes("train", config.get("train", {}), TRAIN_DEFAULTS)
@@ -377,6 +379,8 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
                          f"folder or a hub id")
     if init_from is not None and Path(init_from).expanduser().is_dir():    # a folder: stored resolved, as [data]
         init_from = str(Path(init_from).expanduser().resolve())           # path, so the run resumes from anywhere
+    if build_task and tokenizer_state is None and init_from is None:     # a new vocabulary made from [data]
+        task_cls.check_written(written)
     source_model = None
     if init_from is not None and build_task:
         source = read_source(init_from)

@@ -80,6 +80,13 @@ class Task:
         built can come out smaller). ``numformer params`` counts parameters with it."""
         return None
 
+    @classmethod
+    def check_written(cls, written: dict) -> None:
+        """One ValueError for a [data] value the user wrote (``written``: the keys of their config and --set, not
+        the defaults) that the task would not use with the others. ``config.resolve_config`` calls it before any
+        data is read when the task's vocabulary is to be made from [data]: not with a saved tokenizer (a resumed
+        run, whose config.json holds every default) nor an init_from model's."""
+
     def train_batch(self, batch_size: int, rng: np.random.Generator) -> Batch:
         """A training batch drawn with ``rng`` (the trainer saves and restores its state on resume)."""
         raise NotImplementedError

@@ -158,6 +158,16 @@ class TextTask(LanguageModelTask):
             self._in_memory_splits(tokenizer_state)
         self._check_splits()
 
+    @classmethod
+    def check_written(cls, written):
+        """``vocab_size`` is the size of a BPE: written with the char tokenizer, whose vocabulary is the corpus's
+        characters, it would be ignored (``tokens_dir``'s token files bring their own tokenizer)."""
+        c = {**cls.data_keys, **written}
+        if "vocab_size" in written and c["tokenizer"] == "char" and not c["tokens_dir"]:
+            raise ValueError(f"[data] vocab_size = {written['vocab_size']} is only used by tokenizer = \"bpe\" (the "
+                             f"char tokenizer's vocabulary is the corpus's characters); remove it or set "
+                             f"tokenizer = \"bpe\"")
+
     def _in_memory_splits(self, tokenizer_state):
         """Characters (or a pretrained model's tokenizer, GPT-2's when fine-tuning it) over the whole text."""
         c = self.config

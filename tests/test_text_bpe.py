@@ -209,6 +209,11 @@ def test_a_vocab_size_written_for_the_char_tokenizer_is_refused_before_anything_
     assert not (tmp_path / "run").exists()
     rc, _, err = run_cli("params", bpe_config(tmp_path, path, 300), "--set", "data.tokenizer=char")
     assert rc == 2 and "[data] vocab_size = 300 is only used by tokenizer = \"bpe\"" in err, err
+    cfg = bpe_config(tmp_path, path, 500, 'pattern = "gpt4"\n')
+    cfg.write_text(cfg.read_text(encoding="utf-8").replace('tokenizer = "bpe"\nvocab_size = 500\n', ""),
+                   encoding="utf-8")
+    rc, _, err = run_cli("train", cfg, "--out", tmp_path / "run")
+    assert rc == 2 and '[data] pattern = "gpt4" is only used by tokenizer = "bpe"' in err, err
     cfg = bpe_config(tmp_path, path, 500)
     cfg.write_text(cfg.read_text(encoding="utf-8").replace('tokenizer = "bpe"\nvocab_size = 500\n', ""),
                    encoding="utf-8")

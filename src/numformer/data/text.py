@@ -160,13 +160,15 @@ class TextTask(LanguageModelTask):
 
     @classmethod
     def check_written(cls, written):
-        """``vocab_size`` is the size of a BPE: written with the char tokenizer, whose vocabulary is the corpus's
-        characters, it would be ignored (``tokens_dir``'s token files bring their own tokenizer)."""
+        """``vocab_size`` and ``pattern`` make a BPE: written with the char tokenizer, whose vocabulary is the
+        corpus's characters, they would be ignored (``tokens_dir``'s token files bring their own tokenizer)."""
         c = {**cls.data_keys, **written}
-        if "vocab_size" in written and c["tokenizer"] == "char" and not c["tokens_dir"]:
-            raise ValueError(f"[data] vocab_size = {written['vocab_size']} is only used by tokenizer = \"bpe\" (the "
-                             f"char tokenizer's vocabulary is the corpus's characters); remove it or set "
-                             f"tokenizer = \"bpe\"")
+        for key in ("vocab_size", "pattern"):
+            if key in written and c["tokenizer"] == "char" and not c["tokens_dir"]:
+                value = f'"{written[key]}"' if isinstance(written[key], str) else written[key]
+                raise ValueError(f"[data] {key} = {value} is only used by tokenizer = \"bpe\" (the char "
+                                 f"tokenizer's vocabulary is the corpus's characters); remove it or set "
+                                 f"tokenizer = \"bpe\"")
 
     def _in_memory_splits(self, tokenizer_state):
         """Characters (or a pretrained model's tokenizer, GPT-2's when fine-tuning it) over the whole text."""

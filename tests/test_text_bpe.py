@@ -227,8 +227,9 @@ def test_a_vocab_size_is_refused_where_the_user_wrote_it_for_characters_not_in_a
     from numformer.config import resolve_config
 
     model = {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16}
-    with pytest.raises(ValueError, match="vocab_size = 4096 is only used by"):      # written, even at its default
-        resolve_config({"model": model, "data": {"task": "text", "vocab_size": 4096}}, sizes_only=True)
+    with pytest.raises(ValueError, match="vocab_size = 4095 is only used by"):
+        resolve_config({"model": model, "data": {"task": "text", "vocab_size": 4095}}, sizes_only=True)
+    resolve_config({"model": model, "data": {"task": "text", "vocab_size": 4096}}, sizes_only=True)   # default
     bpe = {"task": "text", "tokenizer": "bpe", "vocab_size": 512}
     assert resolve_config({"model": model, "data": bpe}, sizes_only=True)[0]["model"]["vocab_size"] == 512
     resolved = resolve_config({"model": model, "data": {"task": "text"}}, sizes_only=True)[0]

@@ -161,10 +161,12 @@ class TextTask(LanguageModelTask):
     @classmethod
     def check_written(cls, written):
         """``vocab_size`` and ``pattern`` make a BPE: written with the char tokenizer, whose vocabulary is the
-        corpus's characters, they would be ignored (``tokens_dir``'s token files bring their own tokenizer)."""
+        corpus's characters, a value other than the default would be ignored (``tokens_dir``'s token files bring
+        their own tokenizer). The default itself passes: a resolved config (every key written) is read again."""
         c = {**cls.data_keys, **written}
         for key in ("vocab_size", "pattern"):
-            if key in written and c["tokenizer"] == "char" and not c["tokens_dir"]:
+            if (key in written and written[key] != cls.data_keys[key] and c["tokenizer"] == "char"
+                    and not c["tokens_dir"]):
                 value = f'"{written[key]}"' if isinstance(written[key], str) else written[key]
                 raise ValueError(f"[data] {key} = {value} is only used by tokenizer = \"bpe\" (the char "
                                  f"tokenizer's vocabulary is the corpus's characters); remove it or set "

@@ -210,15 +210,17 @@ def test_shape_mismatch_names_the_tensor(tmp_path):
 
 def test_loading_checks_every_shape_before_reading_and_reads_one_tensor_at_a_time(tmp_path, monkeypatch):
     """load_pretrained checks the whole checkpoint from its headers before reading any tensor (a misshapen
-    tensor is refused with none read), then copies it into the model one numformer tensor at a time: when a
-    tensor is read, no tensor read for an earlier parameter is still held, so loading needs about the model's
-    own memory; the loaded model is the one the eager reader gives."""
+    tensor is refused with none read), then copies it into the model one numformer tensor at a time, straight
+    into its parameter a piece at a time (``StoredTensor.read_into``) or, for GPT-2's transposed Conv1D weights,
+    read whole: when one is read, no tensor read for an earlier parameter is still held, so loading needs about
+    the model's own memory; the loaded model is the one the eager reader gives."""
     import weakref
 
-    from numformer.interop import safetensors_reader
+    from numformer import safetensors_reader
 
     folder, _ = make_hf(tmp_path, **SHAPES["n_inner"])
     real_read, reads, held = safetensors_reader.StoredTensor.read, [], []
+    real_read_into, read_into = safetensors_reader.StoredTensor.read_into, []
 
     def read(self):
         a = real_read(self)
@@ -227,16 +229,18 @@ def test_loading_checks_every_shape_before_reading_and_reads_one_tensor_at_a_tim
         return a
 
     monkeypatch.setattr(safetensors_reader.StoredTensor, "read", read)
+    monkeypatch.setattr(safetensors_reader.StoredTensor, "read_into", lambda self, out, crc=0: read_into.append(
+        (held.append(sum(r() is not None for r in reads)), self)) or real_read_into(self, out, crc))
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "n_inner": 48}))
     with pytest.raises(ValueError, match="shape mismatch"):
         hf.load_pretrained(folder)
-    assert reads == []
+    assert reads == read_into == []
     (folder / "config.json").write_text(json.dumps(cfg))
     model, _ = hf.load_pretrained(folder)
-    n_reads = len(reads)
+    n_reads, n_held = len(reads) + len(read_into), len(held)
     stored = hf.read_safetensors(folder)                           # every tensor read at once
-    assert n_reads == len(stored) and max(held[:n_reads]) == 0
+    assert n_reads == len(stored) and reads and read_into and max(held[:n_held]) == 0
     expected = hf.to_numformer_state(hf.family("gpt2"), model.config, stored,
                                      {n: p.shape for n, p in model.named_parameters()})
     for name, p in model.named_parameters():

@@ -149,6 +149,27 @@ def test_fast_dequantize_equals_reference(rng):
         np.testing.assert_array_equal(kernel.dequantize(q, s, g), dequantize(q, s, g))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_blockwise_quantize_equals_reference(dtype, rng, monkeypatch):
+    """kernel.quantize works a block of rows at a time: the reference's int8 weights and scales bit for bit, with
+    blocks of one row, of a few rows (the last shorter) and of the whole matrix; the reference's errors."""
+    W = rng.standard_normal((70, 344)).astype(dtype)
+    W[3] = 0                                                            # a row of zeros: scale 0
+    for block_bytes in (1, 344 * np.dtype(dtype).itemsize * 8, 1 << 30):
+        monkeypatch.setattr(kernel, "QUANTIZE_BLOCK_BYTES", block_bytes)
+        for bits, g in ((8, None), (8, 64), (4, 5), (3, 344)):
+            q, s = kernel.quantize(W, bits, g)
+            q_ref, s_ref = quantize(W, bits, g)
+            assert q.dtype == np.int8 and s.dtype == dtype
+            np.testing.assert_array_equal(q, q_ref)
+            np.testing.assert_array_equal(s, s_ref)
+    for bad in (W[0], W.astype(np.int32)):
+        with pytest.raises(ValueError, match="2-D float weight"):
+            kernel.quantize(bad)
+    with pytest.raises(ValueError, match="bits must be an integer from 2 to 8"):
+        kernel.quantize(W, bits=9)
+
+
 # -- QuantizedLinear -------------------------------------------------------------------------------------------
 def test_quantized_linear_from_linear(rng):
     lin = Linear(48, 20, rng=rng)
@@ -402,20 +423,18 @@ def test_generate_command_quantize(tmp_path, run_cli, cli_error, monkeypatch):
     assert "--group-size" in cli_error("generate", tmp_path / "run", "--group-size", "8")
     rc, _, err = run_cli("generate", tmp_path / "run", "--prompt", "\u00e9", "--quantize", "int8")
     assert rc == 2 and "not in the vocabulary" in err and "a trained model's vocabulary is fixed" in err
-    assert "quantized" not in err                                 # the prompt is checked before quantizing
+    assert "Traceback" not in err
     assert "--group-size must be a positive number of inputs per scale" in cli_error(
         "generate", tmp_path / "run", "--quantize", "int8", "--group-size", "0")
     assert f"adapter folder {tmp_path / 'nope'} does not exist" in cli_error(
         "generate", tmp_path / "run", "--adapter", tmp_path / "nope")
 
 
-def test_a_lora_model_is_merged_before_it_is_quantized():
-    """quantize_model refuses a model with LoRA adapters (its adapted layers would stay float, unsaid);
-    `--quantize int8` (generate, chat) merges them first: every linear layer int8, the merged model's logits."""
-    import argparse
+def test_a_lora_model_is_refused_until_merged():
+    """quantize_model refuses a model with LoRA adapters (its adapted layers would stay float, unsaid); merged,
+    every linear layer is int8 (`--quantize int8` merges first: tests/test_loading_memory.py)."""
     import copy
 
-    from numformer.commands.generate import quantize_if_asked
     from numformer.lora import add_lora, lora_adapters, merge_lora
 
     model = add_lora(gpt2_like(), r=4, target_modules=("c_attn", "c_fc"), rng=np.random.default_rng(1))
@@ -423,10 +442,7 @@ def test_a_lora_model_is_merged_before_it_is_quantized():
         adapter.lora_B.data[...] = np.random.default_rng(2).standard_normal(adapter.lora_B.data.shape)
     with pytest.raises(ValueError, match=r"merge them into their layers first \(numformer.lora.merge_lora"):
         quantize_model(copy.deepcopy(model))
-    expected = merge_lora(copy.deepcopy(model))
-    report = quantize_model(expected)
-    quantize_if_asked(model, argparse.Namespace(quantize="int8", group_size=None))
-    assert not getattr(model, "lora_config", None) and len(report.quantized) == 2 * 4 + 1
-    assert sum(isinstance(m, QuantizedLinear) for m in model.modules()) == len(report.quantized)
-    ids = np.random.default_rng(3).integers(0, 50, (2, 9))
-    np.testing.assert_array_equal(model(ids), expected(ids))
+    merged = merge_lora(copy.deepcopy(model))
+    report = quantize_model(merged)
+    assert not getattr(merged, "lora_config", None) and len(report.quantized) == 2 * 4 + 1
+    assert sum(isinstance(m, QuantizedLinear) for m in merged.modules()) == len(report.quantized)

@@ -315,12 +315,12 @@ def test_a_damaged_meta_json_of_token_files_is_one_line_naming_it(tmp_path, meta
 # -- the class: every parse of JSON, TOML or a safetensors header goes through the bounded readers --------------
 # (file, function) -> why its parser call is bounded and named. A call of json/tomllib/pickle/np.load or
 # safetensors' safe_open anywhere else fails this test: read the file with numformer._limits (read_json_file,
-# bounded_json, check_bounds) or interop.safetensors_reader, or add it here with the reason.
+# bounded_json, check_bounds) or safetensors_reader, or add it here with the reason.
 BOUNDED_PARSES = {
     ("_limits.py", "bounded_json"): "the bounded reader: size and depth checked first, errors name the file",
     ("config.py", "load_config"): "check_bounds(toml=True) and the size first; TOML errors name the file",
     ("config.py", "parse_value"): "check_bounds of the --set value first",
-    ("interop/safetensors_reader.py", "read_header"): "the header's length and check_bounds first; errors name it",
+    ("safetensors_reader.py", "read_header"): "the header's length and check_bounds first; errors name it",
     ("data/files.py", "json_lines"): "check_bounds over the whole file first; errors name the file and line",
     ("train/run_folder.py", "holds_run"): "at most 1 MB, RecursionError caught: only asks whether it is a run",
     ("commands/chat.py", "template_variables"): "check_bounds of the --template-var value first",

@@ -1,4 +1,4 @@
-"""The strict safetensors reader (numformer.interop.safetensors_reader) and the checkpoint folder reader
+"""The strict safetensors reader (numformer.safetensors_reader) and the checkpoint folder reader
 (interop.hf.read_safetensors): every dtype through one path, and one line naming the file and what is wrong
 for each kind of damage (header length, JSON, dtype, shape, aliased offsets, gaps, overlaps, trailing bytes,
 shard names outside the folder), also from `numformer import-hf` (exit 2)."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from numformer.interop import hf
-from numformer.interop.safetensors_reader import read_safetensors_file
+from numformer.safetensors_reader import read_safetensors_file
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 

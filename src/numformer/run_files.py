@@ -4,7 +4,8 @@
 state) are JSON; ``model.safetensors`` (the selected weights) and
 ``checkpoint.safetensors`` are safetensors. This module sits below the models,
 the configs, the interop layer and training (it imports nothing of numformer's
-but the bounded readers): all of them read and write a run folder through it.
+but the bounded readers and the safetensors reader): all of them read and write
+a run folder through it.
 The checks of what a config.json says are ``numformer.config``'s
 (``load_config_json``); this module reads the bytes.
 
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ._limits import bounded_json
+from .safetensors_reader import stored_tensors
 
 CHECKPOINT = "checkpoint.safetensors"
 MODEL = "model.safetensors"
@@ -292,13 +294,45 @@ def run_weights(run_dir):
     return path
 
 
-def load_model_weights(path, model):
-    """Load weights saved by save_model (or a checkpoint's model part) into ``model``."""
-    tensors, meta = _load_safetensors(path, "model file")
-    if meta.get("format") == FORMAT:
-        tensors = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
-    model.load_state_dict(tensors)
+def load_model_weights(path, model, written=None):
+    """Load weights saved by save_model (or a checkpoint's model part) into ``model``; returns the file's metadata.
+
+    Names and shapes are checked first (``Module.check_state_dict``: one error, nothing written); then the
+    file's tensors are read one at a time, in the order of their names, each straight into its parameter a
+    piece at a time (``StoredTensor.read_into``) and added to the checksum, so loading needs the model's own
+    memory, not twice it. A checkpoint's optimizer tensors are read for the checksum only. A file whose checksum no longer matches raises ValueError once it
+    has been read, when ``model`` holds some of its tensors: load into a model you can discard, as
+    ``interop.sources.load`` does. ``written(name)``: called once parameter ``name`` holds its weights (no
+    reference to it is kept after: ``numformer.quantize.LayerQuantizer.written`` may release it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    meta = load_metadata(path, "model file")
+    try:
+        stored = stored_tensors(path)
+    except ValueError as e:
+        raise ValueError(f"model file {path} is corrupt or truncated ({e}); it cannot be loaded — restore a copy "
+                         f"or retrain") from None
+    prefix = "model/" if meta.get("format") == FORMAT else ""
+    names = {k: k[len(prefix):] for k in stored if k.startswith(prefix)}          # file name -> parameter name
+    model.check_state_dict({names[k]: stored[k] for k in names})
+    params, crc = dict(model.named_parameters()), 0
+    for key in sorted(stored):                                                        # as _checksum
+        try:
+            if key in names:
+                crc = stored[key].read_into(params.pop(names[key]).data, crc)
+            else:
+                crc = stored[key].crc32(crc)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"model file {path} is corrupt or truncated ({e}); it cannot be loaded — restore a "
+                             f"copy or retrain") from None
+        if key in names and written is not None:
+            written(names[key])
+    if CHECKSUM in meta and meta[CHECKSUM] != f"{crc:08x}":
+        raise ValueError(f"model file {path} is corrupt: its tensors' bytes changed since numformer wrote it (their "
+                         f"CRC-32 is not the {meta[CHECKSUM]} written with them); restore a copy or retrain")
     return meta
+
 
 
 def frozen_parameters(model):

@@ -36,14 +36,12 @@ def load_chat_model(source, args=None):
     """(model, tokenizer, folder) of SOURCE: the one place ``numformer chat`` loads a model (through the
     loading of ``numformer generate``; quantized when ``args`` asks for it with ``--quantize``)."""
     from .generate import (check_quantize_arguments, check_sampling_arguments, load_generator, model_folder,
-                           quantize_if_asked)
+                           quantizer_for)
 
     if args is not None:
         check_sampling_arguments(args)
         check_quantize_arguments(args)
-    model, tokenizer = load_generator(source, getattr(args, "adapter", None), "chat")
-    if args is not None:
-        quantize_if_asked(model, args)
+    model, tokenizer = load_generator(source, getattr(args, "adapter", None), "chat", quantizer_for(args))
     return model, tokenizer, model_folder(source)
 
 

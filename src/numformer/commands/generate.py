@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 
-def load_generator(source, adapter=None, command="generate"):
+def load_generator(source, adapter=None, command="generate", quantize=None):
     """(GPT, tokenizer) from a run folder, a Hugging Face folder, or a hub id written ``hf:NAME``; ``adapter``:
     a PEFT LoRA adapter folder put on the model (``numformer.interop.peft.load_adapter``); ``command``: the
-    command named in the errors (generate, chat, explore)."""
+    command named in the errors (generate, chat, explore). ``quantize``: a ``numformer.quantize.LayerQuantizer``
+    (``--quantize int8``, ``quantizer_for``), which quantizes each linear layer as soon as its weights are read
+    (a LoRA model's once the load is done and its adapters merged); its report goes to stderr."""
     from ..interop.hf import read_hf_config
     from ..interop.peft import load_adapter
     from ..interop.sources import is_run_folder, load
@@ -32,12 +34,15 @@ def load_generator(source, adapter=None, command="generate"):
         hub_like = str(source).count("/") == 1 and not Path(source).parent.exists()    # OWNER/NAME, not a folder
         raise ValueError(f"run folder {source} does not exist" + (f" (a Hugging Face hub id is written hf:{source}, "
                          f"read from the Hugging Face cache)" if hub_like else ""))
+    lora_run = False
     if run:
         config = load_config_json(source)          # the whole config.json checked, as every command does
         if config["model"]["type"] != "gpt":
             raise ValueError(f"{source} holds a {config['model']['type']} model; `numformer {command}` works on a "
                              f"GPT (use `numformer translate` or `classify` for the others)")
-    model, tokenizer = load(source)
+        lora_run = config.get("lora") is not None
+    while_loading = None if adapter is not None or lora_run else quantize
+    model, tokenizer = load(source, quantize=while_loading)
     if adapter is not None:
         if getattr(model, "lora_config", None):
             raise ValueError(f"{source} is a LoRA run (its adapters are in its weights); --adapter puts an adapter "
@@ -47,6 +52,14 @@ def load_generator(source, adapter=None, command="generate"):
         raise ValueError(f"{source} has no tokenizer.json, so text cannot be encoded" if run else
                          f"{source} has no tokenizer (tokenizer.json or vocab.json + merges.txt), so text cannot "
                          f"be encoded")
+    if quantize is not None:
+        if while_loading is None:
+            from ..lora import merge_lora
+
+            merge_lora(model)
+            print("the LoRA adapters were merged into their layers before quantizing", file=sys.stderr)
+            quantize.finish(model)
+        print(quantize.report, file=sys.stderr)
     return model, tokenizer
 
 
@@ -76,13 +89,12 @@ def run(args):
 
     check_sampling_arguments(args)
     check_quantize_arguments(args)
-    model, tokenizer = load_generator(args.run_dir, args.adapter)
+    model, tokenizer = load_generator(args.run_dir, args.adapter, quantize=quantizer_for(args))
     stop = None if args.ignore_eos else generation_eos_ids(model_folder(args.run_dir), tokenizer) or None
-    prompt_ids = tokenizer.encode_prompt(args.prompt)          # before quantizing: a prompt it cannot encode
+    prompt_ids = tokenizer.encode_prompt(args.prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty; give at least one character with --prompt")
     check_ids_fit(prompt_ids, model, tokenizer, args.run_dir)
-    quantize_if_asked(model, args)
     out = sys.stdout
     new, shown = [], []               # the prompt is printed with the first token: after every option is checked
 
@@ -183,18 +195,13 @@ def check_quantize_arguments(args):
                          f"row), got {args.group_size}")
 
 
-def quantize_if_asked(model, args):
-    """Swap the model's linear layers for int8 ones when ``--quantize int8`` was given, LoRA adapters (a LoRA run's,
-    or ``--adapter``'s) merged into their layers first; the report goes to stderr."""
-    if args.quantize:
-        from ..lora import merge_lora
-        from ..quantize import quantize_model
+def quantizer_for(args):
+    """The ``LayerQuantizer`` of ``--quantize int8 [--group-size G]`` for ``load_generator``, or None."""
+    if not getattr(args, "quantize", None):
+        return None
+    from ..quantize import LayerQuantizer
 
-        if getattr(model, "lora_config", None):
-            merge_lora(model)
-            print("the LoRA adapters were merged into their layers before quantizing", file=sys.stderr)
-        print(quantize_model(model, bits=8, group_size=args.group_size), file=sys.stderr)
-    return model
+    return LayerQuantizer(bits=8, group_size=args.group_size)
 
 
 def int8_worker_processes(model, args):

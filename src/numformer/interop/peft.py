@@ -25,7 +25,7 @@ from .._limits import bounded_json
 from ..lora import TARGET_MODULES, add_lora, lora_adapters
 from ..run_files import write_atomic, write_json_atomic
 from .hf.families import default_export_type, family
-from .safetensors_reader import read_safetensors_file
+from ..safetensors_reader import read_safetensors_file
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

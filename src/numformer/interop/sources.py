@@ -24,7 +24,7 @@ from ..keys import Key
 from ..lora import add_lora, check_lora_options, merge_lora
 from ..models import build_model, check_model_section, model_arguments
 from ..nn import init
-from ..run_files import check_run_dir, load_model_weights, load_tokenizer_state, read_json, run_weights
+from ..run_files import check_run_dir, load_metadata, load_model_weights, load_tokenizer_state, read_json, run_weights
 from .hf import checkpoints as hf
 
 FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
@@ -104,37 +104,49 @@ def load_weights(model, source):
     return hf.load_hf_weights(model, hf.resolve_source(source))
 
 
-def load(source, dtype=None, **overrides):
+def load(source, dtype=None, quantize=None, **overrides):
     """(model in eval mode, tokenizer or None) of a run folder, a Hugging Face folder or a hub id.
 
-    dtype: the weights' dtype (default: the run's, float32 for a Hugging Face model); overrides: the
-    options that do not change the weights (``FINE_TUNING_OPTIONS``: dropout, attention,
-    gradient_checkpointing). A LoRA run's model carries its adapters, unmerged.
+    dtype: the weights' dtype (default: the run's, float32 for a Hugging Face model); quantize: a
+    ``numformer.quantize.LayerQuantizer``, which quantizes each linear layer as soon as its weights are
+    read, so the float model is never whole in memory (its report in ``quantize.report``; a LoRA run is
+    refused: merge its adapters, then ``quantize_model``); overrides: the options that do not change the
+    weights (``FINE_TUNING_OPTIONS``: dropout, attention, gradient_checkpointing). A LoRA run's model carries
+    its adapters, unmerged.
     """
     changed = sorted(set(overrides) - set(FINE_TUNING_OPTIONS))
     if changed:
         raise ValueError(f"{changed} would change the model of {source}; only {list(FINE_TUNING_OPTIONS)} may be "
                          f"set when loading it")
     if not is_run_folder(source):
-        return hf.load_pretrained(source, dtype=np.float32 if dtype is None else dtype, **overrides)
+        return hf.load_pretrained(source, dtype=np.float32 if dtype is None else dtype, quantize=quantize,
+                                  **overrides)
     src = read_source(source)
-    model = load_run_model(src.folder, {**src.model, **overrides}, dtype or src.dtype, src.lora)
+    model = load_run_model(src.folder, {**src.model, **overrides}, dtype or src.dtype, src.lora, quantize)
     state = src.tokenizer_state
     return model, None if state is None else tokenizer_from_state(state, src.folder)
 
 
-def load_run_model(run_dir, model_section, dtype, lora=None):
+def load_run_model(run_dir, model_section, dtype, lora=None, quantize=None):
     """A run's model: built from its [model] section in ``dtype`` (with the adapters of its [lora] section
     ``lora``, when it has one), with its saved weights (model.safetensors, else the checkpoint's), which must
-    have been trained with that section (``check_weights``); eval mode."""
+    have been trained with that section (``check_weights``); eval mode. quantize: a ``LayerQuantizer``, as
+    ``load``'s."""
     run_dir = Path(run_dir)
     section = {k: v for k, v in model_section.items() if k != "init_from"}
-    with init.skipped():            # every parameter is written by load_model_weights (strict: or it raises)
+    # every parameter is written by load_model_weights (strict: or it raises); until then its zeros take no
+    # memory (the operating system maps a page when it is first written)
+    with init.skipped():
         model = build_model(section, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
         if lora:
             add_lora(model, **lora, rng=0)
     path = run_weights(run_dir)
-    check_weights(path, load_model_weights(path, model), section, dtype)
+    check_weights(path, load_metadata(path, "model file"), section, dtype)          # before any weight is read
+    if quantize is not None:
+        quantize.start(model)           # a LoRA model is refused here
+    load_model_weights(path, model, written=None if quantize is None else quantize.written)
+    if quantize is not None:
+        quantize.finish()
     return model.eval()
 
 

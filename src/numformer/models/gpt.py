@@ -91,6 +91,8 @@ class GPT(HookedModel, Module):
     def _init_weights(self, rng, dtype):
         """nanoGPT's initialization: every matrix of the blocks N(0, 0.02), those writing into the residual
         stream (each block's ``residual_weights``) N(0, 0.02/√(2·n_layers)), biases 0; an untied head N(0, 0.02)."""
+        if init.is_skipped():                # a checkpoint is written next: leave the zeros untouched (unmapped)
+            return
         proj_std = 0.02 / math.sqrt(2 * self.n_layers)
         for block in self.blocks:
             residual = {id(p) for p in block.residual_weights()}

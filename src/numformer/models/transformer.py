@@ -69,7 +69,7 @@ class Transformer(Module):
         self.out_proj = Linear(d_model, c.tgt_vocab_size, bias=False, rng=rng, dtype=dtype)
         # Xavier-uniform for every matrix, as torch.nn.Transformer and the Annotated Transformer.
         for _, p in self.named_parameters():
-            if p.data.ndim > 1:
+            if p.data.ndim > 1 and not init.is_skipped():
                 p.data[...] = init.xavier_uniform(rng, p.shape, dtype)
         # Tie parameters, not modules: each Embedding keeps its own cache for backward.
         if c.share_embeddings:

@@ -406,9 +406,10 @@ class MultiHeadAttention(Module):
         self.dropout_p, self.rng = dropout, rng
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.qkv_proj = QKVProjection(d_model, n_heads, n_kv_heads, head_dim, qkv_bias, rng, dtype)
-        self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, self.qkv_proj.weight.shape, dtype)
-        if qkv_bias:
-            self.qkv_proj.bias.data[...] = 0
+        if not init.is_skipped():            # skipped: zeros until a checkpoint is written (init.skipped)
+            self.qkv_proj.weight.data[...] = init.xavier_uniform(rng, self.qkv_proj.weight.shape, dtype)
+            if qkv_bias:
+                self.qkv_proj.bias.data[...] = 0
         if qk_norm:
             if qk_norm_kind not in RMS_NORMS:
                 raise ValueError(f"qk_norm_kind must be one of {list(RMS_NORMS)}, got {qk_norm_kind!r}")
@@ -416,7 +417,7 @@ class MultiHeadAttention(Module):
         else:
             self.q_norm = self.k_norm = None
         self.out_proj = Linear(n_heads * head_dim, d_model, bias, rng, dtype)
-        if bias:
+        if bias and not init.is_skipped():
             self.out_proj.bias.data[...] = 0
         self.record_weights = False
         self.last_weights = None

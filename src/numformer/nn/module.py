@@ -193,8 +193,18 @@ class Module:
         return OrderedDict((name, p.data) for name, p in self.named_parameters())
 
     def load_state_dict(self, state, strict=True):
-        """Copy arrays into the parameters, checking names and shapes; one ValueError lists every problem.
-        ``strict=False`` skips missing and unexpected names (shapes are still checked). Returns None."""
+        """Copy arrays into the parameters, checking names and shapes first (``check_state_dict``: one
+        ValueError lists every problem, nothing copied). ``strict=False`` skips missing and unexpected names
+        (shapes are still checked). Returns None."""
+        self.check_state_dict(state, strict)
+        for k, p in self.named_parameters():
+            if k in state:
+                p.data[...] = np.asarray(state[k], dtype=p.dtype)
+
+    def check_state_dict(self, state, strict=True):
+        """The checks of ``load_state_dict`` alone: names (unless ``strict=False``) and shapes of ``state``'s
+        values (anything with a ``shape``: arrays, or tensors not read yet) against this module's parameters;
+        one ValueError lists every problem."""
         own = dict(self.named_parameters())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -210,9 +220,6 @@ class Module:
         if problems:
             raise ValueError("state dict does not fit this model (was it saved from another configuration?): "
                              + " | ".join(problems))
-        for k, p in own.items():
-            if k in state:
-                p.data[...] = np.asarray(state[k], dtype=p.dtype)
 
     def astype(self, dtype):
         """Convert every parameter to ``dtype`` in place (e.g. float64 for gradient checks) and drop its

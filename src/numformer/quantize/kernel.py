@@ -31,13 +31,15 @@ from pathlib import Path
 import numpy as np
 
 from .._runtime import blas_threads, few_rows_columns, get_num_threads, matmul, owns_blas, parallel_for
+from . import reference
 from .reference import group_width
 
-__all__ = ["quantized_linear_forward", "dequantize", "SMALL_BATCH", "BLOCK_BYTES", "l2_cache_bytes"]
+__all__ = ["quantized_linear_forward", "dequantize", "quantize", "SMALL_BATCH", "BLOCK_BYTES", "l2_cache_bytes"]
 
 SMALL_BATCH = 16                 # rows of x up to which the weight is dequantized block by block
 ROW_UNIT = 8                     # the threads' shares of output rows are multiples of this
 MIN_PIECE_WEIGHTS = 1 << 19      # no thread gets fewer weights (~0.1 ms of work: about what a handoff costs)
+QUANTIZE_BLOCK_BYTES = 16 << 20  # ``quantize`` works on this many bytes of float rows at a time
 
 
 def l2_cache_bytes(default=1 << 20):
@@ -183,3 +185,22 @@ def dequantize(q, scales, group_size=None, dtype=None):
 
     parallel_for(N, rows, max(1, (1 << 20) // K))
     return out
+
+
+def quantize(W, bits=8, group_size=None):
+    """``reference.quantize``, a block of rows at a time (``QUANTIZE_BLOCK_BYTES``): the same int8 weights and
+    scales, since each row's scales are its own, but float temporaries of a block's size instead of several of
+    the whole matrix's (quantizing a vocabulary-sized output layer while a model loads).
+
+    W: (N, K) float   ->   q: (N, K) int8,  scales: (N, G) of W's dtype
+    """
+    W = np.asarray(W)
+    if W.ndim != 2 or not np.issubdtype(W.dtype, np.floating) or W.shape[0] == 0:
+        return reference.quantize(W, bits, group_size)                # its errors, or the empty matrix
+    N, K = W.shape
+    q = np.empty((N, K), np.int8)
+    scales = np.empty((N, -(-K // group_width(group_size, K))), W.dtype)
+    step = max(1, QUANTIZE_BLOCK_BYTES // max(1, K * W.itemsize))
+    for r0 in range(0, N, step):
+        q[r0:r0 + step], scales[r0:r0 + step] = reference.quantize(W[r0:r0 + step], bits, group_size)
+    return q, scales

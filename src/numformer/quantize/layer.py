@@ -29,7 +29,8 @@ from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
 from . import kernel, reference
 
-__all__ = ["QuantizedLinear", "QuantizedQKVProjection", "quantize_model", "QuantizationReport", "weight_bytes"]
+__all__ = ["QuantizedLinear", "QuantizedQKVProjection", "quantize_model", "LayerQuantizer", "QuantizationReport",
+           "weight_bytes"]
 
 
 class QuantizedLinear(Module):
@@ -61,7 +62,7 @@ class QuantizedLinear(Module):
         becomes a ``QuantizedQKVProjection``."""
         if cls is QuantizedLinear and isinstance(linear, QKVProjection):
             return QuantizedQKVProjection.from_linear(linear, bits, group_size)
-        q, scales = reference.quantize(linear.weight.data, bits, group_size)
+        q, scales = kernel.quantize(linear.weight.data, bits, group_size)
         bias = None if linear.bias is None else linear.bias.data.copy()
         return cls(q, scales, bias, bits, group_size)
 
@@ -179,22 +180,106 @@ def quantize_model(model, bits=8, group_size=None, skip=()):
     for one scale per output channel. skip: names (or fnmatch patterns, ``"blocks.0.*"``) of layers to keep
     float. A layer registered under two names (shared) is quantized once and put under both.
     """
-    reference.qmax(bits)
-    reference.group_width(group_size, 1)
-    if getattr(model, "lora_config", None):         # its adapted layers are not Linear: they would stay float
-        raise ValueError("the model has LoRA adapters: merge them into their layers first "
-                         "(numformer.lora.merge_lora(model)), then quantize")
-    report = QuantizationReport(int(bits), group_size, bytes_before=weight_bytes(model))
-    done = {}                                                   # id(float layer) -> its int8 replacement
-    for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]:
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in skip):
-            report.kept_float[name] = "skip"
-            continue
-        if id(layer) not in done:
-            done[id(layer)] = QuantizedLinear.from_linear(layer, bits, group_size).train(layer.training)
-            report.quantized.append(name)
-            if group_size is not None and layer.in_features <= group_size:
-                report.whole_rows.append(name)
-        model.set_submodule(name, done[id(layer)])
-    report.bytes_after = weight_bytes(model)
-    return report
+    return LayerQuantizer(bits, group_size, skip).finish(model)
+
+
+class LayerQuantizer:
+    """``quantize_model``, one layer at a time: each linear layer is quantized as soon as its weights are
+    written, so that a model being loaded never holds all its float weights at once.
+
+        quantizer = LayerQuantizer(bits=8)
+        quantizer.start(model)                 # a model whose parameters are about to be written
+        for name, array in weights:            # a loader, one parameter at a time
+            params[name].data[...] = array
+            quantizer.written(name)            # its layer quantized once all its parameters are written
+        report = quantizer.finish()            # any layer not yet quantized; the QuantizationReport
+
+    The loaders take it as ``quantize=`` (``numformer.interop.sources.load``, ``load_pretrained``). A float
+    layer is released once its int8 replacement is in the model (the loader must hold no reference to its
+    parameters), so loading needs the int8 model's memory and one float layer, not the float model's.
+    """
+
+    def __init__(self, bits=8, group_size=None, skip=()):
+        reference.qmax(bits)
+        reference.group_width(group_size, 1)
+        self.bits, self.group_size, self.skip = int(bits), group_size, tuple(skip)
+        self.model, self.report = None, None
+
+    def start(self, model):
+        """Find the model's linear layers (before any of its parameters is written); returns self."""
+        if getattr(model, "lora_config", None):         # its adapted layers are not Linear: they would stay float
+            raise ValueError("the model has LoRA adapters: merge them into their layers first "
+                             "(numformer.lora.merge_lora(model)), then quantize")
+        self.model = model
+        self.report = QuantizationReport(self.bits, self.group_size, bytes_before=weight_bytes(model))
+        self._names, self._pending = {}, {}             # id(layer) -> its names; -> ids of its unwritten parameters
+        for name, layer in model.named_modules():
+            if not isinstance(layer, Linear):
+                continue
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.skip):
+                self.report.kept_float[name] = "skip"
+                continue
+            self._names.setdefault(id(layer), []).append(name)
+            self._pending[id(layer)] = {id(p) for p in layer.parameters()}
+        # parameter name -> (its id, the ids of the layers it belongs to: a tied weight, the embedding's and
+        # lm_head's); ids only, no references: a quantized layer's float parameters must be freed
+        owners = {}
+        for layer_id, param_ids in self._pending.items():
+            for param_id in param_ids:
+                owners.setdefault(param_id, []).append(layer_id)
+        self._owners = {name: (id(p), owners[id(p)]) for name, p in model.named_parameters() if id(p) in owners}
+        return self
+
+    def expected_bytes(self):
+        """``weight_bytes`` of the model once ``finish`` has quantized every layer, from the shapes alone (no
+        weight read): the parameters that stay float (an output layer's tied table stays the embedding's),
+        and each layer's int8 weights, scales and bias."""
+        to_quantize = {layer_id: self.model.get_submodule(names[0]) for layer_id, names in self._names.items()
+                       if layer_id in self._pending}
+        floats = {id(p): p.data.nbytes for m in self.model.modules() if id(m) not in to_quantize
+                  for p in m._parameters.values() if p is not None}
+        itemsize = self.model.dtype.itemsize
+
+        def int8_bytes(layer):
+            N, K = layer.out_features, layer.in_features
+            groups = -(-K // reference.group_width(self.group_size, K))
+            return N * K + N * groups * itemsize + (0 if layer.bias is None else layer.bias.data.nbytes)
+
+        return sum(floats.values()) + sum(int8_bytes(layer) for layer in to_quantize.values())
+
+    def written(self, name):
+        """Parameter ``name`` (as ``named_parameters`` names it) now holds its weights: quantize each layer
+        whose parameters are all written."""
+        param_id, layer_ids = self._owners.pop(name, (None, ()))
+        for layer_id in layer_ids:
+            pending = self._pending.get(layer_id)
+            if pending is not None:
+                pending.discard(param_id)
+                if not pending:
+                    self._quantize(layer_id)
+
+    def _quantize(self, layer_id):
+        names = self._names[layer_id]
+        layer = self.model.get_submodule(names[0])
+        quantized = QuantizedLinear.from_linear(layer, self.bits, self.group_size).train(layer.training)
+        for name in names:
+            self.model.set_submodule(name, quantized)
+        del self._pending[layer_id]
+        self.report.quantized.append(names[0])
+        if self.group_size is not None and layer.in_features <= self.group_size:
+            self.report.whole_rows.append(names[0])
+
+    def finish(self, model=None):
+        """Quantize every layer not quantized yet (all of them when ``start`` was not called: give ``model``);
+        returns the ``QuantizationReport``, in the model's order."""
+        if self.model is None:
+            if model is None:
+                raise ValueError("LayerQuantizer.finish needs the model when start(model) was not called")
+            self.start(model)
+        for layer_id in list(self._pending):
+            self._quantize(layer_id)
+        order = {name: i for i, (name, _) in enumerate(self.model.named_modules())}
+        self.report.quantized.sort(key=order.get)
+        self.report.whole_rows.sort(key=order.get)
+        self.report.bytes_after = weight_bytes(self.model)
+        return self.report

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.chat_tasks import sequence_logprobs
-from ..interop.safetensors_reader import read_safetensors_file
+from ..safetensors_reader import read_safetensors_file
 from ..run_files import write_atomic
 from .run_folder import REFERENCE
 

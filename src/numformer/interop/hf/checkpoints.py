@@ -37,7 +37,7 @@ from ...data.tokenizers.pretrained import side_files
 from ...models import GPT
 from ...nn import init
 from ...run_files import write_atomic, write_json_atomic
-from ..safetensors_reader import read_header, read_safetensors_file, shard_files, stored_tensors
+from ...safetensors_reader import read_header, read_safetensors_file, shard_files, stored_tensors
 from .families import FAMILIES, default_export_type, family
 
 CONFIG = "config.json"
@@ -267,6 +267,20 @@ def _assembled(parts, transpose):
     return np.ascontiguousarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0))
 
 
+def _read_into(out, parts, transpose):
+    """``out[...] = _assembled(parts, transpose)`` for ``StoredTensor`` parts, without a whole copy of any: each
+    part read straight into its rows of ``out`` a piece at a time (``StoredTensor.read_into``); a transposed
+    part (GPT-2's Conv1D weights) is read whole first."""
+    if transpose:
+        out[...] = _assembled(parts, transpose)
+        return
+    row = 0
+    for part in parts:
+        rows = part.shape[0] if part.ndim else 1
+        part.read_into(out[row:row + rows] if part.ndim else out)
+        row += rows
+
+
 def to_hf_state(fam, config, nf_state):
     """{numformer name: array} -> {Hugging Face name: array}, the inverse of ``to_numformer_state``: every
     tensor of ``fam.tensors(config)`` (``nf_state`` must hold each one), ``qkv_proj`` split into q, k, v,
@@ -327,14 +341,16 @@ def _token_content(token):
     return token if isinstance(token, str) else None
 
 
-def load_pretrained(source, dtype=np.float32, **overrides):
+def load_pretrained(source, dtype=np.float32, quantize=None, **overrides):
     """(GPT in eval mode, tokenizer or None) from a Hugging Face folder or hub id; weights checked name by name.
 
     The config is ``hf_model_config``'s (a stored lm_head.weight that differs from the embedding unties them);
     the tensors (safetensors, one file or shards; bfloat16, float16, float32 or float64) are cast to ``dtype``
     (default float32; the file's dtype is not kept). overrides: ``GPTConfig`` options that do not change the
     weights (``dropout``, ``attention``, ``gradient_checkpointing``); dropout is 0 unless given (set it to
-    fine-tune with dropout, as nanoGPT). The tokenizer is ``load_tokenizer``'s.
+    fine-tune with dropout, as nanoGPT). The tokenizer is ``load_tokenizer``'s. quantize: a
+    ``numformer.quantize.LayerQuantizer``, which quantizes each linear layer as soon as its weights are read
+    (the float model is never whole in memory; what it did is in ``quantize.report``).
     """
     folder = resolve_source(source)
     hf_config = read_hf_config(folder)
@@ -343,10 +359,18 @@ def load_pretrained(source, dtype=np.float32, **overrides):
     if changed:
         raise ValueError(f"{changed} would change the model of {source}; only dropout, attention and "
                          f"gradient_checkpointing may be set when loading it")
-    check_memory(folder, source, dtype)
-    with init.skipped():                      # every parameter is written by load_hf_weights (or it raises)
+    stored = read_safetensors(folder, lazy=True)        # every header checked, no tensor read yet
+    if quantize is None:
+        check_memory(stored, source, dtype)
+    # every parameter is written by load_hf_weights (or it raises); until then its zeros take no memory (the
+    # operating system maps a page when it is first written)
+    with init.skipped():
         model = GPT(replace(config, **overrides), rng=np.random.default_rng(0), dtype=dtype)
-    load_hf_weights(model, folder)
+    if quantize is not None:
+        check_memory(stored, source, dtype, quantize.start(model).expected_bytes())
+    load_hf_weights(model, folder, stored, written=None if quantize is None else quantize.written)
+    if quantize is not None:
+        quantize.finish()
     return model.eval(), load_tokenizer(folder, hf_config)
 
 
@@ -354,39 +378,47 @@ def load_pretrained(source, dtype=np.float32, **overrides):
 NO_MEMORY_CHECK = "NUMFORMER_NO_MEMORY_CHECK"
 
 
-def check_memory(folder, source, dtype):
-    """One ValueError, before anything is allocated, when the weights of ``folder`` (their headers) in ``dtype``
-    and the largest tensor's reading (read, widened, concatenated: three times its size) need more than the
-    memory this machine has left (``_platform.available_memory``): loading would end in the operating system
-    killing the process, with no message. Nothing is checked where that figure is unknown."""
+def check_memory(stored, source, dtype, weights_bytes=None):
+    """One ValueError, before any weight is read, when the weights of a checkpoint (``stored``: its
+    ``StoredTensor``s, ``read_safetensors(folder, lazy=True)``) in ``dtype`` and the largest tensor's reading
+    (read, widened, concatenated: three times its size) need more than the memory this machine has left
+    (``_platform.available_memory``): loading would end in the operating system killing the process, with no
+    message. ``weights_bytes``: the loaded model's bytes when they are not the tensors' in ``dtype`` (an int8
+    model's, ``LayerQuantizer.expected_bytes``). Nothing is checked where the memory left is unknown."""
     available = available_memory()
     if available is None or os.environ.get(NO_MEMORY_CHECK, "") not in ("", "0"):
         return
-    sizes = [math.prod(t.shape) for t in read_safetensors(folder, lazy=True).values()]
+    sizes = [math.prod(t.shape) for t in stored.values()]
     itemsize = np.dtype(dtype).itemsize
-    need = (sum(sizes) + 3 * max(sizes, default=0)) * itemsize
+    kind = np.dtype(dtype).name if weights_bytes is None else f"{np.dtype(dtype).name}, linear layers in int8"
+    weights_bytes = sum(sizes) * itemsize if weights_bytes is None else weights_bytes
+    need = weights_bytes + 3 * max(sizes, default=0) * itemsize
     if need > available:
         raise ValueError(f"{source} needs about {need / 2 ** 30:.1f} GiB of memory ({sum(sizes):,} weights in "
-                         f"{np.dtype(dtype).name}), but this machine has {available / 2 ** 30:.1f} GiB left (free "
+                         f"{kind}), but this machine has {available / 2 ** 30:.1f} GiB left (free "
                          f"memory and swap); close other programs or use a machine with more memory (or set "
                          f"{NO_MEMORY_CHECK}=1 to try anyway)")
 
 
-def load_hf_weights(model, folder):
+def load_hf_weights(model, folder, stored=None, written=None):
     """Copy the weights of a Hugging Face folder into ``model`` (a GPT of its config, ``hf_model_config``), name
     by name (``to_numformer_state``'s checks, all made before any tensor is read), cast to the model's dtype.
     The tensors are read one numformer tensor at a time, straight into the parameters: loading needs about the
-    model's own memory, not twice it. Returns the model."""
+    model's own memory, not twice it. ``stored``: the folder's ``read_safetensors(folder, lazy=True)``, when
+    already read; ``written(name)``: called once parameter ``name`` holds its weights (no reference to it is
+    kept after: ``LayerQuantizer.written`` may release it). Returns the model."""
     fam = family(read_hf_config(folder)["model_type"])
     params = dict(model.named_parameters())
-    plan = numformer_plan(fam, model.config, read_safetensors(folder, lazy=True),
+    plan = numformer_plan(fam, model.config, read_safetensors(folder, lazy=True) if stored is None else stored,
                           {n: p.shape for n, p in params.items()}, f"{folder}/{WEIGHTS}")
     missing = sorted(set(params) - {nf for nf, _, _ in plan})
     if missing:
         raise ValueError(f"{folder}/{WEIGHTS} does not fit its {CONFIG} ({fam.model_type}): the model's "
                          f"{missing} have no checkpoint tensors")
     for nf, parts, transpose in plan:
-        params[nf].data[...] = _assembled(parts, transpose)
+        _read_into(params.pop(nf).data, parts, transpose)
+        if written is not None:
+            written(nf)
     return model
 
 

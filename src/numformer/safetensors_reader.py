@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
 
-from .._limits import bounded_json, check_bounds
+from ._limits import bounded_json, check_bounds
 
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
@@ -39,6 +40,7 @@ UNREAD_DTYPES = {"F8_E4M3": "an 8-bit float", "F8_E4M3FNUZ": "an 8-bit float", "
                  "F8_E5M2FNUZ": "an 8-bit float", "F8_E8M0": "an 8-bit float", "F6_E2M3": "a 6-bit float",
                  "F6_E3M2": "a 6-bit float", "F4": "a 4-bit float", "C64": "a complex number"}
 MAX_HEADER_BYTES = 100 * 1024 * 1024          # the safetensors library's own limit
+CHUNK_BYTES = 16 * 1024 * 1024                # StoredTensor.read_into reads a tensor this many bytes at a time
 
 
 def _bad(path, what):
@@ -165,6 +167,39 @@ class StoredTensor:
         if len(raw) != self.nbytes:
             raise _bad(self.path, "it ended while a tensor was read (was it changed while numformer read it?)")
         return _decoded(raw, self.stored_dtype, self.shape)
+
+    def read_into(self, out, crc=0):
+        """Write the tensor into ``out`` (a C-contiguous array of its shape, of any dtype: the values are cast),
+        ``CHUNK_BYTES`` of the file at a time, so no whole copy of it is ever made; returns the CRC-32 of its
+        bytes, continued from ``crc`` (as ``zlib.crc32``)."""
+        if tuple(out.shape) != tuple(self.shape) or not out.flags.c_contiguous:
+            raise ValueError(f"read_into needs a C-contiguous array of shape {self.shape}, got {out.shape}")
+        flat, at = out.reshape(-1), 0
+        for raw in self._chunks():
+            values = _decoded(raw, self.stored_dtype, (-1,))
+            flat[at:at + values.size] = values
+            at += values.size
+            crc = zlib.crc32(raw, crc)
+        return crc
+
+    def crc32(self, crc=0):
+        """The CRC-32 of the tensor's bytes, continued from ``crc``, read ``CHUNK_BYTES`` at a time."""
+        for raw in self._chunks():
+            crc = zlib.crc32(raw, crc)
+        return crc
+
+    def _chunks(self):
+        """The tensor's bytes in pieces of at most ``CHUNK_BYTES``, each a whole number of its items."""
+        itemsize = np.dtype(DTYPES[self.stored_dtype]).itemsize
+        step = max(1, CHUNK_BYTES // itemsize) * itemsize
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            for begin in range(0, self.nbytes, step):
+                raw = f.read(min(step, self.nbytes - begin))
+                if len(raw) != min(step, self.nbytes - begin):
+                    raise _bad(self.path, "it ended while a tensor was read (was it changed while numformer read "
+                                          "it?)")
+                yield raw
 
     def __array__(self, dtype=None, copy=None):
         a = self.read()

@@ -55,6 +55,31 @@ def test_set_fast_runtime_is_idempotent_and_reports(native_blas_afterwards):
         numformer.set_fast_runtime(blas="mkl")
 
 
+@pytest.mark.skipif(_runtime._libc() is None, reason="glibc's malloc_trim")
+def test_release_free_memory_gives_the_heap_s_free_pages_back():
+    """Under set_fast_runtime's malloc settings, 256 MB of freed 4 MB arrays stay resident (the heap keeps them
+    for reuse); release_free_memory gives them back to the system. In a fresh process (mallopt is global)."""
+    import subprocess
+    import sys
+
+    script = """
+import numpy as np, numformer
+from numformer import _runtime
+numformer.set_fast_runtime(blas=None)
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+arrays = [np.ones(1 << 20, np.float32) for _ in range(64)]
+held = resident()
+del arrays
+freed = resident()
+assert _runtime.release_free_memory()
+print(held - freed, freed - resident())
+"""
+    kept, released = map(int, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                             check=True).stdout.split())
+    assert kept < 64 << 20 and released > 192 << 20, (kept, released)
+
+
 @pytest.mark.skipif(_runtime._openblas_thread_functions() is None, reason="needs OpenBLAS thread control")
 def test_products_split_by_numformer_equal_unsplit_ones(rng, threads, native_blas_afterwards, monkeypatch):
     """Row blocks of a split product equal the whole product up to float32 rounding: bit for bit with some BLAS

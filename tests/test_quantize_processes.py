@@ -90,7 +90,11 @@ def test_products_are_the_threads_bit_for_bit(dtype, rng, monkeypatch, two_threa
 
 def test_generation_is_unchanged_and_the_weights_come_back_private(rng, monkeypatch, two_threads):
     """Greedy generation (prefill of 2 × 7 rows, then batch-2 steps) gives the same tokens and logits; after
-    the with, every layer holds a private copy of the same weights and no worker is left."""
+    the with, every layer holds a private copy of the same weights and no worker is left. Inside it, the
+    private copies' memory went back to the system as each layer moved into the mapping."""
+    released = []
+    monkeypatch.setattr(processes, "release_free_memory", lambda: released.append(
+        sum(isinstance(m, QuantizedLinear) and m.qweight.flags.owndata for m in model.modules())))
     monkeypatch.setattr(processes, "MIN_PIECE_WEIGHTS", 1)          # split even this small model's products
     monkeypatch.setattr(kernel, "MIN_PIECE_WEIGHTS", 1)             # and the threads' alike
     model = GPT(vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=64, rng=rng).eval()
@@ -104,6 +108,8 @@ def test_generation_is_unchanged_and_the_weights_come_back_private(rng, monkeypa
         assert pool._job > 0
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(got_logits, logits)
+    n_layers = len(weights)
+    assert released == list(range(n_layers - 1, -1, -1))             # one layer fewer private at each release
     assert all(w.poll() is not None for w in workers)
     for name, m in model.named_modules():
         if isinstance(m, QuantizedLinear):

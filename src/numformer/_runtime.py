@@ -69,6 +69,7 @@ TOP_PAD = 64 * 1024 * 1024
 _state = {"applied": False, "malloc": None, "blas": None, "own_blas": False, "blas_saved": None}
 
 
+@functools.cache
 def _libc():
     if not sys.platform.startswith("linux"):
         return None
@@ -81,6 +82,18 @@ def _libc():
         return libc
     except (OSError, AttributeError):
         return None
+
+
+def release_free_memory():
+    """Give the memory malloc holds free back to the operating system (glibc's ``malloc_trim``, which also
+    releases the free pages inside the heap: ``set_fast_runtime``'s trim threshold keeps up to 1 GiB of them
+    otherwise). For after large arrays were freed that nothing will reuse soon. Returns True where done
+    (glibc), False elsewhere."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def set_fast_runtime(malloc=True, blas="numformer"):

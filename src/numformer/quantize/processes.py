@@ -44,7 +44,7 @@ import numpy as np
 
 from .._limits import bounded_json
 from .._platform import process_cpu_seconds
-from .._runtime import blas_threads, get_num_threads
+from .._runtime import blas_threads, get_num_threads, release_free_memory
 from . import kernel
 from .layer import QuantizedLinear
 
@@ -131,12 +131,15 @@ class WorkerProcesses:
         return np.frombuffer(self._mmap, dtype, count, offset)
 
     def _move_weights_in(self):
-        """Each layer's qweight and scales become views of their place in the mapping (copied there)."""
+        """Each layer's qweight and scales become views of their place in the mapping (copied there). The
+        memory of each private copy goes back to the system once it is freed (``release_free_memory``): the
+        weights are held twice one layer at a time, not whole."""
         for layer, (q_offset, s_offset) in zip(self.layers, self.layout["weights"]):
             q = self._view(q_offset, np.int8, layer.qweight.size).reshape(layer.qweight.shape)
             s = self._view(s_offset, layer.scales.dtype, layer.scales.size).reshape(layer.scales.shape)
             q[...], s[...] = layer.qweight, layer.scales
             layer.qweight, layer.scales = q, s
+            release_free_memory()
 
     def _start_workers(self, spin_seconds):
         """Start the workers (fresh interpreters: nothing of this process is copied or re-run; each inherits the

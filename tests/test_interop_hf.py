@@ -247,18 +247,31 @@ def test_loading_checks_every_shape_before_reading_and_reads_one_tensor_at_a_tim
         np.testing.assert_array_equal(p.data, expected[name])
 
 
+def cfg_layers(folder):
+    return json.loads((folder / "config.json").read_text())["n_layer"]
+
+
 def test_a_checkpoint_larger_than_the_memory_left_is_refused_before_loading(tmp_path, monkeypatch):
-    """With less memory left than the weights in float32 need (plus three times the largest tensor), one
-    ValueError names both figures and the way round, before the model is built; NUMFORMER_NO_MEMORY_CHECK=1
-    loads it anyway, and so does an unknown figure (another platform)."""
+    """With less memory left than the weights in float32 need (plus twice the largest tensor read whole to be
+    transposed, GPT-2's Conv1D weights, and four pieces of the file read a piece at a time), one ValueError
+    names both figures and the way round, before the model is built; NUMFORMER_NO_MEMORY_CHECK=1 loads it
+    anyway, and so does an unknown figure (another platform)."""
+    import re
+
+    from numformer import _platform
     from numformer.interop.hf import checkpoints
+    from numformer.safetensors_reader import CHUNK_BYTES
 
     folder, _ = make_hf(tmp_path, **SHAPES["default_ff"])
-    sizes = [int(np.prod(a.shape)) for a in hf.read_safetensors(folder).values()]
-    need = 4 * (sum(sizes) + 3 * max(sizes))
+    stored = hf.read_safetensors(folder)
+    sizes = [int(np.prod(a.shape)) for a in stored.values()]
+    conv1d_name = r"(transformer\.)?h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight"
+    conv1d = [int(np.prod(a.shape)) for name, a in stored.items() if re.fullmatch(conv1d_name, name)]
+    assert len(conv1d) == 4 * cfg_layers(folder)
+    need = 4 * (sum(sizes) + 2 * max(conv1d)) + 4 * CHUNK_BYTES
     built = []
     monkeypatch.setattr(checkpoints, "GPT", lambda *a, **k: built.append(1) or GPT(*a, **k))
-    monkeypatch.setattr(checkpoints, "available_memory", lambda: need - 1)
+    monkeypatch.setattr(_platform, "available_memory", lambda: need - 1)
     with pytest.raises(ValueError, match=rf"needs about .* GiB of memory \({sum(sizes):,} weights in float32\), "
                                          r"but this machine has .* GiB left.*NUMFORMER_NO_MEMORY_CHECK=1"):
         hf.load_pretrained(folder)
@@ -267,9 +280,9 @@ def test_a_checkpoint_larger_than_the_memory_left_is_refused_before_loading(tmp_
     monkeypatch.setenv("NUMFORMER_NO_MEMORY_CHECK", "1")
     hf.load_pretrained(folder)
     monkeypatch.delenv("NUMFORMER_NO_MEMORY_CHECK")
-    monkeypatch.setattr(checkpoints, "available_memory", lambda: need)
+    monkeypatch.setattr(_platform, "available_memory", lambda: need)
     hf.load_pretrained(folder)
-    monkeypatch.setattr(checkpoints, "available_memory", lambda: None)
+    monkeypatch.setattr(_platform, "available_memory", lambda: None)
     hf.load_pretrained(folder)
     assert len(built) == 4
 

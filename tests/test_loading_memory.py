@@ -158,22 +158,30 @@ def test_expected_bytes_are_the_quantized_model_s(tmp_path):
 
 
 def test_a_quantized_load_is_checked_against_the_int8_model_s_memory(tmp_path, monkeypatch):
-    """With memory for the int8 model but not the float one, a quantized load goes ahead and a float one is
-    refused; with less than the int8 model needs, the error says linear layers are counted in int8."""
-    from numformer.interop.hf import checkpoints
+    """With memory for the int8 model (and its largest float layer, held until quantized) but not the float
+    one, a quantized load goes ahead and a float one is refused; with less than the int8 model needs, the
+    error says linear layers are counted in int8. The reading's temporaries are the same for both."""
+    from numformer import _platform
 
     folder, _ = make_hf(tmp_path, **SHAPES["n_inner"])
-    sizes = [int(np.prod(a.shape)) for a in hf.read_safetensors(folder).values()]
-    float_need = 4 * (sum(sizes) + 3 * max(sizes))
-    probe = LayerQuantizer()
     model, _ = hf.load_pretrained(folder)
-    with_int8 = LayerQuantizer().finish(copy.deepcopy(model)).bytes_after + 4 * 3 * max(sizes)
+    largest_layer = max(m.weight.data.nbytes for m in model.modules() if isinstance(m, Linear)
+                        and m.weight is not model.tok_emb.weight)
+    with_int8 = LayerQuantizer().finish(copy.deepcopy(model)).bytes_after + largest_layer
+    float_need = weight_bytes(model)
     assert with_int8 < float_need
-    monkeypatch.setattr(checkpoints, "available_memory", lambda: with_int8)
+    from numformer.interop.hf import checkpoints
+
+    stored = hf.read_safetensors(folder, lazy=True)
+    transposed = checkpoints.transposed_tensors(hf.family("gpt2"), model.config, stored)
+    reading = checkpoints.memory_needed(stored, np.float32, transposed=transposed)[0] - float_need
+    with_int8 += reading
+    probe = LayerQuantizer()
+    monkeypatch.setattr(_platform, "available_memory", lambda: with_int8)
     with pytest.raises(ValueError, match=r"weights in float32\), but this machine has"):
         hf.load_pretrained(folder)
     hf.load_pretrained(folder, quantize=probe)
-    monkeypatch.setattr(checkpoints, "available_memory", lambda: with_int8 - 1)
+    monkeypatch.setattr(_platform, "available_memory", lambda: with_int8 - 1)
     with pytest.raises(ValueError, match=r"weights in float32, linear layers in int8\), but this machine has"):
         hf.load_pretrained(folder, quantize=LayerQuantizer())
 
@@ -195,6 +203,16 @@ def test_a_run_folder_is_quantized_as_it_loads(tmp_path, monkeypatch, run_cli):
     assert tokenizer is not None and quantizer.report.quantized == report.quantized
     assert_same_int8_model(model, expected)
     check_released_as_quantized(state, model.config.tie_weights)
+    # a run folder is checked against the memory left too, before any weight is read
+    from numformer import _platform
+
+    monkeypatch.setattr(_platform, "available_memory", lambda: 1 << 20)
+    state["seen"].clear()
+    with pytest.raises(ValueError, match=r"run needs about .* GiB of memory \([\d,]+ weights in float32\), but this"):
+        sources.load(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"[\d,]+ weights in float32, linear layers in int8\), but this machine"):
+        sources.load(tmp_path / "run", quantize=LayerQuantizer())
+    assert state["seen"] == []
 
 
 def test_generate_quantizes_while_loading_and_merges_an_adapter_first(tmp_path, monkeypatch, capsys):

@@ -241,3 +241,21 @@ def available_memory():
     except (OSError, ValueError):
         pass
     return available
+
+
+# Set (to anything but "" or "0") to load a model that ``check_memory`` finds too large for this machine.
+NO_MEMORY_CHECK = "NUMFORMER_NO_MEMORY_CHECK"
+
+
+def check_memory(source, need, weights):
+    """One ValueError when loading ``source`` needs ``need`` bytes (its weights and the reading's temporaries;
+    ``weights`` says what the weights are, for the message) and this machine has less left
+    (``available_memory``): loading would end in the operating system killing the process, with no message.
+    Nothing is checked where the memory left is unknown, or with NUMFORMER_NO_MEMORY_CHECK set."""
+    available = available_memory()
+    if available is None or os.environ.get(NO_MEMORY_CHECK, "") not in ("", "0"):
+        return
+    if need > available:
+        raise ValueError(f"{source} needs about {need / 2 ** 30:.1f} GiB of memory ({weights}), but this machine "
+                         f"has {available / 2 ** 30:.1f} GiB left (free memory and swap); close other programs or "
+                         f"use a machine with more memory (or set {NO_MEMORY_CHECK}=1 to try anyway)")

@@ -308,13 +308,8 @@ def load_model_weights(path, model, written=None):
     if not path.is_file():
         raise FileNotFoundError(path)
     meta = load_metadata(path, "model file")
-    try:
-        stored = stored_tensors(path)
-    except ValueError as e:
-        raise ValueError(f"model file {path} is corrupt or truncated ({e}); it cannot be loaded — restore a copy "
-                         f"or retrain") from None
-    prefix = "model/" if meta.get("format") == FORMAT else ""
-    names = {k: k[len(prefix):] for k in stored if k.startswith(prefix)}          # file name -> parameter name
+    stored = _stored_tensors(path)
+    names = _parameter_names(stored, meta)
     model.check_state_dict({names[k]: stored[k] for k in names})
     params, crc = dict(model.named_parameters()), 0
     for key in sorted(stored):                                                        # as _checksum
@@ -333,6 +328,27 @@ def load_model_weights(path, model, written=None):
                          f"CRC-32 is not the {meta[CHECKSUM]} written with them); restore a copy or retrain")
     return meta
 
+
+
+def model_tensors(path):
+    """{parameter name: StoredTensor} of the model a weights file holds (model.safetensors, or a checkpoint's
+    model part), from its header alone (no tensor read); ValueError naming a damaged file."""
+    stored = _stored_tensors(path)
+    return {name: stored[key] for key, name in _parameter_names(stored, load_metadata(path, "model file")).items()}
+
+
+def _stored_tensors(path):
+    try:
+        return stored_tensors(path)
+    except ValueError as e:
+        raise ValueError(f"model file {path} is corrupt or truncated ({e}); it cannot be loaded — restore a copy "
+                         f"or retrain") from None
+
+
+def _parameter_names(stored, meta):
+    """{name in the file: parameter name} of the model's tensors (a checkpoint's are under ``model/``)."""
+    prefix = "model/" if meta.get("format") == FORMAT else ""
+    return {k: k[len(prefix):] for k in stored if k.startswith(prefix)}
 
 
 def frozen_parameters(model):

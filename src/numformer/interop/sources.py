@@ -18,13 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from .._limits import bounded_json
+from .._platform import check_memory
 from ..data.run_tokenizer import load_tokenizer_json
 from ..data.tokenizers import tokenizer_from_dict
 from ..keys import Key
 from ..lora import add_lora, check_lora_options, merge_lora
 from ..models import build_model, check_model_section, model_arguments
 from ..nn import init
-from ..run_files import check_run_dir, load_metadata, load_model_weights, load_tokenizer_state, read_json, run_weights
+from ..run_files import (check_run_dir, load_metadata, load_model_weights, load_tokenizer_state, model_tensors,
+                         read_json, run_weights)
 from .hf import checkpoints as hf
 
 FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
@@ -144,6 +146,7 @@ def load_run_model(run_dir, model_section, dtype, lora=None, quantize=None):
     check_weights(path, load_metadata(path, "model file"), section, dtype)          # before any weight is read
     if quantize is not None:
         quantize.start(model)           # a LoRA model is refused here
+    check_memory(run_dir, *hf.memory_needed(model_tensors(path), dtype, quantize))
     load_model_weights(path, model, written=None if quantize is None else quantize.written)
     if quantize is not None:
         quantize.finish()

@@ -234,10 +234,8 @@ class LayerQuantizer:
         """``weight_bytes`` of the model once ``finish`` has quantized every layer, from the shapes alone (no
         weight read): the parameters that stay float (an output layer's tied table stays the embedding's),
         and each layer's int8 weights, scales and bias."""
-        to_quantize = {layer_id: self.model.get_submodule(names[0]) for layer_id, names in self._names.items()
-                       if layer_id in self._pending}
-        floats = {id(p): p.data.nbytes for m in self.model.modules() if id(m) not in to_quantize
-                  for p in m._parameters.values() if p is not None}
+        to_quantize = self._to_quantize()
+        floats = self._staying_float(to_quantize)
         itemsize = self.model.dtype.itemsize
 
         def int8_bytes(layer):
@@ -246,6 +244,25 @@ class LayerQuantizer:
             return N * K + N * groups * itemsize + (0 if layer.bias is None else layer.bias.data.nbytes)
 
         return sum(floats.values()) + sum(int8_bytes(layer) for layer in to_quantize.values())
+
+    def largest_layer_bytes(self):
+        """The bytes of the largest float weight of a layer to quantize (a tied output layer's table stays
+        the embedding's, counted in ``expected_bytes``): what a load holds beside the int8 model until that
+        layer is quantized (``numformer.interop.hf.memory_needed``)."""
+        to_quantize = self._to_quantize()
+        floats = self._staying_float(to_quantize)
+        return max((layer.weight.data.nbytes for layer in to_quantize.values() if id(layer.weight) not in floats),
+                   default=0)
+
+    def _to_quantize(self):
+        """{id(layer): layer} of the layers not quantized yet."""
+        return {layer_id: self.model.get_submodule(names[0]) for layer_id, names in self._names.items()
+                if layer_id in self._pending}
+
+    def _staying_float(self, to_quantize):
+        """{id(parameter): bytes} of the parameters that stay float: those of every other module."""
+        return {id(p): p.data.nbytes for m in self.model.modules() if id(m) not in to_quantize
+                for p in m._parameters.values() if p is not None}
 
     def written(self, name):
         """Parameter ``name`` (as ``named_parameters`` names it) now holds its weights: quantize each layer

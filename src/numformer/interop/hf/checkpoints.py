@@ -21,7 +21,6 @@ without the network.
 from __future__ import annotations
 
 import math
-import os
 import re
 import sys
 from dataclasses import replace
@@ -30,14 +29,14 @@ from pathlib import Path
 import numpy as np
 
 from ..._install import install_hint, require
-from ..._platform import available_memory
+from ..._platform import check_memory
 from ..._limits import bounded_json, check_bounds
 from ...data.tokenizers import PretrainedTokenizer
 from ...data.tokenizers.pretrained import side_files
 from ...models import GPT
 from ...nn import init
 from ...run_files import write_atomic, write_json_atomic
-from ...safetensors_reader import read_header, read_safetensors_file, shard_files, stored_tensors
+from ...safetensors_reader import CHUNK_BYTES, read_header, read_safetensors_file, shard_files, stored_tensors
 from .families import FAMILIES, default_export_type, family
 
 CONFIG = "config.json"
@@ -360,44 +359,41 @@ def load_pretrained(source, dtype=np.float32, quantize=None, **overrides):
         raise ValueError(f"{changed} would change the model of {source}; only dropout, attention and "
                          f"gradient_checkpointing may be set when loading it")
     stored = read_safetensors(folder, lazy=True)        # every header checked, no tensor read yet
-    if quantize is None:
-        check_memory(stored, source, dtype)
+    transposed = transposed_tensors(family(hf_config["model_type"]), config, stored)
+    if quantize is None:                                # before anything is allocated
+        check_memory(source, *memory_needed(stored, dtype, transposed=transposed))
     # every parameter is written by load_hf_weights (or it raises); until then its zeros take no memory (the
     # operating system maps a page when it is first written)
     with init.skipped():
         model = GPT(replace(config, **overrides), rng=np.random.default_rng(0), dtype=dtype)
     if quantize is not None:
-        check_memory(stored, source, dtype, quantize.start(model).expected_bytes())
+        check_memory(source, *memory_needed(stored, dtype, quantize.start(model), transposed))
     load_hf_weights(model, folder, stored, written=None if quantize is None else quantize.written)
     if quantize is not None:
         quantize.finish()
     return model.eval(), load_tokenizer(folder, hf_config)
 
 
-# Set (to anything but "" or "0") to load a checkpoint that ``check_memory`` finds too large for this machine.
-NO_MEMORY_CHECK = "NUMFORMER_NO_MEMORY_CHECK"
-
-
-def check_memory(stored, source, dtype, weights_bytes=None):
-    """One ValueError, before any weight is read, when the weights of a checkpoint (``stored``: its
-    ``StoredTensor``s, ``read_safetensors(folder, lazy=True)``) in ``dtype`` and the largest tensor's reading
-    (read, widened, concatenated: three times its size) need more than the memory this machine has left
-    (``_platform.available_memory``): loading would end in the operating system killing the process, with no
-    message. ``weights_bytes``: the loaded model's bytes when they are not the tensors' in ``dtype`` (an int8
-    model's, ``LayerQuantizer.expected_bytes``). Nothing is checked where the memory left is unknown."""
-    available = available_memory()
-    if available is None or os.environ.get(NO_MEMORY_CHECK, "") not in ("", "0"):
-        return
-    sizes = [math.prod(t.shape) for t in stored.values()]
+def memory_needed(stored, dtype, quantize=None, transposed=()):
+    """(bytes, what they count) that loading the tensors ``stored`` (``StoredTensor``s: their shapes) into a
+    model in ``dtype`` needs (``_platform.check_memory``): the model's weights, or its int8 model's with
+    ``quantize`` (a started ``LayerQuantizer``: ``expected_bytes``, and the largest float layer it holds
+    until that layer is quantized), and the reading's temporaries: a few pieces of the file for a tensor read
+    straight into its parameter, twice the tensor for one read whole to be transposed (``transposed``: their
+    names; GPT-2's Conv1D weights, ``transposed_tensors``)."""
     itemsize = np.dtype(dtype).itemsize
-    kind = np.dtype(dtype).name if weights_bytes is None else f"{np.dtype(dtype).name}, linear layers in int8"
-    weights_bytes = sum(sizes) * itemsize if weights_bytes is None else weights_bytes
-    need = weights_bytes + 3 * max(sizes, default=0) * itemsize
-    if need > available:
-        raise ValueError(f"{source} needs about {need / 2 ** 30:.1f} GiB of memory ({sum(sizes):,} weights in "
-                         f"{kind}), but this machine has {available / 2 ** 30:.1f} GiB left (free "
-                         f"memory and swap); close other programs or use a machine with more memory (or set "
-                         f"{NO_MEMORY_CHECK}=1 to try anyway)")
+    n_weights = sum(math.prod(t.shape) for t in stored.values())
+    reading = 2 * max((math.prod(stored[name].shape) for name in transposed), default=0) * itemsize
+    reading += 4 * CHUNK_BYTES
+    if quantize is None:
+        return n_weights * itemsize + reading, f"{n_weights:,} weights in {np.dtype(dtype).name}"
+    return (quantize.expected_bytes() + quantize.largest_layer_bytes() + reading,
+            f"{n_weights:,} weights in {np.dtype(dtype).name}, linear layers in int8")
+
+
+def transposed_tensors(fam, config, stored):
+    """The names of the tensors of ``stored`` that the family stores transposed (read whole, then transposed)."""
+    return [name for row in fam.tensors(config) if row.transpose for name in row.hf if name in stored]
 
 
 def load_hf_weights(model, folder, stored=None, written=None):

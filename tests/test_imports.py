@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "numformer"
 # The layers, lowest first; a module may import its own layer or a lower one (and never in a circle).
 LAYERS = [
     ("numformer._runtime", "numformer._limits", "numformer._install", "numformer._platform", "numformer._results", "numformer.keys", "numformer.gradcheck", "numformer.provenance", "numformer.ops",
-     "numformer.safetensors_reader",                                     # the strict safetensors reader
+     "numformer.safetensors_reader", "numformer.safetensors_writer",     # safetensors files, read and written
      "numformer.run_files"),                                             # the run folder's files, read and written
     ("numformer.kernels",),
     ("numformer.nn",),

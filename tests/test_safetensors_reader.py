@@ -212,3 +212,34 @@ def test_import_hf_of_a_damaged_file_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["import-hf", str(folder), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.safetensors is damaged: a gap of 64 bytes before tensor" in err[0], err
+
+
+# -- the writer ------------------------------------------------------------------------------------------------
+def test_the_writer_s_files_read_back_in_safetensors_and_here(tmp_path):
+    """safetensors_pieces writes what the safetensors library and numformer's strict reader both read back
+    exactly: every dtype numformer writes, empty and 0-d tensors, a transposed and a big-endian array, the
+    metadata; the data starts on an 8-byte boundary; a large tensor's piece is a view of the array itself."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    from numformer.run_files import write_atomic
+    from numformer.safetensors_writer import DTYPE_NAMES, safetensors_pieces
+
+    rng = np.random.default_rng(0)
+    tensors = {f"t_{d.name}": (rng.standard_normal((3, 5)) * 50).astype(d) for d in DTYPE_NAMES}
+    tensors.update(empty=np.zeros((0, 4), np.float32), scalar=np.array(2.5), transposed=np.arange(12.).reshape(3, 4).T,
+                   big_endian=np.arange(6, dtype=">i4"), large=rng.standard_normal(1 << 16).astype(np.float32))
+    pieces = list(safetensors_pieces(tensors, {"format": "pt", "step": 3}))
+    assert any(np.shares_memory(np.frombuffer(piece, np.uint8), tensors["large"]) for piece in pieces[1:])
+    write_atomic(tmp_path / "w.safetensors", iter(pieces))
+    raw = (tmp_path / "w.safetensors").read_bytes()
+    assert (8 + int.from_bytes(raw[:8], "little")) % 8 == 0
+    theirs, ours = load_file(tmp_path / "w.safetensors"), read_safetensors_file(tmp_path / "w.safetensors")
+    for name, a in tensors.items():
+        for got in (theirs[name], ours[name]):
+            assert got.shape == a.shape and got.dtype == a.dtype.newbyteorder("=")
+            np.testing.assert_array_equal(got, a)
+    with safe_open(str(tmp_path / "w.safetensors"), framework="np") as f:
+        assert f.metadata() == {"format": "pt", "step": "3"}
+    with pytest.raises(ValueError, match=r"tensor 'c' has dtype complex128, which safetensors cannot hold"):
+        list(safetensors_pieces({"c": np.zeros(2, complex)}))

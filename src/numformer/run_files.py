@@ -4,8 +4,8 @@
 state) are JSON; ``model.safetensors`` (the selected weights) and
 ``checkpoint.safetensors`` are safetensors. This module sits below the models,
 the configs, the interop layer and training (it imports nothing of numformer's
-but the bounded readers and the safetensors reader): all of them read and write
-a run folder through it.
+but the bounded readers and the safetensors reader and writer): all of them read
+and write a run folder through it.
 The checks of what a config.json says are ``numformer.config``'s
 (``load_config_json``); this module reads the bytes.
 
@@ -33,6 +33,7 @@ import numpy as np
 
 from ._limits import bounded_json
 from .safetensors_reader import stored_tensors
+from .safetensors_writer import safetensors_pieces
 
 CHECKPOINT = "checkpoint.safetensors"
 MODEL = "model.safetensors"
@@ -124,11 +125,13 @@ def is_temp_of(file_name, name):
     return pid.isdigit() and len(rand) == 8 and all(c in "0123456789abcdef" for c in rand)
 
 
-def write_atomic(path, data: bytes):
-    """Write bytes to ``path`` atomically (temporary file + fsync + rename). The folder must exist: it is never
-    created here, so that a run folder deleted under a running command is not silently made anew. In a locked
-    folder, the file goes into the folder that was locked (``LOCKED_FOLDERS``), whatever the path names now:
-    the temporary file, the rename and any clean-up all go through the one descriptor looked up here."""
+def write_atomic(path, data):
+    """Write ``data`` (bytes, or an iterable of bytes-like pieces written one after another: a large file need
+    not be whole in memory) to ``path`` atomically (temporary file + fsync + rename). The folder must exist:
+    it is never created here, so that a run folder deleted under a running command is not silently made anew.
+    In a locked folder, the file goes into the folder that was locked (``LOCKED_FOLDERS``), whatever the path
+    names now: the temporary file, the rename and any clean-up all go through the one descriptor looked up
+    here."""
     path = Path(path)
     tmp = path.with_name(temp_name(path.name))
     folder_fd = _locked_folder_fd(path)
@@ -140,7 +143,8 @@ def write_atomic(path, data: bytes):
     at = {} if folder_fd is None else {"dir_fd": folder_fd}
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for piece in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, name, **({} if folder_fd is None else {"src_dir_fd": folder_fd,
@@ -195,11 +199,11 @@ def _checksum(tensors):
 
 
 def _save_safetensors(path, tensors, metadata):
-    from safetensors.numpy import save
-
+    """``tensors`` and ``metadata`` (with the tensors' checksum) as a safetensors file, atomically, written a
+    tensor at a time from the arrays themselves (``safetensors_pieces``): no copy of the file in memory."""
     tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     metadata = {**{k: str(v) for k, v in metadata.items()}, CHECKSUM: _checksum(tensors)}
-    write_atomic(path, save(tensors, metadata=metadata))
+    write_atomic(path, safetensors_pieces(tensors, metadata))
 
 
 def _load_safetensors(path, what):
@@ -300,10 +304,11 @@ def load_model_weights(path, model, written=None):
     Names and shapes are checked first (``Module.check_state_dict``: one error, nothing written); then the
     file's tensors are read one at a time, in the order of their names, each straight into its parameter a
     piece at a time (``StoredTensor.read_into``) and added to the checksum, so loading needs the model's own
-    memory, not twice it. A checkpoint's optimizer tensors are read for the checksum only. A file whose checksum no longer matches raises ValueError once it
-    has been read, when ``model`` holds some of its tensors: load into a model you can discard, as
-    ``interop.sources.load`` does. ``written(name)``: called once parameter ``name`` holds its weights (no
-    reference to it is kept after: ``numformer.quantize.LayerQuantizer.written`` may release it)."""
+    memory, not twice it. A checkpoint's optimizer tensors are read for the checksum only. A file whose
+    checksum no longer matches raises ValueError once it has been read, when ``model`` holds some of its
+    tensors: load into a model you can discard, as ``interop.sources.load`` does. ``written(name)``: called
+    once parameter ``name`` holds its weights (no reference to it is kept after:
+    ``numformer.quantize.LayerQuantizer.written`` may release it)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(path)

@@ -37,6 +37,7 @@ from ...models import GPT
 from ...nn import init
 from ...run_files import write_atomic, write_json_atomic
 from ...safetensors_reader import CHUNK_BYTES, read_header, read_safetensors_file, shard_files, stored_tensors
+from ...safetensors_writer import safetensors_pieces
 from .families import FAMILIES, default_export_type, family
 
 CONFIG = "config.json"
@@ -526,8 +527,6 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     keeps attending to every earlier token at positions beyond max_position_embeddings), so generations
     agree up to block_size tokens only: one warning line on stderr says so, and config.json records it
     (``numformer_context``). Returns the folder."""
-    from safetensors.numpy import save
-
     config = model.config
     if getattr(model, "lora_config", None):          # the base weights alone would drop the adapters silently
         raise ValueError("the model has LoRA adapters: merge them first (numformer.lora.merge_lora), or write the "
@@ -552,7 +551,7 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / CONFIG, hf_config)
-    write_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))
+    write_atomic(out / WEIGHTS, safetensors_pieces(tensors, {"format": "pt"}))
     if hf_json is not None:
         write_atomic(out / "tokenizer.json", hf_json.encode())
         _write_side_files(out, tokenizer, model_type, config.block_size)

@@ -41,13 +41,17 @@ def holds_anything(folder):
 
 def start_run(ctx, config, run_dir, overrides=(), resume=False):
     """The Trainer of a run of the experiment in ``run_dir``: a new run (the folder must be new or empty, or
-    ``ctx.overwrite``), or ``resume`` the run a ``reusable_run`` check found there."""
+    ``ctx.overwrite``), or ``resume`` the run a ``reusable_run`` check found there. The trainer is added to
+    ``ctx.trainers``: ``runner.run_experiment`` releases their folders' locks when the experiment ends."""
     if resume:
-        return Trainer(None, run_dir, resume=True, quiet=ctx.quiet)
-    if holds_anything(run_dir) and not ctx.overwrite:
+        trainer = Trainer(None, run_dir, resume=True, quiet=ctx.quiet)
+    elif holds_anything(run_dir) and not ctx.overwrite:
         raise ValueError(f"{run_dir} already holds files; give --overwrite to replace them, or --runs DIR for "
                          f"another folder")
-    return Trainer(config, run_dir, overwrite=ctx.overwrite, overrides=list(overrides), quiet=ctx.quiet)
+    else:
+        trainer = Trainer(config, run_dir, overwrite=ctx.overwrite, overrides=list(overrides), quiet=ctx.quiet)
+    ctx.trainers.append(trainer)
+    return trainer
 
 
 def read_summary(run_dir):

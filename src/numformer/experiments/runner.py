@@ -91,6 +91,10 @@ class Context:
     quiet: bool = False
     overwrite: bool = False       # replace existing run folders (else a folder holding a run is an error)
     seeds: int = 0                # reproduce --seeds N: the seed study first, or the seeds custom() trains
+    # the Trainers the experiment started (``_runs.start_run``): run_experiment releases their folders' locks
+    # at its end (a Trainer left to the garbage collector would hold its folder until a collection, and a later
+    # command of the same process could not lock a folder made anew there)
+    trainers: list = field(default_factory=list, repr=False)
 
 
 def seeds_context(exp, ctx):
@@ -205,7 +209,17 @@ def train_and_evaluate(exp, ctx, config_overrides=()):
 
 
 def run_experiment(exp, ctx):
-    """Run one experiment and write results/NAME.{json,md}; returns the record."""
+    """Run one experiment and write results/NAME.{json,md}; returns the record. The run folders' locks are
+    released at its end (``Context.trainers``)."""
+    try:
+        return _run_experiment(exp, ctx)
+    finally:
+        for trainer in ctx.trainers:
+            trainer.close()
+        ctx.trainers.clear()
+
+
+def _run_experiment(exp, ctx):
     check_before_running(exp, ctx)
     ctx = seeds_context(exp, ctx)
     if ctx.seeds and not exp.seeds_in_custom:

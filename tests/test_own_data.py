@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from numformer.cli import main
-from numformer.data import make_task
+from numformer.data import make_task, register_task
+from numformer.data.tasks import CopyTask
 
 MODEL = {
     "classifier": 'type = "classifier"\nd_model = 32\nn_heads = 2\nn_layers = 1\nd_ff = 64\ndropout = 0.0',
@@ -349,6 +350,96 @@ def test_fine_tuning_a_classifier_on_data_of_another_number_of_classes_is_refuse
     with pytest.raises(ValueError, match=r"^the data has 4 classes but the init_from model 'src' classifies into 3"):
         merge_init_from("src", {}, {**model, "type": "classifier"}, {"vocab_size": 4, "n_classes": 4})
     assert merge_init_from("src", {}, {**model, "type": "classifier"}, {"n_classes": 3})["n_classes"] == 3
+
+
+def fine_tune(tmp_path, source, name, data, capsys):
+    """`numformer train` of a config with ``[model] init_from = source`` and these [data] keys into
+    tmp_path / name; returns (exit code, stderr)."""
+    cfg = tmp_path / f"{name}.toml"
+    lines = "\n".join(f"{k} = {toml_value(v)}" for k, v in data.items())
+    cfg.write_text(f'[model]\ninit_from = "{source}"\n\n[data]\n{lines}\n\n[train]\n{TRAIN}\n', encoding="utf-8")
+    capsys.readouterr()
+    return main(["train", str(cfg), "--out", str(tmp_path / name), "--quiet"]), capsys.readouterr().err
+
+
+def test_fine_tuning_a_classifier_past_the_sources_max_len_is_refused(topics_csv, tmp_path, capsys):
+    """A fine-tuned classifier keeps the source's max_len, its position table's rows: data of a larger max_len was
+    taken without a word (config.json then held both figures), and texts longer than the table failed at the
+    first batch ("sequence positions up to 32 exceed the positional table of length 16; ... build the model with
+    a larger max_len"), after config.json and tokenizer.json were written. Now one error before anything is
+    written; a smaller max_len trains on the table's first rows, and RoPE or ALiBi positions (no table) are not
+    compared."""
+    from numformer.config import merge_init_from
+    train_csv, test_csv = topics_csv
+    data = {"task": "classification", "path": str(train_csv), "test_path": str(test_csv), "text_column": "review",
+            "label_column": "topic", "min_freq": 1, "max_len": 16}
+    source = train(tmp_path, "classifier", data, name="source")
+    rc, err = fine_tune(tmp_path, source, "long", {**data, "max_len": 32}, capsys)
+    assert rc == 2 and not (tmp_path / "long").exists()
+    assert (f"the data's max_len (32) exceeds the max_len of the init_from model '{source}' (16); its sinusoidal "
+            f"position table has 16 rows: set [data] max_len <= 16") in err
+    assert "or train a new model on this data (without [model] init_from)" in err
+    assert fine_tune(tmp_path, source, "short", {**data, "max_len": 8}, capsys)[0] == 0
+    assert json.loads((tmp_path / "short" / "config.json").read_text(encoding="utf-8"))["model"]["max_len"] == 16
+    model = {**json.loads((source / "config.json").read_text(encoding="utf-8"))["model"], "type": "classifier"}
+    with pytest.raises(ValueError, match=r"^the data's max_len \(64\) exceeds the max_len of the init_from model "
+                                         r"'src' \(16\); its learned position table has 16 rows"):
+        merge_init_from("src", {}, {**model, "positional": "learned"}, {"max_len": 64})
+    for positional in ("rope", "alibi"):
+        assert merge_init_from("src", {}, {**model, "positional": positional}, {"max_len": 64})["max_len"] == 16
+
+
+def test_fine_tuning_a_transformer_past_the_sources_max_len_is_refused(tmp_path, capsys):
+    """The encoder-decoder's sinusoidal tables have the source's max_len rows: a translation of a larger
+    [data] max_len failed at the first batch ("sequence positions up to 16 exceed the positional table of length
+    10"), after config.json and tokenizer.json were written; now one error before anything is written."""
+    src, tgt = reversal_pairs(120)
+    (tmp_path / "a.src").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (tmp_path / "a.tgt").write_text("\n".join(" ".join([t] * 3) for t in tgt) + "\n", encoding="utf-8")
+    data = {"task": "translation", "train": [str(tmp_path / "a.src"), str(tmp_path / "a.tgt")], "min_freq": 1,
+            "max_len": 10, "beam_size": 1}
+    source = train(tmp_path, "transformer", data, name="source")
+    rc, err = fine_tune(tmp_path, source, "long", {**data, "max_len": 24}, capsys)
+    assert rc == 2 and not (tmp_path / "long").exists()
+    assert (f"the data's max_len (24) exceeds the max_len of the init_from model '{source}' (10); its sinusoidal "
+            f"position table has 10 rows: set [data] max_len <= 10") in err
+    assert fine_tune(tmp_path, source, "same", data, capsys)[0] == 0
+
+
+@register_task("test_own_vocabulary_copy")
+class OwnVocabularyCopy(CopyTask):
+    """The copy task with a vocabulary of its own (``vocab`` symbols), whatever the init_from run saved: a task of
+    the user's own that does not restore the source's tokenizer."""
+
+    def __init__(self, data_config, seed=0, tokenizer_state=None):
+        super().__init__(data_config, seed, None)
+
+
+def test_fine_tuning_a_transformer_on_a_larger_vocabulary_is_refused(tmp_path):
+    """A Transformer's src_vocab_size / tgt_vocab_size were not compared with the init_from model's (only a GPT's
+    or a classifier's vocab_size was): a task whose vocabulary outgrew the source's failed at the first batch
+    ("token ids [11, 12] are outside the vocabulary [0, 11); check the tokenizer or raise vocab_size"), after
+    config.json and tokenizer.json were written. (numformer's own tasks restore the source's vocabulary, or
+    refuse another one.) Now one error before anything is written; the source's vocabulary still trains."""
+    from numformer.config import merge_init_from
+    from numformer.train import Trainer
+
+    def config(vocab, **model):
+        return {"model": model, "data": {"task": "test_own_vocabulary_copy", "model_type": "transformer",
+                                         "length": 4, "vocab": vocab, "n_val": 16, "n_test": 16},
+                "train": {"max_steps": 2, "batch_size": 8, "eval_every": 2, "checkpoint_every": 1000}}
+    Trainer(config(6, type="transformer", d_model=16, n_heads=2, n_layers=1, d_ff=32), tmp_path / "source",
+            quiet=True).train()
+    source = str(tmp_path / "source")
+    with pytest.raises(ValueError, match=r"^the source-language vocabulary \(13\) exceeds the src_vocab_size of "
+                                         r"the init_from model '.*source' \(11\); use the model's own tokenizers"):
+        Trainer(config(8, init_from=source), tmp_path / "more", quiet=True)
+    assert not (tmp_path / "more").exists()
+    Trainer(config(6, init_from=source), tmp_path / "same", quiet=True).train()
+    assert (tmp_path / "same" / "model.safetensors").exists()
+    model = json.loads((tmp_path / "source" / "config.json").read_text(encoding="utf-8"))["model"]
+    with pytest.raises(ValueError, match=r"^the target-language vocabulary \(12\) exceeds the tgt_vocab_size"):
+        merge_init_from("src", {}, model, {"src_vocab_size": 11, "tgt_vocab_size": 12})
 
 
 def test_parallel_lines_empty_on_one_side_are_refused(tmp_path):

@@ -480,8 +480,9 @@ def _resolve_model_kind(model, data, task_cls, written):
 
 def merge_init_from(source, model, source_model, from_data):
     """The [model] section of a run fine-tuned from ``source``: the source's architecture, with the
-    ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabulary, context length, and a classifier's
-    data the source's number of classes: its output layer has one row a class)."""
+    ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabularies, block_size or max_len:
+    ``_check_data_fits_source``; and a classifier's data the source's number of classes: its output layer has one
+    row a class)."""
     changed = sorted(k for k, v in model.items() if k not in FINE_TUNING_OPTIONS and k != "type"
                      and source_model.get(k) != v)
     if changed:
@@ -490,11 +491,7 @@ def merge_init_from(source, model, source_model, from_data):
                          f"architecture: remove them (only {list(FINE_TUNING_OPTIONS)} may change)")
     if model.get("type", source_model["type"]) != source_model["type"]:
         raise ValueError(f"[model] type = {model['type']!r} but init_from {source!r} is a {source_model['type']!r}")
-    for key, what in (("vocab_size", "the tokenizer's vocabulary"), ("block_size", "[data] block_size")):
-        if key in from_data and from_data[key] > source_model.get(key, from_data[key]):
-            raise ValueError(f"{what} ({from_data[key]}) exceeds the {key} of the init_from model {source!r} "
-                             f"({source_model[key]}); " + ("use the model's own tokenizer" if key == "vocab_size"
-                                                            else f"set [data] block_size <= {source_model[key]}"))
+    _check_data_fits_source(source, source_model, from_data)
     classes, source_classes = from_data.get("n_classes"), source_model.get("n_classes")
     if classes is not None and source_classes is not None and classes != source_classes:
         raise ValueError(f"the data has {classes} classes but the init_from model {source!r} classifies into "
@@ -502,6 +499,35 @@ def merge_init_from(source, model, source_model, from_data):
                          f"{source_classes} classes, the same labels in the same order, or train a new model "
                          f"on this data (without [model] init_from)")
     return {**{k: v for k, v in source_model.items() if k != "type"}, **model}
+
+
+_NEW_MODEL = "or train a new model on this data (without [model] init_from)"
+_SOURCE_LIMITS = {      # a size the data decides: (what it is, the fix), {n} the init_from model's figure
+    "vocab_size": ("the tokenizer's vocabulary", "use the model's own tokenizer"),
+    "block_size": ("[data] block_size", "set [data] block_size <= {n}"),
+    "src_vocab_size": ("the source-language vocabulary", f"use the model's own tokenizers (its run's "
+                                                         f"tokenizer.json), {_NEW_MODEL}"),
+    "tgt_vocab_size": ("the target-language vocabulary", f"use the model's own tokenizers (its run's "
+                                                         f"tokenizer.json), {_NEW_MODEL}"),
+    "max_len": ("the data's max_len", f"its {{positional}} position table has {{n}} rows: set [data] max_len "
+                                      f"<= {{n}} (a synthetic task: a shorter length), {_NEW_MODEL}"),
+}
+
+
+def _check_data_fits_source(source, source_model, from_data):
+    """One ValueError when a size the data decides exceeds the init_from model ``source``'s: a vocabulary
+    (``vocab_size``, a Transformer's ``src_vocab_size`` / ``tgt_vocab_size``: ids past its embedding rows), a
+    GPT's ``block_size``, or the ``max_len`` of a classifier or Transformer whose positions are a table of max_len
+    rows (learned or sinusoidal). A smaller size fits: a shorter max_len reads the table's first rows, as a
+    shorter block_size does; RoPE and ALiBi positions have no table, so their max_len is not compared."""
+    for key, (what, fix) in _SOURCE_LIMITS.items():
+        if key not in from_data or key not in source_model or from_data[key] <= source_model[key]:
+            continue
+        if key == "max_len" and source_model.get("positional") in ("rope", "alibi"):
+            continue
+        n, positional = source_model[key], source_model.get("positional")
+        raise ValueError(f"{what} ({from_data[key]}) exceeds the {key} of the init_from model {source!r} "
+                         f"({n}); {fix.format(n=n, positional=positional)}")
 
 
 def _model_defaults(kind):

@@ -95,6 +95,44 @@ def test_a_truncated_model_file_is_named(tmp_path):
         load_model_weights(tmp_path / "cut.safetensors", tiny_gpt())
 
 
+def test_a_checkpoint_is_resumed_one_tensor_at_a_time(tmp_path, monkeypatch):
+    """load_checkpoint checks the checksum a piece of the file at a time, then reads each tensor as the model
+    and the optimizer take it: what it holds beyond the optimizer state it restores is one tensor, not the
+    file (a whole read of the checkpoint would be three times the model's weights)."""
+    import tracemalloc
+
+    from numformer.optim import AdamW
+    from numformer.run_files import load_checkpoint, save_checkpoint
+
+    saved = GPT(vocab_size=200, block_size=16, n_layers=4, n_heads=2, d_model=128, tie_weights=False,
+                rng=np.random.default_rng(1))
+    optimizer = AdamW(saved.parameters(), lr=1e-3)
+    for p in saved.parameters():
+        p.grad = np.full_like(p.data, 0.5)
+    optimizer.step()
+    save_checkpoint(tmp_path / "checkpoint.safetensors", saved, optimizer, {"step": 1})
+    weights = sum(p.data.nbytes for p in saved.parameters())
+    largest = max(p.data.nbytes for p in saved.parameters())
+    assert largest * 8 < weights
+    model = GPT(vocab_size=200, block_size=16, n_layers=4, n_heads=2, d_model=128, tie_weights=False,
+                rng=np.random.default_rng(2))
+    resumed = AdamW(model.parameters(), lr=1e-3)
+    monkeypatch.setattr(safetensors_reader, "CHUNK_BYTES", 4096)
+    tracemalloc.start()
+    try:
+        state = load_checkpoint(tmp_path / "checkpoint.safetensors", model, resumed)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert state == {"step": 1}
+    assert kept >= 2 * weights                                       # the two moments it restored
+    assert peak - kept < 2 * largest + 3 * 4096
+    for (name, p), (_, q) in zip(model.named_parameters(), saved.named_parameters(), strict=True):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+    for p, q in zip(model.parameters(), saved.parameters(), strict=True):
+        np.testing.assert_array_equal(resumed.state[id(p)]["exp_avg"], optimizer.state[id(q)]["exp_avg"])
+
+
 # -- quantizing while loading ----------------------------------------------------------------------------------
 def quantizing_reads(monkeypatch):
     """Watch a load with a LayerQuantizer: at each tensor read, (float linear weights alive, layers quantized),

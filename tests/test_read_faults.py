@@ -324,7 +324,6 @@ BOUNDED_PARSES = {
     ("data/files.py", "json_lines"): "check_bounds over the whole file first; errors name the file and line",
     ("train/run_folder.py", "holds_run"): "at most 1 MB, RecursionError caught: only asks whether it is a run",
     ("commands/chat.py", "template_variables"): "check_bounds of the --template-var value first",
-    ("run_files.py", "_load_safetensors"): "safetensors' own bounded header parser; every error names the file",
     ("run_files.py", "load_metadata"): "safetensors' own bounded header parser; every error names the file",
     ("experiments/_runs.py", "reusable_run"): "json.loads(json.dumps(config)): a copy in memory, no file",
     ("experiments/speedrun.py", "ladder_configs"): "json.loads(json.dumps(...)): a copy in memory, no file",

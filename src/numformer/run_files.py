@@ -206,32 +206,49 @@ def _save_safetensors(path, tensors, metadata):
     write_atomic(path, safetensors_pieces(tensors, metadata))
 
 
-def _load_safetensors(path, what):
-    """(tensors, metadata) of a safetensors file numformer wrote; ValueError naming a damaged file (unreadable,
-    or its tensors no longer matching the checksum written with them; files written before checksums were
-    recorded are read unchecked)."""
-    from safetensors import safe_open
-
+def _checked_tensors(path, what):
+    """({name: StoredTensor}, metadata) of a safetensors file numformer wrote, its tensors' bytes checked against
+    the checksum written with them, a piece of the file at a time (no tensor is held: read each when it is
+    used); ValueError naming a damaged file (unreadable, or no longer matching the checksum; files written
+    before checksums were recorded are read unchecked)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(path)
+    meta = load_metadata(path, what)
+    stored = _stored_tensors(path, what)
+    if CHECKSUM in meta:
+        crc = 0
+        for name in sorted(stored):
+            crc = _reading(lambda: stored[name].crc32(crc), path, what)
+        if meta[CHECKSUM] != f"{crc:08x}":
+            raise _changed(path, what, meta[CHECKSUM])
+    return stored, meta
+
+
+def _load_safetensors(path, what):
+    """(tensors, metadata) of a safetensors file numformer wrote, every tensor read (``_checked_tensors``)."""
+    stored, meta = _checked_tensors(path, what)
+    return {name: _reading(t.read, path, what) for name, t in stored.items()}, meta
+
+
+def _reading(read, path, what):
+    """``read()``, a ValueError naming the file when it is cut short or unreadable."""
     try:
-        with safe_open(str(path), framework="np") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises several types for a damaged file
-        raise ValueError(f"{what} {path} is corrupt or truncated ({type(e).__name__}: {e}); "
-                         f"it cannot be loaded — restore a copy or retrain") from None
-    if CHECKSUM in meta and meta[CHECKSUM] != _checksum(tensors):
-        raise ValueError(f"{what} {path} is corrupt: its tensors' bytes changed since numformer wrote it (their "
-                         f"CRC-32 is not the {meta[CHECKSUM]} written with them); restore a copy or retrain")
-    return tensors, meta
+        return read()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{what} {path} is corrupt or truncated ({e}); it cannot be loaded — restore a copy or "
+                         f"retrain") from None
+
+
+def _changed(path, what, recorded):
+    return ValueError(f"{what} {path} is corrupt: its tensors' bytes changed since numformer wrote it (their "
+                      f"CRC-32 is not the {recorded} written with them); restore a copy or retrain")
 
 
 def verify_file(path, what):
-    """Read every tensor of a safetensors file numformer wrote, checked against its checksum; ValueError naming a
-    damaged file (as ``_load_safetensors``)."""
-    _load_safetensors(path, what)
+    """Check every tensor of a safetensors file numformer wrote against its checksum, a piece at a time;
+    ValueError naming a damaged file (``_checked_tensors``)."""
+    _checked_tensors(path, what)
 
 
 def load_metadata(path, what):
@@ -313,24 +330,20 @@ def load_model_weights(path, model, written=None):
     if not path.is_file():
         raise FileNotFoundError(path)
     meta = load_metadata(path, "model file")
-    stored = _stored_tensors(path)
+    stored = _stored_tensors(path, "model file")
     names = _parameter_names(stored, meta)
     model.check_state_dict({names[k]: stored[k] for k in names})
     params, crc = dict(model.named_parameters()), 0
     for key in sorted(stored):                                                        # as _checksum
-        try:
-            if key in names:
-                crc = stored[key].read_into(params.pop(names[key]).data, crc)
-            else:
-                crc = stored[key].crc32(crc)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"model file {path} is corrupt or truncated ({e}); it cannot be loaded — restore a "
-                             f"copy or retrain") from None
-        if key in names and written is not None:
-            written(names[key])
+        if key in names:
+            out = params.pop(names[key]).data
+            crc = _reading(lambda: stored[key].read_into(out, crc), path, "model file")
+            if written is not None:
+                written(names[key])
+        else:
+            crc = _reading(lambda: stored[key].crc32(crc), path, "model file")
     if CHECKSUM in meta and meta[CHECKSUM] != f"{crc:08x}":
-        raise ValueError(f"model file {path} is corrupt: its tensors' bytes changed since numformer wrote it (their "
-                         f"CRC-32 is not the {meta[CHECKSUM]} written with them); restore a copy or retrain")
+        raise _changed(path, "model file", meta[CHECKSUM])
     return meta
 
 
@@ -338,16 +351,13 @@ def load_model_weights(path, model, written=None):
 def model_tensors(path):
     """{parameter name: StoredTensor} of the model a weights file holds (model.safetensors, or a checkpoint's
     model part), from its header alone (no tensor read); ValueError naming a damaged file."""
-    stored = _stored_tensors(path)
+    stored = _stored_tensors(path, "model file")
     return {name: stored[key] for key, name in _parameter_names(stored, load_metadata(path, "model file")).items()}
 
 
-def _stored_tensors(path):
-    try:
-        return stored_tensors(path)
-    except ValueError as e:
-        raise ValueError(f"model file {path} is corrupt or truncated ({e}); it cannot be loaded — restore a copy "
-                         f"or retrain") from None
+def _stored_tensors(path, what):
+    """``stored_tensors(path)`` (the header checked, no tensor read), a ValueError naming a damaged file."""
+    return _reading(lambda: stored_tensors(path), path, what)
 
 
 def _parameter_names(stored, meta):
@@ -419,7 +429,7 @@ def load_checkpoint(path, model, optimizer):
     checkpoint's state (moments, step counts) and keeps the options it was built with (the resumed run's config,
     which ``--resume --set`` may have changed); the saved options are checked all the same."""
     path = require_checkpoint(path)
-    tensors, meta = _load_safetensors(path, "checkpoint")
+    tensors, meta = _checked_tensors(path, "checkpoint")        # read a tensor at a time as each is loaded
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a numformer checkpoint (format {meta.get('format')!r})")
     _check_frozen(path, meta, model)

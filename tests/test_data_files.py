@@ -353,3 +353,20 @@ def test_a_run_folder_inside_its_data_folder_is_refused(tmp_path, run_cli):
         line = one_error_line(*run_cli(*args)[::2], args[0])
         assert f"{corpus / 'run'} is a numformer run folder (config.json and checkpoint.safetensors), not text" in line
         assert "move the run folder out of the data folder" in line
+
+
+def test_a_fine_tuning_source_is_not_the_run_s_data(run, tmp_path):
+    """The init_from source is the model a run starts from: its files are not recorded as the run's data, and
+    the source training on (its weights, its config.json) changes nothing for the fine-tuned run's --resume or
+    eval. A data_files.json that recorded them (written before) has them left out."""
+    source, corpus = run
+    tuned_config = {**config(corpus), "model": {"init_from": str(source)}}
+    tuned = tmp_path / "tuned"
+    Trainer(tuned_config, tuned, quiet=True).train()
+    document = recorded(tuned)
+    assert [e["path"] for e in document["files"]] == [str(corpus.resolve())]
+    older = {**document, "files": document["files"] + [fingerprint.file_entry(source.resolve() / "config.json")]}
+    (tuned / DATA_FILES).write_text(json.dumps(older), encoding="utf-8")
+    Trainer(None, source, resume=True, overrides=["train.max_steps=6"], quiet=True).train()   # the source moves on
+    assert Trainer(None, tuned, resume=True, overrides=["train.max_steps=6"], quiet=True).train()["steps"] == 6
+    assert load_task(tuned) is not None

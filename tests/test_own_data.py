@@ -348,8 +348,8 @@ def test_fine_tuning_a_classifier_on_data_of_another_number_of_classes_is_refuse
     assert fine_tune("three")[0] == 0                                   # the source's 3 classes: fine-tuned
     model = json.loads((source / "config.json").read_text(encoding="utf-8"))["model"]
     with pytest.raises(ValueError, match=r"^the data has 4 classes but the init_from model 'src' classifies into 3"):
-        merge_init_from("src", {}, {**model, "type": "classifier"}, {"vocab_size": 4, "n_classes": 4})
-    assert merge_init_from("src", {}, {**model, "type": "classifier"}, {"n_classes": 3})["n_classes"] == 3
+        merge_init_from("src", {}, {**model, "type": "classifier"}, {"vocab_size": 4, "n_classes": 4}, {})
+    assert merge_init_from("src", {}, {**model, "type": "classifier"}, {"n_classes": 3}, {})["n_classes"] == 3
 
 
 def fine_tune(tmp_path, source, name, data, capsys):
@@ -384,9 +384,13 @@ def test_fine_tuning_a_classifier_past_the_sources_max_len_is_refused(topics_csv
     model = {**json.loads((source / "config.json").read_text(encoding="utf-8"))["model"], "type": "classifier"}
     with pytest.raises(ValueError, match=r"^the data's max_len \(64\) exceeds the max_len of the init_from model "
                                          r"'src' \(16\); its learned position table has 16 rows"):
-        merge_init_from("src", {}, {**model, "positional": "learned"}, {"max_len": 64})
+        merge_init_from("src", {}, {**model, "positional": "learned"}, {"max_len": 64}, {"max_len": 64})
     for positional in ("rope", "alibi"):
-        assert merge_init_from("src", {}, {**model, "positional": positional}, {"max_len": 64})["max_len"] == 16
+        assert merge_init_from("src", {}, {**model, "positional": positional}, {"max_len": 64}, {})["max_len"] == 16
+    copy = {"task": "copy", "length": 32, "test_lengths": [63]}         # a synthetic task: max_len follows lengths
+    with pytest.raises(ValueError, match=r"learned position table has 16 rows: make the sequences shorter "
+                                         r"\(\[data\] length and test_lengths: max_len follows the longest\)"):
+        merge_init_from("src", {}, {**model, "positional": "learned"}, {"max_len": 64}, copy)
 
 
 def test_fine_tuning_a_transformer_past_the_sources_max_len_is_refused(tmp_path, capsys):
@@ -439,7 +443,7 @@ def test_fine_tuning_a_transformer_on_a_larger_vocabulary_is_refused(tmp_path):
     assert (tmp_path / "same" / "model.safetensors").exists()
     model = json.loads((tmp_path / "source" / "config.json").read_text(encoding="utf-8"))["model"]
     with pytest.raises(ValueError, match=r"^the target-language vocabulary \(12\) exceeds the tgt_vocab_size"):
-        merge_init_from("src", {}, model, {"src_vocab_size": 11, "tgt_vocab_size": 12})
+        merge_init_from("src", {}, model, {"src_vocab_size": 11, "tgt_vocab_size": 12}, {})
 
 
 def test_parallel_lines_empty_on_one_side_are_refused(tmp_path):

@@ -21,6 +21,7 @@ import os
 import tomllib
 from pathlib import Path
 
+from .data import fingerprint
 from .data.base import DATA_KEYS, check_data_section, find_task, import_builtin_tasks, make_task, task_module_of
 from .interop.sources import FINE_TUNING_OPTIONS, read_source
 from .lora import LORA_DEFAULTS, TARGET_MODULES, check_lora_options
@@ -352,7 +353,7 @@ def _schedule_keys(t):
 
 
 # -- resolving a whole config ---------------------------------------------------------------------------------
-def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=False):
+def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=False, recorded_model=None):
     """Validate a raw config and fill in every default; returns (resolved config, task).
 
     The task is built here because the data decides part of the model
@@ -365,6 +366,9 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     ValueError naming the first problem found; when the task's vocabulary is
     made from [data] (no ``tokenizer_state``, no ``init_from``), that includes a
     [data] value written that the task would not use (``Task.check_written``).
+    A fine-tuning source (``[model] init_from``) is read for its architecture and tokenizer, not as the run's
+    data (``_init_from_source``); a resumed run gives its own resolved [model] as ``recorded_model`` and the
+    source is not read again.
     """
     check_sections(config)
     check_homes("train", config.get("train", {}), TRAIN_DEFAULTS)
@@ -383,8 +387,7 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
         task_cls.check_written(written)
     source_model = None
     if init_from is not None and build_task:
-        source = read_source(init_from)
-        source_model, tokenizer_state = source.model, tokenizer_state or source.tokenizer_state
+        source_model, tokenizer_state = _init_from_source(init_from, recorded_model, tokenizer_state)
         check_source_type(init_from, source_model["type"], model.get("type", written.get("model_type")),
                           data["task"], getattr(task_cls, "model_types", (task_cls.model_type,)))
         model.setdefault("type", source_model["type"])
@@ -407,6 +410,18 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
     if "lora" in config:
         resolved["lora"] = resolve_lora(config["lora"])
     return resolved, task
+
+
+def _init_from_source(init_from, recorded_model, tokenizer_state):
+    """(the init_from model's [model] section, the tokenizer state the task takes). A resumed run's own [model]
+    (``recorded_model``) holds the source's architecture as the run began, so resuming needs neither the source
+    nor that it stayed the same (a source run trained on); a new run reads the source, whose files are not the
+    run's data (``fingerprint.not_data``)."""
+    if recorded_model is not None:
+        return {k: v for k, v in recorded_model.items() if k != "init_from"}, tokenizer_state
+    with fingerprint.not_data():
+        source = read_source(init_from)
+    return source.model, tokenizer_state or source.tokenizer_state
 
 
 def _lora_keys():
@@ -433,7 +448,7 @@ def _add_data_sizes(model, data, task_cls, seed, tokenizer_state, sizes_only, in
         task = make_task(data, seed=seed, tokenizer_state=tokenizer_state)
         from_data = task.model_config()
     if source_model is not None:
-        model, from_data = merge_init_from(init_from, model, source_model, from_data), {}
+        model, from_data = merge_init_from(init_from, model, source_model, from_data, data), {}
     clash = sorted(k for k in from_data if k in model and model[k] != from_data[k])
     if clash:
         moved = "".join(f"; {k} is a [data] key: write it there (--set data.{k}={_toml_text(model[k])})"
@@ -478,11 +493,11 @@ def _resolve_model_kind(model, data, task_cls, written):
     return kind, model
 
 
-def merge_init_from(source, model, source_model, from_data):
+def merge_init_from(source, model, source_model, from_data, data):
     """The [model] section of a run fine-tuned from ``source``: the source's architecture, with the
     ``FINE_TUNING_OPTIONS`` the user set; the data must fit it (vocabularies, block_size or max_len:
-    ``_check_data_fits_source``; and a classifier's data the source's number of classes: its output layer has one
-    row a class)."""
+    ``_check_data_fits_source``, ``data`` being the run's [data] section; and a classifier's data the source's
+    number of classes: its output layer has one row a class)."""
     changed = sorted(k for k, v in model.items() if k not in FINE_TUNING_OPTIONS and k != "type"
                      and source_model.get(k) != v)
     if changed:
@@ -491,7 +506,7 @@ def merge_init_from(source, model, source_model, from_data):
                          f"architecture: remove them (only {list(FINE_TUNING_OPTIONS)} may change)")
     if model.get("type", source_model["type"]) != source_model["type"]:
         raise ValueError(f"[model] type = {model['type']!r} but init_from {source!r} is a {source_model['type']!r}")
-    _check_data_fits_source(source, source_model, from_data)
+    _check_data_fits_source(source, source_model, from_data, data)
     classes, source_classes = from_data.get("n_classes"), source_model.get("n_classes")
     if classes is not None and source_classes is not None and classes != source_classes:
         raise ValueError(f"the data has {classes} classes but the init_from model {source!r} classifies into "
@@ -509,17 +524,25 @@ _SOURCE_LIMITS = {      # a size the data decides: (what it is, the fix), {n} th
                                                          f"tokenizer.json), {_NEW_MODEL}"),
     "tgt_vocab_size": ("the target-language vocabulary", f"use the model's own tokenizers (its run's "
                                                          f"tokenizer.json), {_NEW_MODEL}"),
-    "max_len": ("the data's max_len", f"its {{positional}} position table has {{n}} rows: set [data] max_len "
-                                      f"<= {{n}} (a synthetic task: a shorter length), {_NEW_MODEL}"),
+    "max_len": ("the data's max_len", f"its {{positional}} position table has {{n}} rows: {{shorter}}, {_NEW_MODEL}"),
 }
 
 
-def _check_data_fits_source(source, source_model, from_data):
+def _shorter(data, n):
+    """The fix for data longer than a source's ``n`` positions: [data] max_len where the task has that key, else
+    shorter sequences (a synthetic task's max_len follows its longest length)."""
+    if "max_len" in data:
+        return f"set [data] max_len <= {n}"
+    return "make the sequences shorter ([data] length and test_lengths: max_len follows the longest)"
+
+
+def _check_data_fits_source(source, source_model, from_data, data):
     """One ValueError when a size the data decides exceeds the init_from model ``source``'s: a vocabulary
     (``vocab_size``, a Transformer's ``src_vocab_size`` / ``tgt_vocab_size``: ids past its embedding rows), a
     GPT's ``block_size``, or the ``max_len`` of a classifier or Transformer whose positions are a table of max_len
     rows (learned or sinusoidal). A smaller size fits: a shorter max_len reads the table's first rows, as a
-    shorter block_size does; RoPE and ALiBi positions have no table, so their max_len is not compared."""
+    shorter block_size does; RoPE and ALiBi positions have no table, so their max_len is not compared. ``data``:
+    the run's [data] section, for the advice (``_shorter``)."""
     for key, (what, fix) in _SOURCE_LIMITS.items():
         if key not in from_data or key not in source_model or from_data[key] <= source_model[key]:
             continue
@@ -527,7 +550,7 @@ def _check_data_fits_source(source, source_model, from_data):
             continue
         n, positional = source_model[key], source_model.get("positional")
         raise ValueError(f"{what} ({from_data[key]}) exceeds the {key} of the init_from model {source!r} "
-                         f"({n}); {fix.format(n=n, positional=positional)}")
+                         f"({n}); {fix.format(n=n, positional=positional, shorter=_shorter(data, n))}")
 
 
 def _model_defaults(kind):

@@ -11,8 +11,9 @@ Which files: every regular file opened for reading while the task is built (``re
 "open", so numformer's loaders and a user task's own code alike), and the files a loader names without opening
 them then (``note``: the corpus behind a cached tokenization, a token file read window by window during
 training). Left out: Python's own files (modules, the interpreter's and the installed packages' folders), the
-system's (/proc, /sys, /dev, /etc), and the folders the caller excludes (the run folder; numformer's token
-cache, made from files that are recorded).
+system's (/proc, /sys, /dev, /etc), the folders the caller excludes (the run folder; numformer's token
+cache, made from files that are recorded), and what is read inside ``not_data`` (a fine-tuning source: the model
+the run starts from, not its data).
 
 How they are compared: before the task is built again, every recorded file still at its path must have the
 same size and SHA-256 (``changed_in_place``: a changed corpus is named before the task trips over it, say on
@@ -46,6 +47,7 @@ SYSTEM_FOLDERS = ("/proc", "/sys", "/dev", "/etc")
 _lock = threading.Lock()
 _recordings = []                 # the ``Recording`` s of the ``reading`` blocks open now (any thread)
 _hook_installed = False
+_not_data = threading.local()    # ``not_data`` blocks open in this thread
 _digests = {}                    # (path, device, inode, size, mtime, ctime) -> SHA-256: a file is hashed once
 
 
@@ -92,10 +94,22 @@ def reading():
             _recordings[:] = [p for p in _recordings if p is not paths]
 
 
+@contextlib.contextmanager
+def not_data():
+    """Inside the ``with`` (this thread only), files read are not counted as data: a fine-tuning source's
+    config, tokenizer and weights are the model the run starts from, not the data it trains on, and may change
+    (a source run trained on) without the run's data changing."""
+    _not_data.depth = getattr(_not_data, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _not_data.depth -= 1
+
+
 def note(path):
     """Count ``path`` among the files of the ``reading`` blocks open now (a file a loader relies on without
-    opening it then); nothing outside one."""
-    if _recordings:
+    opening it then); nothing outside one, nor inside a ``not_data`` block."""
+    if _recordings and not getattr(_not_data, "depth", 0):
         with _lock:
             for paths in _recordings:
                 paths.add(path)
@@ -107,7 +121,7 @@ def note_sequence(paths):
     paths = [str(p) for p in paths]
     for path in paths:
         note(path)
-    if _recordings:
+    if _recordings and not getattr(_not_data, "depth", 0):
         with _lock:
             for recording in _recordings:
                 if isinstance(recording, Recording):

@@ -53,7 +53,7 @@ def load_task(run_dir, config=None):
     config = load_config_json(run_dir) if config is None else config
     check_against_checkpoint(run_dir, config, resuming=False)
     state = load_tokenizer_json(run_dir, config["data"])
-    recorded, gone = data_files_before(run_dir, resuming=False)
+    recorded, gone = data_files_before(run_dir, resuming=False, source=config["model"].get("init_from"))
     try:
         with fingerprint.reading() as read:
             task = make_task(config["data"], config["train"]["seed"], state)
@@ -113,10 +113,10 @@ def resumed_config(run_dir, overrides=None):
     tokenizer_state = load_tokenizer_json(run_dir, saved["data"])
     wanted = apply_overrides(saved, overrides)
     resume_section_changes(saved, wanted)       # a change refused by name before any data or source is read
-    recorded, gone = data_files_before(run_dir)
+    recorded, gone = data_files_before(run_dir, source=saved["model"].get("init_from"))
     try:
         with fingerprint.reading() as read:
-            config, task = resolve_config(wanted, tokenizer_state)
+            config, task = resolve_config(wanted, tokenizer_state, recorded_model=saved["model"])
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         if tokenizer_state is None:
             raise
@@ -145,17 +145,35 @@ def data_fingerprint(run_dir, read):
     return fingerprint.fingerprint(read, excluded=_excluded(run_dir))
 
 
-def data_files_before(run_dir, resuming=True):
+def data_files_before(run_dir, resuming=True, source=None):
     """(the run's data_files.json document or None, the part of it to check once the task is built): before the
     run's task is built again, a recorded file or folder whose path holds other data now is one ValueError
-    (``_refuse``). A run without data_files.json (written before numformer recorded its data) is not checked."""
+    (``_refuse``). A run without data_files.json (written before numformer recorded its data) is not checked.
+    The files of the run's fine-tuning ``source`` ([model] init_from) are not its data: a data_files.json
+    written when they were counted has them left out (``_without_source``)."""
     path = Path(run_dir) / DATA_FILES
     if not path.exists():
         return None, None
     recorded = fingerprint.check_document(read_json_file(path, "data files"), path)
+    if source is not None:
+        recorded = _without_source(recorded, source)
     changed, gone = fingerprint.changed_in_place(recorded)
     _refuse(run_dir, changed, resuming)
     return recorded, gone
+
+
+def _without_source(recorded, source):
+    """``recorded`` (a data_files.json document) without the entries inside the fine-tuning source ``source``: a
+    folder, or a hub id's folders in the Hugging Face cache (``models--OWNER--NAME``)."""
+    folder = Path(source).expanduser()
+    hub_folder = "models--" + source.removeprefix("hf:").replace("/", "--")
+
+    def of_source(entry):
+        path = Path(entry["path"])
+        return (folder.is_absolute() and path.is_relative_to(folder)) or hub_folder in path.parts
+
+    return {**recorded, **{key: [e for e in entries if not of_source(e)]
+                           for key, entries in recorded.items() if isinstance(entries, list)}}
 
 
 def data_files_after(run_dir, recorded, gone, read, resuming=True):

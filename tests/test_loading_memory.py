@@ -325,3 +325,36 @@ print(model.num_parameters() * 4, built - before, written - built, model.blocks[
     assert params_bytes > 100e6 and built < 0.05 * params_bytes, (params_bytes, built)
     assert 0.9 * matrix_bytes <= written <= 1.2 * matrix_bytes + (1 << 20), (written, matrix_bytes)
     assert freed < -0.5 * matrix_bytes, (freed, matrix_bytes)
+
+
+def test_import_hf_and_init_from_refuse_a_model_too_large_before_building_it(tmp_path, monkeypatch, run_cli):
+    """`numformer import-hf` and a run's [model] init_from read a source's weights into a model they build
+    first: neither checked the memory left, so a model too large for the machine ended with the operating
+    system killing the process. Now each is one error before the model is built and before anything is
+    written."""
+    from numformer import _platform, models
+    from numformer.train import Trainer, build
+
+    folder, _ = make_hf(tmp_path, n_embd=16, n_layer=1, n_head=2)
+    save_tokenizer(folder)
+    (tmp_path / "text.txt").write_text("hello world, the king and the queen. " * 50, encoding="utf-8")
+    built = []
+    real_build = models.build_model
+    for module in (models, build):
+        monkeypatch.setattr(module, "build_model", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    monkeypatch.setattr(_platform, "available_memory", lambda: 1 << 16)
+    rc, _, err = run_cli("import-hf", folder, "--out", tmp_path / "run", "--data", tmp_path / "text.txt")
+    assert rc == 2 and f"{folder} needs about" in err and "weights in float32), but this machine has" in err, err
+    assert not (tmp_path / "run").exists() and built == []
+    config = {"model": {"init_from": str(folder)},
+              "data": {"task": "text", "path": str(tmp_path / "text.txt"), "block_size": 8},
+              "train": {"max_steps": 1, "batch_size": 2, "processes": 1}}
+    with pytest.raises(ValueError, match=r"needs about .* weights in float32\), but this machine has"):
+        Trainer(config, tmp_path / "tuned", quiet=True).train()
+    assert built == []
+    monkeypatch.undo()
+    assert run_cli("import-hf", folder, "--out", tmp_path / "run", "--data", tmp_path / "text.txt")[0] == 0
+    source = tmp_path / "run"
+    monkeypatch.setattr(_platform, "available_memory", lambda: 1 << 16)
+    with pytest.raises(ValueError, match=rf"{source} needs about"):          # a run folder as the source
+        Trainer({**config, "model": {"init_from": str(source)}}, tmp_path / "tuned2", quiet=True).train()

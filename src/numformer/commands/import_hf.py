@@ -17,8 +17,9 @@ def import_run(source, out, data_path="", block_size=None, dtype="float32", over
     otherwise); None: the context, at most ``EVAL_WINDOW``."""
     import numpy as np
 
-    from ..interop.sources import load_weights, read_source
+    from ..interop.sources import check_load_memory, load_weights, read_source
     from ..models import build_model
+    from ..nn import init
     from ..config import resolve_config
     from ..train import run_folder
     from ..run_files import MODEL, save_model, write_json_atomic
@@ -37,7 +38,9 @@ def import_run(source, out, data_path="", block_size=None, dtype="float32", over
     config, task = resolve_config({"model": {"init_from": str(source)}, "data": data, "train": {"dtype": dtype}})
     config["model"].pop("init_from")          # the weights are in the run folder itself
     model_cfg = {k: v for k, v in config["model"].items() if v is not None}
-    model = build_model(model_cfg, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
+    check_load_memory(source, dtype)                # before the model takes its memory
+    with init.skipped():                            # every weight is the source's: none is drawn first
+        model = build_model(model_cfg, rng=np.random.default_rng(0), dtype=np.dtype(dtype))
     load_weights(model, source)
     out = Path(out)
     with run_folder.lock_for_writing(out):

@@ -106,6 +106,16 @@ def load_weights(model, source):
     return hf.load_hf_weights(model, hf.resolve_source(source))
 
 
+def check_load_memory(source, dtype):
+    """One ValueError (``_platform.check_memory``) when this machine lacks the memory to load the weights of
+    ``source`` (run folder, Hugging Face folder or hub id) in ``dtype``: for a caller to check before it builds
+    the model (``numformer import-hf``, a run's [model] init_from)."""
+    if is_run_folder(source):
+        check_memory(source, *hf.memory_needed(model_tensors(run_weights(source)), dtype))
+    else:
+        check_memory(source, *hf.folder_memory_needed(hf.resolve_source(source), dtype))
+
+
 def load(source, dtype=None, quantize=None, **overrides):
     """(model in eval mode, tokenizer or None) of a run folder, a Hugging Face folder or a hub id.
 

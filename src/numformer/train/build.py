@@ -9,7 +9,7 @@ from pathlib import Path
 from ..config import schedule_warning
 from ..interop.hf.families import default_export_type
 from ..interop.peft import savable_adapter_keys
-from ..interop.sources import load_weights
+from ..interop.sources import check_load_memory, load_weights
 from ..lora import add_lora
 from ..models import build_model
 from ..nn import MultiHeadAttention
@@ -19,9 +19,12 @@ from . import run_folder
 
 def build_trained_model(config, rng, dtype, resume):
     """The model a run trains: built from [model]; a new run fine-tuning a source (``init_from``) starts from its
-    weights; [lora] adapters go on those weights, everything else frozen; then checked (``check_trainable``)."""
+    weights (refused first when this machine lacks the memory for them: ``check_load_memory``); [lora] adapters
+    go on those weights, everything else frozen; then checked (``check_trainable``)."""
     model_cfg = dict(config["model"])
     init_from = model_cfg.pop("init_from", None)
+    if init_from is not None and not resume:
+        check_load_memory(init_from, dtype)         # before the model takes its memory
     model = build_model(model_cfg, rng=rng, dtype=dtype)
     if init_from is not None and not resume:
         with _reading_source(init_from):

@@ -392,6 +392,15 @@ def memory_needed(stored, dtype, quantize=None, transposed=()):
             f"{n_weights:,} weights in {np.dtype(dtype).name}, linear layers in int8")
 
 
+def folder_memory_needed(folder, dtype):
+    """``memory_needed`` of loading the Hugging Face folder ``folder`` into a float model in ``dtype``: for a
+    caller that checks before it builds the model (``interop.sources.check_load_memory``)."""
+    hf_config = read_hf_config(folder)
+    stored = read_safetensors(folder, lazy=True)
+    transposed = transposed_tensors(family(hf_config["model_type"]), hf_model_config(folder, hf_config), stored)
+    return memory_needed(stored, dtype, transposed=transposed)
+
+
 def transposed_tensors(fam, config, stored):
     """The names of the tensors of ``stored`` that the family stores transposed (read whole, then transposed)."""
     return [name for row in fam.tensors(config) if row.transpose for name in row.hf if name in stored]

@@ -228,6 +228,22 @@ def set_metadata(path, **changes):
     save_file(tensors, str(path), metadata=meta)
 
 
+def interrupt_after_the_header(monkeypatch, module):
+    """Make ``module``'s ``write_atomic`` stop (Ctrl-C) once a file's first piece, its header, went to the
+    temporary file: a write cut short midway. The file must come as pieces (``safetensors_pieces``), never
+    as one bytes object of the whole file held in memory."""
+    from numformer.run_files import write_atomic
+
+    def interrupted(path, data):
+        assert not isinstance(data, (bytes, bytearray, memoryview)), f"{path} was built whole in memory"
+
+        def pieces():
+            yield next(iter(data))
+            raise KeyboardInterrupt
+        write_atomic(path, pieces())
+    monkeypatch.setattr(module, "write_atomic", interrupted)
+
+
 def src_env():
     """The environment of a subprocess that imports this checkout's numformer (src/ first on PYTHONPATH)."""
     src = os.path.join(os.path.dirname(__file__), "..", "src")

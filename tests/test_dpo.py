@@ -16,7 +16,7 @@ from numformer.train import Trainer
 from numformer.train.run_folder import REFERENCE
 from numformer.train.step import dpo_loss_and_backward
 
-from conftest import assert_gradcheck
+from conftest import assert_gradcheck, interrupt_after_the_header
 from test_chat_sft import CORPUS, tokenizer
 from test_train import checkpoint_arrays
 
@@ -135,6 +135,34 @@ def test_a_dpo_run_stopped_before_its_first_step_is_trained_again_without_overwr
         Trainer(None, tmp_path / "run", resume=True, quiet=True)
     Trainer(dpo_config(tmp_path, base), tmp_path / "run", quiet=True).train(stop_after=2)
     assert (tmp_path / "run" / "config.json").is_file()
+
+
+def test_an_interrupted_reference_write_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    """The reference log-probabilities go a tensor at a time into a temporary file renamed into place: a
+    write cut short after the header leaves the file that was there and no partial file."""
+    from safetensors.numpy import load_file
+
+    from numformer.train import dpo
+
+    class Pairs:
+        examples = [None] * 3
+
+        def set_reference(self, reference):
+            self.reference = reference
+
+    old, new = np.full((3, 2), -1.5), np.full((3, 2), -2.5)
+    monkeypatch.setattr(dpo, "sequence_logprobs", lambda model, task, rows: old)
+    dpo.set_reference_logprobs(None, Pairs(), tmp_path, resumed=False, write=True)
+    path = tmp_path / REFERENCE
+    assert np.array_equal(load_file(str(path))["reference"], old)
+    before = path.read_bytes()
+    monkeypatch.setattr(dpo, "sequence_logprobs", lambda model, task, rows: new)
+    interrupt_after_the_header(monkeypatch, dpo)
+    with pytest.raises(KeyboardInterrupt):
+        dpo.set_reference_logprobs(None, Pairs(), tmp_path, resumed=False, write=True)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [REFERENCE]
+    assert np.array_equal(dpo.read_reference(path, 3), old)
 
 
 def test_objective_and_task_must_go_together(tmp_path):

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from conftest import interrupt_after_the_header  # noqa: E402
 from test_interop_hf import make_hf  # noqa: E402
 from test_llama_hf import _float64_arithmetic, make_llama  # noqa: E402
 
@@ -97,6 +98,25 @@ def _adapter(tmp_path):
     model, _ = hf.load_pretrained(make_llama(tmp_path, **LLAMA)[0])
     save_adapter(add_lora(model, r=2), tmp_path / "adapter")
     return tmp_path / "adapter", hf.load_pretrained(tmp_path / "llama")[0]
+
+
+def test_an_interrupted_adapter_save_leaves_the_previous_adapter_whole(tmp_path, monkeypatch):
+    """The adapter's weights go a tensor at a time into a temporary file renamed into place, with PEFT's
+    metadata: a save cut short after the header leaves the adapter that was there and no partial file."""
+    from safetensors import safe_open
+
+    from numformer.interop import peft as peft_format
+
+    folder, model = _adapter(tmp_path)
+    weights = folder / ADAPTER_WEIGHTS
+    with safe_open(str(weights), framework="np") as f:
+        assert f.metadata() == {"format": "pt"}
+    before = weights.read_bytes()
+    interrupt_after_the_header(monkeypatch, peft_format)
+    with pytest.raises(KeyboardInterrupt):
+        save_adapter(add_lora(model, r=3, rng=5), folder)
+    assert weights.read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
 
 
 @pytest.mark.parametrize("option,value", [("use_dora", True), ("rank_pattern", {"q_proj": 4}),

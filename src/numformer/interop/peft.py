@@ -26,6 +26,7 @@ from ..lora import TARGET_MODULES, add_lora, lora_adapters
 from ..run_files import write_atomic, write_json_atomic
 from .hf.families import default_export_type, family
 from ..safetensors_reader import read_safetensors_file
+from ..safetensors_writer import safetensors_pieces
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -104,9 +105,8 @@ def savable_adapter_keys(model, model_type):
 def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
     """Write the adapters of ``model`` (``numformer.lora.add_lora``) in PEFT's format into ``out_dir``, in the
     model's dtype; ``model_type`` names the Hugging Face family of the base (default: the one ``export_hf``
-    writes). Returns the folder."""
-    from safetensors.numpy import save
-
+    writes). Returns the folder. The weights are written atomically, a tensor at a time from the adapters' own
+    arrays (``safetensors_pieces``): no copy of the file in memory."""
     options = getattr(model, "lora_config", None)
     model_type = model_type or default_export_type(model.config)
     keys = savable_adapter_keys(model, model_type)
@@ -118,7 +118,7 @@ def save_adapter(model, out_dir, base_model_name_or_path=None, model_type=None):
               "revision": None, **{option: off[0] for option, off in REFUSED.items()}}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / ADAPTER_WEIGHTS, save(tensors, metadata={"format": "pt"}))
+    write_atomic(out / ADAPTER_WEIGHTS, safetensors_pieces(tensors, {"format": "pt"}))
     write_json_atomic(out / ADAPTER_CONFIG, config)
     return out
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..data.chat_tasks import sequence_logprobs
 from ..safetensors_reader import read_safetensors_file
+from ..safetensors_writer import safetensors_pieces
 from ..run_files import write_atomic
 from .run_folder import REFERENCE
 
@@ -38,10 +39,9 @@ def set_reference_logprobs(model, task, run_dir, resumed, write):
                              f"log-probabilities it started with; train again")
         reference = read_reference(path, len(task.examples))
     else:
-        from safetensors.numpy import save
         reference = sequence_logprobs(model, task, np.arange(len(task.examples)))
         if write:
-            write_atomic(path, save({"reference": reference}))
+            write_atomic(path, safetensors_pieces({"reference": reference}))
     task.set_reference(reference)
 
 

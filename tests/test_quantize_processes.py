@@ -3,8 +3,11 @@ as the threads (bit for bit: same shares, same blocks), generation unchanged, a 
 failure reported, nothing left behind (no worker, no file, no view of the mapping in the layers)."""
 from __future__ import annotations
 
+import ctypes
 import glob
+import mmap
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -309,3 +312,85 @@ def test_a_wake_without_its_job_and_a_job_without_its_wake(rng, two_threads):
         c[processes.JOB] = pool._job
         pool._wait(0, pool._job, "product")
         np.testing.assert_array_equal(layer(x), expected)
+
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_REMOVE"),
+                           reason="the pages are freed with MADV_REMOVE and looked at with mincore: Linux")
+
+
+def span(array):
+    """(address, nbytes) of an array: where it lies, without holding it (a reference would keep its pages)."""
+    return array.ctypes.data, array.nbytes
+
+
+def page_range(address, nbytes):
+    """(first, end) addresses of the whole pages inside bytes [address, address + nbytes)."""
+    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    return first, max(first, (address + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE)
+
+
+def resident(address, nbytes):
+    """For each whole page inside bytes [address, address + nbytes) of this process: whether it is in memory
+    (mincore)."""
+    first, end = page_range(address, nbytes)
+    pages = (ctypes.c_ubyte * ((end - first) // mmap.PAGESIZE))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(end - first), pages) != 0:
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return [bool(p & 1) for p in pages]
+
+
+@linux
+def test_copying_a_weight_out_frees_its_pages(rng, monkeypatch, two_threads):
+    """Once a weight is copied out of the mapping, the mapping's pages wholly inside it are freed (not in
+    memory, reading zeros), while the bytes it shares pages with and every other weight keep their values,
+    and their products (through the worker) their numbers; leaving the with frees every weight's pages."""
+    monkeypatch.setattr(kernel, "MIN_PIECE_WEIGHTS", processes.MIN_PIECE_WEIGHTS)
+    layers = [int8_layer(rng, 1003, 200), int8_layer(rng, 777, 96, 32), int8_layer(rng, 515, 300)]
+    weights = [(m.qweight.copy(), m.scales.copy()) for m in layers]
+    xs = [rng.standard_normal((1, m.qweight.shape[1])).astype(np.float32) for m in layers]
+    expected = [m(x) for m, x in zip(layers, xs)]
+    with worker_processes(Layers(layers)) as pool:
+        spans = [span(a) for m in layers for a in (m.qweight, m.scales)]
+        start = spans[0][0]                         # mapping[i]: the byte at start + i; held, the mapping stays
+        mapping = pool._base[start - pool._address:]
+        assert all(all(resident(*s)) for s in spans) and len(resident(*spans[2])) > 0
+        pool._copy_out(layers[1], "qweight")
+        assert layers[1].qweight.flags.owndata and not any(resident(*spans[2]))
+        offset, end = spans[2][0] - start, spans[2][0] + spans[2][1] - start
+        first, last = (a - start for a in page_range(*spans[2]))
+        q = weights[1][0].ravel()                   # its bytes on pages shared with its neighbours: kept
+        np.testing.assert_array_equal(mapping[offset:first].view(np.int8), q[:first - offset])
+        np.testing.assert_array_equal(mapping[last:end].view(np.int8), q[last - offset:])
+        for m, (qweight, scales) in zip(layers, weights):
+            np.testing.assert_array_equal(m.qweight, qweight)
+            np.testing.assert_array_equal(m.scales, scales)
+        for m, x, y in zip(layers, xs, expected):
+            np.testing.assert_array_equal(m(x), y)
+        assert pool._offset(layers[0].qweight) is not None and pool._job > 0
+    assert not any(any(resident(*s)) for s in spans)
+    for s in spans:                                 # read only now: reading a freed page brings one back
+        first, last = (a - start for a in page_range(*s))
+        assert not mapping[first:last].any()
+    for m, (qweight, scales) in zip(layers, weights):
+        assert m.qweight.flags.owndata and m.scales.flags.owndata
+        np.testing.assert_array_equal(m.qweight, qweight)
+        np.testing.assert_array_equal(m.scales, scales)
+    del mapping
+
+
+@linux
+@pytest.mark.parametrize("view", ["the array", "a slice"])
+def test_a_view_still_alive_keeps_its_weight_s_pages(view, rng, two_threads):
+    """A view of a weight held past the with (the array itself, or a slice of it) keeps that weight's pages
+    and values; the other weights' pages are freed all the same."""
+    layers = [int8_layer(rng, 1003, 200), int8_layer(rng, 515, 300)]
+    weights = [m.qweight.copy() for m in layers]
+    with worker_processes(Layers(layers)):
+        held = layers[0].qweight if view == "the array" else layers[0].qweight[3:]
+        other = span(layers[1].qweight)
+    assert layers[0].qweight.flags.owndata                          # held keeps the mapping in this process
+    np.testing.assert_array_equal(held, weights[0] if view == "the array" else weights[0][3:])
+    assert all(resident(*span(held))) and len(resident(*span(held))) > 0
+    assert not any(resident(*other))
+    np.testing.assert_array_equal(layers[0].qweight, weights[0])

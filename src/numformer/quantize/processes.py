@@ -24,7 +24,8 @@ and write them into the shared output. Where the threads split a matrix alike, t
 
 The mapping is a file in /dev/shm (memory; a temporary folder when that lacks room), removed as soon as it is
 made: the workers inherit it open, so no file outlives this process however it ends; on leaving the ``with``,
-the layers get private copies of their weights back.
+the layers get private copies of their weights back, each array's pages of the mapping freed as soon as it is
+copied (``WorkerProcesses._copy_out``), so the weights are held twice one array at a time, not whole.
 """
 from __future__ import annotations
 
@@ -289,10 +290,8 @@ class WorkerProcesses:
         self._offsets, self._plans = {}, {}                     # their arrays are views of the mapping
         if getattr(self, "_mmap", None) is not None:
             for layer in self.layers:
-                if self._offset(layer.qweight) is not None:
-                    layer.qweight = layer.qweight.copy()
-                if self._offset(layer.scales) is not None:
-                    layer.scales = layer.scales.copy()
+                self._copy_out(layer, "qweight")
+                self._copy_out(layer, "scales")
             self.control = self._x = self._y = self._base = None
             with contextlib.suppress(BufferError):               # a view someone still holds keeps it mapped
                 self._mmap.close()
@@ -300,6 +299,34 @@ class WorkerProcesses:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def _copy_out(self, layer, name):
+        """Give ``layer`` a private copy of its array ``name`` (qweight or scales) if that lives in the mapping,
+        then free the mapping's pages that lie wholly inside it (``MADV_REMOVE``, Linux: the file's memory goes
+        back to the system, not only this process's view of it; elsewhere, or on a file system that cannot make
+        holes, nothing), so that closing holds the weights twice one array at a time. Pages shared with a
+        neighbouring array are kept, and so is every page while anything else still refers to the array:
+        freed pages read zeros. The layer's array is a view of a flat one over its bytes
+        (``_move_weights_in``), and numpy makes every view of it refer to that flat array (a view's base is the
+        first array up the chain that is not a view); so once this frame's reference to the layer's array is
+        dropped, the flat array's count of references must equal that of an array nothing else refers to,
+        counted the same way."""
+        shared = getattr(layer, name)
+        offset = self._offset(shared)
+        if offset is None:
+            return
+        setattr(layer, name, shared.copy())
+        flat, nbytes = shared.base, shared.nbytes
+        del shared
+        alone = np.empty(0)
+        if (not hasattr(mmap, "MADV_REMOVE") or not isinstance(flat, np.ndarray) or flat.nbytes != nbytes
+                or self._offset(flat) != offset or sys.getrefcount(flat) != sys.getrefcount(alone)):
+            return
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        stop = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if start < stop:
+            with contextlib.suppress(OSError):
+                self._mmap.madvise(mmap.MADV_REMOVE, start, stop - start)
 
 
 def _room(folder, size):

@@ -3,9 +3,13 @@
 The speed path: cos(p θ_i) and sin(p θ_i) are computed once per (head size, base, dtype, scaling) for
 positions 0 … L-1 (the reference's ``rope_angles``, so the same values; the table grows when a longer sequence or a
 larger offset comes) and each call slices its rows, a view. The sign of rotate_half is folded into the sine
-tables, and the halves are swapped as two blocks of bytes rather than element by element:
+tables, and the halves are swapped as two blocks of bytes rather than element by element. With x, y, dy
+(..., T, d), cos = a·cos(pθ_i) and sin = a·sin(pθ_i) (T, d/2) for i = 0 … d/2-1 (a: the attention factor, YaRN's;
+1 otherwise), each pair (x₁[i], x₂[i]) as a column is multiplied by a·R(pθ_i), R(φ) = [[cos φ, -sin φ],
+[sin φ, cos φ]], and the backward multiplies dy's pair by its transpose a·R(pθ_i)ᵀ, as the reference does:
 
-    y = x ⊙ [cos, cos] + [x₂, x₁] ⊙ [-sin, sin]         (backward: dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin])
+    y = x ⊙ [cos, cos] + [x₂, x₁] ⊙ [-sin, sin]
+    dx = dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin]         (the rotation back times the same a)
 
 three full-width passes and the swap, in place in two buffers. Queries or keys of several heads stored with the
 heads side by side, (..., T, H, d) in memory and seen as (..., H, T, d) (the heads of a fused q/k/v projection),
@@ -138,8 +142,9 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
 
 
 def rope_backward(dy, cache):
-    """dx = the inverse rotation of dy (``ops.rope_backward``): dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin];
-    dx shaped as dy."""
+    """dx = dy ⊙ [cos, cos] + [dy₂, dy₁] ⊙ [sin, -sin] (``ops.rope_backward``): each pair of dy times
+    a·R(pθ_i)ᵀ, the transpose of the forward's matrix (see the module docstring). dy: (..., T, d); dx shaped as
+    dy."""
     cos, sin_back, heads = cache
     dy = np.asarray(dy)
     if heads and _heads_side_by_side(dy) == heads and dy.dtype == cos.dtype:

@@ -251,7 +251,15 @@ class _Block(Module):
         return hook_resid(x + hook_out(drop(z)))
 
     def _sublayer_backward(self, i, dy, f_backward):
-        """Backward of ``_sublayer``: the input's gradient from the output's, through ``f_backward``."""
+        """Backward of ``_sublayer`` number i: dy (B, T, d_model), the gradient of its output, to dx, that of its
+        input x. ``f_backward`` maps the gradient of f's output to that of f's input. The residual add passes its
+        gradient both around f and into it, and dx sums the two (g' is g's backward):
+
+            "post"                 ds = Norm'(dy),  dx = ds + f'(Dropout'(ds))
+            "pre" / "sandwich"     dx = dy + Norm'(f'(PostNorm'(Dropout'(dy))))    (PostNorm' only in a sandwich)
+
+        dy first passes the residual hook point's backward, and the branch's gradient the output hook point's,
+        just before Dropout'. The norms and f accumulate their parameters' ``.grad``."""
         norm, drop = getattr(self, f"norm{i}"), getattr(self, f"dropout{i}")
         hook_out, hook_resid = self._sublayer_hooks[i]
         dy = hook_resid.backward(dy)

@@ -59,6 +59,7 @@ class SinusoidalPositionalEncoding(Module):
         return x + self.table[offset:offset + x.shape[1]]
 
     def backward(self, dy):
+        """dx = dy: the fixed table has no gradient."""
         return dy
 
     def extra_repr(self):
@@ -85,6 +86,10 @@ class LearnedPositionalEncoding(Module):
     parameter_kind = "embedding"
 
     def backward(self, dy):
+        """dy (B, T, d_model) -> dx = dy (the add passes it on unchanged), and ∂L/∂P accumulated into
+        ``weight.grad``: row offset + t gains Σ_b dy[b, t], or with ``positions`` row positions[b, t] gains
+        dy[b, t] (a scatter-add: a repeated position sums); rows no position used gain nothing. A frozen
+        table (``requires_grad`` False) only passes dy on."""
         offset, T, positions = self._cache
         if not self.weight.requires_grad:
             self._cache = None

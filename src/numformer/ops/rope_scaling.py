@@ -6,9 +6,10 @@ wavelengths
 
     θ_i = base^(-2i/d),   λ_i = 2π / θ_i,   i = 0 … d/2-1.
 
-A scaling replaces θ by θ' (and YaRN also multiplies cos and sin by an attention factor a); the rotation
-and its backward pass are unchanged. With s = ``factor``, L₀ = ``original_max_position_embeddings`` (the
-context the model was pre-trained on) and L = ``max_position_embeddings``:
+A scaling replaces θ by θ' (and YaRN also multiplies cos and sin by an attention factor a); the formulas of
+``ops.rotary`` are unchanged: each pair is multiplied by a·R(pθ'_i) and dy's pair by a·R(pθ'_i)ᵀ, the
+rotation back times the same a (a = 1 but for YaRN). With s = ``factor``, L₀ =
+``original_max_position_embeddings`` (the context the model was pre-trained on) and L = ``max_position_embeddings``:
 
     linear    θ'_i = θ_i / s                          every position divided by s (position interpolation)
     dynamic   θ'_i = base'^(-2i/d),  base' = base · (s·n/L - (s - 1))^(d/(d-2))   for a sequence of
@@ -20,8 +21,9 @@ context the model was pre-trained on) and L = ``max_position_embeddings``:
               pairs lo and hi that turn β_fast and β_slow times over L₀ tokens:
               i(β) = d·ln(L₀ / (2π·β)) / (2·ln base),  lo = ⌊i(β_fast)⌋, hi = ⌈i(β_slow)⌉ (``truncate``),
               lo ≥ 0, hi ≤ d - 1 (hi = lo + 0.001 if they meet);
-              a = 0.1·ln s + 1 (or (0.1·m·ln s + 1) / (0.1·m_all·ln s + 1) with ``mscale`` m and
-              ``mscale_all_dim`` m_all), multiplying cos and sin.
+              a = ``attention_factor`` when given, else 0.1·ln s + 1 (or (0.1·m·ln s + 1) /
+              (0.1·m_all·ln s + 1) with ``mscale`` m and ``mscale_all_dim`` m_all, both nonzero), 1 for
+              s <= 1; it multiplies cos and sin.
 
 Each expression is evaluated in the order transformers evaluates it, so the values agree with transformers'
 own functions run in float64 to rounding (transformers runs them in float32, whose rounding alone moves θ'
@@ -49,7 +51,7 @@ class RopeScaling:
     factor: s; yarn takes max_position_embeddings / original_max_position_embeddings when it is None.
     original_max_position_embeddings: L₀ (llama3, yarn); max_position_embeddings: L (dynamic; yarn's
     default factor). low_freq_factor / high_freq_factor: llama3's l and h. attention_factor, beta_fast,
-    beta_slow, mscale, mscale_all_dim, truncate: yarn's (None: transformers' defaults).
+    beta_slow, mscale, mscale_all_dim, truncate: yarn's (None: transformers' defaults; truncate True).
     Invalid values are one ValueError naming the field.
     """
     rope_type: str

@@ -10,14 +10,23 @@ with cos/sin repeated over both halves, as Hugging Face's ``apply_rotary_pos_emb
 (GPT-NeoX and Llama; the original RoFormer interleaves the pairs instead).
 Applied to queries and keys, the score q_pᵀ k_s then depends on p - s only.
 With a key/value cache the new tokens' positions start after the cached ones
-(``offset``). The rotation is orthogonal, so the backward pass rotates back:
+(``offset``).
 
-    dx = dy ⊙ cos + rotate_halfᵀ(dy ⊙ sin),   rotate_halfᵀ = -rotate_half
+Shapes: x, y and dy (..., T, d); cos and sin (T, d), or (B, T, d) for positions (B, T)
+((B, 1, T, d) against x (B, H, T, d)), each times the attention factor a below. As a
+column, each pair is multiplied by a 2 × 2 matrix, and the backward pass multiplies dy's
+pair by its transpose:
 
-Scaled RoPE (``scaling``, a ``RopeScaling`` of ``ops.rope_scaling``: linear, dynamic, llama3, yarn)
-replaces θ by the scaled θ' and multiplies cos and sin by its attention factor a (YaRN; 1 otherwise);
-the same two lines then hold with a·cos and a·sin. "dynamic" depends on the sequence length, taken as
-the largest position + 1 of the call, as transformers takes it.
+    [y₁[i], y₂[i]]ᵀ = a·R(pθ_i) [x₁[i], x₂[i]]ᵀ,     R(φ) = [[cos φ, -sin φ], [sin φ, cos φ]]
+    [dx₁[i], dx₂[i]]ᵀ = a·R(pθ_i)ᵀ [dy₁[i], dy₂[i]]ᵀ,  that is
+    dx = dy ⊙ cos + rotate_halfᵀ(dy ⊙ sin),          rotate_halfᵀ = -rotate_half
+
+Plain RoPE has a = 1, and R is orthogonal: Rᵀ = R⁻¹ = R(-pθ_i), the backward rotates dy
+back. Scaled RoPE (``scaling``, a ``RopeScaling`` of ``ops.rope_scaling``: linear, dynamic,
+llama3, yarn) replaces θ by the scaled θ' and multiplies cos and sin by its attention factor
+a (YaRN; 1 for the others). a·R is then a rotation times a constant, and the backward a·Rᵀ
+is the rotation back times the same a (not the inverse of a·R). "dynamic" depends on the
+sequence length, taken as the largest position + 1 of the call, as transformers takes it.
 """
 from __future__ import annotations
 
@@ -65,7 +74,8 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
     The positions are offset … offset+T-1 (``offset`` = number of cached
     positions), or ``positions`` given explicitly: (T,) or (B, T) for x of shape
     (B, H, T, d) (e.g. per-sequence positions of left-padded prompts).
-    y = x ⊙ cos(pθ) + rotate_half(x) ⊙ sin(pθ); the cache is (cos, sin).
+    y = x ⊙ cos + rotate_half(x) ⊙ sin, each pair times a·R(pθ_i) (the module docstring); the cache is
+    (cos, sin): a·cos(pθ) and a·sin(pθ) (a ≠ 1 only under YaRN scaling).
     theta: the base (``rope_theta``).  scaling: a ``RopeScaling`` (scaled RoPE, see the module docstring), or None.
     """
     x = np.asarray(x)
@@ -87,7 +97,11 @@ def rope_forward(x, offset=0, theta=10000.0, positions=None, scaling=None):
 
 
 def rope_backward(dy, cache):
-    """dx = dy ⊙ cos + rotate_halfᵀ(dy ⊙ sin) (the inverse rotation); shape of dy."""
+    """dx = dy ⊙ cos + rotate_halfᵀ(dy ⊙ sin): each pair of dy times a·R(pθ_i)ᵀ, the transpose of the
+    forward's matrix (the rotation back, times the attention factor a; see the module docstring).
+
+    dy: (..., T, d), as the forward's y; cache: the forward's (cos, sin), a included   ->   dx: shaped as dy.
+    """
     cos, sin = cache
     dx = dy * cos
     dx += _rotate_half_t(dy * sin)

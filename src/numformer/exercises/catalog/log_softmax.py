@@ -71,7 +71,8 @@ dy: the shape of y   ->   dx: the shape of x.""",
         "Never take the log of a softmax you computed first: where it underflows to 0 the log is -inf.",
         "A slice that is entirely -inf has m = -inf: shift it by 0 instead (np.isfinite), and take log 1 "
         "where the sum is 0.",
-        "The backward needs softmax(x), which is exp(y): the cache can be y alone.",
+        "The backward needs softmax(x), which is exp(y), and the axis its sum runs along: the cache can be y "
+        "and the axis.",
     ),
     page="tutorials/backprop.md#log-softmax",
 )

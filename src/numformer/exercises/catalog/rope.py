@@ -34,8 +34,12 @@ position + 1, and cos and sin are multiplied by a.""",
                  todos=("the positions (offset, or positions)", "θ_i (and a, with scaling)",
                         "the angles p·θ_i, their cos and sin over both halves", "y; return y and your cache")),
         Function("rope_backward", """\
-dx from dy (the shape of x). The rotation is orthogonal: its transpose is its
-inverse.""",
+dx from dy (the shape of x). The forward multiplies each pair, as a column, by
+a·R(pθ_i), R(φ) = [[cos φ, -sin φ], [sin φ, cos φ]] (a = 1 but for YaRN's
+scaling); dx is the transpose a·R(pθ_i)ᵀ applied to dy's pair. The plain
+rotation R is orthogonal: its transpose is its inverse, the rotation by -pθ_i.
+YaRN multiplies it by the constant a, so the backward is Rᵀ times the same a
+(not the inverse of a·R).""",
                  todos=("apply the transpose of the forward's linear map to dy", "return dx")),
     ),
     grads=("x",),
@@ -73,12 +77,13 @@ inverse.""",
         "Build the angles as np.outer-like products of positions and θ (shape (T, d/2)), then concatenate the "
         "array with itself to cover both halves.",
         "rotate_half is a concatenation of two halves along the last axis, one of them negated.",
-        "y = A x with A a block of 2 × 2 rotations. The backward is Aᵀ dy: a rotation by -θ. The transpose of "
-        "rotate_half is not rotate_half: [g₁, g₂] -> [g₂, -g₁].",
+        "y = A x with A a block of 2 × 2 rotations (times a, with YaRN's scaling). The backward is Aᵀ dy: a "
+        "rotation by -pθ (times the same a). The transpose of rotate_half is not rotate_half: [g₁, g₂] -> "
+        "[g₂, -g₁].",
         "For positions of shape (B, T) and x of shape (B, H, T, d), cos and sin have shape (B, T, d): insert "
         "the head axis so that they broadcast.",
         "With scaling, only θ changes (and cos, sin get the factor a): let rope_inverse_frequencies compute both; "
-        "the rotation and its backward are the same.",
+        "the formulas of the forward and the backward are the same, with a·cos and a·sin.",
     ),
     page="tutorials/gpt-to-llama.md#rope",
     allowed_imports=("numformer.ops.RopeScaling", "numformer.ops.rope_inverse_frequencies"),   # scaled RoPE's θ

@@ -64,7 +64,8 @@ def cfg(tmp_path):
 # -- files that cannot be read ------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage,expected", [
     (lambda d: (d / "config.json").write_text('{"model": 5}'), "config.json: a config is a table of sections"),
-    (lambda d: (d / "config.json").write_text("[]"), "config.json: a config is a table of sections"),
+    (lambda d: (d / "config.json").write_text("[]"), "config.json is damaged (it holds a JSON list, not a run's"),
+    (lambda d: (d / "config.json").write_text("{}"), "config.json is damaged (it holds an empty JSON object"),
     (lambda d: (d / "config.json").write_text('{"model": {"type": "gpt"}'), "config.json is not valid JSON"),
     (lambda d: (d / "config.json").write_bytes(b"\xff\xfe{}"), "config.json is not UTF-8 text"),
     (lambda d: (d / "config.json").unlink(), "is not a numformer run folder (no config.json)"),

@@ -80,6 +80,47 @@ def test_export_writes_the_side_files_transformers_reads(llama3, tmp_path):
     assert transformers.GenerationConfig.from_pretrained(out).eos_token_id == eos
 
 
+def test_export_names_every_file_it_writes_and_overwrites_them(llama3, tmp_path, capsys):
+    """The side files export writes are its own: the line it prints names each, and --overwrite into the same
+    folder replaces them. Before, the line left out generation_config.json, chat_template.jinja and
+    special_tokens_map.json, and --overwrite refused them as files export does not write."""
+    import shutil
+
+    from numformer.commands.export import EXPORT_FILES
+
+    folder = tmp_path / "model"
+    shutil.copytree(llama3[0], folder)
+    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<|begin_of_text|>",
+                                                                "eos_token": "<|eot_id|>"}))
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages[0]['content'] }}")
+    run, out = tmp_path / "run", tmp_path / "exported"
+    assert cli("import-hf", folder, "--out", run, "--block-size", 32) == 0
+    expected = ["additional_chat_templates/tool_use.jinja", "chat_template.jinja", "config.json",
+                "generation_config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json",
+                "tokenizer_config.json"]
+    for again in ([], ["--overwrite"]):
+        capsys.readouterr()
+        assert cli("export", run, "--out", out, *again) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.startswith(f"wrote {out}: {', '.join(expected)}; load it with ")
+        files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+        assert files == expected and {f for f in files if "/" not in f} <= set(EXPORT_FILES)
+    assert transformers.AutoTokenizer.from_pretrained(out).chat_template["tool_use"] == \
+        "{{ messages[0]['content'] }}"
+
+
+def test_export_hf_writes_no_file_but_side_files(llama3, tmp_path):
+    """export_hf writes only files --overwrite knows as an export's: a tokenizer given another file's name (in
+    Python, not read from a run, whose tokenizer.json is checked) is refused before anything is written."""
+    from numformer.interop.hf import export_hf
+
+    model, tok = load(llama3[0])
+    tok.files = {**tok.files, "notes.txt": "mine"}
+    with pytest.raises(TypeError, match="files is not an object of a Hugging Face model's side files"):
+        export_hf(model, tmp_path / "out", tok)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("with_template", [True, False])
 def test_a_fine_tuned_run_keeps_the_template_it_learned(llama3, tmp_path, with_template):
     """[data] chat_template's text goes into the run's tokenizer.json (numformer chat on the run used the plain

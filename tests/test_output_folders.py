@@ -44,7 +44,8 @@ def test_export_writes_only_files_it_declares(two_runs, tmp_path, run_cli):
         out = tmp_path / run.name
         assert run_cli("export", run, "--out", out)[0] == 0
         assert {p.name for p in out.iterdir()} <= set(EXPORT_FILES)
-    assert {p.name for p in (tmp_path / "bpe").iterdir()} == set(EXPORT_FILES) - set(ADAPTER_FILES)
+    assert {p.name for p in (tmp_path / "bpe").iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+                                                             "tokenizer_config.json"}
 
 
 def test_a_refused_export_leaves_no_folder_of_its_own_making(two_runs, tmp_path, run_cli, monkeypatch):
@@ -107,7 +108,8 @@ def test_export_refuses_a_non_empty_folder_without_overwrite(two_runs, tmp_path,
     assert "is not empty" in one_error_line(rc, err, "export") and snapshot(out) == before
 
 
-@pytest.mark.parametrize("foreign", ["README.md", "sub/notes.txt", "generation_config.json"])
+@pytest.mark.parametrize("foreign", ["README.md", "sub/notes.txt", "pytorch_model.bin",
+                                     "additional_chat_templates/notes.txt", "base/README.md"])
 def test_export_overwrite_refuses_files_it_did_not_write(two_runs, tmp_path, run_cli, foreign):
     bpe, char = two_runs
     out = tmp_path / "E"

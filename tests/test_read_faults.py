@@ -160,6 +160,34 @@ def test_damaged_checkpoint_metadata_refuses_resume(damaged, run_cli, changes):
     assert snapshot(run) == before
 
 
+# -- a config.json that holds no config ---------------------------------------------------------------------
+@pytest.mark.parametrize("content, holds", [("{}", "an empty JSON object"), ("[]", "a JSON list")])
+@pytest.mark.parametrize("with_checkpoint", [True, False])
+def test_an_emptied_config_json_in_a_run_folder_is_named(damaged, run_cli, content, holds, with_checkpoint):
+    """A run folder whose config.json holds no config is still a run folder (its checkpoint, metrics, summary):
+    one line naming the file and where the config is found again. generate took it for a Hugging Face folder
+    ("config.json has no model_type", "... not a Hugging Face config")."""
+    from numformer.run_files import checkpoint_config
+
+    run = damaged()
+    checkpoint = run / "checkpoint.safetensors"
+    recorded = checkpoint_config(checkpoint)["config"]
+    if not with_checkpoint:
+        checkpoint.unlink()
+    (run / "config.json").write_text(content)
+    before = snapshot(run)
+    again = (f"from the config its checkpoint records (numformer.run_files.checkpoint_config({str(checkpoint)!r})"
+             f"['config'], written as JSON)" if with_checkpoint else "train the run again")
+    for args in (["generate", run, "--prompt", "The", "--max-new-tokens", "2"], ["eval", run]):
+        assert fails(run_cli, *args) == (
+            f"numformer {args[0]}: error: config file {run / 'config.json'} is damaged (it holds {holds}, not a "
+            f"run's config); restore it from a copy of the run folder, or {again}")
+    assert snapshot(run) == before
+    if with_checkpoint:         # the advice works: the config the checkpoint records is the run's config.json
+        (run / "config.json").write_text(json.dumps(recorded))
+        assert run_cli("generate", run, "--prompt", "The", "--max-new-tokens", "2")[0] == 0
+
+
 # -- 11: deep nesting and size -------------------------------------------------------------------------------
 def test_a_deeply_nested_config_json_in_a_run_folder(damaged, run_cli):
     run = damaged()

@@ -31,7 +31,7 @@ from .models import (MODEL_TYPES, apply_preset, check_model_together, check_sour
 from .optim import COOLDOWN_SHAPES, OPTIMIZERS, SCHEDULES
 from .optim.schedules import check_decay
 from .optim.optimizers import NO_DECAY_KINDS
-from .run_files import check_run_dir, read_json
+from .run_files import check_run_dir, read_run_config
 from ._limits import check_bounds
 
 SECTIONS = ("model", "data", "train", "lora")      # [lora]: optional, LoRA adapters (numformer.lora)
@@ -670,7 +670,7 @@ def load_config_json(run_dir, hf_advice=None):
                              f"give one of them, e.g. {', '.join(str(Path(run_dir) / n) for n in inside)}")
         raise ValueError(f"{run_dir} is not a numformer run folder (no config.json); train one with "
                          f"`numformer train CONFIG --out {run_dir}`")
-    saved = read_json(path, "config file")
+    saved = read_run_config(run_dir)
     if isinstance(saved, dict) and "model" not in saved and isinstance(saved.get("model_type"), str):
         raise ValueError(f"{run_dir} is a Hugging Face model folder (its config.json has model_type "
                          f"{saved['model_type']!r}), not a numformer run folder: " +

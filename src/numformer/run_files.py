@@ -492,6 +492,35 @@ TOKENIZER = "tokenizer.json"
 DATA_FILES = "data_files.json"      # the files the run's task read, and their SHA-256 (data.fingerprint)
 NOT_REBUILT = ("it cannot be rebuilt safely: a vocabulary built again from the data as they are now may give the "
                "weights other ids")
+# Files only a numformer run writes, never a Hugging Face folder: beside one of them, a config.json that holds no
+# config (``{}``, a list ...) is a damaged run's, which ``read_run_config`` names, not a Hugging Face model's
+RUN_ONLY_FILES = (CHECKPOINT, "summary.json", "metrics.jsonl", DATA_FILES)
+
+
+def _holds_nothing(value):
+    """What a JSON file holds that is not what numformer wrote there, in words: "an empty JSON object", "JSON
+    null", "a JSON list" ..."""
+    return ("an empty JSON object" if value == {} else "JSON null" if value is None
+            else f"a JSON {type(value).__name__}")
+
+
+def read_run_config(run_dir):
+    """The run's config.json as read (``read_json``; its checks are ``numformer.config``'s). ValueError naming
+    the file when it holds no config at all (``{}``, a list, null ...: a file emptied or overwritten), saying
+    where the config is found again: a copy of the run folder, or the config its checkpoint records."""
+    path = Path(run_dir) / "config.json"
+    config = read_json(path, "config file")
+    if isinstance(config, dict) and config:
+        return config
+    checkpoint = Path(run_dir) / CHECKPOINT
+    try:
+        recorded = (checkpoint_config(checkpoint) or {}).get("config")
+    except ValueError:              # a damaged checkpoint: resuming names it
+        recorded = None
+    again = (f"from the config its checkpoint records (numformer.run_files.checkpoint_config({str(checkpoint)!r})"
+             f"['config'], written as JSON)" if recorded else "train the run again")
+    raise ValueError(f"config file {path} is damaged (it holds {_holds_nothing(config)}, not a run's config); "
+                     f"restore it from a copy of the run folder, or {again}")
 
 
 def load_tokenizer_state(run_dir):
@@ -503,8 +532,6 @@ def load_tokenizer_state(run_dir):
         return None
     state = read_json(path, "tokenizer file")
     if not isinstance(state, dict) or not state:
-        what = ("an empty JSON object" if state == {} else "JSON null" if state is None
-                else f"a JSON {type(state).__name__}")
-        raise ValueError(f"tokenizer file {path} is damaged (it holds {what}, not a tokenizer's state); restore "
-                         f"it from a copy of the run folder ({NOT_REBUILT})")
+        raise ValueError(f"tokenizer file {path} is damaged (it holds {_holds_nothing(state)}, not a tokenizer's "
+                         f"state); restore it from a copy of the run folder ({NOT_REBUILT})")
     return state

@@ -8,9 +8,10 @@ that can express the model (a Llama-like model is also a Mistral or Qwen2 one). 
 with one line naming what it lacks and the types this model can be written as, before anything is written.
 
 ``--out`` must be new or empty; ``--overwrite`` replaces an earlier export there: the files an export writes
-(``EXPORT_FILES``) are removed first (the weights first, config.json last), so the folder then holds only the
-new export's files (an earlier export's tokenizer.json never stays beside a model without one). A folder
-holding any other file is refused, even with ``--overwrite``: numformer deletes only what it writes.
+(``EXPORT_FILES``, and additional chat templates in their folder) are removed first (the weights first,
+config.json last), so the folder then holds only the new export's files (an earlier export's tokenizer.json
+never stays beside a model without one). A folder holding any other file is refused, even with
+``--overwrite``: numformer deletes only what it writes. The line printed at the end names every file written.
 
 A LoRA run (a [lora] section) is written as PEFT writes it: the adapter in DIR (adapter_config.json,
 adapter_model.safetensors) and its base model in DIR/base, for
@@ -21,14 +22,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .._platform import LOCK_FILE
+from ..data.tokenizers.pretrained import SIDE_FILES, TEMPLATES_DIR, is_side_file
+from ..interop.hf.checkpoints import CONFIG, TOKENIZER, WEIGHTS
+from ..interop.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from ..run_files import TEMP_SUFFIX
+
 FORMATS = ("hf",)
 # The model_types ``interop.hf.export_hf`` writes (the keys of ``interop.hf.FAMILIES``, which
 # tests/test_family_lists.py holds this to); spelled out here so that ``numformer --help`` stays light.
 MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "arcee")
-# Every file ``interop.hf.export_hf`` writes, in the order an overwrite removes them: the weights first and
-# config.json last, so that a folder cut short never pairs a config with other weights.
-EXPORT_FILES = ("model.safetensors", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                "adapter_config.json", "config.json")
+# Every file an export writes, named by the constants its writers use (``interop.hf.export_hf``: the weights,
+# tokenizer.json and the model's side files, config.json; ``interop.peft.save_adapter``: the adapter), in the
+# order an overwrite removes them: the weights first and config.json last, so that a folder cut short never
+# pairs a config with other weights. Additional chat templates go in TEMPLATES_DIR (``is_side_file``).
+EXPORT_FILES = (WEIGHTS, ADAPTER_WEIGHTS, TOKENIZER, *SIDE_FILES, ADAPTER_CONFIG, CONFIG)
 BASE_DIR = "base"                   # a LoRA run's base model, beside its adapter
 
 
@@ -83,18 +91,21 @@ def run(args):
     except BaseException:
         _remove_if_empty(made)          # a refused export leaves no folder of its own making behind
         raise
-    files = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES or p.name == BASE_DIR)
     how = (f"peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(out / BASE_DIR)!r}), "
-           f"{str(out)!r})" if (out / "adapter_config.json").is_file() else
+           f"{str(out)!r})" if (out / ADAPTER_CONFIG).is_file() else
            f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
-    print(f"wrote {out}: {', '.join(files)}; load it with {how}")
+    print(f"wrote {out}: {', '.join(written_files(out))}; load it with {how}")
+
+
+def written_files(out):
+    """The files in the export folder ``out`` (paths in it, / between folders; sorted): after an export, what it
+    wrote, as ``clear_export_folder`` left the folder empty (but for the lock file of platforms that need one)."""
+    return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE)
 
 
 def _remove_if_empty(folders):
     """Remove each of ``folders`` (deepest first) that holds nothing (but the lock file of platforms that need
     one); stop at the first that holds something."""
-    from .._platform import LOCK_FILE
-
     for folder in folders:
         try:
             if any(p.name != LOCK_FILE for p in folder.iterdir()):
@@ -106,27 +117,37 @@ def _remove_if_empty(folders):
 
 
 def _written_by_export(name):
-    """Whether ``name`` is a file an export writes, or the temporary file of such a write cut short."""
-    return name in EXPORT_FILES or any(name.startswith(f".{f}.") and name.endswith(".tmp") for f in EXPORT_FILES)
+    """Whether ``name`` (a path in an export folder, / between folders) is a file an export writes: one of
+    ``EXPORT_FILES`` or a side file (``is_side_file``: additional chat templates), in the folder or in
+    ``BASE_DIR``; or the temporary file of such a write cut short (``.NAME.PID.RANDOM.tmp``)."""
+    folder, _, file = name.removeprefix(f"{BASE_DIR}/").rpartition("/")
+    if file.startswith(".") and file.endswith(TEMP_SUFFIX):
+        file = file[1:-len(TEMP_SUFFIX)].rsplit(".", 2)[0]
+    name = f"{folder}/{file}" if folder else file
+    return name in EXPORT_FILES or is_side_file(name)
 
 
-def _earlier_export(folder, base_allowed=True):
-    """(files an export wrote, in removal order; names of anything else) in ``folder``; a LoRA export's base
-    model folder (``BASE_DIR``) is looked into, its files listed before the folder itself."""
-    from .._platform import LOCK_FILE
+# The folders an export writes: a LoRA export's base model, and the additional chat templates (in either)
+EXPORT_FOLDERS = (BASE_DIR, TEMPLATES_DIR, f"{BASE_DIR}/{TEMPLATES_DIR}")
 
+
+def _earlier_export(folder, inside=""):
+    """(files an export wrote, in removal order; names of anything else) in ``folder``, which is ``inside`` the
+    export folder ("" for itself, else a path ending in /); the folders an export writes (``EXPORT_FOLDERS``)
+    are looked into, their files listed before the folder itself."""
     files, foreign = [], []
     for p in sorted(folder.iterdir(), key=lambda p: EXPORT_FILES.index(p.name) if p.name in EXPORT_FILES else -1):
+        name = inside + p.name
         if p.name == LOCK_FILE:
             continue
-        if base_allowed and p.name == BASE_DIR and p.is_dir() and not p.is_symlink():
-            inner, other = _earlier_export(p, base_allowed=False)
+        if name in EXPORT_FOLDERS and p.is_dir() and not p.is_symlink():
+            inner, other = _earlier_export(p, f"{name}/")
             files += inner + [p]
-            foreign += [f"{BASE_DIR}/{name}" for name in other]
-        elif _written_by_export(p.name) and p.is_file() and not p.is_symlink():
+            foreign += other
+        elif _written_by_export(name) and p.is_file() and not p.is_symlink():
             files.append(p)
         else:
-            foreign.append(p.name)
+            foreign.append(name)
     return files, foreign
 
 

@@ -12,6 +12,7 @@ the Hugging Face files, which it uses; nothing registers anything when numformer
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,8 @@ from ..keys import Key
 from ..lora import add_lora, check_lora_options, merge_lora
 from ..models import build_model, check_model_section, model_arguments
 from ..nn import init
-from ..run_files import (check_run_dir, load_metadata, load_model_weights, load_tokenizer_state, model_tensors,
-                         read_json, run_weights)
+from ..run_files import (RUN_ONLY_FILES, check_run_dir, load_metadata, load_model_weights, load_tokenizer_state,
+                         model_tensors, read_run_config, run_weights)
 from .hf import checkpoints as hf
 
 FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
@@ -47,15 +48,19 @@ class Source:
 
 
 def is_run_folder(source):
-    """Whether ``source`` is a numformer run folder (its config.json has a [model] section)."""
+    """Whether ``source`` is a numformer run folder: its config.json has a [model] section, or it holds no
+    config at all (``{}``, a list, null, no JSON) beside a file only a run writes (``RUN_ONLY_FILES``): a run
+    whose config.json was damaged, which reading it names (``read_run_config``), not a Hugging Face folder."""
     path = Path(str(source)) / "config.json"
     if not path.is_file():
         return False
     try:
         config = bounded_json(path.read_bytes(), str(path))
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "model" in config
+        config = None
+    if isinstance(config, dict) and config:
+        return "model" in config
+    return any(os.path.lexists(path.parent / name) for name in RUN_ONLY_FILES)
 
 
 def read_source(source):
@@ -74,7 +79,7 @@ def read_source(source):
 def _read_run(folder):
     check_run_dir(folder)
     path = folder / "config.json"
-    saved = read_json(path, "config file")
+    saved = read_run_config(folder)
     try:
         model = check_model_section({k: v for k, v in saved["model"].items() if k != "init_from"})
         dtype = Key(str, choices=("float32", "float64")).check("train", "dtype",

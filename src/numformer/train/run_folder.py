@@ -41,8 +41,8 @@ from pathlib import Path
 from .._limits import bounded_json
 from .. import _platform
 from .._results import remove_report
-from ..run_files import (CHECKPOINT, DATA_FILES, LOCKED_FOLDERS, MODEL, read_in_folder, remove_in_folder,
-                         remove_temp_files)
+from ..run_files import (CHECKPOINT, DATA_FILES, LOCKED_FOLDERS, MODEL, RUN_ONLY_FILES, read_in_folder,
+                         remove_in_folder, remove_temp_files)
 
 # Every file of a run, in the order an overwrite deletes them: the weights first, the config last.
 REFERENCE = "reference_logps.safetensors"     # a DPO run's reference log-probabilities, computed once
@@ -266,10 +266,11 @@ def refuse_links(path):
 
 
 def holds_run(path):
-    """Whether ``path`` holds a numformer run (not merely a Hugging Face folder written by ``export``): a
-    checkpoint, metrics or summary, or a config.json that is not a Hugging Face config (one with model_type)."""
+    """Whether ``path`` holds a numformer run (not merely a Hugging Face folder written by ``export``): a file
+    only a run writes (``RUN_ONLY_FILES``: a checkpoint, metrics, summary ...), or a config.json that is not a
+    Hugging Face config (one with model_type)."""
     path = Path(path)
-    if any(os.path.lexists(path / name) for name in (CHECKPOINT, "summary.json", "metrics.jsonl")):
+    if any(os.path.lexists(path / name) for name in RUN_ONLY_FILES):
         return True
     config = path / "config.json"
     if not os.path.lexists(config):

@@ -23,15 +23,19 @@ SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_co
 TEMPLATES_DIR = "additional_chat_templates"
 
 
+def is_side_file(name):
+    """Whether ``name`` (a path in a model folder, / between folders) is a side file's: one of ``SIDE_FILES``,
+    or an additional chat template ``additional_chat_templates/NAME.jinja`` (NAME an identifier, - allowed)."""
+    folder, _, file = name.rpartition("/")
+    return name in SIDE_FILES or (folder == TEMPLATES_DIR and file.endswith(".jinja") and
+                                  file.removesuffix(".jinja").replace("-", "_").isidentifier())
+
+
 def check_side_files(files):
-    """``files`` if it is a {name: JSON object or text} of ``SIDE_FILES`` names (or additional chat templates,
-    ``additional_chat_templates/NAME.jinja``), else a TypeError: the names become paths when ``export`` writes
-    them, so an edited tokenizer.json must not name a file elsewhere."""
-    def allowed(name):
-        folder, _, file = name.rpartition("/")
-        return name in SIDE_FILES or (folder == TEMPLATES_DIR and file.endswith(".jinja") and
-                                      file.removesuffix(".jinja").replace("-", "_").isidentifier())
-    if not isinstance(files, dict) or not all(isinstance(k, str) and allowed(k) and isinstance(v, (dict, str))
+    """``files`` if it is a {name: JSON object or text} of side files' names (``is_side_file``), else a
+    TypeError: the names become paths when ``export`` writes them, so an edited tokenizer.json must not name a
+    file elsewhere."""
+    if not isinstance(files, dict) or not all(isinstance(k, str) and is_side_file(k) and isinstance(v, (dict, str))
                                               for k, v in files.items()):
         raise TypeError(f"files is not an object of a Hugging Face model's side files ({', '.join(SIDE_FILES)}, "
                         f"{TEMPLATES_DIR}/NAME.jinja) and their JSON objects or texts")

@@ -32,7 +32,7 @@ from ..._install import install_hint, require
 from ..._platform import check_memory
 from ..._limits import bounded_json, check_bounds
 from ...data.tokenizers import PretrainedTokenizer
-from ...data.tokenizers.pretrained import side_files
+from ...data.tokenizers.pretrained import check_side_files, side_files
 from ...models import GPT
 from ...nn import init
 from ...run_files import write_atomic, write_json_atomic
@@ -44,7 +44,8 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER = "tokenizer.json"
+TOKENIZER_FILES = (TOKENIZER, "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
 HUB_FILES = [CONFIG, WEIGHTS, WEIGHTS_INDEX, "model-*.safetensors", "generation_config.json", *TOKENIZER_FILES,
              "chat_template.jinja", "additional_chat_templates/*.jinja"]
 # What `hf download --include` fetches for numformer (weights, config and tokenizer files, chat templates)
@@ -496,8 +497,9 @@ def _one_of(names):
 
 def _write_side_files(out, tokenizer, model_type, block_size):
     """The tokenizer's files beside tokenizer.json: those of the Hugging Face model it came from
-    (``PretrainedTokenizer.files``: its tokenizer_config.json, chat template, generation_config.json ...) as they
-    were, else a tokenizer_config.json of GPT-2's kind (the end token as bos, eos and unk)."""
+    (``PretrainedTokenizer.files``: its tokenizer_config.json, chat template, generation_config.json ..., the
+    names ``pretrained.is_side_file`` allows) as they were, and a tokenizer_config.json of GPT-2's kind (the end
+    token as bos, eos and unk) when they have none."""
     files = getattr(tokenizer, "files", {})
     for name, content in files.items():
         (out / name).parent.mkdir(exist_ok=True)
@@ -523,7 +525,9 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     table; for a RoPE model gemma3_text or gemma2 with Gemma's 1 + w norms, qwen3 with q/k norms, qwen2 with
     q/k/v-only biases or windows on some layers, mistral with one window for every layer, else llama). Raises
     ValueError naming a feature the family cannot express and the model_types that can (``export_types``), or
-    for a model with LoRA adapters (merge them first).
+    for a model with LoRA adapters (merge them first); TypeError for a tokenizer whose ``files`` names a file
+    that is no side file (``check_side_files``), before anything is written: it writes no other files than
+    these (``numformer.commands.export.EXPORT_FILES``, additional chat templates in their folder).
 
     The weights go into one model.safetensors in the model's dtype (config.json's ``dtype`` says which); a
     tied output layer is written once, as the embedding (``tie_word_embeddings`` true, no lm_head.weight);
@@ -554,6 +558,8 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     hf_config["numformer_context"] = {"block_size": n, "note": note}
     tensors = to_hf_state(fam, config, _full_state(fam, model))
     hf_json = tokenizer.to_hf_json() if hasattr(tokenizer, "to_hf_json") else None   # a Hugging Face form
+    if hf_json is not None:             # the side files' names become paths: only theirs, before anything is written
+        check_side_files(getattr(tokenizer, "files", {}))
     eos, eos_ids = getattr(tokenizer, "eos_id", None), getattr(tokenizer, "eos_ids", [])
     hf_config.update(bos_token_id=getattr(tokenizer, "bos_id", None),
                      eos_token_id=eos_ids if len(eos_ids) > 1 else eos, pad_token_id=hf_config.get("pad_token_id"))
@@ -562,7 +568,7 @@ def export_hf(model, out_dir, tokenizer=None, model_type=None):
     write_json_atomic(out / CONFIG, hf_config)
     write_atomic(out / WEIGHTS, safetensors_pieces(tensors, {"format": "pt"}))
     if hf_json is not None:
-        write_atomic(out / "tokenizer.json", hf_json.encode())
+        write_atomic(out / TOKENIZER, hf_json.encode())
         _write_side_files(out, tokenizer, model_type, config.block_size)
     print(f"warning: {out}: {note}", file=sys.stderr)
     return out

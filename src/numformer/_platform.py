@@ -243,7 +243,23 @@ def available_memory():
     return available
 
 
-# Set (to anything but "" or "0") to load a model that ``check_memory`` finds too large for this machine.
+FLAG_ON, FLAG_OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")     # env_flag's words, any case
+
+
+def env_flag(name):
+    """Whether the environment variable ``name`` (a yes-or-no setting) is on: 1, true, yes or on; off when
+    unset, empty, 0, false, no or off (any case, spaces around ignored). Anything else is one ValueError naming
+    the variable and the values it takes, rather than a guess."""
+    value = os.environ.get(name, "")
+    if value.strip().lower() in FLAG_ON:
+        return True
+    if value.strip().lower() in FLAG_OFF:
+        return False
+    raise ValueError(f"environment variable {name}={value!r} is neither on nor off: set it to 1 (or true, yes, "
+                     f"on) or to 0 (or false, no, off), or unset it")
+
+
+# Set on (``env_flag``) to load a model that ``check_memory`` finds too large for this machine.
 NO_MEMORY_CHECK = "NUMFORMER_NO_MEMORY_CHECK"
 
 
@@ -251,9 +267,11 @@ def check_memory(source, need, weights):
     """One ValueError when loading ``source`` needs ``need`` bytes (its weights and the reading's temporaries;
     ``weights`` says what the weights are, for the message) and this machine has less left
     (``available_memory``): loading would end in the operating system killing the process, with no message.
-    Nothing is checked where the memory left is unknown, or with NUMFORMER_NO_MEMORY_CHECK set."""
+    Nothing is checked where the memory left is unknown, or with NUMFORMER_NO_MEMORY_CHECK on (``env_flag``)."""
+    if env_flag(NO_MEMORY_CHECK):
+        return
     available = available_memory()
-    if available is None or os.environ.get(NO_MEMORY_CHECK, "") not in ("", "0"):
+    if available is None:
         return
     if need > available:
         raise ValueError(f"{source} needs about {need / 2 ** 30:.1f} GiB of memory ({weights}), but this machine "

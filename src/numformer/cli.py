@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import errno
 import importlib
 import pkgutil
@@ -30,9 +29,24 @@ from . import __version__, commands
 EXIT_ERROR, EXIT_INTERRUPTED, EXIT_BUG, EXIT_BROKEN_PIPE = 2, 130, 1, 141     # 141: as SIGPIPE
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of a value not among an argument's choices (a misspelt command or
+    ``--split tset``) names the nearest choice (``nearest_name``). Sub-commands' parsers are of this class too
+    (``add_subparsers`` makes them of its parser's class)."""
+
+    def _check_value(self, action, value):
+        choices = action.choices
+        if (choices is not None and isinstance(value, str) and value not in choices
+                and all(isinstance(c, str) for c in choices)):
+            guess = nearest_name(value, list(choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}"
+                                         + (f"; did you mean {guess}?" if guess else "")
+                                         + f" (choose from {', '.join(choices)})")
+        super()._check_value(action, value)
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(prog="numformer",
-                                     description="A complete Transformer library in NumPy.")
+    parser = _Parser(prog="numformer", description="A complete Transformer library in NumPy.")
     parser.add_argument("--version", action="version", version=f"numformer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
@@ -43,15 +57,15 @@ def build_parser():
 
 def parse_arguments(parser, argv=None):
     """The parsed command line; an argument the command does not know is the command's own error (its usage,
-    ``numformer COMMAND: error: ...``, and the flag it was probably meant to be), not the top-level one, and
-    comes before a missing required argument (a misspelt --out is named, not reported as --out missing)."""
+    ``numformer COMMAND: error: ...``, and what it was probably meant to be: ``_flag_hint``), not the top-level
+    one, and comes before a missing required argument (a misspelt --out is named, not reported as --out
+    missing)."""
     if any(a in ("-h", "--help") for a in (sys.argv[1:] if argv is None else argv)):
         return parser.parse_args(argv)          # the help shows the required arguments as required
     args, unknown = _parse_leniently(parser, argv)
     if unknown:
         command = _innermost_parser(parser, args)
-        flags = [f for action in command._actions for f in action.option_strings if f.startswith("--")]
-        hints = "".join(f"; did you mean {g} for {u}?" for u in unknown if (g := _close_flag(u, flags)))
+        hints = "".join(_flag_hint(u, command, parser) for u in unknown)
         command.error(f"unrecognized arguments: {' '.join(unknown)}{hints}")
     return parser.parse_args(argv)
 
@@ -75,14 +89,65 @@ def _parse_leniently(parser, argv):
             item.required = True
 
 
-def _close_flag(unknown, flags):
-    """The flag of ``flags`` that ``unknown`` (an option, maybe ``--flag=value``) is close to, by difflib's
-    ratio of their names without dashes (which every flag shares), or None."""
+def _flag_hint(unknown, command, parser):
+    """What an option ``unknown`` (maybe ``--flag=value``; a value gets "") that ``command`` (``parser`` or one of
+    its sub-commands' parsers) does not have was probably meant to be: the other commands that have it, else
+    the nearest option of ``command`` (``nearest_name``), else the nearest option of another command."""
     if not unknown.startswith("-"):
-        return None
-    names = {f.lstrip("-"): f for f in flags}
-    close = difflib.get_close_matches(unknown.split("=", 1)[0].lstrip("-"), names, n=1, cutoff=0.6)
-    return names[close[0]] if close else None
+        return ""
+    flag, commands = unknown.split("=", 1)[0], _commands(parser)
+    here, own = next((name, flags) for name, p, flags in commands if p is command)
+    others = [(name, flags) for name, p, flags in commands if p is not command]
+    not_here = f", not of {here}" if here else ""
+
+    def having(f):
+        return ", ".join(name for name, flags in others if f in flags)
+
+    if having(flag):
+        return f"; {flag} is an option of {having(flag)}{not_here}"
+    guess = nearest_name(flag, own)
+    if guess:
+        return f"; did you mean {guess} for {unknown}?"
+    guess = nearest_name(flag, sorted({f for _, flags in others for f in flags}))
+    return f"; did you mean {guess} for {unknown}? (an option of {having(guess)}{not_here})" if guess else ""
+
+
+def _commands(parser):
+    """[(command as typed after the program's name: "" for ``parser`` itself, "generate", "exercises check"; its
+    parser; its long options)] for ``parser`` and every sub-command under it."""
+    found, todo = [], [parser]
+    while todo:
+        p = todo.pop(0)
+        if any(p is q for _, q, _ in found):     # a command's alias
+            continue
+        flags = [f for a in p._actions for f in a.option_strings if f.startswith("--")]
+        found.append((p.prog.removeprefix(parser.prog).strip(), p, flags))
+        todo.extend(c for a in p._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices.values())
+    return found
+
+
+def nearest_name(word, names):
+    """The name of ``names`` nearest to ``word`` by edit distance (``edit_distance``; leading dashes, which
+    options all share, left out), if it is near enough to be what was meant: at most a third of the word's
+    letters apart (one for a short word, three at most); None otherwise. The first of equally near names."""
+    bare = word.lstrip("-")
+    limit = max(1, min(3, len(bare) // 3))
+    best = min(names, key=lambda n: edit_distance(bare, n.lstrip("-")), default=None)
+    return best if best is not None and edit_distance(bare, best.lstrip("-")) <= limit else None
+
+
+def edit_distance(a, b):
+    """The number of single-letter insertions, deletions, substitutions and swaps of two neighbours that turn
+    ``a`` into ``b`` (the optimal string alignment distance: ``--otu`` is one swap from ``--out``)."""
+    before, row = None, list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        new = [i]
+        for j, cb in enumerate(b, 1):
+            new.append(min(row[j] + 1, new[j - 1] + 1, row[j - 1] + (ca != cb)))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                new[j] = min(new[j], before[j - 2] + 1)
+        before, row = row, new
+    return row[-1]
 
 
 def _innermost_parser(parser, args):

@@ -67,10 +67,27 @@ def read_in_folder(path):
     """The bytes of file ``path``, read through the locked folder's descriptor where ``path``'s folder is locked
     (see ``open_in_folder``): a writer reads its own folder's file even if another was put at the same path
     since its last check. FileNotFoundError when the file is not there."""
-    folder_fd = _locked_folder_fd(path)
-    fd = os.open(Path(path) if folder_fd is None else Path(path).name, os.O_RDONLY, dir_fd=folder_fd)
-    with os.fdopen(fd, "rb") as f:
+    with _open_for_reading(path) as f:
         return f.read()
+
+
+COPY_CHUNK = 1 << 20        # bytes ``copy_in_folder`` holds at a time
+
+
+def copy_in_folder(source, target):
+    """Copy file ``source`` to ``target`` (``write_atomic``: a crash leaves the old target or the whole copy),
+    ``COPY_CHUNK`` bytes at a time, so that a large file is never whole in memory; ``source`` is read as
+    ``read_in_folder`` reads it. FileNotFoundError when it is not there."""
+    with _open_for_reading(source) as f:
+        write_atomic(target, iter(lambda: f.read(COPY_CHUNK), b""))
+
+
+def _open_for_reading(path):
+    """File ``path`` open for reading in binary, through the locked folder's descriptor where it is locked."""
+    folder_fd = _locked_folder_fd(path)
+    fd = os.open(Path(path) if folder_fd is None else Path(path).name, os.O_RDONLY | getattr(os, "O_BINARY", 0),
+                 dir_fd=folder_fd)
+    return os.fdopen(fd, "rb")
 
 
 def _open_at(folder_fd, path, flags, mode=0o666):
@@ -474,12 +491,26 @@ def set_rng_state(rng, state):
 
 # -- reading a run folder's JSON files ----------------------------------------------------------------
 
+MAKE_RUN = "`numformer train CONFIG --out RUN_DIR` or `numformer import-hf MODEL --out RUN_DIR` makes one"
+
+
 def check_run_dir(run_dir):
+    """A run folder's path must name a folder: one ValueError saying what is there instead and what to give."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
-        raise ValueError(f"run folder {run_dir} does not exist")
+        raise ValueError(f"run folder {run_dir} does not exist; give the folder of a run ({MAKE_RUN})")
     if not run_dir.is_dir():
-        raise ValueError(f"{run_dir} is a file, not a run folder")
+        raise ValueError(f"{run_dir} is a file, not a run folder; {_instead_of_file(run_dir)}")
+
+
+def _instead_of_file(path):
+    """What to give instead of file ``path`` where a run folder is expected."""
+    if path.suffix == ".toml":
+        return (f"it looks like a config: train it with `numformer train {path} --out RUN_DIR`, then give "
+                f"RUN_DIR")
+    if path.suffix in (".safetensors", ".json", ".jsonl"):
+        return f"give the folder that holds it ({path.parent})"
+    return f"give the folder of a run ({MAKE_RUN})"
 
 
 def read_json(path, what):

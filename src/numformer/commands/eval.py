@@ -1,19 +1,21 @@
 """numformer eval RUN_DIR [--split val|test] [--json]: loss (and perplexity, bits per token, bits per byte) and
-the task's metrics."""
+the task's metrics. A checkpoint too damaged to read (truncated, its header overwritten) does not stop it when
+model.safetensors is there: it evaluates that file, with a note (``model_and_task``)."""
 from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 
 def run(args):
-    from ..train import load_config_json, load_model, load_task
+    from ..train import load_config_json
     from ..train.bits_per_byte import byte_count
     from ..train.evaluation import split_loss
 
     config = load_config_json(args.run_dir)
-    task = load_task(args.run_dir, config)
-    model = load_model(args.run_dir, config)
+    model, task = model_and_task(args.run_dir, config)
     bs = config["train"]["eval_batch_size"] or config["train"]["batch_size"]
     bytes_seen = byte_count(task)
     loss = split_loss(model, task, args.split, bs, bytes_seen=bytes_seen)[0]
@@ -36,6 +38,36 @@ def run(args):
     for k, v in result.items():
         if k != "split":
             print(f"  {k:<20} {v:.4f}" if isinstance(v, float) else f"  {k:<20} {v}")
+
+
+def model_and_task(run_dir, config):
+    """(model, task) of a run folder. When its checkpoint cannot be read (``checkpoint_config`` refuses it), the
+    model is model.safetensors's, read first, then one note says so and the task is built without comparing
+    config.json with the checkpoint; without a readable model.safetensors either, one ValueError naming both."""
+    from ..run_files import CHECKPOINT, MODEL, checkpoint_config
+    from ..train import load_model, load_task
+
+    try:
+        checkpoint_config(Path(run_dir) / CHECKPOINT)
+    except ValueError as damaged:
+        weights = Path(run_dir) / MODEL
+        try:
+            if not weights.is_file():
+                raise ValueError(f"there is no {MODEL}")
+            model = load_model(run_dir, config)
+        except ValueError as e:
+            raise ValueError(f"{run_dir} has no weights to evaluate: {_what(damaged)}, and {_what(e)}; restore a "
+                             f"copy of either file, or retrain") from None
+        print(f"note: {_what(damaged)}; evaluating {weights} instead (--resume needs the checkpoint restored)",
+              file=sys.stderr, flush=True)
+        return model, load_task(run_dir, config, against_checkpoint=False)
+    task = load_task(run_dir, config)       # the data checked first: a model may take long to read
+    return load_model(run_dir, config), task
+
+
+def _what(error):
+    """What is wrong, from a file reader's ValueError: its text without the advice after it (given once)."""
+    return str(error).split("; it cannot be")[0]
 
 
 def register(sub):

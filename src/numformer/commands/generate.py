@@ -33,7 +33,8 @@ def load_generator(source, adapter=None, command="generate", quantize=None):
     if run and not Path(source).exists():
         hub_like = str(source).count("/") == 1 and not Path(source).parent.exists()    # OWNER/NAME, not a folder
         raise ValueError(f"run folder {source} does not exist" + (f" (a Hugging Face hub id is written hf:{source}, "
-                         f"read from the Hugging Face cache)" if hub_like else ""))
+                         f"read from the Hugging Face cache)" if hub_like else "") + "; give a run folder "
+                         "(`numformer train CONFIG --out RUN_DIR` makes one) or a Hugging Face model folder")
     lora_run = False
     if run:
         config = load_config_json(source)          # the whole config.json checked, as every command does

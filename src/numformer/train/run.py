@@ -46,12 +46,14 @@ def load_tokenizer(run_dir, config=None):
     return None if state is None else tokenizer_from_state(state, run_dir)
 
 
-def load_task(run_dir, config=None):
+def load_task(run_dir, config=None, against_checkpoint=True):
     """The run's task, rebuilt from its [data] config with the saved vocabulary; config.json must agree with the
     run's checkpoint on what --resume cannot change ([data], the seed that drew its splits, ...:
-    ``check_against_checkpoint``), or the data would not be the run's."""
+    ``check_against_checkpoint``), or the data would not be the run's. ``against_checkpoint=False``: no
+    comparison (a checkpoint too damaged to tell, whose reader has said so)."""
     config = load_config_json(run_dir) if config is None else config
-    check_against_checkpoint(run_dir, config, resuming=False)
+    if against_checkpoint:
+        check_against_checkpoint(run_dir, config, resuming=False)
     state = load_tokenizer_json(run_dir, config["data"])
     recorded, gone = data_files_before(run_dir, resuming=False, source=config["model"].get("init_from"))
     try:

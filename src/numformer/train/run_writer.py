@@ -18,8 +18,9 @@ import os
 import weakref
 
 from . import run_folder
-from ..run_files import (CHECKPOINT, DATA_FILES, MODEL, open_in_folder, remove_in_folder, replace_in_folder,
-                         save_checkpoint, save_model, verify_file, weights_step, write_atomic, write_json_atomic)
+from ..run_files import (CHECKPOINT, DATA_FILES, MODEL, copy_in_folder, open_in_folder, remove_in_folder,
+                         replace_in_folder, save_checkpoint, save_model, verify_file, weights_step, write_atomic,
+                         write_json_atomic)
 
 METRICS = "metrics.jsonl"
 # The last writer this process made of each run folder (its real path -> a weak reference: a writer's lock goes
@@ -226,7 +227,7 @@ class RunWriter:
             self.check()
             step, selected = self._checkpoint_selection or (None, None)
             if selected is not None and selected != step and weights_step(self.run_dir / MODEL) == selected:
-                write_atomic(self.run_dir / run_folder.KEPT_SELECTION, (self.run_dir / MODEL).read_bytes())
+                copy_in_folder(self.run_dir / MODEL, self.run_dir / run_folder.KEPT_SELECTION)
             save_model(self.run_dir / MODEL, model, {**figures, **run_folder.weights_metadata(config)})
 
     def resumed_from(self, state, selected_on):

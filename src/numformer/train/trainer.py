@@ -90,8 +90,6 @@ class Trainer:
         self._checkpoint_step = None    # the step of checkpoint.safetensors
         ranks = 1 if world is None else world.size
         self.dpo = check_objective(t["objective"], self.task, world)
-        for note in notes:              # each change --set makes to a resumed run that the checks above accept
-            self._print(note)
         self.processes = usable_processes(self.model, max(1, t["batch_size"] // ranks),
                                           1 if self.dpo else t["processes"])
         self.workers = Workers(self.model, self.processes, t["seed"], world)   # data-parallel processes
@@ -105,6 +103,8 @@ class Trainer:
             self.folder = RunWriter.for_new_run(self.run_dir, overwrite)
         if self.dpo:
             set_reference_logprobs(self.model, self.task, self.run_dir, self.resumed, self._writer)
+        for note in notes:      # each change --set makes to a resumed run, once every check above accepted it
+            self._print(note)
 
     def close(self):
         """Release the run folder's lock (also done when the process ends)."""

@@ -358,3 +358,36 @@ def test_import_hf_and_init_from_refuse_a_model_too_large_before_building_it(tmp
     monkeypatch.setattr(_platform, "available_memory", lambda: 1 << 16)
     with pytest.raises(ValueError, match=rf"{source} needs about"):          # a run folder as the source
         Trainer({**config, "model": {"init_from": str(source)}}, tmp_path / "tuned2", quiet=True).train()
+
+
+def test_training_refuses_a_model_whose_gradients_and_optimizer_state_do_not_fit(tmp_path, monkeypatch):
+    """Training adds a gradient and the optimizer's buffers to every trained parameter (AdamW: two moments),
+    allocated at the first step: a model that fits but cannot be trained ended with the operating system
+    killing the process there. Now one error before anything is written; frozen parameters (LoRA's base)
+    and SGD without momentum (no buffer) count less."""
+    from numformer import _platform
+    from numformer.train import Trainer
+    from numformer.train.build import make_optimizer, training_memory_needed
+
+    (tmp_path / "small.txt").write_text("the king and the queen walk to the castle\n" * 40, encoding="utf-8")
+    config = {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
+              "data": {"task": "text", "path": str(tmp_path / "small.txt"), "block_size": 16},
+              "train": {"max_steps": 1, "batch_size": 2, "processes": 1}}
+    monkeypatch.setattr(_platform, "available_memory", lambda: 1 << 10)
+    with pytest.raises(ValueError, match=rf"^training {tmp_path / 'run'} needs about .* GiB of memory \(the "
+                                         rf"gradients and optimizer state of [\d,]+ trained parameters\), but"):
+        Trainer(config, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()
+    monkeypatch.undo()
+    model = tiny_gpt()
+    weights = sum(p.data.nbytes for p in model.parameters())
+    train = {"weight_decay": 0.1, "no_decay": [], "lr": 1e-3, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8,
+             "momentum": 0.0, "nesterov": False}
+    assert training_memory_needed(make_optimizer(model, {**train, "optimizer": "adamw"}))[0] == 3 * weights
+    assert training_memory_needed(make_optimizer(model, {**train, "optimizer": "sgd"}))[0] == weights
+    assert training_memory_needed(make_optimizer(model, {**train, "optimizer": "sgd", "momentum": 0.9}))[0] \
+        == 2 * weights
+    add_lora(model, r=2, alpha=4, rng=0)
+    adapters = sum(p.data.nbytes for p in model.parameters() if p.requires_grad)
+    assert 0 < adapters < weights
+    assert training_memory_needed(make_optimizer(model, {**train, "optimizer": "adamw"}))[0] == 3 * adapters

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from .._platform import check_memory
 from ..config import schedule_warning
 from ..interop.hf.families import default_export_type
 from ..interop.peft import savable_adapter_keys
@@ -13,7 +14,7 @@ from ..interop.sources import check_load_memory, load_weights
 from ..lora import add_lora
 from ..models import build_model
 from ..nn import MultiHeadAttention
-from ..optim import OPTIMIZERS, AdamW, Muon, hidden_matrices, param_groups
+from ..optim import OPTIMIZERS, SGD, AdamW, Muon, hidden_matrices, param_groups
 from . import run_folder
 
 
@@ -99,6 +100,30 @@ def make_optimizer(model, train):
     if name == "sgd":
         return OPTIMIZERS[name](groups, lr=train["lr"], momentum=train["momentum"], nesterov=train["nesterov"])
     return OPTIMIZERS[name](groups, lr=train["lr"], betas=(train["beta1"], train["beta2"]), eps=train["eps"])
+
+
+def training_memory_needed(optimizer):
+    """(bytes, what they count) that training adds to a built model with ``optimizer``: a gradient for each
+    parameter it updates and the optimizer's buffers (``_buffers``: AdamW's two moments; Muon's and, with
+    momentum, SGD's one), each the parameter's size. Not counted: the activations of a step (they depend on
+    the batch and the context) and data-parallel worker processes' own gradients."""
+    optimizers = [optimizer] + ([optimizer.adamw] if getattr(optimizer, "adamw", None) is not None else [])
+    need, counted = 0, 0
+    for opt in optimizers:
+        for group in opt.param_groups:
+            buffers = 0 if isinstance(opt, SGD) and not group["momentum"] else len(opt._buffers)   # lazily
+            for p in group["params"]:
+                need += p.data.nbytes * (1 + buffers)
+                counted += p.data.size
+    return need, f"the gradients and optimizer state of {counted:,} trained parameters"
+
+
+def check_training_memory(run_dir, optimizer):
+    """One ValueError before anything trains (or is written) when the memory left lacks room for what
+    training adds to the model (``training_memory_needed``; ``_platform.check_memory``): training would end
+    in the operating system killing the process at its first step. Returns ``optimizer``."""
+    check_memory(f"training {run_dir}", *training_memory_needed(optimizer))
+    return optimizer
 
 
 def check_trainable(model):

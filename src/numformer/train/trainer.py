@@ -33,7 +33,7 @@ from ..optim import clip_grad_norm, train_schedule
 from ..provenance import git_commit
 from ..run_files import CHECKPOINT, load_checkpoint, rng_state, set_rng_state
 from .budget import budget_for
-from .build import build_trained_model, describe_run, make_optimizer
+from .build import build_trained_model, check_training_memory, describe_run, make_optimizer
 from .dpo import check_objective, set_reference_logprobs
 from .early_stopping import EarlyStopping
 from .evaluation import Evaluation, describe
@@ -78,7 +78,7 @@ class Trainer:
         self.model_rng = np.random.default_rng(seeds[0])   # initialization, then dropout masks
         self.data_rng = np.random.default_rng(seeds[1])    # training batches
         self.model = build_trained_model(self.config, self.model_rng, self.dtype, resume)
-        self.optimizer = make_optimizer(self.model, t)
+        self.optimizer = check_training_memory(self.run_dir, make_optimizer(self.model, t))   # nothing written yet
         d_model = self.config["model"]["d_model"]           # the noam schedule scales by d_model^-0.5
         self.schedule = train_schedule(t, d_model)
         self.budget = budget_for(t, world, clock_start)   # the time budget's clock, else None: steps are counted

@@ -25,13 +25,12 @@ from pathlib import Path
 from .._platform import LOCK_FILE
 from ..data.tokenizers.pretrained import SIDE_FILES, TEMPLATES_DIR, is_side_file
 from ..interop.hf.checkpoints import CONFIG, TOKENIZER, WEIGHTS
+from ..interop.hf.families import FAMILIES
 from ..interop.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from ..run_files import TEMP_SUFFIX
 
 FORMATS = ("hf",)
-# The model_types ``interop.hf.export_hf`` writes (the keys of ``interop.hf.FAMILIES``, which
-# tests/test_family_lists.py holds this to); spelled out here so that ``numformer --help`` stays light.
-MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "arcee")
+MODEL_TYPES = tuple(FAMILIES)       # the model_types ``interop.hf.export_hf`` writes
 # Every file an export writes, named by the constants its writers use (``interop.hf.export_hf``: the weights,
 # tokenizer.json and the model's side files, config.json; ``interop.peft.save_adapter``: the adapter), in the
 # order an overwrite removes them: the weights first and config.json last, so that a folder cut short never

@@ -391,3 +391,18 @@ def test_training_refuses_a_model_whose_gradients_and_optimizer_state_do_not_fit
     adapters = sum(p.data.nbytes for p in model.parameters() if p.requires_grad)
     assert 0 < adapters < weights
     assert training_memory_needed(make_optimizer(model, {**train, "optimizer": "adamw"}))[0] == 3 * adapters
+
+
+def test_a_source_run_without_model_file_is_named_once_when_fine_tuned(tmp_path, capsys):
+    """A source run whose weights are its checkpoint's (no model.safetensors) is named by one note line: the
+    memory check before the model is built reads the weights' header without a note of its own."""
+    from numformer.train import Trainer
+
+    config = {"model": {"type": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 16},
+              "data": {"task": "copy", "length": 4},
+              "train": {"max_steps": 2, "batch_size": 4, "eval_every": 2, "processes": 1}}
+    Trainer(config, tmp_path / "source", quiet=True).train()
+    (tmp_path / "source" / "model.safetensors").unlink()
+    capsys.readouterr()
+    Trainer({**config, "model": {"init_from": str(tmp_path / "source")}}, tmp_path / "tuned", quiet=True)
+    assert capsys.readouterr().err.count("has no model.safetensors; using the last weights") == 1

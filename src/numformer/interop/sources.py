@@ -27,7 +27,7 @@ from ..lora import add_lora, check_lora_options, merge_lora
 from ..models import build_model, check_model_section, model_arguments
 from ..nn import init
 from ..run_files import (RUN_ONLY_FILES, check_run_dir, load_metadata, load_model_weights, load_tokenizer_state,
-                         model_tensors, read_run_config, run_weights)
+                         model_tensors, read_run_config, run_weights, weights_path)
 from .hf import checkpoints as hf
 
 FINE_TUNING_OPTIONS = ("dropout", "attention", "gradient_checkpointing")   # may differ from the source model
@@ -114,9 +114,10 @@ def load_weights(model, source):
 def check_load_memory(source, dtype):
     """One ValueError (``_platform.check_memory``) when this machine lacks the memory to load the weights of
     ``source`` (run folder, Hugging Face folder or hub id) in ``dtype``: for a caller to check before it builds
-    the model (``numformer import-hf``, a run's [model] init_from)."""
+    the model (``numformer import-hf``, a run's [model] init_from). Silent: the loading that follows names a
+    run's checkpoint.safetensors read for want of model.safetensors (``run_weights``), once."""
     if is_run_folder(source):
-        check_memory(source, *hf.memory_needed(model_tensors(run_weights(source)), dtype))
+        check_memory(source, *hf.memory_needed(model_tensors(weights_path(source)), dtype))
     else:
         check_memory(source, *hf.folder_memory_needed(hf.resolve_source(source), dtype))
 

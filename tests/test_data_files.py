@@ -370,3 +370,24 @@ def test_a_fine_tuning_source_is_not_the_run_s_data(run, tmp_path):
     Trainer(None, source, resume=True, overrides=["train.max_steps=6"], quiet=True).train()   # the source moves on
     assert Trainer(None, tuned, resume=True, overrides=["train.max_steps=6"], quiet=True).train()["steps"] == 6
     assert load_task(tuned) is not None
+
+
+def test_files_read_by_any_thread_while_a_source_is_read_are_not_data(tmp_path):
+    """``fingerprint.not_data`` covers every thread: a hub download reads in worker threads (its token file
+    among them), and none of that is the run's data; a file read outside the block still is."""
+    import threading
+
+    source, data = tmp_path / "source.json", tmp_path / "data.txt"
+    source.write_text("{}", encoding="utf-8")
+    data.write_text("data", encoding="utf-8")
+
+    def read_in_a_thread(path):
+        worker = threading.Thread(target=path.read_bytes)
+        worker.start()
+        worker.join()
+
+    with fingerprint.reading() as read:
+        with fingerprint.not_data():
+            read_in_a_thread(source)
+        read_in_a_thread(data)
+    assert [str(p) for p in fingerprint.data_paths(read)] == [str(data.resolve())]

@@ -47,7 +47,7 @@ SYSTEM_FOLDERS = ("/proc", "/sys", "/dev", "/etc")
 _lock = threading.Lock()
 _recordings = []                 # the ``Recording`` s of the ``reading`` blocks open now (any thread)
 _hook_installed = False
-_not_data = threading.local()    # ``not_data`` blocks open in this thread
+_not_data = 0                    # the ``not_data`` blocks open now (any thread)
 _digests = {}                    # (path, device, inode, size, mtime, ctime) -> SHA-256: a file is hashed once
 
 
@@ -96,20 +96,23 @@ def reading():
 
 @contextlib.contextmanager
 def not_data():
-    """Inside the ``with`` (this thread only), files read are not counted as data: a fine-tuning source's
-    config, tokenizer and weights are the model the run starts from, not the data it trains on, and may change
-    (a source run trained on) without the run's data changing."""
-    _not_data.depth = getattr(_not_data, "depth", 0) + 1
+    """Inside the ``with``, files read are not counted as data, in any thread (a hub download reads in worker
+    threads): a fine-tuning source's config, tokenizer and weights are the model the run starts from, not the
+    data it trains on, and may change (a source run trained on) without the run's data changing."""
+    global _not_data
+    with _lock:
+        _not_data += 1
     try:
         yield
     finally:
-        _not_data.depth -= 1
+        with _lock:
+            _not_data -= 1
 
 
 def note(path):
     """Count ``path`` among the files of the ``reading`` blocks open now (a file a loader relies on without
     opening it then); nothing outside one, nor inside a ``not_data`` block."""
-    if _recordings and not getattr(_not_data, "depth", 0):
+    if _recordings and not _not_data:
         with _lock:
             for paths in _recordings:
                 paths.add(path)
@@ -121,7 +124,7 @@ def note_sequence(paths):
     paths = [str(p) for p in paths]
     for path in paths:
         note(path)
-    if _recordings and not getattr(_not_data, "depth", 0):
+    if _recordings and not _not_data:
         with _lock:
             for recording in _recordings:
                 if isinstance(recording, Recording):

@@ -226,6 +226,25 @@ def test_eval_reads_model_safetensors_when_the_checkpoint_is_unreadable(copy_run
     assert f"evaluating {run / MODEL} instead" in notes[0], notes
 
 
+def test_eval_reads_model_safetensors_when_the_checkpoint_s_config_is_damaged(copy_run, damaged_copy, run_cli,
+                                                                               monkeypatch):
+    """A checkpoint whose bytes read but whose recorded config fails the checks is as unusable to compare with
+    as a truncated one: eval evaluates model.safetensors with the note."""
+    from numformer.train import run as run_module
+
+    rc, intact, _ = run_cli("eval", copy_run, "--json")
+    run = damaged_copy()
+
+    def refuse(config, what):
+        raise ValueError(f"{what}: [train] lr = -1 must be > 0")
+    monkeypatch.setattr(run_module, "check_saved_config", refuse)
+    rc, out, err = run_cli("eval", run, "--json")
+    assert rc == 0, err
+    assert json.loads(out) == json.loads(intact)
+    assert err.strip() == (f"note: checkpoint {run / CHECKPOINT} is damaged (its config metadata: [train] lr = -1 "
+                           f"must be > 0); evaluating {run / MODEL} instead (--resume needs the checkpoint restored)")
+
+
 @pytest.mark.parametrize("model_file", ["missing", "truncated"])
 def test_eval_with_neither_weights_file_usable_is_one_error(damaged_copy, cli_error, model_file):
     run = damaged_copy()

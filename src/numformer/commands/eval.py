@@ -41,14 +41,18 @@ def run(args):
 
 
 def model_and_task(run_dir, config):
-    """(model, task) of a run folder. When its checkpoint cannot be read (``checkpoint_config`` refuses it), the
-    model is model.safetensors's, read first, then one note says so and the task is built without comparing
-    config.json with the checkpoint; without a readable model.safetensors either, one ValueError naming both."""
+    """(model, task) of a run folder. When its checkpoint cannot be read (``checkpoint_config`` refuses it, or
+    the config it records fails the checks: ``train.run.trained_config``), the model is model.safetensors's,
+    read first, then one note says so and the task is built without comparing config.json with the checkpoint;
+    without a readable model.safetensors either, one ValueError naming both."""
     from ..run_files import CHECKPOINT, MODEL, checkpoint_config
     from ..train import load_model, load_task
+    from ..train.run import trained_config
 
     try:
-        checkpoint_config(Path(run_dir) / CHECKPOINT)
+        recorded = checkpoint_config(Path(run_dir) / CHECKPOINT)
+        if recorded is not None:
+            trained_config(recorded, config, Path(run_dir) / CHECKPOINT)
     except ValueError as damaged:
         weights = Path(run_dir) / MODEL
         try:

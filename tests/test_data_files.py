@@ -391,3 +391,32 @@ def test_files_read_by_any_thread_while_a_source_is_read_are_not_data(tmp_path):
             read_in_a_thread(source)
         read_in_a_thread(data)
     assert [str(p) for p in fingerprint.data_paths(read)] == [str(data.resolve())]
+
+
+TOKENIZERS_SEEN = []
+
+
+@register_task("fingerprint_probe_source_tokenizer")
+class SourceTokenizerTask(OwnFileTask):
+    """A user's task that takes the tokenizer it is given (a fine-tuning source's) and keeps no tokenizer.json."""
+
+    def __init__(self, data_config, seed=0, tokenizer_state=None):
+        super().__init__(data_config, seed, tokenizer_state)
+        TOKENIZERS_SEEN.append(tokenizer_state)
+
+
+def test_a_resumed_user_task_without_tokenizer_json_gets_the_source_s_tokenizer_again(run, tmp_path):
+    """Resuming takes the source's architecture from the run's config.json, but a task of the user's that
+    keeps no tokenizer.json took the source's tokenizer when the run began: it gets it again on --resume."""
+    source, _ = run
+    numbers = tmp_path / "numbers.txt"
+    numbers.write_text(" ".join(map(str, range(50))), encoding="utf-8")
+    cfg = {"model": {"init_from": str(source)},
+           "data": {"task": "fingerprint_probe_source_tokenizer", "path": str(numbers)},
+           "train": {"max_steps": 2, "batch_size": 2, "eval_every": 2, "checkpoint_every": 2, "processes": 1,
+                     "eval_batches": 1}}
+    TOKENIZERS_SEEN.clear()
+    Trainer(cfg, tmp_path / "tuned", quiet=True).train()
+    Trainer(None, tmp_path / "tuned", resume=True, overrides=["train.max_steps=3"], quiet=True).train()
+    source_tokenizer = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    assert TOKENIZERS_SEEN and all(state == source_tokenizer for state in TOKENIZERS_SEEN), TOKENIZERS_SEEN

@@ -414,14 +414,17 @@ def resolve_config(config, tokenizer_state=None, build_task=True, sizes_only=Fal
 
 def _init_from_source(init_from, recorded_model, tokenizer_state):
     """(the init_from model's [model] section, the tokenizer state the task takes). A resumed run's own [model]
-    (``recorded_model``) holds the source's architecture as the run began, so resuming needs neither the source
-    nor that it stayed the same (a source run trained on); a new run reads the source, whose files are not the
+    (``recorded_model``) holds the source's architecture as the run began, and its tokenizer.json
+    (``tokenizer_state``) the tokenizer, so resuming needs neither the source nor that it stayed the same (a
+    source run trained on). Otherwise the source is read: a new run, or a run of a task of the user's that keeps
+    no tokenizer.json (it took the source's tokenizer, and takes it again). The source's files are not the
     run's data (``fingerprint.not_data``)."""
-    if recorded_model is not None:
+    if recorded_model is not None and tokenizer_state is not None:
         return {k: v for k, v in recorded_model.items() if k != "init_from"}, tokenizer_state
     with fingerprint.not_data():
         source = read_source(init_from)
-    return source.model, tokenizer_state or source.tokenizer_state
+    model = source.model if recorded_model is None else {k: v for k, v in recorded_model.items() if k != "init_from"}
+    return model, tokenizer_state or source.tokenizer_state
 
 
 def _lora_keys():

@@ -419,12 +419,12 @@ def _init_from_source(init_from, recorded_model, tokenizer_state):
     source run trained on). Otherwise the source is read: a new run, or a run of a task of the user's that keeps
     no tokenizer.json (it took the source's tokenizer, and takes it again). The source's files are not the
     run's data (``fingerprint.not_data``)."""
-    if recorded_model is not None and tokenizer_state is not None:
-        return {k: v for k, v in recorded_model.items() if k != "init_from"}, tokenizer_state
+    recorded = None if recorded_model is None else {k: v for k, v in recorded_model.items() if k != "init_from"}
+    if recorded is not None and tokenizer_state is not None:
+        return recorded, tokenizer_state
     with fingerprint.not_data():
         source = read_source(init_from)
-    model = source.model if recorded_model is None else {k: v for k, v in recorded_model.items() if k != "init_from"}
-    return model, tokenizer_state or source.tokenizer_state
+    return source.model if recorded is None else recorded, tokenizer_state or source.tokenizer_state
 
 
 def _lora_keys():
